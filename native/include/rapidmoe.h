@@ -1,0 +1,179 @@
+/*
+ * rapidmoe.h - the whole public C API of the rapidmoe runtime.
+ *
+ * Conventions, stated once and followed everywhere:
+ *   - Every fallible call returns rm_status (RM_OK == 0, errors < 0). The detail goes into a
+ *     thread-local message read with rm_last_error(): the function, the object and the value.
+ *     Bad input never aborts the process.
+ *   - The library frees what it allocates: rm_X_open/rm_X_load pair with rm_X_close/rm_X_free,
+ *     and those accept NULL.
+ *   - Bulk outputs go into caller buffers given as (pointer, capacity).
+ *   - Strings returned as rm_str point into memory owned by the handle (for GGUF files, into the
+ *     file mapping); they are not NUL-terminated and stay valid until the handle is closed.
+ *   - Shapes are in ggml `ne` order: ne[0] is the fastest-varying dimension (a row).
+ *
+ * The text between RM_CDEF_BEGIN and RM_CDEF_END is read by the Python binding's cffi builder
+ * as is (preprocessor lines excepted), so it stays plain C declarations.
+ */
+#ifndef RAPIDMOE_H
+#define RAPIDMOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with hidden visibility; what this header declares is its exported API. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+/* RM_CDEF_BEGIN */
+
+/* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
+#define RM_ABI_VERSION 1
+
+typedef enum rm_status {
+    RM_OK                  =  0,
+    RM_E_IO                = -1,  /* open/read/mmap failed */
+    RM_E_FORMAT            = -2,  /* malformed file or data */
+    RM_E_UNSUPPORTED_TYPE  = -3,  /* a ggml type this build does not handle */
+    RM_E_UNSUPPORTED_ARCH  = -4,  /* a model architecture this build does not handle */
+    RM_E_SHAPE             = -5,  /* tensor shapes that do not fit together */
+    RM_E_OOM               = -6,  /* allocation failed */
+    RM_E_INVALID_ARG       = -7,  /* a bad argument from the caller */
+    RM_E_CUDA              = -8,  /* a CUDA error, or no usable GPU */
+    RM_E_STATE             = -9,  /* a call that the object's state does not allow (e.g. context full) */
+    RM_E_INTERNAL          = -10
+} rm_status;
+
+uint32_t     rm_abi_version(void);
+const char * rm_last_error(void);              /* "" when the last call on this thread succeeded */
+const char * rm_status_str(rm_status status);  /* "RM_E_FORMAT", ... */
+const char * rm_build_info(void);              /* compiler, ISA paths compiled in, CUDA on/off */
+
+/* A byte string that points into memory owned by a handle. Not NUL-terminated. */
+typedef struct rm_str {
+    const char * ptr;
+    uint64_t     len;
+} rm_str;
+
+/* ---------------------------------------------------------------------------------------------
+ * ggml block-quantized types (ids as in ggml's enum ggml_type)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum rm_type {
+    RM_TYPE_F32  = 0,
+    RM_TYPE_F16  = 1,
+    RM_TYPE_Q4_0 = 2,
+    RM_TYPE_Q4_1 = 3,
+    RM_TYPE_Q5_0 = 6,
+    RM_TYPE_Q5_1 = 7,
+    RM_TYPE_Q8_0 = 8,
+    RM_TYPE_Q8_1 = 9,
+    RM_TYPE_Q2_K = 10,
+    RM_TYPE_Q3_K = 11,
+    RM_TYPE_Q4_K = 12,
+    RM_TYPE_Q5_K = 13,
+    RM_TYPE_Q6_K = 14,
+    RM_TYPE_Q8_K = 15,
+    RM_TYPE_BF16 = 30,
+    RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
+} rm_type;
+
+typedef struct rm_type_info {
+    const char * name;            /* as gguf spells it: "Q4_K" */
+    int32_t      block_elems;     /* elements per block (1 for plain floats) */
+    int32_t      block_bytes;     /* bytes per block */
+    int32_t      is_quantized;
+    int32_t      vec_dot_type;    /* the activation type this type dots against */
+    int32_t      can_quantize;    /* a reference quantizer exists */
+} rm_type_info;
+
+/* RM_E_UNSUPPORTED_TYPE for ids this build does not implement (the message names the id). */
+rm_status rm_type_describe(int32_t type, rm_type_info * out);
+
+/* Bytes taken by n elements of a type; 0 when n is not a whole number of blocks or the type is unknown. */
+uint64_t  rm_row_bytes(int32_t type, int64_t n);
+
+/* Quantize n_rows rows of n_per_row floats (n_per_row a multiple of the block size) into dst,
+ * which holds dst_cap bytes. Rows are split across n_threads threads (<= 0: all cores). */
+rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
+                      void * dst, uint64_t dst_cap, int32_t n_threads);
+
+/* Dequantize n elements (a whole number of blocks) of src (src_len bytes) into dst. */
+rm_status rm_dequantize(int32_t type, const void * src, uint64_t src_len, float * dst, int64_t n);
+
+/* Dot product of one row of n weights of `type` with n float activations, the way the runtime
+ * computes it: x is first quantized to the type's vec_dot_type, then the kernel runs. */
+rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float * x, int64_t n,
+                     float * out);
+
+/* ---------------------------------------------------------------------------------------------
+ * GGUF v3 reader (mmap; validates every count, length, offset, type and dimension)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rm_gguf rm_gguf;
+
+typedef enum rm_gguf_type {
+    RM_GGUF_UINT8   = 0,
+    RM_GGUF_INT8    = 1,
+    RM_GGUF_UINT16  = 2,
+    RM_GGUF_INT16   = 3,
+    RM_GGUF_UINT32  = 4,
+    RM_GGUF_INT32   = 5,
+    RM_GGUF_FLOAT32 = 6,
+    RM_GGUF_BOOL    = 7,
+    RM_GGUF_STRING  = 8,
+    RM_GGUF_ARRAY   = 9,
+    RM_GGUF_UINT64  = 10,
+    RM_GGUF_INT64   = 11,
+    RM_GGUF_FLOAT64 = 12
+} rm_gguf_type;
+
+typedef struct rm_tensor_info {
+    rm_str       name;
+    int32_t      type;            /* ggml type id */
+    int32_t      n_dims;
+    int64_t      ne[4];           /* unused dims are 1 */
+    uint64_t     offset;          /* relative to the data section */
+    uint64_t     nbytes;
+    const void * data;            /* into the mapping */
+} rm_tensor_info;
+
+rm_status   rm_gguf_open(const char * path, rm_gguf ** out);
+void        rm_gguf_close(rm_gguf * g);
+
+uint32_t    rm_gguf_version(const rm_gguf * g);
+uint32_t    rm_gguf_alignment(const rm_gguf * g);
+uint64_t    rm_gguf_data_offset(const rm_gguf * g);
+uint64_t    rm_gguf_file_size(const rm_gguf * g);
+
+int64_t     rm_gguf_n_kv(const rm_gguf * g);
+int64_t     rm_gguf_find_kv(const rm_gguf * g, const char * key);      /* -1 when absent */
+rm_str      rm_gguf_kv_key(const rm_gguf * g, int64_t i);
+int32_t     rm_gguf_kv_type(const rm_gguf * g, int64_t i);             /* rm_gguf_type, -1 if i is out of range */
+int32_t     rm_gguf_kv_arr_type(const rm_gguf * g, int64_t i);         /* element type of an ARRAY, else -1 */
+uint64_t    rm_gguf_kv_arr_n(const rm_gguf * g, int64_t i);            /* element count of an ARRAY, else 0 */
+/* Scalars: the value's bytes; arrays of numbers/bools: the first element; otherwise NULL. */
+const void * rm_gguf_kv_data(const rm_gguf * g, int64_t i);
+rm_str      rm_gguf_kv_str(const rm_gguf * g, int64_t i);              /* a STRING value */
+rm_str      rm_gguf_kv_arr_str(const rm_gguf * g, int64_t i, uint64_t j); /* element j of a string ARRAY */
+
+int64_t     rm_gguf_n_tensors(const rm_gguf * g);
+int64_t     rm_gguf_find_tensor(const rm_gguf * g, const char * name); /* -1 when absent */
+rm_status   rm_gguf_tensor_info(const rm_gguf * g, int64_t i, rm_tensor_info * out);
+
+/* RM_CDEF_END */
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RAPIDMOE_H */

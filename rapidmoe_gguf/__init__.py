@@ -1,0 +1,20 @@
+"""rapidmoe_gguf: run Mixture-of-Experts LLMs from GGUF files with RESplit experts."""
+
+from .errors import (
+    ContextFullError,
+    FormatError,
+    InvalidArgumentError,
+    RapidMoEError,
+    UnsupportedError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContextFullError",
+    "FormatError",
+    "InvalidArgumentError",
+    "RapidMoEError",
+    "UnsupportedError",
+    "__version__",
+]

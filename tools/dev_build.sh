@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# In-tree developer build: compiles the native library and the cffi extension into build/dev and
+# copies both next to the Python sources, so `PYTHONPATH=. python -m pytest` runs from the tree.
+# Extra arguments go to CMake (e.g. -DRM_SANITIZE=ON, -DRM_CUDA=ON).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+dir=${RM_BUILD_DIR:-build/dev}
+cmake -S . -B "$dir" -G Ninja -DSKBUILD=ON -DPython_EXECUTABLE="$(command -v "$py")" "$@" >/dev/null
+cmake --build "$dir" -j "${RM_JOBS:-2}"
+cp -f "$dir"/librapidmoe.so "$dir"/_rm_cffi*.so rapidmoe_gguf/

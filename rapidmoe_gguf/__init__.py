@@ -7,14 +7,17 @@ from .errors import (
     RapidMoEError,
     UnsupportedError,
 )
+from .gguf_file import GGUFFile, open_gguf
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ContextFullError",
     "FormatError",
+    "GGUFFile",
     "InvalidArgumentError",
     "RapidMoEError",
     "UnsupportedError",
     "__version__",
+    "open_gguf",
 ]

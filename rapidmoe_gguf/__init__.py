@@ -7,14 +7,17 @@ from .errors import (
     RapidMoEError,
     UnsupportedError,
 )
+from .tokenizer import IncrementalDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ContextFullError",
     "FormatError",
+    "IncrementalDecoder",
     "InvalidArgumentError",
     "RapidMoEError",
+    "Tokenizer",
     "UnsupportedError",
     "__version__",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -408,7 +409,10 @@ class Tokenizer:
                   if (cut := m.find(" ", 1)) > 0]
 
         if kind == "gpt2":
-            pre_name = _scalar(metadata, "tokenizer.ggml.pre", "default")
+            pre_name = _scalar(metadata, "tokenizer.ggml.pre")
+            if pre_name is None:  # llama.cpp does the same, and warns that quality suffers
+                warnings.warn("GGUF has no tokenizer.ggml.pre; splitting text with llama.cpp's 'default'")
+                pre_name = "default"
             pre = _pre_tokenizer(pre_name)
             if pre is None:
                 raise UnsupportedError(

@@ -8,6 +8,8 @@ from .errors import (
     UnsupportedError,
 )
 from .gguf_file import GGUFFile, open_gguf
+from .model import Model, SamplingParams
+from .tokenizer import IncrementalDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
@@ -15,8 +17,12 @@ __all__ = [
     "ContextFullError",
     "FormatError",
     "GGUFFile",
+    "IncrementalDecoder",
     "InvalidArgumentError",
+    "Model",
     "RapidMoEError",
+    "SamplingParams",
+    "Tokenizer",
     "UnsupportedError",
     "__version__",
     "open_gguf",

@@ -1,5 +1,6 @@
 """rapidmoe_gguf: run Mixture-of-Experts LLMs from GGUF files with RESplit experts."""
 
+from .convert import ConvertReport, convert
 from .errors import (
     ContextFullError,
     FormatError,
@@ -11,10 +12,12 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvertReport",
     "ContextFullError",
     "FormatError",
     "InvalidArgumentError",
     "RapidMoEError",
     "UnsupportedError",
     "__version__",
+    "convert",
 ]

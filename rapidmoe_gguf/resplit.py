@@ -82,8 +82,8 @@ def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLi
     r = read_header(residual_file)
     b = read_header(base_path)
     version = r.get(KEY_FORMAT_VERSION)
-    if version is None:
-        raise FormatError(f"{residual_file}: no {KEY_FORMAT_VERSION}; not a RESplit residual file")
+    if version is None or KEY_BASE_UUID not in r.kv:
+        raise FormatError(f"{residual_file}: no {KEY_BASE_UUID}; not a RESplit residual file")
     if version != FORMAT_VERSION:
         raise FormatError(f"{residual_file}: {KEY_FORMAT_VERSION} is {version}; this version reads {FORMAT_VERSION}")
     r_arch, b_arch = r.get("general.architecture"), b.get("general.architecture")
@@ -108,3 +108,68 @@ def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLi
         if bt.ne != t.ne:
             raise FormatError(f"{residual_file}: tensor '{t.name}' has ne {list(t.ne)} but the base "
                               f"has {list(bt.ne)}")
+
+
+def describe(path: str | os.PathLike[str]) -> dict:
+    """A summary of a GGUF file (and of its sidecar when there is one), as plain data: what
+    ``rapidmoe inspect`` prints. Works on any GGUF: a stock llama.cpp file, our base, or a sidecar."""
+    path = os.fspath(path)
+    h = read_header(path)
+    arch = h.get("general.architecture")
+    info: dict = {
+        "path": path,
+        "file_size": h.file_size,
+        "architecture": arch,
+        "name": h.get("general.name"),
+        "kind": "residual" if KEY_BASE_UUID in h.kv else "base",
+        "hparams": {k[len(arch) + 1:]: _plain(kv.value) for k, kv in h.kv.items()
+                    if isinstance(arch, str) and k.startswith(arch + ".")},
+        "rapidmoe": {k: _plain(kv.value) for k, kv in h.kv.items() if k.startswith("rapidmoe.")},
+        "n_tensors": len(h.tensors),
+        "types": _type_table(h.tensors),
+    }
+    if info["kind"] == "residual":
+        return info
+    experts = [t for t in h.tensors if is_expert_tensor(t.name)]
+    n_weights = sum(t.n_elements for t in experts)
+    base_bytes = sum(t.nbytes for t in experts)
+    side = residual_path(path)
+    sidecar: dict | None = None
+    res_bytes = 0
+    if os.path.exists(side):
+        sidecar = {"path": side}
+        try:
+            check_pair(path, side)
+            sidecar["matches"] = True
+            rh = read_header(side)
+            res_bytes = sum(t.nbytes for t in rh.tensors)
+            sidecar["n_tensors"] = len(rh.tensors)
+            sidecar["types"] = _type_table(rh.tensors)
+        except FormatError as exc:
+            sidecar["matches"] = False
+            sidecar["error"] = str(exc)
+    info["sidecar"] = sidecar
+    info["experts"] = {
+        "n_tensors": len(experts),
+        "n_weights": n_weights,
+        "base_bytes": base_bytes,
+        "residual_bytes": res_bytes,
+        "bpw_base": 8.0 * base_bytes / n_weights if n_weights else None,
+        "bpw_base_residual": 8.0 * (base_bytes + res_bytes) / n_weights if n_weights else None,
+    }
+    return info
+
+
+def _type_table(tensors) -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    for t in tensors:
+        row = table.setdefault(t.type_name, {"count": 0, "bytes": 0})
+        row["count"] += 1
+        row["bytes"] += t.nbytes
+    return table
+
+
+def _plain(v):
+    if isinstance(v, list) and len(v) > 16:
+        return f"[{len(v)} items]"
+    return v

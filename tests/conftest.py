@@ -26,6 +26,7 @@ TINY_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 # transformers model_type -> GGUF general.architecture
 GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
 
+VOCAB = 320  # model vocab_size == tokenizer size, so no padding question arises
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
@@ -41,9 +42,9 @@ _CORPUS = [
 
 
 def _base_config(arch: str) -> dict:
-    common = dict(vocab_size=320, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
-                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0)
     if arch == "mixtral":
         return dict(common, intermediate_size=512, num_local_experts=4, num_experts_per_tok=2,
                     rope_theta=1e6)
@@ -68,10 +69,14 @@ def make_tiny_tokenizer(out_dir: str | os.PathLike[str]) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(_CORPUS, trainer=trainer)
+    n = tok.get_vocab_size()
+    if n < VOCAB:  # the corpus ran out of merges: fill with reserved special tokens
+        tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(VOCAB - n)])
+    assert tok.get_vocab_size() == VOCAB
     out = Path(out_dir)
     tok.save(str(out / "tokenizer.json"))
     cfg = {

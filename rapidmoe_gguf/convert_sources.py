@@ -232,6 +232,9 @@ class GGUFSource(Source):
         n_expert = h.get(f"{arch}.expert_count") or 0
         if n_expert <= 0:
             raise UnsupportedError(f"{path}: {arch}.expert_count is {n_expert}; not an MoE model")
+        if os.path.exists(resplit.residual_path(path)):
+            log.warning("%s: its residual sidecar is not used; the new pair reconstructs the base as it is",
+                        path)
         self._file = open(path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self.tensors = []

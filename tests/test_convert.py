@@ -733,6 +733,13 @@ def test_convert_cli_errors_are_one_line(tiny_hf, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_convert_progress_bar(tiny_hf, tmp_path, capsys):
+    convert(tiny_hf("olmoe"), tmp_path / "m.gguf", "q8_0", progress=True)
+    assert "100%" in capsys.readouterr().err
+    convert(tiny_hf("olmoe"), tmp_path / "m.gguf", "q8_0", progress=False)
+    assert capsys.readouterr().err == ""
+
+
 # ---------------------------------------------------------------------------------------------
 # tools/make_big_checkpoint.py at a small size
 # ---------------------------------------------------------------------------------------------
@@ -754,3 +761,30 @@ def test_convert_make_big_checkpoint_small(tmp_path):
         assert {ck.entry(n).dtype for n in ck.names} == {"BF16"}
     rep = convert(out, tmp_path / "big.gguf", "q4_0-q4_0")
     assert rep.error_total < 0.012
+
+
+_PEAK_RSS_SCRIPT = """
+import resource, sys
+from tests import _shims
+_shims.install()
+from rapidmoe_gguf import convert
+convert(sys.argv[1], sys.argv[2], "q4_0-q4_0", progress=False)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_convert_streaming_peak_memory(tmp_path):
+    """A 0.32 GB bf16 checkpoint (2.6 MB per expert matrix in float32) converts within ~100 MB of
+    peak RSS over the interpreter's own: memory follows one tensor, not the model."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    subprocess.run([sys.executable, os.path.join(root, "tools", "make_big_checkpoint.py"), str(tmp_path / "ck"),
+                    "--size-gb", "0.3", "--shard-mb", "100"], check=True, env=env, capture_output=True)
+    base = subprocess.run([sys.executable, "-c", "import resource, numpy, gguf, rapidmoe_gguf; "
+                           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"],
+                          check=True, env=env, capture_output=True, text=True, cwd=root)
+    r = subprocess.run([sys.executable, "-c", _PEAK_RSS_SCRIPT, str(tmp_path / "ck"), str(tmp_path / "m.gguf")],
+                       check=True, env=env, capture_output=True, text=True, cwd=root)
+    extra = int(r.stdout.split()[-1]) - int(base.stdout.split()[-1])
+    assert extra < 100e6, f"peak RSS grew by {extra / 1e6:.0f} MB"

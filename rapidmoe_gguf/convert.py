@@ -225,54 +225,90 @@ class _Out:
         os.fsync(self.f.fileno())
         self.writer.close()
 
+    def close(self) -> None:
+        self.writer.close()  # idempotent
+
 
 def _write(source: Source, rec: Recipe, out: str, tmp_base: str, tmp_res: str, res_out: str,
            n_threads: int, show_bar: bool) -> ConvertReport:
-    from . import quants
-
     fallbacks: list[Fallback] = []
     plan = _plan(source, rec, fallbacks)
-    arch = source.arch.name
-    with_residual = any(p.residual_type for p in plan)
-    any_quantized = any(is_quantized(p.out_type) for p in plan)
     base_uuid = str(uuidlib.uuid4())
+    stats = _ErrorStats()
+    base = res = None
+    try:
+        base = _open_base(source, rec, plan, tmp_base, base_uuid)
+        if any(p.residual_type for p in plan):
+            res = _open_residual(source, rec, plan, tmp_res, tmp_base, base_uuid)
+        _stream(plan, base, res, stats, n_threads, os.path.basename(out) if show_bar else None)
+        base.finish()
+        if res is not None:
+            res.finish()
+            resplit.check_pair(tmp_base, tmp_res)
+    finally:
+        for o in (base, res):
+            if o is not None:
+                o.close()
 
-    base = _Out(tmp_base, arch)
-    source.add_metadata(base.writer)
-    base.writer.add_file_type(int(FILE_TYPE[rec.base_type]))
-    if any_quantized:
-        base.writer.add_quantization_version(GGML_QUANT_VERSION)
-    base.writer.add_uint32(resplit.KEY_FORMAT_VERSION, resplit.FORMAT_VERSION)
-    base.writer.add_string(resplit.KEY_RECIPE, rec.name)
-    base.writer.add_string(resplit.KEY_UUID, base_uuid)
+    experts = [p for p in plan if p.src.role == "expert"]
+    return ConvertReport(
+        base_path=out, residual_path=res_out if res is not None else None, architecture=source.arch.name,
+        recipe=rec.name, base_type=rec.base_type, residual_type=rec.residual_type,
+        other_type=rec.other_type, base_types=base.types, residual_types=res.types if res else {},
+        expert_weights=sum(math.prod(p.src.ne) for p in experts),
+        expert_base_bytes=sum(p.nbytes for p in experts),
+        expert_residual_bytes=sum(p.residual_nbytes for p in experts),
+        error_base=stats.relative(stats.err_base), error_total=stats.relative(stats.err_total),
+        fallbacks=fallbacks, seconds=0.0)
+
+
+def _open_base(source: Source, rec: Recipe, plan: list[_Planned], path: str, base_uuid: str) -> _Out:
+    base = _Out(path, source.arch.name)
+    w = base.writer
+    source.add_metadata(w)
+    w.add_file_type(int(FILE_TYPE[rec.base_type]))
+    if any(is_quantized(p.out_type) for p in plan):
+        w.add_quantization_version(GGML_QUANT_VERSION)
+    w.add_uint32(resplit.KEY_FORMAT_VERSION, resplit.FORMAT_VERSION)
+    w.add_string(resplit.KEY_RECIPE, rec.name)
+    w.add_string(resplit.KEY_UUID, base_uuid)
     for p in plan:
         base.add_tensor(p.src.name, p.src.ne, p.out_type)
     base.begin_data()
+    return base
 
-    res = None
-    if with_residual:
-        res = _Out(tmp_res, arch)
-        _, ti_sha = resplit.base_identity(tmp_base)
-        w = res.writer
-        if any(is_quantized(p.residual_type) for p in plan if p.residual_type):
-            w.add_quantization_version(GGML_QUANT_VERSION)
-        w.add_uint32(resplit.KEY_FORMAT_VERSION, resplit.FORMAT_VERSION)
-        w.add_string(resplit.KEY_RECIPE, rec.name)
-        w.add_string(resplit.KEY_BASE_TYPE, rec.base_type)
-        w.add_string(resplit.KEY_RESIDUAL_TYPE, rec.residual_type)
-        w.add_string(resplit.KEY_BASE_UUID, base_uuid)
-        w.add_string(resplit.KEY_BASE_TI_SHA256, ti_sha)
-        for p in plan:
-            if p.residual_type:
-                res.add_tensor(resplit.residual_tensor_name(p.src.name), p.src.ne, p.residual_type)
-        res.begin_data()
 
-    stats = _ErrorStats()
+def _open_residual(source: Source, rec: Recipe, plan: list[_Planned], path: str, base_path: str,
+                   base_uuid: str) -> _Out:
+    """The sidecar's header; the base's header must already be on disk (its identity is hashed)."""
+    res = _Out(path, source.arch.name)
+    _, ti_sha = resplit.base_identity(base_path)
+    w = res.writer
+    if any(is_quantized(p.residual_type) for p in plan if p.residual_type):
+        w.add_quantization_version(GGML_QUANT_VERSION)
+    w.add_uint32(resplit.KEY_FORMAT_VERSION, resplit.FORMAT_VERSION)
+    w.add_string(resplit.KEY_RECIPE, rec.name)
+    w.add_string(resplit.KEY_BASE_TYPE, rec.base_type)
+    w.add_string(resplit.KEY_RESIDUAL_TYPE, rec.residual_type)
+    w.add_string(resplit.KEY_BASE_UUID, base_uuid)
+    w.add_string(resplit.KEY_BASE_TI_SHA256, ti_sha)
+    for p in plan:
+        if p.residual_type:
+            res.add_tensor(resplit.residual_tensor_name(p.src.name), p.src.ne, p.residual_type)
+    res.begin_data()
+    return res
+
+
+def _stream(plan: list[_Planned], base: _Out, res: _Out | None, stats: _ErrorStats,
+            n_threads: int, bar_title: str | None) -> None:
+    """Read, quantize and write every tensor's data in tensor-info order."""
+    from . import quants
+
     bar = None
-    if show_bar:
+    if bar_title is not None:
         from tqdm import tqdm
         bar = tqdm(total=sum(math.prod(p.src.ne) for p in plan), unit="w", unit_scale=True,
-                   desc=os.path.basename(out), dynamic_ncols=True)
+                   desc=bar_title, dynamic_ncols=True)
     try:
         for p in plan:
             t = p.src
@@ -282,7 +318,8 @@ def _write(source: Source, rec: Recipe, out: str, tmp_base: str, tmp_res: str, r
                     if bar is not None:
                         bar.update(t.ne[0] * t.ne[1])
             else:
-                base.write(t.raw(None) if p.copy else quants.quantize(p.out_type, t.read(None), n_threads=n_threads))
+                base.write(t.raw(None) if p.copy
+                           else quants.quantize(p.out_type, t.read(None), n_threads=n_threads))
                 if bar is not None:
                     bar.update(math.prod(t.ne))
             base.end_tensor(t.name, p.nbytes)
@@ -291,21 +328,6 @@ def _write(source: Source, rec: Recipe, out: str, tmp_base: str, tmp_res: str, r
     finally:
         if bar is not None:
             bar.close()
-    base.finish()
-    if res is not None:
-        res.finish()
-        resplit.check_pair(tmp_base, tmp_res)
-
-    experts = [p for p in plan if p.src.role == "expert"]
-    return ConvertReport(
-        base_path=out, residual_path=res_out if res is not None else None, architecture=arch,
-        recipe=rec.name, base_type=rec.base_type, residual_type=rec.residual_type,
-        other_type=rec.other_type, base_types=base.types, residual_types=res.types if res else {},
-        expert_weights=sum(math.prod(p.src.ne) for p in experts),
-        expert_base_bytes=sum(p.nbytes for p in experts),
-        expert_residual_bytes=sum(p.residual_nbytes for p in experts),
-        error_base=stats.relative(stats.err_base), error_total=stats.relative(stats.err_total),
-        fallbacks=fallbacks, seconds=0.0)
 
 
 @dataclasses.dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import mmap
 import os
 import re
@@ -306,7 +305,3 @@ class GGUFSource(Source):
         if getattr(self, "_file", None) is not None:
             self._file.close()
             self._file = None
-
-
-def count_weights(t: SourceTensor) -> int:
-    return math.prod(t.ne)

@@ -98,7 +98,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if info["hparams"]:
         print("hyperparameters:")
         for k, v in info["hparams"].items():
-            print(f"  {k:40s} {v}")
+            print(f"  {k:40s} {v:.7g}" if isinstance(v, float) else f"  {k:40s} {v}")
     _print_types(f"tensors: {info['n_tensors']}", info["types"])
     if info["kind"] == "residual":
         return 0

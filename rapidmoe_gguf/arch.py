@@ -86,12 +86,6 @@ class ArchSpec:
     output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
 
-    def hparam(self, dim: str) -> HParam:
-        for h in self.hparams:
-            if h.dim == dim:
-                return h
-        raise KeyError(dim)
-
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks shared by the rows

@@ -8,6 +8,9 @@ from .errors import (
     RapidMoEError,
     UnsupportedError,
 )
+from .gguf_file import GGUFFile, open_gguf
+from .model import Model, SamplingParams
+from .tokenizer import IncrementalDecoder, Tokenizer
 
 __version__ = "0.1.0"
 
@@ -15,9 +18,15 @@ __all__ = [
     "ConvertReport",
     "ContextFullError",
     "FormatError",
+    "GGUFFile",
+    "IncrementalDecoder",
     "InvalidArgumentError",
+    "Model",
     "RapidMoEError",
+    "SamplingParams",
+    "Tokenizer",
     "UnsupportedError",
     "__version__",
     "convert",
+    "open_gguf",
 ]

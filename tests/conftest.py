@@ -17,10 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import _shims
-
-_shims.install()  # TEMPORARY until rapidmoe_gguf.quants / .tokenizer land
-
 TINY_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 # transformers model_type -> GGUF general.architecture

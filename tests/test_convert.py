@@ -26,11 +26,7 @@ from rapidmoe_gguf.gguf_header import ggml_layout_problems, read_header
 from rapidmoe_gguf.safetensors_io import SafetensorsCheckpoint, SafetensorsFile
 from tests.conftest import GGUF_ARCH, TINY_ARCHS
 
-from rapidmoe_gguf import quants, tokenizer
-
-HAVE_K = not getattr(quants, "SHIM", False)
-HAVE_TOKENIZER = not getattr(tokenizer, "SHIM", False)
-needs_k = pytest.mark.skipif(not HAVE_K, reason="rapidmoe_gguf.quants (K-quant quantizer) not available")
+from rapidmoe_gguf import quants
 
 # ---------------------------------------------------------------------------------------------
 # What llama.cpp expects, per architecture, for the tiny configs of conftest.py
@@ -247,11 +243,10 @@ def test_convert_layout_matches_llama_cpp(arch, tiny_hf, tmp_path):
     assert fields[f"{a}.expert_weights_norm"].types == [gguf.GGUFValueType.BOOL]
     assert kv["general.quantization_version"] == 2
     assert kv["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_Q4_0)
-    if HAVE_TOKENIZER:
-        assert kv["tokenizer.ggml.model"] == "gpt2"
-        assert len(kv["tokenizer.ggml.tokens"]) == 320
-        assert kv["tokenizer.ggml.eos_token_id"] == 2
-        assert "<|im_start|>" in kv["tokenizer.chat_template"]
+    assert kv["tokenizer.ggml.model"] == "gpt2"
+    assert len(kv["tokenizer.ggml.tokens"]) == 320
+    assert kv["tokenizer.ggml.eos_token_id"] == 2
+    assert "<|im_start|>" in kv["tokenizer.chat_template"]
     ours = sorted(k for k in kv if k.startswith("rapidmoe."))
     assert ours == ["rapidmoe.format_version", "rapidmoe.recipe", "rapidmoe.uuid"]
     assert kv["rapidmoe.format_version"] == 1 and kv["rapidmoe.recipe"] == "q4_0-q4_0"
@@ -341,8 +336,6 @@ RECIPE_BOUNDS = {
 
 @pytest.mark.parametrize("recipe", list(RECIPE_BOUNDS))
 def test_convert_reconstruction_within_bounds(recipe, tiny_hf, tmp_path):
-    if recipe in ("q4k-q8", "q3k-q8", "q2k-q4") and not HAVE_K:
-        pytest.skip("K-quant quantizer not available")
     base_max, total_max, factor, bpw_base, bpw_total = RECIPE_BOUNDS[recipe]
     arch = "qwen3_moe"
     src = tiny_hf(arch)
@@ -393,7 +386,6 @@ def test_convert_fallback_types_for_odd_rows(tiny_hf, tmp_path, caplog):
     resplit.check_pair(out, rep.residual_path)
 
 
-@needs_k
 def test_convert_fallback_k_quant_to_32_block(tiny_hf, tmp_path):
     src = tiny_hf("qwen3_moe", moe_intermediate_size=288)  # 288 % 256 != 0, 288 % 32 == 0
     rep = convert(src, tmp_path / "m.gguf", "q4k-q8")
@@ -440,7 +432,7 @@ def test_convert_gguf_input_resplits(tiny_hf, tmp_path):
     src = tiny_hf("qwen2_moe")
     q8 = tmp_path / "q8.gguf"
     convert(src, q8, "q8_0")
-    recipe = "q4k-q8" if HAVE_K else "q4_0-q4_0"
+    recipe = "q4k-q8"
     out = tmp_path / "pair.gguf"
     rep = convert(q8, out, recipe)
     _check_ggml_rules(out)
@@ -772,8 +764,6 @@ def test_convert_make_big_checkpoint_small(tmp_path):
 
 _PEAK_RSS_SCRIPT = """
 import resource, sys
-from tests import _shims
-_shims.install()
 from rapidmoe_gguf import convert
 convert(sys.argv[1], sys.argv[2], "q4_0-q4_0", progress=False)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

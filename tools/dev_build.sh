@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # In-tree developer build: compiles the native library and the cffi extension into build/dev and
 # copies both next to the Python sources, so `PYTHONPATH=. python -m pytest` runs from the tree.
-# Extra arguments go to CMake (e.g. -DRM_SANITIZE=ON, -DRM_CUDA=ON).
+# Extra arguments go to CMake (e.g. -DRM_SANITIZE=ON, -DRM_CUDA=ON). RM_BUILD_DIR picks the build
+# folder, RM_PKG_DIR where the two .so files are copied (default: rapidmoe_gguf/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 dir=${RM_BUILD_DIR:-build/dev}
 cmake -S . -B "$dir" -G Ninja -DSKBUILD=ON -DPython_EXECUTABLE="$(command -v "$py")" "$@" >/dev/null
 cmake --build "$dir" -j "${RM_JOBS:-2}"
-cp -f "$dir"/librapidmoe.so "$dir"/_rm_cffi*.so rapidmoe_gguf/
+pkg=${RM_PKG_DIR:-rapidmoe_gguf}
+mkdir -p "$pkg"
+cp -f "$dir"/librapidmoe.so "$dir"/_rm_cffi*.so "$pkg"/

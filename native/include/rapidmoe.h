@@ -166,6 +166,91 @@ int64_t     rm_gguf_n_tensors(const rm_gguf * g);
 int64_t     rm_gguf_find_tensor(const rm_gguf * g, const char * name); /* -1 when absent */
 rm_status   rm_gguf_tensor_info(const rm_gguf * g, int64_t i, rm_tensor_info * out);
 
+/* ---------------------------------------------------------------------------------------------
+ * Models and sessions
+ *
+ * A model owns the mapped weights (the base file and, optionally, the residual sidecar) and a
+ * pool of worker threads. A session borrows its model (free every session before the model) and
+ * owns a KV cache of n_ctx positions. Calls on one model are serialised by the model.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rm_model   rm_model;
+typedef struct rm_session rm_session;
+
+typedef struct rm_model_params {
+    uint32_t     struct_size;     /* sizeof(rm_model_params) */
+    int32_t      n_threads;       /* <= 0: all online CPUs */
+    const char * residual_path;   /* the RESplit sidecar, or NULL for base only */
+} rm_model_params;
+
+typedef struct rm_model_info {
+    char    arch[32];
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_expert;
+    int32_t n_expert_used;
+    int32_t n_ff_exp;
+    int32_t n_ff_shexp;           /* 0 without a shared expert */
+    int32_t n_ctx_train;
+    int32_t norm_topk;
+    int32_t has_residual;
+    int32_t n_threads;
+    uint64_t base_expert_bytes;     /* bytes of all expert base tensors */
+    uint64_t residual_expert_bytes; /* bytes of all expert residual tensors */
+    uint64_t dense_bytes;           /* everything but experts read per token (attention, router, shared, norms, output) */
+} rm_model_info;
+
+rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
+void      rm_model_free(rm_model * model);
+rm_status rm_model_info_get(const rm_model * model, rm_model_info * out);
+
+typedef struct rm_session_params {
+    uint32_t struct_size;         /* sizeof(rm_session_params) */
+    int32_t  n_ctx;               /* KV cache positions; <= 0: the model's training context */
+    int32_t  n_batch;             /* tokens per prefill step; <= 0: 256 */
+} rm_session_params;
+
+rm_status rm_session_new(rm_model * model, const rm_session_params * params, rm_session ** out);
+void      rm_session_free(rm_session * s);
+rm_status rm_session_reset(rm_session * s);
+int32_t   rm_session_n_past(const rm_session * s);
+int32_t   rm_session_n_ctx(const rm_session * s);
+
+/* Feed n tokens after the n_past already in the cache (prefill when many, decode when one).
+ * logits receives the last position's logits (n_vocab floats) or, with all_logits, every
+ * position's (n * n_vocab floats); logits may be NULL with logits_cap 0 to skip the output head
+ * (all_logits == 0). RM_E_STATE when the tokens do not fit in the context; the cache is then
+ * unchanged. */
+rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,
+                          float * logits, uint64_t logits_cap);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rm_sampler rm_sampler;
+
+typedef struct rm_sampler_params {
+    uint32_t struct_size;         /* sizeof(rm_sampler_params) */
+    float    temperature;         /* <= 0: greedy */
+    int32_t  top_k;               /* <= 0: off */
+    float    top_p;               /* 1: off */
+    float    min_p;               /* 0: off */
+    float    repeat_penalty;      /* 1: off */
+    int32_t  repeat_last_n;       /* how many recent tokens the penalty looks at */
+    uint64_t seed;
+} rm_sampler_params;
+
+rm_status rm_sampler_new(const rm_sampler_params * params, rm_sampler ** out);
+void      rm_sampler_free(rm_sampler * smp);
+/* Picks a token from logits (n_vocab floats, left unchanged), given the recent tokens. */
+rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vocab,
+                            const int32_t * recent, int32_t n_recent, int32_t * out_token);
+
 /* RM_CDEF_END */
 
 #if defined(__GNUC__)

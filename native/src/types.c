@@ -1,8 +1,199 @@
-/* types.c - the type-traits table (placeholder until the quant kernels land). */
+/* types.c - the type-traits table and the public quantize / dequantize / dot entry points. */
+#include "types.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "status.h"
 
-rm_status rm_type_describe(int32_t type, rm_type_info * out) { return rm_fail(RM_E_INTERNAL, "not built"); }
-uint64_t rm_row_bytes(int32_t type, int64_t n) { return 0; }
-rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row, void * dst, uint64_t dst_cap, int32_t n_threads) { return rm_fail(RM_E_INTERNAL, "not built"); }
-rm_status rm_dequantize(int32_t type, const void * src, uint64_t src_len, float * dst, int64_t n) { return rm_fail(RM_E_INTERNAL, "not built"); }
-rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float * x, int64_t n, float * out) { return rm_fail(RM_E_INTERNAL, "not built"); }
+#define REF_KERNELS(t) rm_##t##_to_float, rm_##t##_from_float, rm_##t##_vec_dot
+
+/* name, block elems, block bytes, quantized, vec_dot type, to_float, from_float, vec_dot */
+static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
+    [RM_TYPE_F32]  = { "F32",  1,       sizeof(float),         0, RM_TYPE_F32,  REF_KERNELS(f32)  },
+    [RM_TYPE_F16]  = { "F16",  1,       sizeof(rm_fp16),       0, RM_TYPE_F32,  REF_KERNELS(f16)  },
+    [RM_TYPE_BF16] = { "BF16", 1,       sizeof(rm_bf16),       0, RM_TYPE_F32,  REF_KERNELS(bf16) },
+    [RM_TYPE_Q4_0] = { "Q4_0", RM_QK,   sizeof(rm_block_q4_0), 1, RM_TYPE_Q8_0, REF_KERNELS(q4_0) },
+    [RM_TYPE_Q4_1] = { "Q4_1", RM_QK,   sizeof(rm_block_q4_1), 1, RM_TYPE_Q8_1, REF_KERNELS(q4_1) },
+    [RM_TYPE_Q5_0] = { "Q5_0", RM_QK,   sizeof(rm_block_q5_0), 1, RM_TYPE_Q8_0, REF_KERNELS(q5_0) },
+    [RM_TYPE_Q5_1] = { "Q5_1", RM_QK,   sizeof(rm_block_q5_1), 1, RM_TYPE_Q8_1, REF_KERNELS(q5_1) },
+    [RM_TYPE_Q8_0] = { "Q8_0", RM_QK,   sizeof(rm_block_q8_0), 1, RM_TYPE_Q8_0, REF_KERNELS(q8_0) },
+    [RM_TYPE_Q8_1] = { "Q8_1", RM_QK,   sizeof(rm_block_q8_1), 1, RM_TYPE_Q8_1, REF_KERNELS(q8_1) },
+    [RM_TYPE_Q2_K] = { "Q2_K", RM_QK_K, sizeof(rm_block_q2_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q2_K) },
+    [RM_TYPE_Q3_K] = { "Q3_K", RM_QK_K, sizeof(rm_block_q3_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q3_K) },
+    [RM_TYPE_Q4_K] = { "Q4_K", RM_QK_K, sizeof(rm_block_q4_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q4_K) },
+    [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q5_K) },
+    [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q6_K) },
+    [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q8_K) },
+};
+
+const rm_type_traits * rm_type_traits_get(int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT || type_traits[type].name == NULL) return NULL;
+    return &type_traits[type];
+}
+
+/* Looks the type up for entry point `fn`, or records why not. */
+static const rm_type_traits * lookup(const char * fn, int32_t type) {
+    const rm_type_traits * t = rm_type_traits_get(type);
+    if (t == NULL) rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: ggml type %d is not supported by this build", fn, (int)type);
+    return t;
+}
+
+/* Checks that n elements of t are a whole, positive number of blocks. */
+static rm_status check_elems(const char * fn, const rm_type_traits * t, const char * what, int64_t n) {
+    if (n <= 0) return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is %lld, must be > 0", fn, t->name, what, (long long)n);
+    if (n % t->block_elems != 0)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s %lld is not a multiple of the block size %d",
+                       fn, t->name, what, (long long)n, (int)t->block_elems);
+    return RM_OK;
+}
+
+static uint64_t bytes_of(const rm_type_traits * t, int64_t n) {
+    return (uint64_t)(n / t->block_elems) * (uint64_t)t->block_bytes;
+}
+
+rm_status rm_type_describe(int32_t type, rm_type_info * out) {
+    rm_clear_error();
+    const rm_type_traits * t = lookup(__func__, type);
+    if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
+    if (out == NULL) return rm_fail(RM_E_INVALID_ARG, "%s: out is NULL", __func__);
+    *out = (rm_type_info){
+        .name = t->name,
+        .block_elems = t->block_elems,
+        .block_bytes = t->block_bytes,
+        .is_quantized = t->is_quantized,
+        .vec_dot_type = t->vec_dot_type,
+        .can_quantize = t->from_float != NULL,
+    };
+    return RM_OK;
+}
+
+uint64_t rm_row_bytes(int32_t type, int64_t n) {
+    const rm_type_traits * t = rm_type_traits_get(type);
+    if (t == NULL || n < 0 || n % t->block_elems != 0) return 0;
+    return bytes_of(t, n);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rm_quantize: every type quantizes its blocks independently, so the input is one long run of
+ * blocks (rows are whole blocks) and each thread takes a contiguous share of them.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Below this many elements per thread, starting a thread costs more than it saves. */
+#define QUANTIZE_MIN_ELEMS_PER_THREAD (1 << 16)
+
+typedef struct quantize_job {
+    rm_from_float_fn from_float;
+    const float *    src;
+    uint8_t *        dst;
+    int64_t          n;           /* elements, a whole number of blocks */
+} quantize_job;
+
+static void * quantize_worker(void * arg) {
+    const quantize_job * job = arg;
+    job->from_float(job->src, job->dst, job->n);
+    return NULL;
+}
+
+static int online_cpus(void) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
+                      void * dst, uint64_t dst_cap, int32_t n_threads) {
+    rm_clear_error();
+    const rm_type_traits * t = lookup(__func__, type);
+    if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
+    if (t->from_float == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: type %s has no quantizer", __func__, t->name);
+    rm_status st = check_elems(__func__, t, "n_per_row", n_per_row);
+    if (st != RM_OK) return st;
+    if (n_rows < 0) return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n_rows is %lld, must be >= 0", __func__, t->name, (long long)n_rows);
+    if (n_rows > 0 && n_per_row > INT64_MAX / n_rows)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld rows of %lld elements overflow",
+                       __func__, t->name, (long long)n_rows, (long long)n_per_row);
+    if (src == NULL || dst == NULL)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name, src == NULL ? "src" : "dst");
+    const int64_t n = n_rows * n_per_row;
+    const uint64_t need = bytes_of(t, n);
+    if (dst_cap < need)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld rows of %lld elements need %llu bytes, dst holds %llu",
+                       __func__, t->name, (long long)n_rows, (long long)n_per_row,
+                       (unsigned long long)need, (unsigned long long)dst_cap);
+    if (n == 0) return RM_OK;
+
+    const int64_t n_blocks = n / t->block_elems;
+    int64_t threads = n_threads > 0 ? n_threads : online_cpus();
+    const int64_t useful = (n + QUANTIZE_MIN_ELEMS_PER_THREAD - 1) / QUANTIZE_MIN_ELEMS_PER_THREAD;
+    if (threads > useful) threads = useful;
+    if (threads > n_blocks) threads = n_blocks;
+    if (threads > 256) threads = 256;
+
+    quantize_job jobs[256];
+    pthread_t tids[256];
+    int started[256] = {0};
+    for (int64_t k = 0; k < threads; ++k) {
+        const int64_t b0 = n_blocks * k / threads, b1 = n_blocks * (k + 1) / threads;
+        jobs[k] = (quantize_job){
+            .from_float = t->from_float,
+            .src = src + b0 * t->block_elems,
+            .dst = (uint8_t *)dst + (uint64_t)b0 * (uint64_t)t->block_bytes,
+            .n = (b1 - b0) * t->block_elems,
+        };
+    }
+    /* job 0 runs here; a thread that fails to start has its job run here too */
+    for (int64_t k = 1; k < threads; ++k) started[k] = pthread_create(&tids[k], NULL, quantize_worker, &jobs[k]) == 0;
+    quantize_worker(&jobs[0]);
+    for (int64_t k = 1; k < threads; ++k) {
+        if (started[k]) pthread_join(tids[k], NULL);
+        else quantize_worker(&jobs[k]);
+    }
+    return RM_OK;
+}
+
+rm_status rm_dequantize(int32_t type, const void * src, uint64_t src_len, float * dst, int64_t n) {
+    rm_clear_error();
+    const rm_type_traits * t = lookup(__func__, type);
+    if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
+    rm_status st = check_elems(__func__, t, "n", n);
+    if (st != RM_OK) return st;
+    if (src == NULL || dst == NULL)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name, src == NULL ? "src" : "dst");
+    const uint64_t need = bytes_of(t, n);
+    if (src_len < need)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld elements need %llu bytes, src has %llu",
+                       __func__, t->name, (long long)n, (unsigned long long)need, (unsigned long long)src_len);
+    t->to_float(src, dst, n);
+    return RM_OK;
+}
+
+rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float * x, int64_t n, float * out) {
+    rm_clear_error();
+    const rm_type_traits * t = lookup(__func__, type);
+    if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
+    rm_status st = check_elems(__func__, t, "n", n);
+    if (st != RM_OK) return st;
+    if (w == NULL || x == NULL || out == NULL)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name,
+                       w == NULL ? "w" : x == NULL ? "x" : "out");
+    const uint64_t need = bytes_of(t, n);
+    if (w_len < need)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld weights need %llu bytes, w has %llu",
+                       __func__, t->name, (long long)n, (unsigned long long)need, (unsigned long long)w_len);
+    const rm_type_traits * xt = rm_type_traits_get(t->vec_dot_type);
+    RM_ASSERT(xt != NULL && xt->from_float != NULL);
+    if (n % xt->block_elems != 0)
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n %lld is not a multiple of the activation type %s's block size %d",
+                       __func__, t->name, (long long)n, xt->name, (int)xt->block_elems);
+    if (t->vec_dot_type == RM_TYPE_F32) {
+        t->vec_dot(n, out, w, x);
+        return RM_OK;
+    }
+    void * x_q = malloc(bytes_of(xt, n));
+    if (x_q == NULL) return rm_fail(RM_E_OOM, "%s: type %s: no memory for %lld activations", __func__, t->name, (long long)n);
+    xt->from_float(x, x_q, n);
+    t->vec_dot(n, out, w, x_q);
+    free(x_q);
+    return RM_OK;
+}

@@ -1,0 +1,59 @@
+/* gguf.h - internal: typed access to an open GGUF file, for the model loader.
+ *
+ * The public reader (rm_gguf_open and friends in rapidmoe.h) validates the whole file at open;
+ * these helpers read one metadata value by key and say exactly why when they cannot:
+ *
+ *   RM_OK            the value was written to *out;
+ *   RM_GGUF_MISSING  the key is absent (nothing written), so a loader can fall back to a
+ *                    default for an optional key, or report a required one as missing;
+ *   RM_E_FORMAT      the key is present but its type does not convert, or its value does not
+ *                    fit the requested C type.
+ *
+ * Either failure sets the last-error message, naming the function, the key and the value.
+ * Arguments must not be NULL (these are internal calls; a NULL is a bug, not bad input).
+ */
+#ifndef RM_GGUF_H
+#define RM_GGUF_H
+
+#include "rapidmoe.h"
+
+#include <stdbool.h>
+
+/* The getters' status for an absent key, distinct from RM_E_FORMAT (present but unusable). */
+#define RM_GGUF_MISSING RM_E_INVALID_ARG
+
+/* Integers: any of the eight integer kv types, as long as the value fits. */
+rm_status rm_gguf_get_u32(const rm_gguf * g, const char * key, uint32_t * out);
+rm_status rm_gguf_get_i32(const rm_gguf * g, const char * key, int32_t  * out);
+rm_status rm_gguf_get_u64(const rm_gguf * g, const char * key, uint64_t * out);
+rm_status rm_gguf_get_i64(const rm_gguf * g, const char * key, int64_t  * out);
+
+/* FLOAT32, or FLOAT64 rounded to float. */
+rm_status rm_gguf_get_f32(const rm_gguf * g, const char * key, float * out);
+
+/* BOOL only; any non-zero byte is true, as in ggml. */
+rm_status rm_gguf_get_bool(const rm_gguf * g, const char * key, bool * out);
+
+/* STRING only; the bytes stay in the mapping (valid until rm_gguf_close). */
+rm_status rm_gguf_get_str(const rm_gguf * g, const char * key, rm_str * out);
+
+/* An ARRAY value. For numbers and bools, `data` points at the first of `n` packed little-endian
+ * elements in the mapping (not necessarily aligned: read them with memcpy); NULL when n == 0 or
+ * for string arrays, whose elements are read with rm_gguf_kv_arr_str(g, kv, j). */
+typedef struct rm_gguf_arr {
+    int64_t      kv;              /* index of the kv pair */
+    int32_t      type;            /* rm_gguf_type of the elements */
+    uint64_t     n;
+    const void * data;
+} rm_gguf_arr;
+
+/* elem_type: the element type required, or -1 to accept any. */
+rm_status rm_gguf_get_arr(const rm_gguf * g, const char * key, int32_t elem_type, rm_gguf_arr * out);
+
+/* The tensor called `name`; RM_GGUF_MISSING when there is none. */
+rm_status rm_gguf_tensor_by_name(const rm_gguf * g, const char * name, rm_tensor_info * out);
+
+/* "u32", "f32", "arr", ... for messages; "?" for an unknown id. */
+const char * rm_gguf_type_name(int32_t type);
+
+#endif

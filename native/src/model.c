@@ -1,0 +1,378 @@
+/* model.c - loading a model: hyperparameters from the keys, weights from the tensors.
+ *
+ * Nothing in the file is trusted: every tensor the forward pass touches is checked for presence,
+ * type and shape here, so the forward pass itself needs no checks. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+#include "types.h"
+
+typedef struct loader {
+    const char * path;
+    rm_gguf *    g;
+    char         arch[32];
+} loader;
+
+/* Reads an integer key of any integer type. 1 found, 0 absent, <0 wrong type (error set). */
+static int get_int(const loader * ld, const char * suffix, int64_t * out) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
+    int64_t i = rm_gguf_find_kv(ld->g, key);
+    if (i < 0) {
+        return 0;
+    }
+    const void * p = rm_gguf_kv_data(ld->g, i);
+    switch (rm_gguf_kv_type(ld->g, i)) {
+        case RM_GGUF_UINT8:  *out = *(const uint8_t *) p;  return 1;
+        case RM_GGUF_INT8:   *out = *(const int8_t *) p;   return 1;
+        case RM_GGUF_UINT16: *out = *(const uint16_t *) p; return 1;
+        case RM_GGUF_INT16:  *out = *(const int16_t *) p;  return 1;
+        case RM_GGUF_UINT32: *out = *(const uint32_t *) p; return 1;
+        case RM_GGUF_INT32:  *out = *(const int32_t *) p;  return 1;
+        case RM_GGUF_UINT64: *out = (int64_t) *(const uint64_t *) p; return 1;
+        case RM_GGUF_INT64:  *out = *(const int64_t *) p;  return 1;
+        case RM_GGUF_BOOL:   *out = *(const uint8_t *) p;  return 1;
+        default:
+            rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected an integer",
+                    ld->path, key, rm_gguf_kv_type(ld->g, i));
+            return -1;
+    }
+}
+
+static int get_float(const loader * ld, const char * suffix, float * out) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
+    int64_t i = rm_gguf_find_kv(ld->g, key);
+    if (i < 0) {
+        return 0;
+    }
+    const void * p = rm_gguf_kv_data(ld->g, i);
+    switch (rm_gguf_kv_type(ld->g, i)) {
+        case RM_GGUF_FLOAT32: *out = *(const float *) p; return 1;
+        case RM_GGUF_FLOAT64: *out = (float) *(const double *) p; return 1;
+        default:
+            rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected a float",
+                    ld->path, key, rm_gguf_kv_type(ld->g, i));
+            return -1;
+    }
+}
+
+/* An integer hyperparameter in [lo, hi]; required unless a default >= 0 is given. */
+static rm_status hparam(const loader * ld, const char * suffix, int64_t dflt, int64_t lo, int64_t hi,
+                        int32_t * out) {
+    int64_t v = dflt;
+    int r = get_int(ld, suffix, &v);
+    if (r < 0) {
+        return RM_E_FORMAT;
+    }
+    if (r == 0 && dflt < 0) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: required key '%s.%s' is missing", ld->path,
+                       ld->arch, suffix);
+    }
+    if (v < lo || v > hi) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s.%s' = %lld is outside [%lld, %lld]",
+                       ld->path, ld->arch, suffix, (long long) v, (long long) lo, (long long) hi);
+    }
+    *out = (int32_t) v;
+    return RM_OK;
+}
+
+/* Looks a tensor up and checks its shape: a wanted dim > 0 must match, 0 means any, -1 means 1. */
+static rm_status bind(rm_gguf * g, const char * path, const char * name, int required,
+                      int64_t ne0, int64_t ne1, int64_t ne2, rm_weight * w) {
+    memset(w, 0, sizeof(*w));
+    int64_t i = rm_gguf_find_tensor(g, name);
+    if (i < 0) {
+        if (required) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: tensor '%s' is missing", path, name);
+        }
+        return RM_OK;
+    }
+    rm_tensor_info ti;
+    rm_status st = rm_gguf_tensor_info(g, i, &ti);
+    if (st != RM_OK) {
+        return st;
+    }
+    const rm_type_traits * tt = rm_type_traits_get(ti.type);
+    if (!tt || (tt->is_quantized && !tt->vec_dot)) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: tensor '%s' has ggml type %d, not supported",
+                       path, name, ti.type);
+    }
+    const int64_t want[3] = {ne0, ne1 < 0 ? 1 : ne1, ne2 < 0 ? 1 : ne2};
+    for (int d = 0; d < 3; d++) {
+        if (want[d] > 0 && ti.ne[d] != want[d]) {
+            return rm_fail(RM_E_SHAPE,
+                           "rm_model_load: %s: tensor '%s' has ne = {%lld, %lld, %lld, %lld}, expected {%lld, %lld, %lld}",
+                           path, name, (long long) ti.ne[0], (long long) ti.ne[1], (long long) ti.ne[2],
+                           (long long) ti.ne[3], (long long) want[0], (long long) want[1], (long long) want[2]);
+        }
+    }
+    if (ti.ne[3] != 1) {
+        return rm_fail(RM_E_SHAPE, "rm_model_load: %s: tensor '%s' is 4-D", path, name);
+    }
+    w->type = ti.type;
+    memcpy(w->ne, ti.ne, sizeof(w->ne));
+    w->data = ti.data;
+    w->row_bytes = rm_row_bytes(ti.type, ti.ne[0]);
+    return RM_OK;
+}
+
+#define BIND(g, req, field, ne0, ne1, ne2, ...)                                     \
+    do {                                                                            \
+        char name_[96];                                                             \
+        snprintf(name_, sizeof(name_), __VA_ARGS__);                                \
+        rm_status st_ = bind(g, g == m->base ? path : params->residual_path, name_, \
+                             req, ne0, ne1, ne2, field);                            \
+        if (st_ != RM_OK) return st_;                                               \
+    } while (0)
+
+static rm_status load_hparams(const loader * ld, rm_model * m) {
+    rm_hparams * hp = &m->hp;
+    rm_status st;
+    if ((st = hparam(ld, "embedding_length", -1, 1, 1 << 20, &hp->n_embd)) ||
+        (st = hparam(ld, "block_count", -1, 1, 4096, &hp->n_layer)) ||
+        (st = hparam(ld, "attention.head_count", -1, 1, 4096, &hp->n_head)) ||
+        (st = hparam(ld, "attention.head_count_kv", hp->n_head, 1, hp->n_head, &hp->n_head_kv)) ||
+        (st = hparam(ld, "attention.key_length", hp->n_embd / hp->n_head, 1, 1 << 16, &hp->head_dim)) ||
+        (st = hparam(ld, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot)) ||
+        (st = hparam(ld, "expert_count", -1, 1, 512, &hp->n_expert)) ||
+        (st = hparam(ld, "expert_used_count", -1, 1, hp->n_expert, &hp->n_expert_used)) ||
+        (st = hparam(ld, m->arch->ff_exp_key, -1, 1, 1 << 20, &hp->n_ff_exp)) ||
+        (st = hparam(ld, "context_length", 4096, 1, 1 << 24, &hp->n_ctx_train)) ||
+        (st = hparam(ld, "expert_weights_norm", m->arch->norm_topk, 0, 1, &hp->norm_topk))) {
+        return st;
+    }
+    if (hp->n_head % hp->n_head_kv != 0) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: head_count %d is not a multiple of head_count_kv %d",
+                       ld->path, hp->n_head, hp->n_head_kv);
+    }
+    if (hp->n_rot % 2 != 0) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: rope.dimension_count %d is odd", ld->path, hp->n_rot);
+    }
+    int64_t vlen;
+    int r = get_int(ld, "attention.value_length", &vlen);
+    if (r < 0) {
+        return RM_E_FORMAT;
+    }
+    if (r == 1 && vlen != hp->head_dim) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: value_length %lld != key_length %d is not supported",
+                       ld->path, (long long) vlen, hp->head_dim);
+    }
+    hp->rms_eps = 1e-5f;
+    hp->rope_base = 10000.0f;
+    if (get_float(ld, "attention.layer_norm_rms_epsilon", &hp->rms_eps) < 0 ||
+        get_float(ld, "rope.freq_base", &hp->rope_base) < 0) {
+        return RM_E_FORMAT;
+    }
+    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 0.0f)) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: rms epsilon %g or rope base %g is not positive",
+                       ld->path, hp->rms_eps, hp->rope_base);
+    }
+    return RM_OK;
+}
+
+static rm_status load_layer(rm_model * m, int il, const char * path, const rm_model_params * params) {
+    const rm_hparams * hp = &m->hp;
+    rm_layer * L = &m->layers[il];
+    rm_gguf * g = m->base;
+    const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
+    const int64_t F = hp->n_ff_exp, X = hp->n_expert;
+    BIND(g, 1, &L->attn_norm, E, -1, -1, "blk.%d.attn_norm.weight", il);
+    BIND(g, 1, &L->wq, E, Q, -1, "blk.%d.attn_q.weight", il);
+    BIND(g, 1, &L->wk, E, KV, -1, "blk.%d.attn_k.weight", il);
+    BIND(g, 1, &L->wv, E, KV, -1, "blk.%d.attn_v.weight", il);
+    BIND(g, 0, &L->bq, Q, -1, -1, "blk.%d.attn_q.bias", il);
+    BIND(g, 0, &L->bk, KV, -1, -1, "blk.%d.attn_k.bias", il);
+    BIND(g, 0, &L->bv, KV, -1, -1, "blk.%d.attn_v.bias", il);
+    BIND(g, 1, &L->wo, Q, E, -1, "blk.%d.attn_output.weight", il);
+    if (m->arch->qk_norm != RM_QK_NORM_NONE) {
+        const int full = m->arch->qk_norm == RM_QK_NORM_FULL;
+        BIND(g, 1, &L->q_norm, full ? Q : hp->head_dim, -1, -1, "blk.%d.attn_q_norm.weight", il);
+        BIND(g, 1, &L->k_norm, full ? KV : hp->head_dim, -1, -1, "blk.%d.attn_k_norm.weight", il);
+    }
+    BIND(g, 1, &L->ffn_norm, E, -1, -1, "blk.%d.ffn_norm.weight", il);
+    BIND(g, 1, &L->router, E, X, -1, "blk.%d.ffn_gate_inp.weight", il);
+    BIND(g, 1, &L->gate_exps, E, F, X, "blk.%d.ffn_gate_exps.weight", il);
+    BIND(g, 1, &L->up_exps, E, F, X, "blk.%d.ffn_up_exps.weight", il);
+    BIND(g, 1, &L->down_exps, F, E, X, "blk.%d.ffn_down_exps.weight", il);
+    if (m->arch->shared_expert == RM_SHEXP_GATED) {
+        const int64_t S = hp->n_ff_shexp;
+        BIND(g, 1, &L->gate_shexp, E, S, -1, "blk.%d.ffn_gate_shexp.weight", il);
+        BIND(g, 1, &L->up_shexp, E, S, -1, "blk.%d.ffn_up_shexp.weight", il);
+        BIND(g, 1, &L->down_shexp, S, E, -1, "blk.%d.ffn_down_shexp.weight", il);
+        BIND(g, 1, &L->gate_inp_shexp, E, -1, -1, "blk.%d.ffn_gate_inp_shexp.weight", il);
+    }
+    if (m->residual) {
+        g = m->residual;
+        BIND(g, 1, &L->gate_res, E, F, X, "blk.%d.ffn_gate_exps.residual", il);
+        BIND(g, 1, &L->up_res, E, F, X, "blk.%d.ffn_up_exps.residual", il);
+        BIND(g, 1, &L->down_res, F, E, X, "blk.%d.ffn_down_exps.residual", il);
+    }
+    return RM_OK;
+}
+
+/* Norms, biases and the router are read as floats by the forward pass. */
+static rm_status check_float_types(const rm_model * m, const char * path) {
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const rm_layer * L = &m->layers[il];
+        const rm_weight * f32s[] = {&L->attn_norm, &L->ffn_norm, &L->q_norm, &L->k_norm, &L->bq, &L->bk,
+                                    &L->bv, &L->gate_inp_shexp};
+        for (size_t k = 0; k < sizeof(f32s) / sizeof(f32s[0]); k++) {
+            if (f32s[k]->data && f32s[k]->type != RM_TYPE_F32) {
+                return rm_fail(RM_E_UNSUPPORTED_TYPE,
+                               "rm_model_load: %s: layer %d: norm/bias tensors must be F32, found type %d",
+                               path, il, f32s[k]->type);
+            }
+        }
+    }
+    if (m->output_norm.type != RM_TYPE_F32) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: output_norm.weight must be F32", path);
+    }
+    return RM_OK;
+}
+
+static uint64_t weight_bytes(const rm_weight * w) {
+    return w->data ? w->row_bytes * (uint64_t) w->ne[1] * (uint64_t) w->ne[2] : 0;
+}
+
+static void fill_info(rm_model * m) {
+    rm_model_info * in = &m->info;
+    const rm_hparams * hp = &m->hp;
+    snprintf(in->arch, sizeof(in->arch), "%s", m->arch->name);
+    in->n_vocab = hp->n_vocab;
+    in->n_embd = hp->n_embd;
+    in->n_layer = hp->n_layer;
+    in->n_head = hp->n_head;
+    in->n_head_kv = hp->n_head_kv;
+    in->head_dim = hp->head_dim;
+    in->n_expert = hp->n_expert;
+    in->n_expert_used = hp->n_expert_used;
+    in->n_ff_exp = hp->n_ff_exp;
+    in->n_ff_shexp = hp->n_ff_shexp;
+    in->n_ctx_train = hp->n_ctx_train;
+    in->norm_topk = hp->norm_topk;
+    in->has_residual = m->residual != NULL;
+    in->n_threads = rm_pool_size(m->pool);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const rm_layer * L = &m->layers[il];
+        in->base_expert_bytes += weight_bytes(&L->gate_exps) + weight_bytes(&L->up_exps) + weight_bytes(&L->down_exps);
+        in->residual_expert_bytes += weight_bytes(&L->gate_res) + weight_bytes(&L->up_res) + weight_bytes(&L->down_res);
+        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->router,
+                                     &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
+        for (size_t k = 0; k < sizeof(dense) / sizeof(dense[0]); k++) {
+            in->dense_bytes += weight_bytes(dense[k]);
+        }
+    }
+    in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output);
+}
+
+static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
+    rm_status st = rm_gguf_open(path, &m->base);
+    if (st != RM_OK) {
+        return st;
+    }
+    loader ld = {path, m->base, {0}};
+    int64_t ia = rm_gguf_find_kv(m->base, "general.architecture");
+    if (ia < 0 || rm_gguf_kv_type(m->base, ia) != RM_GGUF_STRING) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: 'general.architecture' is missing or not a string", path);
+    }
+    rm_str an = rm_gguf_kv_str(m->base, ia);
+    m->arch = rm_arch_find(an.ptr, an.len);
+    if (!m->arch) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: architecture '%.*s' is not supported "
+                       "(supported: llama (Mixtral), qwen2moe, qwen3moe, olmoe)", path, (int) (an.len > 64 ? 64 : an.len), an.ptr);
+    }
+    snprintf(ld.arch, sizeof(ld.arch), "%s", m->arch->name);
+    if ((st = load_hparams(&ld, m)) != RM_OK) {
+        return st;
+    }
+    if (m->arch->shared_expert != RM_SHEXP_NONE &&
+        (st = hparam(&ld, "expert_shared_feed_forward_length", -1, 1, 1 << 20, &m->hp.n_ff_shexp)) != RM_OK) {
+        return st;
+    }
+    if (params->residual_path) {
+        if ((st = rm_gguf_open(params->residual_path, &m->residual)) != RM_OK) {
+            return st;
+        }
+    }
+    rm_gguf * g = m->base;
+    BIND(g, 1, &m->tok_embd, m->hp.n_embd, 0, -1, "token_embd.weight");
+    m->hp.n_vocab = (int32_t) m->tok_embd.ne[1];
+    BIND(g, 1, &m->output_norm, m->hp.n_embd, -1, -1, "output_norm.weight");
+    BIND(g, 0, &m->output, m->hp.n_embd, m->hp.n_vocab, -1, "output.weight");
+    if (!m->output.data) {
+        m->output = m->tok_embd;   /* tied embeddings */
+    }
+    m->layers = calloc((size_t) m->hp.n_layer, sizeof(rm_layer));
+    if (!m->layers) {
+        return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
+    }
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        if ((st = load_layer(m, il, path, params)) != RM_OK) {
+            return st;
+        }
+    }
+    if ((st = check_float_types(m, path)) != RM_OK) {
+        return st;
+    }
+    m->pool = rm_pool_new(params->n_threads);
+    if (!m->pool) {
+        return rm_fail(RM_E_OOM, "rm_model_load: cannot start %d worker threads", params->n_threads);
+    }
+    pthread_mutex_init(&m->lock, NULL);
+    fill_info(m);
+    return RM_OK;
+}
+
+rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out) {
+    rm_clear_error();
+    if (!path || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: path and out must not be NULL");
+    }
+    *out = NULL;
+    rm_model_params dflt = {sizeof(rm_model_params), 0, NULL};
+    if (!params) {
+        params = &dflt;
+    } else if (params->struct_size != sizeof(rm_model_params)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u != %zu (mismatched header)",
+                       params->struct_size, sizeof(rm_model_params));
+    }
+    rm_model * m = calloc(1, sizeof(*m));
+    if (!m) {
+        return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
+    }
+    rm_status st = load(m, path, params);
+    if (st != RM_OK) {
+        rm_model_free(m);
+        return st;
+    }
+    *out = m;
+    return RM_OK;
+}
+
+void rm_model_free(rm_model * m) {
+    if (!m) {
+        return;
+    }
+    if (m->pool) {
+        rm_pool_free(m->pool);
+        pthread_mutex_destroy(&m->lock);
+    }
+    free(m->layers);
+    rm_gguf_close(m->residual);
+    rm_gguf_close(m->base);
+    free(m);
+}
+
+rm_status rm_model_info_get(const rm_model * m, rm_model_info * out) {
+    rm_clear_error();
+    if (!m || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_info_get: NULL argument");
+    }
+    *out = m->info;
+    return RM_OK;
+}

@@ -1,0 +1,162 @@
+/* sample.c - token sampling: repetition penalty, temperature, top-k, top-p, min-p, seeded draw.
+ *
+ * The order is the one transformers uses (penalty, temperature, then the filters), so a given
+ * seed gives the same text on every run and every machine. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rapidmoe.h"
+#include "status.h"
+
+struct rm_sampler {
+    rm_sampler_params p;
+    uint64_t          state;      /* xorshift64* */
+    float *           work;       /* n_vocab logits, copied */
+    int32_t *         idx;        /* n_vocab candidate ids */
+    int32_t           cap;
+};
+
+static uint64_t next_u64(rm_sampler * smp) {
+    uint64_t x = smp->state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    smp->state = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+static double next_unit(rm_sampler * smp) { return (double) (next_u64(smp) >> 11) * (1.0 / 9007199254740992.0); }
+
+rm_status rm_sampler_new(const rm_sampler_params * p, rm_sampler ** out) {
+    rm_clear_error();
+    if (!p || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: NULL argument");
+    }
+    *out = NULL;
+    if (p->struct_size != sizeof(rm_sampler_params)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: params.struct_size %u != %zu (mismatched header)",
+                       p->struct_size, sizeof(rm_sampler_params));
+    }
+    if (!isfinite(p->temperature) || p->temperature < 0.0f) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: temperature %g must be >= 0", p->temperature);
+    }
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: top_p %g must be in (0, 1]", p->top_p);
+    }
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: min_p %g must be in [0, 1]", p->min_p);
+    }
+    if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: repeat_penalty %g must be > 0", p->repeat_penalty);
+    }
+    if (p->top_k < 0 || p->repeat_last_n < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_new: top_k %d and repeat_last_n %d must be >= 0",
+                       p->top_k, p->repeat_last_n);
+    }
+    rm_sampler * smp = calloc(1, sizeof(*smp));
+    if (!smp) {
+        return rm_fail(RM_E_OOM, "rm_sampler_new: out of memory");
+    }
+    smp->p = *p;
+    smp->state = p->seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+    if (smp->state == 0) {
+        smp->state = 1;
+    }
+    *out = smp;
+    return RM_OK;
+}
+
+void rm_sampler_free(rm_sampler * smp) {
+    if (!smp) {
+        return;
+    }
+    free(smp->work);
+    free(smp->idx);
+    free(smp);
+}
+
+static int by_logit_desc(const void * a, const void * b, void * ctx) {
+    const float * w = ctx;
+    const float x = w[*(const int32_t *) a], y = w[*(const int32_t *) b];
+    return x < y ? 1 : x > y ? -1 : (*(const int32_t *) a - *(const int32_t *) b);
+}
+
+rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vocab, const int32_t * recent,
+                            int32_t n_recent, int32_t * out_token) {
+    rm_clear_error();
+    if (!smp || !logits || !out_token || n_vocab <= 0 || (n_recent > 0 && !recent)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_sampler_sample: bad argument (n_vocab %d, n_recent %d)", n_vocab, n_recent);
+    }
+    if (smp->cap < n_vocab) {
+        float * w = realloc(smp->work, sizeof(float) * (size_t) n_vocab);
+        if (w) smp->work = w;
+        int32_t * ix = realloc(smp->idx, sizeof(int32_t) * (size_t) n_vocab);
+        if (ix) smp->idx = ix;
+        if (!w || !ix) {
+            return rm_fail(RM_E_OOM, "rm_sampler_sample: out of memory");
+        }
+        smp->cap = n_vocab;
+    }
+    const rm_sampler_params * p = &smp->p;
+    float * w = smp->work;
+    memcpy(w, logits, sizeof(float) * (size_t) n_vocab);
+    if (p->repeat_penalty != 1.0f && p->repeat_last_n > 0) {
+        const int32_t from = n_recent > p->repeat_last_n ? n_recent - p->repeat_last_n : 0;
+        for (int32_t i = from; i < n_recent; i++) {
+            const int32_t t = recent[i];
+            if (t < 0 || t >= n_vocab) continue;
+            /* penalise each distinct token once */
+            int seen = 0;
+            for (int32_t j = from; j < i && !seen; j++) seen = recent[j] == t;
+            if (!seen) w[t] = w[t] > 0.0f ? w[t] / p->repeat_penalty : w[t] * p->repeat_penalty;
+        }
+    }
+    if (p->temperature <= 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab; i++) {
+            if (w[i] > w[best]) best = i;
+        }
+        *out_token = best;
+        return RM_OK;
+    }
+    for (int32_t i = 0; i < n_vocab; i++) {
+        w[i] /= p->temperature;
+        smp->idx[i] = i;
+    }
+    int32_t n = n_vocab;
+    qsort_r(smp->idx, (size_t) n, sizeof(int32_t), by_logit_desc, w);
+    if (p->top_k > 0 && p->top_k < n) {
+        n = p->top_k;
+    }
+    /* probabilities of the remaining candidates, in descending order */
+    const float mx = w[smp->idx[0]];
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) total += exp((double) (w[smp->idx[i]] - mx));
+    if (p->top_p < 1.0f) {
+        double cum = 0.0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; i++) {
+            cum += exp((double) (w[smp->idx[i]] - mx)) / total;
+            if (cum >= p->top_p) { keep = i + 1; break; }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0.0f) {
+        /* p_i >= min_p * p_max  <=>  logit_i - max >= log(min_p) */
+        const float cut = logf(p->min_p);
+        int32_t keep = 1;
+        while (keep < n && w[smp->idx[keep]] - mx >= cut) keep++;
+        n = keep;
+    }
+    total = 0.0;
+    for (int32_t i = 0; i < n; i++) total += exp((double) (w[smp->idx[i]] - mx));
+    double r = next_unit(smp) * total;
+    int32_t pick = smp->idx[n - 1];
+    for (int32_t i = 0; i < n; i++) {
+        r -= exp((double) (w[smp->idx[i]] - mx));
+        if (r <= 0.0) { pick = smp->idx[i]; break; }
+    }
+    *out_token = pick;
+    return RM_OK;
+}

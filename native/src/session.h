@@ -1,0 +1,46 @@
+/* session.h - internal: a session's KV cache, scratch buffers and MoE bookkeeping. */
+#ifndef RM_SESSION_H
+#define RM_SESSION_H
+
+#include "backend.h"
+#include "model.h"
+
+/* One token's routing in one layer: its n_expert_used choices. */
+typedef struct rm_route {
+    int32_t expert;
+    float   weight;               /* router weight after renormalisation */
+    float   prob;                 /* softmax probability before renormalisation */
+    uint8_t residual;             /* 1 when this slot gets its expert's residual */
+} rm_route;
+
+struct rm_session {
+    rm_model *   m;
+    rm_backend * be;
+    int32_t      n_ctx, n_batch, n_past;
+
+    float * k_cache;              /* n_layer * n_ctx rows of n_head_kv*head_dim */
+    float * v_cache;
+
+    /* scratch for n_batch tokens */
+    float * x;                    /* residual stream, rows of n_embd */
+    float * xn;                   /* normalised input of a block, rows of n_embd */
+    float * q, * k, * v;          /* projections, rows of n_head*head_dim / n_head_kv*head_dim */
+    float * attn;                 /* attention output, rows of n_head*head_dim */
+    float * moe;                  /* MoE output accumulator, rows of n_embd */
+    float * router;               /* router logits, rows of n_expert */
+    rm_route * routes;            /* rows of n_expert_used */
+
+    /* expert grouping: the (token, slot) pairs routed to each expert in this batch */
+    int32_t * exp_n;              /* n_expert */
+    int32_t * exp_pairs;          /* n_expert rows of n_batch * n_expert_used */
+    float *   ex;                 /* gathered expert inputs, rows of n_embd */
+    float *   eg, * eu;           /* gate / up outputs, rows of max(n_ff_exp, n_ff_shexp) */
+    float *   ed;                 /* down outputs, rows of n_embd */
+
+    /* statistics since the last reset of the counters */
+    uint64_t * stat_active;       /* n_layer * n_expert: activations */
+    uint64_t * stat_residual;     /* n_layer * n_expert: of which with residual */
+    int32_t    residual_all;      /* policy: 1 = every activated slot gets its residual */
+};
+
+#endif

@@ -1,0 +1,130 @@
+/* threads.c - the persistent worker pool.
+ *
+ * Workers wait on a generation counter: they spin briefly (a token's matrix products come in
+ * quick succession), then sleep on a condition variable so an idle model costs no CPU. */
+#include "threads.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define RM_SPIN_ITERS 20000
+
+struct rm_pool {
+    int             n_threads;
+    pthread_t *     threads;
+    pthread_mutex_t mutex;
+    pthread_cond_t  cond;
+    atomic_uint     generation;   /* bumped once per task */
+    atomic_int      n_pending;    /* workers still running the current task */
+    atomic_int      stop;
+    rm_task_fn      fn;
+    void *          ctx;
+};
+
+typedef struct worker_arg {
+    rm_pool * pool;
+    int       ith;
+} worker_arg;
+
+int rm_cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int) n : 1;
+}
+
+static void * worker_main(void * p) {
+    worker_arg arg = *(worker_arg *) p;
+    free(p);
+    rm_pool * pool = arg.pool;
+    unsigned seen = atomic_load(&pool->generation);
+    for (;;) {
+        unsigned gen;
+        int spins = 0;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
+               !atomic_load(&pool->stop)) {
+            if (++spins > RM_SPIN_ITERS) {
+                pthread_mutex_lock(&pool->mutex);
+                while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop)) {
+                    pthread_cond_wait(&pool->cond, &pool->mutex);
+                }
+                pthread_mutex_unlock(&pool->mutex);
+                spins = 0;
+            }
+        }
+        if (atomic_load(&pool->stop)) {
+            return NULL;
+        }
+        seen = gen;
+        pool->fn(pool->ctx, arg.ith, pool->n_threads);
+        atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_release);
+    }
+}
+
+rm_pool * rm_pool_new(int n_threads) {
+    if (n_threads <= 0) {
+        n_threads = rm_cpu_count();
+    }
+    rm_pool * pool = calloc(1, sizeof(*pool));
+    if (!pool) {
+        return NULL;
+    }
+    pool->n_threads = n_threads;
+    pthread_mutex_init(&pool->mutex, NULL);
+    pthread_cond_init(&pool->cond, NULL);
+    pool->threads = calloc((size_t) n_threads, sizeof(pthread_t));
+    if (!pool->threads) {
+        free(pool);
+        return NULL;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg * arg = malloc(sizeof(*arg));
+        if (arg) {
+            arg->pool = pool;
+            arg->ith = i;
+        }
+        if (!arg || pthread_create(&pool->threads[i], NULL, worker_main, arg) != 0) {
+            free(arg);
+            pool->n_threads = i;   /* run with the threads we got */
+            break;
+        }
+    }
+    return pool;
+}
+
+void rm_pool_free(rm_pool * pool) {
+    if (!pool) {
+        return;
+    }
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->stop, 1);
+    pthread_cond_broadcast(&pool->cond);
+    pthread_mutex_unlock(&pool->mutex);
+    for (int i = 1; i < pool->n_threads; i++) {
+        pthread_join(pool->threads[i], NULL);
+    }
+    pthread_mutex_destroy(&pool->mutex);
+    pthread_cond_destroy(&pool->cond);
+    free(pool->threads);
+    free(pool);
+}
+
+int rm_pool_size(const rm_pool * pool) { return pool->n_threads; }
+
+void rm_pool_run(rm_pool * pool, rm_task_fn fn, void * ctx) {
+    if (pool->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pool->fn = fn;
+    pool->ctx = ctx;
+    atomic_store(&pool->n_pending, pool->n_threads - 1);
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&pool->cond);
+    pthread_mutex_unlock(&pool->mutex);
+    fn(ctx, 0, pool->n_threads);
+    while (atomic_load_explicit(&pool->n_pending, memory_order_acquire) > 0) {
+        /* the workers are on their share; nothing else to do */
+    }
+}

@@ -1,0 +1,316 @@
+"""The Python API: a Model owns one native model and one session (KV cache), and generates text.
+
+Shapes and dict layouts follow llama-cpp-python where it has one (``eval``, ``create_completion``),
+so code written for it reads the same here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _native
+from ._native import ffi, lib
+from .errors import InvalidArgumentError, RapidMoEError
+from .gguf_file import open_gguf
+from .tokenizer import IncrementalDecoder, Tokenizer
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """How the next token is drawn. ``temperature`` 0 is greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def validate(self) -> None:
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
+            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise InvalidArgumentError(msg)
+
+
+def residual_path_for(path: str) -> str:
+    """The sidecar that pairs with a base file: ``NAME.gguf`` -> ``NAME.residual.gguf``."""
+    root = path[:-5] if path.endswith(".gguf") else path
+    return root + ".residual.gguf"
+
+
+class Model:
+    """A loaded model with one session.
+
+    ``residual``: ``"auto"`` (default) loads ``NAME.residual.gguf`` beside the base file when it
+    exists, ``None`` runs base only, or give the sidecar's path.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int = 0,
+        n_batch: int = 256,
+        residual: str | os.PathLike | None = "auto",
+    ):
+        self._model = None
+        self._session = None
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise RapidMoEError(f"model file not found: {path}")
+        if n_ctx <= 0:
+            raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        self.path = path
+        if residual == "auto":
+            cand = residual_path_for(path)
+            residual = cand if os.path.isfile(cand) else None
+        self.residual_path = os.fspath(residual) if residual is not None else None
+        if self.residual_path is not None:
+            from .resplit import check_pair
+
+            check_pair(path, self.residual_path)
+
+        with open_gguf(path) as g:
+            self.metadata = dict(g.metadata)
+        self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+
+        params = ffi.new("rm_model_params *")
+        params.struct_size = ffi.sizeof("rm_model_params")
+        params.n_threads = n_threads
+        res_c = ffi.new("char[]", self.residual_path.encode()) if self.residual_path else ffi.NULL
+        params.residual_path = res_c
+        out = ffi.new("rm_model **")
+        _native.check(lib.rm_model_load(path.encode(), params, out))
+        self._model = out[0]
+        info = ffi.new("rm_model_info *")
+        _native.check(lib.rm_model_info_get(self._model, info))
+        self.info = {k: (ffi.string(getattr(info, k)).decode() if k == "arch" else int(getattr(info, k)))
+                     for k in dir(info)}
+        self.n_vocab = self.info["n_vocab"]
+
+        sp = ffi.new("rm_session_params *")
+        sp.struct_size = ffi.sizeof("rm_session_params")
+        sp.n_ctx = n_ctx
+        sp.n_batch = n_batch
+        sout = ffi.new("rm_session **")
+        try:
+            _native.check(lib.rm_session_new(self._model, sp, sout))
+        except BaseException:
+            self.close()
+            raise
+        self._session = sout[0]
+        self.n_ctx = n_ctx
+        self._logits = np.zeros(self.n_vocab, dtype=np.float32)
+        self.last_timings: dict[str, float] = {}
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Frees the session and the model (the session first); safe to call twice."""
+        if self._session is not None:
+            lib.rm_session_free(self._session)
+            self._session = None
+        if self._model is not None:
+            lib.rm_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _live(self):
+        if self._session is None:
+            raise RapidMoEError("the model is closed")
+        return self._session
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        return int(lib.rm_session_n_past(self._live()))
+
+    def reset(self) -> None:
+        """Empties the KV cache."""
+        _native.check(lib.rm_session_reset(self._live()))
+
+    def _as_tokens(self, ids: Sequence[int]) -> np.ndarray:
+        arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+        if arr.ndim != 1:
+            raise InvalidArgumentError("token ids must be a flat sequence of integers")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
+            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
+            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        return arr.astype(np.int32)
+
+    def eval(self, ids: Sequence[int]) -> np.ndarray:
+        """Feeds tokens after those already in the cache; returns the last position's logits."""
+        toks = self._as_tokens(ids)
+        if toks.size == 0:
+            raise InvalidArgumentError("eval needs at least one token")
+        _native.check(lib.rm_session_eval(
+            self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 0,
+            ffi.from_buffer("float[]", self._logits), self._logits.size))
+        return self._logits.copy()
+
+    def eval_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits of every position, shape (len(ids), n_vocab), for a fresh sequence."""
+        toks = self._as_tokens(ids)
+        if toks.size == 0:
+            raise InvalidArgumentError("eval_logits needs at least one token")
+        out = np.empty((toks.size, self.n_vocab), dtype=np.float32)
+        self.reset()
+        _native.check(lib.rm_session_eval(
+            self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 1,
+            ffi.from_buffer("float[]", out), out.size))
+        return out
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def _sampler(self, sp: SamplingParams):
+        sp.validate()
+        p = ffi.new("rm_sampler_params *")
+        p.struct_size = ffi.sizeof("rm_sampler_params")
+        p.temperature = sp.temperature
+        p.top_k = sp.top_k
+        p.top_p = sp.top_p
+        p.min_p = sp.min_p
+        p.repeat_penalty = sp.repeat_penalty
+        p.repeat_last_n = sp.repeat_last_n
+        p.seed = (sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little")) & (2**64 - 1)
+        out = ffi.new("rm_sampler **")
+        _native.check(lib.rm_sampler_new(p, out))
+        return ffi.gc(out[0], lib.rm_sampler_free)
+
+    def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
+                        stop_ids: set[int] | None = None) -> Iterator[int]:
+        """Yields generated token ids until an end-of-generation token or max_tokens.
+
+        The prompt is evaluated from an empty cache."""
+        prompt = self._as_tokens(prompt_ids)
+        if prompt.size == 0:
+            raise InvalidArgumentError("the prompt is empty: give at least one token")
+        if max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        if prompt.size + max(max_tokens, 1) > self.n_ctx:
+            raise InvalidArgumentError(
+                f"the prompt has {prompt.size} tokens and {max_tokens} more were asked for, "
+                f"but the context holds {self.n_ctx} (raise n_ctx)")
+        sampler = self._sampler(sampling)
+        stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
+        history = prompt.tolist()
+        t0 = time.perf_counter()
+        self.reset()
+        logits = self.eval(prompt)
+        t1 = time.perf_counter()
+        self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_s": t1 - t0,
+                             "gen_tokens": 0, "gen_s": 0.0}
+        tok = ffi.new("int32_t *")
+        for _ in range(max_tokens):
+            recent = np.asarray(history[-max(sampling.repeat_last_n, 1):], dtype=np.int32)
+            _native.check(lib.rm_sampler_sample(
+                sampler, ffi.from_buffer("float[]", logits), self.n_vocab,
+                ffi.from_buffer("int32_t[]", recent), int(recent.size), tok))
+            t = int(tok[0])
+            if t in stop:
+                break
+            history.append(t)
+            self.last_timings["gen_tokens"] += 1
+            yield t
+            if self.n_past >= self.n_ctx:
+                break
+            logits = self.eval([t])
+            self.last_timings["gen_s"] = time.perf_counter() - t1
+
+    def generate(self, prompt: str, max_tokens: int = 128, **sampling) -> str:
+        """Generates a continuation of prompt and returns it as text."""
+        return "".join(self._stream_text(prompt, max_tokens, SamplingParams(**sampling), stop=[]))
+
+    def _stream_text(self, prompt, max_tokens: int, sampling: SamplingParams,
+                     stop: Sequence[str]) -> Iterator[str]:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        dec = IncrementalDecoder(self.tokenizer)
+        pending = ""
+        hold = max((len(s) for s in stop), default=0)
+        for t in self.generate_tokens(ids, max_tokens, sampling):
+            pending += dec.feed(t)
+            hits = [pending.find(s) for s in stop if s and s in pending]
+            if hits:
+                yield pending[:min(hits)]
+                self._finish = "stop"
+                return
+            if len(pending) > hold:
+                cut = len(pending) - hold
+                yield pending[:cut]
+                pending = pending[cut:]
+        pending += dec.flush()
+        if pending:
+            yield pending
+
+    def create_completion(self, prompt, max_tokens: int = 16, temperature: float = 0.8, top_p: float = 0.95,
+                          top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
+                          seed: int | None = None, stop: str | Sequence[str] | None = None,
+                          stream: bool = False, model: str | None = None):
+        """An OpenAI-style text completion, as llama-cpp-python returns it (a dict, or an iterator
+        of chunk dicts when streaming)."""
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                  repeat_penalty=repeat_penalty, seed=seed)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        cid = "cmpl-" + uuid.uuid4().hex
+        created = int(time.time())
+        name = model or os.path.basename(self.path)
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+
+        def chunks():
+            self._finish = "length"
+            for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
+                yield text
+            n_gen = self.last_timings.get("gen_tokens", 0)
+            if self._finish != "stop" and n_gen < max_tokens:
+                self._finish = "stop"
+
+        def usage():
+            n_gen = self.last_timings.get("gen_tokens", 0)
+            return {"prompt_tokens": len(prompt_ids), "completion_tokens": n_gen,
+                    "total_tokens": len(prompt_ids) + n_gen}
+
+        if stream:
+            def it():
+                for text in chunks():
+                    yield {"id": cid, "object": "text_completion", "created": created, "model": name,
+                           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}]}
+                yield {"id": cid, "object": "text_completion", "created": created, "model": name,
+                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self._finish}]}
+            return it()
+        text = "".join(chunks())
+        return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish}],
+                "usage": usage()}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import mmap
 import os
 import re
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from . import resplit
 from .arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
 from .errors import FormatError, RapidMoEError, UnsupportedError
+from .gguf_file import open_gguf
 from .gguf_header import read_header
 from .safetensors_io import SafetensorsCheckpoint
 
@@ -234,50 +234,35 @@ class GGUFSource(Source):
         if os.path.exists(resplit.residual_path(path)):
             log.warning("%s: its residual sidecar is not used; the new pair reconstructs the base as it is",
                         path)
-        self._file = open(path, "rb")
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        # The native reader validates the whole file as the runtime will; its tensor data are
+        # zero-copy views of the mapping.
+        self._file = open_gguf(path)
+        data = {name: t.data for name, t in self._file.tensors.items()}
         self.tensors = []
         for t in h.tensors:
             if _LEGACY_EXPERT.match(t.name):
-                self.close()
                 raise UnsupportedError(f"{path}: tensor '{t.name}' uses the old one-tensor-per-expert "
                                        "layout; only merged *_exps tensors are supported")
             if resplit.is_expert_tensor(t.name):
                 role = "expert"
                 if len(t.ne) != 3 or t.ne[2] != n_expert:
-                    self.close()
                     raise FormatError(f"{path}: expert tensor '{t.name}' has ne {list(t.ne)}, "
                                       f"expected 3 dimensions ending in {n_expert} experts")
             elif t.name.endswith(".ffn_gate_inp.weight"):
                 role = "router"
             else:
                 role = "vector" if len(t.ne) == 1 else "matrix"
-            self.tensors.append(SourceTensor(t.name, t.ne, role, self._reader(t), t.type_name, self._raw(t)))
+            slab = _Slabs(t.ne, t.type_name, data[t.name])
+            self.tensors.append(SourceTensor(t.name, t.ne, role, self._reader(t, slab), t.type_name, slab))
         if not any(t.role == "expert" for t in self.tensors):
-            self.close()
             raise UnsupportedError(f"{path}: no blk.N.ffn_*_exps.weight tensors")
 
-    def _slab(self, t, e: int | None) -> tuple[np.ndarray, tuple[int, ...]]:
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[t.type_name]]
-        start = self.header.data_offset + t.offset
-        if e is None:
-            return np.frombuffer(self._map, np.uint8, t.nbytes, start), t.shape
-        row = t.ne[0] // block * block_bytes
-        size = row * t.ne[1]
-        return np.frombuffer(self._map, np.uint8, size, start + e * size), (t.ne[1], t.ne[0])
-
-    def _raw(self, t):
-        def raw(e: int | None = None) -> np.ndarray:
-            return self._slab(t, e)[0]
-        return raw
-
-    def _reader(self, t):
+    def _reader(self, t, slab: _Slabs):
         def read(e: int | None = None) -> np.ndarray:
             from . import quants
 
-            data, shape = self._slab(t, e)
             try:
-                return quants.dequantize(t.type_name, data, shape)
+                return quants.dequantize(t.type_name, slab(e), slab.shape(e))
             except RapidMoEError as exc:
                 raise UnsupportedError(f"{self.path}: tensor '{t.name}' ({t.type_name}) cannot be "
                                        f"dequantized: {exc}") from None
@@ -296,12 +281,23 @@ class GGUFSource(Source):
                 writer.add_key_value(key, kv.value, kv.type)
 
     def close(self) -> None:
-        if getattr(self, "_map", None) is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive (an exception's frame): the GC unmaps it
-                pass
-            self._map = None
         if getattr(self, "_file", None) is not None:
             self._file.close()
             self._file = None
+
+
+class _Slabs:
+    """The bytes of one GGUF tensor (``slabs(None)``) or of expert e's matrix (``slabs(e)``)."""
+
+    def __init__(self, ne: tuple[int, ...], type_name: str, data: np.ndarray):
+        self.ne, self.data = ne, data
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+        self.expert_bytes = ne[0] // block * block_bytes * (ne[1] if len(ne) > 1 else 1)
+
+    def __call__(self, e: int | None = None) -> np.ndarray:
+        if e is None:
+            return self.data
+        return self.data[e * self.expert_bytes:(e + 1) * self.expert_bytes]
+
+    def shape(self, e: int | None = None) -> tuple[int, ...]:
+        return tuple(reversed(self.ne)) if e is None else (self.ne[1], self.ne[0])

@@ -19,7 +19,7 @@ import gguf.quants
 import numpy as np
 import pytest
 
-from rapidmoe_gguf import convert, resplit
+from rapidmoe_gguf import convert, open_gguf, resplit
 from rapidmoe_gguf.cli import main as cli_main
 from rapidmoe_gguf.errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
 from rapidmoe_gguf.gguf_header import ggml_layout_problems, read_header
@@ -168,7 +168,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _check_ggml_rules(path) -> None:
     """What llama.cpp's ggml reader requires: dense ordered offsets, names < 64 bytes, no nested
-    arrays, standard type ids; and gguf-py opens the file."""
+    arrays, standard type ids (our native reader checks what ggml checks); and gguf-py opens it."""
+    with open_gguf(path) as g:
+        assert len(g.tensors) == len(gguf.GGUFReader(path).tensors)
     h = read_header(path)
     assert ggml_layout_problems(h) == []
     reader = gguf.GGUFReader(path)

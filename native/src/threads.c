@@ -37,7 +37,7 @@ static void * worker_main(void * p) {
     worker_arg arg = *(worker_arg *) p;
     free(p);
     rm_pool * pool = arg.pool;
-    unsigned seen = atomic_load(&pool->generation);
+    unsigned seen = 0;   /* the generation at creation: a task posted before this thread ran is still seen */
     for (;;) {
         unsigned gen;
         int spins = 0;

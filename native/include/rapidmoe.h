@@ -268,7 +268,7 @@ typedef enum rm_policy_kind {
     RM_POLICY_RANDOM = 3,         /* score = a seeded uniform draw */
     RM_POLICY_GATE   = 4,         /* score = the router weight */
     RM_POLICY_EXPERT = 5,         /* score = expert_score[l][e] */
-    RM_POLICY_LAYER  = 6          /* score = layer_score[l] (ties within a layer broken at random) */
+    RM_POLICY_LAYER  = 6          /* score = log layer_score[l] + U(0,1): random within a layer */
 } rm_policy_kind;
 
 typedef struct rm_residual_policy {

@@ -59,7 +59,7 @@ static float log_score(rm_session * s, int il, const rm_route * r) {
         case RM_POLICY_UMIA:   return s->gate_power * logf(g) + logf(se) + logf(sl);
         case RM_POLICY_GATE:   return logf(g);
         case RM_POLICY_EXPERT: return logf(se);
-        case RM_POLICY_LAYER:  return logf(sl) + 1e-3f * (float) next_unit(&s->rng);
+        case RM_POLICY_LAYER:  return logf(sl) + (float) next_unit(&s->rng);   /* random within a layer */
         case RM_POLICY_RANDOM: return logf((float) (1.0 - next_unit(&s->rng)));
         default:               return 0.0f;
     }

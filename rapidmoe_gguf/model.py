@@ -89,8 +89,6 @@ class Model:
 
         with open_gguf(path) as g:
             self.metadata = dict(g.metadata)
-        self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
-
         params = ffi.new("rm_model_params *")
         params.struct_size = ffi.sizeof("rm_model_params")
         params.n_threads = n_threads
@@ -99,6 +97,11 @@ class Model:
         out = ffi.new("rm_model **")
         _native.check(lib.rm_model_load(path.encode(), params, out))
         self._model = out[0]
+        try:
+            self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+        except BaseException:
+            self.close()
+            raise
         info = ffi.new("rm_model_info *")
         _native.check(lib.rm_model_info_get(self._model, info))
         self.info = {k: (ffi.string(getattr(info, k)).decode() if k == "arch" else int(getattr(info, k)))

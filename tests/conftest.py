@@ -86,9 +86,12 @@ def make_tiny_tokenizer(out_dir: str | os.PathLike[str]) -> None:
 
 def make_tiny_hf(out_dir: str | os.PathLike[str], arch: str, dtype: str = "float32", *,
                  seed: int = 0, max_shard_size: str | None = None, tokenizer: bool = True,
+                 weight_std: float = 0.05, head_std: float | None = None,
                  **overrides) -> Path:
     """Save a tiny random ``arch`` checkpoint (transformers model_type) to ``out_dir``.
 
+    ``weight_std`` scales the random matrices (0.02 is transformers' own initializer range) and
+    ``head_std`` the output head (default: weight_std), which sets how peaked the logits are;
     ``overrides`` replace config fields (e.g. ``moe_intermediate_size=288``); ``dtype`` is
     "float32" or "bfloat16"; ``max_shard_size`` (e.g. "300KB") saves shards plus an index.
     """
@@ -113,7 +116,8 @@ def make_tiny_hf(out_dir: str | os.PathLike[str], arch: str, dtype: str = "float
             if p.ndim == 1 and "norm" in name:
                 p.copy_(1.0 + 0.1 * noise)
             else:
-                p.copy_(0.05 * noise)
+                std = head_std if head_std is not None and name.startswith("lm_head") else weight_std
+                p.copy_(std * noise)
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
     elif dtype != "float32":

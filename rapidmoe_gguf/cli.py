@@ -126,7 +126,88 @@ def _print_types(title: str, types: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------
 
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    from .umia import POLICIES
+
+    if optional:
+        p.add_argument("model", nargs="?", help="base .gguf (default: the bundled model)")
+    else:
+        p.add_argument("model", help="base .gguf; NAME.residual.gguf beside it is used when present")
+    p.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: all cores)")
+    p.add_argument("--ctx", "-c", type=int, default=2048, help="context size in tokens (default: %(default)s)")
+    p.add_argument("--policy", choices=POLICIES, default="umia",
+                   help="which activated experts get their residual (default: %(default)s)")
+    p.add_argument("--budget", type=float, default=0.25,
+                   help="share of activated expert slots that get the residual (default: %(default)s)")
+    p.add_argument("--no-residual", action="store_true", help="ignore the residual sidecar")
+
+
+def _open_model(args: argparse.Namespace):
+    from .bundled import bundled_model_path
+    from .model import Model
+
+    path = args.model or bundled_model_path()
+    return Model(path, n_ctx=args.ctx, n_threads=args.threads,
+                 residual=None if args.no_residual else "auto",
+                 residual_policy=args.policy, residual_budget=args.budget)
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--prompt", "-p", default="The meaning of the word", help="prompt text")
+    p.add_argument("--n-predict", "-n", type=int, default=64, help="tokens to generate (default: %(default)s)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--stats", action="store_true", help="print expert usage and residual decisions")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .model import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    with _open_model(args) as m:
+        m.clear_stats()
+        sys.stdout.write(args.prompt)
+        sys.stdout.flush()
+        for piece in m._stream_text(args.prompt, args.n_predict, sampling, stop=[]):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        t = m.last_timings
+        st = m.stats()
+        pp = t["prompt_tokens"] / t["prompt_s"] if t.get("prompt_s") else 0.0
+        tg = t["gen_tokens"] / t["gen_s"] if t.get("gen_s") else 0.0
+        res = (f"residual rate {st['residual_rate']:.3f} (policy {st['policy']}, budget {st['budget']:g})"
+               if m.residual_path else "no residual sidecar")
+        print(f"prompt {t['prompt_tokens']} tokens, {pp:.1f} tok/s | generated {t['gen_tokens']} tokens, "
+              f"{tg:.1f} tok/s | {res}", file=sys.stderr)
+        if args.stats:
+            _print_stats(st)
+    return 0
+
+
+def _print_stats(st: dict) -> None:
+    act, res = st["active"], st["residual"]
+    print("layer  activations  residual  rate   busiest experts", file=sys.stderr)
+    for layer in range(act.shape[0]):
+        a, r = int(act[layer].sum()), int(res[layer].sum())
+        top = act[layer].argsort()[::-1][:4]
+        busiest = " ".join(f"{e}:{int(act[layer, e])}" for e in top)
+        print(f"{layer:5d}  {a:11d}  {r:8d}  {r / a if a else 0:.3f}  {busiest}", file=sys.stderr)
+
+
 COMMANDS: dict[str, Subcommand] = {
+    "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
     "convert": Subcommand("convert a Hugging Face checkpoint or a GGUF to a RESplit pair",
                           _convert_args, cmd_convert),
     "inspect": Subcommand("describe a GGUF file and its residual sidecar", _inspect_args, cmd_inspect),

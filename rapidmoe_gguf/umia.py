@@ -94,7 +94,9 @@ def _share_above(q: np.ndarray, t: float) -> np.ndarray:
 
 
 def allocate(q: np.ndarray, budget: float) -> tuple[float, np.ndarray]:
-    """The global threshold T with mean share above T equal to budget, and each layer's share."""
+    """The global threshold T at which the layers' shares above T average to budget, and each
+    layer's share. Where T sits on a jump (many slots with equal scores, e.g. one expert's), the
+    shares are interpolated between the two sides of the jump, so they still average to budget."""
     lo, hi = float(q.min()) - 1.0, float(q.max()) + 1.0
     for _ in range(60):
         mid = 0.5 * (lo + hi)
@@ -102,8 +104,10 @@ def allocate(q: np.ndarray, budget: float) -> tuple[float, np.ndarray]:
             lo = mid
         else:
             hi = mid
-    t = 0.5 * (lo + hi)
-    return t, _share_above(q, t)
+    s_lo, s_hi = _share_above(q, lo), _share_above(q, hi)
+    m_lo, m_hi = s_lo.mean(), s_hi.mean()
+    w = (budget - m_hi) / (m_lo - m_hi) if m_lo > m_hi else 0.0
+    return 0.5 * (lo + hi), s_hi + w * (s_lo - s_hi)
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from rapidmoe_gguf.cli import main as cli_main
 from rapidmoe_gguf.errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
 from rapidmoe_gguf.gguf_header import ggml_layout_problems, read_header
 from rapidmoe_gguf.safetensors_io import SafetensorsCheckpoint, SafetensorsFile
-from tests.conftest import GGUF_ARCH, TINY_ARCHS
+from conftest import GGUF_ARCH, TINY_ARCHS
 
 from rapidmoe_gguf import quants
 

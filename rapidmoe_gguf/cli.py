@@ -206,7 +206,71 @@ def _print_stats(st: dict) -> None:
         print(f"{layer:5d}  {a:11d}  {r:8d}  {r / a if a else 0:.3f}  {busiest}", file=sys.stderr)
 
 
+# ---------------------------------------------------------------------------------------------
+# perplexity, calibrate
+# ---------------------------------------------------------------------------------------------
+
+def _perplexity_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("-f", "--file", help="text file (default: the bundled model's held-out text)")
+    p.add_argument("--reference", default="all",
+                   help="'all' (the same model, every residual applied), 'none', or another GGUF (default: all)")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per chunk, as llama.cpp's n_ctx (default: %(default)s)")
+    p.add_argument("--chunks", type=int, default=0, help="evaluate at most this many chunks (0: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from .bundled import bundled_heldout_path
+    from .evaluate import perplexity
+    from .model import Model
+
+    path = args.file or bundled_heldout_path()
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    args.ctx = max(args.ctx, args.chunk)
+    with _open_model(args) as m:
+        ids = m.tokenize(text, add_special=False)
+        if args.reference in ("all", "none"):
+            ref = Model(m.path, n_ctx=args.ctx, n_threads=args.threads,
+                        residual=m.residual_path if args.reference == "all" else None,
+                        residual_policy=args.reference)
+        else:
+            ref = Model(args.reference, n_ctx=args.ctx, n_threads=args.threads)
+        with ref:
+            r = perplexity(m, ids, args.chunk, reference=ref, max_chunks=args.chunks or None)
+    print(f"ppl {r.ppl:.4f} over {r.n_tokens} tokens | KLD mean {r.kld_mean:.6f} p99 {r.kld_p99:.6f} | "
+          f"top-1 {r.top1:.4f} | residual rate {r.residual_rate:.3f} ({r.policy}, budget {r.budget:g}) | "
+          f"{r.bytes_per_token / 2**20:.3f} MiB of weights per token")
+    if args.json:
+        print(json.dumps(r.as_dict()))
+    return 0
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="base .gguf with its NAME.residual.gguf beside it")
+    p.add_argument("-f", "--file", required=True, help="calibration text")
+    p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per chunk (default: %(default)s)")
+    p.add_argument("--threads", "-t", type=int, default=0)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .evaluate import calibrate
+
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    t = calibrate(args.model, text, n_ctx=args.chunk, max_tokens=args.tokens, n_threads=args.threads)
+    print(f"calibrated on {t.n_tokens} tokens; layer sensitivity (KL when base only): "
+          + " ".join(f"{v:.4g}" for v in t.layer_sensitivity))
+    return 0
+
+
 COMMANDS: dict[str, Subcommand] = {
+    "perplexity": Subcommand("perplexity and divergence from a reference, with a residual policy",
+                             _perplexity_args, cmd_perplexity),
+    "calibrate": Subcommand("measure UMIA's tables on text and store them in the sidecar",
+                            _calibrate_args, cmd_calibrate),
     "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
     "convert": Subcommand("convert a Hugging Face checkpoint or a GGUF to a RESplit pair",
                           _convert_args, cmd_convert),

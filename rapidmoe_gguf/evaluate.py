@@ -176,14 +176,18 @@ def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
         w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    V = gguf.GGUFValueType
     for name, value in kv.items():
         if isinstance(value, list):
-            sub = gguf.GGUFValueType.FLOAT32 if isinstance(value[0], float) else gguf.GGUFValueType.INT32
-            w.add_key_value(name, value, gguf.GGUFValueType.ARRAY, sub_type=sub)
+            w.add_key_value(name, value, V.ARRAY, sub_type=V.FLOAT32 if isinstance(value[0], float) else V.INT32)
+        elif isinstance(value, str):
+            w.add_key_value(name, value, V.STRING)
+        elif isinstance(value, bool):
+            w.add_key_value(name, value, V.BOOL)
         elif isinstance(value, int):
-            w.add_uint32(name, value)
+            w.add_key_value(name, value, V.UINT32 if 0 <= value < 2**32 else V.INT64)
         else:
-            w.add_key_value(name, value, gguf.GGUFValueType.FLOAT32)
+            w.add_key_value(name, float(value), V.FLOAT32)
     for t in r.tensors:
         w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -192,17 +196,22 @@ def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
     w.close()
 
 
-def store_tables(residual_file: str, tables: umia.Tables) -> None:
-    """Stores the tables in the sidecar atomically: the old file stays intact on any failure."""
-    d, b = os.path.split(os.path.abspath(residual_file))
+def rewrite_with_kv(path: str, kv: dict[str, object]) -> None:
+    """Adds or replaces keys of a GGUF file atomically: the old file stays intact on any failure."""
+    d, b = os.path.split(os.path.abspath(path))
     tmp = os.path.join(d, f".{b}.partial-{os.getpid()}")
     try:
-        _copy_with_kv(residual_file, tmp, tables.to_kv())
-        os.replace(tmp, residual_file)
+        _copy_with_kv(path, tmp, kv)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def store_tables(residual_file: str, tables: umia.Tables) -> None:
+    """Stores UMIA's tables in the sidecar (atomically)."""
+    rewrite_with_kv(residual_file, tables.to_kv())
 
 
 def calibrate(base_path: str, text: str, n_ctx: int = 256, max_tokens: int = 4096,

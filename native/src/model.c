@@ -4,10 +4,12 @@
  * type and shape here, so the forward pass itself needs no checks. */
 #include "model.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu.h"
 #include "status.h"
 #include "types.h"
 
@@ -270,6 +272,40 @@ static void fill_info(rm_model * m) {
     in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output);
 }
 
+/* The GPU part of the params: open the device and upload, or say why the CPU runs. */
+static rm_status place_on_gpu(rm_model * m, const rm_model_params * params) {
+    rm_gpu_info * gi = &m->gpu_info;
+    gi->struct_size = sizeof(rm_gpu_info);
+    gi->requested = params->use_gpu != 0;
+    gi->device = params->gpu_device;
+    gi->budget_bytes = params->gpu_memory_bytes;
+    gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
+    if (!params->use_gpu) {
+        return RM_OK;
+    }
+    if (params->gpu_device < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
+    }
+    if (params->residual_upload_min_tokens < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: residual_upload_min_tokens %d is negative",
+                       params->residual_upload_min_tokens);
+    }
+#ifdef RM_WITH_CUDA
+    rm_status st = rm_gpu_open(m, params, &m->gpu, gi->note, sizeof(gi->note));
+    if (st != RM_OK) {
+        return st;
+    }
+    if (m->gpu) {
+        gi->active = 1;
+        rm_gpu_describe(m->gpu, gi);
+    }
+#else
+    snprintf(gi->note, sizeof(gi->note),
+             "a GPU was requested, but this library was built without CUDA (RM_CUDA=OFF); running on the CPU");
+#endif
+    return RM_OK;
+}
+
 static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
     rm_status st = rm_gguf_open(path, &m->base);
     if (st != RM_OK) {
@@ -325,7 +361,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     pthread_mutex_init(&m->lock, NULL);
     fill_info(m);
-    return RM_OK;
+    return place_on_gpu(m, params);
 }
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out) {
@@ -334,13 +370,18 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
         return rm_fail(RM_E_INVALID_ARG, "rm_model_load: path and out must not be NULL");
     }
     *out = NULL;
-    rm_model_params dflt = {sizeof(rm_model_params), 0, NULL};
-    if (!params) {
-        params = &dflt;
-    } else if (params->struct_size != sizeof(rm_model_params)) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u != %zu (mismatched header)",
-                       params->struct_size, sizeof(rm_model_params));
+    rm_model_params p = {0};
+    p.struct_size = sizeof(rm_model_params);
+    if (params) {
+        /* ABI 1 callers pass the size before the GPU fields, which then keep their zero defaults */
+        const size_t v1 = offsetof(rm_model_params, use_gpu);
+        if (params->struct_size != sizeof(rm_model_params) && params->struct_size != v1) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u is neither %zu nor %zu (mismatched header)",
+                           params->struct_size, sizeof(rm_model_params), v1);
+        }
+        memcpy(&p, params, params->struct_size);
     }
+    params = &p;
     rm_model * m = calloc(1, sizeof(*m));
     if (!m) {
         return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
@@ -362,6 +403,9 @@ void rm_model_free(rm_model * m) {
         rm_pool_free(m->pool);
         pthread_mutex_destroy(&m->lock);
     }
+#ifdef RM_WITH_CUDA
+    rm_gpu_close(m->gpu);
+#endif
     free(m->layers);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
@@ -374,5 +418,23 @@ rm_status rm_model_info_get(const rm_model * m, rm_model_info * out) {
         return rm_fail(RM_E_INVALID_ARG, "rm_model_info_get: NULL argument");
     }
     *out = m->info;
+    return RM_OK;
+}
+
+rm_status rm_model_gpu_info(const rm_model * m, rm_gpu_info * out) {
+    rm_clear_error();
+    if (!m || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_gpu_info: NULL argument");
+    }
+    if (out->struct_size != sizeof(rm_gpu_info)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_gpu_info: struct_size %u != %zu (mismatched header)",
+                       out->struct_size, sizeof(rm_gpu_info));
+    }
+    *out = m->gpu_info;
+#ifdef RM_WITH_CUDA
+    if (m->gpu) {
+        rm_gpu_describe(m->gpu, out);
+    }
+#endif
     return RM_OK;
 }

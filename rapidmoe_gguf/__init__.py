@@ -10,6 +10,7 @@ from .errors import (
 )
 from .gguf_file import GGUFFile, open_gguf
 from .model import Model, SamplingParams
+from .planner import Hardware, Plan, PlanError
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 __version__ = "0.1.0"
@@ -19,9 +20,12 @@ __all__ = [
     "ContextFullError",
     "FormatError",
     "GGUFFile",
+    "Hardware",
     "IncrementalDecoder",
     "InvalidArgumentError",
     "Model",
+    "Plan",
+    "PlanError",
     "RapidMoEError",
     "SamplingParams",
     "Tokenizer",

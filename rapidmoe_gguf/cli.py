@@ -142,9 +142,26 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--ctx", "-c", type=int, default=2048, help="context size in tokens (default: %(default)s)")
     p.add_argument("--policy", choices=POLICIES, default="umia",
                    help="which activated experts get their residual (default: %(default)s)")
-    p.add_argument("--budget", type=float, default=0.25,
-                   help="share of activated expert slots that get the residual (default: %(default)s)")
+    p.add_argument("--budget", type=_budget_arg, default=0.25,
+                   help="share of activated expert slots that get the residual, or 'auto' to let the CPU/GPU "
+                        "split find it (default: %(default)s)")
     p.add_argument("--no-residual", action="store_true", help="ignore the residual sidecar")
+    p.add_argument("--gpu-mem", default=None,
+                   help="run on the GPU within this much device memory, e.g. 8GiB (default: CPU only)")
+    p.add_argument("--gpu-device", type=int, default=0, help="CUDA device ordinal (default: %(default)s)")
+
+
+def _budget_arg(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1] or 'auto', got {text!r}") from None
+
+
+def _budget_str(b) -> str:
+    return b if isinstance(b, str) else f"{b:g}"
 
 
 def _open_model(args: argparse.Namespace):
@@ -154,7 +171,8 @@ def _open_model(args: argparse.Namespace):
     path = args.model or bundled_model_path()
     return Model(path, n_ctx=args.ctx, n_threads=args.threads,
                  residual=None if args.no_residual else "auto",
-                 residual_policy=args.policy, residual_budget=args.budget)
+                 residual_policy=args.policy, residual_budget=args.budget,
+                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device)
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -187,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         st = m.stats()
         pp = t["prompt_tokens"] / t["prompt_s"] if t.get("prompt_s") else 0.0
         tg = t["gen_tokens"] / t["gen_s"] if t.get("gen_s") else 0.0
-        res = (f"residual rate {st['residual_rate']:.3f} (policy {st['policy']}, budget {st['budget']:g})"
+        res = (f"residual rate {st['residual_rate']:.3f} (policy {st['policy']}, budget {_budget_str(st['budget'])})"
                if m.residual_path else "no residual sidecar")
         print(f"prompt {t['prompt_tokens']} tokens, {pp:.1f} tok/s | generated {t['gen_tokens']} tokens, "
               f"{tg:.1f} tok/s | {res}", file=sys.stderr)
@@ -240,7 +258,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         with ref:
             r = perplexity(m, ids, args.chunk, reference=ref, max_chunks=args.chunks or None)
     print(f"ppl {r.ppl:.4f} over {r.n_tokens} tokens | KLD mean {r.kld_mean:.6f} p99 {r.kld_p99:.6f} | "
-          f"top-1 {r.top1:.4f} | residual rate {r.residual_rate:.3f} ({r.policy}, budget {r.budget:g}) | "
+          f"top-1 {r.top1:.4f} | residual rate {r.residual_rate:.3f} ({r.policy}, budget {_budget_str(r.budget)}) | "
           f"{r.bytes_per_token / 2**20:.3f} MiB of weights per token")
     if args.json:
         print(json.dumps(r.as_dict()))
@@ -266,7 +284,48 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------------------------
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from .planner import Hardware
+
+    hw = Hardware()
+    p.add_argument("model", help="base .gguf; NAME.residual.gguf beside it is used when present")
+    p.add_argument("--gpu-mem", required=True, help="device memory budget, e.g. 8GiB, 24GB, 12000MiB")
+    p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=256, help="prefill batch size (default: %(default)s)")
+    p.add_argument("--budget", type=float, default=0.1,
+                   help="residual budget for the per-token prediction (default: %(default)s)")
+    p.add_argument("--no-residual", action="store_true", help="plan without the residual sidecar")
+    p.add_argument("--host-bw", type=float, default=None,
+                   help="host memory bandwidth in GB/s (default: measured with a quick numpy copy)")
+    p.add_argument("--pcie-gbps", type=float, default=hw.pcie_gbps,
+                   help="host-to-device bandwidth in GB/s (default: %(default)s, PCIe 4.0 x16)")
+    p.add_argument("--gpu-bw", type=float, default=hw.gpu_bw_gbps,
+                   help="GPU memory bandwidth in GB/s (default: %(default)s)")
+    p.add_argument("--gpu-tflops", type=float, default=hw.gpu_tflops,
+                   help="fp32 TFLOP/s of the GPU's dequantizing kernels (default: %(default)s)")
+    p.add_argument("--cpu-gflops", type=float, default=hw.cpu_gflops,
+                   help="GFLOP/s of the host's quantized products, all threads (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .planner import Hardware, plan_files
+
+    hw = Hardware(host_bw_gbps=args.host_bw, pcie_gbps=args.pcie_gbps, gpu_bw_gbps=args.gpu_bw,
+                  gpu_tflops=args.gpu_tflops, cpu_gflops=args.cpu_gflops)
+    p = plan_files(args.model, args.gpu_mem, args.ctx, residual=None if args.no_residual else "auto",
+                   n_batch=args.batch, residual_budget=args.budget, hardware=hw)
+    print(p.to_json() if args.json else p.summary())
+    return 0
+
+
 COMMANDS: dict[str, Subcommand] = {
+    "plan": Subcommand("place a model on a GPU within a memory budget and predict the bytes each side reads",
+                       _plan_args, cmd_plan),
     "perplexity": Subcommand("perplexity and divergence from a reference, with a residual policy",
                              _perplexity_args, cmd_perplexity),
     "calibrate": Subcommand("measure UMIA's tables on text and store them in the sidecar",

@@ -49,7 +49,7 @@ class PerplexityResult:
     bytes_per_token: float
     n_tokens: int
     policy: str
-    budget: float
+    budget: float | str
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -7,6 +7,7 @@ so code written for it reads the same here.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 import uuid
@@ -17,10 +18,15 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from .errors import InvalidArgumentError, RapidMoEError
-from . import umia
+from . import planner, umia
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
 from .tokenizer import IncrementalDecoder, Tokenizer
+
+log = logging.getLogger("rapidmoe")
+
+# residual_budget="auto": where the controller starts and its limits (rm_auto_budget in rapidmoe.h)
+AUTO_BUDGET = dict(start=0.05, min_budget=0.0, max_budget=0.5, increase=0.005, decrease=0.7, margin=0.1)
 
 
 @dataclasses.dataclass
@@ -55,7 +61,14 @@ class Model:
     ``residual``: ``"auto"`` (default) loads ``NAME.residual.gguf`` beside the base file when it
     exists, ``None`` runs base only, or give the sidecar's path. ``residual_policy`` and
     ``residual_budget`` choose which activated experts get their residual (see ``set_residual``);
-    an uncalibrated sidecar falls back from ``umia`` to ``all``.
+    an uncalibrated sidecar falls back from ``umia`` to ``all``. ``residual_budget="auto"`` lets
+    the CPU/GPU split find the budget the host can hide under the GPU's work (docs/SPLIT.md).
+
+    ``gpu_memory`` (e.g. ``"8GiB"``) runs on the GPU ``gpu_device`` within that budget: the
+    planner (rapidmoe_gguf.planner) puts the dense part, the KV cache and as many expert bases as
+    fit on the GPU, and host threads compute the residuals. Without a usable GPU (none present,
+    or a build without CUDA) the model runs on the CPU, with a logged warning; ``gpu_info`` says
+    where it runs and why.
     """
 
     def __init__(
@@ -67,7 +80,10 @@ class Model:
         n_batch: int = 256,
         residual: str | os.PathLike | None = "auto",
         residual_policy: str = "umia",
-        residual_budget: float = 0.25,
+        residual_budget: float | str = 0.25,
+        gpu_memory: str | int | None = None,
+        gpu_device: int = 0,
+        hardware: planner.Hardware | None = None,
     ):
         self._model = None
         self._session = None
@@ -76,6 +92,9 @@ class Model:
             raise RapidMoEError(f"model file not found: {path}")
         if n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        auto = residual_budget == "auto"
+        if isinstance(residual_budget, str) and not auto:
+            raise InvalidArgumentError(f"residual_budget must be a number in [0, 1] or 'auto', got {residual_budget!r}")
         self.path = path
         if residual == "auto":
             cand = residual_path(path)
@@ -89,13 +108,28 @@ class Model:
 
         with open_gguf(path) as g:
             self.metadata = dict(g.metadata)
+        self.plan = None
+        if gpu_memory is not None:
+            self.plan = planner.plan_files(path, gpu_memory, n_ctx, residual=self.residual_path, n_batch=n_batch,
+                                           residual_budget=AUTO_BUDGET["start"] if auto else float(residual_budget),
+                                           hardware=hardware)
+            log.info("GPU plan:\n%s", self.plan.summary())
         params = ffi.new("rm_model_params *")
         params.struct_size = ffi.sizeof("rm_model_params")
         params.n_threads = n_threads
         res_c = ffi.new("char[]", self.residual_path.encode()) if self.residual_path else ffi.NULL
         params.residual_path = res_c
+        mask = None
+        if self.plan is not None:
+            mask = self.plan.native_mask()
+            params.use_gpu = 1
+            params.gpu_device = gpu_device
+            params.gpu_memory_bytes = self.plan.cap
+            params.expert_on_gpu = ffi.from_buffer("uint8_t[]", mask)
+            params.residual_upload_min_tokens = self.plan.crossover_tokens
         out = ffi.new("rm_model **")
         _native.check(lib.rm_model_load(path.encode(), params, out))
+        del mask
         self._model = out[0]
         try:
             self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
@@ -107,6 +141,9 @@ class Model:
         self.info = {k: (ffi.string(getattr(info, k)).decode() if k == "arch" else int(getattr(info, k)))
                      for k in dir(info)}
         self.n_vocab = self.info["n_vocab"]
+        self.gpu_info = self._gpu_info()
+        if self.gpu_info["note"]:
+            log.warning("%s", self.gpu_info["note"])
 
         sp = ffi.new("rm_session_params *")
         sp.struct_size = ffi.sizeof("rm_session_params")
@@ -124,9 +161,25 @@ class Model:
         if self.residual_path is not None:
             if residual_policy == "umia" and self.umia_tables is None:
                 residual_policy = "all"
-            self.set_residual(residual_policy, residual_budget)
+            self.set_residual(residual_policy, "auto" if auto else residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self.last_timings: dict[str, float] = {}
+
+    @property
+    def backend(self) -> str:
+        """Where the forward pass runs: ``"cuda"`` or ``"cpu"``."""
+        return "cuda" if self.gpu_info["active"] else "cpu"
+
+    def _gpu_info(self) -> dict:
+        gi = ffi.new("rm_gpu_info *")
+        gi.struct_size = ffi.sizeof("rm_gpu_info")
+        _native.check(lib.rm_model_gpu_info(self._model, gi))
+        return {"requested": bool(gi.requested), "active": bool(gi.active), "device": int(gi.device),
+                "device_name": ffi.string(gi.device_name).decode("utf-8", "replace"),
+                "budget_bytes": int(gi.budget_bytes), "weight_bytes": int(gi.weight_bytes),
+                "used_bytes": int(gi.used_bytes), "n_experts_on_gpu": int(gi.n_experts_on_gpu),
+                "n_experts_total": int(gi.n_experts_total),
+                "note": ffi.string(gi.note).decode("utf-8", "replace")}
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -204,15 +257,21 @@ class Model:
 
     # -- residuals and statistics ---------------------------------------------------------------
 
-    def set_residual(self, policy: str, budget: float | None = None) -> None:
+    def set_residual(self, policy: str, budget: float | str | None = None) -> None:
         """Chooses which activated experts get their residual, from the next token on.
 
         policy: none, all, umia, random, gate, expert or layer; budget: the fraction of activated
-        (token, expert) slots that get the residual (ignored by none and all)."""
-        budget = self.residual_budget if budget is None else float(budget)
+        (token, expert) slots that get the residual (ignored by none and all), or ``"auto"``: the
+        split raises it while the host's residual work hides under the GPU's and lowers it when
+        the GPU waits (a CPU-only session keeps the starting value, AUTO_BUDGET["start"])."""
+        budget = self.residual_budget if budget is None else budget
+        auto = budget == "auto"
+        if auto and policy in ("none", "all"):
+            raise InvalidArgumentError(f"residual_budget='auto' needs a budgeted policy, not {policy!r}")
+        start = AUTO_BUDGET["start"] if auto else float(budget)
         if policy != "none" and self.residual_path is None:
             raise RapidMoEError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
-        arr = umia.build(policy, budget, self.umia_tables, self.info["n_layer"], self.info["n_expert"])
+        arr = umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"])
         p = ffi.new("rm_residual_policy *")
         p.struct_size = ffi.sizeof("rm_residual_policy")
         p.kind = arr.kind
@@ -232,7 +291,14 @@ class Model:
         put("layer_budget", arr.layer_budget, "float[]")
         put("threshold0", arr.threshold0, "float[]")
         _native.check(lib.rm_session_set_policy(self._live(), p))
-        self.residual_policy, self.residual_budget = policy, budget
+        if auto:
+            ab = ffi.new("rm_auto_budget *")
+            ab.struct_size = ffi.sizeof("rm_auto_budget")
+            ab.budget = ab.reference_budget = max(start, 1e-6)
+            for k in ("min_budget", "max_budget", "increase", "decrease", "margin"):
+                setattr(ab, k, AUTO_BUDGET[k])
+            _native.check(lib.rm_session_set_auto_budget(self._live(), ab))
+        self.residual_policy, self.residual_budget = policy, ("auto" if auto else start)
 
     def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
         """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
@@ -261,6 +327,19 @@ class Model:
 
     def clear_stats(self) -> None:
         _native.check(lib.rm_session_clear_stats(self._live()))
+
+    def backend_stats(self) -> dict:
+        """What crossed the bus and how the CPU/GPU split went since the last ``clear_stats``
+        (rm_backend_stats in rapidmoe.h; all zero on the CPU backend)."""
+        bs = ffi.new("rm_backend_stats *")
+        bs.struct_size = ffi.sizeof("rm_backend_stats")
+        _native.check(lib.rm_session_backend_stats(self._live(), bs))
+        out = {"backend": ffi.string(bs.backend).decode()}
+        for k in ("n_tokens", "h2d_bytes", "d2h_bytes", "h2d_weight_bytes", "n_syncs", "n_layer_steps", "n_stalls"):
+            out[k] = int(getattr(bs, k))
+        for k in ("host_ms", "device_ms", "auto_budget"):
+            out[k] = float(getattr(bs, k))
+        return out
 
     def bytes_per_token(self, residual_rate: float) -> float:
         """Weight bytes one decoded token reads: dense weights, the activated experts' bases,

@@ -25,8 +25,9 @@ void      rm_gpu_close(rm_gpu * g);
 void      rm_gpu_describe(const rm_gpu * g, rm_gpu_info * info);
 
 /* A CUDA backend for one session (n_batch tokens of at most max_in inputs, n_ctx positions),
- * with host threads from pool for the residual work. NULL with the error set on failure. */
+ * with host threads from pool for the residual work. NULL on failure, with the error set and its
+ * status in *st. */
 rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool, int32_t n_batch, int64_t max_in,
-                                 int32_t n_ctx);
+                                 int32_t n_ctx, rm_status * st);
 
 #endif

@@ -263,8 +263,9 @@ static void fill_info(rm_model * m) {
         const rm_layer * L = &m->layers[il];
         in->base_expert_bytes += weight_bytes(&L->gate_exps) + weight_bytes(&L->up_exps) + weight_bytes(&L->down_exps);
         in->residual_expert_bytes += weight_bytes(&L->gate_res) + weight_bytes(&L->up_res) + weight_bytes(&L->down_res);
-        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->router,
-                                     &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
+        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
+                                     &L->k_norm, &L->wo, &L->ffn_norm, &L->router, &L->gate_shexp, &L->up_shexp,
+                                     &L->down_shexp, &L->gate_inp_shexp};
         for (size_t k = 0; k < sizeof(dense) / sizeof(dense[0]); k++) {
             in->dense_bytes += weight_bytes(dense[k]);
         }

@@ -43,10 +43,13 @@ static void session_free_buffers(rm_session * s) {
     }
 }
 
-static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx) {
+/* The model's backend for this session: CUDA when the model has a GPU, else the CPU. NULL with
+ * the error set (status in *st) on failure. */
+static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx, rm_status * st) {
+    *st = RM_E_OOM;
 #ifdef RM_WITH_CUDA
     if (m->gpu) {
-        return rm_backend_cuda_new(m->gpu, m, m->pool, n_batch, max_in, n_ctx);
+        return rm_backend_cuda_new(m->gpu, m, m->pool, n_batch, max_in, n_ctx, st);
     }
 #endif
     rm_backend * be = rm_backend_cpu_new(m->pool, n_batch, max_in, n_ctx);
@@ -134,10 +137,11 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory for a batch of %d tokens", nb);
     }
     const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
-    s->be = make_backend(m, s->n_batch, (int64_t) max_in, s->n_ctx);
+    rm_status st = RM_OK;
+    s->be = make_backend(m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s)) {
         const int32_t n_ctx = s->n_ctx;
-        rm_status st = s->be ? s->be->status(s->be) : RM_E_OOM;
+        st = s->be ? s->be->status(s->be) : st;
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", rm_last_error());
         session_free_buffers(s);

@@ -191,9 +191,10 @@ static void host_matmul(rm_backend * be, const rm_matmul_args * a) {
     h.y = c->fb_y;
     h.y_stride = n_out;
     c->host->matmul(c->host, &h);
-    /* synchronous: fb_y is reused by the next host product */
-    rm_cuda_check(c, cudaMemcpy2D(a->y, f * a->y_stride, c->fb_y, f * n_out, f * n_out, a->n_tok, cudaMemcpyHostToDevice),
-                  "host product: result");
+    /* waited for: fb_y is reused by the next host product */
+    rm_cuda_check(c, cudaMemcpy2DAsync(a->y, f * a->y_stride, c->fb_y, f * n_out, f * n_out, a->n_tok,
+                                       cudaMemcpyHostToDevice, c->st), "host product: result") &&
+        rm_cuda_check(c, cudaStreamSynchronize(c->st), "host product: waiting for the result");
     be->stats.h2d_bytes += f * (uint64_t) a->n_tok * (uint64_t) n_out;
 }
 
@@ -201,7 +202,7 @@ static void cu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cuda_be * c = ctx_of(be);
     if (c->err || a->n_tok <= 0) return;
     const uint8_t * w = rm_gpu_weight(c->g, rm_weight_matrix(a->w, a->mat));
-    if (!w || !rm_cu_matmul_supports(a->w->type)) {
+    if (!w || !rm_cu_matmul_supports(a->w->type, a->w->ne[0])) {
         host_matmul(be, a);
         return;
     }

@@ -104,7 +104,7 @@ static int push_dense(upload_list * u, const rm_weight * w) {
         return 1;
     }
     const int is_vector = w->ne[1] == 1 && w->type == RM_TYPE_F32;
-    if (!is_vector && !rm_cu_matmul_supports(w->type)) {
+    if (!is_vector && !rm_cu_matmul_supports(w->type, w->ne[0])) {
         u->n_skipped++;
         return 1;
     }
@@ -123,8 +123,9 @@ static int collect(const rm_model * m, const uint8_t * on_gpu, upload_list * u) 
             ok = push_dense(u, dense[k]);
         }
         const rm_weight * exps[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
-        const int types_ok = rm_cu_matmul_supports(exps[0]->type) && rm_cu_matmul_supports(exps[1]->type) &&
-                             rm_cu_matmul_supports(exps[2]->type);
+        const int types_ok = rm_cu_matmul_supports(exps[0]->type, exps[0]->ne[0]) &&
+                             rm_cu_matmul_supports(exps[1]->type, exps[1]->ne[0]) &&
+                             rm_cu_matmul_supports(exps[2]->type, exps[2]->ne[0]);
         for (int e = 0; ok && e < hp->n_expert; e++) {
             if (on_gpu && !on_gpu[(int64_t) il * hp->n_expert + e]) {
                 continue;

@@ -65,14 +65,19 @@ static cudaError_t launch(cudaStream_t st, int64_t n_in, int64_t n_out, uint64_t
     return cudaGetLastError();
 }
 
-int rm_cu_matmul_supports(int32_t type) {
+int rm_cu_matmul_supports(int32_t type, int64_t n_in) {
+    int chunk;
     switch (type) {
-        case RM_TYPE_F32: case RM_TYPE_F16: case RM_TYPE_Q4_0: case RM_TYPE_Q8_0:
-        case RM_TYPE_Q2_K: case RM_TYPE_Q3_K: case RM_TYPE_Q4_K:
-            return 1;
-        default:
-            return 0;
+        case RM_TYPE_F32:  chunk = rm_cu_chunk<RM_TYPE_F32>::n; break;
+        case RM_TYPE_F16:  chunk = rm_cu_chunk<RM_TYPE_F16>::n; break;
+        case RM_TYPE_Q4_0: chunk = rm_cu_chunk<RM_TYPE_Q4_0>::n; break;
+        case RM_TYPE_Q8_0: chunk = rm_cu_chunk<RM_TYPE_Q8_0>::n; break;
+        case RM_TYPE_Q2_K: chunk = rm_cu_chunk<RM_TYPE_Q2_K>::n; break;
+        case RM_TYPE_Q3_K: chunk = rm_cu_chunk<RM_TYPE_Q3_K>::n; break;
+        case RM_TYPE_Q4_K: chunk = rm_cu_chunk<RM_TYPE_Q4_K>::n; break;
+        default: return 0;
     }
+    return n_in > 0 && n_in % chunk == 0;
 }
 
 cudaError_t rm_cu_matmul(cudaStream_t st, int32_t type, int64_t n_in, int64_t n_out, uint64_t row_bytes,

@@ -119,8 +119,8 @@ typedef struct rm_cu_group {
     int32_t n;                    /* rows */
 } rm_cu_group;
 
-/* 1 when the kernels handle weights of this ggml type. */
-int rm_cu_matmul_supports(int32_t type);
+/* 1 when the kernels handle rows of n_in weights of this ggml type (n_in a whole number of chunks). */
+int rm_cu_matmul_supports(int32_t type, int64_t n_in);
 
 /* y[row0 + t] (=|+=) W x[row0 + t] for every group. W is n_out rows of row_bytes, in_features
  * n_in. Either w (one matrix; groups NULL, one group {0, 0, n_tok} implied) or mats (n_groups

@@ -172,8 +172,8 @@ typedef struct plan {
 } plan;
 
 static int residuals_fit_kernels(const rm_layer * L) {
-    return L->gate_res.data && rm_cu_matmul_supports(L->gate_res.type) && rm_cu_matmul_supports(L->up_res.type) &&
-           rm_cu_matmul_supports(L->down_res.type);
+    return L->gate_res.data && rm_cu_matmul_supports(L->gate_res.type, L->gate_res.ne[0]) &&
+           rm_cu_matmul_supports(L->up_res.type, L->up_res.ne[0]) && rm_cu_matmul_supports(L->down_res.type, L->down_res.ne[0]);
 }
 
 /* Decides where each slot's work runs and fills the tables (host side of the pinned buffer). */

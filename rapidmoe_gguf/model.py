@@ -6,10 +6,12 @@ so code written for it reads the same here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
 import uuid
+import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -71,6 +73,8 @@ class Model:
     ):
         self._model = None
         self._session = None
+        self._parent: Model | None = None      # set on a fork, which borrows the parent's native model
+        self._forks: weakref.WeakSet = weakref.WeakSet()
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise RapidMoEError(f"model file not found: {path}")
@@ -108,18 +112,21 @@ class Model:
                      for k in dir(info)}
         self.n_vocab = self.info["n_vocab"]
 
+        try:
+            self._open_session(n_ctx, n_batch, residual_policy, residual_budget)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_session(self, n_ctx: int, n_batch: int, residual_policy: str, residual_budget: float) -> None:
         sp = ffi.new("rm_session_params *")
         sp.struct_size = ffi.sizeof("rm_session_params")
         sp.n_ctx = n_ctx
         sp.n_batch = n_batch
         sout = ffi.new("rm_session **")
-        try:
-            _native.check(lib.rm_session_new(self._model, sp, sout))
-        except BaseException:
-            self.close()
-            raise
+        _native.check(lib.rm_session_new(self._model, sp, sout))
         self._session = sout[0]
-        self.n_ctx = n_ctx
+        self.n_ctx, self.n_batch = n_ctx, n_batch
         self.residual_policy, self.residual_budget = "none", 0.0
         if self.residual_path is not None:
             if residual_policy == "umia" and self.umia_tables is None:
@@ -128,15 +135,34 @@ class Model:
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self.last_timings: dict[str, float] = {}
 
+    def fork_session(self, n_ctx: int | None = None) -> "Model":
+        """Another Model on the same loaded weights with a session of its own: KV cache, residual
+        policy and statistics (default: this one's n_ctx and policy). Forks let several sequences
+        be served at once from one copy of the weights; their evaluations take turns on the native
+        model. Closing this Model closes its forks first."""
+        self._live()
+        if n_ctx is not None and n_ctx <= 0:
+            raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        fork = copy.copy(self)              # shares the tokenizer, metadata and the native model
+        fork._parent, fork._forks, fork._session = self, weakref.WeakSet(), None
+        fork._open_session(self.n_ctx if n_ctx is None else n_ctx, self.n_batch,
+                           self.residual_policy, self.residual_budget)
+        self._forks.add(fork)
+        return fork
+
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the session and the model (the session first); safe to call twice."""
-        if self._session is not None:
+        """Frees the session and the model (forks and the session first); safe to call twice.
+        A fork frees only its own session."""
+        for fork in list(getattr(self, "_forks", ())):
+            fork.close()
+        if getattr(self, "_session", None) is not None:
             lib.rm_session_free(self._session)
             self._session = None
-        if self._model is not None:
-            lib.rm_model_free(self._model)
+        if getattr(self, "_model", None) is not None:
+            if self._parent is None:
+                lib.rm_model_free(self._model)
             self._model = None
 
     def __enter__(self) -> "Model":
@@ -390,3 +416,17 @@ class Model:
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish}],
                 "usage": usage()}
+
+    def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
+                               temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                               stop: str | Sequence[str] | None = None, stream: bool = False,
+                               model: str | None = None):
+        """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
+        with the model's own chat template (see ``rapidmoe_gguf.chat``). ``max_tokens`` None: up to
+        the end of the context."""
+        from . import chat
+
+        return chat.create_chat_completion(
+            self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model)

@@ -164,3 +164,31 @@ def test_chat_fork_session_shares_weights_and_matches(model):
         assert fork._model == model._model and fork._session != model._session
         assert fork.create_chat_completion(MESSAGES, **kw)["choices"] == model.create_chat_completion(MESSAGES, **kw)["choices"]
     assert fork._session is None and model._session is not None     # closing a fork leaves the model
+
+
+def test_chat_cli_keeps_history_resets_and_leaves_on_eof(model, monkeypatch, capsys):
+    from rapidmoe_gguf import cli
+
+    lines = iter(["hello", "again", "/reset", "third"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    seen = []
+    real = rm.Model.create_chat_completion
+
+    def spy(self, messages, **kw):
+        seen.append([(m["role"], m["content"]) for m in messages])
+        return real(self, messages, **kw)
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(rm.Model, "create_chat_completion", spy)
+    assert cli.main(["chat", model.path, "--ctx", "256", "-t", "2", "-n", "6", "--seed", "1",
+                     "--system", "be brief"]) == 0
+    assert [[r for r, _ in call] for call in seen] == [
+        ["system", "user"], ["system", "user", "assistant", "user"], ["system", "user"]]
+    assert seen[1][1] == ("user", "hello") and seen[2][1] == ("user", "third")
+    assert "/reset" in capsys.readouterr().err

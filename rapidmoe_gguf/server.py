@@ -258,6 +258,7 @@ class _Job:
         self.events: asyncio.Queue = asyncio.Queue()   # chunk dicts, then one _End
         self.cancel = threading.Event()                # set: the worker stops at the next token
         self.slot: int | None = None
+        self.task: asyncio.Task | None = None          # _run; referenced here so it is not collected
 
 
 class Server:
@@ -300,7 +301,8 @@ class Server:
                            f"{self.config.queue} waiting; retry later", code="server_busy")
         self._admitted += 1
         job = _Job(req)
-        asyncio.create_task(self._run(request, job))
+        self._jobs.add(job)
+        job.task = asyncio.create_task(self._run(request, job))
         try:
             first = await job.events.get()
         except BaseException:
@@ -329,7 +331,6 @@ class Server:
         """Waits for a slot, generates in a worker thread, hands the slot on. Never raises."""
         loop = asyncio.get_running_loop()
         watch = asyncio.create_task(self._watch(request, job, asyncio.current_task()))
-        self._jobs.add(job)
         try:
             job.slot = await self._free.get()
             fut = loop.run_in_executor(self._executor, self._work, job,
@@ -364,9 +365,10 @@ class Server:
         req, slot = job.req, self.slots[job.slot]
         end = _End()
         try:
-            if slot.residual_path is not None:      # also restarts the budget controller: each
-                slot.set_residual(req.policy or self.policy,        # request decides alone
-                                  self.budget if req.budget is None else req.budget)
+            if slot.residual_path is not None:
+                # Set for every request, as it also restarts the budget controller: a request's
+                # residual decisions do not depend on what its slot served before.
+                slot.set_residual(req.policy or self.policy, self.budget if req.budget is None else req.budget)
             slot.clear_stats()
             slot.last_timings = {}
             it = req.chunks(slot, self.name)

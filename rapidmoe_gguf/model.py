@@ -6,7 +6,6 @@ so code written for it reads the same here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import uuid
@@ -16,37 +15,12 @@ import numpy as np
 
 from . import _native
 from ._native import ffi, lib
-from .errors import InvalidArgumentError, RapidMoEError
 from . import umia
+from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
+from .sampling import Sampler, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
-
-
-@dataclasses.dataclass
-class SamplingParams:
-    """How the next token is drawn. ``temperature`` 0 is greedy."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None
-
-    def validate(self) -> None:
-        checks = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
-            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise InvalidArgumentError(msg)
 
 
 class Model:
@@ -271,21 +245,6 @@ class Model:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _sampler(self, sp: SamplingParams):
-        sp.validate()
-        p = ffi.new("rm_sampler_params *")
-        p.struct_size = ffi.sizeof("rm_sampler_params")
-        p.temperature = sp.temperature
-        p.top_k = sp.top_k
-        p.top_p = sp.top_p
-        p.min_p = sp.min_p
-        p.repeat_penalty = sp.repeat_penalty
-        p.repeat_last_n = sp.repeat_last_n
-        p.seed = (sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little")) & (2**64 - 1)
-        out = ffi.new("rm_sampler **")
-        _native.check(lib.rm_sampler_new(p, out))
-        return ffi.gc(out[0], lib.rm_sampler_free)
-
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
                         stop_ids: set[int] | None = None) -> Iterator[int]:
         """Yields generated token ids until an end-of-generation token or max_tokens.
@@ -300,7 +259,7 @@ class Model:
             raise InvalidArgumentError(
                 f"the prompt has {prompt.size} tokens and {max_tokens} more were asked for, "
                 f"but the context holds {self.n_ctx} (raise n_ctx)")
-        sampler = self._sampler(sampling)
+        sampler = Sampler(sampling)
         stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
         history = prompt.tolist()
         t0 = time.perf_counter()
@@ -309,13 +268,8 @@ class Model:
         t1 = time.perf_counter()
         self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_s": t1 - t0,
                              "gen_tokens": 0, "gen_s": 0.0}
-        tok = ffi.new("int32_t *")
         for _ in range(max_tokens):
-            recent = np.asarray(history[-max(sampling.repeat_last_n, 1):], dtype=np.int32)
-            _native.check(lib.rm_sampler_sample(
-                sampler, ffi.from_buffer("float[]", logits), self.n_vocab,
-                ffi.from_buffer("int32_t[]", recent), int(recent.size), tok))
-            t = int(tok[0])
+            t = sampler.sample(logits, history)
             if t in stop:
                 break
             history.append(t)

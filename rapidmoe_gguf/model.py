@@ -101,6 +101,7 @@ class Model:
             self.set_residual(residual_policy, residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self.last_timings: dict[str, float] = {}
+        self.finish_reason = "stop"
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -286,21 +287,25 @@ class Model:
 
     def _stream_text(self, prompt, max_tokens: int, sampling: SamplingParams,
                      stop: Sequence[str]) -> Iterator[str]:
+        """Yields text pieces as they become complete; holds back what could begin a stop string.
+        Sets ``finish_reason``: "stop" (end-of-generation token or stop string) or "length"."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         dec = IncrementalDecoder(self.tokenizer)
         pending = ""
         hold = max((len(s) for s in stop), default=0)
+        self.finish_reason = "stop"
         for t in self.generate_tokens(ids, max_tokens, sampling):
             pending += dec.feed(t)
             hits = [pending.find(s) for s in stop if s and s in pending]
             if hits:
                 yield pending[:min(hits)]
-                self._finish = "stop"
                 return
             if len(pending) > hold:
                 cut = len(pending) - hold
                 yield pending[:cut]
                 pending = pending[cut:]
+        if self.last_timings.get("gen_tokens", 0) >= max_tokens:
+            self.finish_reason = "length"
         pending += dec.flush()
         if pending:
             yield pending
@@ -319,14 +324,6 @@ class Model:
         name = model or os.path.basename(self.path)
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
 
-        def chunks():
-            self._finish = "length"
-            for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
-                yield text
-            n_gen = self.last_timings.get("gen_tokens", 0)
-            if self._finish != "stop" and n_gen < max_tokens:
-                self._finish = "stop"
-
         def usage():
             n_gen = self.last_timings.get("gen_tokens", 0)
             return {"prompt_tokens": len(prompt_ids), "completion_tokens": n_gen,
@@ -334,13 +331,13 @@ class Model:
 
         if stream:
             def it():
-                for text in chunks():
+                for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
                     yield {"id": cid, "object": "text_completion", "created": created, "model": name,
                            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}]}
                 yield {"id": cid, "object": "text_completion", "created": created, "model": name,
-                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self._finish}]}
+                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self.finish_reason}]}
             return it()
-        text = "".join(chunks())
+        text = "".join(self._stream_text(prompt_ids, max_tokens, sampling, stops))
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish}],
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish_reason}],
                 "usage": usage()}

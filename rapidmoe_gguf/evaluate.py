@@ -99,26 +99,22 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     ids = ids[:max_tokens]
     chunks = _chunks(ids, n_ctx, None)
 
-    # 1. expert level: |f_{B+R}(x) - f_B(x)| per (layer, expert), and every slot's gate, one token
-    #    at a time so each token's routing can be read back.
+    # 1. expert level: |f_{B+R}(x) - f_B(x)| per (layer, expert), and every slot's gate, read
+    #    back from the route log after each chunk.
     model.set_residual("all")
     model.clear_stats()
     s = model._live()
     check(lib.rm_session_set_calibration(s, 1))
-    exp = np.zeros(L * K, np.int32)
-    gates = np.zeros(L * K, np.float32)
-    res = np.zeros(L * K, np.uint8)
     slots_e, slots_g = [], []
     try:
         for chunk in chunks:
-            model.reset()
-            for t in chunk:
-                model.eval([t])
-                check(lib.rm_session_last_routes(s, ffi.from_buffer("int32_t[]", exp),
-                                                 ffi.from_buffer("float[]", gates),
-                                                 ffi.from_buffer("uint8_t[]", res), L * K))
-                slots_e.append(exp.copy())
-                slots_g.append(gates.copy())
+            model.eval_logits(chunk)
+            exp = np.zeros(len(chunk) * L * K, np.int32)
+            gates = np.zeros(len(chunk) * L * K, np.float32)
+            check(lib.rm_session_route_log(s, ffi.from_buffer("int32_t[]", exp),
+                                           ffi.from_buffer("float[]", gates), exp.size))
+            slots_e.append(exp.reshape(-1, L, K))
+            slots_g.append(gates.reshape(-1, L, K))
         delta = np.zeros(L * X, np.float64)
         count = np.zeros(L * X, np.uint64)
         check(lib.rm_session_calibration(s, ffi.from_buffer("double[]", delta),
@@ -132,8 +128,8 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     for layer in range(L):  # experts never seen take their layer's mean
         row = sens[layer]
         row[np.isnan(row)] = np.nanmean(row) if np.isfinite(row).any() else 1.0
-    se = np.stack(slots_e).reshape(-1, L, K)    # (tokens, layer, slot)
-    sg = np.stack(slots_g).reshape(-1, L, K)
+    se = np.concatenate(slots_e)    # (tokens, layer, slot)
+    sg = np.concatenate(slots_g)
     for layer in range(L):  # normalise: gate^a * s_e averages 1 over the layer's slots
         m = np.mean(sg[:, layer] ** gate_power * sens[layer][se[:, layer]])
         sens[layer] /= max(m, 1e-30)
@@ -153,7 +149,7 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     model.set_residual("all")
 
     # 3. the score distribution of every scored policy, per layer
-    tables = umia.Tables(L, X, sens, layer_kl, freq, {}, len(slots_e))
+    tables = umia.Tables(L, X, sens, layer_kl, freq, {}, int(se.shape[0]))
     qs = np.linspace(0.0, 1.0, umia.N_QUANTILES)
     for policy in umia.SCORED:
         rows = []

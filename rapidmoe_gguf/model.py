@@ -7,7 +7,6 @@ so code written for it reads the same here.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import time
 import uuid
@@ -18,37 +17,12 @@ import numpy as np
 
 from . import _native
 from ._native import ffi, lib
-from .errors import InvalidArgumentError, RapidMoEError
 from . import umia
+from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
+from .sampling import Sampler, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
-
-
-@dataclasses.dataclass
-class SamplingParams:
-    """How the next token is drawn. ``temperature`` 0 is greedy."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None
-
-    def validate(self) -> None:
-        checks = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
-            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise InvalidArgumentError(msg)
 
 
 class Model:
@@ -134,6 +108,7 @@ class Model:
             self.set_residual(residual_policy, residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self.last_timings: dict[str, float] = {}
+        self.finish_reason = "stop"
 
     def fork_session(self, n_ctx: int | None = None) -> "Model":
         """Another Model on the same loaded weights with a session of its own: KV cache, residual
@@ -297,21 +272,6 @@ class Model:
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _sampler(self, sp: SamplingParams):
-        sp.validate()
-        p = ffi.new("rm_sampler_params *")
-        p.struct_size = ffi.sizeof("rm_sampler_params")
-        p.temperature = sp.temperature
-        p.top_k = sp.top_k
-        p.top_p = sp.top_p
-        p.min_p = sp.min_p
-        p.repeat_penalty = sp.repeat_penalty
-        p.repeat_last_n = sp.repeat_last_n
-        p.seed = (sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little")) & (2**64 - 1)
-        out = ffi.new("rm_sampler **")
-        _native.check(lib.rm_sampler_new(p, out))
-        return ffi.gc(out[0], lib.rm_sampler_free)
-
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
                         stop_ids: set[int] | None = None) -> Iterator[int]:
         """Yields generated token ids until an end-of-generation token or max_tokens.
@@ -326,7 +286,7 @@ class Model:
             raise InvalidArgumentError(
                 f"the prompt has {prompt.size} tokens and {max_tokens} more were asked for, "
                 f"but the context holds {self.n_ctx} (raise n_ctx)")
-        sampler = self._sampler(sampling)
+        sampler = Sampler(sampling)
         stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
         history = prompt.tolist()
         t0 = time.perf_counter()
@@ -335,13 +295,8 @@ class Model:
         t1 = time.perf_counter()
         self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_s": t1 - t0,
                              "gen_tokens": 0, "gen_s": 0.0}
-        tok = ffi.new("int32_t *")
         for _ in range(max_tokens):
-            recent = np.asarray(history[-max(sampling.repeat_last_n, 1):], dtype=np.int32)
-            _native.check(lib.rm_sampler_sample(
-                sampler, ffi.from_buffer("float[]", logits), self.n_vocab,
-                ffi.from_buffer("int32_t[]", recent), int(recent.size), tok))
-            t = int(tok[0])
+            t = sampler.sample(logits, history)
             if t in stop:
                 break
             history.append(t)
@@ -358,21 +313,25 @@ class Model:
 
     def _stream_text(self, prompt, max_tokens: int, sampling: SamplingParams,
                      stop: Sequence[str]) -> Iterator[str]:
+        """Yields text pieces as they become complete; holds back what could begin a stop string.
+        Sets ``finish_reason``: "stop" (end-of-generation token or stop string) or "length"."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         dec = IncrementalDecoder(self.tokenizer)
         pending = ""
         hold = max((len(s) for s in stop), default=0)
+        self.finish_reason = "stop"
         for t in self.generate_tokens(ids, max_tokens, sampling):
             pending += dec.feed(t)
             hits = [pending.find(s) for s in stop if s and s in pending]
             if hits:
                 yield pending[:min(hits)]
-                self._finish = "stop"
                 return
             if len(pending) > hold:
                 cut = len(pending) - hold
                 yield pending[:cut]
                 pending = pending[cut:]
+        if self.last_timings.get("gen_tokens", 0) >= max_tokens:
+            self.finish_reason = "length"
         pending += dec.flush()
         if pending:
             yield pending
@@ -391,14 +350,6 @@ class Model:
         name = model or os.path.basename(self.path)
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
 
-        def chunks():
-            self._finish = "length"
-            for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
-                yield text
-            n_gen = self.last_timings.get("gen_tokens", 0)
-            if self._finish != "stop" and n_gen < max_tokens:
-                self._finish = "stop"
-
         def usage():
             n_gen = self.last_timings.get("gen_tokens", 0)
             return {"prompt_tokens": len(prompt_ids), "completion_tokens": n_gen,
@@ -406,15 +357,15 @@ class Model:
 
         if stream:
             def it():
-                for text in chunks():
+                for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
                     yield {"id": cid, "object": "text_completion", "created": created, "model": name,
                            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}]}
                 yield {"id": cid, "object": "text_completion", "created": created, "model": name,
-                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self._finish}]}
+                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self.finish_reason}]}
             return it()
-        text = "".join(chunks())
+        text = "".join(self._stream_text(prompt_ids, max_tokens, sampling, stops))
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish}],
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish_reason}],
                 "usage": usage()}
 
     def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,

@@ -298,9 +298,13 @@ rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float 
                                  uint8_t * residual, uint64_t cap);
 
 /* Calibration: while on (and the policy is ALL), every residual slot also runs its expert base
- * only, and |f_{B+R}(x) - f_B(x)| is summed per (layer, expert). Turning it on clears the sums. */
+ * only, and |f_{B+R}(x) - f_B(x)| is summed per (layer, expert); and the routing of every position
+ * in the cache is kept. Turning it on clears the sums. */
 rm_status rm_session_set_calibration(rm_session * s, int32_t on);
 rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap);
+/* The routing of positions [0, n_past) recorded while calibrating: n_past * n_layer *
+ * n_expert_used entries, position-major. */
+rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap);
 
 /* RM_CDEF_END */
 

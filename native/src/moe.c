@@ -213,6 +213,12 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         resid[e] += (uint64_t) c_res;
     }
     memcpy(s->last_routes + (int64_t) il * K, s->routes + (int64_t) (n - 1) * K, sizeof(rm_route) * (size_t) K);
+    if (s->route_log) {
+        for (int32_t i = 0; i < n; i++) {
+            rm_route * dst = s->route_log + ((int64_t) (s->n_past + i) * hp->n_layer + il) * K;
+            memcpy(dst, s->routes + (int64_t) i * K, sizeof(rm_route) * (size_t) K);
+        }
+    }
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
     }

@@ -25,7 +25,7 @@ static void session_free_buffers(rm_session * s) {
     void * bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
                      s->routes, s->exp_n, s->exp_pairs, s->ex, s->eg, s->eu, s->ed, s->stat_active,
                      s->stat_residual, s->last_routes, s->expert_score, s->layer_score, s->layer_budget,
-                     s->threshold, s->layer_mask, s->ecal, s->cal_delta, s->cal_n};
+                     s->threshold, s->layer_mask, s->ecal, s->cal_delta, s->cal_n, s->route_log};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         free(bufs[i]);
     }
@@ -379,6 +379,16 @@ rm_status rm_session_set_calibration(rm_session * s, int32_t on) {
     if (on) {
         memset(s->cal_delta, 0, sizeof(double) * n);
         memset(s->cal_n, 0, sizeof(uint64_t) * n);
+        if (!s->route_log) {
+            s->route_log = calloc((size_t) s->n_ctx * (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert_used,
+                                  sizeof(rm_route));
+            if (!s->route_log) {
+                return rm_fail(RM_E_OOM, "rm_session_set_calibration: out of memory for the route log");
+            }
+        }
+    } else {
+        free(s->route_log);
+        s->route_log = NULL;
     }
     s->calibrating = on != 0;
     return RM_OK;
@@ -396,5 +406,25 @@ rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint6
     }
     memcpy(sum_delta, s->cal_delta, sizeof(double) * n);
     memcpy(count, s->cal_n, sizeof(uint64_t) * n);
+    return RM_OK;
+}
+
+rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !experts || !weights) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: NULL argument");
+    }
+    if (!s->route_log) {
+        return rm_fail(RM_E_STATE, "rm_session_route_log: routes are recorded only while calibrating");
+    }
+    const uint64_t n = (uint64_t) s->n_past * (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        experts[i] = s->route_log[i].expert;
+        weights[i] = s->route_log[i].weight;
+    }
     return RM_OK;
 }

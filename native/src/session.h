@@ -57,6 +57,7 @@ struct rm_session {
     float *    ecal;              /* base-only expert outputs, rows of n_embd */
     double *   cal_delta;         /* n_layer * n_expert: sum of |delta| */
     uint64_t * cal_n;             /* n_layer * n_expert */
+    rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
 };
 
 #endif

@@ -11,7 +11,9 @@ Endpoints (request and response shapes as OpenAI's and llama-cpp-python's):
                                 the requests served so far, and the realised residual rate
 
 Beyond OpenAI's fields a request may carry ``top_k``, ``min_p``, ``repeat_penalty`` and
-``residual_policy`` / ``residual_budget``, which apply to that request only.
+``residual_policy`` / ``residual_budget``, which apply to that request only. OpenAI fields this
+server does not implement (``n`` > 1, logprobs, tools, ...; see UNSUPPORTED) are refused with 400
+rather than ignored; fields it does not know at all are ignored.
 
 Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
 (``Model.fork_session``), each with its own KV cache. A request takes a free slot and generates in
@@ -119,6 +121,12 @@ COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
 COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED)}
 CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None)}
 MAX_STOP = 16
+# OpenAI fields this server does not implement: a request that asks for them gets 400, not a
+# quiet answer without them. field -> the values (besides null) that ask for nothing.
+UNSUPPORTED: dict[str, tuple] = {
+    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "logit_bias": ({},), "tools": ([],), "functions": ([],), "response_format": ({"type": "text"},),
+}
 
 
 def _check_fields(body: dict, fields: dict) -> dict:
@@ -170,6 +178,10 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str]) -> GenReq
     if f["model"] is not None and f["model"] not in names:
         raise ApiError(404, f"the model '{f['model']}' does not exist; this server has {sorted(names)[0]!r}",
                        param="model", code="model_not_found")
+    for name, nothing in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(value == v and type(value) is type(v) for v in nothing):
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
     if f["n"] != 1:
         raise ApiError(400, f"n = {f['n']}: only n = 1 is supported (one choice per request)", param="n")
     for name in ("presence_penalty", "frequency_penalty"):

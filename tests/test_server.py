@@ -190,6 +190,8 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "max_tokens": 10_000}, {}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hello " * 400}, {}, 400, "prompt"),
     ("/v1/completions", {"prompt": "x", "n": 2}, {}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 3}, {}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, {}, 400, "tools"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, {}, 400, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 0}, {}, 400, "top_p"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, {}, 400, "stream"),
@@ -311,3 +313,9 @@ def test_server_cli_serve_arguments(gguf, monkeypatch, capsys):
     assert (c.host, c.port, c.parallel, c.queue, c.api_key, seen["ctx"]) == ("127.0.0.1", 9999, 3, 5, "k", 128)
     assert "--gpu-mem 8G is not used" in capsys.readouterr().err
     assert cli.main(["serve", str(gguf), "--parallel", "0"]) == 1
+
+
+def test_server_accepts_fields_that_ask_for_nothing(base):
+    body = {"prompt": "x", "max_tokens": 2, "logprobs": None, "echo": False, "best_of": 1, "logit_bias": {},
+            "presence_penalty": 0, "user": "someone", "stop": None, "seed": None}
+    assert httpx.post(base + "/v1/completions", json=body).status_code == 200

@@ -64,7 +64,8 @@ def _plain_messages(messages: Sequence[dict]) -> list[dict]:
     out = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            raise InvalidArgumentError(f"messages[{i}] must be an object with 'role' and 'content', got {type(msg).__name__}")
+            raise InvalidArgumentError(
+                f"messages[{i}] must be an object with 'role' and 'content', got {type(msg).__name__}")
         role, content = msg.get("role"), msg.get("content")
         if role not in ROLES:
             raise InvalidArgumentError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -72,7 +73,8 @@ def _plain_messages(messages: Sequence[dict]) -> list[dict]:
             texts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise InvalidArgumentError(f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are supported")
+                    raise InvalidArgumentError(
+                        f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) are supported")
                 texts.append(part["text"])
             content = "".join(texts)
         elif content is None and role == "assistant" and msg.get("tool_calls"):

@@ -400,8 +400,9 @@ class Server:
         finally:
             try:
                 self._account(slot, end)
-                if slot.residual_path is not None and (slot.residual_policy, slot.residual_budget) != (self.policy, self.budget):
-                    slot.set_residual(self.policy, self.budget)
+                default = (self.policy, self.budget)
+                if slot.residual_path is not None and (slot.residual_policy, slot.residual_budget) != default:
+                    slot.set_residual(*default)
             except Exception:                       # pragma: no cover - a closed model at shutdown
                 log.exception("slot %d: could not restore the residual policy", job.slot)
             post(end)
@@ -470,7 +471,7 @@ def _event(obj: dict) -> str:
 def _fold(kind: str, chunks: list[dict], usage: dict | None) -> dict:
     """A stream's chunks as the one non-streaming response."""
     head = chunks[0]
-    finish = next((c["choices"][0]["finish_reason"] for c in reversed(chunks) if c["choices"][0]["finish_reason"]), None)
+    finish = chunks[-1]["choices"][0]["finish_reason"]
     out = {"id": head["id"], "object": _OBJECT[kind], "created": head["created"], "model": head["model"]}
     if kind == "chat":
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
@@ -578,7 +579,8 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         await asyncio.to_thread(server.close)
 
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={ApiError: on_api_error, RapidMoEError: on_api_error, HTTPException: on_http_error, Exception: on_error})
+                    exception_handlers={ApiError: on_api_error, RapidMoEError: on_api_error,
+                                        HTTPException: on_http_error, Exception: on_error})
     app.state.server = server
     return app
 

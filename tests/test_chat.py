@@ -135,7 +135,8 @@ def test_chat_completion_shapes(model):
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert all(set(c["choices"][0]["delta"]) == {"content"} for c in chunks[1:-1])
-    assert chunks[-1]["choices"][0]["delta"] == {} and chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    last = chunks[-1]["choices"][0]
+    assert last["delta"] == {} and last["finish_reason"] == choice["finish_reason"]
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
@@ -162,7 +163,8 @@ def test_chat_fork_session_shares_weights_and_matches(model):
     kw = dict(max_tokens=12, temperature=0.9, seed=5)
     with model.fork_session() as fork:
         assert fork._model == model._model and fork._session != model._session
-        assert fork.create_chat_completion(MESSAGES, **kw)["choices"] == model.create_chat_completion(MESSAGES, **kw)["choices"]
+        want = model.create_chat_completion(MESSAGES, **kw)["choices"]
+        assert fork.create_chat_completion(MESSAGES, **kw)["choices"] == want
     assert fork._session is None and model._session is not None     # closing a fork leaves the model
 
 

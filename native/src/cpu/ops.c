@@ -10,6 +10,7 @@
 #include "../backend.h"
 #include "../status.h"
 #include "../types.h"
+#include "dispatch.h"
 
 typedef struct cpu_ctx {
     rm_pool * pool;
@@ -22,6 +23,8 @@ typedef struct cpu_ctx {
 typedef struct mm_task {
     const rm_matmul_args *   a;
     const rm_type_traits *   tt;
+    rm_vec_dot_fn            vec_dot;    /* the best kernel for the weight type (dispatch.c) */
+    rm_from_float_fn         quantize;   /* and for its activation type */
     const uint8_t *          wdata;
     const uint8_t *          xq;
     uint64_t                 xq_stride;
@@ -29,11 +32,10 @@ typedef struct mm_task {
 
 static void quantize_task(void * p, int ith, int nth) {
     mm_task * t = p;
-    const rm_type_traits * vt = rm_type_traits_get(t->tt->vec_dot_type);
     int64_t lo, hi;
     rm_split(t->a->n_tok, ith, nth, &lo, &hi);
     for (int64_t i = lo; i < hi; i++) {
-        vt->from_float(t->a->x + i * t->a->x_stride, (uint8_t *) t->xq + i * t->xq_stride, t->a->w->ne[0]);
+        t->quantize(t->a->x + i * t->a->x_stride, (uint8_t *) t->xq + i * t->xq_stride, t->a->w->ne[0]);
     }
 }
 
@@ -48,7 +50,7 @@ static void matmul_task(void * p, int ith, int nth) {
         const uint8_t * wrow = t->wdata + (uint64_t) r * rb;
         for (int32_t i = 0; i < a->n_tok; i++) {
             float v;
-            t->tt->vec_dot(n_in, &v, wrow, t->xq + (uint64_t) i * t->xq_stride);
+            t->vec_dot(n_in, &v, wrow, t->xq + (uint64_t) i * t->xq_stride);
             float * y = a->y + (int64_t) i * a->y_stride + r;
             *y = a->accumulate ? *y + v : v;
         }
@@ -57,7 +59,9 @@ static void matmul_task(void * p, int ith, int nth) {
 
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
-    mm_task t = {a, rm_type_traits_get(a->w->type), rm_weight_matrix(a->w, a->mat), NULL, 0};
+    const rm_type_traits * tt = rm_type_traits_get(a->w->type);
+    mm_task t = {a, tt, rm_cpu_vec_dot(a->w->type), rm_cpu_quantize(tt->vec_dot_type),
+                 rm_weight_matrix(a->w, a->mat), NULL, 0};
     if (t.tt->vec_dot_type == RM_TYPE_F32) {
         t.xq = (const uint8_t *) a->x;
         t.xq_stride = (uint64_t) a->x_stride * sizeof(float);

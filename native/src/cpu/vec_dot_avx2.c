@@ -1,0 +1,407 @@
+/* vec_dot_avx2.c - AVX2 + FMA + F16C kernels: dot products of one weight row with one row of
+ * activations, and the activation quantizers.
+ *
+ * Every kernel computes what its reference twin in quants_ref.c computes. The integer parts are
+ * exact; only the float summation order differs (lanes, then a horizontal sum), so results agree
+ * with the reference to float rounding (tests/test_kernels.py states the budget). The
+ * quantizers are byte-identical to the reference: they use the same float operations in the same
+ * order, and convert to bytes the way the reference's casts do.
+ *
+ * Integer products use vpmaddubsw, which multiplies unsigned bytes by signed bytes into pairs of
+ * int16 sums. The activations from our quantizers lie in [-127, 127], the unsigned weight levels
+ * in [0, 63], so no pair sum comes near saturation; signed weights (Q8_0, Q4_0 less 8) go in as
+ * their magnitude with their sign moved onto the activation.
+ */
+#if defined(RM_X86)
+
+#include <immintrin.h>
+
+#include "dispatch.h"
+#include "kscales.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------------------------- */
+
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int32_t hsum_epi32_128(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
+static inline int32_t hsum_epi32(__m256i v) {
+    return hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+static inline float fp16(rm_fp16 h) { return _cvtsh_ss(h); }
+
+/* Eight int32 sums of four products of signed bytes a[k] * b[k]. */
+static inline __m256i dot_i8(__m256i a, __m256i b) {
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* The 32 nibbles of a 16-byte run as bytes: low nibbles first, then high ones (Q4_0's order). */
+static inline __m256i nibbles_lo_hi(const uint8_t * qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *) qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
+}
+
+/* int16 lanes 0-7 = s[j], lanes 8-15 = s[j + 1]: the scales of two 16-element sub-blocks that
+ * one 32-byte vector of levels spans. */
+static inline __m256i scale_pair(const int16_t * s, int j) {
+    return _mm256_set_m128i(_mm_set1_epi16(s[j + 1]), _mm_set1_epi16(s[j]));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * F32 and F16 weights against F32 activations (n is any positive count)
+ * ------------------------------------------------------------------------------------------- */
+
+static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
+    const float * a = w;
+    const float * x = x_q;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 4; k++) {
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), acc[0]);
+    }
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) {
+        sum += a[i] * x[i];
+    }
+    *out = sum;
+}
+
+static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_fp16 * a = w;
+    const float * x = x_q;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 4; k++) {
+            const __m256 wk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (a + i + 8 * k)));
+            acc[k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (a + i))), _mm256_loadu_ps(x + i), acc[0]);
+    }
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) {
+        sum += fp16(a[i]) * x[i];
+    }
+    *out = sum;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 32-element blocks against Q8_0
+ * ------------------------------------------------------------------------------------------- */
+
+static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_q8_0 * b = w;
+    const rm_block_q8_0 * a = x_q;
+    const int64_t nb = n / RM_QK;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {  /* two blocks per step: two independent chains */
+        const __m256i p0 = dot_i8(_mm256_loadu_si256((const __m256i *) b[i].qs), _mm256_loadu_si256((const __m256i *) a[i].qs));
+        const __m256i p1 = dot_i8(_mm256_loadu_si256((const __m256i *) b[i + 1].qs), _mm256_loadu_si256((const __m256i *) a[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i + 1].d) * fp16(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+    }
+    if (i < nb) {
+        const __m256i p = dot_i8(_mm256_loadu_si256((const __m256i *) b[i].qs), _mm256_loadu_si256((const __m256i *) a[i].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
+    }
+    *out = hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_q4_0 * b = w;
+    const rm_block_q8_0 * a = x_q;
+    const int64_t nb = n / RM_QK;
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i q0 = _mm256_sub_epi8(nibbles_lo_hi(b[i].qs), eight);
+        const __m256i q1 = _mm256_sub_epi8(nibbles_lo_hi(b[i + 1].qs), eight);
+        const __m256i p0 = dot_i8(q0, _mm256_loadu_si256((const __m256i *) a[i].qs));
+        const __m256i p1 = dot_i8(q1, _mm256_loadu_si256((const __m256i *) a[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i + 1].d) * fp16(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+    }
+    if (i < nb) {
+        const __m256i q = _mm256_sub_epi8(nibbles_lo_hi(b[i].qs), eight);
+        const __m256i p = dot_i8(q, _mm256_loadu_si256((const __m256i *) a[i].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
+    }
+    *out = hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * K-quants against Q8_K. Each super-block sums its integer products, weighted by the sub-block
+ * scales, in int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the
+ * -32 of Q6_K) come out through the activations' per-16 sums (bsums), as one small dot.
+ * ------------------------------------------------------------------------------------------- */
+
+/* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16, as int32. */
+static inline int32_t bsums_dot16(const int16_t bsums[16], const int16_t s[16]) {
+    const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), _mm256_loadu_si256((const __m256i *) s));
+    return hsum_epi32(p);
+}
+
+static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_q2_K * b = w;
+    const rm_block_q8_K * a = x_q;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    float acc_m = 0.0f;
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        int16_t sc[16], mn[16];
+        for (int j = 0; j < 16; j++) {
+            sc[j] = b[i].scales[j] & 0xf;
+            mn[j] = b[i].scales[j] >> 4;
+        }
+        const int8_t * y = a[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+            for (int g = 0; g < 4; g++) {
+                const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3);
+                const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (y + 128 * h + 32 * g)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * g)));
+            }
+        }
+        const float d = a[i].d * fp16(b[i].d), dmin = a[i].d * fp16(b[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m += dmin * (float) bsums_dot16(a[i].bsums, mn);
+    }
+    *out = hsum_ps(acc) - acc_m;
+}
+
+static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_q3_K * b = w;
+    const rm_block_q8_K * a = x_q;
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        uint8_t s8[16];
+        rm_unpack_scales_q3_K(b[i].scales, s8);
+        int16_t sc[16];
+        for (int j = 0; j < 16; j++) {
+            sc[j] = (int16_t) (s8[j] - 32);
+        }
+        const int8_t * y = a[i].qs;
+        const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+            for (int g = 0; g < 4; g++) {
+                /* level + 4 in 0..7: two low bits, plus 4 where the high bit is set */
+                const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
+                const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                const __m256i l = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3), high);
+                const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (y + 128 * h + 32 * g)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * g)));
+            }
+        }
+        const int32_t offset = 4 * bsums_dot16(a[i].bsums, sc);
+        const float d = a[i].d * fp16(b[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0))), acc);
+    }
+    *out = hsum_ps(acc);
+}
+
+static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_q4_K * b = w;
+    const rm_block_q8_K * a = x_q;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    float acc_m = 0.0f;
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        rm_unpack_scales_k4(b[i].scales, sc, mn);
+        const int8_t * y = a[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) (y + 64 * p)));
+            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 64 * p + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * p])));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * p + 1])));
+        }
+        /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j + 1]) */
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) a[i].bsums),
+                                          _mm_loadu_si128((const __m128i *) (a[i].bsums + 8)));
+        const int32_t summ = hsum_epi32_128(_mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) mn))));
+        const float d = a[i].d * fp16(b[i].d), dmin = a[i].d * fp16(b[i].dmin);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m += dmin * (float) summ;
+    }
+    *out = hsum_ps(acc) - acc_m;
+}
+
+static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_q6_K * b = w;
+    const rm_block_q8_K * a = x_q;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        int16_t sc[16];
+        for (int j = 0; j < 16; j++) {
+            sc[j] = b[i].scales[j];
+        }
+        const int8_t * y = a[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *) (b[i].qh + 32 * h));
+            /* levels + 32 in 0..63 of elements 128h + 32g + l: 4 low bits, then 2 from qh bits 2g */
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2h));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2h));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
+            for (int g = 0; g < 4; g++) {
+                const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (y + 128 * h + 32 * g)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * g)));
+            }
+        }
+        const int32_t offset = 32 * bsums_dot16(a[i].bsums, sc);
+        const float d = a[i].d * fp16(b[i].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0))), acc);
+    }
+    *out = hsum_ps(acc);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Activation quantizers, byte-identical to rm_q8_0_from_float and rm_q8_K_from_float
+ * ------------------------------------------------------------------------------------------- */
+
+/* max(|v|, m) per lane; a nan |v| leaves m, as the reference's `m < |v| ? |v| : m` does. */
+static inline __m256 max_abs(__m256 v, __m256 m) {
+    return _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), m);
+}
+
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* roundf: ties away from zero. The fraction v - trunc(v) is exact, so the test is too. */
+static inline __m256 round_away(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_or_ps(sign, _mm256_set1_ps(1.0f)));
+    return _mm256_add_ps(t, step);
+}
+
+/* The low bytes of 32 int32 (a C cast to int8_t of each), in order. */
+static inline __m256i low_bytes(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+    const __m256i ff = _mm256_set1_epi32(0xff);
+    const __m256i s01 = _mm256_packus_epi32(_mm256_and_si256(i0, ff), _mm256_and_si256(i1, ff));
+    const __m256i s23 = _mm256_packus_epi32(_mm256_and_si256(i2, ff), _mm256_and_si256(i3, ff));
+    /* the packs work within 128-bit halves: undo the interleave of 4-byte groups */
+    return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(s01, s23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quantize_q8_0(const float * x, void * dst, int64_t n) {
+    rm_block_q8_0 * y = dst;
+    for (int64_t i = 0; i < n / RM_QK; i++, x += RM_QK) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            amax = max_abs(v[k], amax);
+        }
+        const float d = hmax_ps(amax) / 127;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = rm_fp32_to_fp16(d);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) {
+            /* out of range or nan, vcvttps2dq gives INT32_MIN, as the reference's trunc_int does */
+            q[k] = _mm256_cvttps_epi32(round_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id))));
+        }
+        _mm256_storeu_si256((__m256i *) y[i].qs, low_bytes(q[0], q[1], q[2], q[3]));
+    }
+}
+
+static void quantize_q8_K(const float * x, void * dst, int64_t n) {
+    rm_block_q8_K * y = dst;
+    for (int64_t i = 0; i < n / RM_QK_K; i++, x += RM_QK_K) {
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k++) {
+            amax = max_abs(_mm256_loadu_ps(x + 8 * k), amax);
+        }
+        const float am = hmax_ps(amax);
+        memset(&y[i], 0, sizeof(y[i]));
+        if (!am) {
+            continue;
+        }
+        /* the first element of that magnitude gives the sign */
+        float max = 0;
+        for (int k = 0; k < 32; k++) {
+            const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + 8 * k));
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(am), _CMP_EQ_OQ));
+            if (hit) {
+                max = x[8 * k + __builtin_ctz((unsigned) hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.0f);
+        for (int k = 0; k < 8; k++) {
+            __m256i q[4];
+            for (int c = 0; c < 4; c++) {
+                /* nearest_int: the integer sits in the low mantissa bits of v + 1.5 * 2^23 */
+                const __m256 t = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * k + 8 * c)), magic);
+                const __m256i r = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), _mm256_set1_epi32(0x007fffff)),
+                                                   _mm256_set1_epi32(0x00400000));
+                q[c] = _mm256_min_epi32(r, _mm256_set1_epi32(127));
+            }
+            const __m256i bytes = low_bytes(q[0], q[1], q[2], q[3]);
+            _mm256_storeu_si256((__m256i *) (y[i].qs + 32 * k), bytes);
+            /* bsums of the two 16-byte halves */
+            const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes), _mm256_set1_epi16(1));
+            y[i].bsums[2 * k] = (int16_t) hsum_epi32_128(_mm256_castsi256_si128(s4));
+            y[i].bsums[2 * k + 1] = (int16_t) hsum_epi32_128(_mm256_extracti128_si256(s4, 1));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+const rm_cpu_kernels rm_cpu_kernels_avx2 = {
+    .vec_dot = {
+        [RM_TYPE_F32]  = vec_dot_f32,
+        [RM_TYPE_F16]  = vec_dot_f16,
+        [RM_TYPE_Q4_0] = vec_dot_q4_0,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K,
+    },
+    .quantize = {
+        [RM_TYPE_Q8_0] = quantize_q8_0,
+        [RM_TYPE_Q8_K] = quantize_q8_K,
+    },
+};
+
+#endif /* RM_X86 */

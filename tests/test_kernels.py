@@ -1,0 +1,189 @@
+"""CPU kernel sets: every SIMD kernel against its scalar reference twin, for every set this machine
+runs, and the choice of set (RAPIDMOE_ISA) in fresh processes.
+
+Error budget of the dot kernels: |simd - reference| <= TOL * |w| * |x|, with |w| and |x| the norms
+of the dequantized weight row and activations. The integer parts are exact in both, so what is
+left is float summation order: measured up to 7.2e-8 (F32/F16, whose products are float too) and
+4.3e-8 (block types) over the cases below; the budget is 1e-6. The activation quantizers must give
+the reference's bytes exactly, nan and inf included.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rapidmoe_gguf import kernels, quants
+from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
+
+SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K"]
+TOL = 1e-6
+SIMD_ISAS = [isa for isa in kernels.supported_isas() if isa != "scalar"]
+
+# Byte offsets of the fp16 scale fields in each block: random bytes there could be inf/nan.
+SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q6_K": [208]}
+
+needs_simd = pytest.mark.skipif(not SIMD_ISAS, reason="this machine runs no SIMD kernel set")
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def act_type(name):
+    return quants.TYPES[name].vec_dot_type
+
+
+def random_rows(name, n_rows, n, seed):
+    """Weight rows two ways: quantized from N(0, s) data with s varying per row, and (for the
+    block types) random bytes with small finite scales, which reach every level and packed scale."""
+    r = rng(seed)
+    t = quants.TYPES[name]
+    x = (r.standard_normal((n_rows, n)) * 10.0 ** r.uniform(-2, 2, (n_rows, 1))).astype(np.float32)
+    rows = [quants.quantize(name, x)]
+    if t.is_quantized:
+        nb = n_rows * n // t.block_elems
+        raw = r.integers(0, 256, (nb, t.block_bytes), dtype=np.uint8)
+        scales = (r.uniform(0.5, 2, nb * 2) * 0.01).astype(np.float16).view(np.uint8).reshape(nb, 4)
+        for k, off in enumerate(SCALE_FIELDS[name]):
+            raw[:, off:off + 2] = scales[:, 2 * k:2 * k + 2]
+        rows.append(raw.tobytes())
+    return rows
+
+
+def activations(name, n, seed):
+    r = rng(seed)
+    x = (r.standard_normal(n) * 3).astype(np.float32)
+    x[r.random(n) < 0.02] *= 20  # a few outliers, as real activations have
+    act = act_type(name)
+    return x, (x.tobytes() if act == "F32" else quants.quantize(act, x))
+
+
+def norms(name, w, x_q, n):
+    """Row norms of the dequantized weights and the norm of the dequantized activations."""
+    wd = quants.dequantize(name, w, (len(w) // quants.row_bytes(name, n), n)).astype(np.float64)
+    act = act_type(name)
+    xd = np.frombuffer(x_q, np.float32) if act == "F32" else quants.dequantize(act, x_q, n)
+    return np.linalg.norm(wd, axis=1), np.linalg.norm(xd.astype(np.float64))
+
+
+def sizes(name):
+    block = max(quants.TYPES[name].block_elems, quants.TYPES[act_type(name)].block_elems)
+    if block == 1:
+        return [1, 7, 8, 100, 2048, 4096 + 13]  # every tail of the 8-, 16- and 64-wide loops
+    return [block, 3 * block, 2048, 4096 + block]
+
+
+def test_kernels_isa_in_use_is_supported():
+    isas = kernels.supported_isas()
+    assert isas[0] == "scalar"
+    assert kernels.cpu_isa() in isas
+    assert set(isas) <= set(kernels.ISAS)
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("name", SIMD_TYPES)
+def test_kernels_vec_dot_matches_reference(name, isa):
+    for n in sizes(name):
+        x, x_q = activations(name, n, seed=n)
+        for k, w in enumerate(random_rows(name, 16, n, seed=n + 1)):
+            want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
+            got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+            wn, xn = norms(name, w, x_q, n)
+            assert np.all(np.isfinite(want)) and np.all(want != 0)
+            err = np.abs(got.astype(np.float64) - want) / (wn * xn)
+            assert err.max() <= TOL, f"{name} {isa} n={n} rows#{k}: error {err.max():.2e}"
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_kernels_vec_dot_in_use_is_the_best_set(isa):
+    """With no override the runtime's kernels are the best set's (bit for bit)."""
+    if "RAPIDMOE_ISA" in os.environ:
+        pytest.skip("RAPIDMOE_ISA is set")
+    best = kernels.supported_isas()[-1]
+    for name in SIMD_TYPES:
+        n = 2048
+        _, x_q = activations(name, n, seed=3)
+        w = random_rows(name, 4, n, seed=4)[0]
+        got = kernels.vec_dot_rows(name, w, x_q, n)
+        assert got.tobytes() == kernels.vec_dot_rows(name, w, x_q, n, isa=best).tobytes()
+
+
+def quantizer_cases(n, seed):
+    r = rng(seed)
+    normal = r.standard_normal(n).astype(np.float32)
+    cases = {
+        "normal": normal,
+        "scaled": (normal * 10.0 ** r.integers(-3, 4, n // 32).repeat(32)).astype(np.float32),
+        "integers": np.round(normal * 40).astype(np.float32),                    # ties after scaling
+        "halves": (np.round(normal * 40) + 0.5).astype(np.float32),
+        "all_equal": np.full(n, 0.37, np.float32),
+        "equal_magnitude": np.where(r.random(n) < 0.5, -1.5, 1.5).astype(np.float32),  # the first wins
+        "zeros_inside": np.where(r.random(n) < 0.3, 0, normal).astype(np.float32),
+        "huge": (normal * 1e30).astype(np.float32),
+        "tiny": (normal * 1e-30).astype(np.float32),
+        "subnormal": (normal * 1e-39).astype(np.float32),
+    }
+    zero_blocks = normal.copy()
+    zero_blocks[:32] = 0
+    zero_blocks[n - 256:] = 0
+    cases["zero_blocks"] = zero_blocks
+    special = normal.copy()
+    special[[3, 40, 200]] = [np.nan, np.inf, -np.inf]
+    cases["nan_inf"] = special
+    return cases
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_K"])
+def test_kernels_quantize_activations_is_byte_identical(act, isa):
+    for n in [256, 4096]:
+        for case, x in quantizer_cases(n, seed=n).items():
+            with np.errstate(all="ignore"):
+                want = quants.quantize(act, x)
+            got = kernels.quantize_activations(act, x, isa=isa)
+            assert got == want, f"{act} {isa} {case} n={n}"
+            assert kernels.quantize_activations(act, x, isa="scalar") == want
+
+
+def test_kernels_bad_isa_arguments_raise():
+    w = quants.quantize("Q8_0", np.ones(32, np.float32))
+    with pytest.raises(InvalidArgumentError, match="isa 'sse9' is not one of scalar, avx2, avx512"):
+        kernels.vec_dot_rows("Q8_0", w, w, isa="sse9")
+    for isa in set(kernels.ISAS) - set(kernels.supported_isas()):
+        with pytest.raises(UnsupportedError, match=f"isa '{isa}' is not available"):
+            kernels.vec_dot_rows("Q8_0", w, w, isa=isa)
+    with pytest.raises(InvalidArgumentError, match="not a whole number of rows"):
+        kernels.vec_dot_rows("Q8_0", w[:-1], w)
+
+
+def isa_in_subprocess(value):
+    env = dict(os.environ, RAPIDMOE_ISA=value)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    code = "from rapidmoe_gguf import kernels; print(kernels.cpu_isa())"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip(), p.stderr
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_kernels_env_chooses_the_set(isa):
+    got, err = isa_in_subprocess(isa)
+    best = kernels.supported_isas()[-1]
+    if isa in kernels.supported_isas():
+        assert got == isa and err == ""
+    else:  # not on this CPU or build: the best there is, with a warning
+        assert got == best
+        assert f"RAPIDMOE_ISA={isa}: this CPU or build does not have it; using {best}" in err
+
+
+def test_kernels_env_unknown_set_warns_and_uses_the_best():
+    got, err = isa_in_subprocess("avx9000")
+    assert got == kernels.supported_isas()[-1]
+    assert "RAPIDMOE_ISA=avx9000 is not one of scalar, avx2, avx512" in err

@@ -1,5 +1,6 @@
 """rapidmoe_gguf: run Mixture-of-Experts LLMs from GGUF files with RESplit experts."""
 
+from .convert import ConvertReport, convert
 from .errors import (
     ContextFullError,
     FormatError,
@@ -14,6 +15,7 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvertReport",
     "ContextFullError",
     "FormatError",
     "GGUFFile",
@@ -25,5 +27,6 @@ __all__ = [
     "Tokenizer",
     "UnsupportedError",
     "__version__",
+    "convert",
     "open_gguf",
 ]

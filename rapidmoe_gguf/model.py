@@ -17,7 +17,9 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from .errors import InvalidArgumentError, RapidMoEError
+from . import umia
 from .gguf_file import open_gguf
+from .resplit import check_pair, residual_path
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -47,17 +49,13 @@ class SamplingParams:
                 raise InvalidArgumentError(msg)
 
 
-def residual_path_for(path: str) -> str:
-    """The sidecar that pairs with a base file: ``NAME.gguf`` -> ``NAME.residual.gguf``."""
-    root = path[:-5] if path.endswith(".gguf") else path
-    return root + ".residual.gguf"
-
-
 class Model:
     """A loaded model with one session.
 
     ``residual``: ``"auto"`` (default) loads ``NAME.residual.gguf`` beside the base file when it
-    exists, ``None`` runs base only, or give the sidecar's path.
+    exists, ``None`` runs base only, or give the sidecar's path. ``residual_policy`` and
+    ``residual_budget`` choose which activated experts get their residual (see ``set_residual``);
+    an uncalibrated sidecar falls back from ``umia`` to ``all``.
     """
 
     def __init__(
@@ -68,6 +66,8 @@ class Model:
         n_threads: int = 0,
         n_batch: int = 256,
         residual: str | os.PathLike | None = "auto",
+        residual_policy: str = "umia",
+        residual_budget: float = 0.25,
     ):
         self._model = None
         self._session = None
@@ -78,18 +78,17 @@ class Model:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
         self.path = path
         if residual == "auto":
-            cand = residual_path_for(path)
+            cand = residual_path(path)
             residual = cand if os.path.isfile(cand) else None
         self.residual_path = os.fspath(residual) if residual is not None else None
+        self.umia_tables = None
         if self.residual_path is not None:
-            from .resplit import check_pair
-
             check_pair(path, self.residual_path)
+            with open_gguf(self.residual_path) as g:
+                self.umia_tables = umia.Tables.from_metadata(g.metadata)
 
         with open_gguf(path) as g:
             self.metadata = dict(g.metadata)
-        self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
-
         params = ffi.new("rm_model_params *")
         params.struct_size = ffi.sizeof("rm_model_params")
         params.n_threads = n_threads
@@ -98,6 +97,11 @@ class Model:
         out = ffi.new("rm_model **")
         _native.check(lib.rm_model_load(path.encode(), params, out))
         self._model = out[0]
+        try:
+            self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
+        except BaseException:
+            self.close()
+            raise
         info = ffi.new("rm_model_info *")
         _native.check(lib.rm_model_info_get(self._model, info))
         self.info = {k: (ffi.string(getattr(info, k)).decode() if k == "arch" else int(getattr(info, k)))
@@ -116,6 +120,11 @@ class Model:
             raise
         self._session = sout[0]
         self.n_ctx = n_ctx
+        self.residual_policy, self.residual_budget = "none", 0.0
+        if self.residual_path is not None:
+            if residual_policy == "umia" and self.umia_tables is None:
+                residual_policy = "all"
+            self.set_residual(residual_policy, residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self.last_timings: dict[str, float] = {}
 
@@ -192,6 +201,73 @@ class Model:
             self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 1,
             ffi.from_buffer("float[]", out), out.size))
         return out
+
+    # -- residuals and statistics ---------------------------------------------------------------
+
+    def set_residual(self, policy: str, budget: float | None = None) -> None:
+        """Chooses which activated experts get their residual, from the next token on.
+
+        policy: none, all, umia, random, gate, expert or layer; budget: the fraction of activated
+        (token, expert) slots that get the residual (ignored by none and all)."""
+        budget = self.residual_budget if budget is None else float(budget)
+        if policy != "none" and self.residual_path is None:
+            raise RapidMoEError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
+        arr = umia.build(policy, budget, self.umia_tables, self.info["n_layer"], self.info["n_expert"])
+        p = ffi.new("rm_residual_policy *")
+        p.struct_size = ffi.sizeof("rm_residual_policy")
+        p.kind = arr.kind
+        p.seed = 0x5EED
+        p.gate_power = arr.gate_power
+        p.gain = arr.gain
+        keep = []
+
+        def put(field, a, ctype):
+            if a is not None:
+                buf = np.ascontiguousarray(a, dtype=np.float32)
+                keep.append(buf)
+                setattr(p, field, ffi.from_buffer(ctype, buf))
+
+        put("expert_score", arr.expert_score, "float[]")
+        put("layer_score", arr.layer_score, "float[]")
+        put("layer_budget", arr.layer_budget, "float[]")
+        put("threshold0", arr.threshold0, "float[]")
+        _native.check(lib.rm_session_set_policy(self._live(), p))
+        self.residual_policy, self.residual_budget = policy, budget
+
+    def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
+        """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
+        p = ffi.new("rm_residual_policy *")
+        p.struct_size = ffi.sizeof("rm_residual_policy")
+        p.kind = kind
+        mask = None
+        if layer_mask is not None:
+            mask = np.ascontiguousarray(layer_mask, dtype=np.uint8)
+            p.layer_mask = ffi.from_buffer("uint8_t[]", mask)
+        _native.check(lib.rm_session_set_policy(self._live(), p))
+
+    def stats(self) -> dict:
+        """Per-layer, per-expert activation and residual counts since the last ``clear_stats``,
+        and the realised residual rate."""
+        n = self.info["n_layer"] * self.info["n_expert"]
+        act = np.zeros(n, dtype=np.uint64)
+        res = np.zeros(n, dtype=np.uint64)
+        _native.check(lib.rm_session_stats(self._live(), ffi.from_buffer("uint64_t[]", act),
+                                           ffi.from_buffer("uint64_t[]", res), n))
+        shape = (self.info["n_layer"], self.info["n_expert"])
+        total = int(act.sum())
+        return {"active": act.reshape(shape), "residual": res.reshape(shape),
+                "residual_rate": float(res.sum()) / total if total else 0.0,
+                "policy": self.residual_policy, "budget": self.residual_budget}
+
+    def clear_stats(self) -> None:
+        _native.check(lib.rm_session_clear_stats(self._live()))
+
+    def bytes_per_token(self, residual_rate: float) -> float:
+        """Weight bytes one decoded token reads: dense weights, the activated experts' bases,
+        and the residuals of the share of them that got one."""
+        i = self.info
+        used = i["n_expert_used"] / i["n_expert"]
+        return i["dense_bytes"] + used * (i["base_expert_bytes"] + residual_rate * i["residual_expert_bytes"])
 
     # -- generation -----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ Usage
     apt-get install dict-gcide          # provides /usr/share/dictd/gcide.dict.dz
     python tools/train_tiny_moe.py --out runs/tiny-moe --threads 2 --max-minutes 65
     python tools/train_tiny_moe.py --out runs/tiny-moe --resume      # continue after an interruption
+    python tools/train_tiny_moe.py --out runs/tiny-moe --resume --steps 1100   # ... ending at another step
 
 Smoke test (a couple of minutes):
     python tools/train_tiny_moe.py --out /tmp/tm-smoke --steps 20 --layers 1 \\
@@ -618,6 +619,10 @@ def main(argv=None) -> None:
         np.random.set_state(ckpt["rng"]["numpy"])
         random.setstate(ckpt["rng"]["python"])
         state = ckpt["state"]
+        if args.steps and args.steps != state["total_steps"]:
+            # a new length for the run: the cosine schedule is re-drawn to end at the new step count
+            log(f"total steps changed from {state['total_steps']} to {args.steps} on resume")
+            state["total_steps"] = max(args.steps, state["step"] + 1)
         sampler = WindowSampler(train_ids, args.seq_len, args.seed, state["epoch"], state["pos"])
         curve = json.loads(curve_path.read_text()) if curve_path.exists() else {"train": [], "eval": []}
         del ckpt

@@ -275,6 +275,57 @@ void      rm_sampler_free(rm_sampler * smp);
 rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vocab,
                             const int32_t * recent, int32_t n_recent, int32_t * out_token);
 
+/* ---------------------------------------------------------------------------------------------
+ * RESplit residual policy (UMIA and its ablations)
+ *
+ * Each activated (token, layer, expert) slot gets a score; a slot gets its expert's residual when
+ * log(score) >= the layer's threshold. Each layer's threshold starts at threshold0[l] (from
+ * calibration) and is kept on that layer's target rate layer_budget[l] by an integral controller:
+ * after every token, threshold[l] += gain * (slots selected - target). Decisions for layer l never
+ * wait for a later layer, and a batch is decided token by token, exactly as decode would.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum rm_policy_kind {
+    RM_POLICY_NONE   = 0,         /* base only */
+    RM_POLICY_ALL    = 1,         /* every activated slot gets its residual */
+    RM_POLICY_UMIA   = 2,         /* score = gate^a * expert_score[l][e] * layer_score[l] */
+    RM_POLICY_RANDOM = 3,         /* score = a seeded uniform draw */
+    RM_POLICY_GATE   = 4,         /* score = the router weight */
+    RM_POLICY_EXPERT = 5,         /* score = expert_score[l][e] */
+    RM_POLICY_LAYER  = 6          /* score = log layer_score[l] + U(0,1): random within a layer */
+} rm_policy_kind;
+
+typedef struct rm_residual_policy {
+    uint32_t      struct_size;    /* sizeof(rm_residual_policy) */
+    int32_t       kind;           /* rm_policy_kind */
+    uint64_t      seed;           /* for RANDOM and tie-breaking */
+    float         gate_power;     /* the exponent a on the router weight (UMIA) */
+    float         gain;           /* controller gain, in log-score units per slot of error */
+    const float * expert_score;   /* n_layer * n_expert, > 0; NULL: all 1 */
+    const float * layer_score;    /* n_layer, > 0; NULL: all 1 */
+    const float * layer_budget;   /* n_layer target fractions in [0, 1]; NULL with ALL/NONE */
+    const float * threshold0;     /* n_layer initial log thresholds; NULL: all 0 */
+    const uint8_t * layer_mask;   /* n_layer; 0 = never a residual in that layer; NULL: all layers */
+} rm_residual_policy;
+
+/* The policy is copied; the arrays may be freed after the call. RM_E_STATE without a sidecar
+ * unless kind is NONE. Resets the controllers. */
+rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * policy);
+
+/* Statistics since the last rm_session_clear_stats: per (layer, expert) activations and residual
+ * slots (n_layer * n_expert each, caller buffers of cap entries). */
+rm_status rm_session_stats(const rm_session * s, uint64_t * active, uint64_t * residual, uint64_t cap);
+rm_status rm_session_clear_stats(rm_session * s);
+
+/* Routing of the most recent token evaluated, per layer: n_layer * n_expert_used entries. */
+rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float * weights,
+                                 uint8_t * residual, uint64_t cap);
+
+/* Calibration: while on (and the policy is ALL), every residual slot also runs its expert base
+ * only, and |f_{B+R}(x) - f_B(x)| is summed per (layer, expert). Turning it on clears the sums. */
+rm_status rm_session_set_calibration(rm_session * s, int32_t on);
+rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap);
+
 /* RM_CDEF_END */
 
 #if defined(__GNUC__)

@@ -41,16 +41,53 @@ static void route(const rm_session * s, const float * logits, rm_route * r) {
     }
 }
 
-/* Decides, slot by slot, which activated experts get their residual. */
+static double next_unit(uint64_t * state) {
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return (double) ((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* log(score) of one slot under the session's policy (rm_residual_policy in rapidmoe.h). */
+static float log_score(rm_session * s, int il, const rm_route * r) {
+    const float g = r->weight > 1e-30f ? r->weight : 1e-30f;
+    const float se = s->expert_score[(int64_t) il * s->m->hp.n_expert + r->expert];
+    const float sl = s->layer_score[il];
+    switch (s->policy) {
+        case RM_POLICY_UMIA:   return s->gate_power * logf(g) + logf(se) + logf(sl);
+        case RM_POLICY_GATE:   return logf(g);
+        case RM_POLICY_EXPERT: return logf(se);
+        case RM_POLICY_LAYER:  return logf(sl) + (float) next_unit(&s->rng);   /* random within a layer */
+        case RM_POLICY_RANDOM: return logf((float) (1.0 - next_unit(&s->rng)));
+        default:               return 0.0f;
+    }
+}
+
+/* Decides, slot by slot, which activated experts get their residual. Tokens are taken in order
+ * and the layer's controller is updated after each, so a batch decides as decode would. */
 static void select_residuals(rm_session * s, int il, int32_t n) {
-    if (!s->m->residual || !s->residual_all) {
+    const int32_t K = s->m->hp.n_expert_used;
+    if (!s->m->residual || s->policy == RM_POLICY_NONE || !s->layer_mask[il]) {
         return;
     }
-    const int32_t K = s->m->hp.n_expert_used;
-    for (int64_t j = 0; j < (int64_t) n * K; j++) {
-        s->routes[j].residual = 1;
+    if (s->policy == RM_POLICY_ALL) {
+        for (int64_t j = 0; j < (int64_t) n * K; j++) {
+            s->routes[j].residual = 1;
+        }
+        return;
     }
-    (void) il;
+    const float target = s->layer_budget[il] * (float) K;
+    for (int32_t i = 0; i < n; i++) {
+        rm_route * r = s->routes + (int64_t) i * K;
+        int32_t selected = 0;
+        for (int32_t k = 0; k < K; k++) {
+            r[k].residual = log_score(s, il, &r[k]) >= s->threshold[il];
+            selected += r[k].residual;
+        }
+        s->threshold[il] += s->gain * ((float) selected - target);
+    }
 }
 
 static void expert_matmul(rm_session * s, const rm_weight * w, int64_t e, const float * x, int64_t x_stride,
@@ -64,6 +101,15 @@ static void expert_matmul(rm_session * s, const rm_weight * w, int64_t e, const 
 static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c, int32_t c_res) {
     const rm_hparams * hp = &s->m->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    if (s->calibrating && c_res > 0) {
+        /* the base-only output of the residual rows, to measure what the residual changes */
+        expert_matmul(s, &L->gate_exps, e, s->ex, E, c_res, s->eg, F, 0);
+        expert_matmul(s, &L->up_exps, e, s->ex, E, c_res, s->eu, F, 0);
+        for (int64_t j = 0; j < (int64_t) c_res * F; j++) {
+            s->eg[j] = silu(s->eg[j]) * s->eu[j];
+        }
+        expert_matmul(s, &L->down_exps, e, s->eg, F, c_res, s->ecal, E, 0);
+    }
     expert_matmul(s, &L->gate_exps, e, s->ex, E, c, s->eg, F, 0);
     expert_matmul(s, &L->up_exps, e, s->ex, E, c, s->eu, F, 0);
     if (c_res > 0) {
@@ -144,6 +190,17 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
             c_res += s->routes[pairs[j]].residual;
         }
         run_expert(s, L, e, c, c_res);
+        if (s->calibrating) {
+            for (int32_t j = 0; j < c_res; j++) {
+                double d2 = 0.0;
+                for (int64_t d = 0; d < E; d++) {
+                    const double diff = (double) s->ed[j * E + d] - s->ecal[j * E + d];
+                    d2 += diff * diff;
+                }
+                s->cal_delta[(int64_t) il * X + e] += sqrt(d2);
+            }
+            s->cal_n[(int64_t) il * X + e] += (uint64_t) c_res;
+        }
         for (int32_t j = 0; j < c; j++) {
             const float w = s->routes[pairs[j]].weight;
             float * dst = s->moe + (pairs[j] / K) * E;
@@ -155,6 +212,7 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         active[e] += (uint64_t) c;
         resid[e] += (uint64_t) c_res;
     }
+    memcpy(s->last_routes + (int64_t) il * K, s->routes + (int64_t) (n - 1) * K, sizeof(rm_route) * (size_t) K);
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
     }

@@ -24,7 +24,8 @@ static void * xalloc(size_t n, int * failed) {
 static void session_free_buffers(rm_session * s) {
     void * bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
                      s->routes, s->exp_n, s->exp_pairs, s->ex, s->eg, s->eu, s->ed, s->stat_active,
-                     s->stat_residual};
+                     s->stat_residual, s->last_routes, s->expert_score, s->layer_score, s->layer_budget,
+                     s->threshold, s->layer_mask, s->ecal, s->cal_delta, s->cal_n};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
         free(bufs[i]);
     }
@@ -79,6 +80,16 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->ed = xalloc(sizeof(float) * B * E, &failed);
     s->stat_active = xalloc(sizeof(uint64_t) * (size_t) hp->n_layer * X, &failed);
     s->stat_residual = xalloc(sizeof(uint64_t) * (size_t) hp->n_layer * X, &failed);
+    const size_t NL = (size_t) hp->n_layer;
+    s->last_routes = xalloc(sizeof(rm_route) * NL * K, &failed);
+    s->expert_score = xalloc(sizeof(float) * NL * X, &failed);
+    s->layer_score = xalloc(sizeof(float) * NL, &failed);
+    s->layer_budget = xalloc(sizeof(float) * NL, &failed);
+    s->threshold = xalloc(sizeof(float) * NL, &failed);
+    s->layer_mask = xalloc(NL, &failed);
+    s->ecal = xalloc(sizeof(float) * B * E, &failed);
+    s->cal_delta = xalloc(sizeof(double) * NL * X, &failed);
+    s->cal_n = xalloc(sizeof(uint64_t) * NL * X, &failed);
     const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
     s->be = failed ? NULL : rm_backend_cpu_new(m->pool, s->n_batch, (int64_t) max_in, s->n_ctx);
     if (failed || !s->be) {
@@ -86,6 +97,8 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         free(s);
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory for a context of %d tokens", params->n_ctx);
     }
+    s->policy = m->residual ? RM_POLICY_ALL : RM_POLICY_NONE;
+    memset(s->layer_mask, 1, NL);
     *out = s;
     return RM_OK;
 }
@@ -245,5 +258,143 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         done += nb;
     }
     pthread_mutex_unlock(&s->m->lock);
+    return RM_OK;
+}
+
+/* ---- residual policy and statistics -------------------------------------------------------- */
+
+static rm_status check_positive(const char * what, const float * v, int64_t n, float hi) {
+    for (int64_t i = 0; v && i < n; i++) {
+        if (!(v[i] > 0.0f) || !(v[i] <= hi)) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: %s[%lld] = %g is outside (0, %g]",
+                           what, (long long) i, v[i], hi);
+        }
+    }
+    return RM_OK;
+}
+
+rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * p) {
+    rm_clear_error();
+    if (!s || !p) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: NULL argument");
+    }
+    if (p->struct_size != sizeof(rm_residual_policy)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: struct_size %u != %zu (mismatched header)",
+                       p->struct_size, sizeof(rm_residual_policy));
+    }
+    if (p->kind < RM_POLICY_NONE || p->kind > RM_POLICY_LAYER) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: unknown policy kind %d", p->kind);
+    }
+    if (p->kind != RM_POLICY_NONE && !s->m->residual) {
+        return rm_fail(RM_E_STATE, "rm_session_set_policy: the model was loaded without a residual sidecar");
+    }
+    const int64_t NL = s->m->hp.n_layer, X = s->m->hp.n_expert;
+    const int scored = p->kind >= RM_POLICY_UMIA;
+    if (scored && !p->layer_budget) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: policy %d needs layer_budget", p->kind);
+    }
+    for (int64_t l = 0; scored && l < NL; l++) {
+        if (!(p->layer_budget[l] >= 0.0f && p->layer_budget[l] <= 1.0f)) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: layer_budget[%lld] = %g is outside [0, 1]",
+                           (long long) l, p->layer_budget[l]);
+        }
+    }
+    rm_status st;
+    if ((st = check_positive("expert_score", p->expert_score, NL * X, 1e30f)) != RM_OK ||
+        (st = check_positive("layer_score", p->layer_score, NL, 1e30f)) != RM_OK) {
+        return st;
+    }
+    if (!isfinite(p->gain) || p->gain < 0.0f || !isfinite(p->gate_power)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: gain %g / gate_power %g invalid", p->gain, p->gate_power);
+    }
+    s->policy = p->kind;
+    s->rng = p->seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+    if (s->rng == 0) s->rng = 1;
+    s->gate_power = p->gate_power;
+    s->gain = p->gain;
+    for (int64_t i = 0; i < NL * X; i++) s->expert_score[i] = p->expert_score ? p->expert_score[i] : 1.0f;
+    for (int64_t l = 0; l < NL; l++) {
+        s->layer_score[l] = p->layer_score ? p->layer_score[l] : 1.0f;
+        s->layer_budget[l] = p->layer_budget ? p->layer_budget[l] : 0.0f;
+        s->threshold[l] = p->threshold0 ? p->threshold0[l] : 0.0f;
+        s->layer_mask[l] = p->layer_mask ? (p->layer_mask[l] != 0) : 1;
+    }
+    return RM_OK;
+}
+
+rm_status rm_session_stats(const rm_session * s, uint64_t * active, uint64_t * residual, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !active || !residual) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_stats: NULL argument");
+    }
+    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_stats: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    memcpy(active, s->stat_active, sizeof(uint64_t) * n);
+    memcpy(residual, s->stat_residual, sizeof(uint64_t) * n);
+    return RM_OK;
+}
+
+rm_status rm_session_clear_stats(rm_session * s) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_clear_stats: NULL session");
+    }
+    const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
+    memset(s->stat_active, 0, sizeof(uint64_t) * n);
+    memset(s->stat_residual, 0, sizeof(uint64_t) * n);
+    return RM_OK;
+}
+
+rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float * weights, uint8_t * residual,
+                                 uint64_t cap) {
+    rm_clear_error();
+    if (!s || !experts || !weights || !residual) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_last_routes: NULL argument");
+    }
+    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_last_routes: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        experts[i] = s->last_routes[i].expert;
+        weights[i] = s->last_routes[i].weight;
+        residual[i] = s->last_routes[i].residual;
+    }
+    return RM_OK;
+}
+
+rm_status rm_session_set_calibration(rm_session * s, int32_t on) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_calibration: NULL session");
+    }
+    if (on && !s->m->residual) {
+        return rm_fail(RM_E_STATE, "rm_session_set_calibration: the model was loaded without a residual sidecar");
+    }
+    const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
+    if (on) {
+        memset(s->cal_delta, 0, sizeof(double) * n);
+        memset(s->cal_n, 0, sizeof(uint64_t) * n);
+    }
+    s->calibrating = on != 0;
+    return RM_OK;
+}
+
+rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !sum_delta || !count) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_calibration: NULL argument");
+    }
+    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_calibration: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    memcpy(sum_delta, s->cal_delta, sizeof(double) * n);
+    memcpy(count, s->cal_n, sizeof(uint64_t) * n);
     return RM_OK;
 }

@@ -40,7 +40,23 @@ struct rm_session {
     /* statistics since the last reset of the counters */
     uint64_t * stat_active;       /* n_layer * n_expert: activations */
     uint64_t * stat_residual;     /* n_layer * n_expert: of which with residual */
-    int32_t    residual_all;      /* policy: 1 = every activated slot gets its residual */
+    rm_route * last_routes;       /* n_layer rows of n_expert_used: the last token's routing */
+
+    /* residual policy (see rm_residual_policy) */
+    int32_t    policy;            /* rm_policy_kind */
+    uint64_t   rng;
+    float      gate_power, gain;
+    float *    expert_score;      /* n_layer * n_expert */
+    float *    layer_score;       /* n_layer */
+    float *    layer_budget;      /* n_layer */
+    float *    threshold;         /* n_layer, the controllers' state */
+    uint8_t *  layer_mask;        /* n_layer */
+
+    /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
+    int32_t    calibrating;
+    float *    ecal;              /* base-only expert outputs, rows of n_embd */
+    double *   cal_delta;         /* n_layer * n_expert: sum of |delta| */
+    uint64_t * cal_n;             /* n_layer * n_expert */
 };
 
 #endif

@@ -1,0 +1,354 @@
+"""Supported MoE architectures as data: one ``ArchSpec`` row per GGUF ``general.architecture``.
+
+A row says how a Hugging Face checkpoint maps onto what llama.cpp expects for that architecture:
+which config keys give which GGUF hyperparameters (``HParam``), which HF tensors become which
+GGUF tensors with which shapes (``TensorSpec``), and the few behaviours that differ between
+architectures but are not written in the file (q/k norm kind, shared-expert gating, top-k
+renormalisation, RoPE layout). The converter and the runtime both read this table; adding an
+architecture means adding a row, plus a small hook only where the math differs.
+
+Shapes are in ggml ``ne`` order (``ne[0]`` is the row length, the fastest-varying dimension) and
+are written as names of model dimensions (``"n_embd"``, ``"n_ff_exp"``, ...) that
+``resolve_hparams`` computes from the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gguf import Keys
+
+from .errors import FormatError, UnsupportedError
+
+REQUIRED = object()  # HParam.default: the config must provide the value
+
+
+@dataclasses.dataclass(frozen=True)
+class HParam:
+    """One hyperparameter: a GGUF key, where to find it in config.json, and its fallback.
+
+    ``key`` is a gguf ``Keys`` template (``"{arch}.embedding_length"``) or None for a dimension
+    that only sizes tensors. ``hf`` lists config keys tried in order; a dotted name looks inside a
+    nested dict (``"rope_parameters.rope_theta"``) and a null value counts as absent. ``default``
+    is a constant, a callable of the dims resolved so far, or REQUIRED. ``dim`` names the value in
+    the dims mapping that tensor shapes refer to.
+    """
+
+    key: str | None
+    hf: tuple[str, ...]
+    kind: str  # "u32" | "f32" | "bool"
+    default: Any = REQUIRED
+    dim: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One GGUF tensor and the HF tensor(s) it comes from.
+
+    ``gguf`` and ``hf`` may contain ``{bid}`` (the layer: one tensor per layer) and ``hf`` may
+    contain ``{xid}`` (the expert: the per-expert HF matrices are stacked along a new slowest
+    dimension, so ``ne[-1]`` is ``n_expert``). ``role`` drives the type a recipe gives it:
+    ``"expert"`` (base + residual), ``"router"`` (kept F32 as llama.cpp does), anything else
+    (1-D tensors F32, matrices the recipe's other type).
+    """
+
+    gguf: str
+    hf: str
+    ne: tuple[str, ...]
+    role: str
+    optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
+    transform: str | None = None    # "permute_q" | "permute_k" | "flatten"
+
+    @property
+    def per_layer(self) -> bool:
+        return "{bid}" in self.gguf
+
+    @property
+    def per_expert(self) -> bool:
+        return "{xid}" in self.hf
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    name: str                          # general.architecture
+    hf_architectures: tuple[str, ...]  # config.json "architectures" entries that map here
+    hparams: tuple[HParam, ...]
+    tensors: tuple[TensorSpec, ...]
+    expert_ff_key: str                 # key suffix holding the experts' FF width
+    qk_norm: str = "none"              # "none" | "per_head" ({head_dim}) | "full" ({n_head*head_dim})
+    shared_expert: str = "none"        # "none" | "gated" (sigmoid(ffn_gate_inp_shexp . x) * shexp(x))
+    attn_bias: bool = False            # q/k/v projections carry biases
+    rope: str = "neox"                 # "norm": interleaved pairs (llama) | "neox": split halves
+    permute_qk: bool = False           # HF q/k rows are permuted to llama.cpp's interleaved RoPE
+    norm_topk: bool = False            # top-k weights renormalised when the config does not say
+    output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
+    check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks shared by the rows
+# ---------------------------------------------------------------------------------------------
+
+def _head_dim(d: Mapping[str, Any]) -> int:
+    return d["n_embd"] // d["n_head"]
+
+
+_COMMON_HPARAMS = (
+    HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+    HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
+    HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+    HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+    HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+    HParam(Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",), "u32",
+           default=lambda d: d["n_head"], dim="n_head_kv"),
+    HParam(Keys.Attention.KEY_LENGTH, ("head_dim",), "u32", default=_head_dim, dim="head_dim"),
+    HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_head_dim),
+    HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
+    HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
+           default=10000.0, dim="rope_theta"),
+    HParam(Keys.Rope.DIMENSION_COUNT, (), "u32", default=lambda d: d["head_dim"], dim="n_rot"),
+    HParam(Keys.LLM.EXPERT_COUNT, ("num_experts", "num_local_experts"), "u32", dim="n_expert"),
+    HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
+)
+
+
+def _norm_topk(hf: tuple[str, ...], default: bool) -> HParam:
+    return HParam(Keys.LLM.EXPERT_WEIGHTS_NORM, hf, "bool", default=default, dim="norm_topk")
+
+
+_GLOBAL_TENSORS = (
+    TensorSpec("token_embd.weight", "model.embed_tokens.weight", ("n_embd", "n_vocab"), "embd"),
+    TensorSpec("output_norm.weight", "model.norm.weight", ("n_embd",), "norm"),
+    TensorSpec("output.weight", "lm_head.weight", ("n_embd", "n_vocab"), "output", optional=True),
+)
+
+
+def _attention(qk_norm: str = "none", bias: bool = False, permute: bool = False) -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    a = p + "self_attn."
+    t = [
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q"), "attn",
+                   transform="permute_q" if permute else None),
+        TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv"), "attn",
+                   transform="permute_k" if permute else None),
+        TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv"), "attn"),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q", "n_embd"), "attn"),
+    ]
+    if bias:
+        t += [
+            TensorSpec("blk.{bid}.attn_q.bias", a + "q_proj.bias", ("n_q",), "bias", optional=True),
+            TensorSpec("blk.{bid}.attn_k.bias", a + "k_proj.bias", ("n_kv",), "bias", optional=True),
+            TensorSpec("blk.{bid}.attn_v.bias", a + "v_proj.bias", ("n_kv",), "bias", optional=True),
+        ]
+    if qk_norm != "none":
+        q_ne, k_ne = (("head_dim",), ("head_dim",)) if qk_norm == "per_head" else (("n_q",), ("n_kv",))
+        t += [
+            TensorSpec("blk.{bid}.attn_q_norm.weight", a + "q_norm.weight", q_ne, "norm"),
+            TensorSpec("blk.{bid}.attn_k_norm.weight", a + "k_norm.weight", k_ne, "norm"),
+        ]
+    return tuple(t)
+
+
+def _moe(prefix: str, gate: str, up: str, down: str, shared_gated: bool = False) -> tuple[TensorSpec, ...]:
+    """The MoE block under ``model.layers.{bid}.<prefix>``; gate/up/down name the per-expert
+    projections (``gate_proj`` or Mixtral's ``w1``/``w3``/``w2``)."""
+    p = "model.layers.{bid}."
+    m = p + prefix + "."
+    x = m + "experts.{xid}."
+    t = [
+        TensorSpec("blk.{bid}.ffn_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "gate.weight", ("n_embd", "n_expert"), "router"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + gate + ".weight",
+                   ("n_embd", "n_ff_exp", "n_expert"), "expert"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + up + ".weight",
+                   ("n_embd", "n_ff_exp", "n_expert"), "expert"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + down + ".weight",
+                   ("n_ff_exp", "n_embd", "n_expert"), "expert"),
+    ]
+    if shared_gated:
+        s = m + "shared_expert."
+        t += [
+            TensorSpec("blk.{bid}.ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight",
+                       ("n_embd",), "shexp_gate", transform="flatten"),
+            TensorSpec("blk.{bid}.ffn_gate_shexp.weight", s + "gate_proj.weight", ("n_embd", "n_ff_shexp"), "shexp"),
+            TensorSpec("blk.{bid}.ffn_up_shexp.weight", s + "up_proj.weight", ("n_embd", "n_ff_shexp"), "shexp"),
+            TensorSpec("blk.{bid}.ffn_down_shexp.weight", s + "down_proj.weight", ("n_ff_shexp", "n_embd"), "shexp"),
+        ]
+    return tuple(t)
+
+
+def _all_layers_moe(config: Mapping[str, Any]) -> None:
+    """Qwen MoE configs can make some layers dense; llama.cpp's qwen*moe graphs cannot."""
+    step = config.get("decoder_sparse_step", 1)
+    dense = config.get("mlp_only_layers") or []
+    if step not in (None, 1) or dense:
+        raise UnsupportedError(
+            f"config.json: dense layers (decoder_sparse_step={step}, mlp_only_layers={list(dense)}) "
+            "are not supported; every layer must be an MoE layer")
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+LLAMA = ArchSpec(  # Mixtral
+    name="llama",
+    hf_architectures=("MixtralForCausalLM",),
+    hparams=_COMMON_HPARAMS + (
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff_exp"),
+        _norm_topk((), True),
+    ),
+    tensors=_GLOBAL_TENSORS + _attention(permute=True) + _moe("block_sparse_moe", "w1", "w3", "w2"),
+    expert_ff_key="feed_forward_length",
+    rope="norm",
+    permute_qk=True,
+    norm_topk=True,
+    output_from_embd=True,
+)
+
+QWEN2MOE = ArchSpec(
+    name="qwen2moe",
+    hf_architectures=("Qwen2MoeForCausalLM",),
+    hparams=_COMMON_HPARAMS + (
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        HParam(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, ("shared_expert_intermediate_size",), "u32",
+               dim="n_ff_shexp"),
+        _norm_topk(("norm_topk_prob",), False),
+    ),
+    tensors=_GLOBAL_TENSORS + _attention(bias=True)
+    + _moe("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=True),
+    expert_ff_key="expert_feed_forward_length",
+    shared_expert="gated",
+    attn_bias=True,
+    check_config=_all_layers_moe,
+)
+
+QWEN3MOE = ArchSpec(
+    name="qwen3moe",
+    hf_architectures=("Qwen3MoeForCausalLM",),
+    hparams=_COMMON_HPARAMS + (
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32",
+               default=lambda d: d["n_ff_exp"], dim="n_ff"),
+        _norm_topk(("norm_topk_prob",), True),
+    ),
+    tensors=_GLOBAL_TENSORS + _attention(qk_norm="per_head")
+    + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
+    expert_ff_key="expert_feed_forward_length",
+    qk_norm="per_head",
+    norm_topk=True,
+    output_from_embd=True,
+    check_config=_all_layers_moe,
+)
+
+OLMOE = ArchSpec(
+    name="olmoe",
+    hf_architectures=("OlmoeForCausalLM",),
+    hparams=_COMMON_HPARAMS + (
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff_exp"),
+        _norm_topk(("norm_topk_prob",), False),
+    ),
+    tensors=_GLOBAL_TENSORS + _attention(qk_norm="full") + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
+    expert_ff_key="feed_forward_length",
+    qk_norm="full",
+)
+
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Lookups
+# ---------------------------------------------------------------------------------------------
+
+def arch_for_hf(config: Mapping[str, Any], where: str = "config.json") -> ArchSpec:
+    names = config.get("architectures") or []
+    for spec in ARCHS.values():
+        if any(n in spec.hf_architectures for n in names):
+            return spec
+    known = sorted(n for s in ARCHS.values() for n in s.hf_architectures)
+    shown = ", ".join(names) if names else "(none: no 'architectures' entry)"
+    raise UnsupportedError(f"{where}: unknown architecture {shown}; supported: {', '.join(known)}")
+
+
+def arch_for_gguf(name: str, where: str) -> ArchSpec:
+    spec = ARCHS.get(name)
+    if spec is None:
+        raise UnsupportedError(
+            f"{where}: architecture '{name}' is not supported; supported: {', '.join(sorted(ARCHS))}")
+    return spec
+
+
+def _config_get(config: Mapping[str, Any], path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return None
+        node = node[part]
+    return node
+
+
+def _coerce(value: Any, kind: str, where: str) -> Any:
+    try:
+        if kind == "bool":
+            if not isinstance(value, (bool, int)):
+                raise TypeError
+            return bool(value)
+        if kind == "u32":
+            if isinstance(value, bool) or int(value) != value or not 0 <= int(value) < 2**32:
+                raise ValueError
+            return int(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise FormatError(f"{where}: {value!r} is not a valid {kind}") from None
+
+
+@dataclasses.dataclass
+class ResolvedHParams:
+    """The hyperparameters of one checkpoint: ``kv`` (full GGUF key -> (value, kind)) to write,
+    and ``dims`` (dimension name -> value) for tensor shapes."""
+
+    kv: dict[str, tuple[Any, str]]
+    dims: dict[str, Any]
+
+    def shape(self, ne: Sequence[str]) -> tuple[int, ...]:
+        return tuple(int(self.dims[n]) for n in ne)
+
+
+def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "config.json") -> ResolvedHParams:
+    if spec.check_config is not None:
+        spec.check_config(config)
+    kv: dict[str, tuple[Any, str]] = {}
+    dims: dict[str, Any] = {}
+    for h in spec.hparams:
+        key = h.key.format(arch=spec.name) if h.key else None
+        value = None
+        for name in h.hf:
+            value = _config_get(config, name)
+            if value is not None:
+                break
+        if value is None:
+            if h.default is REQUIRED:
+                names = " or ".join(repr(n) for n in h.hf)
+                raise FormatError(f"{where}: missing {names}, needed for {key or h.dim} ({spec.name})")
+            value = h.default(dims) if callable(h.default) else h.default
+        value = _coerce(value, h.kind, f"{where}: {h.hf[0] if h.hf else key}")
+        if key:
+            kv[key] = (value, h.kind)
+        if h.dim:
+            dims[h.dim] = value
+    for n in ("n_embd", "n_head", "n_head_kv", "n_layer", "n_expert", "n_expert_used", "head_dim"):
+        if n in dims and dims[n] <= 0:
+            raise FormatError(f"{where}: {n} must be positive, got {dims[n]}")
+    if dims["n_expert_used"] > dims["n_expert"]:
+        raise FormatError(f"{where}: num_experts_per_tok ({dims['n_expert_used']}) exceeds the "
+                          f"number of experts ({dims['n_expert']})")
+    if dims["n_head"] % dims["n_head_kv"]:
+        raise FormatError(f"{where}: num_attention_heads ({dims['n_head']}) is not a multiple of "
+                          f"num_key_value_heads ({dims['n_head_kv']})")
+    dims["n_q"] = dims["n_head"] * dims["head_dim"]
+    dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
+    return ResolvedHParams(kv, dims)

@@ -1,0 +1,248 @@
+"""The ``rapidmoe`` command line.
+
+Each subcommand is two functions, one that declares its arguments and one that runs it and
+returns the exit status, plus one row in ``COMMANDS``. Errors raised by the package
+(RapidMoEError) and by the operating system are printed as ``error: <message>`` on stderr with
+exit status 1, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from .errors import RapidMoEError
+
+
+@dataclasses.dataclass(frozen=True)
+class Subcommand:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# convert
+# ---------------------------------------------------------------------------------------------
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    from .recipes import RECIPES
+
+    p.add_argument("src", help="Hugging Face checkpoint directory, or a .gguf file of a supported MoE")
+    p.add_argument("out", help="output NAME.gguf (the residual goes to NAME.residual.gguf)")
+    p.add_argument("--recipe", default="q4k-q8", choices=list(RECIPES),
+                   help="base/residual/other types (default: %(default)s)")
+    p.add_argument("--base-type", help="override the experts' base type (e.g. Q4_K)")
+    p.add_argument("--residual-type", help="override the residual type, or 'none'")
+    p.add_argument("--other-type", help="override the type of the other matrices")
+    p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    r = convert(args.src, args.out, args.recipe, base_type=args.base_type,
+                residual_type=args.residual_type, other_type=args.other_type,
+                n_threads=args.threads, progress=None)
+    print(f"wrote {r.base_path} ({_human_bytes(os.path.getsize(r.base_path))})")
+    if r.residual_path:
+        print(f"wrote {r.residual_path} ({_human_bytes(os.path.getsize(r.residual_path))})")
+    print(f"{r.architecture}, recipe {r.recipe}: {r.n_tensors} tensors in {r.seconds:.1f} s")
+    line = f"experts: {r.bpw_base:.3f} bits/weight base"
+    if r.residual_path:
+        line += f", {r.bpw_total:.3f} base+residual"
+    print(line)
+    if r.error_base is not None:
+        line = f"experts: relative error {r.error_base:.4g} base"
+        if r.residual_path:
+            line += f", {r.error_total:.4g} base+residual"
+        print(line)
+    for f in r.fallbacks:
+        print(f"fallback: {f.tensor}: {f.used} instead of {f.wanted} ({f.reason})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect
+# ---------------------------------------------------------------------------------------------
+
+def _inspect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a GGUF file (a base, a stock llama.cpp file, or a .residual.gguf)")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .resplit import describe
+
+    info = describe(args.file)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"file:         {info['path']} ({_human_bytes(info['file_size'])}, {info['kind']})")
+    print(f"architecture: {info['architecture']}" + (f"  name: {info['name']}" if info["name"] else ""))
+    if info["rapidmoe"]:
+        print("rapidmoe:     " + ", ".join(f"{k[len('rapidmoe.'):]}={v}" for k, v in info["rapidmoe"].items()))
+    if info["hparams"]:
+        print("hyperparameters:")
+        for k, v in info["hparams"].items():
+            print(f"  {k:40s} {v:.7g}" if isinstance(v, float) else f"  {k:40s} {v}")
+    _print_types(f"tensors: {info['n_tensors']}", info["types"])
+    if info["kind"] == "residual":
+        return 0
+    sc = info["sidecar"]
+    if sc is None:
+        print("sidecar:      none (base only)")
+    elif sc["matches"]:
+        _print_types(f"sidecar:      {sc['path']} (matches; {sc['n_tensors']} tensors)", sc["types"])
+    else:
+        print(f"sidecar:      {sc['path']} DOES NOT MATCH: {sc['error']}")
+    ex = info["experts"]
+    if ex["n_weights"]:
+        line = f"experts:      {ex['n_tensors']} tensors, {ex['n_weights']:,} weights, {ex['bpw_base']:.3f} bits/weight base"
+        if ex["residual_bytes"]:
+            line += f", {ex['bpw_base_residual']:.3f} base+residual"
+        print(line)
+    return 0
+
+
+def _print_types(title: str, types: dict) -> None:
+    print(title)
+    for name, row in sorted(types.items(), key=lambda kv: -kv[1]["bytes"]):
+        print(f"  {name:6s} {row['count']:6d} tensors {_human_bytes(row['bytes']):>12s}")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    from .umia import POLICIES
+
+    if optional:
+        p.add_argument("model", nargs="?", help="base .gguf (default: the bundled model)")
+    else:
+        p.add_argument("model", help="base .gguf; NAME.residual.gguf beside it is used when present")
+    p.add_argument("--threads", "-t", type=int, default=0, help="CPU threads (default: all cores)")
+    p.add_argument("--ctx", "-c", type=int, default=2048, help="context size in tokens (default: %(default)s)")
+    p.add_argument("--policy", choices=POLICIES, default="umia",
+                   help="which activated experts get their residual (default: %(default)s)")
+    p.add_argument("--budget", type=float, default=0.25,
+                   help="share of activated expert slots that get the residual (default: %(default)s)")
+    p.add_argument("--no-residual", action="store_true", help="ignore the residual sidecar")
+
+
+def _open_model(args: argparse.Namespace):
+    from .bundled import bundled_model_path
+    from .model import Model
+
+    path = args.model or bundled_model_path()
+    return Model(path, n_ctx=args.ctx, n_threads=args.threads,
+                 residual=None if args.no_residual else "auto",
+                 residual_policy=args.policy, residual_budget=args.budget)
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--prompt", "-p", default="The meaning of the word", help="prompt text")
+    p.add_argument("--n-predict", "-n", type=int, default=64, help="tokens to generate (default: %(default)s)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--stats", action="store_true", help="print expert usage and residual decisions")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .model import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    with _open_model(args) as m:
+        m.clear_stats()
+        sys.stdout.write(args.prompt)
+        sys.stdout.flush()
+        for piece in m._stream_text(args.prompt, args.n_predict, sampling, stop=[]):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        t = m.last_timings
+        st = m.stats()
+        pp = t["prompt_tokens"] / t["prompt_s"] if t.get("prompt_s") else 0.0
+        tg = t["gen_tokens"] / t["gen_s"] if t.get("gen_s") else 0.0
+        res = (f"residual rate {st['residual_rate']:.3f} (policy {st['policy']}, budget {st['budget']:g})"
+               if m.residual_path else "no residual sidecar")
+        print(f"prompt {t['prompt_tokens']} tokens, {pp:.1f} tok/s | generated {t['gen_tokens']} tokens, "
+              f"{tg:.1f} tok/s | {res}", file=sys.stderr)
+        if args.stats:
+            _print_stats(st)
+    return 0
+
+
+def _print_stats(st: dict) -> None:
+    act, res = st["active"], st["residual"]
+    print("layer  activations  residual  rate   busiest experts", file=sys.stderr)
+    for layer in range(act.shape[0]):
+        a, r = int(act[layer].sum()), int(res[layer].sum())
+        top = act[layer].argsort()[::-1][:4]
+        busiest = " ".join(f"{e}:{int(act[layer, e])}" for e in top)
+        print(f"{layer:5d}  {a:11d}  {r:8d}  {r / a if a else 0:.3f}  {busiest}", file=sys.stderr)
+
+
+COMMANDS: dict[str, Subcommand] = {
+    "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
+    "convert": Subcommand("convert a Hugging Face checkpoint or a GGUF to a RESplit pair",
+                          _convert_args, cmd_convert),
+    "inspect": Subcommand("describe a GGUF file and its residual sidecar", _inspect_args, cmd_inspect),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="rapidmoe", description="Run MoE LLMs from RESplit GGUF files.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s: %(message)s")
+    try:
+        return args._run(args)
+    except RapidMoEError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

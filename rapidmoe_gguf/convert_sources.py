@@ -1,0 +1,303 @@
+"""What the converter reads: a Hugging Face checkpoint directory or an existing GGUF file.
+
+Both present the same thing to ``convert``: the architecture, a list of ``SourceTensor`` in GGUF
+naming and ``ne`` order that read themselves one at a time (an expert tensor one expert at a time,
+so memory stays near one expert matrix), and a function that writes the metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from . import resplit
+from .arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from .errors import FormatError, RapidMoEError, UnsupportedError
+from .gguf_file import open_gguf
+from .gguf_header import read_header
+from .safetensors_io import SafetensorsCheckpoint
+
+log = logging.getLogger("rapidmoe_gguf.convert")
+
+
+@dataclasses.dataclass
+class SourceTensor:
+    """One output tensor as the source has it.
+
+    ``read(e)`` returns float32: for an expert tensor (``role == "expert"``) expert ``e``'s matrix,
+    numpy shape ``(ne[1], ne[0])``; otherwise the whole tensor in numpy order (``e`` is None).
+    ``src_type`` is the ggml type name when the source is already a GGUF tensor (``raw(e)`` then
+    gives its bytes, for copying unchanged), else None.
+    """
+
+    name: str
+    ne: tuple[int, ...]
+    role: str                      # "expert" | "router" | "vector" | "matrix"
+    read: Callable[[int | None], np.ndarray]
+    src_type: str | None = None
+    raw: Callable[[int | None], Any] | None = None
+
+
+class Source:
+    arch: ArchSpec
+    tensors: list[SourceTensor]
+    name: str
+
+    def add_metadata(self, writer: GGUFWriter) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def open_source(src: str) -> Source:
+    if os.path.isdir(src):
+        return HFSource(src)
+    if os.path.isfile(src) and src.endswith(".gguf"):
+        return GGUFSource(src)
+    if not os.path.exists(src):
+        raise FormatError(f"{src}: no such file or directory")
+    raise FormatError(f"{src}: expected a Hugging Face checkpoint directory or a .gguf file")
+
+
+def _role(spec_role: str, ne: tuple[int, ...]) -> str:
+    if spec_role in ("expert", "router"):
+        return spec_role
+    return "vector" if len(ne) == 1 else "matrix"
+
+
+def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF q/k rows (RoPE on split halves) -> llama.cpp's interleaved-pair order, per head."""
+    n_out, n_in = w.shape
+    return w.reshape(n_head, 2, n_out // n_head // 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)
+
+
+class HFSource(Source):
+    """A transformers checkpoint directory: config.json, safetensors, tokenizer files."""
+
+    _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.name = os.path.basename(os.path.normpath(directory))
+        cfg_path = os.path.join(directory, "config.json")
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                self.config = json.load(f)
+        except FileNotFoundError:
+            raise FormatError(f"{directory}: no config.json") from None
+        except (OSError, ValueError) as exc:
+            raise FormatError(f"{cfg_path}: cannot be read as JSON ({exc})") from None
+        if not isinstance(self.config, dict):
+            raise FormatError(f"{cfg_path}: not a JSON object")
+        self.arch = arch_for_hf(self.config, cfg_path)
+        _check_common_config(self.config, cfg_path)
+        self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
+        self.ckpt = SafetensorsCheckpoint(directory)
+        try:
+            self.tensors = self._plan()
+        except BaseException:
+            self.ckpt.close()
+            raise
+
+    def _plan(self) -> list[SourceTensor]:
+        spec, dims = self.arch, self.hp.dims
+        used: set[str] = set()
+        out: list[SourceTensor] = []
+        globals_ = [t for t in spec.tensors if not t.per_layer]
+        first = [t for t in globals_ if t.role == "embd"]
+        last = [t for t in globals_ if t.role != "embd"]
+        layer_specs = [t for t in spec.tensors if t.per_layer]
+        order = [(t, None) for t in first]
+        order += [(t, b) for b in range(dims["n_layer"]) for t in layer_specs]
+        order += [(t, None) for t in last]
+        for t, bid in order:
+            name = t.gguf.format(bid=bid)
+            ne = self.hp.shape(t.ne)
+            if t.per_expert:
+                hf_names = [t.hf.format(bid=bid, xid=x) for x in range(dims["n_expert"])]
+                for hn in hf_names:
+                    self._check_shape(hn, (ne[1], ne[0]), t.ne[1::-1])
+                used.update(hf_names)
+                out.append(SourceTensor(name, ne, "expert", self._expert_reader(hf_names)))
+                continue
+            hn = t.hf.format(bid=bid)
+            if hn not in self.ckpt:
+                if t.role == "output":
+                    if self.config.get("tie_word_embeddings") is False:
+                        raise FormatError(f"{self.directory}: no '{hn}' and tie_word_embeddings is false")
+                    if spec.output_from_embd:
+                        continue  # llama.cpp reuses token_embd
+                    hn = "model.embed_tokens.weight"
+                elif t.optional:
+                    continue
+                else:
+                    raise FormatError(f"{self.directory}: checkpoint has no tensor '{hn}' "
+                                      f"(needed for {name}); is config.json right for these weights?")
+            want = (1, ne[0]) if t.transform == "flatten" else tuple(reversed(ne))
+            self._check_shape(hn, want, tuple(reversed(t.ne)))
+            used.add(hn)
+            out.append(SourceTensor(name, ne, _role(t.role, ne), self._reader(hn, t.transform, ne)))
+        extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)]
+        if extra:
+            shown = ", ".join(f"'{n}'" for n in extra[:4]) + (" ..." if len(extra) > 4 else "")
+            raise FormatError(f"{self.directory}: {len(extra)} tensor(s) that the {spec.name} layout "
+                              f"does not use: {shown}; is config.json right for these weights?")
+        return out
+
+    def _check_shape(self, hf_name: str, want: tuple[int, ...], dim_names: tuple[str, ...]) -> None:
+        if hf_name not in self.ckpt:
+            raise FormatError(f"{self.directory}: checkpoint has no tensor '{hf_name}'")
+        got = self.ckpt.entry(hf_name).shape
+        if got != want:
+            raise FormatError(
+                f"{self.ckpt.file_of(hf_name)}: tensor '{hf_name}' has shape {list(got)} but "
+                f"config.json implies {list(want)} ({', '.join(dim_names)})")
+
+    def _reader(self, hf_name: str, transform: str | None, ne: tuple[int, ...]):
+        dims = self.hp.dims
+
+        def read(_e: int | None = None) -> np.ndarray:
+            w = self.ckpt.read_f32(hf_name)
+            if transform == "permute_q":
+                w = _permute_rows(w, dims["n_head"])
+            elif transform == "permute_k":
+                w = _permute_rows(w, dims["n_head_kv"])
+            elif transform == "flatten":
+                w = w.reshape(ne[0])
+            return w
+        return read
+
+    def _expert_reader(self, hf_names: list[str]):
+        def read(e: int | None) -> np.ndarray:
+            return self.ckpt.read_f32(hf_names[e])
+        return read
+
+    def add_metadata(self, writer: GGUFWriter) -> None:
+        from .tokenizer import add_tokenizer_to_writer, tokenizer_kv_from_hf
+
+        writer.add_name(self.name)
+        for key, (value, kind) in self.hp.kv.items():
+            {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool}[kind](key, value)
+        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory))
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+
+def _check_common_config(config: dict, where: str) -> None:
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedError(f"{where}: hidden_act '{act}' is not supported (silu only)")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in (None, "default"):
+        raise UnsupportedError(f"{where}: RoPE scaling '{rope_type}' is not supported yet")
+    if config.get("sliding_window") and config.get("use_sliding_window", True):
+        log.warning("%s: sliding_window=%s is ignored (llama.cpp runs these models with full attention)",
+                    where, config["sliding_window"])
+
+
+# ---------------------------------------------------------------------------------------------
+
+# Keys the converter writes afresh instead of copying from an input GGUF.
+_DROPPED_KEYS = ("general.architecture", "general.file_type", "general.quantization_version",
+                 "general.alignment")
+_LEGACY_EXPERT = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
+
+
+class GGUFSource(Source):
+    """An existing llama.cpp GGUF of a supported architecture (no residuals): it is re-split."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.header = h = read_header(path)
+        self.name = str(h.get("general.name") or os.path.basename(path)[:-len(".gguf")])
+        arch = h.get("general.architecture")
+        if not isinstance(arch, str):
+            raise FormatError(f"{path}: no general.architecture")
+        self.arch = arch_for_gguf(arch, path)
+        if (h.get("split.count") or 1) > 1:
+            raise UnsupportedError(f"{path}: split GGUF files are not supported; merge them first "
+                                   "(llama-gguf-split --merge)")
+        n_expert = h.get(f"{arch}.expert_count") or 0
+        if n_expert <= 0:
+            raise UnsupportedError(f"{path}: {arch}.expert_count is {n_expert}; not an MoE model")
+        if os.path.exists(resplit.residual_path(path)):
+            log.warning("%s: its residual sidecar is not used; the new pair reconstructs the base as it is",
+                        path)
+        # The native reader validates the whole file as the runtime will; its tensor data are
+        # zero-copy views of the mapping.
+        self._file = open_gguf(path)
+        data = {name: t.data for name, t in self._file.tensors.items()}
+        self.tensors = []
+        for t in h.tensors:
+            if _LEGACY_EXPERT.match(t.name):
+                raise UnsupportedError(f"{path}: tensor '{t.name}' uses the old one-tensor-per-expert "
+                                       "layout; only merged *_exps tensors are supported")
+            if resplit.is_expert_tensor(t.name):
+                role = "expert"
+                if len(t.ne) != 3 or t.ne[2] != n_expert:
+                    raise FormatError(f"{path}: expert tensor '{t.name}' has ne {list(t.ne)}, "
+                                      f"expected 3 dimensions ending in {n_expert} experts")
+            elif t.name.endswith(".ffn_gate_inp.weight"):
+                role = "router"
+            else:
+                role = "vector" if len(t.ne) == 1 else "matrix"
+            slab = _Slabs(t.ne, t.type_name, data[t.name])
+            self.tensors.append(SourceTensor(t.name, t.ne, role, self._reader(t, slab), t.type_name, slab))
+        if not any(t.role == "expert" for t in self.tensors):
+            raise UnsupportedError(f"{path}: no blk.N.ffn_*_exps.weight tensors")
+
+    def _reader(self, t, slab: _Slabs):
+        def read(e: int | None = None) -> np.ndarray:
+            from . import quants
+
+            try:
+                return quants.dequantize(t.type_name, slab(e), slab.shape(e))
+            except RapidMoEError as exc:
+                raise UnsupportedError(f"{self.path}: tensor '{t.name}' ({t.type_name}) cannot be "
+                                       f"dequantized: {exc}") from None
+        return read
+
+    def add_metadata(self, writer: GGUFWriter) -> None:
+        for key, kv in self.header.kv.items():
+            if key in _DROPPED_KEYS or key.startswith(("rapidmoe.", "split.")):
+                continue
+            if kv.type == GGUFValueType.ARRAY:
+                if not kv.value:
+                    log.warning("%s: empty array '%s' is not copied (gguf cannot write one)", self.path, key)
+                    continue
+                writer.add_key_value(key, kv.value, kv.type, sub_type=kv.sub_type)
+            else:
+                writer.add_key_value(key, kv.value, kv.type)
+
+    def close(self) -> None:
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+            self._file = None
+
+
+class _Slabs:
+    """The bytes of one GGUF tensor (``slabs(None)``) or of expert e's matrix (``slabs(e)``)."""
+
+    def __init__(self, ne: tuple[int, ...], type_name: str, data: np.ndarray):
+        self.ne, self.data = ne, data
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+        self.expert_bytes = ne[0] // block * block_bytes * (ne[1] if len(ne) > 1 else 1)
+
+    def __call__(self, e: int | None = None) -> np.ndarray:
+        if e is None:
+            return self.data
+        return self.data[e * self.expert_bytes:(e + 1) * self.expert_bytes]
+
+    def shape(self, e: int | None = None) -> tuple[int, ...]:
+        return tuple(reversed(self.ne)) if e is None else (self.ne[1], self.ne[0])

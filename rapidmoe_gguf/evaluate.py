@@ -1,0 +1,218 @@
+"""Quality measurement and UMIA calibration.
+
+``perplexity`` follows llama.cpp's perplexity tool: the text is cut into chunks of n_ctx tokens,
+each chunk is evaluated from an empty cache, and the second half of each chunk is scored (so
+every scored token has at least n_ctx/2 tokens of context). Against a reference (by default the
+same model with every residual applied) it also reports the KL divergence of the next-token
+distributions and top-1 agreement.
+
+``calibrate`` runs the model over calibration text and measures the tables UMIA scores with
+(see umia.py), then stores them in the residual sidecar, atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import gguf
+import numpy as np
+
+from . import umia
+from .errors import InvalidArgumentError, RapidMoEError
+from .model import Model
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _chunks(ids: list[int], n_ctx: int, max_chunks: int | None) -> list[list[int]]:
+    if n_ctx < 4:
+        raise InvalidArgumentError(f"n_ctx must be >= 4 for perplexity, got {n_ctx}")
+    n = len(ids) // n_ctx
+    if n == 0:
+        raise InvalidArgumentError(f"the text has {len(ids)} tokens, fewer than one chunk of {n_ctx}")
+    if max_chunks:
+        n = min(n, max_chunks)
+    return [ids[i * n_ctx:(i + 1) * n_ctx] for i in range(n)]
+
+
+@dataclasses.dataclass
+class PerplexityResult:
+    ppl: float
+    kld_mean: float | None
+    kld_p99: float | None
+    top1: float | None
+    residual_rate: float
+    bytes_per_token: float
+    n_tokens: int
+    policy: str
+    budget: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def perplexity(model: Model, ids: list[int], n_ctx: int, reference: Model | None = None,
+               max_chunks: int | None = None) -> PerplexityResult:
+    """Perplexity of ``model`` (with its current residual policy) over ids, and divergence from
+    ``reference`` when given."""
+    nll, kls, agree = [], [], []
+    model.clear_stats()
+    for chunk in _chunks(ids, n_ctx, max_chunks):
+        first = n_ctx // 2
+        lp = _log_softmax(model.eval_logits(chunk)[first - 1:-1].astype(np.float64))
+        targets = np.asarray(chunk[first:])
+        nll.append(-lp[np.arange(len(targets)), targets])
+        if reference is not None:
+            lr = _log_softmax(reference.eval_logits(chunk)[first - 1:-1].astype(np.float64))
+            kls.append((np.exp(lr) * (lr - lp)).sum(-1))
+            agree.append(lr.argmax(-1) == lp.argmax(-1))
+    nll = np.concatenate(nll)
+    rate = model.stats()["residual_rate"]
+    kl = np.concatenate(kls) if kls else None
+    return PerplexityResult(
+        ppl=float(np.exp(nll.mean())),
+        kld_mean=float(kl.mean()) if kl is not None else None,
+        kld_p99=float(np.percentile(kl, 99)) if kl is not None else None,
+        top1=float(np.concatenate(agree).mean()) if agree else None,
+        residual_rate=rate,
+        bytes_per_token=model.bytes_per_token(rate),
+        n_tokens=int(nll.size),
+        policy=model.residual_policy,
+        budget=model.residual_budget,
+    )
+
+
+# -- calibration ---------------------------------------------------------------------------------
+
+def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: int = 4096,
+                   gate_power: float = 1.0) -> umia.Tables:
+    """Runs ``model`` (it must have a residual sidecar) over ids and measures UMIA's tables."""
+    from ._native import check, ffi, lib
+
+    if model.residual_path is None:
+        raise RapidMoEError("calibration needs the residual sidecar beside the base file")
+    L, X, K = model.info["n_layer"], model.info["n_expert"], model.info["n_expert_used"]
+    ids = ids[:max_tokens]
+    chunks = _chunks(ids, n_ctx, None)
+
+    # 1. expert level: |f_{B+R}(x) - f_B(x)| per (layer, expert), and every slot's gate, one token
+    #    at a time so each token's routing can be read back.
+    model.set_residual("all")
+    model.clear_stats()
+    s = model._live()
+    check(lib.rm_session_set_calibration(s, 1))
+    exp = np.zeros(L * K, np.int32)
+    gates = np.zeros(L * K, np.float32)
+    res = np.zeros(L * K, np.uint8)
+    slots_e, slots_g = [], []
+    try:
+        for chunk in chunks:
+            model.reset()
+            for t in chunk:
+                model.eval([t])
+                check(lib.rm_session_last_routes(s, ffi.from_buffer("int32_t[]", exp),
+                                                 ffi.from_buffer("float[]", gates),
+                                                 ffi.from_buffer("uint8_t[]", res), L * K))
+                slots_e.append(exp.copy())
+                slots_g.append(gates.copy())
+        delta = np.zeros(L * X, np.float64)
+        count = np.zeros(L * X, np.uint64)
+        check(lib.rm_session_calibration(s, ffi.from_buffer("double[]", delta),
+                                         ffi.from_buffer("uint64_t[]", count), L * X))
+    finally:
+        lib.rm_session_set_calibration(s, 0)
+    active = model.stats()["active"].astype(np.float64)
+    delta = delta.reshape(L, X)
+    count = count.reshape(L, X).astype(np.float64)
+    sens = np.where(count > 0, delta / np.maximum(count, 1), np.nan)
+    for layer in range(L):  # experts never seen take their layer's mean
+        row = sens[layer]
+        row[np.isnan(row)] = np.nanmean(row) if np.isfinite(row).any() else 1.0
+    se = np.stack(slots_e).reshape(-1, L, K)    # (tokens, layer, slot)
+    sg = np.stack(slots_g).reshape(-1, L, K)
+    for layer in range(L):  # normalise: gate^a * s_e averages 1 over the layer's slots
+        m = np.mean(sg[:, layer] ** gate_power * sens[layer][se[:, layer]])
+        sens[layer] /= max(m, 1e-30)
+    sens = np.maximum(sens, 1e-12)
+    freq = active / np.maximum(active.sum(1, keepdims=True), 1)
+
+    # 2. layer level: KL of the output when only that layer runs base only
+    ref = [_log_softmax(model.eval_logits(c).astype(np.float64)) for c in chunks]
+    layer_kl = np.zeros(L)
+    for layer in range(L):
+        mask = np.ones(L, np.uint8)
+        mask[layer] = 0
+        model._set_policy_raw(umia.KIND["all"], mask)
+        kl = [(np.exp(r) * (r - _log_softmax(model.eval_logits(c).astype(np.float64)))).sum(-1).mean()
+              for c, r in zip(chunks, ref)]
+        layer_kl[layer] = max(float(np.mean(kl)), 1e-12)
+    model.set_residual("all")
+
+    # 3. the score distribution of every scored policy, per layer
+    tables = umia.Tables(L, X, sens, layer_kl, freq, {}, len(slots_e))
+    qs = np.linspace(0.0, 1.0, umia.N_QUANTILES)
+    for policy in umia.SCORED:
+        rows = []
+        for layer in range(L):
+            sc = umia.slot_log_scores(policy, tables, layer, se[:, layer].ravel(), sg[:, layer].ravel(),
+                                      gate_power)
+            rows.append(np.quantile(sc, qs))
+        tables.quantiles[policy] = np.stack(rows)
+    return tables
+
+
+def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
+    """Writes dst as src with the keys of kv replaced or added (tensors copied byte for byte)."""
+    r = gguf.GGUFReader(src)
+    arch = r.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for name, value in kv.items():
+        if isinstance(value, list):
+            sub = gguf.GGUFValueType.FLOAT32 if isinstance(value[0], float) else gguf.GGUFValueType.INT32
+            w.add_key_value(name, value, gguf.GGUFValueType.ARRAY, sub_type=sub)
+        elif isinstance(value, int):
+            w.add_uint32(name, value)
+        else:
+            w.add_key_value(name, value, gguf.GGUFValueType.FLOAT32)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def store_tables(residual_file: str, tables: umia.Tables) -> None:
+    """Stores the tables in the sidecar atomically: the old file stays intact on any failure."""
+    d, b = os.path.split(os.path.abspath(residual_file))
+    tmp = os.path.join(d, f".{b}.partial-{os.getpid()}")
+    try:
+        _copy_with_kv(residual_file, tmp, tables.to_kv())
+        os.replace(tmp, residual_file)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def calibrate(base_path: str, text: str, n_ctx: int = 256, max_tokens: int = 4096,
+              n_threads: int = 0) -> umia.Tables:
+    """Measures UMIA's tables for a RESplit pair on text and stores them in its sidecar."""
+    with Model(base_path, n_ctx=n_ctx, n_threads=n_threads, residual_policy="all") as m:
+        if m.residual_path is None:
+            raise RapidMoEError(f"{base_path}: no residual sidecar to calibrate")
+        ids = m.tokenize(text, add_special=False)
+        tables = measure_tables(m, ids, n_ctx=n_ctx, max_tokens=max_tokens)
+        sidecar = m.residual_path
+    store_tables(sidecar, tables)
+    return tables

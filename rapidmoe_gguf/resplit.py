@@ -1,0 +1,175 @@
+"""The RESplit file pair: names, keys and the identity check between a base and its residual.
+
+A RESplit model is two standard GGUF files (docs/FORMAT.md):
+
+- ``NAME.gguf``, the base: a plain llama.cpp file whose expert tensors are the low-bit base B;
+- ``NAME.residual.gguf``, the sidecar: for each expert tensor ``blk.N.ffn_X_exps.weight`` a tensor
+  ``blk.N.ffn_X_exps.residual`` holding R = W - dequant(B), quantized again.
+
+The sidecar records which base it belongs to (the base's uuid and a sha256 of its tensor-info
+block), so a residual is never applied to a base it was not computed from. The converter writes
+these; the runtime calls ``check_pair`` before loading a pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import re
+
+from .errors import FormatError
+from .gguf_header import read_header
+
+FORMAT_VERSION = 1
+
+KEY_FORMAT_VERSION = "rapidmoe.format_version"    # u32, both files
+KEY_RECIPE = "rapidmoe.recipe"                    # str, both files
+KEY_UUID = "rapidmoe.uuid"                        # str, base: fresh uuid4 per conversion
+KEY_BASE_TYPE = "rapidmoe.base_type"              # str, sidecar: the recipe's base type name
+KEY_RESIDUAL_TYPE = "rapidmoe.residual_type"      # str, sidecar: the recipe's residual type name
+KEY_BASE_UUID = "rapidmoe.base.uuid"              # str, sidecar: the base's rapidmoe.uuid
+KEY_BASE_TI_SHA256 = "rapidmoe.base.tensor_info_sha256"  # str (hex), sidecar
+
+RESIDUAL_FILE_SUFFIX = ".residual.gguf"
+_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_RESIDUAL_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.residual$")
+_SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+
+
+def residual_path(base_path: str | os.PathLike[str]) -> str:
+    """``NAME.gguf`` -> ``NAME.residual.gguf`` (never llama.cpp's ``-0000N-of-0000M`` pattern)."""
+    p = os.fspath(base_path)
+    stem = p[:-len(".gguf")] if p.endswith(".gguf") else p
+    return stem + RESIDUAL_FILE_SUFFIX
+
+
+def is_split_name(path: str | os.PathLike[str]) -> bool:
+    return bool(_SPLIT_RE.search(os.fspath(path)))
+
+
+def is_expert_tensor(name: str) -> bool:
+    return _EXPERT_RE.match(name) is not None
+
+
+def residual_tensor_name(base_name: str) -> str:
+    """``blk.N.ffn_up_exps.weight`` -> ``blk.N.ffn_up_exps.residual``."""
+    if not is_expert_tensor(base_name):
+        raise ValueError(f"'{base_name}' is not an expert tensor")
+    return base_name[:-len(".weight")] + ".residual"
+
+
+def base_tensor_name(residual_name: str) -> str:
+    if _RESIDUAL_RE.match(residual_name) is None:
+        raise ValueError(f"'{residual_name}' is not a residual tensor name")
+    return residual_name[:-len(".residual")] + ".weight"
+
+
+def base_identity(path: str | os.PathLike[str]) -> tuple[str | None, str]:
+    """(``rapidmoe.uuid`` or None for a file we did not write, sha256 hex of the tensor-info
+    block): the bytes from the first tensor info to the end of the last one. Only the header is
+    read, so this works on a base whose tensor data is still being written."""
+    h = read_header(path, check_data=False)
+    uuid = h.get(KEY_UUID)
+    with open(h.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        digest = hashlib.sha256(buf[h.ti_start:h.ti_end]).hexdigest()
+    return (str(uuid) if uuid is not None else None), digest
+
+
+def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLike[str]) -> None:
+    """Raise FormatError unless ``residual_file`` is the sidecar written for ``base_path``."""
+    base_path, residual_file = os.fspath(base_path), os.fspath(residual_file)
+    r = read_header(residual_file)
+    b = read_header(base_path)
+    version = r.get(KEY_FORMAT_VERSION)
+    if version is None or KEY_BASE_UUID not in r.kv:
+        raise FormatError(f"{residual_file}: no {KEY_BASE_UUID}; not a RESplit residual file")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{residual_file}: {KEY_FORMAT_VERSION} is {version}; this version reads {FORMAT_VERSION}")
+    r_arch, b_arch = r.get("general.architecture"), b.get("general.architecture")
+    if r_arch != b_arch:
+        raise FormatError(f"{residual_file}: architecture '{r_arch}' but the base {base_path} is '{b_arch}'")
+    want_uuid, want_sha = r.get(KEY_BASE_UUID), r.get(KEY_BASE_TI_SHA256)
+    if want_uuid is None or want_sha is None:
+        raise FormatError(f"{residual_file}: {KEY_BASE_UUID} or {KEY_BASE_TI_SHA256} is missing")
+    uuid, sha = base_identity(base_path)
+    if uuid != want_uuid or sha != want_sha:
+        raise FormatError(
+            f"{residual_file} does not belong to {base_path}: it was made for base uuid {want_uuid} "
+            f"(tensor infos sha256 {want_sha[:16]}...), the base has uuid {uuid} "
+            f"(tensor infos sha256 {sha[:16]}...); reconvert, or pass the matching pair")
+    for t in r.tensors:
+        try:
+            bt = b.tensor(base_tensor_name(t.name))
+        except ValueError:
+            raise FormatError(f"{residual_file}: unexpected tensor '{t.name}'") from None
+        if bt is None:
+            raise FormatError(f"{residual_file}: tensor '{t.name}' has no base tensor in {base_path}")
+        if bt.ne != t.ne:
+            raise FormatError(f"{residual_file}: tensor '{t.name}' has ne {list(t.ne)} but the base "
+                              f"has {list(bt.ne)}")
+
+
+def describe(path: str | os.PathLike[str]) -> dict:
+    """A summary of a GGUF file (and of its sidecar when there is one), as plain data: what
+    ``rapidmoe inspect`` prints. Works on any GGUF: a stock llama.cpp file, our base, or a sidecar."""
+    path = os.fspath(path)
+    h = read_header(path)
+    arch = h.get("general.architecture")
+    info: dict = {
+        "path": path,
+        "file_size": h.file_size,
+        "architecture": arch,
+        "name": h.get("general.name"),
+        "kind": "residual" if KEY_BASE_UUID in h.kv else "base",
+        "hparams": {k[len(arch) + 1:]: _plain(kv.value) for k, kv in h.kv.items()
+                    if isinstance(arch, str) and k.startswith(arch + ".")},
+        "rapidmoe": {k: _plain(kv.value) for k, kv in h.kv.items() if k.startswith("rapidmoe.")},
+        "n_tensors": len(h.tensors),
+        "types": _type_table(h.tensors),
+    }
+    if info["kind"] == "residual":
+        return info
+    experts = [t for t in h.tensors if is_expert_tensor(t.name)]
+    n_weights = sum(t.n_elements for t in experts)
+    base_bytes = sum(t.nbytes for t in experts)
+    side = residual_path(path)
+    sidecar: dict | None = None
+    res_bytes = 0
+    if os.path.exists(side):
+        sidecar = {"path": side}
+        try:
+            check_pair(path, side)
+            sidecar["matches"] = True
+            rh = read_header(side)
+            res_bytes = sum(t.nbytes for t in rh.tensors)
+            sidecar["n_tensors"] = len(rh.tensors)
+            sidecar["types"] = _type_table(rh.tensors)
+        except FormatError as exc:
+            sidecar["matches"] = False
+            sidecar["error"] = str(exc)
+    info["sidecar"] = sidecar
+    info["experts"] = {
+        "n_tensors": len(experts),
+        "n_weights": n_weights,
+        "base_bytes": base_bytes,
+        "residual_bytes": res_bytes,
+        "bpw_base": 8.0 * base_bytes / n_weights if n_weights else None,
+        "bpw_base_residual": 8.0 * (base_bytes + res_bytes) / n_weights if n_weights else None,
+    }
+    return info
+
+
+def _type_table(tensors) -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    for t in tensors:
+        row = table.setdefault(t.type_name, {"count": 0, "bytes": 0})
+        row["count"] += 1
+        row["bytes"] += t.nbytes
+    return table
+
+
+def _plain(v):
+    if isinstance(v, list) and len(v) > 16:
+        return f"[{len(v)} items]"
+    return v

@@ -1,0 +1,262 @@
+"""A small streaming safetensors reader: one tensor at a time, straight from an mmap, no torch.
+
+File layout (https://github.com/huggingface/safetensors): a little-endian u64 N, N bytes of JSON
+(``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``), then the
+data; offsets are relative to the first byte after the JSON. Every header field is checked before
+any data is read, so a truncated or inconsistent file fails with a FormatError naming the file and
+the tensor instead of a crash or silently wrong numbers.
+
+A checkpoint directory holds ``model.safetensors``, or shards listed by
+``model.safetensors.index.json`` (``{"weight_map": {tensor: file}}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import mmap
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from .errors import FormatError, UnsupportedError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+# dtype name -> (itemsize, numpy dtype when we can read it as float)
+_DTYPES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+    "F8_E4M3": 1, "F8_E5M2": 1,
+}
+_READABLE = ("F32", "F16", "BF16")
+_MAX_HEADER = 256 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute file offsets
+    end: int
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file, mapped read-only. Use as a context manager or call close()."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        self._file = None
+        self._map: mmap.mmap | None = None
+        try:
+            self._file = open(self.path, "rb")
+            size = os.fstat(self._file.fileno()).st_size
+            if size < 8:
+                raise FormatError(f"{self.path}: {size} bytes, too short for a safetensors header")
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+            self.metadata, self.entries = _parse_header(self.path, self._map, size)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def entry(self, name: str) -> TensorEntry:
+        try:
+            return self.entries[name]
+        except KeyError:
+            raise FormatError(f"{self.path}: no tensor '{name}'") from None
+
+    def read_f32(self, name: str) -> np.ndarray:
+        """The tensor as a new float32 array of its shape (F32, F16 and BF16 are read)."""
+        if self._map is None:
+            raise ValueError(f"{self.path}: file is closed")
+        e = self.entry(name)
+        if e.dtype not in _READABLE:
+            raise UnsupportedError(f"{self.path}: tensor '{name}' has dtype {e.dtype}; only "
+                                   f"{', '.join(_READABLE)} can be converted")
+        n = e.n_elements
+        if e.dtype == "F32":
+            out = np.frombuffer(self._map, dtype="<f4", count=n, offset=e.begin).astype(np.float32)
+        elif e.dtype == "F16":
+            out = np.frombuffer(self._map, dtype="<f2", count=n, offset=e.begin).astype(np.float32)
+        else:  # BF16 is the top half of an IEEE float32
+            raw = np.frombuffer(self._map, dtype="<u2", count=n, offset=e.begin)
+            out = (raw.astype(np.uint32) << 16).view(np.float32)
+        self._drop_pages(e.begin, e.end)
+        return out.reshape(e.shape)
+
+    def _drop_pages(self, begin: int, end: int) -> None:
+        # Mapped file pages count towards our RSS until released; a converter reads each tensor
+        # once, so give them back and keep the footprint near one tensor.
+        if not hasattr(mmap, "MADV_DONTNEED") or self._map is None:
+            return
+        start = begin - begin % mmap.PAGESIZE
+        if end > start:
+            try:
+                self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):
+                pass
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive (an exception's frame): the GC unmaps it
+                pass
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _parse_header(path: str, buf: mmap.mmap, size: int) -> tuple[dict, dict[str, TensorEntry]]:
+    n = int.from_bytes(buf[:8], "little")
+    if n == 0 or n > _MAX_HEADER or 8 + n > size:
+        raise FormatError(f"{path}: header length {n} does not fit in a {size}-byte file "
+                          "(not a safetensors file, or truncated)")
+    try:
+        header = json.loads(bytes(buf[8:8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    data_start = 8 + n
+    entries: dict[str, TensorEntry] = {}
+    for name, info in header.items():
+        where = f"{path}: tensor '{name}'"
+        if not isinstance(info, dict):
+            raise FormatError(f"{where}: entry is not a JSON object")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _DTYPES:
+            raise FormatError(f"{where}: unknown dtype {dtype!r}")
+        if (not isinstance(shape, list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise FormatError(f"{where}: bad shape {shape!r}")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise FormatError(f"{where}: bad data_offsets {offsets!r}")
+        expected = math.prod(shape) * _DTYPES[dtype]
+        if offsets[1] - offsets[0] != expected:
+            raise FormatError(f"{where}: data_offsets span {offsets[1] - offsets[0]} bytes but "
+                              f"shape {shape} x {dtype} needs {expected}")
+        begin, end = data_start + offsets[0], data_start + offsets[1]
+        if end > size:
+            raise FormatError(f"{where}: data ends at byte {end} but the file has only {size} "
+                              "bytes (truncated?)")
+        entries[name] = TensorEntry(name, dtype, tuple(shape), begin, end)
+    last_end, last_name = data_start, None
+    for e in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
+        if e.begin < last_end and e.end > e.begin:
+            raise FormatError(f"{path}: tensor '{e.name}' overlaps tensor '{last_name}'")
+        if e.end > last_end:
+            last_end, last_name = e.end, e.name
+    return metadata, entries
+
+
+class SafetensorsCheckpoint:
+    """All tensors of a checkpoint directory, single-file or sharded, by tensor name."""
+
+    def __init__(self, directory: str | os.PathLike[str]):
+        self.directory = os.fspath(directory)
+        self._files: dict[str, SafetensorsFile] = {}
+        self._where: dict[str, str] = {}
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        index_path = os.path.join(self.directory, INDEX_NAME)
+        if os.path.exists(index_path):
+            try:
+                with open(index_path, encoding="utf-8") as f:
+                    weight_map = json.load(f)["weight_map"]
+                if not isinstance(weight_map, dict):
+                    raise TypeError
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise FormatError(f"{index_path}: not a valid safetensors index ({exc!r})") from None
+            for fname in sorted(set(weight_map.values())):
+                self._add_file(fname)
+            for name, fname in weight_map.items():
+                if name not in self._files[fname].entries:
+                    raise FormatError(f"{index_path}: tensor '{name}' is listed in {fname} "
+                                      "but that file does not contain it")
+                self._where[name] = fname
+            return
+        single = os.path.join(self.directory, SINGLE_NAME)
+        fnames = [SINGLE_NAME] if os.path.exists(single) else sorted(
+            f for f in os.listdir(self.directory) if f.endswith(".safetensors"))
+        if not fnames:
+            raise FormatError(f"{self.directory}: no {SINGLE_NAME}, {INDEX_NAME} or *.safetensors file")
+        for fname in fnames:
+            st = self._add_file(fname)
+            for name in st.entries:
+                if name in self._where:
+                    raise FormatError(f"{self.directory}: tensor '{name}' is in both "
+                                      f"{self._where[name]} and {fname}")
+                self._where[name] = fname
+
+    def _add_file(self, fname: str) -> SafetensorsFile:
+        if os.path.basename(fname) != fname:
+            raise FormatError(f"{self.directory}: shard name {fname!r} is not a plain file name")
+        path = os.path.join(self.directory, fname)
+        if not os.path.isfile(path):
+            raise FormatError(f"{path}: shard listed in {INDEX_NAME} is missing")
+        st = self._files[fname] = SafetensorsFile(path)
+        return st
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def entry(self, name: str) -> TensorEntry:
+        return self._file(name).entry(name)
+
+    def file_of(self, name: str) -> str:
+        return self._file(name).path
+
+    def read_f32(self, name: str) -> np.ndarray:
+        return self._file(name).read_f32(name)
+
+    def _file(self, name: str) -> SafetensorsFile:
+        try:
+            return self._files[self._where[name]]
+        except KeyError:
+            raise FormatError(f"{self.directory}: checkpoint has no tensor '{name}'") from None
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> SafetensorsCheckpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,154 @@
+"""UMIA: Unified Multi-Level Importance Arbitration of residuals (the policy side; the per-token
+decisions run in C, see ``rm_residual_policy`` in rapidmoe.h and docs/UMIA.md).
+
+A slot is one activated (token, layer, expert). Its UMIA score estimates how much the final output
+would move if that slot ran its base alone:
+
+    score = layer_sensitivity[l] * gate^a * expert_sensitivity[l, e]
+
+- token level: the router weight ``gate`` of the slot (how much of the MoE output it carries);
+- expert level: the calibrated mean size of ``f_{B+R}(x) - f_B(x)`` for the expert, normalised so
+  that ``gate^a * expert_sensitivity`` averages 1 over a layer's calibration slots;
+- layer level: the calibrated KL divergence of the output when only that layer runs base only.
+
+Arbitration: one global threshold over the calibration scores of all layers gives each layer its
+share of the budget (spend where it matters most); at run time each layer keeps its own threshold
+on that share with an integral controller, so no decision waits for a later layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .errors import InvalidArgumentError, RapidMoEError
+
+POLICIES = ("none", "all", "umia", "random", "gate", "expert", "layer")
+KIND = {name: i for i, name in enumerate(POLICIES)}
+SCORED = ("umia", "gate", "expert")          # policies whose scores are calibrated per layer
+N_QUANTILES = 129
+DEFAULT_GAIN = 0.2
+KEY = "rapidmoe.umia."
+
+
+@dataclasses.dataclass
+class Tables:
+    """What calibration measured; stored in the sidecar under ``rapidmoe.umia.*``."""
+
+    n_layer: int
+    n_expert: int
+    expert_sensitivity: np.ndarray   # (n_layer, n_expert), normalised per layer
+    layer_sensitivity: np.ndarray    # (n_layer,), KL when the layer runs base only
+    expert_frequency: np.ndarray     # (n_layer, n_expert), share of the layer's slots
+    quantiles: dict[str, np.ndarray]  # policy -> (n_layer, N_QUANTILES) of log scores
+    n_tokens: int
+
+    def to_kv(self) -> dict[str, object]:
+        kv: dict[str, object] = {
+            KEY + "n_tokens": int(self.n_tokens),
+            KEY + "shape": [int(self.n_layer), int(self.n_expert)],
+            KEY + "expert_sensitivity": self.expert_sensitivity.astype(np.float32).ravel().tolist(),
+            KEY + "layer_sensitivity": self.layer_sensitivity.astype(np.float32).tolist(),
+            KEY + "expert_frequency": self.expert_frequency.astype(np.float32).ravel().tolist(),
+        }
+        for name, q in self.quantiles.items():
+            kv[KEY + "quantiles." + name] = q.astype(np.float32).ravel().tolist()
+        return kv
+
+    @classmethod
+    def from_metadata(cls, md: dict) -> "Tables | None":
+        if KEY + "shape" not in md:
+            return None
+        try:
+            n_layer, n_expert = (int(v) for v in md[KEY + "shape"])
+            f = lambda k: np.asarray(md[KEY + k], dtype=np.float64)  # noqa: E731
+            return cls(
+                n_layer, n_expert,
+                f("expert_sensitivity").reshape(n_layer, n_expert),
+                f("layer_sensitivity").reshape(n_layer),
+                f("expert_frequency").reshape(n_layer, n_expert),
+                {p: f("quantiles." + p).reshape(n_layer, N_QUANTILES) for p in SCORED},
+                int(md[KEY + "n_tokens"]),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise RapidMoEError(f"the sidecar's UMIA tables ({KEY}*) are malformed: {exc}") from exc
+
+
+def slot_log_scores(policy: str, tables: Tables, layer: int, experts: np.ndarray, gates: np.ndarray,
+                    gate_power: float = 1.0) -> np.ndarray:
+    """log(score) of slots of one layer, as the C side computes it."""
+    g = np.log(np.maximum(gates, 1e-30))
+    se = np.log(tables.expert_sensitivity[layer, experts])
+    if policy == "gate":
+        return g
+    if policy == "expert":
+        return se
+    return gate_power * g + se + np.log(tables.layer_sensitivity[layer])
+
+
+def _share_above(q: np.ndarray, t: float) -> np.ndarray:
+    """Fraction of each layer's scores >= t, from the layers' quantile rows."""
+    p = np.linspace(0.0, 1.0, q.shape[1])
+    return np.array([1.0 - np.interp(t, row, p, left=0.0, right=1.0) for row in q])
+
+
+def allocate(q: np.ndarray, budget: float) -> tuple[float, np.ndarray]:
+    """The global threshold T at which the layers' shares above T average to budget, and each
+    layer's share. Where T sits on a jump (many slots with equal scores, e.g. one expert's), the
+    shares are interpolated between the two sides of the jump, so they still average to budget."""
+    lo, hi = float(q.min()) - 1.0, float(q.max()) + 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _share_above(q, mid).mean() > budget:
+            lo = mid
+        else:
+            hi = mid
+    s_lo, s_hi = _share_above(q, lo), _share_above(q, hi)
+    m_lo, m_hi = s_lo.mean(), s_hi.mean()
+    w = (budget - m_hi) / (m_lo - m_hi) if m_lo > m_hi else 0.0
+    return 0.5 * (lo + hi), s_hi + w * (s_lo - s_hi)
+
+
+@dataclasses.dataclass
+class PolicyArrays:
+    """The arrays handed to rm_session_set_policy."""
+
+    kind: int
+    layer_budget: np.ndarray | None = None
+    threshold0: np.ndarray | None = None
+    expert_score: np.ndarray | None = None
+    layer_score: np.ndarray | None = None
+    gate_power: float = 1.0
+    gain: float = DEFAULT_GAIN
+
+
+def build(policy: str, budget: float, tables: Tables | None, n_layer: int, n_expert: int) -> PolicyArrays:
+    if policy not in KIND:
+        raise InvalidArgumentError(f"unknown residual policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if policy in ("none", "all"):
+        return PolicyArrays(KIND[policy])
+    if not (0.0 <= budget <= 1.0):
+        raise InvalidArgumentError(f"residual budget must be in [0, 1], got {budget}")
+    if policy == "random":
+        b = np.full(n_layer, budget)
+        return PolicyArrays(KIND[policy], b, np.full(n_layer, np.log(max(1.0 - budget, 1e-9))))
+    if tables is None:
+        raise RapidMoEError(
+            f"policy {policy!r} needs calibration tables in the sidecar: run `rapidmoe calibrate MODEL -f TEXT`")
+    if (tables.n_layer, tables.n_expert) != (n_layer, n_expert):
+        raise RapidMoEError(f"calibration tables are for {tables.n_layer}x{tables.n_expert} experts, "
+                            f"the model has {n_layer}x{n_expert}")
+    es = tables.expert_sensitivity.astype(np.float32)
+    ls = tables.layer_sensitivity.astype(np.float32)
+    if policy == "layer":
+        # whole layers in order of sensitivity; the boundary layer gets the fractional rest
+        share = np.zeros(n_layer)
+        left = budget * n_layer
+        for layer in np.argsort(-ls, kind="stable"):
+            share[layer] = min(1.0, left)
+            left -= share[layer]
+        # score = log(ls) + u, u ~ U(0, 1): a threshold of log(ls) + 1 - share selects `share`
+        return PolicyArrays(KIND[policy], share, np.log(ls) + 1.0 - share, layer_score=ls)
+    t, share = allocate(tables.quantiles[policy], budget)
+    return PolicyArrays(KIND[policy], share, np.full(n_layer, t), expert_score=es, layer_score=ls)

@@ -1,0 +1,145 @@
+"""Shared fixtures: tiny random MoE checkpoints of every supported architecture, made with
+transformers at test time (no downloads), and a tiny byte-level BPE tokenizer.
+
+``tiny_hf(arch, dtype="float32", **overrides)`` (session-scoped, cached) returns the directory of
+a saved checkpoint: config.json, model.safetensors, tokenizer.json, tokenizer_config.json (with a
+ChatML chat template). ``arch`` is a transformers model_type from ``TINY_ARCHS``. Sizes are chosen
+so K-quants apply (hidden 256, expert FF 256 or 512: multiples of 256), with 2 layers, 4 experts,
+top-2 and a 320-entry vocabulary. Weights are random normal (std 0.05; norm weights 1 +- 0.1),
+never zero, so every tensor carries information.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+TINY_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+# transformers model_type -> GGUF general.architecture
+GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
+
+VOCAB = 320  # model vocab_size == tokenizer size, so no padding question arises
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Mixture-of-experts models route each token to a few experts.",
+    "A residual holds the precision that the quantized base lost.",
+    "hello world, hello experts; 0123456789 + - * / = ( ) [ ] { }",
+    "Les modèles de langage prédisent le prochain jeton. Ünïcödé ✓ 漢字",
+] * 20
+
+
+def _base_config(arch: str) -> dict:
+    common = dict(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0)
+    if arch == "mixtral":
+        return dict(common, intermediate_size=512, num_local_experts=4, num_experts_per_tok=2,
+                    rope_theta=1e6)
+    if arch == "qwen2_moe":
+        return dict(common, intermediate_size=512, moe_intermediate_size=256,
+                    shared_expert_intermediate_size=512, num_experts=4, num_experts_per_tok=2,
+                    norm_topk_prob=False)
+    if arch == "qwen3_moe":
+        return dict(common, intermediate_size=512, moe_intermediate_size=256, head_dim=64,
+                    num_experts=4, num_experts_per_tok=2, norm_topk_prob=True)
+    if arch == "olmoe":
+        # OLMoE's k_norm is {n_kv_heads*head_dim} and llama.cpp expects {n_embd}: use n_kv = n_head.
+        return dict(common, num_key_value_heads=4, intermediate_size=256, num_experts=4,
+                    num_experts_per_tok=2, norm_topk_prob=False)
+    raise ValueError(f"unknown tiny arch {arch!r}; choose from {TINY_ARCHS}")
+
+
+def make_tiny_tokenizer(out_dir: str | os.PathLike[str]) -> None:
+    """Train a ~300-entry byte-level BPE and save tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    n = tok.get_vocab_size()
+    if n < VOCAB:  # the corpus ran out of merges: fill with reserved special tokens
+        tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(VOCAB - n)])
+    assert tok.get_vocab_size() == VOCAB
+    out = Path(out_dir)
+    tok.save(str(out / "tokenizer.json"))
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "unk_token": None, "add_bos_token": False, "add_eos_token": False,
+        "model_max_length": 512, "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def make_tiny_hf(out_dir: str | os.PathLike[str], arch: str, dtype: str = "float32", *,
+                 seed: int = 0, max_shard_size: str | None = None, tokenizer: bool = True,
+                 weight_std: float = 0.05, head_std: float | None = None,
+                 **overrides) -> Path:
+    """Save a tiny random ``arch`` checkpoint (transformers model_type) to ``out_dir``.
+
+    ``weight_std`` scales the random matrices (0.02 is transformers' own initializer range) and
+    ``head_std`` the output head (default: weight_std), which sets how peaked the logits are;
+    ``overrides`` replace config fields (e.g. ``moe_intermediate_size=288``); ``dtype`` is
+    "float32" or "bfloat16"; ``max_shard_size`` (e.g. "300KB") saves shards plus an index.
+    """
+    import torch
+    import transformers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_cls, model_cls = {
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "olmoe": (transformers.OlmoeConfig, transformers.OlmoeForCausalLM),
+    }[arch]
+    config = cfg_cls(**dict(_base_config(arch), **overrides))
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.ndim == 1 and "norm" in name:
+                p.copy_(1.0 + 0.1 * noise)
+            else:
+                std = head_std if head_std is not None and name.startswith("lm_head") else weight_std
+                p.copy_(std * noise)
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+    elif dtype != "float32":
+        raise ValueError(f"dtype {dtype!r}: use float32 or bfloat16")
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, **kwargs)
+    if tokenizer:
+        make_tiny_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """Factory: ``tiny_hf(arch, dtype="float32", **overrides) -> Path`` (cached per arguments).
+    Treat the directory as read-only; copy it before changing anything."""
+    cache: dict[tuple, Path] = {}
+
+    def make(arch: str, dtype: str = "float32", **kw) -> Path:
+        key = (arch, dtype, tuple(sorted(kw.items())))
+        if key not in cache:
+            d = tmp_path_factory.mktemp(f"tiny-{arch}-{dtype}")
+            cache[key] = make_tiny_hf(d, arch, dtype, **kw)
+        return cache[key]
+
+    return make

@@ -1,0 +1,789 @@
+"""Converter tests on tiny random checkpoints of every architecture (see conftest.py).
+
+Oracles: the checkpoint's own weights (read with safetensors + torch), gguf-py's GGUFReader and
+dequantizers, and tables of the names/shapes/keys llama.cpp expects per architecture, written
+below from llama.cpp's conventions rather than from rapidmoe_gguf.arch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+
+from rapidmoe_gguf import convert, open_gguf, resplit
+from rapidmoe_gguf.cli import main as cli_main
+from rapidmoe_gguf.errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
+from rapidmoe_gguf.gguf_header import ggml_layout_problems, read_header
+from rapidmoe_gguf.safetensors_io import SafetensorsCheckpoint, SafetensorsFile
+from conftest import GGUF_ARCH, TINY_ARCHS
+
+from rapidmoe_gguf import quants
+
+# ---------------------------------------------------------------------------------------------
+# What llama.cpp expects, per architecture, for the tiny configs of conftest.py
+# ---------------------------------------------------------------------------------------------
+
+# D embd, Q n_head*head_dim, KV n_kv*head_dim, H head_dim, E experts, F expert FF, S shared FF, V vocab
+DIMS = {
+    "mixtral": dict(D=256, Q=256, KV=128, H=64, E=4, F=512, V=320),
+    "qwen2_moe": dict(D=256, Q=256, KV=128, H=64, E=4, F=256, S=512, V=320),
+    "qwen3_moe": dict(D=256, Q=256, KV=128, H=64, E=4, F=256, V=320),
+    "olmoe": dict(D=256, Q=256, KV=256, H=64, E=4, F=256, V=320),
+}
+
+GLOBAL_NE = {"token_embd.weight": "D V", "output_norm.weight": "D", "output.weight": "D V"}
+LAYER_NE = {
+    "attn_norm.weight": "D", "attn_q.weight": "D Q", "attn_k.weight": "D KV", "attn_v.weight": "D KV",
+    "attn_output.weight": "Q D", "ffn_norm.weight": "D", "ffn_gate_inp.weight": "D E",
+    "ffn_gate_exps.weight": "D F E", "ffn_up_exps.weight": "D F E", "ffn_down_exps.weight": "F D E",
+}
+LAYER_NE_EXTRA = {
+    "mixtral": {},
+    "qwen2_moe": {"attn_q.bias": "Q", "attn_k.bias": "KV", "attn_v.bias": "KV",
+                  "ffn_gate_inp_shexp.weight": "D", "ffn_gate_shexp.weight": "D S",
+                  "ffn_up_shexp.weight": "D S", "ffn_down_shexp.weight": "S D"},
+    "qwen3_moe": {"attn_q_norm.weight": "H", "attn_k_norm.weight": "H"},
+    "olmoe": {"attn_q_norm.weight": "D", "attn_k_norm.weight": "D"},
+}
+
+# GGUF tensor suffix -> HF tensor suffix under model.layers.N. ({x}: the expert)
+_ATTN_HF = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+            "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+            "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight"}
+_QWEN_MOE_HF = {"ffn_gate_inp.weight": "mlp.gate.weight",
+                "ffn_gate_exps.weight": "mlp.experts.{x}.gate_proj.weight",
+                "ffn_up_exps.weight": "mlp.experts.{x}.up_proj.weight",
+                "ffn_down_exps.weight": "mlp.experts.{x}.down_proj.weight"}
+HF_LAYER = {
+    "mixtral": {**_ATTN_HF, "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
+                "ffn_gate_exps.weight": "block_sparse_moe.experts.{x}.w1.weight",
+                "ffn_up_exps.weight": "block_sparse_moe.experts.{x}.w3.weight",
+                "ffn_down_exps.weight": "block_sparse_moe.experts.{x}.w2.weight"},
+    "qwen2_moe": {**_ATTN_HF, **_QWEN_MOE_HF,
+                  "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+                  "attn_v.bias": "self_attn.v_proj.bias",
+                  "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+                  "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+                  "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+                  "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight"},
+    "qwen3_moe": {**_ATTN_HF, **_QWEN_MOE_HF, "attn_q_norm.weight": "self_attn.q_norm.weight",
+                  "attn_k_norm.weight": "self_attn.k_norm.weight"},
+    "olmoe": {**_ATTN_HF, **_QWEN_MOE_HF, "attn_q_norm.weight": "self_attn.q_norm.weight",
+              "attn_k_norm.weight": "self_attn.k_norm.weight"},
+}
+HF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+
+
+def _kv_expected(arch: str) -> dict:
+    a = GGUF_ARCH[arch]
+    d = DIMS[arch]
+    kv = {
+        "general.architecture": a, f"{a}.vocab_size": 320, f"{a}.context_length": 512,
+        f"{a}.embedding_length": 256, f"{a}.block_count": 2, f"{a}.attention.head_count": 4,
+        f"{a}.attention.head_count_kv": d["KV"] // 64, f"{a}.attention.key_length": 64,
+        f"{a}.attention.value_length": 64, f"{a}.rope.dimension_count": 64,
+        f"{a}.attention.layer_norm_rms_epsilon": 1e-6, f"{a}.expert_count": 4,
+        f"{a}.expert_used_count": 2,
+    }
+    kv.update({
+        "mixtral": {"llama.feed_forward_length": 512, "llama.rope.freq_base": 1e6,
+                    "llama.expert_weights_norm": True},
+        "qwen2_moe": {"qwen2moe.feed_forward_length": 512, "qwen2moe.expert_feed_forward_length": 256,
+                      "qwen2moe.expert_shared_feed_forward_length": 512, "qwen2moe.rope.freq_base": 1e4,
+                      "qwen2moe.expert_weights_norm": False},
+        "qwen3_moe": {"qwen3moe.feed_forward_length": 512, "qwen3moe.expert_feed_forward_length": 256,
+                      "qwen3moe.rope.freq_base": 1e4, "qwen3moe.expert_weights_norm": True},
+        "olmoe": {"olmoe.feed_forward_length": 256, "olmoe.rope.freq_base": 1e4,
+                  "olmoe.expert_weights_norm": False},
+    }[arch])
+    return kv
+
+
+def _expected_tensors(arch: str, n_layer: int = 2) -> dict[str, tuple[int, ...]]:
+    d = DIMS[arch]
+    ne = lambda spec: tuple(d[k] for k in spec.split())  # noqa: E731
+    out = {name: ne(s) for name, s in GLOBAL_NE.items()}
+    for b in range(n_layer):
+        for name, s in {**LAYER_NE, **LAYER_NE_EXTRA[arch]}.items():
+            out[f"blk.{b}.{name}"] = ne(s)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+def _hf_weights(d) -> dict[str, np.ndarray]:
+    import torch
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            out.update({k: v.to(torch.float32).numpy() for k, v in load_file(os.path.join(d, f)).items()})
+    return out
+
+
+def _hf_tensor(hf: dict, arch: str, gguf_name: str) -> np.ndarray:
+    """The HF weight a GGUF tensor comes from (experts stacked), before any permutation."""
+    if not gguf_name.startswith("blk."):
+        return hf[HF_GLOBAL[gguf_name]]
+    _, b, suffix = gguf_name.split(".", 2)
+    hf_suffix = HF_LAYER[arch][suffix]
+    if "{x}" in hf_suffix:
+        return np.stack([hf[f"model.layers.{b}." + hf_suffix.format(x=x)] for x in range(DIMS[arch]["E"])])
+    w = hf[f"model.layers.{b}." + hf_suffix]
+    return w.reshape(-1) if suffix == "ffn_gate_inp_shexp.weight" else w
+
+
+def _f32(t) -> np.ndarray:
+    """A GGUFReader tensor as float32 in numpy order."""
+    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(
+        tuple(int(x) for x in reversed(t.shape)))
+
+
+def _tensors(path) -> dict:
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+def _kv(path) -> dict:
+    r = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    n_out, n_in = w.shape
+    return w.reshape(n_head, n_out // n_head // 2, 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)
+
+
+def _check_ggml_rules(path) -> None:
+    """What llama.cpp's ggml reader requires: dense ordered offsets, names < 64 bytes, no nested
+    arrays, standard type ids (our native reader checks what ggml checks); and gguf-py opens it."""
+    with open_gguf(path) as g:
+        assert len(g.tensors) == len(gguf.GGUFReader(path).tensors)
+    h = read_header(path)
+    assert ggml_layout_problems(h) == []
+    reader = gguf.GGUFReader(path)
+    for f in reader.fields.values():
+        if f.types and f.types[0] == gguf.GGUFValueType.ARRAY:
+            assert len(f.types) == 1 or f.types[1] != gguf.GGUFValueType.ARRAY, f.name
+    assert len(reader.tensors) == len(h.tensors)
+    if any(t.type_name not in ("F32", "F16", "BF16") for t in h.tensors):
+        assert h.get("general.quantization_version") == 2
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm((a - b).ravel()) / np.linalg.norm(b.ravel()))
+
+
+def _listing(d) -> list[str]:
+    return sorted(os.listdir(d))
+
+
+def _copy_ckpt(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(d, **changes):
+    p = os.path.join(d, "config.json")
+    cfg = json.load(open(p))
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    json.dump(cfg, open(p, "w"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout: names, shapes, keys, ggml rules
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_convert_layout_matches_llama_cpp(arch, tiny_hf, tmp_path):
+    out = tmp_path / "m.gguf"
+    rep = convert(tiny_hf(arch), out, "q4_0-q4_0")
+    _check_ggml_rules(out)
+    _check_ggml_rules(rep.residual_path)
+
+    tensors = _tensors(out)
+    expected = _expected_tensors(arch)
+    assert {n: tuple(int(x) for x in t.shape) for n, t in tensors.items()} == expected
+    for name, t in tensors.items():
+        kind = t.tensor_type.name
+        if name.endswith(("_exps.weight",)):
+            assert kind == "Q4_0", name
+        elif len(t.shape) == 1 or name.endswith("ffn_gate_inp.weight"):
+            assert kind == "F32", name  # norms, biases, shared gate and the router stay F32
+        else:
+            assert kind == "Q8_0", name
+
+    kv = _kv(out)
+    for key, want in _kv_expected(arch).items():
+        assert key in kv, key
+        if isinstance(want, float):
+            assert kv[key] == pytest.approx(want, rel=1e-6), key
+        else:
+            assert kv[key] == want, key
+    a = GGUF_ARCH[arch]
+    if a in ("llama", "olmoe"):
+        assert f"{a}.expert_feed_forward_length" not in kv  # the experts use feed_forward_length
+    fields = gguf.GGUFReader(out).fields
+    assert fields[f"{a}.block_count"].types == [gguf.GGUFValueType.UINT32]
+    assert fields[f"{a}.rope.freq_base"].types == [gguf.GGUFValueType.FLOAT32]
+    assert fields[f"{a}.expert_weights_norm"].types == [gguf.GGUFValueType.BOOL]
+    assert kv["general.quantization_version"] == 2
+    assert kv["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_Q4_0)
+    assert kv["tokenizer.ggml.model"] == "gpt2"
+    assert len(kv["tokenizer.ggml.tokens"]) == 320
+    assert kv["tokenizer.ggml.eos_token_id"] == 2
+    assert "<|im_start|>" in kv["tokenizer.chat_template"]
+    ours = sorted(k for k in kv if k.startswith("rapidmoe."))
+    assert ours == ["rapidmoe.format_version", "rapidmoe.recipe", "rapidmoe.uuid"]
+    assert kv["rapidmoe.format_version"] == 1 and kv["rapidmoe.recipe"] == "q4_0-q4_0"
+
+    side = _tensors(rep.residual_path)
+    assert rep.residual_path == str(tmp_path / "m.residual.gguf")
+    want_res = {n[:-len(".weight")] + ".residual": s for n, s in expected.items() if n.endswith("_exps.weight")}
+    assert {n: tuple(int(x) for x in t.shape) for n, t in side.items()} == want_res
+    skv = _kv(rep.residual_path)
+    assert skv["general.architecture"] == a
+    assert skv["rapidmoe.format_version"] == 1
+    assert skv["rapidmoe.base_type"] == "Q4_0" and skv["rapidmoe.residual_type"] == "Q4_0"
+    assert skv["rapidmoe.base.uuid"] == kv["rapidmoe.uuid"]
+    assert skv["rapidmoe.base.tensor_info_sha256"] == resplit.base_identity(out)[1]
+    resplit.check_pair(out, rep.residual_path)
+    assert not resplit.is_split_name(rep.residual_path)
+
+
+def test_convert_names_and_keys_are_gguf_py_names():
+    """Every tensor name and key in the ArchSpec table is one gguf-py knows for that arch."""
+    from rapidmoe_gguf.arch import ARCHS
+
+    for spec in ARCHS.values():
+        arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == spec.name)
+        known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch_enum]}
+        for t in spec.tensors:
+            base = t.gguf.rsplit(".", 1)[0]
+            assert base in known, (spec.name, t.gguf)
+            assert len(t.gguf.format(bid=999)) + len(".residual") < 64
+        all_keys = {v for cls in vars(gguf.Keys).values() if isinstance(cls, type)
+                    for v in vars(cls).values() if isinstance(v, str)}
+        for h in spec.hparams:
+            assert h.key is None or h.key in all_keys, h.key
+
+
+# ---------------------------------------------------------------------------------------------
+# Values: exact for f32, reconstruction bounds for the split recipes
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_convert_f32_reproduces_weights_exactly(arch, tiny_hf, tmp_path):
+    src = tiny_hf(arch)
+    out = tmp_path / "m.gguf"
+    rep = convert(src, out, "f32")
+    assert rep.residual_path is None and not os.path.exists(tmp_path / "m.residual.gguf")
+    assert rep.error_base == 0.0 and rep.bpw_base == 32.0
+    hf = _hf_weights(src)
+    for name, t in _tensors(out).items():
+        assert t.tensor_type.name == "F32", name
+        got, want = _f32(t), _hf_tensor(hf, arch, name)
+        if arch == "mixtral" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            n_head = 4 if "attn_q" in name else 2
+            assert not np.array_equal(got, want)  # llama.cpp's interleaved RoPE order
+            got = _unpermute(got, n_head)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_convert_bf16_checkpoint_is_read_exactly(tiny_hf, tmp_path):
+    src = tiny_hf("qwen3_moe", "bfloat16")
+    st = SafetensorsFile(os.path.join(src, "model.safetensors"))
+    assert {e.dtype for e in st.entries.values()} == {"BF16"}
+    st.close()
+    out = tmp_path / "m.gguf"
+    convert(src, out, "f32")
+    hf = _hf_weights(src)  # torch's bf16 -> f32
+    for name, t in _tensors(out).items():
+        np.testing.assert_array_equal(_f32(t), _hf_tensor(hf, "qwen3_moe", name), err_msg=name)
+    # f16 recipe from bf16: the experts are F16 within half precision
+    rep = convert(src, tmp_path / "h.gguf", "f16")
+    assert rep.error_base < 1e-3 and rep.base_types["F16"].count > 0
+
+
+# Relative Frobenius error bounds over all expert tensors (Gaussian weights, std 0.05), and how many
+# times smaller base+residual must be than base alone. Measured on these checkpoints (base / total):
+# q4k-q8 0.071 / 0.00030, q3k-q8 0.151 / 0.00066, q2k-q4 0.297 / 0.0223, q4_0-q4_0 0.086 / 0.0059,
+# q8_0 0.0054, f16 0.0002; the bounds leave 20-50% headroom.
+RECIPE_BOUNDS = {
+    #  recipe       base<=  total<=  factor>=  bpw_base  bpw_total
+    "q4k-q8":      (0.09,   0.0005,  100.0,    4.5,      13.0),
+    "q3k-q8":      (0.18,   0.001,   100.0,    3.4375,   11.9375),
+    "q2k-q4":      (0.35,   0.03,    10.0,     2.625,    7.125),
+    "q4_0-q4_0":   (0.10,   0.008,   10.0,     4.5,      9.0),
+    "q8_0":        (0.007,  0.007,   1.0,      8.5,      8.5),
+    "f16":         (5e-4,   5e-4,    1.0,      16.0,     16.0),
+}
+
+
+@pytest.mark.parametrize("recipe", list(RECIPE_BOUNDS))
+def test_convert_reconstruction_within_bounds(recipe, tiny_hf, tmp_path):
+    base_max, total_max, factor, bpw_base, bpw_total = RECIPE_BOUNDS[recipe]
+    arch = "qwen3_moe"
+    src = tiny_hf(arch)
+    out = tmp_path / "m.gguf"
+    rep = convert(src, out, recipe)
+    assert rep.bpw_base == pytest.approx(bpw_base) and rep.bpw_total == pytest.approx(bpw_total)
+    hf = _hf_weights(src)
+    base = _tensors(out)
+    side = _tensors(rep.residual_path) if rep.residual_path else {}
+    num_b = num_t = den = 0.0
+    for name, t in base.items():
+        if not name.endswith("_exps.weight"):
+            continue
+        w = _hf_tensor(hf, arch, name)
+        b = _f32(t)
+        bt = b + _f32(side[name[:-len(".weight")] + ".residual"]) if side else b
+        num_b += float(np.sum((b - w) ** 2))
+        num_t += float(np.sum((bt - w) ** 2))
+        den += float(np.sum(w ** 2))
+        assert _rel(bt, w) <= total_max, name
+    err_b, err_t = (num_b / den) ** 0.5, (num_t / den) ** 0.5
+    assert err_b <= base_max and err_t <= total_max
+    assert err_t * factor <= err_b or factor == 1.0
+    # the report measures the same thing the file holds
+    assert rep.error_base == pytest.approx(err_b, rel=1e-3)
+    assert rep.error_total == pytest.approx(err_t, rel=1e-3)
+
+
+def test_convert_fallback_types_for_odd_rows(tiny_hf, tmp_path, caplog):
+    """Expert FF 200: down_exps rows (ne[0] = 200) fit no 32-block type, so base and residual
+    fall back to F16; gate/up (ne[0] = 256) keep the recipe's types. Reported and logged."""
+    src = tiny_hf("qwen3_moe", moe_intermediate_size=200)
+    out = tmp_path / "m.gguf"
+    with caplog.at_level(logging.WARNING, logger="rapidmoe_gguf"):
+        rep = convert(src, out, "q4_0-q4_0")
+    base, side = _tensors(out), _tensors(rep.residual_path)
+    assert base["blk.0.ffn_down_exps.weight"].tensor_type.name == "F16"
+    assert base["blk.0.ffn_up_exps.weight"].tensor_type.name == "Q4_0"
+    assert side["blk.0.ffn_down_exps.residual"].tensor_type.name == "F16"
+    got = {(f.tensor, f.wanted, f.used) for f in rep.fallbacks}
+    for b in (0, 1):
+        assert (f"blk.{b}.ffn_down_exps.weight", "Q4_0", "F16") in got
+        assert (f"blk.{b}.ffn_down_exps.residual", "Q4_0", "F16") in got
+    assert len(rep.fallbacks) == 4
+    assert all("row length 200" in f.reason for f in rep.fallbacks)
+    assert sum("blk.0.ffn_down_exps.weight" in r.message for r in caplog.records) == 1
+    _check_ggml_rules(out)
+    resplit.check_pair(out, rep.residual_path)
+
+
+def test_convert_fallback_k_quant_to_32_block(tiny_hf, tmp_path):
+    src = tiny_hf("qwen3_moe", moe_intermediate_size=288)  # 288 % 256 != 0, 288 % 32 == 0
+    rep = convert(src, tmp_path / "m.gguf", "q4k-q8")
+    base = _tensors(tmp_path / "m.gguf")
+    assert base["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q5_0"
+    assert base["blk.1.ffn_gate_exps.weight"].tensor_type.name == "Q4_K"
+    assert {(f.wanted, f.used) for f in rep.fallbacks} == {("Q4_K", "Q5_0")}
+    assert rep.error_total < 0.012
+
+
+def test_convert_sharded_checkpoint_same_as_single(tiny_hf, tmp_path):
+    single = tiny_hf("mixtral")
+    sharded = tiny_hf("mixtral", max_shard_size="300KB")
+    names = os.listdir(sharded)
+    assert "model.safetensors.index.json" in names and sum(n.endswith(".safetensors") for n in names) > 2
+    convert(single, tmp_path / "a.gguf", "f32")
+    convert(sharded, tmp_path / "b.gguf", "f32")
+    a, b = _tensors(tmp_path / "a.gguf"), _tensors(tmp_path / "b.gguf")
+    assert list(a) == list(b)
+    for n in a:
+        np.testing.assert_array_equal(np.asarray(a[n].data), np.asarray(b[n].data), err_msg=n)
+
+
+def test_convert_tied_embeddings(tiny_hf, tmp_path):
+    """Without lm_head: qwen3moe/llama omit output.weight (llama.cpp reuses token_embd);
+    olmoe/qwen2moe need it, so it is written from the embeddings."""
+    for arch, has_output in (("qwen3_moe", False), ("olmoe", True)):
+        src = tiny_hf(arch, tie_word_embeddings=True)
+        assert "lm_head.weight" not in _hf_weights(src)
+        out = tmp_path / f"{arch}.gguf"
+        convert(src, out, "f32")
+        t = _tensors(out)
+        assert ("output.weight" in t) == has_output
+        if has_output:
+            np.testing.assert_array_equal(np.asarray(t["output.weight"].data),
+                                          np.asarray(t["token_embd.weight"].data))
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF input
+# ---------------------------------------------------------------------------------------------
+
+def test_convert_gguf_input_resplits(tiny_hf, tmp_path):
+    src = tiny_hf("qwen2_moe")
+    q8 = tmp_path / "q8.gguf"
+    convert(src, q8, "q8_0")
+    recipe = "q4k-q8"
+    out = tmp_path / "pair.gguf"
+    rep = convert(q8, out, recipe)
+    _check_ggml_rules(out)
+    resplit.check_pair(out, rep.residual_path)
+
+    kin, kout = _kv(q8), _kv(out)
+    for k, v in kin.items():  # metadata (hparams, tokenizer, name) is kept
+        if k.startswith("rapidmoe.") or k in ("general.file_type",):
+            continue
+        assert kout[k] == v, k
+    assert kout["rapidmoe.uuid"] != kin["rapidmoe.uuid"]
+    assert kout["rapidmoe.recipe"] == recipe
+
+    tin, tout, side = _tensors(q8), _tensors(out), _tensors(rep.residual_path)
+    assert list(tin) == list(tout)
+    for name, t in tout.items():
+        if name.endswith("_exps.weight"):
+            w = _f32(tin[name])  # the input's weights are what the pair reconstructs
+            r = _f32(side[name[:-len(".weight")] + ".residual"])
+            assert _rel(_f32(t) + r, w) < 0.012, name
+            assert _rel(_f32(t), w) > 5 * _rel(_f32(t) + r, w), name
+        else:  # Q8_0 / F32 already at least as precise as other_type: bytes kept
+            assert t.tensor_type == tin[name].tensor_type, name
+            np.testing.assert_array_equal(np.asarray(t.data), np.asarray(tin[name].data), err_msg=name)
+
+
+def test_convert_gguf_input_same_base_type_copies_expert_bytes(tiny_hf, tmp_path):
+    src = tiny_hf("mixtral")
+    q8 = tmp_path / "q8.gguf"
+    convert(src, q8, "q8_0")
+    out = tmp_path / "same.gguf"
+    # base type equals the input's expert type: B is the input itself, R would be zero, so no
+    # residual tensor (and here no sidecar at all) is written
+    rep = convert(q8, out, "q4_0-q4_0", base_type="Q8_0")
+    assert rep.residual_path is None and not os.path.exists(tmp_path / "same.residual.gguf")
+    assert rep.error_base is None
+    tin, tout = _tensors(q8), _tensors(out)
+    for name in tin:
+        assert tout[name].tensor_type == tin[name].tensor_type
+        np.testing.assert_array_equal(np.asarray(tout[name].data), np.asarray(tin[name].data), err_msg=name)
+    assert _kv(out)["rapidmoe.recipe"] == "q4_0-q4_0[base=Q8_0,residual=Q4_0,other=Q8_0]"
+
+
+def test_convert_gguf_input_lifts_less_precise_tensors(tiny_hf, tmp_path):
+    """Non-expert tensors less precise than other_type are converted up to it."""
+    src = tiny_hf("olmoe")
+    q4 = tmp_path / "q4.gguf"
+    convert(src, q4, "q4_0-q4_0", residual_type="none", other_type="Q4_0")
+    out = tmp_path / "o.gguf"
+    convert(q4, out, "q8_0")
+    tin, tout = _tensors(q4), _tensors(out)
+    assert tin["blk.0.attn_q.weight"].tensor_type.name == "Q4_0"
+    assert tout["blk.0.attn_q.weight"].tensor_type.name == "Q8_0"
+    assert _rel(_f32(tout["blk.0.attn_q.weight"]), _f32(tin["blk.0.attn_q.weight"])) < 0.01
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs: a clear error, and nothing left behind
+# ---------------------------------------------------------------------------------------------
+
+def _assert_fails_clean(tmp_path, src, exc_type, match, recipe="q4_0-q4_0"):
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    with pytest.raises(exc_type, match=match):
+        convert(src, outdir / "m.gguf", recipe)
+    assert _listing(outdir) == []
+
+
+def test_convert_error_unknown_architecture(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("qwen3_moe"), tmp_path / "src")
+    _edit_config(d, architectures=["FooMoeForCausalLM"])
+    _assert_fails_clean(tmp_path, d, UnsupportedError, r"unknown architecture FooMoeForCausalLM")
+
+
+def test_convert_error_missing_config_key(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("qwen3_moe"), tmp_path / "src")
+    _edit_config(d, moe_intermediate_size=None)
+    _assert_fails_clean(tmp_path, d, FormatError, r"config.json: missing 'moe_intermediate_size'")
+
+
+def test_convert_error_tensor_shape_mismatch(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("mixtral"), tmp_path / "src")
+    _edit_config(d, intermediate_size=768)
+    _assert_fails_clean(tmp_path, d, FormatError,
+                        r"tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' has shape "
+                        r"\[512, 256\] but config.json implies \[768, 256\]")
+
+
+def test_convert_error_unused_tensors(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("qwen3_moe"), tmp_path / "src")
+    _edit_config(d, num_hidden_layers=1)
+    _assert_fails_clean(tmp_path, d, FormatError, r"tensor\(s\) that the qwen3moe layout does not use")
+
+
+def test_convert_error_truncated_safetensors(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("olmoe"), tmp_path / "src")
+    p = d / "model.safetensors"
+    size = p.stat().st_size
+    with open(p, "r+b") as f:
+        f.truncate(size - 1000)
+    _assert_fails_clean(tmp_path, d, FormatError, r"model.safetensors: tensor '[^']+': data ends at byte "
+                        rf"\d+ but the file has only {size - 1000} bytes \(truncated\?\)")
+
+
+def test_convert_error_dense_layers_unsupported(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("qwen3_moe"), tmp_path / "src")
+    _edit_config(d, mlp_only_layers=[1])
+    _assert_fails_clean(tmp_path, d, UnsupportedError, r"dense layers")
+
+
+def test_convert_error_residual_of_another_base(tiny_hf, tmp_path):
+    src = tiny_hf("qwen3_moe")
+    a = convert(src, tmp_path / "a.gguf", "q4_0-q4_0")
+    b = convert(src, tmp_path / "b.gguf", "q4_0-q4_0")
+    resplit.check_pair(a.base_path, a.residual_path)
+    with pytest.raises(FormatError, match=r"b.residual.gguf does not belong to .*a.gguf: it was made for base uuid"):
+        resplit.check_pair(a.base_path, b.residual_path)
+    # another base of the same model (other recipe, other uuid): refused too
+    c = convert(src, tmp_path / "c.gguf", "q8_0")
+    with pytest.raises(FormatError, match="does not belong"):
+        resplit.check_pair(c.base_path, a.residual_path)
+    with pytest.raises(FormatError, match="not a RESplit residual file"):
+        resplit.check_pair(a.base_path, c.base_path)
+
+
+def test_convert_error_unwritable_out(tiny_hf, tmp_path):
+    src = tiny_hf("qwen3_moe")
+    afile = tmp_path / "file.txt"
+    afile.write_text("x")
+    with pytest.raises(InvalidArgumentError, match=r"file.txt is not an existing directory"):
+        convert(src, afile / "m.gguf", "q8_0")
+    with pytest.raises(InvalidArgumentError, match=r"no/such is not an existing directory"):
+        convert(src, tmp_path / "no" / "such" / "m.gguf", "q8_0")
+    (tmp_path / "d.gguf").mkdir()
+    with pytest.raises(InvalidArgumentError, match=r"d.gguf: it is a directory"):
+        convert(src, tmp_path / "d.gguf", "q8_0")
+    with pytest.raises(InvalidArgumentError, match=r"must be a NAME.gguf path"):
+        convert(src, tmp_path / "m.bin", "q8_0")
+    assert _listing(tmp_path) == ["d.gguf", "file.txt"]
+
+
+def test_convert_error_write_failure_leaves_nothing(tiny_hf, tmp_path, monkeypatch):
+    import importlib
+
+    convert_mod = importlib.import_module("rapidmoe_gguf.convert")  # the module, not the function
+    real = convert_mod._Out.write
+    calls = {"n": 0}
+
+    def failing_write(self, data):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(convert_mod._Out, "write", failing_write)
+    _assert_fails_clean(tmp_path, tiny_hf("qwen3_moe"), RapidMoEError, r"cannot write .*m.gguf: No space left on device")
+
+
+def test_convert_interrupt_keeps_existing_out(tiny_hf, tmp_path, monkeypatch):
+    src = tiny_hf("qwen3_moe")
+    out = tmp_path / "m.gguf"
+    side = tmp_path / "m.residual.gguf"
+    out.write_bytes(b"old base")
+    side.write_bytes(b"old residual")
+    real = quants.quantize
+    calls = {"n": 0}
+
+    def interrupted(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(quants, "quantize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, out, "q4_0-q4_0")
+    assert _listing(tmp_path) == ["m.gguf", "m.residual.gguf"]
+    assert out.read_bytes() == b"old base" and side.read_bytes() == b"old residual"
+    monkeypatch.setattr(quants, "quantize", real)
+    # success replaces both; then a recipe without residual removes the now stale sidecar
+    rep = convert(src, out, "q4_0-q4_0")
+    resplit.check_pair(out, side)
+    assert rep.residual_path == str(side)
+    convert(src, out, "q8_0")
+    assert _listing(tmp_path) == ["m.gguf"]
+
+
+def test_convert_error_bad_recipe_and_type():
+    with pytest.raises(InvalidArgumentError, match="unknown recipe 'q9'"):
+        convert("x", "y.gguf", "q9")
+    with pytest.raises(InvalidArgumentError, match="base type 'Q7_K' is not supported"):
+        convert("x", "y.gguf", base_type="Q7_K")
+
+
+def test_convert_error_gguf_input_not_moe(tmp_path):
+    p = tmp_path / "dense.gguf"
+    w = gguf.GGUFWriter(p, "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    _assert_fails_clean(tmp_path, p, UnsupportedError, r"llama.expert_count is 0; not an MoE model")
+    p2 = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(p2, "gemma")
+    w.add_tensor("token_embd.weight", np.ones((4, 32), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedError, match=r"architecture 'gemma' is not supported"):
+        convert(p2, tmp_path / "o.gguf")
+
+
+# ---------------------------------------------------------------------------------------------
+# The safetensors reader
+# ---------------------------------------------------------------------------------------------
+
+def _write_st(path, header: dict, data: bytes) -> None:
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + data)
+
+
+def test_convert_safetensors_reader_checks_header(tmp_path):
+    p = tmp_path / "x.safetensors"
+    good = {"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+            "b": {"dtype": "BF16", "shape": [2], "data_offsets": [16, 20]}}
+    data = np.arange(4, dtype="<f4").tobytes() + np.array([0x3F80, 0xC000], "<u2").tobytes()
+    _write_st(p, good, data)
+    with SafetensorsFile(p) as st:
+        np.testing.assert_array_equal(st.read_f32("a"), np.arange(4, dtype=np.float32).reshape(2, 2))
+        np.testing.assert_array_equal(st.read_f32("b"), np.array([1.0, -2.0], np.float32))
+    cases = [
+        ({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}}, r"tensor 'a': data_offsets span 12 bytes"),
+        ({"a": {"dtype": "Q9", "shape": [2], "data_offsets": [0, 8]}}, r"tensor 'a': unknown dtype 'Q9'"),
+        ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}}, r"tensor 'a': bad shape"),
+        ({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+          "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, r"overlaps"),
+        ({"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]}}, r"tensor 'a': data ends at byte .* \(truncated"),
+    ]
+    for header, match in cases:
+        _write_st(p, header, data)
+        with pytest.raises(FormatError, match=match) as info:
+            SafetensorsFile(p)
+        assert str(p) in str(info.value)
+    p.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(FormatError, match=r"x.safetensors: header length"):
+        SafetensorsFile(p)
+    p.write_bytes((5).to_bytes(8, "little") + b"{nope")
+    with pytest.raises(FormatError, match=r"x.safetensors: header is not valid JSON"):
+        SafetensorsFile(p)
+
+
+def test_convert_safetensors_index_must_match_shards(tiny_hf, tmp_path):
+    d = _copy_ckpt(tiny_hf("mixtral", max_shard_size="300KB"), tmp_path / "src")
+    idx = json.load(open(d / "model.safetensors.index.json"))
+    with SafetensorsCheckpoint(d) as ck:
+        assert set(ck.names) == set(idx["weight_map"])
+    name = next(iter(idx["weight_map"]))
+    other = sorted(set(idx["weight_map"].values()) - {idx["weight_map"][name]})[0]
+    idx["weight_map"][name] = other
+    json.dump(idx, open(d / "model.safetensors.index.json", "w"))
+    with pytest.raises(FormatError, match=rf"tensor '{name}' is listed in {other}"):
+        SafetensorsCheckpoint(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+
+def test_convert_cli_convert_and_inspect(tiny_hf, tmp_path, capsys):
+    out = tmp_path / "m.gguf"
+    assert cli_main(["convert", str(tiny_hf("qwen2_moe")), str(out), "--recipe", "q4_0-q4_0", "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "m.residual.gguf" in text and "9.000 base+residual" in text
+    assert cli_main(["inspect", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["architecture"] == "qwen2moe" and info["kind"] == "base"
+    assert info["hparams"]["expert_count"] == 4
+    assert info["rapidmoe"]["rapidmoe.recipe"] == "q4_0-q4_0"
+    assert info["sidecar"]["matches"] is True
+    assert info["experts"]["bpw_base"] == pytest.approx(4.5)
+    assert info["experts"]["bpw_base_residual"] == pytest.approx(9.0)
+    assert info["types"]["Q4_0"]["count"] == 6
+    assert cli_main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "qwen2moe" in text and "matches" in text and "4.500 bits/weight base" in text
+    assert cli_main(["inspect", str(tmp_path / "m.residual.gguf")]) == 0
+    assert "residual" in capsys.readouterr().out
+
+
+def test_convert_cli_errors_are_one_line(tiny_hf, tmp_path, capsys):
+    d = _copy_ckpt(tiny_hf("qwen3_moe"), tmp_path / "src")
+    _edit_config(d, architectures=["NopeForCausalLM"])
+    assert cli_main(["convert", str(d), str(tmp_path / "m.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "NopeForCausalLM" in err and "Traceback" not in err
+    assert cli_main(["inspect", str(tmp_path / "missing.gguf")]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_convert_progress_bar(tiny_hf, tmp_path, capsys):
+    convert(tiny_hf("olmoe"), tmp_path / "m.gguf", "q8_0", progress=True)
+    assert "100%" in capsys.readouterr().err
+    convert(tiny_hf("olmoe"), tmp_path / "m.gguf", "q8_0", progress=False)
+    assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# tools/make_big_checkpoint.py at a small size
+# ---------------------------------------------------------------------------------------------
+
+def test_convert_make_big_checkpoint_small(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "big"
+    r = subprocess.run([sys.executable, os.path.join(root, "tools", "make_big_checkpoint.py"), str(out),
+                        "--size-gb", "0.004", "--shard-mb", "1", "--hidden", "256", "--heads", "4",
+                        "--kv-heads", "2", "--head-dim", "64", "--experts", "4", "--expert-ff", "256"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=root))
+    assert r.returncode == 0, r.stderr
+    idx = json.load(open(out / "model.safetensors.index.json"))
+    shards = set(idx["weight_map"].values())
+    assert len(shards) >= 3
+    total = sum((out / s).stat().st_size for s in shards)
+    assert total >= 0.004e9
+    with SafetensorsCheckpoint(out) as ck:
+        assert {ck.entry(n).dtype for n in ck.names} == {"BF16"}
+    rep = convert(out, tmp_path / "big.gguf", "q4_0-q4_0")
+    assert rep.error_total < 0.012
+
+
+_PEAK_RSS_SCRIPT = """
+import resource, sys
+from rapidmoe_gguf import convert
+convert(sys.argv[1], sys.argv[2], "q4_0-q4_0", progress=False)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_convert_streaming_peak_memory(tmp_path):
+    """A 0.32 GB bf16 checkpoint (2.6 MB per expert matrix in float32) converts within ~100 MB of
+    peak RSS over the interpreter's own: memory follows one tensor, not the model."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    subprocess.run([sys.executable, os.path.join(root, "tools", "make_big_checkpoint.py"), str(tmp_path / "ck"),
+                    "--size-gb", "0.3", "--shard-mb", "100"], check=True, env=env, capture_output=True)
+    base = subprocess.run([sys.executable, "-c", "import resource, numpy, gguf, rapidmoe_gguf; "
+                           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"],
+                          check=True, env=env, capture_output=True, text=True, cwd=root)
+    r = subprocess.run([sys.executable, "-c", _PEAK_RSS_SCRIPT, str(tmp_path / "ck"), str(tmp_path / "m.gguf")],
+                       check=True, env=env, capture_output=True, text=True, cwd=root)
+    extra = int(r.stdout.split()[-1]) - int(base.stdout.split()[-1])
+    assert extra < 100e6, f"peak RSS grew by {extra / 1e6:.0f} MB"

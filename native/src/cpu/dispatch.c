@@ -129,6 +129,20 @@ rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type) {
     return t ? t->from_float : NULL;
 }
 
+static void axpy_ref(int64_t n, float a, const float * x, float * y) {
+    for (int64_t i = 0; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
+
+rm_axpy_fn rm_cpu_axpy_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->axpy) return k->axpy;
+    }
+    return axpy_ref;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Public entry points
  * ------------------------------------------------------------------------------------------- */

@@ -116,45 +116,45 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
 typedef struct attn_task {
     const rm_attn_args * a;
     cpu_ctx *            c;
+    rm_vec_dot_fn        dot;         /* F32 . F32 */
+    rm_axpy_fn           axpy;
+    atomic_llong         next_job;    /* jobs are (token, head); later tokens see more positions */
 } attn_task;
 
 static void attn_task_fn(void * p, int ith, int nth) {
-    const attn_task * t = p;
+    attn_task * t = p;
     const rm_attn_args * a = t->a;
     const int32_t D = a->head_dim, group = a->n_head / a->n_head_kv;
     const int64_t q_stride = (int64_t) a->n_head * D, kv_stride = (int64_t) a->n_head_kv * D;
     const float scale = 1.0f / sqrtf((float) D);
     float * scores = t->c->scores + (int64_t) ith * t->c->n_ctx;
-    int64_t lo, hi;
-    rm_split((int64_t) a->n_tok * a->n_head, ith, nth, &lo, &hi);
-    for (int64_t job = lo; job < hi; job++) {
+    const int64_t n_jobs = (int64_t) a->n_tok * a->n_head;
+    for (;;) {
+        const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
+        if (job >= n_jobs) {
+            break;
+        }
         const int32_t i = (int32_t) (job / a->n_head), h = (int32_t) (job % a->n_head);
         const int32_t n_kv = a->pos0 + i + 1;
         const float * q = a->q + i * q_stride + (int64_t) h * D;
         const int64_t kv_off = (int64_t) (h / group) * D;
         for (int32_t p = 0; p < n_kv; p++) {
-            const float * k = a->k_cache + p * kv_stride + kv_off;
-            float s = 0.0f;
-            for (int32_t d = 0; d < D; d++) {
-                s += q[d] * k[d];
-            }
-            scores[p] = s * scale;
+            t->dot(D, &scores[p], a->k_cache + p * kv_stride + kv_off, q);
+            scores[p] *= scale;
         }
         rm_softmax(scores, n_kv);
         float * out = a->out + i * q_stride + (int64_t) h * D;
         memset(out, 0, sizeof(float) * (size_t) D);
         for (int32_t p = 0; p < n_kv; p++) {
-            const float * v = a->v_cache + p * kv_stride + kv_off;
-            const float w = scores[p];
-            for (int32_t d = 0; d < D; d++) {
-                out[d] += w * v[d];
-            }
+            t->axpy(D, scores[p], a->v_cache + p * kv_stride + kv_off, out);
         }
     }
+    (void) nth;
 }
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
-    attn_task t = {a, be->ctx};
+    attn_task t = {.a = a, .c = be->ctx, .dot = rm_cpu_vec_dot(RM_TYPE_F32), .axpy = rm_cpu_axpy()};
+    atomic_init(&t.next_job, 0);
     rm_pool_run(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
 }
 

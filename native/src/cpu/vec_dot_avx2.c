@@ -105,6 +105,17 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
     *out = sum;
 }
 
+static void axpy(int64_t n, float a, const float * x, float * y) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * 32-element blocks against Q8_0
  * ------------------------------------------------------------------------------------------- */
@@ -402,6 +413,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q8_0] = quantize_q8_0,
         [RM_TYPE_Q8_K] = quantize_q8_K,
     },
+    .axpy = axpy,
 };
 
 #endif /* RM_X86 */

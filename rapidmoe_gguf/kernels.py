@@ -51,9 +51,11 @@ def quantize_activations(type_name: str | int, x: np.ndarray, isa: str | None = 
 def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.ndarray,
                  x_q: bytes | bytearray | memoryview | np.ndarray, n: int | None = None,
                  isa: str | None = None) -> np.ndarray:
-    """Dot products of every row of weights w (quantized bytes, rows of n elements) with one row of
-    activations x_q, already in the type's vec_dot_type (float32 for F32/F16/BF16 weights), by the
-    kernels of set ``isa`` (None: the set in use). Returns a float32 array, one value per row."""
+    """Dot products of every row of weights w (quantized bytes, rows of n elements) with every
+    token of x_q (rows of n activations already in the type's vec_dot_type, float32 for F32/F16/BF16
+    weights), computed as the CPU backend computes a matrix product, by the kernels of set ``isa``
+    (None: the set in use). n defaults to the length of x_q as one token. Returns a float32 array
+    of shape (tokens, rows)."""
     t = type_info(type_name)
     xt = type_info(t.vec_dot_type)
     if isinstance(w, np.ndarray):
@@ -63,10 +65,13 @@ def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.nd
     wbuf, xbuf = ffi.from_buffer(w), ffi.from_buffer(x_q)
     if n is None:
         n = len(xbuf) // xt.block_bytes * xt.block_elems
-    row = t.row_bytes(n)
+    row, xrow = t.row_bytes(n), xt.row_bytes(n)
     if row == 0 or len(wbuf) % row:
         raise InvalidArgumentError(f"vec_dot_rows: {t.name}: {len(wbuf)} bytes is not a whole number of rows of {n}")
-    y = np.empty(len(wbuf) // row, dtype=np.float32)
-    check(lib.rm_vec_dot_isa(_isa_arg(isa), t.id, wbuf, len(wbuf), y.size, xbuf, len(xbuf), n,
+    if len(xbuf) % xrow:
+        raise InvalidArgumentError(f"vec_dot_rows: {t.name}: {len(xbuf)} bytes of {xt.name} is not a whole number of "
+                                   f"rows of {n}")
+    y = np.empty((len(xbuf) // xrow, len(wbuf) // row), dtype=np.float32)
+    check(lib.rm_vec_dot_isa(_isa_arg(isa), t.id, wbuf, len(wbuf), y.shape[1], xbuf, len(xbuf), y.shape[0], n,
                              ffi.from_buffer("float[]", y)))
     return y

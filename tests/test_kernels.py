@@ -53,20 +53,22 @@ def random_rows(name, n_rows, n, seed):
     return rows
 
 
-def activations(name, n, seed):
+def activations(name, n, seed, n_tok=1):
+    """n_tok rows of activations, as floats and as the kernel takes them (quantized, or F32)."""
     r = rng(seed)
-    x = (r.standard_normal(n) * 3).astype(np.float32)
-    x[r.random(n) < 0.02] *= 20  # a few outliers, as real activations have
+    x = (r.standard_normal((n_tok, n)) * 3).astype(np.float32)
+    x[r.random((n_tok, n)) < 0.02] *= 20  # a few outliers, as real activations have
     act = act_type(name)
     return x, (x.tobytes() if act == "F32" else quants.quantize(act, x))
 
 
 def norms(name, w, x_q, n):
-    """Row norms of the dequantized weights and the norm of the dequantized activations."""
+    """Row norms of the dequantized weights and of the dequantized activations (per token)."""
     wd = quants.dequantize(name, w, (len(w) // quants.row_bytes(name, n), n)).astype(np.float64)
     act = act_type(name)
-    xd = np.frombuffer(x_q, np.float32) if act == "F32" else quants.dequantize(act, x_q, n)
-    return np.linalg.norm(wd, axis=1), np.linalg.norm(xd.astype(np.float64))
+    n_tok = len(x_q) // quants.row_bytes(act, n)
+    xd = np.frombuffer(x_q, np.float32) if act == "F32" else quants.dequantize(act, x_q, (n_tok, n))
+    return np.linalg.norm(wd, axis=1), np.linalg.norm(xd.reshape(n_tok, n).astype(np.float64), axis=1)
 
 
 def sizes(name):
@@ -87,15 +89,32 @@ def test_kernels_isa_in_use_is_supported():
 @pytest.mark.parametrize("isa", SIMD_ISAS)
 @pytest.mark.parametrize("name", SIMD_TYPES)
 def test_kernels_vec_dot_matches_reference(name, isa):
+    """Six tokens: the first four go through the four-token kernel where the type has one."""
     for n in sizes(name):
-        x, x_q = activations(name, n, seed=n)
+        x, x_q = activations(name, n, seed=n, n_tok=6)
         for k, w in enumerate(random_rows(name, 16, n, seed=n + 1)):
             want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
             got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
             wn, xn = norms(name, w, x_q, n)
-            assert np.all(np.isfinite(want)) and np.all(want != 0)
-            err = np.abs(got.astype(np.float64) - want) / (wn * xn)
+            assert want.shape == (6, 16) and np.all(np.isfinite(want)) and np.all(want != 0)
+            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
             assert err.max() <= TOL, f"{name} {isa} n={n} rows#{k}: error {err.max():.2e}"
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("name", SIMD_TYPES)
+def test_kernels_batched_tokens_equal_single_tokens(name, isa):
+    """A token's result does not depend on the batch around it: the four-token kernels give the
+    one-token kernels' floats bit for bit (so prefill and decode see the same numbers)."""
+    n = 1024
+    _, x_q = activations(name, n, seed=5, n_tok=9)
+    w = random_rows(name, 8, n, seed=6)[0]
+    batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+    step = len(x_q) // 9
+    for i in range(9):
+        alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
+        assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i}"
 
 
 @needs_simd

@@ -129,6 +129,16 @@ rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type) {
     return t ? t->from_float : NULL;
 }
 
+/* The four-token kernel of the set whose one-token kernel vec_dot uses, so both agree bit for bit. */
+rm_vec_dot_x4_fn rm_cpu_vec_dot_x4_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->vec_dot[type]) return k->vec_dot_x4[type];
+    }
+    return NULL;
+}
+
 static void axpy_ref(int64_t n, float a, const float * x, float * y) {
     for (int64_t i = 0; i < n; i++) {
         y[i] += a * x[i];
@@ -171,7 +181,7 @@ static rm_status isa_arg(const char * fn, const char * isa, rm_isa * out) {
 }
 
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
-                         const void * x_q, uint64_t x_len, int64_t n, float * y) {
+                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, float * y) {
     rm_clear_error();
     rm_isa which;
     rm_status st = isa_arg(__func__, isa, &which);
@@ -183,7 +193,10 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
         return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n %lld is not a positive multiple of the block sizes (%d, %s %d)",
                        __func__, t->name, (long long) n, (int) t->block_elems, xt->name, (int) xt->block_elems);
     }
-    if (n_rows < 0) return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n_rows is %lld", __func__, t->name, (long long) n_rows);
+    if (n_rows < 0 || n_tok < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n_rows %lld, n_tok %lld", __func__, t->name, (long long) n_rows,
+                       (long long) n_tok);
+    }
     if (w == NULL || x_q == NULL || y == NULL) {
         return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name,
                        w == NULL ? "w" : x_q == NULL ? "x_q" : "y");
@@ -194,13 +207,30 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
                        t->name, (long long) n_rows, (long long) n, (unsigned long long) (row * (uint64_t) n_rows),
                        (unsigned long long) w_len);
     }
-    if (x_len < xrow) {
-        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld activations of %s need %llu bytes, x_q has %llu", __func__,
-                       t->name, (long long) n, xt->name, (unsigned long long) xrow, (unsigned long long) x_len);
+    if (n_tok > 0 && x_len / (uint64_t) n_tok < xrow) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld tokens of %lld activations of %s need %llu bytes, x_q has %llu",
+                       __func__, t->name, (long long) n_tok, (long long) n, xt->name,
+                       (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
     }
+    /* as the CPU backend's matmul_tile: four tokens at a time where there is a kernel for it */
     const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
-    for (int64_t r = 0; r < n_rows; r++) {
-        dot(n, &y[r], (const uint8_t *) w + (uint64_t) r * row, x_q);
+    const rm_vec_dot_x4_fn dot4 = rm_cpu_vec_dot_x4_isa(which, type);
+    const uint8_t * wb = w;
+    const uint8_t * xb = x_q;
+    int64_t i = 0;
+    for (; dot4 && i + 4 <= n_tok; i += 4) {
+        for (int64_t r = 0; r < n_rows; r++) {
+            float v[4];
+            dot4(n, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow);
+            for (int c = 0; c < 4; c++) {
+                y[(i + c) * n_rows + r] = v[c];
+            }
+        }
+    }
+    for (; i < n_tok; i++) {
+        for (int64_t r = 0; r < n_rows; r++) {
+            dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
+        }
     }
     return RM_OK;
 }

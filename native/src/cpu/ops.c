@@ -31,6 +31,7 @@ typedef struct cpu_ctx {
 typedef struct mm_task {
     const rm_matmul_args * a;
     rm_vec_dot_fn          vec_dot;    /* the weight type's kernel */
+    rm_vec_dot_x4_fn       vec_dot_x4; /* and its four-token form, or NULL */
     rm_from_float_fn       quantize;   /* its activation type's quantizer */
     const uint8_t *        wdata;
     const uint8_t *        xq;
@@ -53,18 +54,36 @@ static void quantize_task(void * p, int ith, int nth) {
     quantize_rows(t, lo, hi);
 }
 
-/* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token. */
+static inline void store(const rm_matmul_args * a, int32_t i, int64_t r, float v) {
+    float * y = a->y + (int64_t) i * a->y_stride + r;
+    *y = a->accumulate ? *y + v : v;
+}
+
+/* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token, four tokens at a
+ * time where the type has a four-token kernel (each weight block is then unpacked once for four). */
 static void matmul_tile(const mm_task * t, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
-    for (int32_t i = 0; i < a->n_tok; i++) {
+    int32_t i = 0;
+    if (t->vec_dot_x4) {
+        for (; i + 4 <= a->n_tok; i += 4) {
+            const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
+            for (int64_t r = r0; r < r1; r++) {
+                float v[4];
+                t->vec_dot_x4(n_in, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride);
+                for (int c = 0; c < 4; c++) {
+                    store(a, i + c, r, v[c]);
+                }
+            }
+        }
+    }
+    for (; i < a->n_tok; i++) {
         const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
-        float * y = a->y + (int64_t) i * a->y_stride;
         for (int64_t r = r0; r < r1; r++) {
             float v;
             t->vec_dot(n_in, &v, t->wdata + (uint64_t) r * rb, x);
-            y[r] = a->accumulate ? y[r] + v : v;
+            store(a, i, r, v);
         }
     }
 }
@@ -88,8 +107,8 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
     const rm_type_traits * tt = rm_type_traits_get(a->w->type);
     const int64_t n_rows = a->w->ne[1];
-    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .quantize = rm_cpu_quantize(tt->vec_dot_type),
-                 .wdata = rm_weight_matrix(a->w, a->mat)};
+    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_x4 = rm_cpu_vec_dot_x4(a->w->type),
+                 .quantize = rm_cpu_quantize(tt->vec_dot_type), .wdata = rm_weight_matrix(a->w, a->mat)};
     int64_t rows = (int64_t) (MM_TILE_BYTES / a->w->row_bytes);
     rows = rows < 1 ? 1 : rows > MM_TILE_MAX_ROWS ? MM_TILE_MAX_ROWS : rows;
     /* at least a few tiles per thread, so the counter can even out the load */

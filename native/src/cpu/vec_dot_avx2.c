@@ -42,12 +42,6 @@ static inline int32_t hsum_epi32(__m256i v) {
 
 static inline float fp16(rm_fp16 h) { return _cvtsh_ss(h); }
 
-/* Eight int32 sums of four products of signed bytes a[k] * b[k]. */
-static inline __m256i dot_i8(__m256i a, __m256i b) {
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
 /* The 32 nibbles of a 16-byte run as bytes: low nibbles first, then high ones (Q4_0's order). */
 static inline __m256i nibbles_lo_hi(const uint8_t * qs) {
     const __m128i b = _mm_loadu_si128((const __m128i *) qs);
@@ -120,46 +114,72 @@ static void axpy(int64_t n, float a, const float * x, float * y) {
  * 32-element blocks against Q8_0
  * ------------------------------------------------------------------------------------------- */
 
-static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_q8_0 * b = w;
-    const rm_block_q8_0 * a = x_q;
+/* The 32-element kernels below are written once for nc tokens (1 or 4) and instantiated for
+ * both: with four tokens each weight block is unpacked and its scale converted once, and every
+ * token keeps the accumulators and order of the one-token kernel, so results are identical bit
+ * for bit whichever way a token is computed. */
+#define RM_INLINE static inline __attribute__((always_inline))
+
+/* acc[c] += d_w d_x (w . x) for one block of signed weight levels, |w| and w given. */
+RM_INLINE void block_dot_s8(__m256i w, __m256i aw, float dw, const rm_block_q8_0 * x, __m256 * acc) {
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * fp16(x->d)), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), *acc);
+}
+
+/* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
+RM_INLINE __m256i levels_q8_0(const void * w, int64_t i, float * d) {
+    const rm_block_q8_0 * b = (const rm_block_q8_0 *) w + i;
+    *d = fp16(b->d);
+    return _mm256_loadu_si256((const __m256i *) b->qs);
+}
+
+RM_INLINE __m256i levels_q4_0(const void * w, int64_t i, float * d) {
+    const rm_block_q4_0 * b = (const rm_block_q4_0 *) w + i;
+    *d = fp16(b->d);
+    return _mm256_sub_epi8(nibbles_lo_hi(b->qs), _mm256_set1_epi8(8));
+}
+
+/* out[c] = dot(w, token c), tokens x_stride bytes apart; even and odd blocks in two chains. */
+RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
+                            __m256i (*levels)(const void *, int64_t, float *)) {
     const int64_t nb = n / RM_QK;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {  /* two blocks per step: two independent chains */
-        const __m256i p0 = dot_i8(_mm256_loadu_si256((const __m256i *) b[i].qs), _mm256_loadu_si256((const __m256i *) a[i].qs));
-        const __m256i p1 = dot_i8(_mm256_loadu_si256((const __m256i *) b[i + 1].qs), _mm256_loadu_si256((const __m256i *) a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i + 1].d) * fp16(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+    __m256 acc0[4], acc1[4];
+    for (int c = 0; c < nc; c++) {
+        acc0[c] = _mm256_setzero_ps();
+        acc1[c] = _mm256_setzero_ps();
     }
-    if (i < nb) {
-        const __m256i p = dot_i8(_mm256_loadu_si256((const __m256i *) b[i].qs), _mm256_loadu_si256((const __m256i *) a[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
+    for (int64_t i = 0; i < nb; i += 2) {
+        float d0, d1 = 0;
+        const __m256i q0 = levels(w, i, &d0), a0 = _mm256_sign_epi8(q0, q0);
+        const int two = i + 1 < nb;
+        const __m256i q1 = two ? levels(w, i + 1, &d1) : q0, a1 = _mm256_sign_epi8(q1, q1);
+        for (int c = 0; c < nc; c++) {
+            const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            block_dot_s8(q0, a0, d0, x, &acc0[c]);
+            if (two) {
+                block_dot_s8(q1, a1, d1, x + 1, &acc1[c]);
+            }
+        }
     }
-    *out = hsum_ps(_mm256_add_ps(acc0, acc1));
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));
+    }
+}
+
+static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q8_0);
+}
+
+static void vec_dot_q8_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q8_0);
 }
 
 static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_q4_0 * b = w;
-    const rm_block_q8_0 * a = x_q;
-    const int64_t nb = n / RM_QK;
-    const __m256i eight = _mm256_set1_epi8(8);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i q0 = _mm256_sub_epi8(nibbles_lo_hi(b[i].qs), eight);
-        const __m256i q1 = _mm256_sub_epi8(nibbles_lo_hi(b[i + 1].qs), eight);
-        const __m256i p0 = dot_i8(q0, _mm256_loadu_si256((const __m256i *) a[i].qs));
-        const __m256i p1 = dot_i8(q1, _mm256_loadu_si256((const __m256i *) a[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i + 1].d) * fp16(a[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    if (i < nb) {
-        const __m256i q = _mm256_sub_epi8(nibbles_lo_hi(b[i].qs), eight);
-        const __m256i p = dot_i8(q, _mm256_loadu_si256((const __m256i *) a[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(fp16(b[i].d) * fp16(a[i].d)), _mm256_cvtepi32_ps(p), acc0);
-    }
-    *out = hsum_ps(_mm256_add_ps(acc0, acc1));
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q4_0);
+}
+
+static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -236,34 +256,59 @@ static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_
     *out = hsum_ps(acc);
 }
 
-static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
+/* Q4_K for nc tokens (1 or 4): the nibbles and scales of a super-block are unpacked once. */
+RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q4_K * b = w;
-    const rm_block_q8_K * a = x_q;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
+    __m256 acc[4];
+    float acc_m[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+        acc_m[c] = 0.0f;
+    }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         uint8_t sc[8], mn[8];
         rm_unpack_scales_k4(b[i].scales, sc, mn);
-        const int8_t * y = a[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
+        const rm_block_q8_K * a[4];
+        __m256i sumi[4];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
         for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
             const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
             const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) (y + 64 * p)));
-            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 64 * p + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * p])));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * p + 1])));
+            const __m256i s0 = _mm256_set1_epi16(sc[2 * p]), s1 = _mm256_set1_epi16(sc[2 * p + 1]);
+            for (int c = 0; c < nc; c++) {
+                const int8_t * y = a[c]->qs + 64 * p;
+                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
+                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p0, s0));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p1, s1));
+            }
         }
-        /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j + 1]) */
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) a[i].bsums),
-                                          _mm_loadu_si128((const __m128i *) (a[i].bsums + 8)));
-        const int32_t summ = hsum_epi32_128(_mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) mn))));
-        const float d = a[i].d * fp16(b[i].d), dmin = a[i].d * fp16(b[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_m += dmin * (float) summ;
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) mn));
+        const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
+        for (int c = 0; c < nc; c++) {
+            /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j + 1]) */
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) a[c]->bsums),
+                                              _mm_loadu_si128((const __m128i *) (a[c]->bsums + 8)));
+            const int32_t summ = hsum_epi32_128(_mm_madd_epi16(bs, mins));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            acc_m[c] += a[c]->d * dmw * (float) summ;
+        }
     }
-    *out = hsum_ps(acc) - acc_m;
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]) - acc_m[c];
+    }
+}
+
+static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q4_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
 }
 
 static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
@@ -412,6 +457,11 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .quantize = {
         [RM_TYPE_Q8_0] = quantize_q8_0,
         [RM_TYPE_Q8_K] = quantize_q8_K,
+    },
+    .vec_dot_x4 = {
+        [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
     },
     .axpy = axpy,
 };

@@ -10,6 +10,7 @@
 #if defined(RM_X86)
 
 #include <immintrin.h>
+#include <string.h>
 
 #include "dispatch.h"
 
@@ -63,83 +64,111 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
     *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-/* The 32-element kernels, written once for nc tokens (1 or 4) as in vec_dot_avx2.c: a weight
- * block is unpacked once for all tokens, and each token's result is bit for bit the one-token
- * kernel's. */
+/* The 32-element kernels (Q8_0, Q4_0 against Q8_0), written once for nc tokens (1 or 4): a
+ * weight block is unpacked once for all tokens, and each token's result is bit for bit the
+ * one-token kernel's.
+ *
+ * Blocks go in groups of eight. Each block's integer dot is eight int32 lanes (vpdpbusd on |w|
+ * and x signed like w); a tree of horizontal adds turns the eight blocks' lanes into one vector
+ * of eight block sums, which then takes the eight scale products d_w d_x in one multiply-add.
+ * Per block and token that leaves a sign, a vpdpbusd and about one add of the tree, instead of a
+ * convert, a scale broadcast and a multiply-add per block. */
 #define RM_INLINE static inline __attribute__((always_inline))
 
-/* Q8_0: signed levels; the product goes through |w| and the sign moved onto x. */
-RM_INLINE void block_q8_0(const void * w, int64_t i, const rm_block_q8_0 * x, __m256 * acc, __m256i * aw, __m256i * sw,
-                          float * dw, int first) {
-    if (first) {
-        const rm_block_q8_0 * b = (const rm_block_q8_0 *) w + i;
-        *sw = _mm256_loadu_si256((const __m256i *) b->qs);
-        *aw = _mm256_sign_epi8(*sw, *sw);
-        *dw = fp16(b->d);
-    }
-    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), *aw,
-                                          _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), *sw));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(*dw * fp16(x->d)), _mm256_cvtepi32_ps(p), *acc);
+/* Eight blocks' lane vectors -> their eight sums, in block order. */
+RM_INLINE __m256i block_sums8(const __m256i p[8]) {
+    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+    /* each 128-bit half holds four blocks' partial sums: add the halves */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
 }
 
-/* Q4_0: unsigned levels 0..15 with an offset of 8: sum((q - 8) x) = sum(q x) - 8 sum(x), two
- * vpdpbusd with no sign juggling. */
-RM_INLINE void block_q4_0(const void * w, int64_t i, const rm_block_q8_0 * x, __m256 * acc, __m256i * q, __m256i * unused,
-                          float * dw, int first) {
-    (void) unused;
-    if (first) {
-        const rm_block_q4_0 * b = (const rm_block_q4_0 *) w + i;
-        *q = nibbles_lo_hi(b->qs);
-        *dw = fp16(b->d);
-    }
-    const __m256i y = _mm256_loadu_si256((const __m256i *) x->qs);
-    const __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), *q, y),
-                                       _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), y));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(*dw * fp16(x->d)), _mm256_cvtepi32_ps(p), *acc);
+/* The fp16 scales of eight blocks, `stride` bytes apart, as floats (inserted one by one: eight
+ * small stores and a wide reload would stall on store forwarding). */
+RM_INLINE __m256 scales8(const uint8_t * d, size_t stride) {
+    __m128i h = _mm_setzero_si128();
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 0 * stride), 0);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 1 * stride), 1);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 2 * stride), 2);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 3 * stride), 3);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 4 * stride), 4);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 5 * stride), 5);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 6 * stride), 6);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 7 * stride), 7);
+    return _mm256_cvtph_ps(h);
 }
 
-typedef void (*block_fn)(const void *, int64_t, const rm_block_q8_0 *, __m256 *, __m256i *, __m256i *, float *, int);
+/* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
+RM_INLINE __m256i levels_q8_0(const void * w, int64_t i) {
+    return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
+}
 
-/* out[c] = dot(w, token c), tokens x_stride bytes apart; even and odd blocks in two chains. */
+RM_INLINE __m256i levels_q4_0(const void * w, int64_t i) {
+    return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
+}
+
+/* Lanes of one block's integer dot: |w| . (x with w's signs) */
+RM_INLINE __m256i block_dot(__m256i w, __m256i aw, const rm_block_q8_0 * x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
+}
+
 RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
-                            block_fn block) {
+                            __m256i (*levels)(const void *, int64_t), size_t wblock) {
     const int64_t nb = n / RM_QK;
-    __m256 acc0[4], acc1[4];
+    const uint8_t * wb = w;
+    const rm_block_q8_0 * x[4];
+    __m256 acc[4];
     for (int c = 0; c < nc; c++) {
-        acc0[c] = _mm256_setzero_ps();
-        acc1[c] = _mm256_setzero_ps();
+        x[c] = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
+        acc[c] = _mm256_setzero_ps();
     }
-    for (int64_t i = 0; i < nb; i += 2) {
-        __m256i u0, v0, u1, v1;
-        float d0, d1;
-        const int two = i + 1 < nb;
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        __m256i q[8], aq[8];
+        for (int k = 0; k < 8; k++) {
+            q[k] = levels(w, i + k);
+            aq[k] = _mm256_sign_epi8(q[k], q[k]);
+        }
+        const __m256 dw = scales8(wb + (uint64_t) i * wblock, wblock);   /* d is each block's first field */
         for (int c = 0; c < nc; c++) {
-            const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            block(w, i, x, &acc0[c], &u0, &v0, &d0, c == 0);
-            if (two) {
-                block(w, i + 1, x + 1, &acc1[c], &u1, &v1, &d1, c == 0);
+            __m256i p[8];
+            for (int k = 0; k < 8; k++) {
+                p[k] = block_dot(q[k], aq[k], x[c] + i + k);
             }
+            const __m256 d = _mm256_mul_ps(dw, scales8((const uint8_t *) (x[c] + i), sizeof(rm_block_q8_0)));
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(block_sums8(p)), acc[c]);
+        }
+    }
+    for (; i < nb; i++) {  /* the last few blocks, one by one */
+        const __m256i q = levels(w, i), aq = _mm256_sign_epi8(q, q);
+        rm_fp16 h;
+        memcpy(&h, wb + (uint64_t) i * wblock, 2);
+        const float dw = fp16(h);
+        for (int c = 0; c < nc; c++) {
+            const __m256 d = _mm256_set1_ps(dw * fp16(x[c][i].d));
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(block_dot(q, aq, x[c] + i)), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));
+        out[c] = hsum_ps(acc[c]);
     }
 }
 
 static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_32_multi(n, out, w, x_q, 0, 1, block_q8_0);
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q8_0, sizeof(rm_block_q8_0));
 }
 
 static void vec_dot_q8_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_32_multi(n, out, w, x_q, x_stride, 4, block_q8_0);
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q8_0, sizeof(rm_block_q8_0));
 }
 
 static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_32_multi(n, out, w, x_q, 0, 1, block_q4_0);
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q4_0, sizeof(rm_block_q4_0));
 }
 
 static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_32_multi(n, out, w, x_q, x_stride, 4, block_q4_0);
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0, sizeof(rm_block_q4_0));
 }
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {

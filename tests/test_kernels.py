@@ -181,10 +181,16 @@ def test_kernels_bad_isa_arguments_raise():
         kernels.vec_dot_rows("Q8_0", w[:-1], w)
 
 
-def isa_in_subprocess(value):
-    env = dict(os.environ, RAPIDMOE_ISA=value)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def package_env(**changes):
+    """The environment for a child Python that imports the very package this process runs."""
+    env = dict(os.environ, **changes)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def isa_in_subprocess(value):
+    env = package_env(RAPIDMOE_ISA=value)
     code = "from rapidmoe_gguf import kernels; print(kernels.cpu_isa())"
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -243,9 +249,7 @@ def isa_logits(tiny_hf, tmp_path_factory):
         paths.append(str(d / f"{recipe}.gguf"))
         rm.convert(src, paths[-1], recipe=recipe, progress=False)
     ids = ",".join(str(t) for t in rng(9).integers(3, 300, 48))
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env = package_env()
     result = {}
     for isa in kernels.supported_isas():
         env["RAPIDMOE_ISA"] = isa

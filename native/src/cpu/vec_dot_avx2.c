@@ -311,18 +311,25 @@ static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void *
     dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
 }
 
-static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
+/* Q6_K for nc tokens (1 or 4): the levels of a super-block are unpacked once. */
+RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q6_K * b = w;
-    const rm_block_q8_K * a = x_q;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         int16_t sc[16];
         for (int j = 0; j < 16; j++) {
             sc[j] = b[i].scales[j];
         }
-        const int8_t * y = a[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
+        const rm_block_q8_K * a[4];
+        __m256i sumi[4];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h));
             const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h + 32));
@@ -334,15 +341,31 @@ static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
             for (int g = 0; g < 4; g++) {
-                const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (y + 128 * h + 32 * g)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * g)));
+                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                for (int c = 0; c < nc; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, s));
+                }
             }
         }
-        const int32_t offset = 32 * bsums_dot16(a[i].bsums, sc);
-        const float d = a[i].d * fp16(b[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0))), acc);
+        const float dw = fp16(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            const int32_t offset = 32 * bsums_dot16(a[c]->bsums, sc);
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+        }
     }
-    *out = hsum_ps(acc);
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q6_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q6_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q6_K_multi(n, out, w, x_q, x_stride, 4);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -462,6 +485,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
         [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
         [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
     },
     .axpy = axpy,
 };

@@ -4,7 +4,9 @@
  * loads for the tail, and vpdpbusd (VNNI), which multiplies unsigned by signed bytes and adds
  * groups of four straight into int32 lanes, for the 32-element blocks. The 32-element blocks stay
  * 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register costs as many
- * shuffles as it saves. Types without a kernel here use the AVX2 one (dispatch.c falls through).
+ * shuffles as it saves. The K-quants Q4_K and Q6_K are simd_x86.h's, built here with vpdpwssd
+ * (VNNI) for their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls
+ * through).
  * Same contracts and error budgets as vec_dot_avx2.c.
  */
 #if defined(RM_X86)
@@ -12,21 +14,9 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "dispatch.h"
-
-static inline float fp16(rm_fp16 h) { return _cvtsh_ss(h); }
-
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256i nibbles_lo_hi(const uint8_t * qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *) qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
-}
+/* pair products times scales, added into int32 lanes in one instruction */
+#define RM_KQ_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
+#include "simd_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
     const float * a = w;
@@ -73,8 +63,6 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
  * of eight block sums, which then takes the eight scale products d_w d_x in one multiply-add.
  * Per block and token that leaves a sign, a vpdpbusd and about one add of the tree, instead of a
  * convert, a scale broadcast and a multiply-add per block. */
-#define RM_INLINE static inline __attribute__((always_inline))
-
 /* Eight blocks' lane vectors -> their eight sums, in block order. */
 RM_INLINE __m256i block_sums8(const __m256i p[8]) {
     const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
@@ -171,16 +159,37 @@ static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void *
     dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0, sizeof(rm_block_q4_0));
 }
 
+/* The K-quants of simd_x86.h, with vpdpwssd. */
+static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q4_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q6_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q6_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q6_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
         [RM_TYPE_F16]  = vec_dot_f16,
         [RM_TYPE_Q4_0] = vec_dot_q4_0,
         [RM_TYPE_Q8_0] = vec_dot_q8_0,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K,
     },
     .vec_dot_x4 = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
         [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
     },
 };
 

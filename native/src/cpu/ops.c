@@ -129,7 +129,7 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
             rm_pool_run(c->pool, quantize_task, &t);
         }
     }
-    rm_pool_run(c->pool, matmul_task, &t);
+    rm_pool_run_shared(c->pool, matmul_task, &t);
 }
 
 typedef struct attn_task {
@@ -174,7 +174,7 @@ static void attn_task_fn(void * p, int ith, int nth) {
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     attn_task t = {.a = a, .c = be->ctx, .dot = rm_cpu_vec_dot(RM_TYPE_F32), .axpy = rm_cpu_axpy()};
     atomic_init(&t.next_job, 0);
-    rm_pool_run(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
+    rm_pool_run_shared(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
 }
 
 rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in, int32_t n_ctx) {

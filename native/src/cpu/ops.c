@@ -39,6 +39,7 @@ typedef struct mm_task {
     int64_t                tile_rows;
     int64_t                n_tiles;
     atomic_llong           next_tile;
+    atomic_llong           next_token;  /* activation rows still to quantize */
 } mm_task;
 
 static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
@@ -48,10 +49,16 @@ static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
 }
 
 static void quantize_task(void * p, int ith, int nth) {
-    const mm_task * t = p;
-    int64_t lo, hi;
-    rm_split(t->a->n_tok, ith, nth, &lo, &hi);
-    quantize_rows(t, lo, hi);
+    mm_task * t = p;
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&t->next_token, 1, memory_order_relaxed);
+        if (i >= t->a->n_tok) {
+            break;
+        }
+        quantize_rows(t, i, i + 1);
+    }
+    (void) ith;
+    (void) nth;
 }
 
 static inline void store(const rm_matmul_args * a, int32_t i, int64_t r, float v) {
@@ -116,6 +123,7 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     t.tile_rows = rows < per_thread ? rows : per_thread > 0 ? per_thread : 1;
     t.n_tiles = (n_rows + t.tile_rows - 1) / t.tile_rows;
     atomic_init(&t.next_tile, 0);
+    atomic_init(&t.next_token, 0);
     if (tt->vec_dot_type == RM_TYPE_F32) {
         t.xq = (const uint8_t *) a->x;
         t.xq_stride = (uint64_t) a->x_stride * sizeof(float);
@@ -126,7 +134,7 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
         if (a->n_tok == 1) {
             quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
         } else {
-            rm_pool_run(c->pool, quantize_task, &t);
+            rm_pool_run_shared(c->pool, quantize_task, &t);
         }
     }
     rm_pool_run_shared(c->pool, matmul_task, &t);

@@ -4,8 +4,10 @@
  * (Q8_0 / Q8_K blocks), then weight rows are dotted against every token's row while they are hot
  * in cache. The kernels are the best set this CPU runs (dispatch.c). Rows go in tiles of a few
  * KiB of weights: a tile stays in L1 while every token of the batch passes over it, so prefill
- * reads each weight byte from memory once. Threads take tiles from a shared counter rather than
- * fixed shares, so a core slowed by other work does not hold up the others. */
+ * reads each weight byte from memory once, and tokens pass four at a time where the type has a
+ * four-token kernel (each weight block is then unpacked once for four). Threads take tiles from
+ * a shared counter rather than fixed shares, and the pool's shared runs (threads.c) let a core
+ * busy with other work miss a product instead of holding it up. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -155,65 +155,19 @@ static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void *
  * ------------------------------------------------------------------------------------------- */
 
 static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_q2_K * b = w;
-    const rm_block_q8_K * a = x_q;
-    const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        int16_t sc[16], mn[16];
-        for (int j = 0; j < 16; j++) {
-            sc[j] = b[i].scales[j] & 0xf;
-            mn[j] = b[i].scales[j] >> 4;
-        }
-        const int8_t * y = a[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
-            for (int g = 0; g < 4; g++) {
-                const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3);
-                const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (y + 128 * h + 32 * g)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * g)));
-            }
-        }
-        const float d = a[i].d * fp16(b[i].d), dmin = a[i].d * fp16(b[i].dmin);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        acc_m += dmin * (float) bsums_dot16(a[i].bsums, mn);
-    }
-    *out = hsum_ps(acc) - acc_m;
+    dot_q2_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q2_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q2_K_multi(n, out, w, x_q, x_stride, 4);
 }
 
 static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_q3_K * b = w;
-    const rm_block_q8_K * a = x_q;
-    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        uint8_t s8[16];
-        rm_unpack_scales_q3_K(b[i].scales, s8);
-        int16_t sc[16];
-        for (int j = 0; j < 16; j++) {
-            sc[j] = (int16_t) (s8[j] - 32);
-        }
-        const int8_t * y = a[i].qs;
-        const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
-            for (int g = 0; g < 4; g++) {
-                /* level + 4 in 0..7: two low bits, plus 4 where the high bit is set */
-                const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
-                const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
-                const __m256i l = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3), high);
-                const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (y + 128 * h + 32 * g)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * g)));
-            }
-        }
-        const int32_t offset = 4 * bsums_dot16(a[i].bsums, sc);
-        const float d = a[i].d * fp16(b[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0))), acc);
-    }
-    *out = hsum_ps(acc);
+    dot_q3_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q3_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q3_K_multi(n, out, w, x_q, x_stride, 4);
 }
 
 static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
@@ -348,6 +302,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .vec_dot_x4 = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
         [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K_x4,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K_x4,
         [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
     },

@@ -4,9 +4,8 @@
  * loads for the tail, and vpdpbusd (VNNI), which multiplies unsigned by signed bytes and adds
  * groups of four straight into int32 lanes, for the 32-element blocks. The 32-element blocks stay
  * 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register costs as many
- * shuffles as it saves. The K-quants Q4_K and Q6_K are simd_x86.h's, built here with vpdpwssd
- * (VNNI) for their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls
- * through).
+ * shuffles as it saves. The K-quants are simd_x86.h's, built here with vpdpwssd (VNNI) for
+ * their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls through).
  * Same contracts and error budgets as vec_dot_avx2.c.
  */
 #if defined(RM_X86)
@@ -160,6 +159,22 @@ static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void *
 }
 
 /* The K-quants of simd_x86.h, with vpdpwssd. */
+static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q2_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q2_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q2_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q3_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q3_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q3_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
 static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
     dot_q4_K_multi(n, out, w, x_q, 0, 1);
 }
@@ -182,12 +197,16 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_F16]  = vec_dot_f16,
         [RM_TYPE_Q4_0] = vec_dot_q4_0,
         [RM_TYPE_Q8_0] = vec_dot_q8_0,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K,
         [RM_TYPE_Q4_K] = vec_dot_q4_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
     },
     .vec_dot_x4 = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
         [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K_x4,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K_x4,
         [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
     },

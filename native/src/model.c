@@ -25,16 +25,18 @@ static int get_int(const loader * ld, const char * suffix, int64_t * out) {
     if (i < 0) {
         return 0;
     }
+    /* values sit wherever the file put them: copy them out rather than load through a cast */
     const void * p = rm_gguf_kv_data(ld->g, i);
+    uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; uint64_t u64; int64_t i64;
     switch (rm_gguf_kv_type(ld->g, i)) {
-        case RM_GGUF_UINT8:  *out = *(const uint8_t *) p;  return 1;
-        case RM_GGUF_INT8:   *out = *(const int8_t *) p;   return 1;
-        case RM_GGUF_UINT16: *out = *(const uint16_t *) p; return 1;
-        case RM_GGUF_INT16:  *out = *(const int16_t *) p;  return 1;
-        case RM_GGUF_UINT32: *out = *(const uint32_t *) p; return 1;
-        case RM_GGUF_INT32:  *out = *(const int32_t *) p;  return 1;
-        case RM_GGUF_UINT64: *out = (int64_t) *(const uint64_t *) p; return 1;
-        case RM_GGUF_INT64:  *out = *(const int64_t *) p;  return 1;
+        case RM_GGUF_UINT8:  memcpy(&u8, p, 1);  *out = u8;  return 1;
+        case RM_GGUF_INT8:   memcpy(&i8, p, 1);  *out = i8;  return 1;
+        case RM_GGUF_UINT16: memcpy(&u16, p, 2); *out = u16; return 1;
+        case RM_GGUF_INT16:  memcpy(&i16, p, 2); *out = i16; return 1;
+        case RM_GGUF_UINT32: memcpy(&u32, p, 4); *out = u32; return 1;
+        case RM_GGUF_INT32:  memcpy(&i32, p, 4); *out = i32; return 1;
+        case RM_GGUF_UINT64: memcpy(&u64, p, 8); *out = (int64_t) u64; return 1;
+        case RM_GGUF_INT64:  memcpy(&i64, p, 8); *out = i64; return 1;
         case RM_GGUF_BOOL:   *out = *(const uint8_t *) p;  return 1;
         default:
             rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected an integer",
@@ -52,8 +54,8 @@ static int get_float(const loader * ld, const char * suffix, float * out) {
     }
     const void * p = rm_gguf_kv_data(ld->g, i);
     switch (rm_gguf_kv_type(ld->g, i)) {
-        case RM_GGUF_FLOAT32: *out = *(const float *) p; return 1;
-        case RM_GGUF_FLOAT64: *out = (float) *(const double *) p; return 1;
+        case RM_GGUF_FLOAT32: { float f; memcpy(&f, p, 4); *out = f; return 1; }
+        case RM_GGUF_FLOAT64: { double f; memcpy(&f, p, 8); *out = (float) f; return 1; }
         default:
             rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected a float",
                     ld->path, key, rm_gguf_kv_type(ld->g, i));

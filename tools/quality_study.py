@@ -125,12 +125,9 @@ def write_markdown(rows: list[dict], meta: dict, path: Path, png: str) -> None:
         lines.append(f"- {recipe}: layer KL when base only " + ", ".join(f"{v:.2e}" for v in sh["layer_kl"]))
         for b in BUDGETS:
             lines.append(f"  - budget {b:g}: umia {sh[f'umia@{b:g}']}, gate {sh[f'gate@{b:g}']}")
-    lines += ["", "Reading: at small budgets UMIA wins by spending where the layer sensitivity says the error",
-              "matters (mostly layer 0). Where it loses (budget 0.5), it still gives layer 0 a larger share",
-              "than the others, while the even split of `gate` does slightly better: the per-slot estimate",
-              "layer KL x gate x expert sensitivity treats slot costs as additive and independent, and",
-              "overstates what the remaining low-gate slots of the most sensitive layer are worth once its",
-              "important slots have their residual. A saturating layer weight is the next thing to try.",
+    lines += ["", "UMIA spends most where the layer sensitivity says the error matters; the layer weight enters",
+              f"at power {umia.LAYER_POWER} (docs/UMIA.md: with power 1 it overspent on the most sensitive",
+              "layer at budget 0.5 and lost to the router weight alone there).",
               "", f"![KLD against bytes per token]({png})", ""]
     path.write_text("\n".join(lines))
 

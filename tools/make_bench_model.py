@@ -193,10 +193,11 @@ def check_with_transformers(hf: str) -> None:
 
 
 def convert_all(hf: str, out: str, formats: list[str], threads: int) -> dict[str, str]:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the source tree
     try:
         from rapidmoe_gguf import convert
-    except ImportError:
-        raise SystemExit("rapidmoe_gguf.convert is not available in this build: convert the checkpoint later")
+    except ImportError as exc:
+        raise SystemExit(f"cannot import rapidmoe_gguf.convert ({exc}): build the package, then rerun to convert")
     written = {}
     for name in formats:
         recipe, kw = FORMATS[name]

@@ -9,6 +9,7 @@ from .errors import (
     UnsupportedError,
 )
 from .gguf_file import GGUFFile, open_gguf
+from .kernels import cpu_isa
 from .model import Model, SamplingParams
 from .planner import Hardware, Plan, PlanError
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -32,5 +33,6 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "convert",
+    "cpu_isa",
     "open_gguf",
 ]

@@ -172,7 +172,8 @@ def _open_model(args: argparse.Namespace):
     return Model(path, n_ctx=args.ctx, n_threads=args.threads,
                  residual=None if args.no_residual else "auto",
                  residual_policy=args.policy, residual_budget=args.budget,
-                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device)
+                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device,
+                 gpu_sessions=max(1, getattr(args, "parallel", 1)))
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -323,6 +324,97 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# chat, serve
+# ---------------------------------------------------------------------------------------------
+
+def _chat_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--system", "-s", help="a system message that starts the conversation")
+    p.add_argument("--n-predict", "-n", type=int, default=None,
+                   help="most tokens per reply (default: up to the end of the context)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+
+CHAT_HELP = "/reset starts a new conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops a reply"
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(start)
+    sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+    with _open_model(args) as m:
+        print(f"{os.path.basename(m.path)}: {CHAT_HELP}", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print()
+                return 0
+            if line.strip() == "/quit":
+                return 0
+            if line.strip() == "/reset":
+                history = list(start)
+                print("(new conversation)", file=sys.stderr)
+                continue
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            reply = []
+            try:
+                for chunk in m.create_chat_completion(history, max_tokens=args.n_predict, stream=True, **sampling):
+                    piece = chunk["choices"][0]["delta"].get("content", "")
+                    reply.append(piece)
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                print(" [stopped]", end="")
+            except RapidMoEError as exc:
+                history.pop()
+                print(f"error: {exc}" + ("; /reset starts over" if len(history) > len(start) else ""),
+                      file=sys.stderr)
+                continue
+            print()
+            history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; "
+                   "0.0.0.0 makes the server reachable from other machines)")
+    p.add_argument("--port", type=int, default=8080, help="(default: %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("RAPIDMOE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every API request (default: $RAPIDMOE_API_KEY; "
+                        "/health and the page at / stay open)")
+    p.add_argument("--parallel", "-np", type=int, default=1,
+                   help="requests generated at once, each with its own KV cache of --ctx tokens (default: %(default)s)")
+    p.add_argument("--queue", type=int, default=16,
+                   help="requests that may wait for a free slot; more get 503 (default: %(default)s)")
+    p.add_argument("--name", help="the model name the API reports (default: the file name without .gguf)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import ServerConfig, serve
+
+    if args.parallel < 1 or args.queue < 0:
+        raise RapidMoEError(f"--parallel must be >= 1 and --queue >= 0, got {args.parallel} and {args.queue}")
+    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, parallel=args.parallel,
+                          queue=args.queue, model_name=args.name)
+    with _open_model(args) as m:
+        res = (f"residual policy {m.residual_policy}, budget {_budget_str(m.residual_budget)}" if m.residual_path
+               else "no residual sidecar")
+        print(f"serving {m.path} ({res}) on http://{args.host}:{args.port}/ with {args.parallel} slot(s) of "
+              f"{m.n_ctx} tokens" + (", API key required" if args.api_key else ""), file=sys.stderr)
+        serve(m, config, log_level="info" if args.verbose else "warning")
+    return 0
+
+
 COMMANDS: dict[str, Subcommand] = {
     "plan": Subcommand("place a model on a GPU within a memory budget and predict the bytes each side reads",
                        _plan_args, cmd_plan),
@@ -331,6 +423,8 @@ COMMANDS: dict[str, Subcommand] = {
     "calibrate": Subcommand("measure UMIA's tables on text and store them in the sidecar",
                             _calibrate_args, cmd_calibrate),
     "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
+    "chat": Subcommand("chat in the terminal with the model's chat template", _chat_args, cmd_chat),
+    "serve": Subcommand("an OpenAI-compatible HTTP server with a web chat page", _serve_args, cmd_serve),
     "convert": Subcommand("convert a Hugging Face checkpoint or a GGUF to a RESplit pair",
                           _convert_args, cmd_convert),
     "inspect": Subcommand("describe a GGUF file and its residual sidecar", _inspect_args, cmd_inspect),

@@ -321,12 +321,14 @@ class Plan:
 
 
 def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int = 256,
-         residual_budget: float = 0.1, hardware: Hardware | None = None) -> Plan:
-    """Places the model on a GPU of ``gpu_memory`` bytes (see the module docstring)."""
+         residual_budget: float = 0.1, hardware: Hardware | None = None, n_sessions: int = 1) -> Plan:
+    """Places the model on a GPU of ``gpu_memory`` bytes (see the module docstring), with room
+    for ``n_sessions`` sessions (each its own KV cache and scratch: Model.fork_session, serving
+    several requests at once)."""
     hw = hardware or Hardware()
     budget = parse_bytes(gpu_memory)
-    if n_ctx <= 0 or n_batch <= 0:
-        raise InvalidArgumentError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be > 0")
+    if n_ctx <= 0 or n_batch <= 0 or n_sessions <= 0:
+        raise InvalidArgumentError(f"n_ctx ({n_ctx}), n_batch ({n_batch}) and n_sessions ({n_sessions}) must be > 0")
     if not 0.0 <= residual_budget <= 1.0:
         raise InvalidArgumentError(f"residual budget must be in [0, 1], got {residual_budget}")
     host_bw = hw.host_bandwidth()
@@ -334,13 +336,13 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     cap = budget - hw.context_reserve
     tables = 8 * 3 * sizes.n_layer * sizes.n_expert
     parts = {"dense_weights": sizes.dense_gpu, "expert_tables": tables}
-    parts.update(session_device_bytes(sizes, n_ctx, n_batch, cross > 0))
+    parts.update({k: n_sessions * v for k, v in session_device_bytes(sizes, n_ctx, n_batch, cross > 0).items()})
     fixed = sum(parts.values())
     if fixed > cap:
         raise PlanError(
             f"a GPU budget of {budget / 2**30:.2f} GiB cannot hold the dense part: attention, norms, router, shared "
             f"experts and output head ({sizes.dense_gpu / 2**30:.2f} GiB), the KV cache for {n_ctx} positions "
-            f"({parts['kv_cache'] / 2**30:.2f} GiB) and scratch ({(parts['activations'] + parts['split_scratch']) / 2**30:.2f} "
+            f"({parts['kv_cache'] / 2**30:.2f} GiB{'' if n_sessions == 1 else f' for {n_sessions} sessions'}) and scratch ({(parts['activations'] + parts['split_scratch']) / 2**30:.2f} "
             f"GiB) need {(fixed + hw.context_reserve) / 2**30:.2f} GiB with the CUDA context's "
             f"{hw.context_reserve / 2**30:.2f} GiB; lower n_ctx or n_batch, or run on the CPU")
     # experts, most used first; ties in layer order so the plan is deterministic
@@ -400,6 +402,7 @@ def _per_token(s: ModelSizes, on: np.ndarray, b: float, n_ctx: int, host_bw: flo
 
 
 def plan_files(path: str | os.PathLike, gpu_memory: str | int, n_ctx: int, *, residual: str | os.PathLike | None = "auto",
-               n_batch: int = 256, residual_budget: float = 0.1, hardware: Hardware | None = None) -> Plan:
+               n_batch: int = 256, residual_budget: float = 0.1, hardware: Hardware | None = None,
+               n_sessions: int = 1) -> Plan:
     return plan(ModelSizes.from_files(path, residual), gpu_memory, n_ctx, n_batch=n_batch,
-                residual_budget=residual_budget, hardware=hardware)
+                residual_budget=residual_budget, hardware=hardware, n_sessions=n_sessions)

@@ -156,3 +156,12 @@ def test_planner_cli_plan_json(tiny_pair, capsys):
     assert "expert bases on the GPU: 8 of 8" in text and "prefill crossover" in text
     assert cli.main(["plan", str(tiny_pair), "--gpu-mem", "100MiB", "--ctx", "64", "--host-bw", "40"]) == 1
     assert "cannot hold the dense part" in capsys.readouterr().err
+
+
+def test_planner_counts_every_session():
+    s = _sizes()
+    one = planner.plan(s, "24GiB", 4096, hardware=HW)
+    three = planner.plan(s, "24GiB", 4096, hardware=HW, n_sessions=3)
+    for k in ("kv_cache", "activations", "split_scratch"):
+        assert three.gpu_parts[k] == 3 * one.gpu_parts[k]
+    assert three.gpu_bytes <= three.budget and three.n_experts_gpu <= one.n_experts_gpu

@@ -3,7 +3,7 @@
 #
 # Builds the library, the cffi extension and the C tests (native/tests/test_*.c) with
 # -DRM_SANITIZE=ON into build/asan, runs the C tests (leak checking on), then runs the
-# native-facing Python tests (tests/test_gguf*.py, tests/test_quants*.py) against a private copy
+# native-facing Python tests (tests/test_gguf*.py, tests/test_quants*.py, tests/test_kernels*.py) against a private copy
 # of the package, build/asan/pkg/rapidmoe_gguf, so the in-tree build is left alone. Python is not
 # instrumented, so libasan is preloaded and leak checking is off for it (CPython keeps memory
 # until exit by design). Any test failure or sanitizer report makes the script exit non-zero.
@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 py=${PYTHON:-python3}
+case "$py" in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac   # absolute: the script changes folder
 dir=build/asan
 pkg=$dir/pkg/rapidmoe_gguf
 
@@ -32,7 +33,7 @@ echo "== C tests (ctest, leak checking on)"
 
 echo "== Python tests against $pkg"
 shopt -s nullglob
-tests=(tests/test_gguf*.py tests/test_quants*.py)
+tests=(tests/test_gguf*.py tests/test_quants*.py tests/test_kernels*.py)
 shopt -u nullglob
 if [ ${#tests[@]} -eq 0 ]; then
     echo "asan_check: no native-facing Python tests found" >&2

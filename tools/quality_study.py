@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import rapidmoe_gguf as rm  # noqa: E402
+from rapidmoe_gguf import umia  # noqa: E402
 from rapidmoe_gguf.evaluate import calibrate, perplexity  # noqa: E402
 
 RECIPES = ("q2k-q4", "q3k-q8")
@@ -31,7 +32,7 @@ POLICIES = ("umia", "gate", "expert", "layer", "random")
 BUDGETS = (0.1, 0.25, 0.5)
 
 
-def study(run: Path, work: Path, chunks: int, n_ctx: int, threads: int) -> list[dict]:
+def study(run: Path, work: Path, chunks: int, n_ctx: int, threads: int, shares: dict) -> list[dict]:
     text = (run / "heldout.txt").read_text(encoding="utf-8")
     with open(run / "train.txt", encoding="utf-8") as f:
         calib_text = f.read(4096 * 6)
@@ -45,6 +46,10 @@ def study(run: Path, work: Path, chunks: int, n_ctx: int, threads: int) -> list[
             rm.convert(run / "hf", path, recipe=recipe, progress=False)
             calibrate(str(path), calib_text, n_ctx=256, max_tokens=4096, n_threads=threads)
             with rm.Model(path, n_ctx=n_ctx, n_threads=threads) as m:
+                t = m.umia_tables
+                shares[recipe] = {"layer_kl": t.layer_sensitivity.tolist()} | {
+                    f"{p}@{b:g}": umia.allocate(t.quantiles[p], b)[1].round(3).tolist()
+                    for p in ("umia", "gate") for b in BUDGETS}
                 runs = [("none", 0.0), ("all", 1.0)] + [(p, b) for b in BUDGETS for p in POLICIES]
                 for policy, budget in runs:
                     t0 = time.time()
@@ -114,7 +119,16 @@ def write_markdown(rows: list[dict], meta: dict, path: Path, png: str) -> None:
             verdict = "beats every ablation" if at["umia"] < at[best_other] else \
                 f"does NOT beat `{best_other}` ({at[best_other]:.5f})"
             lines.append(f"- {recipe}, budget {b:g}: UMIA KLD {at['umia']:.5f}, {verdict}.")
-    lines += ["", f"![KLD against bytes per token]({png})", ""]
+    lines += ["", "How each policy spent the budget across layers (share of each layer's slots that got the",
+              "residual, from the calibration tables; `gate` and `random` spend about evenly):", ""]
+    for recipe, sh in meta["shares"].items():
+        lines.append(f"- {recipe}: layer KL when base only " + ", ".join(f"{v:.2e}" for v in sh["layer_kl"]))
+        for b in BUDGETS:
+            lines.append(f"  - budget {b:g}: umia {sh[f'umia@{b:g}']}, gate {sh[f'gate@{b:g}']}")
+    lines += ["", "UMIA spends most where the layer sensitivity says the error matters; the layer weight enters",
+              f"at power {umia.LAYER_POWER} (docs/UMIA.md: with power 1 it overspent on the most sensitive",
+              "layer at budget 0.5 and lost to the router weight alone there).",
+              "", f"![KLD against bytes per token]({png})", ""]
     path.write_text("\n".join(lines))
 
 
@@ -127,13 +141,14 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "QUALITY.md"))
     args = ap.parse_args()
     run = Path(args.run)
+    shares: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        rows = study(run, Path(tmp), args.chunks, args.ctx, args.threads)
+        rows = study(run, Path(tmp), args.chunks, args.ctx, args.threads, shares)
     cfg = json.loads((run / "hf" / "config.json").read_text())
     info = json.loads((run / "train_info.json").read_text())
     meta = {"params": info["parameters"]["total"], "layers": cfg["num_hidden_layers"],
             "experts": cfg.get("num_experts") or cfg.get("num_local_experts"), "top_k": cfg["num_experts_per_tok"],
-            "tokens": rows[0]["n_tokens"], "chunks": args.chunks, "n_ctx": args.ctx}
+            "tokens": rows[0]["n_tokens"], "chunks": args.chunks, "n_ctx": args.ctx, "shares": shares}
     out = Path(args.out)
     png = out.with_suffix(".png")
     (out.with_suffix(".json")).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

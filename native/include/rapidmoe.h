@@ -112,6 +112,31 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
                      float * out);
 
 /* ---------------------------------------------------------------------------------------------
+ * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512"
+ * ------------------------------------------------------------------------------------------- */
+
+/* The set the CPU backend uses. Chosen at first use: the best this CPU and build support, or the
+ * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512 names; a set that is not
+ * available falls back to the best one, with a warning on stderr. */
+const char * rm_cpu_isa(void);
+
+/* 1 when this CPU and build can run the set named isa, else 0. */
+int32_t   rm_cpu_isa_supported(const char * isa);
+
+/* For tests and benchmarks: y[t * n_rows + r] = the dot product of row r of w (n_rows rows of n
+ * weights of `type`, w_len bytes) with token t of x_q (n_tok rows of n activations already in the
+ * type's vec_dot_type, x_len bytes), computed as the CPU backend computes a matrix product, by the
+ * kernels of set isa (NULL: the set in use). RM_E_UNSUPPORTED_TYPE when this CPU or build lacks
+ * the set. */
+rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
+                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, float * y);
+
+/* The activation quantizer the CPU backend uses with set isa (NULL: the set in use): n floats of
+ * x to dst (dst_cap bytes). It writes the same bytes as rm_quantize. */
+rm_status rm_quantize_isa(const char * isa, int32_t type, const float * x, int64_t n, void * dst,
+                          uint64_t dst_cap);
+
+/* ---------------------------------------------------------------------------------------------
  * GGUF v3 reader (mmap; validates every count, length, offset, type and dimension)
  * ------------------------------------------------------------------------------------------- */
 

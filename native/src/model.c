@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "gguf.h"
 #include "status.h"
 #include "types.h"
 
@@ -19,52 +20,24 @@ typedef struct loader {
     char         arch[32];
 } loader;
 
-/* Reads an integer key of any integer type. 1 found, 0 absent, <0 wrong type (error set). */
+/* Reads an integer (or bool) key {arch}.{suffix}: 1 found, 0 absent, -1 unusable (error set). */
 static int get_int(const loader * ld, const char * suffix, int64_t * out) {
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
-    int64_t i = rm_gguf_find_kv(ld->g, key);
-    if (i < 0) {
-        return 0;
+    rm_status st = rm_gguf_get_i64(ld->g, key, out);
+    if (st == RM_E_FORMAT && rm_gguf_kv_type(ld->g, rm_gguf_find_kv(ld->g, key)) == RM_GGUF_BOOL) {
+        bool b;
+        st = rm_gguf_get_bool(ld->g, key, &b);
+        *out = b;
     }
-    /* values sit unaligned in the file: copy their bytes out */
-    const void * p = rm_gguf_kv_data(ld->g, i);
-    uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; uint64_t u64; int64_t i64;
-    switch (rm_gguf_kv_type(ld->g, i)) {
-        case RM_GGUF_UINT8:  memcpy(&u8, p, 1);  *out = u8;  return 1;
-        case RM_GGUF_INT8:   memcpy(&i8, p, 1);  *out = i8;  return 1;
-        case RM_GGUF_UINT16: memcpy(&u16, p, 2); *out = u16; return 1;
-        case RM_GGUF_INT16:  memcpy(&i16, p, 2); *out = i16; return 1;
-        case RM_GGUF_UINT32: memcpy(&u32, p, 4); *out = u32; return 1;
-        case RM_GGUF_INT32:  memcpy(&i32, p, 4); *out = i32; return 1;
-        case RM_GGUF_UINT64: memcpy(&u64, p, 8); *out = (int64_t) u64; return 1;
-        case RM_GGUF_INT64:  memcpy(&i64, p, 8); *out = i64; return 1;
-        case RM_GGUF_BOOL:   memcpy(&u8, p, 1);  *out = u8;  return 1;
-        default:
-            rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected an integer",
-                    ld->path, key, rm_gguf_kv_type(ld->g, i));
-            return -1;
-    }
+    return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
 static int get_float(const loader * ld, const char * suffix, float * out) {
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
-    int64_t i = rm_gguf_find_kv(ld->g, key);
-    if (i < 0) {
-        return 0;
-    }
-    const void * p = rm_gguf_kv_data(ld->g, i);
-    float f32;
-    double f64;
-    switch (rm_gguf_kv_type(ld->g, i)) {
-        case RM_GGUF_FLOAT32: memcpy(&f32, p, 4); *out = f32; return 1;
-        case RM_GGUF_FLOAT64: memcpy(&f64, p, 8); *out = (float) f64; return 1;
-        default:
-            rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected a float",
-                    ld->path, key, rm_gguf_kv_type(ld->g, i));
-            return -1;
-    }
+    rm_status st = rm_gguf_get_f32(ld->g, key, out);
+    return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
 /* An integer hyperparameter in [lo, hi]; required unless a default >= 0 is given. */
@@ -397,6 +370,7 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
         return st;
     }
     *out = m;
+    rm_clear_error();   /* optional keys that were absent left their messages behind */
     return RM_OK;
 }
 

@@ -65,5 +65,11 @@ const char * rm_build_info(void) {
 #else
         "off"
 #endif
+        "; cpu kernels "
+#if defined(RM_X86)
+        "scalar avx2 avx512"
+#else
+        "scalar"
+#endif
         "; flags " RM_BUILD_FLAGS;
 }

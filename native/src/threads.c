@@ -1,7 +1,14 @@
 /* threads.c - the persistent worker pool.
  *
  * Workers wait on a generation counter: they spin briefly (a token's matrix products come in
- * quick succession), then sleep on a condition variable so an idle model costs no CPU. */
+ * quick succession), then sleep on a condition variable so an idle model costs no CPU.
+ *
+ * A task is open from the moment its generation is posted until the caller closes it. A worker
+ * joins it (counted in n_active) only while it is open, and the caller closes it only when no
+ * worker is inside, so a task's fields never change under a worker. rm_pool_run waits for every
+ * worker to have run the task before closing; rm_pool_run_shared closes as soon as the caller's
+ * own call returns, so a worker that is descheduled (another process on its core) or still
+ * asleep simply misses the task instead of holding everyone up. */
 #include "threads.h"
 
 #include <pthread.h>
@@ -17,8 +24,11 @@ struct rm_pool {
     pthread_mutex_t mutex;
     pthread_cond_t  cond;
     atomic_uint     generation;   /* bumped once per task */
-    atomic_int      n_pending;    /* workers still running the current task */
+    atomic_int      n_pending;    /* rm_pool_run: workers still to run the current task */
+    atomic_uint     open_gen;     /* the generation whose task workers may join; 0 when closed */
+    atomic_int      n_active;     /* workers inside (or deciding whether to enter) a task */
     atomic_int      stop;
+    int             all;          /* the open task is an rm_pool_run one: every worker runs it */
     rm_task_fn      fn;
     void *          ctx;
 };
@@ -56,8 +66,16 @@ static void * worker_main(void * p) {
             return NULL;
         }
         seen = gen;
-        pool->fn(pool->ctx, arg.ith, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_release);
+        /* join, then look: the caller closes, then looks (both seq_cst), so either it sees us
+         * inside and waits, or we see the task closed and stay out */
+        atomic_fetch_add(&pool->n_active, 1);
+        if (atomic_load(&pool->open_gen) == gen) {
+            pool->fn(pool->ctx, arg.ith, pool->n_threads);
+            if (pool->all) {
+                atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_release);
+            }
+        }
+        atomic_fetch_sub_explicit(&pool->n_active, 1, memory_order_release);
     }
 }
 
@@ -111,20 +129,32 @@ void rm_pool_free(rm_pool * pool) {
 
 int rm_pool_size(const rm_pool * pool) { return pool->n_threads; }
 
-void rm_pool_run(rm_pool * pool, rm_task_fn fn, void * ctx) {
+static void run(rm_pool * pool, rm_task_fn fn, void * ctx, int all) {
     if (pool->n_threads == 1) {
         fn(ctx, 0, 1);
         return;
     }
     pool->fn = fn;
     pool->ctx = ctx;
+    pool->all = all;
     atomic_store(&pool->n_pending, pool->n_threads - 1);
     pthread_mutex_lock(&pool->mutex);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
+    unsigned gen = atomic_load(&pool->generation) + 1;
+    gen += gen == 0;                       /* 0 means closed */
+    atomic_store(&pool->open_gen, gen);
+    atomic_store_explicit(&pool->generation, gen, memory_order_release);
     pthread_cond_broadcast(&pool->cond);
     pthread_mutex_unlock(&pool->mutex);
     fn(ctx, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->n_pending, memory_order_acquire) > 0) {
+    while (all && atomic_load_explicit(&pool->n_pending, memory_order_acquire) > 0) {
         /* the workers are on their share; nothing else to do */
     }
+    atomic_store(&pool->open_gen, 0);
+    while (atomic_load(&pool->n_active) > 0) {
+        /* a worker that joined in time finishes its part */
+    }
 }
+
+void rm_pool_run(rm_pool * pool, rm_task_fn fn, void * ctx) { run(pool, fn, ctx, 1); }
+
+void rm_pool_run_shared(rm_pool * pool, rm_task_fn fn, void * ctx) { run(pool, fn, ctx, 0); }

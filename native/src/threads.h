@@ -16,6 +16,10 @@ rm_pool * rm_pool_new(int n_threads);       /* NULL on failure; n_threads <= 0: 
 void      rm_pool_free(rm_pool * pool);
 int       rm_pool_size(const rm_pool * pool);
 void      rm_pool_run(rm_pool * pool, rm_task_fn fn, void * ctx);
+/* For tasks that hand out their work from a shared counter, so that any subset of the threads
+ * completes them: returns once the caller's own fn(ctx, 0, nth) has, and workers that have not
+ * started by then skip the task. A core busy with other work then delays nothing. */
+void      rm_pool_run_shared(rm_pool * pool, rm_task_fn fn, void * ctx);
 
 /* The half-open share [*lo, *hi) of n items that thread ith of nth takes. */
 static inline void rm_split(int64_t n, int ith, int nth, int64_t * lo, int64_t * hi) {

@@ -1,9 +1,15 @@
 /* ops.c - the CPU backend: matrix products over quantized weights, attention, small ops.
  *
  * Matrix products follow ggml: activations are quantized once to the weight type's vec_dot_type
- * (Q8_0 / Q8_K blocks), then each weight row is dotted against every token's row while it is hot
- * in cache. Rows are split across the pool's threads, so all threads work on every matrix. */
+ * (Q8_0 / Q8_K blocks), then weight rows are dotted against every token's row while they are hot
+ * in cache. The kernels are the best set this CPU runs (dispatch.c). Rows go in tiles of a few
+ * KiB of weights: a tile stays in L1 while every token of the batch passes over it, so prefill
+ * reads each weight byte from memory once, and tokens pass four at a time where the type has a
+ * four-token kernel (each weight block is then unpacked once for four). Threads take tiles from
+ * a shared counter rather than fixed shares, and the pool's shared runs (threads.c) let a core
+ * busy with other work miss a product instead of holding it up. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +17,11 @@
 #include "../backend.h"
 #include "../status.h"
 #include "../types.h"
+#include "dispatch.h"
+
+/* Weight bytes per tile: with one token's activations beside it, well inside a 32 KiB L1. */
+#define MM_TILE_BYTES (16 << 10)
+#define MM_TILE_MAX_ROWS 64
 
 typedef struct cpu_ctx {
     rm_pool * pool;
@@ -21,99 +32,160 @@ typedef struct cpu_ctx {
 } cpu_ctx;
 
 typedef struct mm_task {
-    const rm_matmul_args *   a;
-    const rm_type_traits *   tt;
-    const uint8_t *          wdata;
-    const uint8_t *          xq;
-    uint64_t                 xq_stride;
+    const rm_matmul_args * a;
+    rm_vec_dot_fn          vec_dot;    /* the weight type's kernel */
+    rm_vec_dot_x4_fn       vec_dot_x4; /* and its four-token form, or NULL */
+    rm_from_float_fn       quantize;   /* its activation type's quantizer */
+    const uint8_t *        wdata;
+    const uint8_t *        xq;
+    uint64_t               xq_stride;
+    int64_t                tile_rows;
+    int64_t                n_tiles;
+    atomic_llong           next_tile;
+    atomic_llong           next_token;  /* activation rows still to quantize */
 } mm_task;
 
-static void quantize_task(void * p, int ith, int nth) {
-    mm_task * t = p;
-    const rm_type_traits * vt = rm_type_traits_get(t->tt->vec_dot_type);
-    int64_t lo, hi;
-    rm_split(t->a->n_tok, ith, nth, &lo, &hi);
+static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
-        vt->from_float(t->a->x + i * t->a->x_stride, (uint8_t *) t->xq + i * t->xq_stride, t->a->w->ne[0]);
+        t->quantize(t->a->x + i * t->a->x_stride, (uint8_t *) t->xq + i * t->xq_stride, t->a->w->ne[0]);
     }
 }
 
-static void matmul_task(void * p, int ith, int nth) {
-    const mm_task * t = p;
+static void quantize_task(void * p, int ith, int nth) {
+    mm_task * t = p;
+    for (;;) {
+        const int64_t i = atomic_fetch_add_explicit(&t->next_token, 1, memory_order_relaxed);
+        if (i >= t->a->n_tok) {
+            break;
+        }
+        quantize_rows(t, i, i + 1);
+    }
+    (void) ith;
+    (void) nth;
+}
+
+static inline void store(const rm_matmul_args * a, int32_t i, int64_t r, float v) {
+    float * y = a->y + (int64_t) i * a->y_stride + r;
+    *y = a->accumulate ? *y + v : v;
+}
+
+/* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token, four tokens at a
+ * time where the type has a four-token kernel (each weight block is then unpacked once for four). */
+static void matmul_tile(const mm_task * t, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
-    int64_t lo, hi;
-    rm_split(a->w->ne[1], ith, nth, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++) {
-        const uint8_t * wrow = t->wdata + (uint64_t) r * rb;
-        for (int32_t i = 0; i < a->n_tok; i++) {
+    int32_t i = 0;
+    if (t->vec_dot_x4) {
+        for (; i + 4 <= a->n_tok; i += 4) {
+            const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
+            for (int64_t r = r0; r < r1; r++) {
+                float v[4];
+                t->vec_dot_x4(n_in, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride);
+                for (int c = 0; c < 4; c++) {
+                    store(a, i + c, r, v[c]);
+                }
+            }
+        }
+    }
+    for (; i < a->n_tok; i++) {
+        const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
+        for (int64_t r = r0; r < r1; r++) {
             float v;
-            t->tt->vec_dot(n_in, &v, wrow, t->xq + (uint64_t) i * t->xq_stride);
-            float * y = a->y + (int64_t) i * a->y_stride + r;
-            *y = a->accumulate ? *y + v : v;
+            t->vec_dot(n_in, &v, t->wdata + (uint64_t) r * rb, x);
+            store(a, i, r, v);
         }
     }
 }
 
+static void matmul_task(void * p, int ith, int nth) {
+    mm_task * t = p;
+    const int64_t n_rows = t->a->w->ne[1];
+    for (;;) {
+        const int64_t k = atomic_fetch_add_explicit(&t->next_tile, 1, memory_order_relaxed);
+        if (k >= t->n_tiles) {
+            break;
+        }
+        const int64_t r0 = k * t->tile_rows;
+        matmul_tile(t, r0, r0 + t->tile_rows < n_rows ? r0 + t->tile_rows : n_rows);
+    }
+    (void) ith;
+    (void) nth;
+}
+
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
-    mm_task t = {a, rm_type_traits_get(a->w->type), rm_weight_matrix(a->w, a->mat), NULL, 0};
-    if (t.tt->vec_dot_type == RM_TYPE_F32) {
+    const rm_type_traits * tt = rm_type_traits_get(a->w->type);
+    const int64_t n_rows = a->w->ne[1];
+    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_x4 = rm_cpu_vec_dot_x4(a->w->type),
+                 .quantize = rm_cpu_quantize(tt->vec_dot_type), .wdata = rm_weight_matrix(a->w, a->mat)};
+    int64_t rows = (int64_t) (MM_TILE_BYTES / a->w->row_bytes);
+    rows = rows < 1 ? 1 : rows > MM_TILE_MAX_ROWS ? MM_TILE_MAX_ROWS : rows;
+    /* at least a few tiles per thread, so the counter can even out the load */
+    const int64_t per_thread = (n_rows + 4 * rm_pool_size(c->pool) - 1) / (4 * rm_pool_size(c->pool));
+    t.tile_rows = rows < per_thread ? rows : per_thread > 0 ? per_thread : 1;
+    t.n_tiles = (n_rows + t.tile_rows - 1) / t.tile_rows;
+    atomic_init(&t.next_tile, 0);
+    atomic_init(&t.next_token, 0);
+    if (tt->vec_dot_type == RM_TYPE_F32) {
         t.xq = (const uint8_t *) a->x;
         t.xq_stride = (uint64_t) a->x_stride * sizeof(float);
     } else {
         t.xq = c->xq;
-        t.xq_stride = rm_row_bytes(t.tt->vec_dot_type, a->w->ne[0]);
+        t.xq_stride = rm_row_bytes(tt->vec_dot_type, a->w->ne[0]);
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
-        rm_pool_run(c->pool, quantize_task, &t);
+        if (a->n_tok == 1) {
+            quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
+        } else {
+            rm_pool_run_shared(c->pool, quantize_task, &t);
+        }
     }
-    rm_pool_run(c->pool, matmul_task, &t);
+    rm_pool_run_shared(c->pool, matmul_task, &t);
 }
 
 typedef struct attn_task {
     const rm_attn_args * a;
     cpu_ctx *            c;
+    rm_vec_dot_fn        dot;         /* F32 . F32 */
+    rm_axpy_fn           axpy;
+    atomic_llong         next_job;    /* jobs are (token, head); later tokens see more positions */
 } attn_task;
 
 static void attn_task_fn(void * p, int ith, int nth) {
-    const attn_task * t = p;
+    attn_task * t = p;
     const rm_attn_args * a = t->a;
     const int32_t D = a->head_dim, group = a->n_head / a->n_head_kv;
     const int64_t q_stride = (int64_t) a->n_head * D, kv_stride = (int64_t) a->n_head_kv * D;
     const float scale = 1.0f / sqrtf((float) D);
     float * scores = t->c->scores + (int64_t) ith * t->c->n_ctx;
-    int64_t lo, hi;
-    rm_split((int64_t) a->n_tok * a->n_head, ith, nth, &lo, &hi);
-    for (int64_t job = lo; job < hi; job++) {
+    const int64_t n_jobs = (int64_t) a->n_tok * a->n_head;
+    for (;;) {
+        const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
+        if (job >= n_jobs) {
+            break;
+        }
         const int32_t i = (int32_t) (job / a->n_head), h = (int32_t) (job % a->n_head);
         const int32_t n_kv = a->pos0 + i + 1;
         const float * q = a->q + i * q_stride + (int64_t) h * D;
         const int64_t kv_off = (int64_t) (h / group) * D;
         for (int32_t p = 0; p < n_kv; p++) {
-            const float * k = a->k_cache + p * kv_stride + kv_off;
-            float s = 0.0f;
-            for (int32_t d = 0; d < D; d++) {
-                s += q[d] * k[d];
-            }
-            scores[p] = s * scale;
+            t->dot(D, &scores[p], a->k_cache + p * kv_stride + kv_off, q);
+            scores[p] *= scale;
         }
         rm_softmax(scores, n_kv);
         float * out = a->out + i * q_stride + (int64_t) h * D;
         memset(out, 0, sizeof(float) * (size_t) D);
         for (int32_t p = 0; p < n_kv; p++) {
-            const float * v = a->v_cache + p * kv_stride + kv_off;
-            const float w = scores[p];
-            for (int32_t d = 0; d < D; d++) {
-                out[d] += w * v[d];
-            }
+            t->axpy(D, scores[p], a->v_cache + p * kv_stride + kv_off, out);
         }
     }
+    (void) nth;
 }
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
-    attn_task t = {a, be->ctx};
-    rm_pool_run(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
+    attn_task t = {.a = a, .c = be->ctx, .dot = rm_cpu_vec_dot(RM_TYPE_F32), .axpy = rm_cpu_axpy()};
+    atomic_init(&t.next_job, 0);
+    rm_pool_run_shared(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
 }
 
 /* ---- the small ops: activations are host memory, so they are the reference math itself ---- */

@@ -1,0 +1,261 @@
+/* dispatch.c - probing the CPU, choosing the kernel set, and the per-set entry points that tests
+ * and benchmarks use to run one set's kernels against the reference. */
+#include "dispatch.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../status.h"
+
+#if defined(RM_X86)
+#include <cpuid.h>
+#endif
+
+static const char * const isa_names[RM_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+
+const char * rm_isa_name(rm_isa isa) {
+    return isa >= 0 && isa < RM_ISA_COUNT ? isa_names[isa] : "unknown";
+}
+
+int rm_isa_parse(const char * name, rm_isa * out) {
+    for (int i = 0; i < RM_ISA_COUNT; i++) {
+        if (name && strcmp(name, isa_names[i]) == 0) {
+            *out = (rm_isa) i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+#if defined(RM_X86)
+/* The register state the OS saves on context switches (XCR0): without it the registers exist
+ * but must not be used. Read with xgetbv, valid once cpuid reports OSXSAVE. */
+static uint64_t xcr0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t) hi << 32) | lo;
+}
+
+static rm_isa probe(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) {
+        return RM_ISA_SCALAR;
+    }
+    const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) {
+        return RM_ISA_SCALAR;
+    }
+    const uint64_t xcr = xcr0();
+    if ((xcr & 0x6) != 0x6) {                     /* XMM and YMM state */
+        return RM_ISA_SCALAR;
+    }
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        return RM_ISA_SCALAR;
+    }
+    const int avx2 = (b >> 5) & 1;
+    if (!(avx2 && fma && f16c)) {
+        return RM_ISA_SCALAR;
+    }
+    const int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    const int vnni = (c >> 11) & 1;
+    const int zmm_state = (xcr & 0xe0) == 0xe0;   /* opmask, upper ZMM0-15, ZMM16-31 */
+    return f && dq && bw && vl && vnni && zmm_state ? RM_ISA_AVX512 : RM_ISA_AVX2;
+}
+#else
+static rm_isa probe(void) { return RM_ISA_SCALAR; }
+#endif
+
+static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
+static rm_isa best_isa = RM_ISA_SCALAR;
+static rm_isa active_isa = RM_ISA_SCALAR;
+
+static void choose(void) {
+    best_isa = probe();
+    active_isa = best_isa;
+    const char * want = getenv("RAPIDMOE_ISA");
+    if (!want || !*want) {
+        return;
+    }
+    rm_isa isa;
+    if (!rm_isa_parse(want, &isa)) {
+        fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s is not one of scalar, avx2, avx512; using %s\n",
+                want, rm_isa_name(best_isa));
+    } else if (isa > best_isa) {
+        fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s: this CPU or build does not have it; using %s\n",
+                want, rm_isa_name(best_isa));
+    } else {
+        active_isa = isa;
+    }
+}
+
+rm_isa rm_isa_best(void) {
+    pthread_once(&choose_once, choose);
+    return best_isa;
+}
+
+rm_isa rm_isa_active(void) {
+    pthread_once(&choose_once, choose);
+    return active_isa;
+}
+
+static const rm_cpu_kernels * kernels_of(rm_isa isa) {
+#if defined(RM_X86)
+    if (isa == RM_ISA_AVX2) return &rm_cpu_kernels_avx2;
+    if (isa == RM_ISA_AVX512) return &rm_cpu_kernels_avx512;
+#endif
+    (void) isa;
+    return NULL;
+}
+
+rm_vec_dot_fn rm_cpu_vec_dot_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->vec_dot[type]) return k->vec_dot[type];
+    }
+    const rm_type_traits * t = rm_type_traits_get(type);
+    return t ? t->vec_dot : NULL;
+}
+
+rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->quantize[type]) return k->quantize[type];
+    }
+    const rm_type_traits * t = rm_type_traits_get(type);
+    return t ? t->from_float : NULL;
+}
+
+/* The four-token kernel of the set whose one-token kernel vec_dot uses, so both agree bit for bit. */
+rm_vec_dot_x4_fn rm_cpu_vec_dot_x4_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->vec_dot[type]) return k->vec_dot_x4[type];
+    }
+    return NULL;
+}
+
+static void axpy_ref(int64_t n, float a, const float * x, float * y) {
+    for (int64_t i = 0; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
+
+rm_axpy_fn rm_cpu_axpy_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->axpy) return k->axpy;
+    }
+    return axpy_ref;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Public entry points
+ * ------------------------------------------------------------------------------------------- */
+
+const char * rm_cpu_isa(void) { return rm_isa_name(rm_isa_active()); }
+
+int32_t rm_cpu_isa_supported(const char * isa) {
+    rm_isa i;
+    return rm_isa_parse(isa, &i) && i <= rm_isa_best();
+}
+
+/* The set named by `isa` (NULL: the one in use) for entry point fn, or records why not. */
+static rm_status isa_arg(const char * fn, const char * isa, rm_isa * out) {
+    if (isa == NULL) {
+        *out = rm_isa_active();
+        return RM_OK;
+    }
+    if (!rm_isa_parse(isa, out)) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: isa '%s' is not one of scalar, avx2, avx512", fn, isa);
+    }
+    if (*out > rm_isa_best()) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: isa '%s' is not available on this CPU or build (best: %s)",
+                       fn, isa, rm_isa_name(rm_isa_best()));
+    }
+    return RM_OK;
+}
+
+rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
+                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, float * y) {
+    rm_clear_error();
+    rm_isa which;
+    rm_status st = isa_arg(__func__, isa, &which);
+    if (st != RM_OK) return st;
+    const rm_type_traits * t = rm_type_traits_get(type);
+    if (t == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: ggml type %d is not supported by this build", __func__, (int) type);
+    const rm_type_traits * xt = rm_type_traits_get(t->vec_dot_type);
+    if (n <= 0 || n % t->block_elems != 0 || n % xt->block_elems != 0) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n %lld is not a positive multiple of the block sizes (%d, %s %d)",
+                       __func__, t->name, (long long) n, (int) t->block_elems, xt->name, (int) xt->block_elems);
+    }
+    if (n_rows < 0 || n_tok < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n_rows %lld, n_tok %lld", __func__, t->name, (long long) n_rows,
+                       (long long) n_tok);
+    }
+    if (w == NULL || x_q == NULL || y == NULL) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name,
+                       w == NULL ? "w" : x_q == NULL ? "x_q" : "y");
+    }
+    const uint64_t row = rm_row_bytes(type, n), xrow = rm_row_bytes(t->vec_dot_type, n);
+    if (n_rows > 0 && w_len / (uint64_t) n_rows < row) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld rows of %lld weights need %llu bytes, w has %llu", __func__,
+                       t->name, (long long) n_rows, (long long) n, (unsigned long long) (row * (uint64_t) n_rows),
+                       (unsigned long long) w_len);
+    }
+    if (n_tok > 0 && x_len / (uint64_t) n_tok < xrow) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld tokens of %lld activations of %s need %llu bytes, x_q has %llu",
+                       __func__, t->name, (long long) n_tok, (long long) n, xt->name,
+                       (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
+    }
+    /* as the CPU backend's matmul_tile: four tokens at a time where there is a kernel for it */
+    const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
+    const rm_vec_dot_x4_fn dot4 = rm_cpu_vec_dot_x4_isa(which, type);
+    const uint8_t * wb = w;
+    const uint8_t * xb = x_q;
+    int64_t i = 0;
+    for (; dot4 && i + 4 <= n_tok; i += 4) {
+        for (int64_t r = 0; r < n_rows; r++) {
+            float v[4];
+            dot4(n, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow);
+            for (int c = 0; c < 4; c++) {
+                y[(i + c) * n_rows + r] = v[c];
+            }
+        }
+    }
+    for (; i < n_tok; i++) {
+        for (int64_t r = 0; r < n_rows; r++) {
+            dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
+        }
+    }
+    return RM_OK;
+}
+
+rm_status rm_quantize_isa(const char * isa, int32_t type, const float * x, int64_t n, void * dst, uint64_t dst_cap) {
+    rm_clear_error();
+    rm_isa which;
+    rm_status st = isa_arg(__func__, isa, &which);
+    if (st != RM_OK) return st;
+    const rm_type_traits * t = rm_type_traits_get(type);
+    if (t == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: ggml type %d is not supported by this build", __func__, (int) type);
+    if (n <= 0 || n % t->block_elems != 0) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n %lld is not a positive multiple of the block size %d",
+                       __func__, t->name, (long long) n, (int) t->block_elems);
+    }
+    if (x == NULL || dst == NULL) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name, x == NULL ? "x" : "dst");
+    }
+    const uint64_t need = rm_row_bytes(type, n);
+    if (dst_cap < need) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld elements need %llu bytes, dst holds %llu", __func__,
+                       t->name, (long long) n, (unsigned long long) need, (unsigned long long) dst_cap);
+    }
+    rm_from_float_fn q = rm_cpu_quantize_isa(which, type);
+    if (q == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: type %s has no quantizer", __func__, t->name);
+    q(x, dst, n);
+    return RM_OK;
+}

@@ -1,0 +1,59 @@
+/* dispatch.h - internal: which SIMD kernel set the CPU backend runs, chosen once per process.
+ *
+ * Each instruction set has its own source files (cpu/vec_dot_avx2.c, cpu/vec_dot_avx512.c), compiled with
+ * that set's flags and exporting one table of kernels by ggml type id. At first use the CPU is
+ * probed (cpuid, and xgetbv for the register state the OS saves) and the best set this build and
+ * this CPU both have is chosen; RAPIDMOE_ISA=scalar|avx2|avx512 asks for another. A lookup falls
+ * through to the next set down when a set lacks a kernel, ending at the scalar reference, which
+ * always exists. */
+#ifndef RM_CPU_DISPATCH_H
+#define RM_CPU_DISPATCH_H
+
+#include "../types.h"
+
+typedef enum rm_isa {
+    RM_ISA_SCALAR = 0,            /* the reference kernels of quants_ref.c */
+    RM_ISA_AVX2   = 1,            /* AVX2 + FMA + F16C */
+    RM_ISA_AVX512 = 2,            /* AVX-512 F/BW/VL/DQ + VNNI, on top of AVX2 */
+    RM_ISA_COUNT
+} rm_isa;
+
+/* out[c] = dot(w, token c) for four tokens whose activations lie x_stride bytes apart: one weight
+ * row unpacked once for all four. Each out[c] is bit for bit what vec_dot gives for that token. */
+typedef void (*rm_vec_dot_x4_fn)(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride);
+
+/* y[i] += a * x[i] for n floats (attention's weighted sum of values) */
+typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
+
+/* One instruction set's kernels, by ggml type id; NULL where the set has none. */
+typedef struct rm_cpu_kernels {
+    rm_vec_dot_fn    vec_dot[RM_TYPE_COUNT];     /* same contract as rm_type_traits.vec_dot */
+    rm_vec_dot_x4_fn vec_dot_x4[RM_TYPE_COUNT];  /* optional: four tokens at once */
+    rm_from_float_fn quantize[RM_TYPE_COUNT];    /* activation quantizers (Q8_0, Q8_K): the same
+                                                    bytes as the reference from_float */
+    rm_axpy_fn       axpy;
+} rm_cpu_kernels;
+
+#if defined(RM_X86)
+extern const rm_cpu_kernels rm_cpu_kernels_avx2;
+extern const rm_cpu_kernels rm_cpu_kernels_avx512;
+#endif
+
+const char * rm_isa_name(rm_isa isa);
+int          rm_isa_parse(const char * name, rm_isa * out);   /* 1 on success */
+rm_isa       rm_isa_best(void);                               /* the best this CPU and build run */
+rm_isa       rm_isa_active(void);                             /* the set in use (first call decides) */
+
+/* The kernels of `isa` (falling back to lower sets, then the reference) for a type. */
+rm_vec_dot_fn    rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
+rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type);
+rm_vec_dot_x4_fn rm_cpu_vec_dot_x4_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */
+rm_axpy_fn       rm_cpu_axpy_isa(rm_isa isa);
+
+/* The same for the set in use: what the CPU backend calls. */
+static inline rm_vec_dot_fn    rm_cpu_vec_dot(int32_t type)  { return rm_cpu_vec_dot_isa(rm_isa_active(), type); }
+static inline rm_from_float_fn rm_cpu_quantize(int32_t type) { return rm_cpu_quantize_isa(rm_isa_active(), type); }
+static inline rm_vec_dot_x4_fn rm_cpu_vec_dot_x4(int32_t type) { return rm_cpu_vec_dot_x4_isa(rm_isa_active(), type); }
+static inline rm_axpy_fn       rm_cpu_axpy(void)             { return rm_cpu_axpy_isa(rm_isa_active()); }
+
+#endif

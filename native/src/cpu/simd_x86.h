@@ -1,0 +1,271 @@
+/* simd_x86.h - internal: helpers and kernels shared by the AVX2 and AVX-512 kernel files.
+ *
+ * Included by vec_dot_avx2.c and vec_dot_avx512.c, so each instruction set compiles them with its
+ * own flags. The K-quant kernels add their int16 pair products, weighted by the sub-block scales,
+ * into int32 lanes with RM_KQ_ACC(acc, p, s), which the including file defines: vpmaddwd and an
+ * add with AVX2, one vpdpwssd with AVX-512 VNNI. */
+#ifndef RM_CPU_SIMD_X86_H
+#define RM_CPU_SIMD_X86_H
+
+#include <immintrin.h>
+
+#include "dispatch.h"
+#include <string.h>
+
+#ifndef RM_KQ_ACC
+#error "define RM_KQ_ACC(acc, p, s) before including simd_x86.h"
+#endif
+
+#define RM_INLINE static inline __attribute__((always_inline))
+
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline int32_t hsum_epi32_128(__m128i v) {
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(v);
+}
+
+static inline int32_t hsum_epi32(__m256i v) {
+    return hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+static inline float fp16(rm_fp16 h) { return _cvtsh_ss(h); }
+
+/* The 32 nibbles of a 16-byte run as bytes: low nibbles first, then high ones (Q4_0's order). */
+static inline __m256i nibbles_lo_hi(const uint8_t * qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *) qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
+}
+
+/* int16 lanes 0-7 = s[j], lanes 8-15 = s[j + 1] from a vector of 16 signed byte scales: the
+ * scales of the two 16-element sub-blocks that one 32-byte vector of levels spans. The scales are
+ * kept in registers throughout: writing them to a small array and reading them back as a vector
+ * would stall on store forwarding once per super-block. */
+static inline __m256i scale_pair(__m128i s8, int j) {
+    const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm_set1_epi8((char) j));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
+}
+
+/* int16 lanes all = s[j], from a vector of 16 unsigned byte scales. */
+static inline __m256i scale_all(__m128i s8, int j) {
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(s8, _mm_set1_epi8((char) j)));
+}
+
+/* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16 (s as 16 int16), as int32. */
+static inline int32_t bsums_dot16(const int16_t bsums[16], __m256i s16) {
+    return hsum_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), s16));
+}
+
+/* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
+ * of 8-15 in their high nibbles; the top 2 bits of scale j sit in byte 8 + j % 4 at bit 2 (j / 4). */
+static inline __m128i scales_q3_K(const uint8_t q[12]) {
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    const __m128i v = _mm_setr_epi32((int) ((u[0] & 0x0f0f0f0f) | (((u[2] >> 0) & 0x03030303) << 4)),
+                                     (int) ((u[1] & 0x0f0f0f0f) | (((u[2] >> 2) & 0x03030303) << 4)),
+                                     (int) (((u[0] >> 4) & 0x0f0f0f0f) | (((u[2] >> 4) & 0x03030303) << 4)),
+                                     (int) (((u[1] >> 4) & 0x0f0f0f0f) | (((u[2] >> 6) & 0x03030303) << 4)));
+    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+/* Q4_K / Q5_K: eight 6-bit scales (bytes 0-7 of the result) and mins (bytes 8-15) from 12 bytes.
+ * Bytes 0-3 hold scales 0-3 and bytes 4-7 mins 0-3 (low 6 bits); bytes 8-11 the low nibbles of
+ * scale (low) and min (high) 4-7, whose top 2 bits are the top 2 bits of bytes 0-3 and 4-7. */
+static inline __m128i scales_k4(const uint8_t q[12]) {
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    return _mm_setr_epi32((int) (u[0] & 0x3f3f3f3f),
+                          (int) ((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)),
+                          (int) (u[1] & 0x3f3f3f3f),
+                          (int) (((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4)));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * K-quants written once for nc tokens (1 or 4): a super-block's levels and scales are unpacked
+ * once for all tokens, and each token's result is bit for bit the one-token kernel's.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Q2_K for nc tokens (1 or 4): levels 0..3 times scales, less dmin times the mins (via bsums). */
+RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    const rm_block_q2_K * b = w;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc[4];
+    float acc_m[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+        acc_m[c] = 0.0f;
+    }
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
+        const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+        const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+        const rm_block_q8_K * a[4];
+        __m256i sumi[4];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+            for (int g = 0; g < 4; g++) {
+                const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3);
+                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                for (int c = 0; c < nc; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                    sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+                }
+            }
+        }
+        const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
+        for (int c = 0; c < nc; c++) {
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            acc_m[c] += a[c]->d * dmw * (float) bsums_dot16(a[c]->bsums, mn);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]) - acc_m[c];
+    }
+}
+
+/* Q3_K for nc tokens (1 or 4): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
+RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    const rm_block_q3_K * b = w;
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        const __m128i sc = scales_q3_K(b[i].scales);
+        const rm_block_q8_K * a[4];
+        __m256i sumi[4];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
+        const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+            for (int g = 0; g < 4; g++) {
+                /* two low bits, plus 4 where the high bit (hmask bit 4h + g) is set */
+                const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
+                const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                const __m256i l = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3), high);
+                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                for (int c = 0; c < nc; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                    sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+                }
+            }
+        }
+        const float dw = fp16(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            const int32_t offset = 4 * bsums_dot16(a[c]->bsums, _mm256_cvtepi8_epi16(sc));
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+/* Q4_K for nc tokens (1 or 4): the nibbles and scales of a super-block are unpacked once. */
+RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    const rm_block_q4_K * b = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4];
+    float acc_m[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+        acc_m[c] = 0.0f;
+    }
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        const __m128i sm = scales_k4(b[i].scales);    /* 8 scales, then 8 mins */
+        const rm_block_q8_K * a[4];
+        __m256i sumi[4];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
+            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i s0 = scale_all(sm, 2 * p), s1 = scale_all(sm, 2 * p + 1);
+            for (int c = 0; c < nc; c++) {
+                const int8_t * y = a[c]->qs + 64 * p;
+                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
+                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
+                sumi[c] = RM_KQ_ACC(sumi[c], p0, s0);
+                sumi[c] = RM_KQ_ACC(sumi[c], p1, s1);
+            }
+        }
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+        const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
+        for (int c = 0; c < nc; c++) {
+            /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j + 1]) */
+            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) a[c]->bsums),
+                                              _mm_loadu_si128((const __m128i *) (a[c]->bsums + 8)));
+            const int32_t summ = hsum_epi32_128(_mm_madd_epi16(bs, mins));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            acc_m[c] += a[c]->d * dmw * (float) summ;
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]) - acc_m[c];
+    }
+}
+
+/* Q6_K for nc tokens (1 or 4): the levels of a super-block are unpacked once. */
+RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    const rm_block_q6_K * b = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        const __m128i sc = _mm_loadu_si128((const __m128i *) b[i].scales);
+        const rm_block_q8_K * a[4];
+        __m256i sumi[4];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *) (b[i].qh + 32 * h));
+            /* levels + 32 in 0..63 of elements 128h + 32g + l: 4 low bits, then 2 from qh bits 2g */
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2h));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2h));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
+            for (int g = 0; g < 4; g++) {
+                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                for (int c = 0; c < nc; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                    sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+                }
+            }
+        }
+        const float dw = fp16(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            const int32_t offset = 32 * bsums_dot16(a[c]->bsums, _mm256_cvtepi8_epi16(sc));
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+#endif

@@ -1,0 +1,313 @@
+/* vec_dot_avx2.c - AVX2 + FMA + F16C kernels: dot products of one weight row with one row of
+ * activations, and the activation quantizers.
+ *
+ * Every kernel computes what its reference twin in quants_ref.c computes. The integer parts are
+ * exact; only the float summation order differs (lanes, then a horizontal sum), so results agree
+ * with the reference to float rounding (tests/test_kernels.py states the budget). The
+ * quantizers are byte-identical to the reference: they use the same float operations in the same
+ * order, and convert to bytes the way the reference's casts do.
+ *
+ * Integer products use vpmaddubsw, which multiplies unsigned bytes by signed bytes into pairs of
+ * int16 sums. The activations from our quantizers lie in [-127, 127], the unsigned weight levels
+ * in [0, 63], so no pair sum comes near saturation; signed weights (Q8_0, Q4_0 less 8) go in as
+ * their magnitude with their sign moved onto the activation. The helpers and the Q4_K / Q6_K
+ * kernels live in simd_x86.h, shared with the AVX-512 set.
+ */
+#if defined(RM_X86)
+
+#include <immintrin.h>
+
+/* pair products times scales, added into int32 lanes */
+#define RM_KQ_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
+#include "simd_x86.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * F32 and F16 weights against F32 activations (n is any positive count)
+ * ------------------------------------------------------------------------------------------- */
+
+static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
+    const float * a = w;
+    const float * x = x_q;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 4; k++) {
+            acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), acc[0]);
+    }
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) {
+        sum += a[i] * x[i];
+    }
+    *out = sum;
+}
+
+static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_fp16 * a = w;
+    const float * x = x_q;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int k = 0; k < 4; k++) {
+            const __m256 wk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (a + i + 8 * k)));
+            acc[k] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x + i + 8 * k), acc[k]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (a + i))), _mm256_loadu_ps(x + i), acc[0]);
+    }
+    float sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    for (; i < n; i++) {
+        sum += fp16(a[i]) * x[i];
+    }
+    *out = sum;
+}
+
+static void axpy(int64_t n, float a, const float * x, float * y) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++) {
+        y[i] += a * x[i];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 32-element blocks against Q8_0
+ * ------------------------------------------------------------------------------------------- */
+
+/* The 32-element kernels below are written once for nc tokens (1 or 4) and instantiated for
+ * both: with four tokens each weight block is unpacked and its scale converted once, and every
+ * token keeps the accumulators and order of the one-token kernel, so results are identical bit
+ * for bit whichever way a token is computed. */
+
+/* acc[c] += d_w d_x (w . x) for one block of signed weight levels, |w| and w given. */
+RM_INLINE void block_dot_s8(__m256i w, __m256i aw, float dw, const rm_block_q8_0 * x, __m256 * acc) {
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * fp16(x->d)), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), *acc);
+}
+
+/* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
+RM_INLINE __m256i levels_q8_0(const void * w, int64_t i, float * d) {
+    const rm_block_q8_0 * b = (const rm_block_q8_0 *) w + i;
+    *d = fp16(b->d);
+    return _mm256_loadu_si256((const __m256i *) b->qs);
+}
+
+RM_INLINE __m256i levels_q4_0(const void * w, int64_t i, float * d) {
+    const rm_block_q4_0 * b = (const rm_block_q4_0 *) w + i;
+    *d = fp16(b->d);
+    return _mm256_sub_epi8(nibbles_lo_hi(b->qs), _mm256_set1_epi8(8));
+}
+
+/* out[c] = dot(w, token c), tokens x_stride bytes apart; even and odd blocks in two chains. */
+RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
+                            __m256i (*levels)(const void *, int64_t, float *)) {
+    const int64_t nb = n / RM_QK;
+    __m256 acc0[4], acc1[4];
+    for (int c = 0; c < nc; c++) {
+        acc0[c] = _mm256_setzero_ps();
+        acc1[c] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < nb; i += 2) {
+        float d0, d1 = 0;
+        const __m256i q0 = levels(w, i, &d0), a0 = _mm256_sign_epi8(q0, q0);
+        const int two = i + 1 < nb;
+        const __m256i q1 = two ? levels(w, i + 1, &d1) : q0, a1 = _mm256_sign_epi8(q1, q1);
+        for (int c = 0; c < nc; c++) {
+            const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            block_dot_s8(q0, a0, d0, x, &acc0[c]);
+            if (two) {
+                block_dot_s8(q1, a1, d1, x + 1, &acc1[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));
+    }
+}
+
+static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q8_0);
+}
+
+static void vec_dot_q8_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q8_0);
+}
+
+static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q4_0);
+}
+
+static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * K-quants against Q8_K. Each super-block sums its integer products, weighted by the sub-block
+ * scales, in int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the
+ * -32 of Q6_K) come out through the activations' per-16 sums (bsums), as one small dot.
+ * ------------------------------------------------------------------------------------------- */
+
+static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q2_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q2_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q2_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q3_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q3_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q3_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q4_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q6_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q6_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q6_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Activation quantizers, byte-identical to rm_q8_0_from_float and rm_q8_K_from_float
+ * ------------------------------------------------------------------------------------------- */
+
+/* max(|v|, m) per lane; a nan |v| leaves m, as the reference's `m < |v| ? |v| : m` does. */
+static inline __m256 max_abs(__m256 v, __m256 m) {
+    return _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), m);
+}
+
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* roundf: ties away from zero. The fraction v - trunc(v) is exact, so the test is too. */
+static inline __m256 round_away(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_or_ps(sign, _mm256_set1_ps(1.0f)));
+    return _mm256_add_ps(t, step);
+}
+
+/* The low bytes of 32 int32 (a C cast to int8_t of each), in order. */
+static inline __m256i low_bytes(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+    const __m256i ff = _mm256_set1_epi32(0xff);
+    const __m256i s01 = _mm256_packus_epi32(_mm256_and_si256(i0, ff), _mm256_and_si256(i1, ff));
+    const __m256i s23 = _mm256_packus_epi32(_mm256_and_si256(i2, ff), _mm256_and_si256(i3, ff));
+    /* the packs work within 128-bit halves: undo the interleave of 4-byte groups */
+    return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(s01, s23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void quantize_q8_0(const float * x, void * dst, int64_t n) {
+    rm_block_q8_0 * y = dst;
+    for (int64_t i = 0; i < n / RM_QK; i++, x += RM_QK) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            amax = max_abs(v[k], amax);
+        }
+        const float d = hmax_ps(amax) / 127;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = rm_fp32_to_fp16(d);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) {
+            /* out of range or nan, vcvttps2dq gives INT32_MIN, as the reference's trunc_int does */
+            q[k] = _mm256_cvttps_epi32(round_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id))));
+        }
+        _mm256_storeu_si256((__m256i *) y[i].qs, low_bytes(q[0], q[1], q[2], q[3]));
+    }
+}
+
+static void quantize_q8_K(const float * x, void * dst, int64_t n) {
+    rm_block_q8_K * y = dst;
+    for (int64_t i = 0; i < n / RM_QK_K; i++, x += RM_QK_K) {
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k++) {
+            amax = max_abs(_mm256_loadu_ps(x + 8 * k), amax);
+        }
+        const float am = hmax_ps(amax);
+        memset(&y[i], 0, sizeof(y[i]));
+        if (!am) {
+            continue;
+        }
+        /* the first element of that magnitude gives the sign */
+        float max = 0;
+        for (int k = 0; k < 32; k++) {
+            const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + 8 * k));
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(am), _CMP_EQ_OQ));
+            if (hit) {
+                max = x[8 * k + __builtin_ctz((unsigned) hit)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vs = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.0f);
+        for (int k = 0; k < 8; k++) {
+            __m256i q[4];
+            for (int c = 0; c < 4; c++) {
+                /* nearest_int: the integer sits in the low mantissa bits of v + 1.5 * 2^23 */
+                const __m256 t = _mm256_add_ps(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * k + 8 * c)), magic);
+                const __m256i r = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), _mm256_set1_epi32(0x007fffff)),
+                                                   _mm256_set1_epi32(0x00400000));
+                q[c] = _mm256_min_epi32(r, _mm256_set1_epi32(127));
+            }
+            const __m256i bytes = low_bytes(q[0], q[1], q[2], q[3]);
+            _mm256_storeu_si256((__m256i *) (y[i].qs + 32 * k), bytes);
+            /* bsums of the two 16-byte halves */
+            const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes), _mm256_set1_epi16(1));
+            y[i].bsums[2 * k] = (int16_t) hsum_epi32_128(_mm256_castsi256_si128(s4));
+            y[i].bsums[2 * k + 1] = (int16_t) hsum_epi32_128(_mm256_extracti128_si256(s4, 1));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+const rm_cpu_kernels rm_cpu_kernels_avx2 = {
+    .vec_dot = {
+        [RM_TYPE_F32]  = vec_dot_f32,
+        [RM_TYPE_F16]  = vec_dot_f16,
+        [RM_TYPE_Q4_0] = vec_dot_q4_0,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K,
+    },
+    .quantize = {
+        [RM_TYPE_Q8_0] = quantize_q8_0,
+        [RM_TYPE_Q8_K] = quantize_q8_K,
+    },
+    .vec_dot_x4 = {
+        [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K_x4,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K_x4,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
+    },
+    .axpy = axpy,
+};
+
+#endif /* RM_X86 */

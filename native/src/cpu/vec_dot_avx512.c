@@ -1,0 +1,215 @@
+/* vec_dot_avx512.c - AVX-512 (F, BW, VL, DQ, VNNI) kernels.
+ *
+ * What this set adds to the AVX2 one: 16-wide float dots for F32 and F16 weights, with masked
+ * loads for the tail, and vpdpbusd (VNNI), which multiplies unsigned by signed bytes and adds
+ * groups of four straight into int32 lanes, for the 32-element blocks. The 32-element blocks stay
+ * 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register costs as many
+ * shuffles as it saves. The K-quants are simd_x86.h's, built here with vpdpwssd (VNNI) for
+ * their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls through).
+ * Same contracts and error budgets as vec_dot_avx2.c.
+ */
+#if defined(RM_X86)
+
+#include <immintrin.h>
+#include <string.h>
+
+/* pair products times scales, added into int32 lanes in one instruction */
+#define RM_KQ_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
+#include "simd_x86.h"
+
+static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
+    const float * a = w;
+    const float * x = x_q;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        for (int k = 0; k < 4; k++) {
+            acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(x + i + 16 * k), acc[k]);
+        }
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+        acc[0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, x + i), acc[0]);
+    }
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_fp16 * a = w;
+    const float * x = x_q;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        for (int k = 0; k < 4; k++) {
+            const __m512 wk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (a + i + 16 * k)));
+            acc[k] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + i + 16 * k), acc[k]);
+        }
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+        const __m512 wk = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
+        acc[0] = _mm512_fmadd_ps(wk, _mm512_maskz_loadu_ps(m, x + i), acc[0]);
+    }
+    *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+/* The 32-element kernels (Q8_0, Q4_0 against Q8_0), written once for nc tokens (1 or 4): a
+ * weight block is unpacked once for all tokens, and each token's result is bit for bit the
+ * one-token kernel's.
+ *
+ * Blocks go in groups of eight. Each block's integer dot is eight int32 lanes (vpdpbusd on |w|
+ * and x signed like w); a tree of horizontal adds turns the eight blocks' lanes into one vector
+ * of eight block sums, which then takes the eight scale products d_w d_x in one multiply-add.
+ * Per block and token that leaves a sign, a vpdpbusd and about one add of the tree, instead of a
+ * convert, a scale broadcast and a multiply-add per block. */
+/* Eight blocks' lane vectors -> their eight sums, in block order. */
+RM_INLINE __m256i block_sums8(const __m256i p[8]) {
+    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+    /* each 128-bit half holds four blocks' partial sums: add the halves */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+/* The fp16 scales of eight blocks, `stride` bytes apart, as floats (inserted one by one: eight
+ * small stores and a wide reload would stall on store forwarding). */
+RM_INLINE __m256 scales8(const uint8_t * d, size_t stride) {
+    __m128i h = _mm_setzero_si128();
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 0 * stride), 0);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 1 * stride), 1);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 2 * stride), 2);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 3 * stride), 3);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 4 * stride), 4);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 5 * stride), 5);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 6 * stride), 6);
+    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 7 * stride), 7);
+    return _mm256_cvtph_ps(h);
+}
+
+/* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
+RM_INLINE __m256i levels_q8_0(const void * w, int64_t i) {
+    return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
+}
+
+RM_INLINE __m256i levels_q4_0(const void * w, int64_t i) {
+    return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
+}
+
+/* Lanes of one block's integer dot: |w| . (x with w's signs) */
+RM_INLINE __m256i block_dot(__m256i w, __m256i aw, const rm_block_q8_0 * x) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
+}
+
+RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
+                            __m256i (*levels)(const void *, int64_t), size_t wblock) {
+    const int64_t nb = n / RM_QK;
+    const uint8_t * wb = w;
+    const rm_block_q8_0 * x[4];
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) {
+        x[c] = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
+        acc[c] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        __m256i q[8], aq[8];
+        for (int k = 0; k < 8; k++) {
+            q[k] = levels(w, i + k);
+            aq[k] = _mm256_sign_epi8(q[k], q[k]);
+        }
+        const __m256 dw = scales8(wb + (uint64_t) i * wblock, wblock);   /* d is each block's first field */
+        for (int c = 0; c < nc; c++) {
+            __m256i p[8];
+            for (int k = 0; k < 8; k++) {
+                p[k] = block_dot(q[k], aq[k], x[c] + i + k);
+            }
+            const __m256 d = _mm256_mul_ps(dw, scales8((const uint8_t *) (x[c] + i), sizeof(rm_block_q8_0)));
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(block_sums8(p)), acc[c]);
+        }
+    }
+    for (; i < nb; i++) {  /* the last few blocks, one by one */
+        const __m256i q = levels(w, i), aq = _mm256_sign_epi8(q, q);
+        rm_fp16 h;
+        memcpy(&h, wb + (uint64_t) i * wblock, 2);
+        const float dw = fp16(h);
+        for (int c = 0; c < nc; c++) {
+            const __m256 d = _mm256_set1_ps(dw * fp16(x[c][i].d));
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(block_dot(q, aq, x[c] + i)), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q8_0, sizeof(rm_block_q8_0));
+}
+
+static void vec_dot_q8_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q8_0, sizeof(rm_block_q8_0));
+}
+
+static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_32_multi(n, out, w, x_q, 0, 1, levels_q4_0, sizeof(rm_block_q4_0));
+}
+
+static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0, sizeof(rm_block_q4_0));
+}
+
+/* The K-quants of simd_x86.h, with vpdpwssd. */
+static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q2_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q2_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q2_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q3_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q3_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q3_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q4_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_q6_K_multi(n, out, w, x_q, 0, 1);
+}
+
+static void vec_dot_q6_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
+    dot_q6_K_multi(n, out, w, x_q, x_stride, 4);
+}
+
+const rm_cpu_kernels rm_cpu_kernels_avx512 = {
+    .vec_dot = {
+        [RM_TYPE_F32]  = vec_dot_f32,
+        [RM_TYPE_F16]  = vec_dot_f16,
+        [RM_TYPE_Q4_0] = vec_dot_q4_0,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K,
+    },
+    .vec_dot_x4 = {
+        [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K_x4,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K_x4,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
+    },
+};
+
+#endif /* RM_X86 */

@@ -1,0 +1,77 @@
+"""The CPU kernel sets: which one the runtime uses, and each set's kernels on their own.
+
+The native library carries a scalar reference set and, on x86-64, AVX2 and AVX-512 sets; the best
+one the CPU supports is chosen when first needed, or the one named by the environment variable
+``RAPIDMOE_ISA`` (``scalar``, ``avx2``, ``avx512``; set it before the first model is loaded).
+
+    >>> kernels.cpu_isa()
+    'avx512'
+    >>> y = kernels.vec_dot_rows("Q4_K", w_bytes, kernels.quantize_activations("Q8_K", x), isa="avx2")
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._native import check, ffi, lib
+from .errors import InvalidArgumentError
+from .quants import type_info
+
+__all__ = ["ISAS", "cpu_isa", "quantize_activations", "supported_isas", "vec_dot_rows"]
+
+ISAS = ("scalar", "avx2", "avx512")
+"""Every kernel set a build can have, worst to best."""
+
+
+def cpu_isa() -> str:
+    """The kernel set the runtime uses in this process."""
+    return ffi.string(lib.rm_cpu_isa()).decode()
+
+
+def supported_isas() -> list[str]:
+    """The kernel sets this CPU and build can run, worst to best ("scalar" is always there)."""
+    return [isa for isa in ISAS if lib.rm_cpu_isa_supported(isa.encode())]
+
+
+def _isa_arg(isa: str | None):
+    return ffi.NULL if isa is None else ffi.new("char[]", isa.encode())
+
+
+def quantize_activations(type_name: str | int, x: np.ndarray, isa: str | None = None) -> bytes:
+    """One row of float activations quantized to an activation type (Q8_0, Q8_K, ...) by the
+    quantizer of kernel set ``isa`` (None: the set in use). The bytes equal ``quants.quantize``'s."""
+    t = type_info(type_name)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = bytearray(t.row_bytes(x.size))
+    check(lib.rm_quantize_isa(_isa_arg(isa), t.id, ffi.from_buffer("float[]", x), x.size,
+                              ffi.from_buffer(out), len(out)))
+    return bytes(out)
+
+
+def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.ndarray,
+                 x_q: bytes | bytearray | memoryview | np.ndarray, n: int | None = None,
+                 isa: str | None = None) -> np.ndarray:
+    """Dot products of every row of weights w (quantized bytes, rows of n elements) with every
+    token of x_q (rows of n activations already in the type's vec_dot_type, float32 for F32/F16/BF16
+    weights), computed as the CPU backend computes a matrix product, by the kernels of set ``isa``
+    (None: the set in use). n defaults to the length of x_q as one token. Returns a float32 array
+    of shape (tokens, rows)."""
+    t = type_info(type_name)
+    xt = type_info(t.vec_dot_type)
+    if isinstance(w, np.ndarray):
+        w = np.ascontiguousarray(w)
+    if isinstance(x_q, np.ndarray):
+        x_q = np.ascontiguousarray(x_q)
+    wbuf, xbuf = ffi.from_buffer(w), ffi.from_buffer(x_q)
+    if n is None:
+        n = len(xbuf) // xt.block_bytes * xt.block_elems
+    row, xrow = t.row_bytes(n), xt.row_bytes(n)
+    if row == 0 or len(wbuf) % row:
+        raise InvalidArgumentError(f"vec_dot_rows: {t.name}: {len(wbuf)} bytes is not a whole number of rows of {n}")
+    if len(xbuf) % xrow:
+        raise InvalidArgumentError(f"vec_dot_rows: {t.name}: {len(xbuf)} bytes of {xt.name} is not a whole number of "
+                                   f"rows of {n}")
+    y = np.empty((len(xbuf) // xrow, len(wbuf) // row), dtype=np.float32)
+    check(lib.rm_vec_dot_isa(_isa_arg(isa), t.id, wbuf, len(wbuf), y.shape[1], xbuf, len(xbuf), y.shape[0], n,
+                             ffi.from_buffer("float[]", y)))
+    return y

@@ -1,0 +1,280 @@
+"""CPU kernel sets: every SIMD kernel against its scalar reference twin, for every set this machine
+runs, and the choice of set (RAPIDMOE_ISA) in fresh processes.
+
+Error budget of the dot kernels: |simd - reference| <= TOL * |w| * |x|, with |w| and |x| the norms
+of the dequantized weight row and activations. The integer parts are exact in both, so what is
+left is float summation order: measured up to 7.2e-8 (F32/F16, whose products are float too) and
+4.3e-8 (block types) over the cases below; the budget is 1e-6. The activation quantizers must give
+the reference's bytes exactly, nan and inf included.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rapidmoe_gguf import kernels, quants
+from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
+
+SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K"]
+TOL = 1e-6
+SIMD_ISAS = [isa for isa in kernels.supported_isas() if isa != "scalar"]
+
+# Byte offsets of the fp16 scale fields in each block: random bytes there could be inf/nan.
+SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q6_K": [208]}
+
+needs_simd = pytest.mark.skipif(not SIMD_ISAS, reason="this machine runs no SIMD kernel set")
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def act_type(name):
+    return quants.TYPES[name].vec_dot_type
+
+
+def random_rows(name, n_rows, n, seed):
+    """Weight rows two ways: quantized from N(0, s) data with s varying per row, and (for the
+    block types) random bytes with small finite scales, which reach every level and packed scale."""
+    r = rng(seed)
+    t = quants.TYPES[name]
+    x = (r.standard_normal((n_rows, n)) * 10.0 ** r.uniform(-2, 2, (n_rows, 1))).astype(np.float32)
+    rows = [quants.quantize(name, x)]
+    if t.is_quantized:
+        nb = n_rows * n // t.block_elems
+        raw = r.integers(0, 256, (nb, t.block_bytes), dtype=np.uint8)
+        scales = (r.uniform(0.5, 2, nb * 2) * 0.01).astype(np.float16).view(np.uint8).reshape(nb, 4)
+        for k, off in enumerate(SCALE_FIELDS[name]):
+            raw[:, off:off + 2] = scales[:, 2 * k:2 * k + 2]
+        rows.append(raw.tobytes())
+    return rows
+
+
+def activations(name, n, seed, n_tok=1):
+    """n_tok rows of activations, as floats and as the kernel takes them (quantized, or F32)."""
+    r = rng(seed)
+    x = (r.standard_normal((n_tok, n)) * 3).astype(np.float32)
+    x[r.random((n_tok, n)) < 0.02] *= 20  # a few outliers, as real activations have
+    act = act_type(name)
+    return x, (x.tobytes() if act == "F32" else quants.quantize(act, x))
+
+
+def norms(name, w, x_q, n):
+    """Row norms of the dequantized weights and of the dequantized activations (per token)."""
+    wd = quants.dequantize(name, w, (len(w) // quants.row_bytes(name, n), n)).astype(np.float64)
+    act = act_type(name)
+    n_tok = len(x_q) // quants.row_bytes(act, n)
+    xd = np.frombuffer(x_q, np.float32) if act == "F32" else quants.dequantize(act, x_q, (n_tok, n))
+    return np.linalg.norm(wd, axis=1), np.linalg.norm(xd.reshape(n_tok, n).astype(np.float64), axis=1)
+
+
+def sizes(name):
+    block = max(quants.TYPES[name].block_elems, quants.TYPES[act_type(name)].block_elems)
+    if block == 1:
+        return [1, 7, 8, 100, 2048, 4096 + 13]  # every tail of the 8-, 16- and 64-wide loops
+    return [block, 3 * block, 2048, 4096 + block]
+
+
+def test_kernels_isa_in_use_is_supported():
+    isas = kernels.supported_isas()
+    assert isas[0] == "scalar"
+    assert kernels.cpu_isa() in isas
+    assert set(isas) <= set(kernels.ISAS)
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("name", SIMD_TYPES)
+def test_kernels_vec_dot_matches_reference(name, isa):
+    """Six tokens: the first four go through the four-token kernel where the type has one."""
+    for n in sizes(name):
+        x, x_q = activations(name, n, seed=n, n_tok=6)
+        for k, w in enumerate(random_rows(name, 16, n, seed=n + 1)):
+            want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
+            got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+            wn, xn = norms(name, w, x_q, n)
+            assert want.shape == (6, 16) and np.all(np.isfinite(want)) and np.all(want != 0)
+            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
+            assert err.max() <= TOL, f"{name} {isa} n={n} rows#{k}: error {err.max():.2e}"
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("name", SIMD_TYPES)
+def test_kernels_batched_tokens_equal_single_tokens(name, isa):
+    """A token's result does not depend on the batch around it: the four-token kernels give the
+    one-token kernels' floats bit for bit (so prefill and decode see the same numbers)."""
+    n = 1024
+    _, x_q = activations(name, n, seed=5, n_tok=9)
+    w = random_rows(name, 8, n, seed=6)[0]
+    batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+    step = len(x_q) // 9
+    for i in range(9):
+        alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
+        assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i}"
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_kernels_vec_dot_in_use_is_the_best_set(isa):
+    """With no override the runtime's kernels are the best set's (bit for bit)."""
+    if "RAPIDMOE_ISA" in os.environ:
+        pytest.skip("RAPIDMOE_ISA is set")
+    best = kernels.supported_isas()[-1]
+    for name in SIMD_TYPES:
+        n = 2048
+        _, x_q = activations(name, n, seed=3)
+        w = random_rows(name, 4, n, seed=4)[0]
+        got = kernels.vec_dot_rows(name, w, x_q, n)
+        assert got.tobytes() == kernels.vec_dot_rows(name, w, x_q, n, isa=best).tobytes()
+
+
+def quantizer_cases(n, seed):
+    r = rng(seed)
+    normal = r.standard_normal(n).astype(np.float32)
+    cases = {
+        "normal": normal,
+        "scaled": (normal * 10.0 ** r.integers(-3, 4, n // 32).repeat(32)).astype(np.float32),
+        "integers": np.round(normal * 40).astype(np.float32),                    # ties after scaling
+        "halves": (np.round(normal * 40) + 0.5).astype(np.float32),
+        "all_equal": np.full(n, 0.37, np.float32),
+        "equal_magnitude": np.where(r.random(n) < 0.5, -1.5, 1.5).astype(np.float32),  # the first wins
+        "zeros_inside": np.where(r.random(n) < 0.3, 0, normal).astype(np.float32),
+        "huge": (normal * 1e30).astype(np.float32),
+        "tiny": (normal * 1e-30).astype(np.float32),
+        "subnormal": (normal * 1e-39).astype(np.float32),
+    }
+    zero_blocks = normal.copy()
+    zero_blocks[:32] = 0
+    zero_blocks[n - 256:] = 0
+    cases["zero_blocks"] = zero_blocks
+    special = normal.copy()
+    special[[3, 40, 200]] = [np.nan, np.inf, -np.inf]
+    cases["nan_inf"] = special
+    return cases
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_K"])
+def test_kernels_quantize_activations_is_byte_identical(act, isa):
+    for n in [256, 4096]:
+        for case, x in quantizer_cases(n, seed=n).items():
+            with np.errstate(all="ignore"):
+                want = quants.quantize(act, x)
+            got = kernels.quantize_activations(act, x, isa=isa)
+            assert got == want, f"{act} {isa} {case} n={n}"
+            assert kernels.quantize_activations(act, x, isa="scalar") == want
+
+
+def test_kernels_bad_isa_arguments_raise():
+    w = quants.quantize("Q8_0", np.ones(32, np.float32))
+    with pytest.raises(InvalidArgumentError, match="isa 'sse9' is not one of scalar, avx2, avx512"):
+        kernels.vec_dot_rows("Q8_0", w, w, isa="sse9")
+    for isa in set(kernels.ISAS) - set(kernels.supported_isas()):
+        with pytest.raises(UnsupportedError, match=f"isa '{isa}' is not available"):
+            kernels.vec_dot_rows("Q8_0", w, w, isa=isa)
+    with pytest.raises(InvalidArgumentError, match="not a whole number of rows"):
+        kernels.vec_dot_rows("Q8_0", w[:-1], w)
+
+
+# The folder holding the package this process imported; children run there, so that a source tree
+# in the current folder cannot shadow an installed package.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))
+
+
+def package_env(**changes):
+    """The environment for a child Python that imports the very package this process runs."""
+    env = dict(os.environ, **changes)
+    env["PYTHONPATH"] = PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def isa_in_subprocess(value):
+    env = package_env(RAPIDMOE_ISA=value)
+    code = "from rapidmoe_gguf import kernels; print(kernels.cpu_isa())"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                       cwd=PACKAGE_ROOT)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip(), p.stderr
+
+
+@pytest.mark.parametrize("isa", kernels.ISAS)
+def test_kernels_env_chooses_the_set(isa):
+    got, err = isa_in_subprocess(isa)
+    best = kernels.supported_isas()[-1]
+    if isa in kernels.supported_isas():
+        assert got == isa and err == ""
+    else:  # not on this CPU or build: the best there is, with a warning
+        assert got == best
+        assert f"RAPIDMOE_ISA={isa}: this CPU or build does not have it; using {best}" in err
+
+
+def test_kernels_env_unknown_set_warns_and_uses_the_best():
+    got, err = isa_in_subprocess("avx9000")
+    assert got == kernels.supported_isas()[-1]
+    assert "RAPIDMOE_ISA=avx9000 is not one of scalar, avx2, avx512" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole models: every kernel set gives the scalar set's logits
+# ---------------------------------------------------------------------------------------------
+
+# recipe -> the weight types it puts on the hot path
+MODEL_RECIPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0-q4_0": "Q4_0 + Q4_0 residual",
+                 "q4k-q8": "Q4_K + Q8_0 residual", "q3k-q8": "Q3_K", "q2k-q4": "Q2_K + Q4_0 residual"}
+_LOGITS_SCRIPT = """
+import sys, numpy as np
+import rapidmoe_gguf as rm
+ids = [int(t) for t in sys.argv[2].split(",")]
+out = {}
+for path in sys.argv[3:]:
+    with rm.Model(path, n_ctx=128, n_threads=2, n_batch=32) as m:
+        first = m.eval_logits(ids[:40])
+        rest = [m.eval([t]) for t in ids[40:]]
+        out[path] = np.concatenate([first, np.stack(rest)])
+    assert rm.cpu_isa() == sys.argv[1], rm.cpu_isa()
+np.savez(sys.argv[1] + ".npz", *[out[p] for p in sys.argv[3:]])
+"""
+
+
+@pytest.fixture(scope="module")
+def isa_logits(tiny_hf, tmp_path_factory):
+    """Logits of a tiny Qwen3-MoE under every recipe (prefill of 40 tokens in batches of 32,
+    then 8 decode steps; residuals on), computed with each kernel set in a fresh process."""
+    import rapidmoe_gguf as rm
+
+    d = tmp_path_factory.mktemp("isa-models")
+    src = tiny_hf("qwen3_moe", weight_std=0.02, head_std=0.1)
+    paths = []
+    for recipe in MODEL_RECIPES:
+        paths.append(str(d / f"{recipe}.gguf"))
+        rm.convert(src, paths[-1], recipe=recipe, progress=False)
+    ids = ",".join(str(t) for t in rng(9).integers(3, 300, 48))
+    env = package_env()
+    result = {}
+    for isa in kernels.supported_isas():
+        env["RAPIDMOE_ISA"] = isa
+        p = subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, isa, ids, *paths], cwd=d, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        with np.load(d / f"{isa}.npz") as z:
+            result[isa] = dict(zip(MODEL_RECIPES, (z[f"arr_{k}"] for k in range(len(paths)))))
+    return result
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("recipe", list(MODEL_RECIPES))
+def test_kernels_model_logits_match_scalar_set(isa_logits, recipe, isa):
+    """Error budget, relative to each position's largest logit: 1e-5 at the median position and
+    1e-2 at the worst. The kernels agree to float rounding (measured: medians 1e-7 to 3e-7), but a
+    Q8 activation that lands on a rounding boundary can round the other way and move a position
+    by much more (measured worst: 3.1e-4, q4k-q8)."""
+    ref, got = isa_logits["scalar"][recipe], isa_logits[isa][recipe]
+    rel = np.abs(got - ref).max(-1) / np.abs(ref).max(-1)
+    assert np.median(rel) <= 1e-5 and rel.max() <= 1e-2, \
+        f"{recipe} {isa}: median {np.median(rel):.2e}, worst {rel.max():.2e} at position {rel.argmax()}"

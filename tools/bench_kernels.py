@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Single-thread microbenchmark of the CPU dot kernels: each kernel set against the scalar one.
+
+For each weight type, times y = W x for one activation row over a matrix of random weights, once
+small enough to stay in L2 (compute speed) and once much larger than the last-level cache
+(streaming from memory, as decode does), and prints weight GB/s and the speedup over scalar.
+
+    PYTHONPATH=. python tools/bench_kernels.py [--types Q4_0,Q4_K] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from rapidmoe_gguf import kernels, quants
+
+DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K"]
+
+
+def make(name: str, n: int, n_rows: int, seed: int = 0):
+    r = np.random.default_rng(seed)
+    w = quants.quantize(name, r.standard_normal((n_rows, n)).astype(np.float32))
+    x = r.standard_normal(n).astype(np.float32)
+    act = quants.TYPES[name].vec_dot_type
+    x_q = x.tobytes() if act == "F32" else quants.quantize(act, x)
+    return w, x_q
+
+
+def time_it(fn, min_s: float) -> float:
+    """The best time of repeated calls, each batch of calls running for at least min_s."""
+    fn()
+    best = float("inf")
+    for _ in range(3):
+        k, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            k += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_s:
+                break
+        best = min(best, dt / k)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
+    ap.add_argument("--n", type=int, default=2048, help="row length (elements)")
+    ap.add_argument("--cache-kib", type=int, default=256, help="weight bytes of the in-cache case")
+    ap.add_argument("--mem-mib", type=int, default=256, help="weight bytes of the streaming case")
+    ap.add_argument("--min-s", type=float, default=0.2)
+    ap.add_argument("--json", help="write the results here too")
+    args = ap.parse_args()
+
+    isas = kernels.supported_isas()
+    results = []
+    print(f"kernel sets: {', '.join(isas)} (in use: {kernels.cpu_isa()}); one thread, row length {args.n}")
+    print(f"{'type':6} {'case':6} " + " ".join(f"{isa + ' GB/s':>12}" for isa in isas) + "   speedup vs scalar")
+    for name in args.types.split(","):
+        row = quants.row_bytes(name, args.n)
+        for case, nbytes in [("cache", args.cache_kib << 10), ("memory", args.mem_mib << 20)]:
+            n_rows = max(1, nbytes // row)
+            w, x_q = make(name, args.n, n_rows)
+            gbs = {}
+            for isa in isas:
+                min_s = args.min_s if isa != "scalar" or case == "cache" else args.min_s / 2
+                dt = time_it(lambda: kernels.vec_dot_rows(name, w, x_q, args.n, isa=isa), min_s)
+                gbs[isa] = len(w) / dt / 1e9
+            speed = {isa: gbs[isa] / gbs["scalar"] for isa in isas}
+            results.append({"type": name, "case": case, "n": args.n, "rows": n_rows, "weight_bytes": len(w),
+                            "gb_per_s": gbs, "speedup_vs_scalar": speed})
+            print(f"{name:6} {case:6} " + " ".join(f"{gbs[isa]:12.2f}" for isa in isas) + "   "
+                  + " ".join(f"{isa} x{speed[isa]:.1f}" for isa in isas if isa != "scalar"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"isas": isas, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""Decode and prefill speed, and memory, of rapidmoe against llama.cpp on the same GGUF file.
+
+    python tools/bench_vs_llamacpp.py MODEL.gguf [--threads 2] [--runs 5] [--json out.json] [--rt]
+    python tools/bench_vs_llamacpp.py --install-only        # just build llama-cpp-python
+
+llama.cpp runs through llama-cpp-python 0.3.36, installed on first use into its own virtual
+environment (default ~/.cache/rapidmoe/llamacpp-venv) and built from source with native tuning
+and AMX off (ggml's AMX kernels crash on quantized models on some machines), the flags of
+/work/shared/reference/llamacpp-baseline.md. The build takes about 15 minutes on 2 cores and runs
+at nice 10.
+
+Method. The two engines alternate, A B A B ..., each run in a fresh subprocess (so peak RSS is
+that engine's alone), with the same thread count for decode and batch. A run loads the model,
+warms it up (a prompt and a few decode steps, so the mapping is paged in), then measures
+
+- decode: a 16-token prompt, then 64 single-token evaluations fed back greedily (rapidmoe's
+  Model.eval, llama-cpp-python's low-level Llama.eval); tok/s and per-token latency p50/p99;
+- prefill: one 512-token evaluation from an empty cache; tok/s;
+- peak RSS of the process (VmHWM).
+
+Medians over --runs runs (>= 5 by default), with min..max. The ratio ours / llama.cpp comes with
+the spread of the per-pair ratios. The memory read bandwidth is measured with a small C streaming
+read compiled on the fly (numpy if there is no C compiler), with the same thread count; the decode
+ceiling is that bandwidth over the weight bytes one token reads,
+
+    dense_bytes + base_expert_bytes * n_expert_used / n_expert      (rapidmoe's Model.info)
+
+(KV-cache reads are left out: a few hundred KiB at these lengths), and each engine's decode speed
+is given as a fraction of it. Both engines run the base file alone (no residual sidecar).
+
+On a machine shared with other work timings swing widely; --rt runs each engine at real-time
+priority (chrt -f 1) when the system allows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LLAMA_CPP_VERSION = "0.3.36"
+LLAMA_CMAKE_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON "
+    "-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
+    "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF "
+    "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+)
+DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "rapidmoe", "llamacpp-venv")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------
+# llama-cpp-python, in its own environment
+# ---------------------------------------------------------------------------------------------
+
+def llama_python(venv: str) -> str:
+    return os.path.join(venv, "bin", "python")
+
+
+def llama_installed(venv: str) -> bool:
+    py = llama_python(venv)
+    if not os.path.exists(py):
+        return False
+    code = f"import llama_cpp, sys; sys.exit(0 if llama_cpp.__version__ == '{LLAMA_CPP_VERSION}' else 1)"
+    return subprocess.run([py, "-c", code], capture_output=True).returncode == 0
+
+
+def install_llama(venv: str, jobs: int) -> None:
+    if llama_installed(venv):
+        return
+    print(f"installing llama-cpp-python=={LLAMA_CPP_VERSION} into {venv} (builds llama.cpp: ~15 min on 2 cores)",
+          file=sys.stderr)
+    if not os.path.exists(llama_python(venv)):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    env = dict(os.environ, CMAKE_ARGS=LLAMA_CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(jobs), FORCE_CMAKE="1")
+    cmd = ["nice", "-n", "10", llama_python(venv), "-m", "pip", "install", "--no-cache-dir",
+           f"llama-cpp-python=={LLAMA_CPP_VERSION}", "numpy"]
+    log = os.path.join(os.path.dirname(venv), "llamacpp-build.log")
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0 or not llama_installed(venv):
+        raise SystemExit(f"llama-cpp-python build failed (exit {rc}); see {log}")
+    print(f"llama-cpp-python installed (build log: {log})", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory bandwidth
+# ---------------------------------------------------------------------------------------------
+
+BANDWIDTH_C = r"""
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+typedef struct { const uint64_t * p; size_t n; uint64_t sum; } job;
+static void * reader(void * arg) {
+    job * j = arg;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) { s0 += j->p[i]; s1 += j->p[i + 1]; s2 += j->p[i + 2]; s3 += j->p[i + 3]; }
+    j->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+int main(int argc, char ** argv) {
+    const int nt = atoi(argv[1]);
+    const size_t bytes = (size_t) atol(argv[2]) << 20, n = bytes / 8;
+    uint64_t * buf = malloc(bytes);
+    if (!buf) return 1;
+    memset(buf, 1, bytes);
+    double best = 0;
+    uint64_t total = 0;
+    for (int rep = 0; rep < 7; rep++) {
+        pthread_t t[256];
+        job j[256];
+        const double t0 = now();
+        for (int k = 0; k < nt; k++) {
+            j[k] = (job){buf + n / nt * k, n / nt, 0};
+            pthread_create(&t[k], NULL, reader, &j[k]);
+        }
+        for (int k = 0; k < nt; k++) { pthread_join(t[k], NULL); total += j[k].sum; }
+        const double gbs = (double) (n / nt * nt * 8) / (now() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    printf("%.3f %llu\n", best, (unsigned long long) total);
+    return 0;
+}
+"""
+
+
+def memory_bandwidth(n_threads: int, mib: int = 1024) -> tuple[float, str]:
+    """Best read bandwidth in GB/s over 7 passes of a buffer much larger than the caches."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "bw.c"), os.path.join(d, "bw")
+            with open(src, "w") as f:
+                f.write(BANDWIDTH_C)
+            if subprocess.run([cc, "-O3", "-march=native", "-pthread", src, "-o", exe],
+                              capture_output=True).returncode == 0:
+                out = subprocess.run([exe, str(n_threads), str(mib)], capture_output=True, text=True, check=True)
+                return float(out.stdout.split()[0]), "C streaming read"
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones((mib << 20) // 8, dtype=np.uint64)
+    parts = np.array_split(a, n_threads)
+    best = 0.0
+    with ThreadPoolExecutor(n_threads) as ex:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            list(ex.map(lambda p: int(np.add.reduce(p)), parts))
+            best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best, "numpy reduction"
+
+
+# ---------------------------------------------------------------------------------------------
+# Workers: one measurement in a fresh process. Only the standard library and numpy at the top,
+# so that the llama-cpp-python environment can run this file too.
+# ---------------------------------------------------------------------------------------------
+
+def peak_rss_mib() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class OursEngine:
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int):
+        sys.path.insert(0, REPO)
+        from rapidmoe_gguf import Model, kernels
+
+        self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, residual=None)
+        self.n_vocab = self.m.n_vocab
+        self.extra = {"info": {k: v for k, v in self.m.info.items() if not k.startswith("_")},
+                      "cpu_isa": kernels.cpu_isa()}
+
+    def reset(self) -> None:
+        self.m.reset()
+
+    def eval(self, ids):
+        return self.m.eval(ids)
+
+
+class LlamaEngine:
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   n_batch=n_batch, n_ubatch=n_batch, verbose=False)
+        self.n_vocab = self.llm.n_vocab()
+        self.extra = {"llama_cpp_version": llama_cpp.__version__,
+                      "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def eval(self, ids):
+        self.llm.eval(list(ids))
+        return self.llm.scores[self.llm.n_tokens - 1]
+
+
+def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n_prefill: int) -> dict:
+    import numpy as np
+
+    cls = OursEngine if engine == "ours" else LlamaEngine
+    t0 = time.perf_counter()
+    e = cls(path, threads, n_ctx=max(n_prefill, n_prompt + n_decode) + 16, n_batch=n_prefill)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    # ids past the first few hundred: plain tokens in any vocabulary, no special ones
+    prompt = [int(i) for i in rng.integers(300, min(e.n_vocab, 8000), n_prompt)]
+    long_prompt = [int(i) for i in rng.integers(300, min(e.n_vocab, 8000), n_prefill)]
+
+    e.reset()                                    # warm-up: page the weights in
+    logits = e.eval(prompt)
+    for _ in range(8):
+        logits = e.eval([int(np.argmax(logits))])
+    e.reset()
+    e.eval(long_prompt[:64])
+
+    e.reset()
+    logits = e.eval(prompt)
+    lat = []
+    for _ in range(n_decode):
+        tok = int(np.argmax(logits))
+        t = time.perf_counter()
+        logits = e.eval([tok])
+        lat.append(time.perf_counter() - t)
+
+    e.reset()
+    t = time.perf_counter()
+    e.eval(long_prompt)
+    prefill_s = time.perf_counter() - t
+
+    lat_ms = sorted(1e3 * x for x in lat)
+    return {"engine": engine, "load_s": load_s, "decode_tok_s": n_decode / sum(lat),
+            "latency_ms_p50": lat_ms[len(lat_ms) // 2], "latency_ms_p99": lat_ms[min(len(lat_ms) - 1, int(0.99 * len(lat_ms)))],
+            "prefill_tok_s": n_prefill / prefill_s, "peak_rss_mib": peak_rss_mib(), **e.extra}
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------------
+
+def rt_prefix(want: bool) -> list[str]:
+    if not want:
+        return []
+    chrt = shutil.which("chrt")
+    if chrt and subprocess.run([chrt, "-f", "1", "true"], capture_output=True).returncode == 0:
+        return [chrt, "-f", "1"]
+    print("--rt: chrt -f 1 is not permitted here; running at normal priority", file=sys.stderr)
+    return []
+
+
+def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
+    cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, a.model, "--threads", str(a.threads),
+                    "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill)]
+    env = dict(os.environ)
+    if engine == "ours":
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"{engine} run failed (exit {p.returncode}):\n{p.stderr[-4000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="the GGUF file both engines run")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--runs", type=int, default=5, help="runs per engine (median reported)")
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding")
+    ap.add_argument("--decode", type=int, default=64, help="decoded tokens per run")
+    ap.add_argument("--prefill", type=int, default=512, help="tokens of the prefill batch")
+    ap.add_argument("--engines", default="ours,llama.cpp", help="comma-separated subset of ours,llama.cpp")
+    ap.add_argument("--llama-venv", default=DEFAULT_VENV)
+    ap.add_argument("--build-jobs", type=int, default=2)
+    ap.add_argument("--install-only", action="store_true", help="build llama-cpp-python and exit")
+    ap.add_argument("--rt", action="store_true", help="run the engines at real-time priority (chrt -f 1)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--worker", choices=["ours", "llama.cpp"], help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill)))
+        return 0
+    engines = [e for e in a.engines.split(",") if e]
+    if any(e not in ("ours", "llama.cpp") for e in engines):
+        ap.error("--engines: choose from ours, llama.cpp")
+    if "llama.cpp" in engines or a.install_only:
+        install_llama(a.llama_venv, a.build_jobs)
+    if a.install_only:
+        return 0
+    if not a.model or not os.path.isfile(a.model):
+        ap.error("give the GGUF file to run")
+
+    bw, bw_method = memory_bandwidth(a.threads)
+    print(f"memory read bandwidth, {a.threads} threads: {bw:.1f} GB/s ({bw_method})", file=sys.stderr)
+    prefix = rt_prefix(a.rt)
+    pythons = {"ours": sys.executable, "llama.cpp": llama_python(a.llama_venv)}
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
+    for k in range(a.runs):
+        for e in engines:  # A B A B ...
+            r = run_worker(pythons[e], e, a, prefix)
+            runs[e].append(r)
+            print(f"run {k + 1}/{a.runs} {e:9}: decode {r['decode_tok_s']:6.1f} tok/s (p50 {r['latency_ms_p50']:.1f} ms, "
+                  f"p99 {r['latency_ms_p99']:.1f} ms), prefill {r['prefill_tok_s']:6.1f} tok/s, "
+                  f"peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr)
+
+    # bytes one decoded token reads, from rapidmoe's view of the file (a quick load if it did not run)
+    info = runs["ours"][0]["info"] if "ours" in runs else None
+    if info is None:
+        sys.path.insert(0, REPO)
+        from rapidmoe_gguf import Model
+
+        with Model(a.model, n_ctx=64, n_threads=1, residual=None) as m:
+            info = dict(m.info)
+    token_bytes = info["dense_bytes"] + info["base_expert_bytes"] * info["n_expert_used"] / info["n_expert"]
+    ceiling = bw * 1e9 / token_bytes
+
+    keys = ["decode_tok_s", "latency_ms_p50", "latency_ms_p99", "prefill_tok_s", "peak_rss_mib"]
+    result = {
+        "model": os.path.abspath(a.model), "threads": a.threads, "runs": a.runs, "realtime": bool(prefix),
+        "method": {"prompt": a.prompt, "decode": a.decode, "prefill": a.prefill, "order": "alternating, fresh process per run"},
+        "bandwidth_gb_s": bw, "bandwidth_method": bw_method, "bytes_per_token": token_bytes,
+        "decode_ceiling_tok_s": ceiling,
+        "engines": {e: {k: summary([r[k] for r in rs]) for k in keys} for e, rs in runs.items()},
+        "raw": runs,
+    }
+    for e in engines:
+        result["engines"][e]["ceiling_fraction"] = result["engines"][e]["decode_tok_s"]["median"] / ceiling
+    if len(engines) == 2:
+        ratios = {}
+        for k in ["decode_tok_s", "prefill_tok_s", "peak_rss_mib"]:
+            pair = [o[k] / l[k] for o, l in zip(runs["ours"], runs["llama.cpp"])]
+            ratios[k] = {"median_ratio": result["engines"]["ours"][k]["median"] / result["engines"]["llama.cpp"][k]["median"],
+                         "pair_min": min(pair), "pair_max": max(pair)}
+        result["ours_over_llamacpp"] = ratios
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+    print(f"\n{os.path.basename(a.model)}: {a.threads} threads, median of {a.runs} runs (min..max); "
+          f"bandwidth {bw:.1f} GB/s, {token_bytes / 1e6:.0f} MB read per token -> ceiling {ceiling:.1f} tok/s")
+    print(f"| engine | decode tok/s | p50 / p99 ms | prefill tok/s | peak RSS MiB | of ceiling |")
+    print(f"|---|---|---|---|---|---|")
+    for e in engines:
+        s = result["engines"][e]
+        d, p, m = s["decode_tok_s"], s["prefill_tok_s"], s["peak_rss_mib"]
+        print(f"| {e} | {d['median']:.1f} ({d['min']:.1f}..{d['max']:.1f}) | {s['latency_ms_p50']['median']:.1f} / "
+              f"{s['latency_ms_p99']['median']:.1f} | {p['median']:.1f} ({p['min']:.1f}..{p['max']:.1f}) | "
+              f"{m['median']:.0f} | {s['ceiling_fraction']:.2f} |")
+    if "ours_over_llamacpp" in result:
+        r = result["ours_over_llamacpp"]
+        print("ours / llama.cpp: " + ", ".join(
+            f"{k.replace('_tok_s', '').replace('_mib', '')} {v['median_ratio']:.2f} ({v['pair_min']:.2f}..{v['pair_max']:.2f})"
+            for k, v in r.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,6 +58,10 @@ def parse_bytes(value: str | int | float) -> int:
     return int(float(number) * base ** power)
 
 
+def _size(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
 def _align(n: int) -> int:
     return (int(n) + ALIGN - 1) // ALIGN * ALIGN
 
@@ -298,7 +302,7 @@ class Plan:
         return json.dumps(self.as_dict(), indent=2)
 
     def summary(self) -> str:
-        gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
+        gib = _size
         mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
         lines = [f"GPU budget {gib(self.budget)}: plan uses {gib(self.gpu_bytes)} "
                  f"(context reserve {gib(self.budget - self.cap)} included)"]
@@ -340,11 +344,11 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     fixed = sum(parts.values())
     if fixed > cap:
         raise PlanError(
-            f"a GPU budget of {budget / 2**30:.2f} GiB cannot hold the dense part: attention, norms, router, shared "
-            f"experts and output head ({sizes.dense_gpu / 2**30:.2f} GiB), the KV cache for {n_ctx} positions "
-            f"({parts['kv_cache'] / 2**30:.2f} GiB{'' if n_sessions == 1 else f' for {n_sessions} sessions'}) and scratch ({(parts['activations'] + parts['split_scratch']) / 2**30:.2f} "
-            f"GiB) need {(fixed + hw.context_reserve) / 2**30:.2f} GiB with the CUDA context's "
-            f"{hw.context_reserve / 2**30:.2f} GiB; lower n_ctx or n_batch, or run on the CPU")
+            f"a GPU budget of {_size(budget)} cannot hold the dense part: attention, norms, router, shared "
+            f"experts and output head ({_size(sizes.dense_gpu)}), the KV cache for {n_ctx} positions "
+            f"({_size(parts['kv_cache'])}{'' if n_sessions == 1 else f' for {n_sessions} sessions'}) and scratch "
+            f"({_size(parts['activations'] + parts['split_scratch'])}) need {_size(fixed + hw.context_reserve)} with "
+            f"the CUDA context's {_size(hw.context_reserve)}; lower n_ctx or n_batch, or run on the CPU")
     # experts, most used first; ties in layer order so the plan is deterministic
     on = np.zeros((sizes.n_layer, sizes.n_expert), dtype=bool)
     order = np.lexsort((np.arange(on.size), -sizes.frequency.ravel()))

@@ -12,6 +12,8 @@
 #      for a real model with its .residual.gguf beside it; otherwise a generated mid-size one)
 #   6. Python (when python3 can import cffi, gguf, numpy, torch and transformers, or installs
 #      cffi/pycparser/gguf from wheels in .whl/): tests/test_gpu_device.py and test_gpu_fallback.py
+#      (on a machine without network, bring wheels of cffi, pycparser and gguf for its Python in
+#      .whl/; without them the C checks above still run and this step is reported as skipped)
 #
 # Needs cmake, a C compiler and nvcc; nothing from the network. Every figure goes to
 # $OUT/device_check.json (steps, exit codes, seconds, the tests' own JSON), the whole output to

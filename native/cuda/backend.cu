@@ -146,9 +146,12 @@ static void cu_zero(rm_backend * be, void * dst, uint64_t bytes) {
     rm_cuda_check(c, cudaMemsetAsync(dst, 0, bytes, c->st), "memset");
 }
 
+/* Called by rm_session_eval before and after each batch: it also makes the model's device the
+ * current one of the calling thread (the runtime keeps one per host thread). */
 static rm_status cu_status(rm_backend * be) {
     cuda_be * c = ctx_of(be);
-    if (c->err == RM_OK && rm_cuda_check(c, cudaStreamSynchronize(c->st), "running the queued kernels")) {
+    if (c->err == RM_OK && rm_cuda_check(c, cudaSetDevice(c->g->device), "selecting the device") &&
+        rm_cuda_check(c, cudaStreamSynchronize(c->st), "running the queued kernels")) {
         resolve_timings(be);
     }
     if (c->err != RM_OK) {

@@ -49,10 +49,18 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual-type", help="override the residual type, or 'none'")
     p.add_argument("--other-type", help="override the type of the other matrices")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+    p.add_argument("--calibrate", metavar="TEXT", help="calibrate UMIA on this text file in the same run")
+    p.add_argument("--calibrate-tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
+    from .evaluate import calibrate
+
+    calib_text = None
+    if args.calibrate:  # read it first: a missing file must not cost a whole conversion
+        with open(args.calibrate, encoding="utf-8") as f:
+            calib_text = f.read()
 
     r = convert(args.src, args.out, args.recipe, base_type=args.base_type,
                 residual_type=args.residual_type, other_type=args.other_type,
@@ -72,6 +80,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(line)
     for f in r.fallbacks:
         print(f"fallback: {f.tensor}: {f.used} instead of {f.wanted} ({f.reason})")
+    if calib_text is not None:
+        if not r.residual_path:
+            raise RapidMoEError("--calibrate needs a recipe with a residual")
+        t = calibrate(r.base_path, calib_text, max_tokens=args.calibrate_tokens, n_threads=args.threads)
+        print(f"calibrated UMIA on {t.n_tokens} tokens")
     return 0
 
 

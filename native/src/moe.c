@@ -7,18 +7,10 @@
  * A backend may run the routed experts its own way (the CUDA backend splits them between the GPU
  * and host threads, see docs/SPLIT.md); otherwise they are composed here from its small ops. */
 #include "moe.h"
+#include "rng.h"
 
 #include <math.h>
 #include <string.h>
-
-static double next_unit(uint64_t * state) {
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return (double) ((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
-}
 
 /* log(score) of one slot under the session's policy (rm_residual_policy in rapidmoe.h). */
 static float log_score(rm_session * s, int il, const rm_route * r) {
@@ -29,8 +21,8 @@ static float log_score(rm_session * s, int il, const rm_route * r) {
         case RM_POLICY_UMIA:   return s->gate_power * logf(g) + logf(se) + logf(sl);
         case RM_POLICY_GATE:   return logf(g);
         case RM_POLICY_EXPERT: return logf(se);
-        case RM_POLICY_LAYER:  return logf(sl) + (float) next_unit(&s->rng);   /* random within a layer */
-        case RM_POLICY_RANDOM: return logf((float) (1.0 - next_unit(&s->rng)));
+        case RM_POLICY_LAYER:  return logf(sl) + (float) rm_rng_unit(&s->rng);   /* random within a layer */
+        case RM_POLICY_RANDOM: return logf((float) (1.0 - rm_rng_unit(&s->rng)));
         default:               return 0.0f;
     }
 }

@@ -7,26 +7,16 @@
 #include <string.h>
 
 #include "rapidmoe.h"
+#include "rng.h"
 #include "status.h"
 
 struct rm_sampler {
     rm_sampler_params p;
-    uint64_t          state;      /* xorshift64* */
+    uint64_t          state;      /* rng.h */
     float *           work;       /* n_vocab logits, copied */
     int32_t *         idx;        /* n_vocab candidate ids */
     int32_t           cap;
 };
-
-static uint64_t next_u64(rm_sampler * smp) {
-    uint64_t x = smp->state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    smp->state = x;
-    return x * 0x2545F4914F6CDD1DULL;
-}
-
-static double next_unit(rm_sampler * smp) { return (double) (next_u64(smp) >> 11) * (1.0 / 9007199254740992.0); }
 
 rm_status rm_sampler_new(const rm_sampler_params * p, rm_sampler ** out) {
     rm_clear_error();
@@ -59,10 +49,7 @@ rm_status rm_sampler_new(const rm_sampler_params * p, rm_sampler ** out) {
         return rm_fail(RM_E_OOM, "rm_sampler_new: out of memory");
     }
     smp->p = *p;
-    smp->state = p->seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
-    if (smp->state == 0) {
-        smp->state = 1;
-    }
+    smp->state = rm_rng_seed(p->seed);
     *out = smp;
     return RM_OK;
 }
@@ -151,7 +138,7 @@ rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vo
     }
     total = 0.0;
     for (int32_t i = 0; i < n; i++) total += exp((double) (w[smp->idx[i]] - mx));
-    double r = next_unit(smp) * total;
+    double r = rm_rng_unit(&smp->state) * total;
     int32_t pick = smp->idx[n - 1];
     for (int32_t i = 0; i < n; i++) {
         r -= exp((double) (w[smp->idx[i]] - mx));

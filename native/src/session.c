@@ -12,6 +12,7 @@
 
 #include "gpu.h"
 #include "moe.h"
+#include "rng.h"
 #include "status.h"
 #include "types.h"
 
@@ -473,8 +474,7 @@ rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * p) {
         return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: gain %g / gate_power %g invalid", p->gain, p->gate_power);
     }
     s->policy = p->kind;
-    s->rng = p->seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
-    if (s->rng == 0) s->rng = 1;
+    s->rng = rm_rng_seed(p->seed);
     s->gate_power = p->gate_power;
     s->gain = p->gain;
     for (int64_t i = 0; i < NL * X; i++) s->expert_score[i] = p->expert_score ? p->expert_score[i] : 1.0f;

@@ -18,9 +18,17 @@
 #include "../types.h"
 #include "dispatch.h"
 
-/* Weight bytes per tile: with one token's activations beside it, well inside a 32 KiB L1. */
+/* Threads take rows in chunks from a shared counter. With one to three tokens a product streams
+ * its weights from memory once, and long runs keep the hardware prefetchers going: chunks of
+ * about 256 KiB, two per thread (16 KiB chunks ran decode at half the speed). With more tokens it
+ * is compute-bound and balance matters more: about 16 KiB, at least four per thread. Within a
+ * chunk, rows go in tiles of about MM_TILE_BYTES, which stay in L1 while every token of the batch
+ * passes over them. */
+#define MM_STREAM_CHUNK_BYTES (256 << 10)
+#define MM_STREAM_CHUNKS_PER_THREAD 2
+#define MM_BATCH_CHUNK_BYTES (16 << 10)
+#define MM_BATCH_CHUNKS_PER_THREAD 4
 #define MM_TILE_BYTES (16 << 10)
-#define MM_TILE_MAX_ROWS 64
 
 typedef struct cpu_ctx {
     rm_pool * pool;
@@ -38,9 +46,10 @@ typedef struct mm_task {
     const uint8_t *        wdata;
     const uint8_t *        xq;
     uint64_t               xq_stride;
+    int64_t                chunk_rows;
     int64_t                tile_rows;
-    int64_t                n_tiles;
-    atomic_llong           next_tile;
+    int64_t                n_chunks;
+    atomic_llong           next_chunk;
     atomic_llong           next_token;  /* activation rows still to quantize */
 } mm_task;
 
@@ -101,15 +110,21 @@ static void matmul_task(void * p, int ith, int nth) {
     mm_task * t = p;
     const int64_t n_rows = t->a->w->ne[1];
     for (;;) {
-        const int64_t k = atomic_fetch_add_explicit(&t->next_tile, 1, memory_order_relaxed);
-        if (k >= t->n_tiles) {
+        const int64_t k = atomic_fetch_add_explicit(&t->next_chunk, 1, memory_order_relaxed);
+        if (k >= t->n_chunks) {
             break;
         }
-        const int64_t r0 = k * t->tile_rows;
-        matmul_tile(t, r0, r0 + t->tile_rows < n_rows ? r0 + t->tile_rows : n_rows);
+        const int64_t end = (k + 1) * t->chunk_rows < n_rows ? (k + 1) * t->chunk_rows : n_rows;
+        for (int64_t r0 = k * t->chunk_rows; r0 < end; r0 += t->tile_rows) {
+            matmul_tile(t, r0, r0 + t->tile_rows < end ? r0 + t->tile_rows : end);
+        }
     }
     (void) ith;
     (void) nth;
+}
+
+static int64_t clamp_rows(int64_t rows, int64_t lo, int64_t hi) {
+    return rows < lo ? lo : rows > hi ? hi : rows;
 }
 
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
@@ -118,13 +133,14 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     const int64_t n_rows = a->w->ne[1];
     mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_x4 = rm_cpu_vec_dot_x4(a->w->type),
                  .quantize = rm_cpu_quantize(tt->vec_dot_type), .wdata = rm_weight_matrix(a->w, a->mat)};
-    int64_t rows = (int64_t) (MM_TILE_BYTES / a->w->row_bytes);
-    rows = rows < 1 ? 1 : rows > MM_TILE_MAX_ROWS ? MM_TILE_MAX_ROWS : rows;
-    /* at least a few tiles per thread, so the counter can even out the load */
-    const int64_t per_thread = (n_rows + 4 * rm_pool_size(c->pool) - 1) / (4 * rm_pool_size(c->pool));
-    t.tile_rows = rows < per_thread ? rows : per_thread > 0 ? per_thread : 1;
-    t.n_tiles = (n_rows + t.tile_rows - 1) / t.tile_rows;
-    atomic_init(&t.next_tile, 0);
+    const int stream = a->n_tok < 4;
+    const int64_t n_chunks_min = (stream ? MM_STREAM_CHUNKS_PER_THREAD : MM_BATCH_CHUNKS_PER_THREAD) * rm_pool_size(c->pool);
+    const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
+    const int64_t per_chunk = (n_rows + n_chunks_min - 1) / n_chunks_min;
+    t.chunk_rows = clamp_rows((int64_t) (chunk_bytes / (int64_t) a->w->row_bytes), 1, per_chunk > 0 ? per_chunk : 1);
+    t.tile_rows = clamp_rows((int64_t) (MM_TILE_BYTES / a->w->row_bytes), 1, t.chunk_rows);
+    t.n_chunks = (n_rows + t.chunk_rows - 1) / t.chunk_rows;
+    atomic_init(&t.next_chunk, 0);
     atomic_init(&t.next_token, 0);
     if (tt->vec_dot_type == RM_TYPE_F32) {
         t.xq = (const uint8_t *) a->x;

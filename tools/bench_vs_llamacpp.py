@@ -280,7 +280,8 @@ def rt_prefix(want: bool) -> list[str]:
 def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
     cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, a.model, "--threads", str(a.threads),
                     "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill), "--feed", a.feed]
-    env = dict(os.environ)
+    # numpy's BLAS threads would compete with the engine's own for the cores (neither uses them)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     if engine == "ours":
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)

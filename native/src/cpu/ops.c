@@ -34,6 +34,8 @@ typedef struct cpu_ctx {
     rm_pool * pool;
     uint8_t * xq;                 /* quantized activations: n_batch rows of up to max_in */
     uint64_t  xq_cap;
+    float *   x_info;             /* their block scales and sums (rm_q8_0_act_info) */
+    int64_t   x_info_cap;         /* floats */
     float *   scores;             /* attention scores: n_threads rows of n_ctx */
     int32_t   n_ctx;
 } cpu_ctx;
@@ -41,11 +43,13 @@ typedef struct cpu_ctx {
 typedef struct mm_task {
     const rm_matmul_args * a;
     rm_vec_dot_fn          vec_dot;    /* the weight type's kernel */
-    rm_vec_dot_x4_fn       vec_dot_x4; /* and its four-token form, or NULL */
+    rm_vec_dot_multi_fn    vec_dot_multi; /* and its multi-token form, or NULL */
     rm_from_float_fn       quantize;   /* its activation type's quantizer */
     const uint8_t *        wdata;
     const uint8_t *        xq;
     uint64_t               xq_stride;
+    const float *          x_info;     /* Q8_0 activations: block scales and sums, or NULL */
+    int64_t                x_info_stride;
     int64_t                chunk_rows;
     int64_t                tile_rows;
     int64_t                n_chunks;
@@ -55,7 +59,11 @@ typedef struct mm_task {
 
 static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
-        t->quantize(t->a->x + i * t->a->x_stride, (uint8_t *) t->xq + i * t->xq_stride, t->a->w->ne[0]);
+        uint8_t * xq = (uint8_t *) t->xq + i * t->xq_stride;
+        t->quantize(t->a->x + i * t->a->x_stride, xq, t->a->w->ne[0]);
+        if (t->x_info) {
+            rm_q8_0_act_info(xq, t->a->w->ne[0], (float *) t->x_info + i * t->x_info_stride);
+        }
     }
 }
 
@@ -78,25 +86,28 @@ static inline void store(const rm_matmul_args * a, int32_t i, int64_t r, float v
 }
 
 /* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token, four tokens at a
- * time where the type has a four-token kernel (each weight block is then unpacked once for four). */
+ * time where the type has a multi-token kernel (each weight block is then unpacked once for four). */
 static void matmul_tile(const mm_task * t, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
-    int32_t i = 0;
-    if (t->vec_dot_x4) {
-        for (; i + 4 <= a->n_tok; i += 4) {
+    if (t->vec_dot_multi) {
+        for (int32_t i = 0; i < a->n_tok;) {
+            const int nc = a->n_tok - i >= 4 ? 4 : 1;
             const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
+            const float * info = t->x_info ? t->x_info + i * t->x_info_stride : NULL;
             for (int64_t r = r0; r < r1; r++) {
                 float v[4];
-                t->vec_dot_x4(n_in, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride);
-                for (int c = 0; c < 4; c++) {
+                t->vec_dot_multi(n_in, nc, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride, info, t->x_info_stride);
+                for (int c = 0; c < nc; c++) {
                     store(a, i + c, r, v[c]);
                 }
             }
+            i += nc;
         }
+        return;
     }
-    for (; i < a->n_tok; i++) {
+    for (int32_t i = 0; i < a->n_tok; i++) {
         const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
         for (int64_t r = r0; r < r1; r++) {
             float v;
@@ -131,7 +142,7 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
     const rm_type_traits * tt = rm_type_traits_get(a->w->type);
     const int64_t n_rows = a->w->ne[1];
-    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_x4 = rm_cpu_vec_dot_x4(a->w->type),
+    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_multi = rm_cpu_vec_dot_multi(a->w->type),
                  .quantize = rm_cpu_quantize(tt->vec_dot_type), .wdata = rm_weight_matrix(a->w, a->mat)};
     const int stream = a->n_tok < 4;
     const int64_t n_chunks_min = (stream ? MM_STREAM_CHUNKS_PER_THREAD : MM_BATCH_CHUNKS_PER_THREAD) * rm_pool_size(c->pool);
@@ -149,6 +160,11 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
         t.xq = c->xq;
         t.xq_stride = rm_row_bytes(tt->vec_dot_type, a->w->ne[0]);
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
+        if (t.vec_dot_multi && tt->vec_dot_type == RM_TYPE_Q8_0) {
+            t.x_info = c->x_info;
+            t.x_info_stride = 2 * (a->w->ne[0] / RM_QK);
+            RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
+        }
         if (a->n_tok == 1) {
             quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
         } else {
@@ -215,9 +231,12 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->n_ctx = n_ctx;
     c->xq_cap = (uint64_t) n_batch * (uint64_t) (max_in / 32 + 1) * 72 + 64;  /* room for F16 activations, the widest */
     c->xq = malloc(c->xq_cap);
+    c->x_info_cap = (int64_t) n_batch * 2 * (max_in / 32 + 1);
+    c->x_info = malloc(sizeof(float) * (size_t) c->x_info_cap);
     c->scores = malloc(sizeof(float) * (size_t) n_ctx * (size_t) rm_pool_size(pool));
-    if (!c->xq || !c->scores) {
+    if (!c->xq || !c->x_info || !c->scores) {
         free(c->xq);
+        free(c->x_info);
         free(c->scores);
         free(c);
         free(be);
@@ -236,6 +255,7 @@ void rm_backend_cpu_free(rm_backend * be) {
     }
     cpu_ctx * c = be->ctx;
     free(c->xq);
+    free(c->x_info);
     free(c->scores);
     free(c);
     free(be);

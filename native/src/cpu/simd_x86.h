@@ -87,8 +87,11 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * K-quants written once for nc tokens (1 or 4): a super-block's levels and scales are unpacked
- * once for all tokens, and each token's result is bit for bit the one-token kernel's.
+ * K-quants against Q8_K, written once for nc tokens (1 or 4): a super-block's levels and scales
+ * are unpacked once for all tokens, and each token's result is bit for bit the one-token
+ * kernel's. Each super-block sums its integer products, weighted by the sub-block scales, in
+ * int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of
+ * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot.
  * ------------------------------------------------------------------------------------------- */
 
 /* Q2_K for nc tokens (1 or 4): levels 0..3 times scales, less dmin times the mins (via bsums). */
@@ -267,5 +270,27 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
         out[c] = hsum_ps(acc[c]);
     }
 }
+
+/* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi;
+ * the activation info is for Q8_0 activations and unused here). */
+#define RM_KQ_ENTRY_POINTS(t)                                                                            \
+    static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
+        dot_##t##_multi(n, out, w, x_q, 0, 1);                                                           \
+    }                                                                                                    \
+    static void vec_dot_##t##_multi(int64_t n, int nc, float * out, const void * w, const void * x_q,    \
+                                    uint64_t x_stride, const float * x_info, int64_t x_info_stride) {    \
+        (void) x_info;                                                                                   \
+        (void) x_info_stride;                                                                            \
+        if (nc == 4) {                                                                                   \
+            dot_##t##_multi(n, out, w, x_q, x_stride, 4);                                                \
+        } else {                                                                                         \
+            dot_##t##_multi(n, out, w, x_q, x_stride, 1);                                                \
+        }                                                                                                \
+    }
+
+RM_KQ_ENTRY_POINTS(q2_K)
+RM_KQ_ENTRY_POINTS(q3_K)
+RM_KQ_ENTRY_POINTS(q4_K)
+RM_KQ_ENTRY_POINTS(q6_K)
 
 #endif

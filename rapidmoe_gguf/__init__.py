@@ -11,6 +11,7 @@ from .errors import (
 from .gguf_file import GGUFFile, open_gguf
 from .kernels import cpu_isa
 from .model import Model, SamplingParams
+from .planner import Hardware, Plan, PlanError
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 __version__ = "0.1.0"
@@ -20,9 +21,12 @@ __all__ = [
     "ContextFullError",
     "FormatError",
     "GGUFFile",
+    "Hardware",
     "IncrementalDecoder",
     "InvalidArgumentError",
     "Model",
+    "Plan",
+    "PlanError",
     "RapidMoEError",
     "SamplingParams",
     "Tokenizer",

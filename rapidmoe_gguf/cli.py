@@ -49,10 +49,18 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual-type", help="override the residual type, or 'none'")
     p.add_argument("--other-type", help="override the type of the other matrices")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+    p.add_argument("--calibrate", metavar="TEXT", help="calibrate UMIA on this text file in the same run")
+    p.add_argument("--calibrate-tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
+    from .evaluate import calibrate
+
+    calib_text = None
+    if args.calibrate:  # read it first: a missing file must not cost a whole conversion
+        with open(args.calibrate, encoding="utf-8") as f:
+            calib_text = f.read()
 
     r = convert(args.src, args.out, args.recipe, base_type=args.base_type,
                 residual_type=args.residual_type, other_type=args.other_type,
@@ -72,6 +80,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(line)
     for f in r.fallbacks:
         print(f"fallback: {f.tensor}: {f.used} instead of {f.wanted} ({f.reason})")
+    if calib_text is not None:
+        if not r.residual_path:
+            raise RapidMoEError("--calibrate needs a recipe with a residual")
+        t = calibrate(r.base_path, calib_text, max_tokens=args.calibrate_tokens, n_threads=args.threads)
+        print(f"calibrated UMIA on {t.n_tokens} tokens")
     return 0
 
 
@@ -142,9 +155,26 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--ctx", "-c", type=int, default=2048, help="context size in tokens (default: %(default)s)")
     p.add_argument("--policy", choices=POLICIES, default="umia",
                    help="which activated experts get their residual (default: %(default)s)")
-    p.add_argument("--budget", type=float, default=0.25,
-                   help="share of activated expert slots that get the residual (default: %(default)s)")
+    p.add_argument("--budget", type=_budget_arg, default=0.25,
+                   help="share of activated expert slots that get the residual, or 'auto' to let the CPU/GPU "
+                        "split find it (default: %(default)s)")
     p.add_argument("--no-residual", action="store_true", help="ignore the residual sidecar")
+    p.add_argument("--gpu-mem", default=None,
+                   help="run on the GPU within this much device memory, e.g. 8GiB (default: CPU only)")
+    p.add_argument("--gpu-device", type=int, default=0, help="CUDA device ordinal (default: %(default)s)")
+
+
+def _budget_arg(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1] or 'auto', got {text!r}") from None
+
+
+def _budget_str(b) -> str:
+    return b if isinstance(b, str) else f"{b:g}"
 
 
 def _open_model(args: argparse.Namespace):
@@ -154,7 +184,9 @@ def _open_model(args: argparse.Namespace):
     path = args.model or bundled_model_path()
     return Model(path, n_ctx=args.ctx, n_threads=args.threads,
                  residual=None if args.no_residual else "auto",
-                 residual_policy=args.policy, residual_budget=args.budget)
+                 residual_policy=args.policy, residual_budget=args.budget,
+                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device,
+                 gpu_sessions=max(1, getattr(args, "parallel", 1)))
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
@@ -187,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         st = m.stats()
         pp = t["prompt_tokens"] / t["prompt_s"] if t.get("prompt_s") else 0.0
         tg = t["gen_tokens"] / t["gen_s"] if t.get("gen_s") else 0.0
-        res = (f"residual rate {st['residual_rate']:.3f} (policy {st['policy']}, budget {st['budget']:g})"
+        res = (f"residual rate {st['residual_rate']:.3f} (policy {st['policy']}, budget {_budget_str(st['budget'])})"
                if m.residual_path else "no residual sidecar")
         print(f"prompt {t['prompt_tokens']} tokens, {pp:.1f} tok/s | generated {t['gen_tokens']} tokens, "
               f"{tg:.1f} tok/s | {res}", file=sys.stderr)
@@ -206,8 +238,206 @@ def _print_stats(st: dict) -> None:
         print(f"{layer:5d}  {a:11d}  {r:8d}  {r / a if a else 0:.3f}  {busiest}", file=sys.stderr)
 
 
+# ---------------------------------------------------------------------------------------------
+# perplexity, calibrate
+# ---------------------------------------------------------------------------------------------
+
+def _perplexity_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("-f", "--file", help="text file (default: the bundled model's held-out text)")
+    p.add_argument("--reference", default="all",
+                   help="'all' (the same model, every residual applied), 'none', or another GGUF (default: all)")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per chunk, as llama.cpp's n_ctx (default: %(default)s)")
+    p.add_argument("--chunks", type=int, default=0, help="evaluate at most this many chunks (0: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from .bundled import bundled_heldout_path
+    from .evaluate import perplexity
+    from .model import Model
+
+    path = args.file or bundled_heldout_path()
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    args.ctx = max(args.ctx, args.chunk)
+    with _open_model(args) as m:
+        ids = m.tokenize(text, add_special=False)
+        if args.reference in ("all", "none"):
+            ref = Model(m.path, n_ctx=args.ctx, n_threads=args.threads,
+                        residual=m.residual_path if args.reference == "all" else None,
+                        residual_policy=args.reference)
+        else:
+            ref = Model(args.reference, n_ctx=args.ctx, n_threads=args.threads)
+        with ref:
+            r = perplexity(m, ids, args.chunk, reference=ref, max_chunks=args.chunks or None)
+    print(f"ppl {r.ppl:.4f} over {r.n_tokens} tokens | KLD mean {r.kld_mean:.6f} p99 {r.kld_p99:.6f} | "
+          f"top-1 {r.top1:.4f} | residual rate {r.residual_rate:.3f} ({r.policy}, budget {_budget_str(r.budget)}) | "
+          f"{r.bytes_per_token / 2**20:.3f} MiB of weights per token")
+    if args.json:
+        print(json.dumps(r.as_dict()))
+    return 0
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="base .gguf with its NAME.residual.gguf beside it")
+    p.add_argument("-f", "--file", required=True, help="calibration text")
+    p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
+    p.add_argument("--chunk", type=int, default=256, help="tokens per chunk (default: %(default)s)")
+    p.add_argument("--threads", "-t", type=int, default=0)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .evaluate import calibrate
+
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    t = calibrate(args.model, text, n_ctx=args.chunk, max_tokens=args.tokens, n_threads=args.threads)
+    print(f"calibrated on {t.n_tokens} tokens; layer sensitivity (KL when base only): "
+          + " ".join(f"{v:.4g}" for v in t.layer_sensitivity))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------------------------
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from .planner import Hardware
+
+    hw = Hardware()
+    p.add_argument("model", help="base .gguf; NAME.residual.gguf beside it is used when present")
+    p.add_argument("--gpu-mem", required=True, help="device memory budget, e.g. 8GiB, 24GB, 12000MiB")
+    p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=256, help="prefill batch size (default: %(default)s)")
+    p.add_argument("--budget", type=float, default=0.1,
+                   help="residual budget for the per-token prediction (default: %(default)s)")
+    p.add_argument("--no-residual", action="store_true", help="plan without the residual sidecar")
+    p.add_argument("--host-bw", type=float, default=None,
+                   help="host memory bandwidth in GB/s (default: measured with a quick numpy copy)")
+    p.add_argument("--pcie-gbps", type=float, default=hw.pcie_gbps,
+                   help="host-to-device bandwidth in GB/s (default: %(default)s, PCIe 4.0 x16)")
+    p.add_argument("--gpu-bw", type=float, default=hw.gpu_bw_gbps,
+                   help="GPU memory bandwidth in GB/s (default: %(default)s)")
+    p.add_argument("--gpu-tflops", type=float, default=hw.gpu_tflops,
+                   help="fp32 TFLOP/s of the GPU's dequantizing kernels (default: %(default)s)")
+    p.add_argument("--cpu-gflops", type=float, default=hw.cpu_gflops,
+                   help="GFLOP/s of the host's quantized products, all threads (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .planner import Hardware, plan_files
+
+    hw = Hardware(host_bw_gbps=args.host_bw, pcie_gbps=args.pcie_gbps, gpu_bw_gbps=args.gpu_bw,
+                  gpu_tflops=args.gpu_tflops, cpu_gflops=args.cpu_gflops)
+    p = plan_files(args.model, args.gpu_mem, args.ctx, residual=None if args.no_residual else "auto",
+                   n_batch=args.batch, residual_budget=args.budget, hardware=hw)
+    print(p.to_json() if args.json else p.summary())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# chat, serve
+# ---------------------------------------------------------------------------------------------
+
+def _chat_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--system", "-s", help="a system message that starts the conversation")
+    p.add_argument("--n-predict", "-n", type=int, default=None,
+                   help="most tokens per reply (default: up to the end of the context)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.1)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+
+CHAT_HELP = "/reset starts a new conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops a reply"
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    history = list(start)
+    sampling = dict(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+    with _open_model(args) as m:
+        print(f"{os.path.basename(m.path)}: {CHAT_HELP}", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print()
+                return 0
+            if line.strip() == "/quit":
+                return 0
+            if line.strip() == "/reset":
+                history = list(start)
+                print("(new conversation)", file=sys.stderr)
+                continue
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            reply = []
+            try:
+                for chunk in m.create_chat_completion(history, max_tokens=args.n_predict, stream=True, **sampling):
+                    piece = chunk["choices"][0]["delta"].get("content", "")
+                    reply.append(piece)
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                print(" [stopped]", end="")
+            except RapidMoEError as exc:
+                history.pop()
+                print(f"error: {exc}" + ("; /reset starts over" if len(history) > len(start) else ""),
+                      file=sys.stderr)
+                continue
+            print()
+            history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s; "
+                   "0.0.0.0 makes the server reachable from other machines)")
+    p.add_argument("--port", type=int, default=8080, help="(default: %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("RAPIDMOE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every API request (default: $RAPIDMOE_API_KEY; "
+                        "/health and the page at / stay open)")
+    p.add_argument("--parallel", "-np", type=int, default=1,
+                   help="requests generated at once, each with its own KV cache of --ctx tokens (default: %(default)s)")
+    p.add_argument("--queue", type=int, default=16,
+                   help="requests that may wait for a free slot; more get 503 (default: %(default)s)")
+    p.add_argument("--name", help="the model name the API reports (default: the file name without .gguf)")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import ServerConfig, serve
+
+    if args.parallel < 1 or args.queue < 0:
+        raise RapidMoEError(f"--parallel must be >= 1 and --queue >= 0, got {args.parallel} and {args.queue}")
+    config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, parallel=args.parallel,
+                          queue=args.queue, model_name=args.name)
+    with _open_model(args) as m:
+        res = (f"residual policy {m.residual_policy}, budget {_budget_str(m.residual_budget)}" if m.residual_path
+               else "no residual sidecar")
+        print(f"serving {m.path} ({res}) on http://{args.host}:{args.port}/ with {args.parallel} slot(s) of "
+              f"{m.n_ctx} tokens" + (", API key required" if args.api_key else ""), file=sys.stderr)
+        serve(m, config, log_level="info" if args.verbose else "warning")
+    return 0
+
+
 COMMANDS: dict[str, Subcommand] = {
+    "plan": Subcommand("place a model on a GPU within a memory budget and predict the bytes each side reads",
+                       _plan_args, cmd_plan),
+    "perplexity": Subcommand("perplexity and divergence from a reference, with a residual policy",
+                             _perplexity_args, cmd_perplexity),
+    "calibrate": Subcommand("measure UMIA's tables on text and store them in the sidecar",
+                            _calibrate_args, cmd_calibrate),
     "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
+    "chat": Subcommand("chat in the terminal with the model's chat template", _chat_args, cmd_chat),
+    "serve": Subcommand("an OpenAI-compatible HTTP server with a web chat page", _serve_args, cmd_serve),
     "convert": Subcommand("convert a Hugging Face checkpoint or a GGUF to a RESplit pair",
                           _convert_args, cmd_convert),
     "inspect": Subcommand("describe a GGUF file and its residual sidecar", _inspect_args, cmd_inspect),

@@ -49,7 +49,7 @@ class PerplexityResult:
     bytes_per_token: float
     n_tokens: int
     policy: str
-    budget: float
+    budget: float | str
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -99,26 +99,22 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     ids = ids[:max_tokens]
     chunks = _chunks(ids, n_ctx, None)
 
-    # 1. expert level: |f_{B+R}(x) - f_B(x)| per (layer, expert), and every slot's gate, one token
-    #    at a time so each token's routing can be read back.
+    # 1. expert level: |f_{B+R}(x) - f_B(x)| per (layer, expert), and every slot's gate, read
+    #    back from the route log after each chunk.
     model.set_residual("all")
     model.clear_stats()
     s = model._live()
     check(lib.rm_session_set_calibration(s, 1))
-    exp = np.zeros(L * K, np.int32)
-    gates = np.zeros(L * K, np.float32)
-    res = np.zeros(L * K, np.uint8)
     slots_e, slots_g = [], []
     try:
         for chunk in chunks:
-            model.reset()
-            for t in chunk:
-                model.eval([t])
-                check(lib.rm_session_last_routes(s, ffi.from_buffer("int32_t[]", exp),
-                                                 ffi.from_buffer("float[]", gates),
-                                                 ffi.from_buffer("uint8_t[]", res), L * K))
-                slots_e.append(exp.copy())
-                slots_g.append(gates.copy())
+            model.eval_logits(chunk)
+            exp = np.zeros(len(chunk) * L * K, np.int32)
+            gates = np.zeros(len(chunk) * L * K, np.float32)
+            check(lib.rm_session_route_log(s, ffi.from_buffer("int32_t[]", exp),
+                                           ffi.from_buffer("float[]", gates), exp.size))
+            slots_e.append(exp.reshape(-1, L, K))
+            slots_g.append(gates.reshape(-1, L, K))
         delta = np.zeros(L * X, np.float64)
         count = np.zeros(L * X, np.uint64)
         check(lib.rm_session_calibration(s, ffi.from_buffer("double[]", delta),
@@ -132,8 +128,8 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     for layer in range(L):  # experts never seen take their layer's mean
         row = sens[layer]
         row[np.isnan(row)] = np.nanmean(row) if np.isfinite(row).any() else 1.0
-    se = np.stack(slots_e).reshape(-1, L, K)    # (tokens, layer, slot)
-    sg = np.stack(slots_g).reshape(-1, L, K)
+    se = np.concatenate(slots_e)    # (tokens, layer, slot)
+    sg = np.concatenate(slots_g)
     for layer in range(L):  # normalise: gate^a * s_e averages 1 over the layer's slots
         m = np.mean(sg[:, layer] ** gate_power * sens[layer][se[:, layer]])
         sens[layer] /= max(m, 1e-30)
@@ -153,7 +149,7 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     model.set_residual("all")
 
     # 3. the score distribution of every scored policy, per layer
-    tables = umia.Tables(L, X, sens, layer_kl, freq, {}, len(slots_e))
+    tables = umia.Tables(L, X, sens, layer_kl, freq, {}, int(se.shape[0]))
     qs = np.linspace(0.0, 1.0, umia.N_QUANTILES)
     for policy in umia.SCORED:
         rows = []
@@ -176,14 +172,18 @@ def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
         w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    V = gguf.GGUFValueType
     for name, value in kv.items():
         if isinstance(value, list):
-            sub = gguf.GGUFValueType.FLOAT32 if isinstance(value[0], float) else gguf.GGUFValueType.INT32
-            w.add_key_value(name, value, gguf.GGUFValueType.ARRAY, sub_type=sub)
+            w.add_key_value(name, value, V.ARRAY, sub_type=V.FLOAT32 if isinstance(value[0], float) else V.INT32)
+        elif isinstance(value, str):
+            w.add_key_value(name, value, V.STRING)
+        elif isinstance(value, bool):
+            w.add_key_value(name, value, V.BOOL)
         elif isinstance(value, int):
-            w.add_uint32(name, value)
+            w.add_key_value(name, value, V.UINT32 if 0 <= value < 2**32 else V.INT64)
         else:
-            w.add_key_value(name, value, gguf.GGUFValueType.FLOAT32)
+            w.add_key_value(name, float(value), V.FLOAT32)
     for t in r.tensors:
         w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -192,17 +192,22 @@ def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
     w.close()
 
 
-def store_tables(residual_file: str, tables: umia.Tables) -> None:
-    """Stores the tables in the sidecar atomically: the old file stays intact on any failure."""
-    d, b = os.path.split(os.path.abspath(residual_file))
+def rewrite_with_kv(path: str, kv: dict[str, object]) -> None:
+    """Adds or replaces keys of a GGUF file atomically: the old file stays intact on any failure."""
+    d, b = os.path.split(os.path.abspath(path))
     tmp = os.path.join(d, f".{b}.partial-{os.getpid()}")
     try:
-        _copy_with_kv(residual_file, tmp, tables.to_kv())
-        os.replace(tmp, residual_file)
+        _copy_with_kv(path, tmp, kv)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def store_tables(residual_file: str, tables: umia.Tables) -> None:
+    """Stores UMIA's tables in the sidecar (atomically)."""
+    rewrite_with_kv(residual_file, tables.to_kv())
 
 
 def calibrate(base_path: str, text: str, n_ctx: int = 256, max_tokens: int = 4096,

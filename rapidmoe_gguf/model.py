@@ -6,47 +6,29 @@ so code written for it reads the same here.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
+import logging
 import os
 import time
 import uuid
+import weakref
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from . import _native
 from ._native import ffi, lib
+from . import planner, umia
 from .errors import InvalidArgumentError, RapidMoEError
-from . import umia
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
+from .sampling import Sampler, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
 
+log = logging.getLogger("rapidmoe")
 
-@dataclasses.dataclass
-class SamplingParams:
-    """How the next token is drawn. ``temperature`` 0 is greedy."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int | None = None
-
-    def validate(self) -> None:
-        checks = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
-            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise InvalidArgumentError(msg)
+# residual_budget="auto": where the controller starts and its limits (rm_auto_budget in rapidmoe.h)
+AUTO_BUDGET = dict(start=0.05, min_budget=0.0, max_budget=0.5, increase=0.005, decrease=0.7, margin=0.1)
 
 
 class Model:
@@ -55,7 +37,15 @@ class Model:
     ``residual``: ``"auto"`` (default) loads ``NAME.residual.gguf`` beside the base file when it
     exists, ``None`` runs base only, or give the sidecar's path. ``residual_policy`` and
     ``residual_budget`` choose which activated experts get their residual (see ``set_residual``);
-    an uncalibrated sidecar falls back from ``umia`` to ``all``.
+    an uncalibrated sidecar falls back from ``umia`` to ``all``. ``residual_budget="auto"`` lets
+    the CPU/GPU split find the budget the host can hide under the GPU's work (docs/SPLIT.md).
+
+    ``gpu_memory`` (e.g. ``"8GiB"``) runs on the GPU ``gpu_device`` within that budget: the
+    planner (rapidmoe_gguf.planner) puts the dense part, the KV cache and as many expert bases as
+    fit on the GPU, and host threads compute the residuals. Without a usable GPU (none present,
+    or a build without CUDA) the model runs on the CPU, with a logged warning; ``gpu_info`` says
+    where it runs and why. ``gpu_sessions``: how many sessions (this one and its forks) the GPU
+    budget must hold.
     """
 
     def __init__(
@@ -67,15 +57,24 @@ class Model:
         n_batch: int = 256,
         residual: str | os.PathLike | None = "auto",
         residual_policy: str = "umia",
-        residual_budget: float = 0.25,
+        residual_budget: float | str = 0.25,
+        gpu_memory: str | int | None = None,
+        gpu_device: int = 0,
+        gpu_sessions: int = 1,
+        hardware: planner.Hardware | None = None,
     ):
         self._model = None
         self._session = None
+        self._parent: Model | None = None      # set on a fork, which borrows the parent's native model
+        self._forks: weakref.WeakSet = weakref.WeakSet()
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise RapidMoEError(f"model file not found: {path}")
         if n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        auto = residual_budget == "auto"
+        if isinstance(residual_budget, str) and not auto:
+            raise InvalidArgumentError(f"residual_budget must be a number in [0, 1] or 'auto', got {residual_budget!r}")
         self.path = path
         if residual == "auto":
             cand = residual_path(path)
@@ -89,13 +88,28 @@ class Model:
 
         with open_gguf(path) as g:
             self.metadata = dict(g.metadata)
+        self.plan = None
+        if gpu_memory is not None:
+            self.plan = planner.plan_files(path, gpu_memory, n_ctx, residual=self.residual_path, n_batch=n_batch,
+                                           residual_budget=AUTO_BUDGET["start"] if auto else float(residual_budget),
+                                           hardware=hardware, n_sessions=gpu_sessions)
+            log.info("GPU plan:\n%s", self.plan.summary())
         params = ffi.new("rm_model_params *")
         params.struct_size = ffi.sizeof("rm_model_params")
         params.n_threads = n_threads
         res_c = ffi.new("char[]", self.residual_path.encode()) if self.residual_path else ffi.NULL
         params.residual_path = res_c
+        mask = None
+        if self.plan is not None:
+            mask = self.plan.native_mask()
+            params.use_gpu = 1
+            params.gpu_device = gpu_device
+            params.gpu_memory_bytes = self.plan.cap
+            params.expert_on_gpu = ffi.from_buffer("uint8_t[]", mask)
+            params.residual_upload_min_tokens = self.plan.crossover_tokens
         out = ffi.new("rm_model **")
         _native.check(lib.rm_model_load(path.encode(), params, out))
+        del mask
         self._model = out[0]
         try:
             self.tokenizer = Tokenizer.from_gguf_metadata(self.metadata)
@@ -107,19 +121,25 @@ class Model:
         self.info = {k: (ffi.string(getattr(info, k)).decode() if k == "arch" else int(getattr(info, k)))
                      for k in dir(info)}
         self.n_vocab = self.info["n_vocab"]
+        self.gpu_info = self._gpu_info()
+        if self.gpu_info["note"]:
+            log.warning("%s", self.gpu_info["note"])
 
+        try:
+            self._open_session(n_ctx, n_batch, residual_policy, residual_budget)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_session(self, n_ctx: int, n_batch: int, residual_policy: str, residual_budget: float | str) -> None:
         sp = ffi.new("rm_session_params *")
         sp.struct_size = ffi.sizeof("rm_session_params")
         sp.n_ctx = n_ctx
         sp.n_batch = n_batch
         sout = ffi.new("rm_session **")
-        try:
-            _native.check(lib.rm_session_new(self._model, sp, sout))
-        except BaseException:
-            self.close()
-            raise
+        _native.check(lib.rm_session_new(self._model, sp, sout))
         self._session = sout[0]
-        self.n_ctx = n_ctx
+        self.n_ctx, self.n_batch = n_ctx, n_batch
         self.residual_policy, self.residual_budget = "none", 0.0
         if self.residual_path is not None:
             if residual_policy == "umia" and self.umia_tables is None:
@@ -127,16 +147,52 @@ class Model:
             self.set_residual(residual_policy, residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self.last_timings: dict[str, float] = {}
+        self.finish_reason = "stop"
+
+    def fork_session(self, n_ctx: int | None = None) -> "Model":
+        """Another Model on the same loaded weights with a session of its own: KV cache, residual
+        policy and statistics (default: this one's n_ctx and policy). Forks let several sequences
+        be served at once from one copy of the weights; their evaluations take turns on the native
+        model. Closing this Model closes its forks first."""
+        self._live()
+        if n_ctx is not None and n_ctx <= 0:
+            raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        fork = copy.copy(self)              # shares the tokenizer, metadata and the native model
+        fork._parent, fork._forks, fork._session = self, weakref.WeakSet(), None
+        fork._open_session(self.n_ctx if n_ctx is None else n_ctx, self.n_batch,
+                           self.residual_policy, self.residual_budget)
+        self._forks.add(fork)
+        return fork
+
+    @property
+    def backend(self) -> str:
+        """Where the forward pass runs: ``"cuda"`` or ``"cpu"``."""
+        return "cuda" if self.gpu_info["active"] else "cpu"
+
+    def _gpu_info(self) -> dict:
+        gi = ffi.new("rm_gpu_info *")
+        gi.struct_size = ffi.sizeof("rm_gpu_info")
+        _native.check(lib.rm_model_gpu_info(self._model, gi))
+        return {"requested": bool(gi.requested), "active": bool(gi.active), "device": int(gi.device),
+                "device_name": ffi.string(gi.device_name).decode("utf-8", "replace"),
+                "budget_bytes": int(gi.budget_bytes), "weight_bytes": int(gi.weight_bytes),
+                "used_bytes": int(gi.used_bytes), "n_experts_on_gpu": int(gi.n_experts_on_gpu),
+                "n_experts_total": int(gi.n_experts_total),
+                "note": ffi.string(gi.note).decode("utf-8", "replace")}
 
     # -- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the session and the model (the session first); safe to call twice."""
-        if self._session is not None:
+        """Frees the session and the model (forks and the session first); safe to call twice.
+        A fork frees only its own session."""
+        for fork in list(getattr(self, "_forks", ())):
+            fork.close()
+        if getattr(self, "_session", None) is not None:
             lib.rm_session_free(self._session)
             self._session = None
-        if self._model is not None:
-            lib.rm_model_free(self._model)
+        if getattr(self, "_model", None) is not None:
+            if self._parent is None:
+                lib.rm_model_free(self._model)
             self._model = None
 
     def __enter__(self) -> "Model":
@@ -204,15 +260,21 @@ class Model:
 
     # -- residuals and statistics ---------------------------------------------------------------
 
-    def set_residual(self, policy: str, budget: float | None = None) -> None:
+    def set_residual(self, policy: str, budget: float | str | None = None) -> None:
         """Chooses which activated experts get their residual, from the next token on.
 
         policy: none, all, umia, random, gate, expert or layer; budget: the fraction of activated
-        (token, expert) slots that get the residual (ignored by none and all)."""
-        budget = self.residual_budget if budget is None else float(budget)
+        (token, expert) slots that get the residual (ignored by none and all), or ``"auto"``: the
+        split raises it while the host's residual work hides under the GPU's and lowers it when
+        the GPU waits (a CPU-only session keeps the starting value, AUTO_BUDGET["start"])."""
+        budget = self.residual_budget if budget is None else budget
+        auto = budget == "auto"
+        if auto and policy in ("none", "all"):
+            raise InvalidArgumentError(f"residual_budget='auto' needs a budgeted policy, not {policy!r}")
+        start = AUTO_BUDGET["start"] if auto else float(budget)
         if policy != "none" and self.residual_path is None:
             raise RapidMoEError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
-        arr = umia.build(policy, budget, self.umia_tables, self.info["n_layer"], self.info["n_expert"])
+        arr = umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"])
         p = ffi.new("rm_residual_policy *")
         p.struct_size = ffi.sizeof("rm_residual_policy")
         p.kind = arr.kind
@@ -232,7 +294,14 @@ class Model:
         put("layer_budget", arr.layer_budget, "float[]")
         put("threshold0", arr.threshold0, "float[]")
         _native.check(lib.rm_session_set_policy(self._live(), p))
-        self.residual_policy, self.residual_budget = policy, budget
+        if auto:
+            ab = ffi.new("rm_auto_budget *")
+            ab.struct_size = ffi.sizeof("rm_auto_budget")
+            ab.budget = ab.reference_budget = max(start, 1e-6)
+            for k in ("min_budget", "max_budget", "increase", "decrease", "margin"):
+                setattr(ab, k, AUTO_BUDGET[k])
+            _native.check(lib.rm_session_set_auto_budget(self._live(), ab))
+        self.residual_policy, self.residual_budget = policy, ("auto" if auto else start)
 
     def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
         """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
@@ -262,6 +331,19 @@ class Model:
     def clear_stats(self) -> None:
         _native.check(lib.rm_session_clear_stats(self._live()))
 
+    def backend_stats(self) -> dict:
+        """What crossed the bus and how the CPU/GPU split went since the last ``clear_stats``
+        (rm_backend_stats in rapidmoe.h; all zero on the CPU backend)."""
+        bs = ffi.new("rm_backend_stats *")
+        bs.struct_size = ffi.sizeof("rm_backend_stats")
+        _native.check(lib.rm_session_backend_stats(self._live(), bs))
+        out = {"backend": ffi.string(bs.backend).decode()}
+        for k in ("n_tokens", "h2d_bytes", "d2h_bytes", "h2d_weight_bytes", "n_syncs", "n_layer_steps", "n_stalls"):
+            out[k] = int(getattr(bs, k))
+        for k in ("host_ms", "device_ms", "auto_budget"):
+            out[k] = float(getattr(bs, k))
+        return out
+
     def bytes_per_token(self, residual_rate: float) -> float:
         """Weight bytes one decoded token reads: dense weights, the activated experts' bases,
         and the residuals of the share of them that got one."""
@@ -270,21 +352,6 @@ class Model:
         return i["dense_bytes"] + used * (i["base_expert_bytes"] + residual_rate * i["residual_expert_bytes"])
 
     # -- generation -----------------------------------------------------------------------------
-
-    def _sampler(self, sp: SamplingParams):
-        sp.validate()
-        p = ffi.new("rm_sampler_params *")
-        p.struct_size = ffi.sizeof("rm_sampler_params")
-        p.temperature = sp.temperature
-        p.top_k = sp.top_k
-        p.top_p = sp.top_p
-        p.min_p = sp.min_p
-        p.repeat_penalty = sp.repeat_penalty
-        p.repeat_last_n = sp.repeat_last_n
-        p.seed = (sp.seed if sp.seed is not None else int.from_bytes(os.urandom(8), "little")) & (2**64 - 1)
-        out = ffi.new("rm_sampler **")
-        _native.check(lib.rm_sampler_new(p, out))
-        return ffi.gc(out[0], lib.rm_sampler_free)
 
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
                         stop_ids: set[int] | None = None) -> Iterator[int]:
@@ -300,7 +367,7 @@ class Model:
             raise InvalidArgumentError(
                 f"the prompt has {prompt.size} tokens and {max_tokens} more were asked for, "
                 f"but the context holds {self.n_ctx} (raise n_ctx)")
-        sampler = self._sampler(sampling)
+        sampler = Sampler(sampling)
         stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
         history = prompt.tolist()
         t0 = time.perf_counter()
@@ -309,13 +376,8 @@ class Model:
         t1 = time.perf_counter()
         self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_s": t1 - t0,
                              "gen_tokens": 0, "gen_s": 0.0}
-        tok = ffi.new("int32_t *")
         for _ in range(max_tokens):
-            recent = np.asarray(history[-max(sampling.repeat_last_n, 1):], dtype=np.int32)
-            _native.check(lib.rm_sampler_sample(
-                sampler, ffi.from_buffer("float[]", logits), self.n_vocab,
-                ffi.from_buffer("int32_t[]", recent), int(recent.size), tok))
-            t = int(tok[0])
+            t = sampler.sample(logits, history)
             if t in stop:
                 break
             history.append(t)
@@ -332,21 +394,25 @@ class Model:
 
     def _stream_text(self, prompt, max_tokens: int, sampling: SamplingParams,
                      stop: Sequence[str]) -> Iterator[str]:
+        """Yields text pieces as they become complete; holds back what could begin a stop string.
+        Sets ``finish_reason``: "stop" (end-of-generation token or stop string) or "length"."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         dec = IncrementalDecoder(self.tokenizer)
         pending = ""
         hold = max((len(s) for s in stop), default=0)
+        self.finish_reason = "stop"
         for t in self.generate_tokens(ids, max_tokens, sampling):
             pending += dec.feed(t)
             hits = [pending.find(s) for s in stop if s and s in pending]
             if hits:
                 yield pending[:min(hits)]
-                self._finish = "stop"
                 return
             if len(pending) > hold:
                 cut = len(pending) - hold
                 yield pending[:cut]
                 pending = pending[cut:]
+        if self.last_timings.get("gen_tokens", 0) >= max_tokens:
+            self.finish_reason = "length"
         pending += dec.flush()
         if pending:
             yield pending
@@ -365,14 +431,6 @@ class Model:
         name = model or os.path.basename(self.path)
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
 
-        def chunks():
-            self._finish = "length"
-            for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
-                yield text
-            n_gen = self.last_timings.get("gen_tokens", 0)
-            if self._finish != "stop" and n_gen < max_tokens:
-                self._finish = "stop"
-
         def usage():
             n_gen = self.last_timings.get("gen_tokens", 0)
             return {"prompt_tokens": len(prompt_ids), "completion_tokens": n_gen,
@@ -380,13 +438,27 @@ class Model:
 
         if stream:
             def it():
-                for text in chunks():
+                for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
                     yield {"id": cid, "object": "text_completion", "created": created, "model": name,
                            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}]}
                 yield {"id": cid, "object": "text_completion", "created": created, "model": name,
-                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self._finish}]}
+                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self.finish_reason}]}
             return it()
-        text = "".join(chunks())
+        text = "".join(self._stream_text(prompt_ids, max_tokens, sampling, stops))
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self._finish}],
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish_reason}],
                 "usage": usage()}
+
+    def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
+                               temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                               stop: str | Sequence[str] | None = None, stream: bool = False,
+                               model: str | None = None):
+        """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
+        with the model's own chat template (see ``rapidmoe_gguf.chat``). ``max_tokens`` None: up to
+        the end of the context."""
+        from . import chat
+
+        return chat.create_chat_completion(
+            self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model)

@@ -4,12 +4,15 @@ decisions run in C, see ``rm_residual_policy`` in rapidmoe.h and docs/UMIA.md).
 A slot is one activated (token, layer, expert). Its UMIA score estimates how much the final output
 would move if that slot ran its base alone:
 
-    score = layer_sensitivity[l] * gate^a * expert_sensitivity[l, e]
+    score = layer_sensitivity[l]^c * gate^a * expert_sensitivity[l, e]
 
 - token level: the router weight ``gate`` of the slot (how much of the MoE output it carries);
 - expert level: the calibrated mean size of ``f_{B+R}(x) - f_B(x)`` for the expert, normalised so
   that ``gate^a * expert_sensitivity`` averages 1 over a layer's calibration slots;
-- layer level: the calibrated KL divergence of the output when only that layer runs base only.
+- layer level: the calibrated KL divergence of the output when only that layer runs base only,
+  raised to the power ``c = LAYER_POWER`` (0.5): the KL of a whole layer overstates what its
+  low-gate slots are worth once its important slots have their residual (chosen on training text,
+  see docs/UMIA.md).
 
 Arbitration: one global threshold over the calibration scores of all layers gives each layer its
 share of the budget (spend where it matters most); at run time each layer keeps its own threshold
@@ -29,6 +32,7 @@ KIND = {name: i for i, name in enumerate(POLICIES)}
 SCORED = ("umia", "gate", "expert")          # policies whose scores are calibrated per layer
 N_QUANTILES = 129
 DEFAULT_GAIN = 0.2
+LAYER_POWER = 0.5
 KEY = "rapidmoe.umia."
 
 
@@ -77,7 +81,8 @@ class Tables:
 
 def slot_log_scores(policy: str, tables: Tables, layer: int, experts: np.ndarray, gates: np.ndarray,
                     gate_power: float = 1.0) -> np.ndarray:
-    """log(score) of slots of one layer, as the C side computes it."""
+    """log(score) of slots of one layer with the layer weight at power 1 (as calibration stores
+    the quantiles; ``build`` rescales the layer term to LAYER_POWER)."""
     g = np.log(np.maximum(gates, 1e-30))
     se = np.log(tables.expert_sensitivity[layer, experts])
     if policy == "gate":
@@ -150,5 +155,10 @@ def build(policy: str, budget: float, tables: Tables | None, n_layer: int, n_exp
             left -= share[layer]
         # score = log(ls) + u, u ~ U(0, 1): a threshold of log(ls) + 1 - share selects `share`
         return PolicyArrays(KIND[policy], share, np.log(ls) + 1.0 - share, layer_score=ls)
-    t, share = allocate(tables.quantiles[policy], budget)
+    q = tables.quantiles[policy]
+    if policy == "umia":
+        lp = np.log(tables.layer_sensitivity)
+        q = q + ((LAYER_POWER - 1.0) * lp)[:, None]
+        ls = np.exp(LAYER_POWER * lp).astype(np.float32)
+    t, share = allocate(q, budget)
     return PolicyArrays(KIND[policy], share, np.full(n_layer, t), expert_score=es, layer_score=ls)

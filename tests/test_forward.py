@@ -146,3 +146,17 @@ def test_forward_unsupported_architecture_is_refused(tmp_path):
     w.close()
     with pytest.raises(rm.UnsupportedError, match="architecture 'mamba' is not supported"):
         rm.Model(tmp_path / "x.gguf", residual=None)
+
+
+def test_forward_same_seed_same_text_and_completion_shapes(converted):
+    path, _, _ = converted("qwen3_moe", "f32")
+    with rm.Model(path, n_ctx=128, n_threads=2) as m:
+        a = m.generate("hello world", max_tokens=12, temperature=1.0, seed=5)
+        b = m.generate("hello world", max_tokens=12, temperature=1.0, seed=5)
+        assert a == b and len(a) > 0
+        out = m.create_completion("hello world", max_tokens=8, temperature=1.0, seed=5)
+        assert out["object"] == "text_completion" and out["choices"][0]["finish_reason"] in ("stop", "length")
+        assert out["usage"]["completion_tokens"] <= 8
+        chunks = list(m.create_completion("hello world", max_tokens=8, temperature=1.0, seed=5, stream=True))
+        assert "".join(c["choices"][0]["text"] for c in chunks) == out["choices"][0]["text"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == out["choices"][0]["finish_reason"]

@@ -186,18 +186,23 @@ def test_kernels_bad_isa_arguments_raise():
         kernels.vec_dot_rows("Q8_0", w[:-1], w)
 
 
+# The folder holding the package this process imported; children run there, so that a source tree
+# in the current folder cannot shadow an installed package.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))
+
+
 def package_env(**changes):
     """The environment for a child Python that imports the very package this process runs."""
     env = dict(os.environ, **changes)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(kernels.__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
 def isa_in_subprocess(value):
     env = package_env(RAPIDMOE_ISA=value)
     code = "from rapidmoe_gguf import kernels; print(kernels.cpu_isa())"
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                       cwd=PACKAGE_ROOT)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip(), p.stderr
 

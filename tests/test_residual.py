@@ -154,3 +154,15 @@ def test_residual_policy_errors(pair):
     with rm.Model(path, n_ctx=64, n_threads=1, residual=None) as m:
         with pytest.raises(rm.RapidMoEError, match="sidecar"):
             m.set_residual("all")
+
+
+def test_residual_convert_cli_calibrates_in_the_same_run(tiny_hf, tmp_path):
+    from rapidmoe_gguf.cli import main
+
+    text = tmp_path / "calib.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "c.gguf"
+    assert main(["convert", str(tiny_hf("qwen3_moe")), str(out), "--recipe", "q2k-q4",
+                 "--calibrate", str(text), "--calibrate-tokens", "256"]) == 0
+    with rm.Model(out, n_ctx=64, n_threads=1) as m:
+        assert m.umia_tables is not None and m.residual_policy == "umia"

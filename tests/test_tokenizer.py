@@ -2,6 +2,7 @@
 gguf-py reader -> Tokenizer; its ids must equal the original tokenizer.json's ids."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -319,7 +320,9 @@ def test_tokenizer_matches_transformers_gguf_path(qwen_dir):
     assert theirs.encode(text, add_special_tokens=False).ids == ours.encode(text)
 
 
-def test_tokenizer_imports_neither_torch_nor_transformers():
-    code = ("import sys, rapidmoe_gguf.tokenizer; "
+def test_tokenizer_imports_neither_torch_nor_transformers(tmp_path):
+    # the same module search path as this process, from a folder where no source tree shadows it
+    path = [os.path.abspath(p) for p in sys.path if p]
+    code = (f"import sys; sys.path[:0] = {path!r}; import rapidmoe_gguf.tokenizer; "
             "sys.exit(sorted({'torch', 'transformers'} & set(sys.modules)) or 0)")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)

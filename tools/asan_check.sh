@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 py=${PYTHON:-python3}
+case "$py" in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac   # absolute: the script changes folder
 dir=build/asan
 pkg=$dir/pkg/rapidmoe_gguf
 

@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 1
+#define RM_ABI_VERSION 2
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -203,10 +203,25 @@ rm_status   rm_gguf_tensor_info(const rm_gguf * g, int64_t i, rm_tensor_info * o
 typedef struct rm_model   rm_model;
 typedef struct rm_session rm_session;
 
+/* struct_size may also be offsetof(rm_model_params, use_gpu), the size before the GPU fields
+ * (ABI 1 callers): those fields then take their zero defaults, which mean "CPU only". */
 typedef struct rm_model_params {
     uint32_t     struct_size;     /* sizeof(rm_model_params) */
     int32_t      n_threads;       /* <= 0: all online CPUs */
     const char * residual_path;   /* the RESplit sidecar, or NULL for base only */
+    /* --- GPU placement (the CUDA backend). When no GPU can be used (none present, or a build
+     * without CUDA) the model loads on the CPU and rm_model_gpu_info says why. --- */
+    int32_t      use_gpu;         /* 0: CPU only; 1: the CUDA backend on device gpu_device */
+    int32_t      gpu_device;      /* CUDA device ordinal */
+    uint64_t     gpu_memory_bytes;/* hard cap on device memory (weights, KV caches, scratch); 0: none */
+    /* n_layer * n_expert bytes, layer-major: 1 = the expert's base lives on the GPU, 0 = in host
+     * memory (computed by the CPU at base precision); NULL: every expert on the GPU. Residuals
+     * always stay in host memory. */
+    const uint8_t * expert_on_gpu;
+    /* Prefill: an expert whose residual is needed by at least this many tokens of a batch has
+     * its residual copied to the GPU for that batch instead of computed by the CPU (the
+     * crossover of rapidmoe plan); 0: never. */
+    int32_t      residual_upload_min_tokens;
 } rm_model_params;
 
 typedef struct rm_model_info {
@@ -233,6 +248,24 @@ typedef struct rm_model_info {
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
 void      rm_model_free(rm_model * model);
 rm_status rm_model_info_get(const rm_model * model, rm_model_info * out);
+
+/* Where the model runs. With use_gpu set and no usable GPU, active is 0 and note says why
+ * ("built without CUDA", "no CUDA device: ..."); the model then runs on the CPU. */
+typedef struct rm_gpu_info {
+    uint32_t struct_size;         /* sizeof(rm_gpu_info) */
+    int32_t  requested;           /* the params asked for a GPU */
+    int32_t  active;              /* sessions run on the CUDA backend */
+    int32_t  device;
+    char     device_name[128];
+    uint64_t budget_bytes;        /* gpu_memory_bytes (0: no cap) */
+    uint64_t weight_bytes;        /* weights copied to the device at load */
+    uint64_t used_bytes;          /* device memory held now: weights, and every live session's */
+    int32_t  n_experts_on_gpu;    /* expert bases on the device, of n_layer * n_expert */
+    int32_t  n_experts_total;
+    char     note[256];           /* why the CPU runs although a GPU was asked for; else "" */
+} rm_gpu_info;
+
+rm_status rm_model_gpu_info(const rm_model * model, rm_gpu_info * out);
 
 typedef struct rm_session_params {
     uint32_t struct_size;         /* sizeof(rm_session_params) */
@@ -314,6 +347,57 @@ typedef struct rm_residual_policy {
  * unless kind is NONE. Resets the controllers. */
 rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * policy);
 
+/* ---------------------------------------------------------------------------------------------
+ * The CPU/GPU split (docs/SPLIT.md)
+ *
+ * On the CUDA backend a token's MoE block runs the router and every activated expert's base on
+ * the GPU while host threads compute the residual products of the slots the policy selected
+ * (and the experts placed in host memory); only activations and their results cross the bus.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rm_backend_stats {
+    uint32_t struct_size;         /* sizeof(rm_backend_stats) */
+    char     backend[16];         /* "cpu" or "cuda" */
+    uint64_t n_tokens;            /* tokens evaluated */
+    uint64_t h2d_bytes;           /* host -> device, everything */
+    uint64_t d2h_bytes;           /* device -> host */
+    uint64_t h2d_weight_bytes;    /* of h2d_bytes: weights (prefill residual copies); never in decode */
+    uint64_t n_syncs;             /* times the host waited for the device */
+    uint64_t n_layer_steps;       /* MoE blocks that had host work (residuals or host experts) */
+    uint64_t n_stalls;            /* of those, where the device finished first and waited */
+    double   host_ms;             /* host time on residual products and host experts */
+    double   device_ms;           /* device time on the experts' base work in those blocks */
+    float    auto_budget;         /* the auto controller's budget now; -1 when it is off */
+} rm_backend_stats;
+
+/* Counters since the last rm_session_clear_stats. */
+rm_status rm_session_backend_stats(const rm_session * s, rm_backend_stats * out);
+
+/* residual_budget = "auto": an additive-increase / multiplicative-decrease rule on measured
+ * times. After each decoded token, if the host's residual work of some layer outlasted that
+ * layer's device work (the GPU stalled), budget *= decrease; if every layer's host work ended
+ * with room to spare (host <= (1 - margin) * device), budget += increase; clamped to
+ * [min_budget, max_budget]. Layers without host work count as having room. */
+typedef struct rm_auto_budget {
+    uint32_t struct_size;         /* sizeof(rm_auto_budget) */
+    float    budget;              /* the state: share of activated slots; the start value when set */
+    float    min_budget, max_budget;
+    float    increase;            /* e.g. 0.005 */
+    float    decrease;            /* in (0, 1), e.g. 0.7 */
+    float    margin;              /* in [0, 1), e.g. 0.1 */
+    float    reference_budget;    /* the budget the policy's layer_budget was built for (> 0) */
+} rm_auto_budget;
+
+/* One controller step from one token's per-layer times (microseconds; host_us[l] == 0: no host
+ * work in layer l). Returns RM_E_INVALID_ARG for bad fields; updates ctl->budget. */
+rm_status rm_auto_budget_step(rm_auto_budget * ctl, const float * host_us, const float * device_us,
+                              int32_t n_layer);
+
+/* Turns the controller on (ctl copied) or off (NULL). While on, each layer's target rate is the
+ * policy's layer_budget[l] * budget / reference_budget (at most 1). Only a split (CUDA) session
+ * measures times; on the CPU backend the budget stays where it starts. */
+rm_status rm_session_set_auto_budget(rm_session * s, const rm_auto_budget * ctl);
+
 /* Statistics since the last rm_session_clear_stats: per (layer, expert) activations and residual
  * slots (n_layer * n_expert each, caller buffers of cap entries). */
 rm_status rm_session_stats(const rm_session * s, uint64_t * active, uint64_t * residual, uint64_t cap);
@@ -324,9 +408,13 @@ rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float 
                                  uint8_t * residual, uint64_t cap);
 
 /* Calibration: while on (and the policy is ALL), every residual slot also runs its expert base
- * only, and |f_{B+R}(x) - f_B(x)| is summed per (layer, expert). Turning it on clears the sums. */
+ * only, and |f_{B+R}(x) - f_B(x)| is summed per (layer, expert); and the routing of every position
+ * in the cache is kept. Turning it on clears the sums. */
 rm_status rm_session_set_calibration(rm_session * s, int32_t on);
 rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap);
+/* The routing of positions [0, n_past) recorded while calibrating: n_past * n_layer *
+ * n_expert_used entries, position-major. */
+rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap);
 
 /* RM_CDEF_END */
 

@@ -1,14 +1,30 @@
 /* backend.h - the operations the forward pass needs, as a table of functions.
  *
- * The model code (session.c) only calls through this table, so a second backend (CUDA) plugs in
- * beside the CPU one without touching the model code. Activations are row-major float arrays of
- * n_tok rows; weights are rm_weight views into the mapped files. */
+ * The model code (session.c, moe.c) only calls through this table, so the CPU and the CUDA
+ * backend run the same forward pass. Activations are row-major float arrays that live where the
+ * backend computes (host memory for the CPU, device memory for CUDA): the model code allocates
+ * them with be->alloc and never reads them itself; host data crosses through upload/download.
+ * Weights are rm_weight views into the mapped files; a backend finds its own copy of a weight
+ * from the view (the CUDA backend keeps the device copies made at load, see gpu.h). Arrays named
+ * `..._host` are host memory on every backend.
+ *
+ * On a device backend the ops are queued in order and run asynchronously; download waits for
+ * everything queued before it. Errors are sticky: the first failing op records its message, the
+ * ops after it do nothing, and be->status reports it (rm_session_eval returns it). */
 #ifndef RM_BACKEND_H
 #define RM_BACKEND_H
 
 #include "model.h"
 
 typedef struct rm_backend rm_backend;
+
+/* One token's routing in one layer: one of its n_expert_used choices. */
+typedef struct rm_route {
+    int32_t expert;
+    float   weight;               /* router weight after renormalisation */
+    float   prob;                 /* softmax probability before renormalisation */
+    uint8_t residual;             /* 1 when this slot gets its expert's residual */
+} rm_route;
 
 typedef struct rm_matmul_args {
     const rm_weight * w;
@@ -31,23 +47,84 @@ typedef struct rm_attn_args {
     int32_t       n_head, n_head_kv, head_dim;
 } rm_attn_args;
 
+/* The routed experts of one MoE block: out[i] += sum over token i's slots of weight * f_e(xn[i]),
+ * with f_e the expert's base, plus its residual on the slots marked residual. The slots routed to
+ * expert e are exp_pairs[e * cap .. e * cap + exp_n[e]), residual slots first; slot j is
+ * (token j / n_expert_used, choice j % n_expert_used). */
+typedef struct rm_moe_args {
+    const rm_layer * L;
+    int32_t          layer;
+    int32_t          n_tok, n_expert, n_expert_used;
+    int64_t          n_embd, n_ff;
+    const float *    xn;          /* n_tok rows of n_embd */
+    float *          out;         /* n_tok rows of n_embd */
+    const rm_route * routes_host; /* n_tok * n_expert_used */
+    const int32_t *  exp_n_host;  /* n_expert */
+    const int32_t *  exp_pairs_host;
+    int64_t          cap;
+} rm_moe_args;
+
 struct rm_backend {
     const char * name;
-    void * ctx;
-    /* y = W x for n_tok tokens (the CPU one reads each weight row once per batch). */
+    void *       ctx;
+
+    /* memory: alloc returns zeroed memory or NULL (error recorded) */
+    void *    (*alloc)(rm_backend * be, uint64_t bytes);
+    void      (*release)(rm_backend * be, void * p);
+    void      (*upload)(rm_backend * be, void * dst, const void * src_host, uint64_t bytes);
+    void      (*download)(rm_backend * be, void * dst_host, const void * src, uint64_t bytes);
+    void      (*copy)(rm_backend * be, void * dst, const void * src, uint64_t bytes);
+    void      (*zero)(rm_backend * be, void * dst, uint64_t bytes);
+    rm_status (*status)(rm_backend * be);
+
+    /* y = W x for n_tok tokens (each weight row is read once per batch). */
     void (*matmul)(rm_backend * be, const rm_matmul_args * a);
     /* Causal attention over the cache for n_tok consecutive tokens. */
     void (*attention)(rm_backend * be, const rm_attn_args * a);
+
+    /* y = x / rms(x) * w over n_rows rows of n (y may be x); w is F32, ne = {n} */
+    void (*rmsnorm)(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
+                    int64_t n, float eps);
+    /* rotary embedding in place on n_tok rows of n_head*head_dim at positions pos0.. */
+    void (*rope)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                 int32_t pos0, float base, int neox);
+    void (*add)(rm_backend * be, float * y, const float * x, int64_t n);                        /* y += x */
+    void (*add_bias)(rm_backend * be, float * y, const rm_weight * b, int64_t n_rows, int64_t n);
+    /* y[i] += sigmoid(gate[i]) * x[i] for n_rows rows of n */
+    void (*add_gated)(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_rows, int64_t n);
+    void (*swiglu)(rm_backend * be, float * g, const float * u, int64_t n);                     /* g = silu(g) u */
+    /* dst[j] = src[rows[j]], j < n (rows of width floats) */
+    void (*gather_rows)(rm_backend * be, float * dst, const float * src, const int32_t * rows_host, int32_t n,
+                        int64_t width);
+    /* dst[rows[j]] += scale[j] * src[j], j < n; rows may repeat */
+    void (*scatter_add)(rm_backend * be, float * dst, const float * src, const int32_t * rows_host,
+                        const float * scale_host, int32_t n, int64_t width);
+    /* softmax over n_expert logits per token, the top k (ties: the lower index), renormalised
+     * when norm; into out_host (n_tok * k entries; residual cleared) */
+    void (*route)(rm_backend * be, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
+                  rm_route * out_host);
+    /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
+    void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
+
+    void (*free)(rm_backend * be);
+
+    /* What crossed the bus and how the split went; a device backend counts, the CPU leaves 0. */
+    rm_backend_stats stats;
+    /* per layer, of the last token: host time on residual / host experts, and device time on the
+     * experts' base work (microseconds; 0 when the layer had no host work). n_layer entries,
+     * owned by the backend; NULL on the CPU backend. */
+    float * layer_cpu_us;
+    float * layer_gpu_us;
 };
 
-/* The CPU backend, running on the model's thread pool; scratch sized for n_batch tokens of at
- * most max_in inputs and n_ctx positions. */
+/* The CPU backend, running on the pool's threads; scratch sized for n_batch tokens of at most
+ * max_in inputs and n_ctx positions. */
 rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in, int32_t n_ctx);
-void         rm_backend_cpu_free(rm_backend * be);
 
-/* Small elementwise ops, the same on every backend's host side. */
+/* Host reference math shared by the CPU backend and the model code. */
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps);
 void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox);
 void rm_softmax(float * x, int64_t n);
+void rm_route_token(const float * logits, int32_t n_expert, int32_t k, int norm, rm_route * out);
 
 #endif

@@ -4,10 +4,13 @@
  * type and shape here, so the forward pass itself needs no checks. */
 #include "model.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu.h"
+#include "gguf.h"
 #include "status.h"
 #include "types.h"
 
@@ -17,50 +20,24 @@ typedef struct loader {
     char         arch[32];
 } loader;
 
-/* Reads an integer key of any integer type. 1 found, 0 absent, <0 wrong type (error set). */
+/* Reads an integer (or bool) key {arch}.{suffix}: 1 found, 0 absent, -1 unusable (error set). */
 static int get_int(const loader * ld, const char * suffix, int64_t * out) {
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
-    int64_t i = rm_gguf_find_kv(ld->g, key);
-    if (i < 0) {
-        return 0;
+    rm_status st = rm_gguf_get_i64(ld->g, key, out);
+    if (st == RM_E_FORMAT && rm_gguf_kv_type(ld->g, rm_gguf_find_kv(ld->g, key)) == RM_GGUF_BOOL) {
+        bool b;
+        st = rm_gguf_get_bool(ld->g, key, &b);
+        *out = b;
     }
-    /* values sit wherever the file put them: copy them out rather than load through a cast */
-    const void * p = rm_gguf_kv_data(ld->g, i);
-    uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; uint64_t u64; int64_t i64;
-    switch (rm_gguf_kv_type(ld->g, i)) {
-        case RM_GGUF_UINT8:  memcpy(&u8, p, 1);  *out = u8;  return 1;
-        case RM_GGUF_INT8:   memcpy(&i8, p, 1);  *out = i8;  return 1;
-        case RM_GGUF_UINT16: memcpy(&u16, p, 2); *out = u16; return 1;
-        case RM_GGUF_INT16:  memcpy(&i16, p, 2); *out = i16; return 1;
-        case RM_GGUF_UINT32: memcpy(&u32, p, 4); *out = u32; return 1;
-        case RM_GGUF_INT32:  memcpy(&i32, p, 4); *out = i32; return 1;
-        case RM_GGUF_UINT64: memcpy(&u64, p, 8); *out = (int64_t) u64; return 1;
-        case RM_GGUF_INT64:  memcpy(&i64, p, 8); *out = i64; return 1;
-        case RM_GGUF_BOOL:   *out = *(const uint8_t *) p;  return 1;
-        default:
-            rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected an integer",
-                    ld->path, key, rm_gguf_kv_type(ld->g, i));
-            return -1;
-    }
+    return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
 static int get_float(const loader * ld, const char * suffix, float * out) {
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
-    int64_t i = rm_gguf_find_kv(ld->g, key);
-    if (i < 0) {
-        return 0;
-    }
-    const void * p = rm_gguf_kv_data(ld->g, i);
-    switch (rm_gguf_kv_type(ld->g, i)) {
-        case RM_GGUF_FLOAT32: { float f; memcpy(&f, p, 4); *out = f; return 1; }
-        case RM_GGUF_FLOAT64: { double f; memcpy(&f, p, 8); *out = (float) f; return 1; }
-        default:
-            rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s' has type %d, expected a float",
-                    ld->path, key, rm_gguf_kv_type(ld->g, i));
-            return -1;
-    }
+    rm_status st = rm_gguf_get_f32(ld->g, key, out);
+    return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
 /* An integer hyperparameter in [lo, hi]; required unless a default >= 0 is given. */
@@ -263,13 +240,48 @@ static void fill_info(rm_model * m) {
         const rm_layer * L = &m->layers[il];
         in->base_expert_bytes += weight_bytes(&L->gate_exps) + weight_bytes(&L->up_exps) + weight_bytes(&L->down_exps);
         in->residual_expert_bytes += weight_bytes(&L->gate_res) + weight_bytes(&L->up_res) + weight_bytes(&L->down_res);
-        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->router,
-                                     &L->gate_shexp, &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
+        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
+                                     &L->k_norm, &L->wo, &L->ffn_norm, &L->router, &L->gate_shexp, &L->up_shexp,
+                                     &L->down_shexp, &L->gate_inp_shexp};
         for (size_t k = 0; k < sizeof(dense) / sizeof(dense[0]); k++) {
             in->dense_bytes += weight_bytes(dense[k]);
         }
     }
     in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output);
+}
+
+/* The GPU part of the params: open the device and upload, or say why the CPU runs. */
+static rm_status place_on_gpu(rm_model * m, const rm_model_params * params) {
+    rm_gpu_info * gi = &m->gpu_info;
+    gi->struct_size = sizeof(rm_gpu_info);
+    gi->requested = params->use_gpu != 0;
+    gi->device = params->gpu_device;
+    gi->budget_bytes = params->gpu_memory_bytes;
+    gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
+    if (!params->use_gpu) {
+        return RM_OK;
+    }
+    if (params->gpu_device < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
+    }
+    if (params->residual_upload_min_tokens < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: residual_upload_min_tokens %d is negative",
+                       params->residual_upload_min_tokens);
+    }
+#ifdef RM_WITH_CUDA
+    rm_status st = rm_gpu_open(m, params, &m->gpu, gi->note, sizeof(gi->note));
+    if (st != RM_OK) {
+        return st;
+    }
+    if (m->gpu) {
+        gi->active = 1;
+        rm_gpu_describe(m->gpu, gi);
+    }
+#else
+    snprintf(gi->note, sizeof(gi->note),
+             "a GPU was requested, but this library was built without CUDA (RM_CUDA=OFF); running on the CPU");
+#endif
+    return RM_OK;
 }
 
 static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
@@ -327,7 +339,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     pthread_mutex_init(&m->lock, NULL);
     fill_info(m);
-    return RM_OK;
+    return place_on_gpu(m, params);
 }
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out) {
@@ -336,13 +348,18 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
         return rm_fail(RM_E_INVALID_ARG, "rm_model_load: path and out must not be NULL");
     }
     *out = NULL;
-    rm_model_params dflt = {sizeof(rm_model_params), 0, NULL};
-    if (!params) {
-        params = &dflt;
-    } else if (params->struct_size != sizeof(rm_model_params)) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u != %zu (mismatched header)",
-                       params->struct_size, sizeof(rm_model_params));
+    rm_model_params p = {0};
+    p.struct_size = sizeof(rm_model_params);
+    if (params) {
+        /* ABI 1 callers pass the size before the GPU fields, which then keep their zero defaults */
+        const size_t v1 = offsetof(rm_model_params, use_gpu);
+        if (params->struct_size != sizeof(rm_model_params) && params->struct_size != v1) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u is neither %zu nor %zu (mismatched header)",
+                           params->struct_size, sizeof(rm_model_params), v1);
+        }
+        memcpy(&p, params, params->struct_size);
     }
+    params = &p;
     rm_model * m = calloc(1, sizeof(*m));
     if (!m) {
         return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
@@ -353,6 +370,7 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
         return st;
     }
     *out = m;
+    rm_clear_error();   /* optional keys that were absent left their messages behind */
     return RM_OK;
 }
 
@@ -364,6 +382,9 @@ void rm_model_free(rm_model * m) {
         rm_pool_free(m->pool);
         pthread_mutex_destroy(&m->lock);
     }
+#ifdef RM_WITH_CUDA
+    rm_gpu_close(m->gpu);
+#endif
     free(m->layers);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
@@ -376,5 +397,23 @@ rm_status rm_model_info_get(const rm_model * m, rm_model_info * out) {
         return rm_fail(RM_E_INVALID_ARG, "rm_model_info_get: NULL argument");
     }
     *out = m->info;
+    return RM_OK;
+}
+
+rm_status rm_model_gpu_info(const rm_model * m, rm_gpu_info * out) {
+    rm_clear_error();
+    if (!m || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_gpu_info: NULL argument");
+    }
+    if (out->struct_size != sizeof(rm_gpu_info)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_gpu_info: struct_size %u != %zu (mismatched header)",
+                       out->struct_size, sizeof(rm_gpu_info));
+    }
+    *out = m->gpu_info;
+#ifdef RM_WITH_CUDA
+    if (m->gpu) {
+        rm_gpu_describe(m->gpu, out);
+    }
+#endif
     return RM_OK;
 }

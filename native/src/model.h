@@ -58,6 +58,8 @@ struct rm_model {
     rm_pool *       pool;
     pthread_mutex_t lock;                /* one evaluation at a time per model */
     rm_model_info   info;
+    struct rm_gpu * gpu;                 /* device copies of the weights; NULL on the CPU */
+    rm_gpu_info     gpu_info;            /* where the model runs, and why */
 };
 
 #endif

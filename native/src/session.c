@@ -6,9 +6,11 @@
 #include "session.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu.h"
 #include "moe.h"
 #include "status.h"
 #include "types.h"
@@ -22,14 +24,63 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * bufs[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
-                     s->routes, s->exp_n, s->exp_pairs, s->ex, s->eg, s->eu, s->ed, s->stat_active,
-                     s->stat_residual, s->last_routes, s->expert_score, s->layer_score, s->layer_budget,
-                     s->threshold, s->layer_mask, s->ecal, s->cal_delta, s->cal_n};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
-        free(bufs[i]);
+    void * host[] = {s->embd, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+                     s->stat_active, s->stat_residual, s->last_routes, s->expert_score, s->layer_score,
+                     s->layer_budget, s->budget_ref, s->threshold, s->layer_mask, s->cal_delta, s->cal_n,
+                     s->route_log};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
+        free(host[i]);
     }
-    rm_backend_cpu_free(s->be);
+    if (s->be) {
+        float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
+                         s->ex, s->eg, s->eu, s->ed, s->ecal, s->shgate, s->logits};
+        for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
+            if (dev[i]) {
+                s->be->release(s->be, dev[i]);
+            }
+        }
+        s->be->free(s->be);
+    }
+}
+
+/* The model's backend for this session: CUDA when the model has a GPU, else the CPU. NULL with
+ * the error set (status in *st) on failure. */
+static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx, rm_status * st) {
+    *st = RM_E_OOM;
+#ifdef RM_WITH_CUDA
+    if (m->gpu) {
+        return rm_backend_cuda_new(m->gpu, m, m->pool, n_batch, max_in, n_ctx, st);
+    }
+#endif
+    rm_backend * be = rm_backend_cpu_new(m->pool, n_batch, max_in, n_ctx);
+    if (!be) {
+        rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CPU backend's scratch");
+    }
+    return be;
+}
+
+/* Allocates the backend buffers; 0 on failure (the backend's message set). */
+static int alloc_backend_buffers(rm_session * s) {
+    const rm_hparams * hp = &s->m->hp;
+    const uint64_t B = (uint64_t) s->n_batch, E = (uint64_t) hp->n_embd, f = sizeof(float);
+    const uint64_t Q = (uint64_t) hp->n_head * hp->head_dim, KV = (uint64_t) hp->n_head_kv * hp->head_dim;
+    const uint64_t F = (uint64_t) (hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
+    const uint64_t cache = f * (uint64_t) hp->n_layer * (uint64_t) s->n_ctx * KV;
+    const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
+    struct { float ** p; uint64_t bytes; } want[] = {
+        {&s->k_cache, cache}, {&s->v_cache, cache}, {&s->x, f * B * E}, {&s->xn, f * B * E},
+        {&s->q, f * B * Q}, {&s->k, f * B * KV}, {&s->v, f * B * KV}, {&s->attn, f * B * Q},
+        {&s->moe, f * B * E}, {&s->router, f * B * (uint64_t) hp->n_expert}, {&s->ex, f * B * E},
+        {&s->eg, f * B * F}, {&s->eu, f * B * F}, {&s->ed, f * B * E}, {&s->ecal, f * B * E},
+        {&s->shgate, f * B}, {&s->logits, f * L * (uint64_t) hp->n_vocab},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        *want[i].p = s->be->alloc(s->be, want[i].bytes);
+        if (!*want[i].p) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_session ** out) {
@@ -57,45 +108,45 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         s->n_batch = s->n_ctx;
     }
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;
-    const size_t Q = (size_t) hp->n_head * hp->head_dim, KV = (size_t) hp->n_head_kv * hp->head_dim;
+    const size_t Q = (size_t) hp->n_head * hp->head_dim;
     const size_t F = (size_t) (hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
-    const size_t X = (size_t) hp->n_expert, K = (size_t) hp->n_expert_used;
+    const size_t X = (size_t) hp->n_expert, K = (size_t) hp->n_expert_used, NL = (size_t) hp->n_layer;
     int failed = 0;
-    s->k_cache = xalloc(sizeof(float) * (size_t) hp->n_layer * (size_t) s->n_ctx * KV, &failed);
-    s->v_cache = xalloc(sizeof(float) * (size_t) hp->n_layer * (size_t) s->n_ctx * KV, &failed);
-    s->x = xalloc(sizeof(float) * B * E, &failed);
-    s->xn = xalloc(sizeof(float) * B * E, &failed);
-    s->q = xalloc(sizeof(float) * B * Q, &failed);
-    s->k = xalloc(sizeof(float) * B * KV, &failed);
-    s->v = xalloc(sizeof(float) * B * KV, &failed);
-    s->attn = xalloc(sizeof(float) * B * Q, &failed);
-    s->moe = xalloc(sizeof(float) * B * E, &failed);
-    s->router = xalloc(sizeof(float) * B * X, &failed);
+    s->embd = xalloc(sizeof(float) * B * E, &failed);
     s->routes = xalloc(sizeof(rm_route) * B * K, &failed);
     s->exp_n = xalloc(sizeof(int32_t) * X, &failed);
     s->exp_pairs = xalloc(sizeof(int32_t) * X * B * K, &failed);
-    s->ex = xalloc(sizeof(float) * B * E, &failed);
-    s->eg = xalloc(sizeof(float) * B * F, &failed);
-    s->eu = xalloc(sizeof(float) * B * F, &failed);
-    s->ed = xalloc(sizeof(float) * B * E, &failed);
-    s->stat_active = xalloc(sizeof(uint64_t) * (size_t) hp->n_layer * X, &failed);
-    s->stat_residual = xalloc(sizeof(uint64_t) * (size_t) hp->n_layer * X, &failed);
-    const size_t NL = (size_t) hp->n_layer;
+    s->rows = xalloc(sizeof(int32_t) * B * K, &failed);
+    s->scale = xalloc(sizeof(float) * B * K, &failed);
+    s->cal_host = xalloc(sizeof(float) * 2 * E, &failed);
+    s->stat_active = xalloc(sizeof(uint64_t) * NL * X, &failed);
+    s->stat_residual = xalloc(sizeof(uint64_t) * NL * X, &failed);
     s->last_routes = xalloc(sizeof(rm_route) * NL * K, &failed);
     s->expert_score = xalloc(sizeof(float) * NL * X, &failed);
     s->layer_score = xalloc(sizeof(float) * NL, &failed);
     s->layer_budget = xalloc(sizeof(float) * NL, &failed);
+    s->budget_ref = xalloc(sizeof(float) * NL, &failed);
     s->threshold = xalloc(sizeof(float) * NL, &failed);
     s->layer_mask = xalloc(NL, &failed);
-    s->ecal = xalloc(sizeof(float) * B * E, &failed);
     s->cal_delta = xalloc(sizeof(double) * NL * X, &failed);
     s->cal_n = xalloc(sizeof(uint64_t) * NL * X, &failed);
-    const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
-    s->be = failed ? NULL : rm_backend_cpu_new(m->pool, s->n_batch, (int64_t) max_in, s->n_ctx);
-    if (failed || !s->be) {
+    if (failed) {
+        const int32_t nb = s->n_batch;
         session_free_buffers(s);
         free(s);
-        return rm_fail(RM_E_OOM, "rm_session_new: out of memory for a context of %d tokens", params->n_ctx);
+        return rm_fail(RM_E_OOM, "rm_session_new: out of memory for a batch of %d tokens", nb);
+    }
+    const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
+    rm_status st = RM_OK;
+    s->be = make_backend(m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
+    if (!s->be || !alloc_backend_buffers(s)) {
+        const int32_t n_ctx = s->n_ctx;
+        st = s->be ? s->be->status(s->be) : st;
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", rm_last_error());
+        session_free_buffers(s);
+        free(s);
+        return rm_fail(st != RM_OK ? st : RM_E_OOM, "rm_session_new: a context of %d tokens: %s", n_ctx, msg);
     }
     s->policy = m->residual ? RM_POLICY_ALL : RM_POLICY_NONE;
     memset(s->layer_mask, 1, NL);
@@ -124,35 +175,19 @@ int32_t rm_session_n_past(const rm_session * s) { return s ? s->n_past : 0; }
 int32_t rm_session_n_ctx(const rm_session * s) { return s ? s->n_ctx : 0; }
 
 static void matmul(rm_session * s, const rm_weight * w, const float * x, int64_t x_stride, int32_t n,
-                   float * y, int64_t y_stride) {
-    rm_matmul_args a = {w, 0, x, x_stride, n, y, y_stride, 0};
+                   float * y, int64_t y_stride, int accumulate) {
+    rm_matmul_args a = {w, 0, x, x_stride, n, y, y_stride, accumulate};
     s->be->matmul(s->be, &a);
 }
 
-static void add_bias(float * y, const rm_weight * b, int32_t n, int64_t width) {
-    if (!b->data) {
-        return;
-    }
-    const float * bias = (const float *) b->data;
-    for (int32_t i = 0; i < n; i++) {
-        for (int64_t j = 0; j < width; j++) {
-            y[i * width + j] += bias[j];
-        }
-    }
-}
-
 /* q/k normalisation: per head (ne = {head_dim}) or over the whole projection. */
-static void qk_norm(const rm_model * m, float * y, const rm_weight * w, int32_t n, int32_t n_head) {
-    const int32_t D = m->hp.head_dim;
-    for (int32_t i = 0; i < n; i++) {
-        float * row = y + (int64_t) i * n_head * D;
-        if (m->arch->qk_norm == RM_QK_NORM_PER_HEAD) {
-            for (int32_t h = 0; h < n_head; h++) {
-                rm_rmsnorm(row + (int64_t) h * D, row + (int64_t) h * D, (const float *) w->data, D, m->hp.rms_eps);
-            }
-        } else {
-            rm_rmsnorm(row, row, (const float *) w->data, (int64_t) n_head * D, m->hp.rms_eps);
-        }
+static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, int32_t n_head) {
+    const rm_model * m = s->m;
+    const int64_t D = m->hp.head_dim;
+    if (m->arch->qk_norm == RM_QK_NORM_PER_HEAD) {
+        s->be->rmsnorm(s->be, y, y, w, (int64_t) n * n_head, D, m->hp.rms_eps);
+    } else {
+        s->be->rmsnorm(s->be, y, y, w, n, (int64_t) n_head * D, m->hp.rms_eps);
     }
 }
 
@@ -160,61 +195,63 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
     const rm_layer * L = &m->layers[il];
+    rm_backend * be = s->be;
     const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
-    for (int32_t i = 0; i < n; i++) {
-        rm_rmsnorm(s->xn + i * E, s->x + i * E, (const float *) L->attn_norm.data, E, hp->rms_eps);
-    }
-    matmul(s, &L->wq, s->xn, E, n, s->q, Q);
-    matmul(s, &L->wk, s->xn, E, n, s->k, KV);
-    matmul(s, &L->wv, s->xn, E, n, s->v, KV);
-    add_bias(s->q, &L->bq, n, Q);
-    add_bias(s->k, &L->bk, n, KV);
-    add_bias(s->v, &L->bv, n, KV);
+    be->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
+    matmul(s, &L->wq, s->xn, E, n, s->q, Q, 0);
+    matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
+    matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
+    if (L->bq.data) be->add_bias(be, s->q, &L->bq, n, Q);
+    if (L->bk.data) be->add_bias(be, s->k, &L->bk, n, KV);
+    if (L->bv.data) be->add_bias(be, s->v, &L->bv, n, KV);
     if (m->arch->qk_norm != RM_QK_NORM_NONE) {
-        qk_norm(m, s->q, &L->q_norm, n, hp->n_head);
-        qk_norm(m, s->k, &L->k_norm, n, hp->n_head_kv);
+        qk_norm(s, s->q, &L->q_norm, n, hp->n_head);
+        qk_norm(s, s->k, &L->k_norm, n, hp->n_head_kv);
     }
+    const int neox = m->arch->rope == RM_ROPE_NEOX;
+    be->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+    be->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
     float * kc = s->k_cache + (int64_t) il * s->n_ctx * KV;
     float * vc = s->v_cache + (int64_t) il * s->n_ctx * KV;
-    const int neox = m->arch->rope == RM_ROPE_NEOX;
-    for (int32_t i = 0; i < n; i++) {
-        const int32_t pos = s->n_past + i;
-        rm_rope(s->q + i * Q, hp->n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, neox);
-        rm_rope(s->k + i * KV, hp->n_head_kv, hp->head_dim, hp->n_rot, pos, hp->rope_base, neox);
-        memcpy(kc + (int64_t) pos * KV, s->k + i * KV, sizeof(float) * (size_t) KV);
-        memcpy(vc + (int64_t) pos * KV, s->v + i * KV, sizeof(float) * (size_t) KV);
-    }
+    be->copy(be, kc + (int64_t) s->n_past * KV, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
+    be->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim};
-    s->be->attention(s->be, &aa);
-    rm_matmul_args o = {&L->wo, 0, s->attn, Q, n, s->x, E, 1};   /* x += Wo attn */
-    s->be->matmul(s->be, &o);
+    be->attention(be, &aa);
+    matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
 }
 
+/* Token embeddings are dequantized on the host (the table stays in host memory) and uploaded. */
 static void embed(rm_session * s, const int32_t * tokens, int32_t n) {
     const rm_weight * w = &s->m->tok_embd;
     const rm_type_traits * tt = rm_type_traits_get(w->type);
     for (int32_t i = 0; i < n; i++) {
-        tt->to_float(w->data + (uint64_t) tokens[i] * w->row_bytes, s->x + (int64_t) i * w->ne[0], w->ne[0]);
+        tt->to_float(w->data + (uint64_t) tokens[i] * w->row_bytes, s->embd + (int64_t) i * w->ne[0], w->ne[0]);
     }
+    s->be->upload(s->be, s->x, s->embd, sizeof(float) * (uint64_t) n * (uint64_t) w->ne[0]);
 }
 
 /* Runs n <= n_batch tokens through every layer; the logits of rows [first_out, n) go to out. */
 static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t first_out, float * out) {
     const rm_model * m = s->m;
-    const int64_t E = m->hp.n_embd;
+    const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
     embed(s, tokens, n);
     for (int il = 0; il < m->hp.n_layer; il++) {
         attention_block(s, il, n);
         rm_moe_block(s, il, n);
     }
     if (out && first_out < n) {
-        for (int32_t i = first_out; i < n; i++) {
-            rm_rmsnorm(s->xn + i * E, s->x + i * E, (const float *) m->output_norm.data, E, m->hp.rms_eps);
+        s->be->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
+        const int32_t chunk = s->n_batch < RM_LOGIT_ROWS ? s->n_batch : RM_LOGIT_ROWS;
+        for (int32_t i = first_out; i < n; i += chunk) {
+            const int32_t c = n - i < chunk ? n - i : chunk;
+            matmul(s, &m->output, s->xn + (int64_t) i * E, E, c, s->logits, V, 0);
+            s->be->download(s->be, out + (int64_t) (i - first_out) * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
         }
-        matmul(s, &m->output, s->xn + first_out * E, E, n - first_out, out, m->hp.n_vocab);
     }
     s->n_past += n;
 }
+
+static void auto_budget_after_token(rm_session * s);
 
 rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,
                           float * logits, uint64_t logits_cap) {
@@ -241,6 +278,11 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         return rm_fail(RM_E_INVALID_ARG, "rm_session_eval: logits buffer holds %llu floats, %llu needed",
                        (unsigned long long) logits_cap, (unsigned long long) need);
     }
+    rm_status st = s->be->status(s->be);
+    if (st != RM_OK) {
+        return rm_fail(st, "rm_session_eval: the %s backend failed earlier and cannot continue: %s", s->be->name,
+                       rm_last_error());
+    }
     pthread_mutex_lock(&s->m->lock);
     for (int32_t done = 0; done < n;) {
         const int32_t nb = n - done < s->n_batch ? n - done : s->n_batch;
@@ -254,10 +296,133 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
             dst = logits;
             first_out = nb - 1;
         }
+        const int32_t n_past0 = s->n_past;
         forward(s, tokens + done, nb, first_out, dst);
+        if ((st = s->be->status(s->be)) != RM_OK) {
+            s->n_past = n_past0;
+            break;
+        }
+        s->be->stats.n_tokens += (uint64_t) nb;
+        if (nb == 1 && s->auto_on) {
+            auto_budget_after_token(s);
+        }
         done += nb;
     }
     pthread_mutex_unlock(&s->m->lock);
+    if (st != RM_OK) {
+        return rm_fail(st, "rm_session_eval: %s", rm_last_error());
+    }
+    return RM_OK;
+}
+
+/* ---- the split: backend counters and the auto budget ------------------------------------------ */
+
+rm_status rm_session_backend_stats(const rm_session * s, rm_backend_stats * out) {
+    rm_clear_error();
+    if (!s || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_backend_stats: NULL argument");
+    }
+    if (out->struct_size != sizeof(rm_backend_stats)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_backend_stats: struct_size %u != %zu (mismatched header)",
+                       out->struct_size, sizeof(rm_backend_stats));
+    }
+    *out = s->be->stats;
+    out->struct_size = sizeof(rm_backend_stats);
+    out->auto_budget = s->auto_on ? s->auto_ctl.budget : -1.0f;
+    return RM_OK;
+}
+
+static rm_status check_auto(const rm_auto_budget * c, const char * fn) {
+    if (c->struct_size != sizeof(rm_auto_budget)) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: struct_size %u != %zu (mismatched header)", fn, c->struct_size,
+                       sizeof(rm_auto_budget));
+    }
+    if (!(c->min_budget >= 0.0f && c->min_budget <= c->max_budget && c->max_budget <= 1.0f) ||
+        !(c->budget >= 0.0f && c->budget <= 1.0f) || !(c->increase >= 0.0f && c->increase <= 1.0f) ||
+        !(c->decrease > 0.0f && c->decrease < 1.0f) || !(c->margin >= 0.0f && c->margin < 1.0f) ||
+        !(c->reference_budget > 0.0f && c->reference_budget <= 1.0f)) {
+        return rm_fail(RM_E_INVALID_ARG,
+                       "%s: need 0 <= min_budget (%g) <= max_budget (%g) <= 1, budget (%g) in [0, 1], increase (%g) "
+                       "in [0, 1], decrease (%g) in (0, 1), margin (%g) in [0, 1), reference_budget (%g) in (0, 1]",
+                       fn, c->min_budget, c->max_budget, c->budget, c->increase, c->decrease, c->margin,
+                       c->reference_budget);
+    }
+    return RM_OK;
+}
+
+rm_status rm_auto_budget_step(rm_auto_budget * c, const float * host_us, const float * device_us, int32_t n_layer) {
+    rm_clear_error();
+    if (!c || (n_layer > 0 && (!host_us || !device_us)) || n_layer < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_auto_budget_step: NULL argument or negative n_layer");
+    }
+    rm_status st = check_auto(c, "rm_auto_budget_step");
+    if (st != RM_OK) {
+        return st;
+    }
+    int stalled = 0, room = 1;
+    for (int32_t l = 0; l < n_layer; l++) {
+        if (!(host_us[l] > 0.0f)) {
+            continue;   /* no host work in this layer: nothing to wait for */
+        }
+        if (host_us[l] > device_us[l]) {
+            stalled = 1;
+        }
+        if (host_us[l] > (1.0f - c->margin) * device_us[l]) {
+            room = 0;
+        }
+    }
+    float b = c->budget;
+    if (stalled) {
+        b *= c->decrease;
+    } else if (room) {
+        b += c->increase;
+    }
+    c->budget = b < c->min_budget ? c->min_budget : b > c->max_budget ? c->max_budget : b;
+    return RM_OK;
+}
+
+static void apply_auto_budget(rm_session * s) {
+    const float f = s->auto_ctl.budget / s->auto_ctl.reference_budget;
+    for (int l = 0; l < s->m->hp.n_layer; l++) {
+        const float t = s->budget_ref[l] * f;
+        s->layer_budget[l] = t < 1.0f ? t : 1.0f;
+    }
+}
+
+static void auto_budget_after_token(rm_session * s) {
+    if (!s->be->layer_cpu_us) {
+        return;   /* a backend without overlap measures nothing */
+    }
+    rm_auto_budget_step(&s->auto_ctl, s->be->layer_cpu_us, s->be->layer_gpu_us, s->m->hp.n_layer);
+    apply_auto_budget(s);
+}
+
+rm_status rm_session_set_auto_budget(rm_session * s, const rm_auto_budget * ctl) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_auto_budget: NULL session");
+    }
+    if (!ctl) {
+        if (s->auto_on) {
+            memcpy(s->layer_budget, s->budget_ref, sizeof(float) * (size_t) s->m->hp.n_layer);
+        }
+        s->auto_on = 0;
+        return RM_OK;
+    }
+    rm_status st = check_auto(ctl, "rm_session_set_auto_budget");
+    if (st != RM_OK) {
+        return st;
+    }
+    if (s->policy < RM_POLICY_UMIA) {
+        return rm_fail(RM_E_STATE, "rm_session_set_auto_budget: the policy (kind %d) has no budget to adjust; "
+                       "set a scored policy first", s->policy);
+    }
+    if (!s->auto_on) {
+        memcpy(s->budget_ref, s->layer_budget, sizeof(float) * (size_t) s->m->hp.n_layer);
+    }
+    s->auto_ctl = *ctl;
+    s->auto_on = 1;
+    apply_auto_budget(s);
     return RM_OK;
 }
 
@@ -319,6 +484,8 @@ rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * p) {
         s->threshold[l] = p->threshold0 ? p->threshold0[l] : 0.0f;
         s->layer_mask[l] = p->layer_mask ? (p->layer_mask[l] != 0) : 1;
     }
+    memcpy(s->budget_ref, s->layer_budget, sizeof(float) * (size_t) NL);
+    s->auto_on = 0;
     return RM_OK;
 }
 
@@ -345,6 +512,11 @@ rm_status rm_session_clear_stats(rm_session * s) {
     const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
     memset(s->stat_active, 0, sizeof(uint64_t) * n);
     memset(s->stat_residual, 0, sizeof(uint64_t) * n);
+    rm_backend_stats * bs = &s->be->stats;
+    char name[sizeof(bs->backend)];
+    memcpy(name, bs->backend, sizeof(name));
+    memset(bs, 0, sizeof(*bs));
+    memcpy(bs->backend, name, sizeof(name));
     return RM_OK;
 }
 
@@ -375,10 +547,24 @@ rm_status rm_session_set_calibration(rm_session * s, int32_t on) {
     if (on && !s->m->residual) {
         return rm_fail(RM_E_STATE, "rm_session_set_calibration: the model was loaded without a residual sidecar");
     }
+    if (on && s->be->moe_experts) {
+        return rm_fail(RM_E_STATE, "rm_session_set_calibration: calibration runs on the CPU backend; load the model "
+                       "without a GPU to calibrate");
+    }
     const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
     if (on) {
         memset(s->cal_delta, 0, sizeof(double) * n);
         memset(s->cal_n, 0, sizeof(uint64_t) * n);
+        if (!s->route_log) {
+            s->route_log = calloc((size_t) s->n_ctx * (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert_used,
+                                  sizeof(rm_route));
+            if (!s->route_log) {
+                return rm_fail(RM_E_OOM, "rm_session_set_calibration: out of memory for the route log");
+            }
+        }
+    } else {
+        free(s->route_log);
+        s->route_log = NULL;
     }
     s->calibrating = on != 0;
     return RM_OK;
@@ -396,5 +582,25 @@ rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint6
     }
     memcpy(sum_delta, s->cal_delta, sizeof(double) * n);
     memcpy(count, s->cal_n, sizeof(uint64_t) * n);
+    return RM_OK;
+}
+
+rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !experts || !weights) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: NULL argument");
+    }
+    if (!s->route_log) {
+        return rm_fail(RM_E_STATE, "rm_session_route_log: routes are recorded only while calibrating");
+    }
+    const uint64_t n = (uint64_t) s->n_past * (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        experts[i] = s->route_log[i].expert;
+        weights[i] = s->route_log[i].weight;
+    }
     return RM_OK;
 }

@@ -5,37 +5,38 @@
 #include "backend.h"
 #include "model.h"
 
-/* One token's routing in one layer: its n_expert_used choices. */
-typedef struct rm_route {
-    int32_t expert;
-    float   weight;               /* router weight after renormalisation */
-    float   prob;                 /* softmax probability before renormalisation */
-    uint8_t residual;             /* 1 when this slot gets its expert's residual */
-} rm_route;
+/* Rows of the output head computed per backend call (bounds the device buffer for logits). */
+#define RM_LOGIT_ROWS 16
 
 struct rm_session {
     rm_model *   m;
     rm_backend * be;
     int32_t      n_ctx, n_batch, n_past;
 
+    /* backend memory (see backend.h); rows of the widths given */
     float * k_cache;              /* n_layer * n_ctx rows of n_head_kv*head_dim */
     float * v_cache;
-
-    /* scratch for n_batch tokens */
     float * x;                    /* residual stream, rows of n_embd */
     float * xn;                   /* normalised input of a block, rows of n_embd */
     float * q, * k, * v;          /* projections, rows of n_head*head_dim / n_head_kv*head_dim */
     float * attn;                 /* attention output, rows of n_head*head_dim */
     float * moe;                  /* MoE output accumulator, rows of n_embd */
     float * router;               /* router logits, rows of n_expert */
-    rm_route * routes;            /* rows of n_expert_used */
+    float * ex;                   /* gathered expert inputs, rows of n_embd */
+    float * eg, * eu;             /* gate / up outputs, rows of max(n_ff_exp, n_ff_shexp) */
+    float * ed;                   /* down outputs, rows of n_embd */
+    float * ecal;                 /* base-only expert outputs while calibrating, rows of n_embd */
+    float * shgate;               /* shared-expert gate logits, n_batch */
+    float * logits;               /* RM_LOGIT_ROWS rows of n_vocab */
 
-    /* expert grouping: the (token, slot) pairs routed to each expert in this batch */
-    int32_t * exp_n;              /* n_expert */
-    int32_t * exp_pairs;          /* n_expert rows of n_batch * n_expert_used */
-    float *   ex;                 /* gathered expert inputs, rows of n_embd */
-    float *   eg, * eu;           /* gate / up outputs, rows of max(n_ff_exp, n_ff_shexp) */
-    float *   ed;                 /* down outputs, rows of n_embd */
+    /* host memory */
+    float *    embd;              /* embedded tokens before upload, rows of n_embd */
+    rm_route * routes;            /* rows of n_expert_used */
+    int32_t *  exp_n;             /* n_expert */
+    int32_t *  exp_pairs;         /* n_expert rows of n_batch * n_expert_used */
+    int32_t *  rows;              /* n_batch * n_expert_used: token rows of a gather/scatter */
+    float *    scale;             /* n_batch * n_expert_used: weights of a scatter */
+    float *    cal_host;          /* 2 rows of n_embd: calibration outputs brought to the host */
 
     /* statistics since the last reset of the counters */
     uint64_t * stat_active;       /* n_layer * n_expert: activations */
@@ -52,11 +53,16 @@ struct rm_session {
     float *    threshold;         /* n_layer, the controllers' state */
     uint8_t *  layer_mask;        /* n_layer */
 
+    /* residual_budget = "auto" (rm_auto_budget); on when auto_on */
+    int32_t        auto_on;
+    rm_auto_budget auto_ctl;
+    float *        budget_ref;    /* n_layer: layer_budget as the policy set it */
+
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;
-    float *    ecal;              /* base-only expert outputs, rows of n_embd */
     double *   cal_delta;         /* n_layer * n_expert: sum of |delta| */
     uint64_t * cal_n;             /* n_layer * n_expert */
+    rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
 };
 
 #endif

@@ -10,6 +10,7 @@
  * busy with other work miss a product instead of holding it up. */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -219,6 +220,109 @@ static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     rm_pool_run_shared(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
 }
 
+/* ---- the small ops: activations are host memory, so they are the reference math itself ---- */
+
+static void * cpu_alloc(rm_backend * be, uint64_t bytes) {
+    void * p = calloc(1, bytes ? (size_t) bytes : 1);
+    if (!p) {
+        rm_fail(RM_E_OOM, "cpu backend: out of memory for %llu bytes", (unsigned long long) bytes);
+    }
+    return p;
+}
+
+static void cpu_release(rm_backend * be, void * p) { free(p); }
+
+static void cpu_copy(rm_backend * be, void * dst, const void * src, uint64_t bytes) {
+    if (dst != src) {
+        memcpy(dst, src, (size_t) bytes);
+    }
+}
+
+static void cpu_zero(rm_backend * be, void * dst, uint64_t bytes) { memset(dst, 0, (size_t) bytes); }
+
+static rm_status cpu_status(rm_backend * be) { return RM_OK; }
+
+static void cpu_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
+                        int64_t n, float eps) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        rm_rmsnorm(y + i * n, x + i * n, (const float *) w->data, n, eps);
+    }
+}
+
+static void cpu_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                     int32_t pos0, float base, int neox) {
+    for (int32_t i = 0; i < n_tok; i++) {
+        rm_rope(x + (int64_t) i * n_head * head_dim, n_head, head_dim, n_rot, pos0 + i, base, neox);
+    }
+}
+
+static void cpu_add(rm_backend * be, float * y, const float * x, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        y[j] += x[j];
+    }
+}
+
+static void cpu_add_bias(rm_backend * be, float * y, const rm_weight * b, int64_t n_rows, int64_t n) {
+    const float * bias = (const float *) b->data;
+    for (int64_t i = 0; i < n_rows; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            y[i * n + j] += bias[j];
+        }
+    }
+}
+
+static void cpu_add_gated(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_rows, int64_t n) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        const float g = 1.0f / (1.0f + expf(-gate[i]));
+        for (int64_t j = 0; j < n; j++) {
+            y[i * n + j] += g * x[i * n + j];
+        }
+    }
+}
+
+static void cpu_swiglu(rm_backend * be, float * g, const float * u, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+static void cpu_gather_rows(rm_backend * be, float * dst, const float * src, const int32_t * rows, int32_t n,
+                            int64_t width) {
+    for (int32_t j = 0; j < n; j++) {
+        memcpy(dst + j * width, src + (int64_t) rows[j] * width, sizeof(float) * (size_t) width);
+    }
+}
+
+static void cpu_scatter_add(rm_backend * be, float * dst, const float * src, const int32_t * rows,
+                            const float * scale, int32_t n, int64_t width) {
+    for (int32_t j = 0; j < n; j++) {
+        float * d = dst + (int64_t) rows[j] * width;
+        const float * v = src + j * width;
+        for (int64_t c = 0; c < width; c++) {
+            d[c] += scale[j] * v[c];
+        }
+    }
+}
+
+static void cpu_route(rm_backend * be, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
+                      rm_route * out) {
+    for (int32_t i = 0; i < n_tok; i++) {
+        rm_route_token(logits + (int64_t) i * n_expert, n_expert, k, norm, out + (int64_t) i * k);
+    }
+}
+
+static void cpu_free(rm_backend * be) {
+    if (!be) {
+        return;
+    }
+    cpu_ctx * c = be->ctx;
+    free(c->xq);
+    free(c->x_info);
+    free(c->scores);
+    free(c);
+    free(be);
+}
+
 rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in, int32_t n_ctx) {
     rm_backend * be = calloc(1, sizeof(*be));
     cpu_ctx * c = calloc(1, sizeof(*c));
@@ -244,21 +348,29 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     }
     be->name = "cpu";
     be->ctx = c;
+    be->alloc = cpu_alloc;
+    be->release = cpu_release;
+    be->upload = cpu_copy;
+    be->download = cpu_copy;
+    be->copy = cpu_copy;
+    be->zero = cpu_zero;
+    be->status = cpu_status;
     be->matmul = cpu_matmul;
     be->attention = cpu_attention;
+    be->rmsnorm = cpu_rmsnorm;
+    be->rope = cpu_rope;
+    be->add = cpu_add;
+    be->add_bias = cpu_add_bias;
+    be->add_gated = cpu_add_gated;
+    be->swiglu = cpu_swiglu;
+    be->gather_rows = cpu_gather_rows;
+    be->scatter_add = cpu_scatter_add;
+    be->route = cpu_route;
+    be->moe_experts = NULL;
+    be->free = cpu_free;
+    snprintf(be->stats.backend, sizeof(be->stats.backend), "cpu");
+    be->stats.auto_budget = -1.0f;
     return be;
-}
-
-void rm_backend_cpu_free(rm_backend * be) {
-    if (!be) {
-        return;
-    }
-    cpu_ctx * c = be->ctx;
-    free(c->xq);
-    free(c->x_info);
-    free(c->scores);
-    free(c);
-    free(be);
 }
 
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps) {
@@ -301,5 +413,34 @@ void rm_softmax(float * x, int64_t n) {
     const float inv = (float) (1.0 / sum);
     for (int64_t i = 0; i < n; i++) {
         x[i] *= inv;
+    }
+}
+
+/* softmax over the router logits, top-k, optional renormalisation (gguf-facts §3 pipeline). */
+void rm_route_token(const float * logits, int32_t n_expert, int32_t k, int norm, rm_route * r) {
+    float probs[512];
+    memcpy(probs, logits, sizeof(float) * (size_t) n_expert);
+    rm_softmax(probs, n_expert);
+    uint8_t taken[512] = {0};
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n_expert; e++) {
+            if (!taken[e] && (best < 0 || probs[e] > probs[best])) {
+                best = e;
+            }
+        }
+        taken[best] = 1;
+        r[j].expert = best;
+        r[j].prob = probs[best];
+        r[j].weight = probs[best];
+        r[j].residual = 0;
+        sum += probs[best];
+    }
+    if (norm) {
+        const float inv = 1.0f / (sum > 6.103515625e-5f ? sum : 6.103515625e-5f);
+        for (int32_t j = 0; j < k; j++) {
+            r[j].weight *= inv;
+        }
     }
 }

@@ -1,0 +1,93 @@
+/* attention.cu - one warp per (token, head) (see attention.cuh).
+ *
+ * The warp walks the cache one position at a time: its lanes hold the query and the output
+ * accumulator spread over the head dimension (dims lane, lane + 32, ...), the score is a warp
+ * sum, and the softmax is kept online (running max m and denominator l, the accumulator rescaled
+ * when m grows), so no score buffer the size of the context is needed. K and V rows are read
+ * once per (token, head), coalesced across lanes. */
+#include "attention.cuh"
+
+#define RM_ATTN_WARPS 4
+
+template <int DPL>   /* head dims per lane: ceil(head_dim / 32) */
+__global__ void __launch_bounds__(RM_ATTN_WARPS * RM_WARP)
+k_attention(const float * __restrict__ q, const float * __restrict__ kc, const float * __restrict__ vc,
+            float * __restrict__ out, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int32_t D,
+            float scale) {
+    const int64_t job = (int64_t) blockIdx.x * RM_ATTN_WARPS + threadIdx.x / RM_WARP;
+    const int lane = threadIdx.x % RM_WARP;
+    if (job >= (int64_t) n_tok * n_head) {
+        return;
+    }
+    const int32_t i = (int32_t) (job / n_head), h = (int32_t) (job % n_head);
+    const int32_t n_kv = pos0 + i + 1;
+    const int64_t q_stride = (int64_t) n_head * D, kv_stride = (int64_t) n_head_kv * D;
+    const int64_t kv_off = (int64_t) (h / (n_head / n_head_kv)) * D;
+    const float * qh = q + i * q_stride + (int64_t) h * D;
+    float qv[DPL], acc[DPL];
+#pragma unroll
+    for (int k = 0; k < DPL; k++) {
+        const int d = lane + RM_WARP * k;
+        qv[k] = d < D ? qh[d] : 0.0f;
+        acc[k] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t p = 0; p < n_kv; p++) {
+        const float * kr = kc + p * kv_stride + kv_off;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int d = lane + RM_WARP * k;
+            s += d < D ? qv[k] * kr[d] : 0.0f;
+        }
+        s = rm_cu_warp_sum(s) * scale;
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new), e = expf(s - m_new);
+        l = l * corr + e;
+        const float * vr = vc + p * kv_stride + kv_off;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int d = lane + RM_WARP * k;
+            acc[k] = acc[k] * corr + (d < D ? e * vr[d] : 0.0f);
+        }
+        m = m_new;
+    }
+    float * o = out + i * q_stride + (int64_t) h * D;
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int k = 0; k < DPL; k++) {
+        const int d = lane + RM_WARP * k;
+        if (d < D) {
+            o[d] = acc[k] * inv;
+        }
+    }
+}
+
+cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a) {
+    const int64_t jobs = (int64_t) a->n_tok * a->n_head;
+    if (jobs <= 0) {
+        return cudaSuccess;
+    }
+    if (a->head_dim > RM_CU_ATTN_MAX_HEAD_DIM || a->head_dim <= 0 || a->n_head % a->n_head_kv != 0) {
+        return cudaErrorInvalidValue;
+    }
+    const float scale = 1.0f / sqrtf((float) a->head_dim);
+    const unsigned blocks = rm_cu_blocks(jobs, RM_ATTN_WARPS);
+    const int threads = RM_ATTN_WARPS * RM_WARP;
+    const int dpl = (a->head_dim + RM_WARP - 1) / RM_WARP;
+#define RM_ATTN_CASE(n)                                                                                   \
+    case n: k_attention<n><<<blocks, threads, 0, st>>>(a->q, a->k_cache, a->v_cache, a->out, a->n_tok,     \
+                                                       a->pos0, a->n_head, a->n_head_kv, a->head_dim, scale); \
+        break
+    switch (dpl) {
+        RM_ATTN_CASE(1);
+        RM_ATTN_CASE(2);
+        case 3:
+        RM_ATTN_CASE(4);
+        case 5: case 6: case 7:
+        RM_ATTN_CASE(8);
+        default: return cudaErrorInvalidValue;
+    }
+#undef RM_ATTN_CASE
+    return cudaGetLastError();
+}

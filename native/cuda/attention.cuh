@@ -1,0 +1,13 @@
+/* attention.cuh - causal attention of n_tok consecutive tokens over a layer's KV cache (decode is
+ * n_tok = 1, prefill any n_tok), grouped-query heads, in fp32 with an online softmax. */
+#ifndef RM_CUDA_ATTENTION_CUH
+#define RM_CUDA_ATTENTION_CUH
+
+#include "common.cuh"
+
+#define RM_CU_ATTN_MAX_HEAD_DIM 256
+
+/* As rm_attn_args (backend.h): token t attends to positions [0, pos0 + t]. head_dim <= 256. */
+cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a);
+
+#endif

@@ -1,0 +1,425 @@
+/* backend.cu - the CUDA backend: the rm_backend table (backend.h) over one stream.
+ *
+ * Activations live in device memory for the whole forward pass; what crosses the bus per token
+ * is the embedded tokens going up, the routing coming down (the residual policy runs on the
+ * host), the split's activations (split.cu) and the logits. Every copy is counted in be->stats.
+ * Weights stay where load put them (gpu.cu); a product over a matrix that is not on the device
+ * runs on the host CPU backend, moving its activations only.
+ *
+ * Errors never abort: the first failing CUDA call becomes the backend's sticky error
+ * (RM_E_CUDA with the call and CUDA's message), later ops return at once, and be->status()
+ * reports it. status() also waits for the stream, so a kernel's asynchronous fault is caught at
+ * the end of each forward pass at the latest. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
+
+#include "add.cuh"
+#include "attention.cuh"
+#include "backend.cuh"
+#include "matmul.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+#include "route.cuh"
+#include "rows.cuh"
+#include "swiglu.cuh"
+
+static cuda_be * ctx_of(rm_backend * be) { return (cuda_be *) be->ctx; }
+
+int rm_cuda_check(cuda_be * c, cudaError_t e, const char * what) {
+    if (e == cudaSuccess) {
+        return 1;
+    }
+    cudaGetLastError();
+    if (c->err == RM_OK) {
+        c->err = e == cudaErrorMemoryAllocation ? RM_E_OOM : RM_E_CUDA;
+        snprintf(c->msg, sizeof(c->msg), "cuda backend (device %d, %s): %s: %s (%s)", c->g->device, c->g->name, what,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return 0;
+}
+
+static void set_error(cuda_be * c, rm_status st, const char * msg) {
+    if (c->err == RM_OK) {
+        c->err = st;
+        snprintf(c->msg, sizeof(c->msg), "%s", msg);
+    }
+}
+
+/* Reads the device times of the layers whose events were recorded (the stream is idle). */
+static void resolve_timings(rm_backend * be) {
+    cuda_be * c = ctx_of(be);
+    for (int il = 0; il < c->g->n_layer; il++) {
+        if (!c->pending[il]) {
+            continue;
+        }
+        c->pending[il] = 0;
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, c->ev_t0[il], c->ev_t1[il]) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+        }
+        c->gpu_us[il] = 1000.0f * ms;
+        be->stats.device_ms += ms;
+        if (c->cpu_us[il] > c->gpu_us[il]) {
+            be->stats.n_stalls++;
+        }
+    }
+}
+
+int rm_cuda_wait(rm_backend * be, cudaEvent_t ev, const char * what) {
+    be->stats.n_syncs++;
+    return rm_cuda_check(ctx_of(be), cudaEventSynchronize(ev), what);
+}
+
+/* ---- memory ------------------------------------------------------------------------------- */
+
+static void * cu_alloc(rm_backend * be, uint64_t bytes) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) {
+        return NULL;
+    }
+    if (c->n_allocs == c->cap_allocs) {
+        const int64_t cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
+        cuda_alloc * a = (cuda_alloc *) realloc(c->allocs, sizeof(*a) * (size_t) cap);
+        if (!a) {
+            set_error(c, RM_E_OOM, "cuda backend: out of host memory");
+            return NULL;
+        }
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    void * p = rm_gpu_malloc(c->g, bytes, "cuda backend: session buffers");
+    if (!p) {
+        set_error(c, RM_E_OOM, rm_last_error());
+        return NULL;
+    }
+    if (!rm_cuda_check(c, cudaMemsetAsync(p, 0, bytes, c->st), "zeroing a new buffer")) {
+        rm_gpu_free(c->g, p, bytes);
+        return NULL;
+    }
+    c->allocs[c->n_allocs++] = cuda_alloc{p, bytes};
+    return p;
+}
+
+static void cu_release(rm_backend * be, void * p) {
+    cuda_be * c = ctx_of(be);
+    for (int64_t i = 0; i < c->n_allocs; i++) {
+        if (c->allocs[i].p == p) {
+            rm_gpu_free(c->g, p, c->allocs[i].bytes);
+            c->allocs[i] = c->allocs[--c->n_allocs];
+            return;
+        }
+    }
+}
+
+static void cu_upload(rm_backend * be, void * dst, const void * src, uint64_t bytes) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || !bytes) return;
+    /* from pageable memory the runtime stages the bytes before returning: src may change after */
+    rm_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->st), "upload");
+    be->stats.h2d_bytes += bytes;
+}
+
+static void cu_download(rm_backend * be, void * dst, const void * src, uint64_t bytes) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || !bytes) return;
+    if (rm_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st), "download") &&
+        rm_cuda_check(c, cudaStreamSynchronize(c->st), "waiting for a download")) {
+        be->stats.d2h_bytes += bytes;
+        be->stats.n_syncs++;
+        resolve_timings(be);
+    }
+}
+
+static void cu_copy(rm_backend * be, void * dst, const void * src, uint64_t bytes) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || !bytes || dst == src) return;
+    rm_cuda_check(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->st), "copy");
+}
+
+static void cu_zero(rm_backend * be, void * dst, uint64_t bytes) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || !bytes) return;
+    rm_cuda_check(c, cudaMemsetAsync(dst, 0, bytes, c->st), "memset");
+}
+
+/* Called by rm_session_eval before and after each batch: it also makes the model's device the
+ * current one of the calling thread (the runtime keeps one per host thread). */
+static rm_status cu_status(rm_backend * be) {
+    cuda_be * c = ctx_of(be);
+    if (c->err == RM_OK && rm_cuda_check(c, cudaSetDevice(c->g->device), "selecting the device") &&
+        rm_cuda_check(c, cudaStreamSynchronize(c->st), "running the queued kernels")) {
+        resolve_timings(be);
+    }
+    if (c->err != RM_OK) {
+        return rm_fail(c->err, "%s", c->msg);
+    }
+    return RM_OK;
+}
+
+/* ---- products ----------------------------------------------------------------------------- */
+
+/* y = W x on the host, for a matrix the device lacks: x comes down, y goes up. */
+static void host_matmul(rm_backend * be, const rm_matmul_args * a) {
+    cuda_be * c = ctx_of(be);
+    const int64_t n_in = a->w->ne[0], n_out = a->w->ne[1];
+    const uint64_t need = (uint64_t) a->n_tok * (uint64_t) (n_in > n_out ? n_in : n_out);
+    if (need > c->fb_cap) {
+        free(c->fb_x);
+        free(c->fb_y);
+        c->fb_x = (float *) malloc(sizeof(float) * need);
+        c->fb_y = (float *) malloc(sizeof(float) * need);
+        c->fb_cap = c->fb_x && c->fb_y ? need : 0;
+        if (!c->fb_cap) {
+            set_error(c, RM_E_OOM, "cuda backend: out of host memory for a product on the host");
+            return;
+        }
+    }
+    const size_t f = sizeof(float);
+    if (!rm_cuda_check(c, cudaMemcpy2DAsync(c->fb_x, f * n_in, a->x, f * a->x_stride, f * n_in, a->n_tok,
+                                            cudaMemcpyDeviceToHost, c->st), "host product: input") ||
+        (a->accumulate && !rm_cuda_check(c, cudaMemcpy2DAsync(c->fb_y, f * n_out, a->y, f * a->y_stride, f * n_out,
+                                                              a->n_tok, cudaMemcpyDeviceToHost, c->st), "host product: output")) ||
+        !rm_cuda_check(c, cudaStreamSynchronize(c->st), "host product: waiting")) {
+        return;
+    }
+    be->stats.d2h_bytes += f * (uint64_t) a->n_tok * (uint64_t) (n_in + (a->accumulate ? n_out : 0));
+    be->stats.n_syncs++;
+    rm_matmul_args h = *a;
+    h.x = c->fb_x;
+    h.x_stride = n_in;
+    h.y = c->fb_y;
+    h.y_stride = n_out;
+    c->host->matmul(c->host, &h);
+    /* waited for: fb_y is reused by the next host product */
+    rm_cuda_check(c, cudaMemcpy2DAsync(a->y, f * a->y_stride, c->fb_y, f * n_out, f * n_out, a->n_tok,
+                                       cudaMemcpyHostToDevice, c->st), "host product: result") &&
+        rm_cuda_check(c, cudaStreamSynchronize(c->st), "host product: waiting for the result");
+    be->stats.h2d_bytes += f * (uint64_t) a->n_tok * (uint64_t) n_out;
+}
+
+static void cu_matmul(rm_backend * be, const rm_matmul_args * a) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || a->n_tok <= 0) return;
+    const uint8_t * w = rm_gpu_weight(c->g, rm_weight_matrix(a->w, a->mat));
+    if (!w || !rm_cu_matmul_supports(a->w->type, a->w->ne[0])) {
+        host_matmul(be, a);
+        return;
+    }
+    rm_cuda_check(c, rm_cu_matmul(c->st, a->w->type, a->w->ne[0], a->w->ne[1], a->w->row_bytes, w, NULL, NULL, 1,
+                                  a->n_tok, a->x, a->x_stride, a->y, a->y_stride, a->accumulate), "matmul");
+}
+
+static void cu_attention(rm_backend * be, const rm_attn_args * a) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_attention(c->st, a), "attention");
+}
+
+/* ---- small ops ---------------------------------------------------------------------------- */
+
+static const float * dev_vector(cuda_be * c, const rm_weight * w, const char * what) {
+    const float * d = (const float *) rm_gpu_weight(c->g, w->data);
+    if (!d) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "cuda backend: %s weights are not on the device", what);
+        set_error(c, RM_E_INTERNAL, msg);
+    }
+    return d;
+}
+
+static void cu_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,
+                       float eps) {
+    cuda_be * c = ctx_of(be);
+    const float * wd;
+    if (c->err || !(wd = dev_vector(c, w, "norm"))) return;
+    rm_cuda_check(c, rm_cu_rmsnorm(c->st, y, x, wd, n_rows, n, eps), "rmsnorm");
+}
+
+static void cu_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                    int32_t pos0, float base, int neox) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_rope(c->st, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox), "rope");
+}
+
+static void cu_add(rm_backend * be, float * y, const float * x, int64_t n) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_add(c->st, y, x, n), "add");
+}
+
+static void cu_add_bias(rm_backend * be, float * y, const rm_weight * b, int64_t n_rows, int64_t n) {
+    cuda_be * c = ctx_of(be);
+    const float * bd;
+    if (c->err || !(bd = dev_vector(c, b, "bias"))) return;
+    rm_cuda_check(c, rm_cu_add_bias(c->st, y, bd, n_rows, n), "add_bias");
+}
+
+static void cu_add_gated(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_rows, int64_t n) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_add_gated(c->st, y, x, gate, n_rows, n), "add_gated");
+}
+
+static void cu_swiglu(rm_backend * be, float * g, const float * u, int64_t n) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_swiglu(c->st, g, u, n), "swiglu");
+}
+
+static int upload_index(rm_backend * be, const int32_t * rows, const float * scale, int32_t n) {
+    cuda_be * c = ctx_of(be);
+    const int64_t cap = (int64_t) c->n_batch * c->m->hp.n_expert_used;
+    if (n > cap) {
+        set_error(c, RM_E_INTERNAL, "cuda backend: more rows than a batch has slots");
+        return 0;
+    }
+    cu_upload(be, c->idx_d, rows, sizeof(int32_t) * (uint64_t) n);
+    if (scale) {
+        cu_upload(be, c->scale_d, scale, sizeof(float) * (uint64_t) n);
+    }
+    return c->err == RM_OK;
+}
+
+static void cu_gather_rows(rm_backend * be, float * dst, const float * src, const int32_t * rows, int32_t n,
+                           int64_t width) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || !upload_index(be, rows, NULL, n)) return;
+    rm_cuda_check(c, rm_cu_gather_rows(c->st, dst, src, c->idx_d, n, width), "gather_rows");
+}
+
+static void cu_scatter_add(rm_backend * be, float * dst, const float * src, const int32_t * rows, const float * scale,
+                           int32_t n, int64_t width) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || !upload_index(be, rows, scale, n)) return;
+    rm_cuda_check(c, rm_cu_scatter_add(c->st, dst, src, c->idx_d, c->scale_d, n, width), "scatter_add");
+}
+
+/* The router on the device; its choices come to the host, where the residual policy decides. */
+static void cu_route(rm_backend * be, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
+                     rm_route * out) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    if (rm_cuda_check(c, rm_cu_route(c->st, logits, n_tok, n_expert, k, norm, c->routes_d), "route")) {
+        cu_download(be, out, c->routes_d, sizeof(rm_route) * (uint64_t) n_tok * (uint64_t) k);
+    }
+}
+
+/* ---- lifetime ----------------------------------------------------------------------------- */
+
+static void cu_free(rm_backend * be) {
+    if (!be) {
+        return;
+    }
+    cuda_be * c = ctx_of(be);
+    if (c->st) {
+        cudaStreamSynchronize(c->st);
+    }
+    rm_cuda_split_free(c);
+    while (c->n_allocs > 0) {
+        cu_release(be, c->allocs[c->n_allocs - 1].p);
+    }
+    free(c->allocs);
+    for (int il = 0; il < c->g->n_layer; il++) {
+        if (c->ev_t0 && c->ev_t0[il]) cudaEventDestroy(c->ev_t0[il]);
+        if (c->ev_t1 && c->ev_t1[il]) cudaEventDestroy(c->ev_t1[il]);
+    }
+    if (c->ev_x) cudaEventDestroy(c->ev_x);
+    if (c->ev_gu) cudaEventDestroy(c->ev_gu);
+    if (c->st) cudaStreamDestroy(c->st);
+    cudaGetLastError();
+    free(c->ev_t0);
+    free(c->ev_t1);
+    free(c->pending);
+    free(c->cpu_us);
+    free(c->gpu_us);
+    free(c->fb_x);
+    free(c->fb_y);
+    if (c->host) {
+        c->host->free(c->host);
+    }
+    delete c;
+    free(be);
+}
+
+rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool, int32_t n_batch, int64_t max_in,
+                                 int32_t n_ctx, rm_status * st_out) {
+    *st_out = RM_E_OOM;
+    rm_backend * be = (rm_backend *) calloc(1, sizeof(*be));
+    cuda_be * c = new (std::nothrow) cuda_be();
+    if (!be || !c) {
+        free(be);
+        delete c;
+        rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CUDA backend");
+        return NULL;
+    }
+    be->name = "cuda";
+    be->ctx = c;
+    be->alloc = cu_alloc;
+    be->release = cu_release;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->copy = cu_copy;
+    be->zero = cu_zero;
+    be->status = cu_status;
+    be->matmul = cu_matmul;
+    be->attention = cu_attention;
+    be->rmsnorm = cu_rmsnorm;
+    be->rope = cu_rope;
+    be->add = cu_add;
+    be->add_bias = cu_add_bias;
+    be->add_gated = cu_add_gated;
+    be->swiglu = cu_swiglu;
+    be->gather_rows = cu_gather_rows;
+    be->scatter_add = cu_scatter_add;
+    be->route = cu_route;
+    be->moe_experts = rm_cuda_moe_experts;
+    be->free = cu_free;
+    snprintf(be->stats.backend, sizeof(be->stats.backend), "cuda");
+    be->stats.auto_budget = -1.0f;
+    c->g = g;
+    c->m = m;
+    c->n_batch = n_batch;
+    c->n_ctx = n_ctx;
+    c->max_in = max_in;
+    const int nl = g->n_layer;
+    c->ev_t0 = (cudaEvent_t *) calloc((size_t) nl, sizeof(cudaEvent_t));
+    c->ev_t1 = (cudaEvent_t *) calloc((size_t) nl, sizeof(cudaEvent_t));
+    c->pending = (uint8_t *) calloc((size_t) nl, 1);
+    c->cpu_us = (float *) calloc((size_t) nl, sizeof(float));
+    c->gpu_us = (float *) calloc((size_t) nl, sizeof(float));
+    c->host = rm_backend_cpu_new(pool, n_batch, max_in, n_ctx);
+    if (!c->ev_t0 || !c->ev_t1 || !c->pending || !c->cpu_us || !c->gpu_us || !c->host) {
+        cu_free(be);
+        rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CUDA backend");
+        return NULL;
+    }
+    be->layer_cpu_us = c->cpu_us;
+    be->layer_gpu_us = c->gpu_us;
+    int ok = rm_cuda_check(c, cudaSetDevice(g->device), "selecting the device") &&
+             rm_cuda_check(c, cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking), "creating a stream") &&
+             rm_cuda_check(c, cudaEventCreateWithFlags(&c->ev_x, cudaEventDisableTiming), "creating an event") &&
+             rm_cuda_check(c, cudaEventCreateWithFlags(&c->ev_gu, cudaEventDisableTiming), "creating an event");
+    for (int il = 0; ok && il < nl; il++) {
+        ok = rm_cuda_check(c, cudaEventCreate(&c->ev_t0[il]), "creating an event") &&
+             rm_cuda_check(c, cudaEventCreate(&c->ev_t1[il]), "creating an event");
+    }
+    const uint64_t slots = (uint64_t) n_batch * (uint64_t) m->hp.n_expert_used;
+    ok = ok && (c->routes_d = (rm_route *) cu_alloc(be, sizeof(rm_route) * slots)) &&
+         (c->idx_d = (int32_t *) cu_alloc(be, sizeof(int32_t) * slots)) &&
+         (c->scale_d = (float *) cu_alloc(be, sizeof(float) * slots)) && rm_cuda_split_init(c);
+    if (!ok) {
+        *st_out = c->err != RM_OK ? c->err : RM_E_CUDA;
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", c->msg);
+        cu_free(be);
+        rm_fail(*st_out, "%s", msg);
+        return NULL;
+    }
+    *st_out = RM_OK;
+    return be;
+}

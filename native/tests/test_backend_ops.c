@@ -1,0 +1,405 @@
+/* test_backend_ops.c - every op of the backend table (backend.h) on random inputs (never zeros),
+ * on the CPU backend and, where a GPU can be used, the CUDA backend, each against a double
+ * precision reference computed here.
+ *
+ * Error budgets, relative to the size of the quantity (for a product, sum |w_k x_k|):
+ *   matmul    CUDA 2e-5 for every type (weights dequantized exactly, fp32 activations and sums);
+ *             CPU 2e-5 for F32/F16 weights, 1e-2 for quantized ones (activations rounded to Q8)
+ *   attention 2e-5 of max |v|; rmsnorm, adds, swiglu, rows 1e-5; rope 2e-3 at position ~1000
+ *             (both compute the angle in float, as llama.cpp does); route: the same experts,
+ *             weights within 1e-5
+ * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
+ * sees them exactly as a model load puts them on the device; the model with half its experts in
+ * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
+ *
+ *   test_backend_ops [--json PATH] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "gpu.h"
+#include "model.h"
+#include "tiny_gguf.h"
+
+static int n_passed, n_failed;
+static char json[1 << 15];
+static size_t json_n;
+static uint64_t rng = 0x1234567;
+
+#define EXPECT(cond, ...)                                                  \
+    do {                                                                   \
+        if (cond) {                                                        \
+            ++n_passed;                                                    \
+        } else {                                                           \
+            ++n_failed;                                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                    \
+            printf(__VA_ARGS__);                                           \
+            printf("\n");                                                  \
+        }                                                                  \
+    } while (0)
+
+#define JSON(...) (json_n += (size_t) snprintf(json + json_n, sizeof(json) - json_n, __VA_ARGS__))
+
+static void record(const char * be, const char * op, const char * what, double err, double tol) {
+    JSON("%s{\"backend\":\"%s\",\"op\":\"%s\",\"case\":\"%s\",\"err\":%.3g,\"tol\":%.3g}", json_n > 1 ? "," : "", be, op,
+         what, err, tol);
+    EXPECT(err <= tol, "%s %s %s: error %.3g > %.3g", be, op, what, err, tol);
+}
+
+static float * randn(int64_t n, float scale) {
+    float * x = malloc(sizeof(float) * (size_t) n);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = scale * tiny_gauss(&rng);
+        if (x[i] == 0.0f) x[i] = scale * 1e-3f;
+    }
+    return x;
+}
+
+static float * put(rm_backend * be, const float * host, int64_t n) {
+    float * p = be->alloc(be, sizeof(float) * (uint64_t) n);
+    if (p) be->upload(be, p, host, sizeof(float) * (uint64_t) n);
+    return p;
+}
+
+static float * get(rm_backend * be, const float * dev, int64_t n) {
+    float * h = malloc(sizeof(float) * (size_t) n);
+    be->download(be, h, dev, sizeof(float) * (uint64_t) n);
+    return h;
+}
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+static void test_matmul(rm_backend * be, const rm_weight * w, int64_t mat, const char * label, double tol) {
+    const int64_t n_in = w->ne[0], n_out = w->ne[1];
+    float * wd = malloc(sizeof(float) * (size_t) (n_in * n_out));
+    rm_dequantize(w->type, rm_weight_matrix(w, mat), w->row_bytes * (uint64_t) n_out, wd, n_in * n_out);
+    const int toks[] = {1, 2, 5, 8, 13};
+    double worst = 0;
+    for (size_t ti = 0; ti < sizeof(toks) / sizeof(toks[0]); ti++) {
+        for (int acc = 0; acc < 2; acc++) {
+            const int n = toks[ti];
+            const int64_t xs = n_in + 3, ys = n_out + 5;   /* strided rows */
+            float * x = randn(n * xs, 1.0f), * y0 = randn(n * ys, 1.0f);
+            float * xd = put(be, x, n * xs), * yd = put(be, y0, n * ys);
+            rm_matmul_args a = {w, mat, xd, xs, n, yd, ys, acc};
+            be->matmul(be, &a);
+            float * y = get(be, yd, n * ys);
+            for (int t = 0; t < n; t++) {
+                for (int64_t r = 0; r < n_out; r++) {
+                    double ref = acc ? y0[t * ys + r] : 0.0, mag = acc ? fabs(y0[t * ys + r]) : 0.0;
+                    for (int64_t k = 0; k < n_in; k++) {
+                        ref += (double) wd[r * n_in + k] * x[t * xs + k];
+                        mag += fabs((double) wd[r * n_in + k] * x[t * xs + k]);
+                    }
+                    worst = fmax(worst, fabs(y[t * ys + r] - ref) / (mag + 1e-30));
+                }
+                for (int64_t r = n_out; r < ys; r++) {   /* the gaps between rows are untouched */
+                    worst = fmax(worst, y[t * ys + r] == y0[t * ys + r] ? 0.0 : 1.0);
+                }
+            }
+            be->release(be, xd);
+            be->release(be, yd);
+            free(x), free(y0), free(y);
+        }
+    }
+    record(be->name, "matmul", label, worst, tol);
+    free(wd);
+}
+
+static void test_attention(rm_backend * be) {
+    const int D_list[] = {64, 128};
+    for (int di = 0; di < 2; di++) {
+        const int D = D_list[di], H = 4, HKV = 2, N_CTX = 48;
+        double worst = 0;
+        for (int pi = 0; pi < 2; pi++) {
+            const int pos0 = pi ? 17 : 0, n_tok = pi ? 6 : 1;
+            float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
+            float * qd = put(be, q, n_tok * H * D), * kd = put(be, k, N_CTX * HKV * D), * vd = put(be, v, N_CTX * HKV * D);
+            float * od = be->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+            rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D};
+            be->attention(be, &a);
+            float * o = get(be, od, n_tok * H * D);
+            for (int i = 0; i < n_tok; i++) {
+                for (int h = 0; h < H; h++) {
+                    const int n_kv = pos0 + i + 1, kh = h / (H / HKV);
+                    double s[64], mx = -1e300, z = 0;
+                    for (int p = 0; p < n_kv; p++) {
+                        double d = 0;
+                        for (int c = 0; c < D; c++) d += (double) q[(i * H + h) * D + c] * k[(p * HKV + kh) * D + c];
+                        s[p] = d / sqrt((double) D);
+                        mx = fmax(mx, s[p]);
+                    }
+                    for (int p = 0; p < n_kv; p++) z += exp(s[p] - mx);
+                    for (int c = 0; c < D; c++) {
+                        double ref = 0;
+                        for (int p = 0; p < n_kv; p++) ref += exp(s[p] - mx) / z * v[(p * HKV + kh) * D + c];
+                        worst = fmax(worst, fabs(o[(i * H + h) * D + c] - ref));
+                    }
+                }
+            }
+            be->release(be, qd), be->release(be, kd), be->release(be, vd), be->release(be, od);
+            free(q), free(k), free(v), free(o);
+        }
+        char what[32];
+        snprintf(what, sizeof(what), "head_dim %d", D);
+        record(be->name, "attention", what, worst / 4.0, 2e-5);   /* |v| <~ 4 */
+    }
+}
+
+static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
+    const rm_layer * L = &m->layers[0];
+    const int64_t R = 5, N = m->hp.n_embd;
+    float * x = randn(R * N, 1.0f), * y0 = randn(R * N, 1.0f), * g = randn(R, 2.0f);
+    float * xd = put(be, x, R * N), * yd = put(be, y0, R * N), * gd = put(be, g, R);
+    double e;
+    /* rmsnorm */
+    be->rmsnorm(be, yd, xd, &L->attn_norm, R, N, 1e-6f);
+    float * y = get(be, yd, R * N);
+    e = 0;
+    for (int64_t i = 0; i < R; i++) {
+        double ss = 0;
+        for (int64_t j = 0; j < N; j++) ss += (double) x[i * N + j] * x[i * N + j];
+        const double sc = 1.0 / sqrt(ss / N + 1e-6);
+        for (int64_t j = 0; j < N; j++) {
+            const double ref = x[i * N + j] * sc * ((const float *) L->attn_norm.data)[j];
+            e = fmax(e, fabs(y[i * N + j] - ref) / (fabs(ref) + 1e-3));
+        }
+    }
+    record(be->name, "rmsnorm", "5 rows", e, 1e-5);
+    free(y);
+    /* add, add_gated, swiglu */
+    be->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
+    be->add(be, yd, xd, R * N);
+    be->add_gated(be, yd, xd, gd, R, N);
+    be->swiglu(be, yd, xd, R * N);
+    y = get(be, yd, R * N);
+    e = 0;
+    for (int64_t i = 0; i < R * N; i++) {
+        double v = (double) y0[i] + x[i];
+        v += x[i] / (1.0 + exp(-(double) g[i / N]));
+        v = v / (1.0 + exp(-v)) * x[i];
+        e = fmax(e, fabs(y[i] - v) / (fabs(v) + 1e-3));
+    }
+    record(be->name, "add+add_gated+swiglu", "5 rows", e, 1e-5);
+    free(y);
+    /* add_bias, when the model has one */
+    if (L->bq.data) {
+        const int64_t Q = L->bq.ne[0];
+        float * q0 = randn(3 * Q, 1.0f);
+        float * qd = put(be, q0, 3 * Q);
+        be->add_bias(be, qd, &L->bq, 3, Q);
+        float * q = get(be, qd, 3 * Q);
+        e = 0;
+        for (int64_t i = 0; i < 3 * Q; i++) e = fmax(e, fabs(q[i] - (q0[i] + ((const float *) L->bq.data)[i % Q])));
+        record(be->name, "add_bias", "3 rows", e, 1e-6);
+        be->release(be, qd);
+        free(q0), free(q);
+    }
+    /* gather_rows, scatter_add (rows repeat) */
+    const int32_t rows[7] = {4, 0, 2, 2, 1, 4, 3};
+    const float scale[7] = {0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.75f, 1.0f};
+    float * gdv = be->alloc(be, sizeof(float) * (uint64_t) (7 * N));
+    be->gather_rows(be, gdv, xd, rows, 7, N);
+    float * gh = get(be, gdv, 7 * N);
+    e = 0;
+    for (int j = 0; j < 7; j++)
+        for (int64_t c = 0; c < N; c++) e = fmax(e, fabs(gh[j * N + c] - x[rows[j] * N + c]));
+    record(be->name, "gather_rows", "7 rows", e, 0.0);
+    be->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
+    be->scatter_add(be, yd, gdv, rows, scale, 7, N);
+    y = get(be, yd, R * N);
+    e = 0;
+    for (int64_t i = 0; i < R; i++) {
+        for (int64_t c = 0; c < N; c++) {
+            double v = y0[i * N + c];
+            for (int j = 0; j < 7; j++) if (rows[j] == i) v += (double) scale[j] * x[rows[j] * N + c];
+            e = fmax(e, fabs(y[i * N + c] - v) / (fabs(v) + 1e-3));
+        }
+    }
+    record(be->name, "scatter_add", "7 rows into 5", e, 1e-5);
+    /* copy, zero */
+    be->copy(be, yd, xd, sizeof(float) * (uint64_t) (R * N));
+    be->zero(be, xd, sizeof(float) * (uint64_t) N);
+    float * yc = get(be, yd, R * N), * xz = get(be, xd, N);
+    e = memcmp(yc, x, sizeof(float) * (size_t) (R * N)) != 0;
+    for (int64_t c = 0; c < N; c++) e = fmax(e, fabs(xz[c]));
+    record(be->name, "copy+zero", "", e, 0.0);
+    be->release(be, xd), be->release(be, yd), be->release(be, gd), be->release(be, gdv);
+    free(x), free(y0), free(g), free(y), free(gh), free(yc), free(xz);
+}
+
+static void test_rope(rm_backend * be) {
+    const int n_tok = 3, H = 4, D = 64, n_rot = 64, pos0 = 1000;
+    for (int neox = 0; neox < 2; neox++) {
+        float * x = randn(n_tok * H * D, 1.0f);
+        float * xd = put(be, x, n_tok * H * D);
+        be->rope(be, xd, n_tok, H, D, n_rot, pos0, 10000.0f, neox);
+        float * y = get(be, xd, n_tok * H * D);
+        double e = 0;
+        for (int t = 0; t < n_tok; t++) {
+            for (int h = 0; h < H; h++) {
+                const float * v = x + (t * H + h) * D;
+                const float * o = y + (t * H + h) * D;
+                for (int i = 0; i < n_rot / 2; i++) {
+                    const double ang = (double) (pos0 + t) * pow(10000.0, -2.0 * i / n_rot);
+                    const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+                    e = fmax(e, fabs(o[a] - (v[a] * cos(ang) - v[b] * sin(ang))));
+                    e = fmax(e, fabs(o[b] - (v[a] * sin(ang) + v[b] * cos(ang))));
+                }
+            }
+        }
+        record(be->name, "rope", neox ? "neox" : "norm", e, 2e-3);
+        be->release(be, xd);
+        free(x), free(y);
+    }
+}
+
+static void test_route(rm_backend * be) {
+    const int experts[] = {8, 60, 128, 512}, ks[] = {1, 2, 8};
+    double e = 0;
+    int mismatched = 0;
+    for (int ei = 0; ei < 4; ei++) {
+        for (int ki = 0; ki < 3; ki++) {
+            for (int norm = 0; norm < 2; norm++) {
+                const int X = experts[ei], K = ks[ki], T = 3;
+                if (K > X) continue;
+                float * z = randn(T * X, 2.0f);
+                float * zd = put(be, z, T * X);
+                rm_route r[3 * 8];
+                be->route(be, zd, T, X, K, norm, r);
+                for (int t = 0; t < T; t++) {
+                    double mx = -1e300, s = 0, picked = 0;
+                    for (int j = 0; j < X; j++) mx = fmax(mx, z[t * X + j]);
+                    for (int j = 0; j < X; j++) s += exp(z[t * X + j] - mx);
+                    uint8_t taken[512] = {0};
+                    int best[8];
+                    for (int k = 0; k < K; k++) {
+                        best[k] = -1;
+                        for (int j = 0; j < X; j++)
+                            if (!taken[j] && (best[k] < 0 || z[t * X + j] > z[t * X + best[k]])) best[k] = j;
+                        taken[best[k]] = 1;
+                        picked += exp(z[t * X + best[k]] - mx) / s;
+                    }
+                    for (int k = 0; k < K; k++) {
+                        const double p = exp(z[t * X + best[k]] - mx) / s;
+                        const double w = norm ? p / picked : p;
+                        mismatched += r[t * K + k].expert != best[k];
+                        e = fmax(e, fabs(r[t * K + k].weight - w));
+                        e = fmax(e, fabs(r[t * K + k].prob - p));
+                    }
+                }
+                be->release(be, zd);
+                free(z);
+            }
+        }
+    }
+    record(be->name, "route", "experts chosen", (double) mismatched, 0.0);
+    record(be->name, "route", "weights", e, 1e-5);
+}
+
+/* ---- per backend ---------------------------------------------------------------------------- */
+
+static void test_backend(rm_backend * be, const rm_model * m, int32_t type, int half_on_host) {
+    const int quantized = type != RM_TYPE_F32 && type != RM_TYPE_F16;
+    const double tol = strcmp(be->name, "cpu") == 0 && quantized ? 1e-2 : 2e-5;
+    const rm_layer * L = &m->layers[0];
+    rm_type_info ti;
+    rm_type_describe(type, &ti);
+    char label[64];
+    snprintf(label, sizeof(label), "%s wq", ti.name);
+    test_matmul(be, &L->wq, 0, label, tol);
+    snprintf(label, sizeof(label), "%s gate_exps[2]", ti.name);
+    test_matmul(be, &L->gate_exps, 2, label, tol);
+    snprintf(label, sizeof(label), "%s down_exps[%d]%s", ti.name, half_on_host ? 1 : 0,
+             half_on_host ? " (in host memory)" : "");
+    test_matmul(be, &L->down_exps, half_on_host ? 1 : 0, label, tol);
+    EXPECT(be->status(be) == RM_OK, "%s: backend status after the matmuls: %s", be->name, rm_last_error());
+}
+
+static rm_model * load(const char * path, int use_gpu, int half) {
+    rm_model_params p = {0};
+    p.struct_size = sizeof(p);
+    p.n_threads = 2;
+    p.use_gpu = use_gpu;
+    uint8_t mask[2 * 8];
+    for (int i = 0; i < 16; i++) mask[i] = (uint8_t) (i % 2 == 0);
+    p.expert_on_gpu = half ? mask : NULL;
+    rm_model * m = NULL;
+    if (rm_model_load(path, &p, &m) != RM_OK) {
+        printf("load %s: %s\n", path, rm_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+int main(int argc, char ** argv) {
+    const char * json_path = argc == 3 && !strcmp(argv[1], "--json") ? argv[2] : NULL;
+    char dir[] = "/tmp/rm_backend_ops_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    printf("%s\n", rm_build_info());
+    JSON("[");
+    const int32_t types[] = {RM_TYPE_F32, RM_TYPE_F16, RM_TYPE_Q4_0, RM_TYPE_Q8_0, RM_TYPE_Q2_K, RM_TYPE_Q3_K, RM_TYPE_Q4_K};
+    int gpu_ok = 0;
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        tiny_spec s = tiny_default(i == 0 ? "qwen2moe" : "qwen3moe");
+        s.dense_type = s.expert_type = s.output_type = types[i];
+        s.residual_type = -1;
+        s.seed = 10 + i;
+        char path[256];
+        snprintf(path, sizeof(path), "%s/m%zu.gguf", dir, i);
+        EXPECT(tiny_write(&s, path, NULL) == 0, "writing the type-%d model", types[i]);
+        rm_model * m = load(path, 0, 0);
+        if (!m) { ++n_failed; continue; }
+        rm_backend * cpu = rm_backend_cpu_new(m->pool, 32, 1024, 64);
+        test_backend(cpu, m, types[i], 0);
+        if (i == 0) {
+            test_attention(cpu);
+            test_rows_and_adds(cpu, m);
+            test_rope(cpu);
+            test_route(cpu);
+        }
+        cpu->free(cpu);
+        rm_model_free(m);
+#ifdef RM_WITH_CUDA
+        for (int half = 0; half < 2; half++) {
+            rm_model * mg = load(path, 1, half);
+            if (!mg) { ++n_failed; continue; }
+            if (!mg->gpu) {
+                if (i == 0 && !half) printf("skip the CUDA backend: %s\n", mg->gpu_info.note);
+                rm_model_free(mg);
+                break;
+            }
+            gpu_ok = 1;
+            rm_status st;
+            rm_backend * gpu = rm_backend_cuda_new(mg->gpu, mg, mg->pool, 32, 1024, 64, &st);
+            EXPECT(gpu != NULL, "the CUDA backend: %s", rm_last_error());
+            if (gpu) {
+                test_backend(gpu, mg, types[i], half);
+                if (i == 0 && !half) {
+                    test_attention(gpu);
+                    test_rows_and_adds(gpu, mg);
+                    test_rope(gpu);
+                    test_route(gpu);
+                }
+                EXPECT(gpu->status(gpu) == RM_OK, "CUDA backend status: %s", rm_last_error());
+                gpu->free(gpu);
+            }
+            rm_model_free(mg);
+        }
+#endif
+    }
+    JSON("]\n");
+    if (json_path) {
+        FILE * f = fopen(json_path, "w");
+        if (f) fputs(json, f), fclose(f);
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("could not remove %s\n", dir);
+    printf("test_backend_ops: %d passed, %d failed%s\n", n_passed, n_failed,
+           gpu_ok ? "" : " (no GPU: the CPU backend only)");
+    return n_failed ? 1 : 0;
+}

@@ -1,0 +1,412 @@
+"""The placement planner: what lives on the GPU within a memory budget, and what each side reads
+per token (docs/SPLIT.md).
+
+Everything a token reads outside the routed experts goes to the GPU: attention, norms, router,
+shared experts, the output head, plus the KV cache for ``n_ctx`` positions and the scratch of
+one session. Then every expert's base, most used first (``rapidmoe.umia.expert_frequency`` from
+the sidecar's calibration; uniform without it), while it fits. Bases that do not fit stay in host
+memory and the CPU computes those experts at base precision; residuals always stay in host memory.
+
+Device bytes are counted the way the native library allocates them (each weight tensor rounded
+up to 256 bytes in one arena, the session buffers of session.c and native/cuda/split.cu), and
+the library enforces the same budget as a hard cap, so a plan that fits here fits there.
+
+    sizes = ModelSizes.from_files("m.gguf", "m.residual.gguf")
+    p = plan(sizes, "8GiB", n_ctx=4096)
+    print(p.summary())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import time
+
+import numpy as np
+
+from .errors import InvalidArgumentError, RapidMoEError
+from .gguf_file import open_gguf
+from .resplit import residual_path as default_residual_path
+
+# ggml types the CUDA kernels multiply by (native/cuda/matmul.cuh); other matrices stay on the host.
+GPU_MATMUL_TYPES = frozenset({"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K"})
+ALIGN = 256                      # the weight arena's alignment (native/cuda/gpu.cu)
+LOGIT_ROWS = 16                  # RM_LOGIT_ROWS in native/src/session.h
+STAGE_EXPERTS = 4                # RM_CU_STAGE_EXPERTS in native/cuda/backend.cuh
+_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|residual)$")
+
+
+class PlanError(RapidMoEError):
+    """The budget cannot hold what must be on the GPU."""
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """``"8GiB"``, ``"8G"`` (both 2^30), ``"8GB"`` (10^9), ``"512MiB"``, ``"1.5TiB"`` or a number of bytes."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise InvalidArgumentError(f"a memory size must be >= 0, got {value}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*", str(value), re.I)
+    if not m or (m.group(3) and not m.group(2)):
+        raise InvalidArgumentError(f"cannot read the memory size {value!r}: use e.g. 8GiB, 8GB, 512MiB or a byte count")
+    number, unit, binary, b = m.group(1), m.group(2).upper(), m.group(3), m.group(4)
+    power = "KMGT".find(unit) + 1 if unit else 0
+    base = 1000 if (b and not binary) else 1024   # "GB" is decimal; "G" and "GiB" are binary
+    return int(float(number) * base ** power)
+
+
+def _size(b: float) -> str:
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+
+
+def _align(n: int) -> int:
+    return (int(n) + ALIGN - 1) // ALIGN * ALIGN
+
+
+# ---------------------------------------------------------------------------------------------
+# the model's sizes
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ModelSizes:
+    """What the planner needs from a model, in bytes as the GPU would hold them."""
+
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    n_embd: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    dense_gpu: int                   # dense tensors the GPU holds (aligned)
+    dense_host: int                  # dense matrices of types the CUDA kernels lack (stay on the host)
+    dense_read: int                  # dense bytes read per token (the GPU's and the host's)
+    expert_base: np.ndarray          # (n_layer, n_expert): one expert's three base matrices (aligned)
+    expert_residual: np.ndarray      # (n_layer, n_expert): its three residual matrices; 0 without sidecar
+    frequency: np.ndarray            # (n_layer, n_expert): share of a layer's slots; rows sum to 1
+    calibrated: bool = False         # frequency came from calibration
+    base_gpu_ok: np.ndarray | None = None   # (n_layer,): the layer's expert types run on the GPU
+
+    def __post_init__(self) -> None:
+        if self.base_gpu_ok is None:
+            self.base_gpu_ok = np.ones(self.n_layer, dtype=bool)
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one expert (three matrices)."""
+        return 3 * self.n_embd * self.n_ff_exp
+
+    @property
+    def kv_bytes_per_pos(self) -> int:
+        """KV cache bytes per position, all layers (f32 K and V)."""
+        return 2 * 4 * self.n_layer * self.n_head_kv * self.head_dim
+
+    @classmethod
+    def from_files(cls, path: str | os.PathLike, residual: str | os.PathLike | None = "auto") -> "ModelSizes":
+        """Sizes from a base GGUF and, when given (``"auto"``: ``NAME.residual.gguf`` if present),
+        its sidecar; tensor sizes come from the files' tensor tables, nothing is read in bulk."""
+        from . import umia
+
+        path = os.fspath(path)
+        if residual == "auto":
+            cand = default_residual_path(path)
+            residual = cand if os.path.isfile(cand) else None
+        with open_gguf(path) as g:
+            md = g.metadata
+            arch = md.get("general.architecture")
+            if not isinstance(arch, str):
+                raise RapidMoEError(f"{path}: 'general.architecture' is missing")
+
+            def key(name, default=None):
+                v = md.get(f"{arch}.{name}", default)
+                if v is None:
+                    raise RapidMoEError(f"{path}: required key '{arch}.{name}' is missing")
+                return int(v)
+
+            n_layer, n_expert = key("block_count"), key("expert_count")
+            n_embd, n_head = key("embedding_length"), key("attention.head_count")
+            sizes = dict(n_layer=n_layer, n_expert=n_expert, n_expert_used=key("expert_used_count"),
+                         n_embd=n_embd, n_head=n_head, n_head_kv=key("attention.head_count_kv", n_head),
+                         head_dim=key("attention.key_length", n_embd // n_head),
+                         n_ff_exp=0, n_ff_shexp=key("expert_shared_feed_forward_length", 0))
+            base = np.zeros((n_layer, n_expert), dtype=np.int64)
+            gpu_ok = np.ones(n_layer, dtype=bool)
+            dense_gpu = dense_host = dense_read = 0
+            tensors = g.tensors
+            if "token_embd.weight" not in tensors:
+                raise RapidMoEError(f"{path}: token_embd.weight is missing")
+            sizes["n_vocab"] = tensors["token_embd.weight"].ne[1]
+            for name, t in tensors.items():
+                m = _EXPERT_RE.match(name)
+                if m:
+                    layer = int(m.group(1))
+                    if layer >= n_layer or t.ne[2] != n_expert:
+                        raise RapidMoEError(f"{path}: tensor '{name}' does not fit {n_layer} layers of {n_expert} experts")
+                    base[layer, :] += _align(t.nbytes // n_expert)
+                    gpu_ok[layer] &= t.type_name in GPU_MATMUL_TYPES
+                    if m.group(2) == "up":
+                        sizes["n_ff_exp"] = t.ne[1]
+                    continue
+                if name == "token_embd.weight":
+                    continue   # rows are looked up on the host; only the tied output head reads it whole
+                dense_read += t.nbytes
+                if len(t.ne) == 1 or t.type_name in GPU_MATMUL_TYPES:
+                    dense_gpu += _align(t.nbytes)
+                else:
+                    dense_host += t.nbytes
+            if "output.weight" not in tensors:   # tied: the head is the embedding table
+                t = tensors["token_embd.weight"]
+                dense_read += t.nbytes
+                if t.type_name in GPU_MATMUL_TYPES:
+                    dense_gpu += _align(t.nbytes)
+                else:
+                    dense_host += t.nbytes
+        res = np.zeros((n_layer, n_expert), dtype=np.int64)
+        freq, calibrated = np.full((n_layer, n_expert), 1.0 / n_expert), False
+        if residual is not None:
+            with open_gguf(residual) as g:
+                for name, t in g.tensors.items():
+                    m = _EXPERT_RE.match(name)
+                    if m and int(m.group(1)) < n_layer and t.ne[2] == n_expert:
+                        res[int(m.group(1)), :] += t.nbytes // n_expert
+                tables = umia.Tables.from_metadata(g.metadata)
+            if tables is not None and tables.expert_frequency.shape == (n_layer, n_expert):
+                f = np.maximum(np.asarray(tables.expert_frequency, dtype=np.float64), 0.0)
+                rows = f.sum(1, keepdims=True)
+                freq = np.where(rows > 0, f / np.where(rows > 0, rows, 1.0), 1.0 / n_expert)
+                calibrated = True
+        return cls(dense_gpu=dense_gpu, dense_host=dense_host, dense_read=dense_read, expert_base=base,
+                   expert_residual=res, frequency=freq, calibrated=calibrated, base_gpu_ok=gpu_ok, **sizes)
+
+
+# ---------------------------------------------------------------------------------------------
+# the hardware
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Hardware:
+    """The cost model's numbers. Defaults are a desktop with PCIe 4.0 x16 and an RTX 4090-class
+    GPU; ``host_bw_gbps=None`` measures host memory bandwidth with a quick numpy copy."""
+
+    host_bw_gbps: float | None = None   # host RAM read bandwidth, GB/s (measured when None)
+    pcie_gbps: float = 25.0             # host -> device over PCIe 4.0 x16 from pinned memory, GB/s
+    pcie_latency_us: float = 15.0       # one copy plus the wait for it
+    gpu_bw_gbps: float = 900.0          # device memory bandwidth, GB/s
+    gpu_tflops: float = 40.0            # fp32 rate the dequantizing kernels reach, TFLOP/s
+    cpu_gflops: float = 200.0           # rate of the host's quantized dot products, all threads, GFLOP/s
+    context_reserve: int = 512 << 20    # device memory the CUDA context takes outside our allocations
+
+    def host_bandwidth(self) -> float:
+        return self.host_bw_gbps if self.host_bw_gbps else measure_host_bandwidth()
+
+
+@functools.lru_cache(maxsize=1)
+def measure_host_bandwidth(nbytes: int = 64 << 20, repeats: int = 3) -> float:
+    """Host memory bandwidth in GB/s from the best of a few large numpy copies (bytes read plus
+    bytes written). Cached: measured once per process."""
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
+def crossover_tokens(sizes: ModelSizes, hw: Hardware, host_bw_gbps: float, max_tokens: int = 1 << 16) -> int:
+    """Prefill: the fewest tokens needing one expert's residual for which copying the residual to
+    the GPU (PCIe time + GPU GEMM) beats the host's GEMM (max of reading R and its flops); 0 when
+    the copy never wins or there is no residual."""
+    r_bytes = float(sizes.expert_residual.max()) if sizes.expert_residual.size else 0.0
+    if r_bytes <= 0:
+        return 0
+    flops_per_token = 2.0 * sizes.expert_params
+    read = r_bytes / (host_bw_gbps * 1e9)
+    copy = r_bytes / (hw.pcie_gbps * 1e9) + hw.pcie_latency_us * 1e-6
+    n = np.arange(1, max_tokens + 1, dtype=np.float64)
+    cpu = np.maximum(read, n * flops_per_token / (hw.cpu_gflops * 1e9))
+    gpu = copy + n * flops_per_token / (hw.gpu_tflops * 1e12)
+    wins = np.nonzero(gpu < cpu)[0]
+    return int(wins[0] + 1) if wins.size else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+# ---------------------------------------------------------------------------------------------
+
+def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool) -> dict[str, int]:
+    """Device bytes of one session, as session.c and native/cuda allocate them."""
+    f = 4
+    B = min(n_batch, n_ctx)
+    E, Q, KV = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    F = max(s.n_ff_exp, s.n_ff_shexp)
+    S = B * s.n_expert_used
+    acts = f * B * (6 * E + 2 * Q + 2 * KV + s.n_expert + 2 * F + 1) + f * min(B, LOGIT_ROWS) * s.n_vocab
+    routing = S * (16 + 4 + 4)
+    split = f * S * (4 * E + 5 * s.n_ff_exp) + 10 * (S * 12 + 15)
+    stage = STAGE_EXPERTS * _align(int(s.expert_residual.max())) if upload_residuals and s.expert_residual.size else 0
+    return {"kv_cache": s.kv_bytes_per_pos * n_ctx, "activations": acts + routing, "split_scratch": split + stage}
+
+
+@dataclasses.dataclass
+class Plan:
+    budget: int                      # the user's budget, bytes
+    cap: int                         # what the library may allocate: budget minus the context reserve
+    gpu_parts: dict[str, int]        # bytes by kind
+    expert_on_gpu: np.ndarray        # (n_layer, n_expert) bool
+    residual_budget: float
+    per_token: dict[str, float]      # predicted bytes per decoded token
+    crossover_tokens: int
+    host_bw_gbps: float
+    hardware: Hardware
+    messages: list[str]
+    n_ctx: int
+    n_batch: int
+
+    @property
+    def gpu_bytes(self) -> int:
+        return int(sum(self.gpu_parts.values()))
+
+    @property
+    def n_experts_gpu(self) -> int:
+        return int(self.expert_on_gpu.sum())
+
+    @property
+    def n_experts(self) -> int:
+        return int(self.expert_on_gpu.size)
+
+    def native_mask(self) -> np.ndarray:
+        """The ``expert_on_gpu`` array for rm_model_params: uint8, layer-major."""
+        return np.ascontiguousarray(self.expert_on_gpu.astype(np.uint8).ravel())
+
+    def as_dict(self) -> dict:
+        return {
+            "budget_bytes": self.budget, "cap_bytes": self.cap, "gpu_bytes": self.gpu_bytes,
+            "gpu_parts": {k: int(v) for k, v in self.gpu_parts.items()},
+            "n_experts": self.n_experts, "n_experts_gpu": self.n_experts_gpu,
+            "experts_cpu_per_layer": [int(v) for v in (~self.expert_on_gpu).sum(1)],
+            "residual_budget": self.residual_budget, "n_ctx": self.n_ctx, "n_batch": self.n_batch,
+            "per_token_bytes": {k: float(v) for k, v in self.per_token.items()},
+            "crossover_tokens": self.crossover_tokens, "host_bw_gbps": self.host_bw_gbps,
+            "hardware": dataclasses.asdict(self.hardware), "messages": list(self.messages),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+    def summary(self) -> str:
+        gib = _size
+        mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
+        lines = [f"GPU budget {gib(self.budget)}: plan uses {gib(self.gpu_bytes)} "
+                 f"(context reserve {gib(self.budget - self.cap)} included)"]
+        for k, v in self.gpu_parts.items():
+            lines.append(f"  {k:22s} {gib(v):>12s}")
+        lines.append(f"expert bases on the GPU: {self.n_experts_gpu} of {self.n_experts}")
+        t = self.per_token
+        lines.append(f"predicted per decoded token (residual budget {self.residual_budget:g}):")
+        lines.append(f"  GPU reads   {mib(t['gpu_read']):>14s}  (~{t['gpu_ms']:.3f} ms at {self.hardware.gpu_bw_gbps:g} GB/s)")
+        lines.append(f"  CPU reads   {mib(t['cpu_read']):>14s}  (~{t['cpu_ms']:.3f} ms at {self.host_bw_gbps:.1f} GB/s)")
+        lines.append(f"  bus         {mib(t['bus']):>14s}  (activations only; no weights)")
+        if self.crossover_tokens:
+            lines.append(f"prefill crossover: an expert whose residual {self.crossover_tokens} or more tokens of a batch "
+                         f"need gets the residual copied to the GPU (PCIe {self.hardware.pcie_gbps:g} GB/s) instead of "
+                         f"a host GEMM (CPU {self.hardware.cpu_gflops:g} GFLOP/s)")
+        else:
+            lines.append("prefill crossover: never (the host's GEMM is always cheaper than copying a residual)")
+        lines += self.messages
+        return "\n".join(lines)
+
+
+def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int = 256,
+         residual_budget: float = 0.1, hardware: Hardware | None = None, n_sessions: int = 1) -> Plan:
+    """Places the model on a GPU of ``gpu_memory`` bytes (see the module docstring), with room
+    for ``n_sessions`` sessions (each its own KV cache and scratch: Model.fork_session, serving
+    several requests at once)."""
+    hw = hardware or Hardware()
+    budget = parse_bytes(gpu_memory)
+    if n_ctx <= 0 or n_batch <= 0 or n_sessions <= 0:
+        raise InvalidArgumentError(f"n_ctx ({n_ctx}), n_batch ({n_batch}) and n_sessions ({n_sessions}) must be > 0")
+    if not 0.0 <= residual_budget <= 1.0:
+        raise InvalidArgumentError(f"residual budget must be in [0, 1], got {residual_budget}")
+    host_bw = hw.host_bandwidth()
+    cross = crossover_tokens(sizes, hw, host_bw)
+    cap = budget - hw.context_reserve
+    tables = 8 * 3 * sizes.n_layer * sizes.n_expert
+    parts = {"dense_weights": sizes.dense_gpu, "expert_tables": tables}
+    parts.update({k: n_sessions * v for k, v in session_device_bytes(sizes, n_ctx, n_batch, cross > 0).items()})
+    fixed = sum(parts.values())
+    if fixed > cap:
+        raise PlanError(
+            f"a GPU budget of {_size(budget)} cannot hold the dense part: attention, norms, router, shared "
+            f"experts and output head ({_size(sizes.dense_gpu)}), the KV cache for {n_ctx} positions "
+            f"({_size(parts['kv_cache'])}{'' if n_sessions == 1 else f' for {n_sessions} sessions'}) and scratch "
+            f"({_size(parts['activations'] + parts['split_scratch'])}) need {_size(fixed + hw.context_reserve)} with "
+            f"the CUDA context's {_size(hw.context_reserve)}; lower n_ctx or n_batch, or run on the CPU")
+    # experts, most used first; ties in layer order so the plan is deterministic
+    on = np.zeros((sizes.n_layer, sizes.n_expert), dtype=bool)
+    order = np.lexsort((np.arange(on.size), -sizes.frequency.ravel()))
+    left = cap - fixed
+    placeable = np.repeat(sizes.base_gpu_ok, sizes.n_expert)
+    base_flat = sizes.expert_base.ravel()
+    for i in order:
+        if placeable[i] and base_flat[i] <= left:
+            on.flat[i] = True
+            left -= int(base_flat[i])
+    parts["expert_bases"] = int(sizes.expert_base[on].sum())
+    parts["context_reserve"] = hw.context_reserve
+    messages = []
+    n_cpu = int((~on).sum())
+    if not sizes.base_gpu_ok.all():
+        messages.append(f"{int((~sizes.base_gpu_ok).sum())} layers have expert types the CUDA kernels lack; "
+                        "their experts run on the CPU")
+    if n_cpu == 0:
+        messages.append("every expert base fits on the GPU; the CPU computes only the selected residual products")
+    else:
+        used = sizes.frequency[~on].sum() / sizes.n_layer
+        messages.append(f"{n_cpu} of {on.size} expert bases do not fit and stay on the CPU at base precision: "
+                        f"the least used ({'from calibration' if sizes.calibrated else 'uniform usage assumed: no calibration tables'}), "
+                        f"{100 * used:.1f}% of expert slots")
+    if sizes.dense_host:
+        messages.append(f"{sizes.dense_host / 2**20:.1f} MiB of dense matrices have types the CUDA kernels lack "
+                        "and run on the CPU")
+    per_token = _per_token(sizes, on, residual_budget, n_ctx, host_bw, hw)
+    return Plan(budget=budget, cap=cap, gpu_parts=parts, expert_on_gpu=on, residual_budget=residual_budget,
+                per_token=per_token, crossover_tokens=cross, host_bw_gbps=host_bw, hardware=hw,
+                messages=messages, n_ctx=n_ctx, n_batch=n_batch)
+
+
+def _per_token(s: ModelSizes, on: np.ndarray, b: float, n_ctx: int, host_bw: float, hw: Hardware) -> dict[str, float]:
+    """Expected bytes per decoded token on each side, at half-full context. Slot counts follow the
+    frequency table: expert e of layer l is in K * freq[l, e] of a token's slots on average."""
+    K = s.n_expert_used
+    slots = K * s.frequency                                   # expected slots per (layer, expert)
+    gpu_base = float((slots * s.expert_base * on).sum())
+    cpu_base = float((slots * s.expert_base * ~on).sum())
+    residual = float((b * slots * s.expert_residual).sum())
+    kv = s.kv_bytes_per_pos * n_ctx / 2
+    gpu_read = s.dense_read - s.dense_host + kv + gpu_base
+    cpu_read = s.dense_host + cpu_base + residual + 4 * s.n_embd
+    # activations per layer: routing down, and when the host has work the block input down, the
+    # fix slots' gate/up down and h' + result up, the host experts' results up
+    f, E, F = 4, s.n_embd, s.n_ff_exp
+    fix = b * (slots * on).sum(1)                            # per layer
+    host = (slots * ~on).sum(1)
+    host_work = (fix + host) > 0
+    bus_layer = K * 16 + 56 * K + host_work * f * E + fix * f * (2 * F + F + E) + host * f * E
+    bus = float(bus_layer.sum()) + f * E + f * s.n_vocab
+    return {"gpu_read": gpu_read, "cpu_read": cpu_read, "bus": bus,
+            "gpu_ms": 1e3 * gpu_read / (hw.gpu_bw_gbps * 1e9), "cpu_ms": 1e3 * cpu_read / (host_bw * 1e9)}
+
+
+def plan_files(path: str | os.PathLike, gpu_memory: str | int, n_ctx: int, *, residual: str | os.PathLike | None = "auto",
+               n_batch: int = 256, residual_budget: float = 0.1, hardware: Hardware | None = None,
+               n_sessions: int = 1) -> Plan:
+    return plan(ModelSizes.from_files(path, residual), gpu_memory, n_ctx, n_batch=n_batch,
+                residual_budget=residual_budget, hardware=hardware, n_sessions=n_sessions)

@@ -1,0 +1,601 @@
+"""An OpenAI-compatible HTTP server: ``rapidmoe serve MODEL``.
+
+Endpoints (request and response shapes as OpenAI's and llama-cpp-python's):
+
+    GET  /                      a small web chat page (no data in it; it calls the API)
+    GET  /health                {"status": "ok", slots and queue}; never needs the API key
+    GET  /v1/models             the one loaded model
+    POST /v1/completions        prompt -> text; "stream": true sends server-sent events
+    POST /v1/chat/completions   messages -> reply, rendered with the model's chat template
+    GET  /v1/rapidmoe/stats     expert activations and residual decisions per layer, summed over
+                                the requests served so far, and the realised residual rate
+
+Beyond OpenAI's fields a request may carry ``top_k``, ``min_p``, ``repeat_penalty`` and
+``residual_policy`` / ``residual_budget``, which apply to that request only. OpenAI fields this
+server does not implement (``n`` > 1, logprobs, tools, ...; see UNSUPPORTED) are refused with 400
+rather than ignored; fields it does not know at all are ignored.
+
+Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
+(``Model.fork_session``), each with its own KV cache. A request takes a free slot and generates in
+a worker thread (the native calls release the GIL, and the native model runs one evaluation at a
+time, so slots interleave token by token). Up to ``queue`` further requests wait for a slot; beyond
+that the answer is 503. A client that goes away, while waiting or while streaming, cancels its
+generation at the next token, and its slot is handed on.
+
+Errors are OpenAI's object, ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad
+request (malformed JSON, a wrong type, a value out of range, a prompt longer than the context),
+401 for a missing or wrong API key, 404 for an unknown model or path, 413 for a body over
+``max_body`` bytes, 503 when the queue is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from importlib import resources
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import chat, umia
+from .errors import ContextFullError, RapidMoEError
+from .model import Model, SamplingParams
+
+log = logging.getLogger("rapidmoe.server")
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None       # None: no authentication
+    parallel: int = 1                # slots: sequences generated at once
+    queue: int = 16                  # requests that may wait for a slot
+    max_body: int = 1 << 20          # bytes
+    model_name: str | None = None    # default: the file name without .gguf
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type or ("server_error" if status >= 500 else "invalid_request_error")
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+def api_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextFullError):
+        return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, RapidMoEError):        # InvalidArgumentError, UnsupportedError, ...
+        return ApiError(400, str(exc))
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------------
+
+NUMBER = (int, float)
+REQUIRED = object()
+
+# field: (accepted JSON types, default). null means the default.
+COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "model": ((str,), None),
+    "max_tokens": ((int,), None),
+    "temperature": (NUMBER, 0.8),
+    "top_p": (NUMBER, 0.95),
+    "top_k": ((int,), 40),
+    "min_p": (NUMBER, 0.05),
+    "repeat_penalty": (NUMBER, 1.0),
+    "presence_penalty": (NUMBER, 0.0),
+    "frequency_penalty": (NUMBER, 0.0),
+    "seed": ((int,), None),
+    "stop": ((str, list), None),
+    "stream": ((bool,), False),
+    "stream_options": ((dict,), None),
+    "n": ((int,), 1),
+    "residual_policy": ((str,), None),
+    "residual_budget": (NUMBER, None),
+}
+COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED)}
+CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None)}
+MAX_STOP = 16
+# OpenAI fields this server does not implement: a request that asks for them gets 400, not a
+# quiet answer without them. field -> the values (besides null) that ask for nothing.
+UNSUPPORTED: dict[str, tuple] = {
+    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "logit_bias": ({},), "tools": ([],), "functions": ([],), "response_format": ({"type": "text"},),
+}
+
+
+def _check_fields(body: dict, fields: dict) -> dict:
+    out = {}
+    for name, (types, default) in fields.items():
+        value = body.get(name)
+        if value is None:
+            if default is REQUIRED:
+                raise ApiError(400, f"'{name}' is required", param=name, code="missing_required_parameter")
+            out[name] = default
+            continue
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            want = " or ".join({"str": "string", "int": "integer", "float": "number", "bool": "boolean",
+                                "list": "array", "dict": "object"}[t.__name__] for t in types)
+            raise ApiError(400, f"'{name}' must be {want}, got {json.dumps(value)[:80]}", param=name,
+                           code="invalid_type")
+        out[name] = value
+    return out
+
+
+@dataclasses.dataclass
+class GenRequest:
+    """A checked request: what a worker needs to generate it."""
+
+    kind: str                        # "completion" or "chat"
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    policy: str | None
+    budget: float | None
+
+    def chunks(self, slot: Model, name: str) -> Iterator[dict]:
+        s = self.sampling
+        it = slot.create_completion(self.prompt_ids, max_tokens=self.max_tokens, temperature=s.temperature,
+                                    top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                                    repeat_penalty=s.repeat_penalty, seed=s.seed, stop=self.stop,
+                                    stream=True, model=name)
+        return chat.as_chat_chunks(it) if self.kind == "chat" else it
+
+
+def parse_request(kind: str, body: Any, model: Model, names: set[str]) -> GenRequest:
+    """Checks a decoded JSON body and renders/tokenizes its prompt; raises ApiError."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    f = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
+    if f["model"] is not None and f["model"] not in names:
+        raise ApiError(404, f"the model '{f['model']}' does not exist; this server has {sorted(names)[0]!r}",
+                       param="model", code="model_not_found")
+    for name, nothing in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(value == v and type(value) is type(v) for v in nothing):
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    if f["n"] != 1:
+        raise ApiError(400, f"n = {f['n']}: only n = 1 is supported (one choice per request)", param="n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if f[name] != 0:
+            raise ApiError(400, f"'{name}' is not supported (use repeat_penalty)", param=name)
+    stop = [f["stop"]] if isinstance(f["stop"], str) else list(f["stop"] or [])
+    if len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOP} non-empty strings",
+                       param="stop")
+    if f["seed"] is not None and not -(2**63) <= f["seed"] < 2**64:
+        raise ApiError(400, "'seed' must fit in 64 bits", param="seed")
+    sampling = SamplingParams(temperature=float(f["temperature"]), top_k=f["top_k"], top_p=float(f["top_p"]),
+                              min_p=float(f["min_p"]), repeat_penalty=float(f["repeat_penalty"]), seed=f["seed"])
+    try:
+        sampling.validate()
+    except RapidMoEError as exc:
+        raise ApiError(400, str(exc), param=str(exc).split()[0]) from exc
+    policy, budget = f["residual_policy"], f["residual_budget"]
+    if policy is not None and policy not in umia.POLICIES:
+        raise ApiError(400, f"residual_policy must be one of {', '.join(umia.POLICIES)}, got {policy!r}",
+                       param="residual_policy")
+    if policy not in (None, "none") and model.residual_path is None:
+        raise ApiError(400, f"residual_policy {policy!r} needs a residual sidecar; this server runs the base "
+                       "model only", param="residual_policy")
+    if budget is not None and not 0.0 <= budget <= 1.0:
+        raise ApiError(400, f"residual_budget must be in [0, 1], got {budget}", param="residual_budget")
+    options = f["stream_options"] or {}
+
+    if kind == "chat":
+        param = "messages"
+        max_tokens = f["max_completion_tokens"] if f["max_tokens"] is None else f["max_tokens"]
+        try:
+            ids = chat.chat_prompt(model, f["messages"])
+        except RapidMoEError as exc:
+            raise ApiError(400, str(exc), param="messages") from exc
+    else:
+        param = "prompt"
+        max_tokens = 16 if f["max_tokens"] is None else f["max_tokens"]
+        ids = _completion_prompt(model, f["prompt"])
+    if max_tokens is not None and max_tokens < 0:
+        raise ApiError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
+    if not ids:
+        raise ApiError(400, f"'{param}' is empty", param=param)
+    room = model.n_ctx - len(ids)
+    if max_tokens is None:
+        max_tokens = max(room, 0)
+    if len(ids) + max(max_tokens, 1) > model.n_ctx:
+        raise ApiError(400, f"the {param} has {len(ids)} tokens and max_tokens is {max_tokens}, but the context "
+                       f"holds {model.n_ctx} tokens", param=param, code="context_length_exceeded")
+    return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
+                      policy, None if budget is None else float(budget))
+
+
+def _completion_prompt(model: Model, prompt) -> list[int]:
+    """A string, a list of token ids, or a list of one string."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return model.tokenize(prompt)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of one string",
+                       param="prompt")
+    bad = [t for t in prompt if not 0 <= t < model.n_vocab]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} in 'prompt' is outside the vocabulary [0, {model.n_vocab})",
+                       param="prompt")
+    return list(prompt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Slots and jobs
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _End:
+    """The last event of a job."""
+
+    usage: dict | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
+class _Job:
+    def __init__(self, req: GenRequest):
+        self.req = req
+        self.events: asyncio.Queue = asyncio.Queue()   # chunk dicts, then one _End
+        self.cancel = threading.Event()                # set: the worker stops at the next token
+        self.slot: int | None = None
+        self.task: asyncio.Task | None = None          # _run; referenced here so it is not collected
+
+
+class Server:
+    """The state behind the app: the slots, the queue, the worker threads, the statistics."""
+
+    def __init__(self, model: Model, config: ServerConfig):
+        if config.parallel < 1 or config.queue < 0:
+            raise RapidMoEError(f"parallel must be >= 1 and queue >= 0, got {config.parallel} and {config.queue}")
+        self.model, self.config = model, config
+        stem = os.path.basename(model.path)
+        self.name = config.model_name or (stem[:-5] if stem.endswith(".gguf") else stem)
+        self.names = {self.name, os.path.basename(model.path)}
+        self.slots = [model] + [model.fork_session() for _ in range(config.parallel - 1)]
+        self.policy, self.budget = model.residual_policy, model.residual_budget
+        self._free: asyncio.Queue = asyncio.Queue()
+        for i in range(len(self.slots)):
+            self._free.put_nowait(i)
+        self._admitted = 0                             # requests holding or waiting for a slot
+        self._executor = concurrent.futures.ThreadPoolExecutor(config.parallel, thread_name_prefix="rapidmoe-slot")
+        self._jobs: set[_Job] = set()
+        shape = (model.info["n_layer"], model.info["n_expert"])
+        self._lock = threading.Lock()
+        self._active = np.zeros(shape, dtype=np.uint64)
+        self._residual = np.zeros(shape, dtype=np.uint64)
+        self._counts = {"requests": 0, "cancelled": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.started = int(time.time())
+
+    def close(self) -> None:
+        for job in list(self._jobs):
+            job.cancel.set()
+        self._executor.shutdown(wait=True)
+        for slot in self.slots[1:]:
+            slot.close()
+
+    # -- the life of a request ------------------------------------------------------------------
+
+    async def generate(self, request: Request, req: GenRequest) -> Response:
+        if self._admitted >= self.config.parallel + self.config.queue:
+            raise ApiError(503, f"the server is busy: {self.config.parallel} requests running and "
+                           f"{self.config.queue} waiting; retry later", code="server_busy")
+        self._admitted += 1
+        job = _Job(req)
+        self._jobs.add(job)
+        job.task = asyncio.create_task(self._run(request, job))
+        try:
+            first = await job.events.get()
+        except BaseException:
+            job.cancel.set()
+            raise
+        if isinstance(first, _End):
+            if first.error is not None:
+                raise api_error(first.error)
+            if first.cancelled:
+                return Response(status_code=499)
+        if req.stream:
+            return StreamingResponse(self._sse(job, first), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        chunks = [first]
+        try:
+            while not isinstance(chunks[-1], _End):
+                chunks.append(await job.events.get())
+        finally:
+            job.cancel.set()
+        end = chunks.pop()
+        if end.error is not None:
+            raise api_error(end.error)
+        return JSONResponse(_fold(req.kind, chunks, end.usage))
+
+    async def _run(self, request: Request, job: _Job) -> None:
+        """Waits for a slot, generates in a worker thread, hands the slot on. Never raises."""
+        loop = asyncio.get_running_loop()
+        watch = asyncio.create_task(self._watch(request, job, asyncio.current_task()))
+        try:
+            job.slot = await self._free.get()
+            fut = loop.run_in_executor(self._executor, self._work, job,
+                                       lambda item: loop.call_soon_threadsafe(job.events.put_nowait, item))
+            try:
+                await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                job.cancel.set()
+                await asyncio.wait([fut])
+                raise
+        except asyncio.CancelledError:          # the client left while waiting (or shutdown)
+            job.events.put_nowait(_End(cancelled=True))
+        finally:
+            watch.cancel()
+            self._jobs.discard(job)
+            if job.slot is not None:
+                self._free.put_nowait(job.slot)
+            self._admitted -= 1
+
+    async def _watch(self, request: Request, job: _Job, runner: asyncio.Task) -> None:
+        """Cancels the job when its client disconnects."""
+        while not job.cancel.is_set():
+            if await request.is_disconnected():
+                job.cancel.set()
+                if job.slot is None:
+                    runner.cancel()
+                return
+            await asyncio.sleep(0.1)
+
+    def _work(self, job: _Job, post: Callable[[Any], None]) -> None:
+        """In a worker thread: generates job's request on its slot, posting chunks then an _End."""
+        req, slot = job.req, self.slots[job.slot]
+        end = _End()
+        try:
+            if slot.residual_path is not None:
+                # Set for every request, as it also restarts the budget controller: a request's
+                # residual decisions do not depend on what its slot served before.
+                slot.set_residual(req.policy or self.policy, self.budget if req.budget is None else req.budget)
+            slot.clear_stats()
+            slot.last_timings = {}
+            it = req.chunks(slot, self.name)
+            try:
+                for chunk in it:
+                    post(chunk)
+                    if job.cancel.is_set():
+                        end.cancelled = True
+                        break
+            finally:
+                it.close()
+            n_gen = slot.last_timings.get("gen_tokens", 0)
+            end.usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n_gen,
+                         "total_tokens": len(req.prompt_ids) + n_gen}
+        except Exception as exc:                    # reported to the client, the server goes on
+            end.error = exc
+        finally:
+            try:
+                self._account(slot, end)
+                default = (self.policy, self.budget)
+                if slot.residual_path is not None and (slot.residual_policy, slot.residual_budget) != default:
+                    slot.set_residual(*default)
+            except Exception:                       # pragma: no cover - a closed model at shutdown
+                log.exception("slot %d: could not restore the residual policy", job.slot)
+            post(end)
+
+    def _account(self, slot: Model, end: _End) -> None:
+        st = slot.stats()
+        with self._lock:
+            self._active += st["active"]
+            self._residual += st["residual"]
+            c = self._counts
+            c["requests"] += 1
+            c["cancelled"] += end.cancelled
+            c["errors"] += end.error is not None
+            if end.usage:
+                c["prompt_tokens"] += end.usage["prompt_tokens"]
+                c["completion_tokens"] += end.usage["completion_tokens"]
+
+    async def _sse(self, job: _Job, first) -> Any:
+        item, head = first, {}
+        try:
+            while True:
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        err = api_error(item.error)
+                        yield _event({"error": {"message": err.message, "type": err.type, "param": err.param,
+                                                "code": err.code}})
+                        return
+                    if job.req.include_usage and item.usage:
+                        yield _event({**head, "choices": [], "usage": item.usage})
+                    yield "data: [DONE]\n\n"
+                    return
+                head = {k: item[k] for k in ("id", "object", "created", "model")}
+                yield _event(item)
+                item = await job.events.get()
+        finally:
+            job.cancel.set()                        # the client left (or the stream ended)
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        busy = len(self.slots) - self._free.qsize()
+        return {"status": "ok", "slots_idle": self._free.qsize(), "slots_processing": busy,
+                "requests_waiting": max(self._admitted - busy, 0), "queue_limit": self.config.queue}
+
+    def stats(self) -> dict:
+        with self._lock:
+            act, res, counts = self._active.copy(), self._residual.copy(), dict(self._counts)
+        total = int(act.sum())
+        layers = [{"layer": i, "activations": act[i].tolist(), "residual": res[i].tolist(),
+                   "residual_rate": float(res[i].sum()) / float(act[i].sum()) if act[i].sum() else 0.0}
+                  for i in range(act.shape[0])]
+        return {"model": self.name, "residual_sidecar": self.model.residual_path,
+                "policy": self.policy, "budget": self.budget,
+                "residual_rate": float(res.sum()) / total if total else 0.0,
+                "bytes_per_token": self.model.bytes_per_token(float(res.sum()) / total if total else 0.0),
+                **counts, "n_layer": act.shape[0], "n_expert": act.shape[1], "layers": layers}
+
+
+_OBJECT = {"completion": "text_completion", "chat": "chat.completion"}
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _fold(kind: str, chunks: list[dict], usage: dict | None) -> dict:
+    """A stream's chunks as the one non-streaming response."""
+    head = chunks[0]
+    finish = chunks[-1]["choices"][0]["finish_reason"]
+    out = {"id": head["id"], "object": _OBJECT[kind], "created": head["created"], "model": head["model"]}
+    if kind == "chat":
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish}
+    else:
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    return {**out, "choices": [choice], "usage": usage}
+
+
+# ---------------------------------------------------------------------------------------------
+# The app
+# ---------------------------------------------------------------------------------------------
+
+def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
+    """The ASGI app serving ``model`` (which stays the caller's: close it after the app stops)."""
+    config = config or ServerConfig()
+    server = Server(model, config)
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
+            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > config.max_body):
+            raise ApiError(413, f"the request body is over {config.max_body} bytes", code="request_too_large")
+        chunks, n = [], 0
+        try:
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > config.max_body:
+                    raise ApiError(413, f"the request body is over {config.max_body} bytes", code="request_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ApiError(400, "the client disconnected while sending the request") from None
+
+        def reject_constant(name):
+            raise ValueError(f"{name} is not valid JSON")
+
+        try:
+            return json.loads(b"".join(chunks), parse_constant=reject_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    def endpoint(kind: str):
+        async def handle(request: Request) -> Response:
+            authorize(request)
+            body = await read_json(request)
+            req = await asyncio.to_thread(parse_request, kind, body, model, server.names)
+            return await server.generate(request, req)
+        return handle
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [_model_card(server)]})
+
+    async def one_model(request: Request) -> Response:
+        authorize(request)
+        if request.path_params["name"] not in server.names:
+            raise ApiError(404, f"the model '{request.path_params['name']}' does not exist", param="model",
+                           code="model_not_found")
+        return JSONResponse(_model_card(server))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(server.health())
+
+    async def stats(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse(server.stats())
+
+    async def page(request: Request) -> Response:
+        return HTMLResponse(resources.files(__package__).joinpath("web_chat.html").read_text(encoding="utf-8"))
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        return api_error(exc).response()
+
+    async def on_http_error(request: Request, exc: HTTPException) -> Response:
+        return ApiError(exc.status_code, exc.detail or "error", code="not_found" if exc.status_code == 404 else None,
+                        type="invalid_request_error").response()
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return api_error(exc).response()
+
+    routes = [
+        Route("/", page, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", one_model, methods=["GET"]),
+        Route("/v1/completions", endpoint("completion"), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
+        Route("/v1/rapidmoe/stats", stats, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await asyncio.to_thread(server.close)
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: on_api_error, RapidMoEError: on_api_error,
+                                        HTTPException: on_http_error, Exception: on_error})
+    app.state.server = server
+    return app
+
+
+def _model_card(server: Server) -> dict:
+    m = server.model
+    return {"id": server.name, "object": "model", "created": server.started, "owned_by": "rapidmoe",
+            "meta": {"arch": m.info["arch"], "n_ctx": m.n_ctx, "n_vocab": m.n_vocab, "n_layer": m.info["n_layer"],
+                     "n_expert": m.info["n_expert"], "n_expert_used": m.info["n_expert_used"],
+                     "residual_sidecar": m.residual_path is not None, "parallel": len(server.slots)}}
+
+
+def serve(model: Model, config: ServerConfig, log_level: str = "info") -> None:
+    """Runs the server until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    app = create_app(model, config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, timeout_graceful_shutdown=5)

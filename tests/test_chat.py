@@ -1,0 +1,196 @@
+"""Chat: templates rendered as transformers renders them, and chat completions in
+llama-cpp-python's shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+import rapidmoe_gguf as rm
+from rapidmoe_gguf import chat
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "hello experts"},
+    {"role": "assistant", "content": "The quick brown fox."},
+    {"role": "user", "content": "Ünïcödé ✓ 漢字, again"},
+]
+
+# Block tags on their own lines (trim_blocks / lstrip_blocks matter), a namespace, loop controls,
+# tojson, bos/eos tokens and raise_exception: the features real templates use.
+RICH_TEMPLATE = """{{ bos_token }}
+{% set ns = namespace(system='') %}
+{% for m in messages %}
+    {% if m['role'] == 'system' %}
+        {% set ns.system = m['content'] %}
+        {% continue %}
+    {% endif %}
+    {% if (m['role'] == 'user') != (loop.index0 % 2 == (1 if ns.system else 0)) %}
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {% endif %}
+    {% if m['role'] == 'user' %}
+[INST] {% if loop.index0 == 1 and ns.system %}<<SYS>>{{ ns.system | tojson }}<</SYS>> {% endif %}{{ m['content'] | trim }} [/INST]
+    {% else %}
+ {{ m['content'] }}{{ eos_token }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}
+ASSISTANT:
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tiny_hf):
+    return tiny_hf("qwen3_moe")
+
+
+@pytest.fixture(scope="module")
+def model(hf_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("chat") / "m.gguf"
+    rm.convert(hf_dir, out, recipe="q4k-q8", progress=False)
+    with rm.Model(out, n_ctx=256, n_threads=2) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(hf_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_dir)
+
+
+def _ours(model, template, messages, add_generation_prompt=True):
+    tok = model.tokenizer
+    return chat.render(template, messages, add_generation_prompt,
+                       bos_token=tok.token_to_piece(tok.bos_id).decode(),
+                       eos_token=tok.token_to_piece(tok.eos_id).decode())
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_template_matches_transformers(model, hf_tokenizer, add_generation_prompt):
+    want = hf_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=add_generation_prompt)
+    assert _ours(model, model.tokenizer.chat_template, MESSAGES, add_generation_prompt) == want
+    want_ids = hf_tokenizer.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                                return_dict=False)
+    assert chat.chat_prompt(model, MESSAGES, add_generation_prompt) == list(want_ids)
+
+
+def test_chat_rich_template_matches_transformers(model, hf_tokenizer):
+    want = hf_tokenizer.apply_chat_template(MESSAGES, chat_template=RICH_TEMPLATE, tokenize=False,
+                                            add_generation_prompt=True)
+    got = _ours(model, RICH_TEMPLATE, MESSAGES)
+    assert got == want
+    assert "<<SYS>>\"You are terse.\"<</SYS>>" in got and "漢字" in got
+
+
+def test_chat_template_raise_exception_is_invalid_argument(model, hf_tokenizer):
+    bad = [MESSAGES[1], MESSAGES[1]]
+    with pytest.raises(Exception, match="must alternate"):
+        hf_tokenizer.apply_chat_template(bad, chat_template=RICH_TEMPLATE, tokenize=False)
+    with pytest.raises(rm.InvalidArgumentError, match="must alternate"):
+        _ours(model, RICH_TEMPLATE, bad)
+
+
+def test_chat_template_sandbox_refuses_internals(model):
+    with pytest.raises(rm.InvalidArgumentError, match="chat template"):
+        chat.render("{{ messages.__class__.__mro__[1].__subclasses__() }}", MESSAGES)
+    with pytest.raises(rm.InvalidArgumentError):
+        chat.render("{% set x = messages.append(1) %}", MESSAGES)     # immutable: no mutation
+
+
+def test_chat_without_template_is_a_clear_error(model, monkeypatch):
+    monkeypatch.setattr(model.tokenizer, "chat_template", None)
+    with pytest.raises(rm.UnsupportedError, match="no chat template"):
+        model.create_chat_completion(MESSAGES, max_tokens=4)
+
+
+@pytest.mark.parametrize("messages, match", [
+    ("hello", "list"),
+    ([], "empty"),
+    ([{"content": "x"}], "role"),
+    ([{"role": "user", "content": 3}], "content must be a string"),
+    ([{"role": "user", "content": [{"type": "image_url"}]}], "text parts"),
+])
+def test_chat_bad_messages_are_invalid_arguments(model, messages, match):
+    with pytest.raises(rm.InvalidArgumentError, match=match):
+        model.create_chat_completion(messages, max_tokens=4)
+
+
+def test_chat_text_parts_join(model):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "experts"}]}]
+    assert chat.chat_prompt(model, parts) == chat.chat_prompt(model, [MESSAGES[1]])
+
+
+def test_chat_completion_shapes(model):
+    r = model.create_chat_completion(MESSAGES, max_tokens=8, temperature=0.9, seed=7)
+    assert r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-")
+    assert set(r) == {"id", "object", "created", "model", "choices", "usage"}
+    (choice,) = r["choices"]
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length") and choice["index"] == 0
+    u = r["usage"]
+    assert u["prompt_tokens"] == len(chat.chat_prompt(model, MESSAGES))
+    assert 0 < u["completion_tokens"] <= 8 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+
+    chunks = list(model.create_chat_completion(MESSAGES, max_tokens=8, temperature=0.9, seed=7, stream=True))
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert all(set(c["choices"][0]["delta"]) == {"content"} for c in chunks[1:-1])
+    last = chunks[-1]["choices"][0]
+    assert last["delta"] == {} and last["finish_reason"] == choice["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_chat_stream_joins_to_the_whole_reply(model, seed):
+    kw = dict(max_tokens=24, temperature=1.0, seed=seed)
+    whole = model.create_chat_completion(MESSAGES, **kw)["choices"][0]["message"]["content"]
+    pieces = [c["choices"][0]["delta"].get("content", "")
+              for c in model.create_chat_completion(MESSAGES, stream=True, **kw)]
+    assert "".join(pieces) == whole and whole
+
+
+def test_chat_stop_string_ends_the_reply(model):
+    whole = model.create_chat_completion(MESSAGES, max_tokens=24, temperature=1.0, seed=3)["choices"][0]
+    text = whole["message"]["content"]
+    if len(text) < 4:
+        pytest.skip("the random model ended its reply at once")
+    stop = text[2:4]
+    r = model.create_chat_completion(MESSAGES, max_tokens=24, temperature=1.0, seed=3, stop=stop)["choices"][0]
+    assert r["message"]["content"] == text[:text.index(stop)] and r["finish_reason"] == "stop"
+
+
+def test_chat_fork_session_shares_weights_and_matches(model):
+    kw = dict(max_tokens=12, temperature=0.9, seed=5)
+    with model.fork_session() as fork:
+        assert fork._model == model._model and fork._session != model._session
+        want = model.create_chat_completion(MESSAGES, **kw)["choices"]
+        assert fork.create_chat_completion(MESSAGES, **kw)["choices"] == want
+    assert fork._session is None and model._session is not None     # closing a fork leaves the model
+
+
+def test_chat_cli_keeps_history_resets_and_leaves_on_eof(model, monkeypatch, capsys):
+    from rapidmoe_gguf import cli
+
+    lines = iter(["hello", "again", "/reset", "third"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    seen = []
+    real = rm.Model.create_chat_completion
+
+    def spy(self, messages, **kw):
+        seen.append([(m["role"], m["content"]) for m in messages])
+        return real(self, messages, **kw)
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    monkeypatch.setattr(rm.Model, "create_chat_completion", spy)
+    assert cli.main(["chat", model.path, "--ctx", "256", "-t", "2", "-n", "6", "--seed", "1",
+                     "--system", "be brief"]) == 0
+    assert [[r for r, _ in call] for call in seen] == [
+        ["system", "user"], ["system", "user", "assistant", "user"], ["system", "user"]]
+    assert seen[1][1] == ("user", "hello") and seen[2][1] == ("user", "third")
+    assert "/reset" in capsys.readouterr().err

@@ -242,9 +242,9 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
     }
     int64_t i = 0;
     for (; multi && i < n_tok; ) {
-        const int nc = n_tok - i >= 4 ? 4 : 1;
+        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
         for (int64_t r = 0; r < n_rows; r++) {
-            float v[4];
+            float v[RM_MULTI_MAX];
             multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,
                   info_stride);
             for (int c = 0; c < nc; c++) {

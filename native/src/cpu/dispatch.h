@@ -24,7 +24,10 @@ typedef enum rm_isa {
  * as a float, then the sum of each block's levels (an integer, held exactly as a float). */
 void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 32 floats */
 
-/* out[c] = dot(w, token c) for nc tokens (1 or 4) whose activations lie x_stride bytes apart, one
+/* The most tokens one multi-token kernel call takes: nc is 1, 4 or RM_MULTI_MAX. */
+#define RM_MULTI_MAX 8
+
+/* out[c] = dot(w, token c) for nc tokens (1, 4 or 8) whose activations lie x_stride bytes apart, one
  * weight row unpacked once for all of them. x_info: rm_q8_0_act_info's floats for those tokens,
  * x_info_stride floats apart, or NULL (the kernel works without; types with other activation
  * types ignore it). Each out[c] is bit for bit what vec_dot gives for that token alone. */
@@ -37,7 +40,7 @@ typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
 /* One instruction set's kernels, by ggml type id; NULL where the set has none. */
 typedef struct rm_cpu_kernels {
     rm_vec_dot_fn       vec_dot[RM_TYPE_COUNT];        /* same contract as rm_type_traits.vec_dot */
-    rm_vec_dot_multi_fn vec_dot_multi[RM_TYPE_COUNT];  /* optional: up to four tokens at once */
+    rm_vec_dot_multi_fn vec_dot_multi[RM_TYPE_COUNT];  /* optional: several tokens at once */
     rm_from_float_fn    quantize[RM_TYPE_COUNT];       /* activation quantizers (Q8_0, Q8_K): the
                                                           same bytes as the reference from_float */
     rm_axpy_fn          axpy;

@@ -94,11 +94,11 @@ static void matmul_tile(const mm_task * t, int64_t r0, int64_t r1) {
     const uint64_t rb = a->w->row_bytes;
     if (t->vec_dot_multi) {
         for (int32_t i = 0; i < a->n_tok;) {
-            const int nc = a->n_tok - i >= 4 ? 4 : 1;
+            const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
             const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
             const float * info = t->x_info ? t->x_info + i * t->x_info_stride : NULL;
             for (int64_t r = r0; r < r1; r++) {
-                float v[4];
+                float v[RM_MULTI_MAX];
                 t->vec_dot_multi(n_in, nc, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride, info, t->x_info_stride);
                 for (int c = 0; c < nc; c++) {
                     store(a, i + c, r, v[c]);

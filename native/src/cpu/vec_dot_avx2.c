@@ -110,7 +110,7 @@ RM_INLINE __m256i levels_q4_0(const void * w, int64_t i, float * d) {
 RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
                             const float * x_info, int64_t x_info_stride, __m256i (*levels)(const void *, int64_t, float *)) {
     const int64_t nb = n / RM_QK;
-    __m256 acc0[4], acc1[4];
+    __m256 acc0[RM_MULTI_MAX], acc1[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc0[c] = _mm256_setzero_ps();
         acc1[c] = _mm256_setzero_ps();
@@ -144,7 +144,11 @@ static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_
 
 static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                const float * x_info, int64_t x_info_stride) {
-    if (nc == 4) {
+    if (nc == 8) {  /* with 16 registers, eight tokens would spill: two calls of four */
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q8_0);
+        dot_32_multi(n, out + 4, w, (const uint8_t *) x_q + 4 * x_stride, x_stride, 4,
+                     x_info ? x_info + 4 * x_info_stride : NULL, x_info_stride, levels_q8_0);
+    } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q8_0);
     } else {
         dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, levels_q8_0);
@@ -153,7 +157,11 @@ static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, c
 
 static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                const float * x_info, int64_t x_info_stride) {
-    if (nc == 4) {
+    if (nc == 8) {  /* with 16 registers, eight tokens would spill: two calls of four */
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q4_0);
+        dot_32_multi(n, out + 4, w, (const uint8_t *) x_q + 4 * x_stride, x_stride, 4,
+                     x_info ? x_info + 4 * x_info_stride : NULL, x_info_stride, levels_q4_0);
+    } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q4_0);
     } else {
         dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, levels_q4_0);

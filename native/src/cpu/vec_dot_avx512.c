@@ -53,7 +53,7 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
     *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-/* The 32-element kernels (Q8_0, Q4_0 against Q8_0), written once for nc tokens (1 or 4): a
+/* The 32-element kernels (Q8_0, Q4_0 against Q8_0), written once for nc tokens (1, 4 or 8): a
  * weight block is unpacked once for all tokens, and each token's result is bit for bit the
  * one-token kernel's.
  *
@@ -120,8 +120,8 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
     const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
     const float offset = kind == Q8_0_LEVELS ? 128.0f : 8.0f;
     const uint8_t * wb = w;
-    const rm_block_q8_0 * x[4];
-    __m256 acc[4];
+    const rm_block_q8_0 * x[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         x[c] = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
         acc[c] = _mm256_setzero_ps();
@@ -186,7 +186,9 @@ static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_
 
 static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                const float * x_info, int64_t x_info_stride) {
-    if (nc == 4) {
+    if (nc == 8) {
+        dot_32_multi(n, out, w, x_q, x_stride, 8, x_info, x_info_stride, Q8_0_LEVELS);
+    } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, Q8_0_LEVELS);
     } else {
         dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, Q8_0_LEVELS);
@@ -195,7 +197,9 @@ static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, c
 
 static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                const float * x_info, int64_t x_info_stride) {
-    if (nc == 4) {
+    if (nc == 8) {
+        dot_32_multi(n, out, w, x_q, x_stride, 8, x_info, x_info_stride, Q4_0_LEVELS);
+    } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, Q4_0_LEVELS);
     } else {
         dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, Q4_0_LEVELS);

@@ -50,12 +50,12 @@ def quantize_activations(type_name: str | int, x: np.ndarray, isa: str | None = 
 
 def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.ndarray,
                  x_q: bytes | bytearray | memoryview | np.ndarray, n: int | None = None,
-                 isa: str | None = None) -> np.ndarray:
+                 isa: str | None = None, batched: bool = True) -> np.ndarray:
     """Dot products of every row of weights w (quantized bytes, rows of n elements) with every
     token of x_q (rows of n activations already in the type's vec_dot_type, float32 for F32/F16/BF16
-    weights), computed as the CPU backend computes a matrix product, by the kernels of set ``isa``
-    (None: the set in use). n defaults to the length of x_q as one token. Returns a float32 array
-    of shape (tokens, rows)."""
+    weights), by the kernels of set ``isa`` (None: the set in use): as the CPU backend computes a
+    matrix product (``batched``), or with the one-token kernel for every row and token. n defaults
+    to the length of x_q as one token. Returns a float32 array of shape (tokens, rows)."""
     t = type_info(type_name)
     xt = type_info(t.vec_dot_type)
     if isinstance(w, np.ndarray):
@@ -73,5 +73,5 @@ def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.nd
                                    f"rows of {n}")
     y = np.empty((len(xbuf) // xrow, len(wbuf) // row), dtype=np.float32)
     check(lib.rm_vec_dot_isa(_isa_arg(isa), t.id, wbuf, len(wbuf), y.shape[1], xbuf, len(xbuf), y.shape[0], n,
-                             ffi.from_buffer("float[]", y)))
+                             int(batched), ffi.from_buffer("float[]", y)))
     return y

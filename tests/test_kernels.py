@@ -89,32 +89,37 @@ def test_kernels_isa_in_use_is_supported():
 @pytest.mark.parametrize("isa", SIMD_ISAS)
 @pytest.mark.parametrize("name", SIMD_TYPES)
 def test_kernels_vec_dot_matches_reference(name, isa):
-    """Six tokens: the first four go through the four-token kernel where the type has one."""
+    """Six tokens, one at a time through the one-token kernel and as the backend takes them (the
+    first four through the multi-token kernel where the type has one)."""
     for n in sizes(name):
         x, x_q = activations(name, n, seed=n, n_tok=6)
         for k, w in enumerate(random_rows(name, 16, n, seed=n + 1)):
             want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
-            got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
             wn, xn = norms(name, w, x_q, n)
             assert want.shape == (6, 16) and np.all(np.isfinite(want)) and np.all(want != 0)
-            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
-            assert err.max() <= TOL, f"{name} {isa} n={n} rows#{k}: error {err.max():.2e}"
+            for batched in (False, True):
+                got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=batched)
+                err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
+                assert err.max() <= TOL, f"{name} {isa} n={n} rows#{k} batched={batched}: error {err.max():.2e}"
 
 
 @needs_simd
 @pytest.mark.parametrize("isa", SIMD_ISAS)
 @pytest.mark.parametrize("name", SIMD_TYPES)
 def test_kernels_batched_tokens_equal_single_tokens(name, isa):
-    """A token's result does not depend on the batch around it: the four-token kernels give the
+    """A token's result does not depend on the batch around it: the multi-token kernels give the
     one-token kernels' floats bit for bit (so prefill and decode see the same numbers)."""
-    n = 1024
-    _, x_q = activations(name, n, seed=5, n_tok=9)
-    w = random_rows(name, 8, n, seed=6)[0]
-    batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
-    step = len(x_q) // 9
-    for i in range(9):
-        alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
-        assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i}"
+    for n in (1024, 1024 + 96):  # block groups of eight, and a tail
+        if n % quants.TYPES[name].block_elems:
+            continue
+        _, x_q = activations(name, n, seed=5, n_tok=9)
+        w = random_rows(name, 8, n, seed=6)[0]
+        batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+        assert batched.tobytes() == kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=False).tobytes()
+        step = len(x_q) // 9
+        for i in range(9):
+            alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
+            assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i}"
 
 
 @needs_simd

@@ -5,18 +5,21 @@ For each weight type, times y = W x for one activation row over a matrix of rand
 small enough to stay in L2 (compute speed) and once much larger than the last-level cache
 (streaming from memory, as decode does), and prints weight GB/s and the speedup over scalar.
 
-    PYTHONPATH=. python tools/bench_kernels.py [--types Q4_0,Q4_K] [--json out.json]
+    python tools/bench_kernels.py [--types Q4_0,Q4_K] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
 
-from rapidmoe_gguf import kernels, quants
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the source tree
+from rapidmoe_gguf import kernels, quants  # noqa: E402
 
 DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K"]
 

@@ -14,8 +14,12 @@ Method. The two engines alternate, A B A B ..., each run in a fresh subprocess (
 that engine's alone), with the same thread count for decode and batch. A run loads the model,
 warms it up (a prompt and a few decode steps, so the mapping is paged in), then measures
 
-- decode: a 16-token prompt, then 64 single-token evaluations fed back greedily (rapidmoe's
-  Model.eval, llama-cpp-python's low-level Llama.eval); tok/s and per-token latency p50/p99;
+- decode: a 16-token prompt, then 64 single-token evaluations (rapidmoe's Model.eval,
+  llama-cpp-python's low-level Llama.eval), each followed by the argmax of the logits; the next
+  input is the next token of a fixed random script (--feed greedy feeds the argmax instead: on
+  random weights that repeats one token, every step then reads the same experts, and a large L3
+  cache can hold part of them, flattering both engines past the bandwidth ceiling); tok/s and
+  per-token latency p50/p99;
 - prefill: one 512-token evaluation from an empty cache; tok/s;
 - peak RSS of the process (VmHWM).
 
@@ -211,11 +215,14 @@ class LlamaEngine:
         self.llm.reset()
 
     def eval(self, ids):
+        import numpy as np
+
         self.llm.eval(list(ids))
-        return self.llm.scores[self.llm.n_tokens - 1]
+        # Llama.eval keeps logits only with logits_all; read the last position's from the context
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,)).copy()
 
 
-def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n_prefill: int) -> dict:
+def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n_prefill: int, feed: str) -> dict:
     import numpy as np
 
     cls = OursEngine if engine == "ours" else LlamaEngine
@@ -226,6 +233,7 @@ def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n
     # ids past the first few hundred: plain tokens in any vocabulary, no special ones
     prompt = [int(i) for i in rng.integers(300, min(e.n_vocab, 8000), n_prompt)]
     long_prompt = [int(i) for i in rng.integers(300, min(e.n_vocab, 8000), n_prefill)]
+    script = [int(i) for i in rng.integers(300, min(e.n_vocab, 8000), n_decode)]
 
     e.reset()                                    # warm-up: page the weights in
     logits = e.eval(prompt)
@@ -237,8 +245,9 @@ def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n
     e.reset()
     logits = e.eval(prompt)
     lat = []
-    for _ in range(n_decode):
+    for k in range(n_decode):
         tok = int(np.argmax(logits))
+        tok = tok if feed == "greedy" else script[k]
         t = time.perf_counter()
         logits = e.eval([tok])
         lat.append(time.perf_counter() - t)
@@ -270,8 +279,9 @@ def rt_prefix(want: bool) -> list[str]:
 
 def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
     cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, a.model, "--threads", str(a.threads),
-                    "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill)]
-    env = dict(os.environ)
+                    "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill), "--feed", a.feed]
+    # numpy's BLAS threads would compete with the engine's own for the cores (neither uses them)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     if engine == "ours":
         env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
@@ -293,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding")
     ap.add_argument("--decode", type=int, default=64, help="decoded tokens per run")
     ap.add_argument("--prefill", type=int, default=512, help="tokens of the prefill batch")
+    ap.add_argument("--feed", choices=["script", "greedy"], default="script",
+                    help="decode input: a fixed random token script (default) or the greedy choice")
     ap.add_argument("--engines", default="ours,llama.cpp", help="comma-separated subset of ours,llama.cpp")
     ap.add_argument("--llama-venv", default=DEFAULT_VENV)
     ap.add_argument("--build-jobs", type=int, default=2)
@@ -303,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     if a.worker:
-        print(json.dumps(worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill)))
+        print(json.dumps(worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, a.feed)))
         return 0
     engines = [e for e in a.engines.split(",") if e]
     if any(e not in ("ours", "llama.cpp") for e in engines):
@@ -342,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = ["decode_tok_s", "latency_ms_p50", "latency_ms_p99", "prefill_tok_s", "peak_rss_mib"]
     result = {
         "model": os.path.abspath(a.model), "threads": a.threads, "runs": a.runs, "realtime": bool(prefix),
-        "method": {"prompt": a.prompt, "decode": a.decode, "prefill": a.prefill, "order": "alternating, fresh process per run"},
+        "method": {"prompt": a.prompt, "decode": a.decode, "prefill": a.prefill, "feed": a.feed,
+                   "order": "alternating, fresh process per run"},
         "bandwidth_gb_s": bw, "bandwidth_method": bw_method, "bytes_per_token": token_bytes,
         "decode_ceiling_tok_s": ceiling,
         "engines": {e: {k: summary([r[k] for r in rs]) for k in keys} for e, rs in runs.items()},

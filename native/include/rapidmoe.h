@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 2
+#define RM_ABI_VERSION 3
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -125,11 +125,12 @@ int32_t   rm_cpu_isa_supported(const char * isa);
 
 /* For tests and benchmarks: y[t * n_rows + r] = the dot product of row r of w (n_rows rows of n
  * weights of `type`, w_len bytes) with token t of x_q (n_tok rows of n activations already in the
- * type's vec_dot_type, x_len bytes), computed as the CPU backend computes a matrix product, by the
- * kernels of set isa (NULL: the set in use). RM_E_UNSUPPORTED_TYPE when this CPU or build lacks
- * the set. */
+ * type's vec_dot_type, x_len bytes), by the kernels of set isa (NULL: the set in use). batched = 1
+ * computes as the CPU backend computes a matrix product (several tokens per kernel call where the
+ * type has a kernel for it); batched = 0 calls the one-token kernel for each row and token.
+ * RM_E_UNSUPPORTED_TYPE when this CPU or build lacks the set. */
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
-                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, float * y);
+                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y);
 
 /* The activation quantizer the CPU backend uses with set isa (NULL: the set in use): n floats of
  * x to dst (dst_cap bytes). It writes the same bytes as rm_quantize. */

@@ -129,14 +129,27 @@ rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type) {
     return t ? t->from_float : NULL;
 }
 
-/* The four-token kernel of the set whose one-token kernel vec_dot uses, so both agree bit for bit. */
-rm_vec_dot_x4_fn rm_cpu_vec_dot_x4_isa(rm_isa isa, int32_t type) {
+/* The multi-token kernel of the set whose one-token kernel vec_dot uses, so both agree bit for bit. */
+rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type) {
     if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);
-        if (k && k->vec_dot[type]) return k->vec_dot_x4[type];
+        if (k && k->vec_dot[type]) return k->vec_dot_multi[type];
     }
     return NULL;
+}
+
+void rm_q8_0_act_info(const void * x_q, int64_t n, float * info) {
+    const rm_block_q8_0 * x = x_q;
+    const int64_t nb = n / RM_QK;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < RM_QK; j++) {
+            sum += x[i].qs[j];
+        }
+        info[i] = rm_fp16_to_fp32(x[i].d);
+        info[nb + i] = (float) sum;
+    }
 }
 
 static void axpy_ref(int64_t n, float a, const float * x, float * y) {
@@ -181,7 +194,7 @@ static rm_status isa_arg(const char * fn, const char * isa, rm_isa * out) {
 }
 
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
-                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, float * y) {
+                         const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y) {
     rm_clear_error();
     rm_isa which;
     rm_status st = isa_arg(__func__, isa, &which);
@@ -212,26 +225,40 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
                        __func__, t->name, (long long) n_tok, (long long) n, xt->name,
                        (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
     }
-    /* as the CPU backend's matmul_tile: four tokens at a time where there is a kernel for it */
+    /* as the CPU backend's matmul_tile: four tokens at a time where there is a kernel for it,
+     * with the activations' block scales and sums worked out once */
     const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
-    const rm_vec_dot_x4_fn dot4 = rm_cpu_vec_dot_x4_isa(which, type);
+    const rm_vec_dot_multi_fn multi = batched ? rm_cpu_vec_dot_multi_isa(which, type) : NULL;
     const uint8_t * wb = w;
     const uint8_t * xb = x_q;
+    float * info = NULL;
+    const int64_t info_stride = 2 * (n / RM_QK);
+    if (multi && t->vec_dot_type == RM_TYPE_Q8_0 && n_tok > 0) {
+        info = malloc(sizeof(float) * (size_t) (info_stride * n_tok));
+        if (info == NULL) return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", __func__, (long long) n_tok);
+        for (int64_t i = 0; i < n_tok; i++) {
+            rm_q8_0_act_info(xb + (uint64_t) i * xrow, n, info + i * info_stride);
+        }
+    }
     int64_t i = 0;
-    for (; dot4 && i + 4 <= n_tok; i += 4) {
+    for (; multi && i < n_tok; ) {
+        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
         for (int64_t r = 0; r < n_rows; r++) {
-            float v[4];
-            dot4(n, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow);
-            for (int c = 0; c < 4; c++) {
+            float v[RM_MULTI_MAX];
+            multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,
+                  info_stride);
+            for (int c = 0; c < nc; c++) {
                 y[(i + c) * n_rows + r] = v[c];
             }
         }
+        i += nc;
     }
     for (; i < n_tok; i++) {
         for (int64_t r = 0; r < n_rows; r++) {
             dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
         }
     }
+    free(info);
     return RM_OK;
 }
 

@@ -1,7 +1,8 @@
 /* dispatch.h - internal: which SIMD kernel set the CPU backend runs, chosen once per process.
  *
- * Each instruction set has its own source files (cpu/vec_dot_avx2.c, cpu/vec_dot_avx512.c), compiled with
- * that set's flags and exporting one table of kernels by ggml type id. At first use the CPU is
+ * Each instruction set has its own source file (cpu/vec_dot_avx2.c, cpu/vec_dot_avx512.c, which
+ * share cpu/simd_x86.h), compiled with that set's flags and exporting one table of kernels by ggml
+ * type id. At first use the CPU is
  * probed (cpuid, and xgetbv for the register state the OS saves) and the best set this build and
  * this CPU both have is chosen; RAPIDMOE_ISA=scalar|avx2|avx512 asks for another. A lookup falls
  * through to the next set down when a set lacks a kernel, ending at the scalar reference, which
@@ -18,20 +19,31 @@ typedef enum rm_isa {
     RM_ISA_COUNT
 } rm_isa;
 
-/* out[c] = dot(w, token c) for four tokens whose activations lie x_stride bytes apart: one weight
- * row unpacked once for all four. Each out[c] is bit for bit what vec_dot gives for that token. */
-typedef void (*rm_vec_dot_x4_fn)(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride);
+/* What the kernels for Q8_0 activations would otherwise recompute for every weight row, computed
+ * once per matrix product (rm_q8_0_act_info): for each token, the scale of each 32-element block
+ * as a float, then the sum of each block's levels (an integer, held exactly as a float). */
+void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 32 floats */
+
+/* The most tokens one multi-token kernel call takes: nc is 1, 4 or RM_MULTI_MAX. */
+#define RM_MULTI_MAX 8
+
+/* out[c] = dot(w, token c) for nc tokens (1, 4 or 8) whose activations lie x_stride bytes apart, one
+ * weight row unpacked once for all of them. x_info: rm_q8_0_act_info's floats for those tokens,
+ * x_info_stride floats apart, or NULL (the kernel works without; types with other activation
+ * types ignore it). Each out[c] is bit for bit what vec_dot gives for that token alone. */
+typedef void (*rm_vec_dot_multi_fn)(int64_t n, int nc, float * out, const void * w, const void * x_q,
+                                    uint64_t x_stride, const float * x_info, int64_t x_info_stride);
 
 /* y[i] += a * x[i] for n floats (attention's weighted sum of values) */
 typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
 
 /* One instruction set's kernels, by ggml type id; NULL where the set has none. */
 typedef struct rm_cpu_kernels {
-    rm_vec_dot_fn    vec_dot[RM_TYPE_COUNT];     /* same contract as rm_type_traits.vec_dot */
-    rm_vec_dot_x4_fn vec_dot_x4[RM_TYPE_COUNT];  /* optional: four tokens at once */
-    rm_from_float_fn quantize[RM_TYPE_COUNT];    /* activation quantizers (Q8_0, Q8_K): the same
-                                                    bytes as the reference from_float */
-    rm_axpy_fn       axpy;
+    rm_vec_dot_fn       vec_dot[RM_TYPE_COUNT];        /* same contract as rm_type_traits.vec_dot */
+    rm_vec_dot_multi_fn vec_dot_multi[RM_TYPE_COUNT];  /* optional: several tokens at once */
+    rm_from_float_fn    quantize[RM_TYPE_COUNT];       /* activation quantizers (Q8_0, Q8_K): the
+                                                          same bytes as the reference from_float */
+    rm_axpy_fn          axpy;
 } rm_cpu_kernels;
 
 #if defined(RM_X86)
@@ -45,15 +57,15 @@ rm_isa       rm_isa_best(void);                               /* the best this C
 rm_isa       rm_isa_active(void);                             /* the set in use (first call decides) */
 
 /* The kernels of `isa` (falling back to lower sets, then the reference) for a type. */
-rm_vec_dot_fn    rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
-rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type);
-rm_vec_dot_x4_fn rm_cpu_vec_dot_x4_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */
-rm_axpy_fn       rm_cpu_axpy_isa(rm_isa isa);
+rm_vec_dot_fn       rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
+rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */
+rm_from_float_fn    rm_cpu_quantize_isa(rm_isa isa, int32_t type);
+rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 
 /* The same for the set in use: what the CPU backend calls. */
-static inline rm_vec_dot_fn    rm_cpu_vec_dot(int32_t type)  { return rm_cpu_vec_dot_isa(rm_isa_active(), type); }
-static inline rm_from_float_fn rm_cpu_quantize(int32_t type) { return rm_cpu_quantize_isa(rm_isa_active(), type); }
-static inline rm_vec_dot_x4_fn rm_cpu_vec_dot_x4(int32_t type) { return rm_cpu_vec_dot_x4_isa(rm_isa_active(), type); }
-static inline rm_axpy_fn       rm_cpu_axpy(void)             { return rm_cpu_axpy_isa(rm_isa_active()); }
+static inline rm_vec_dot_fn       rm_cpu_vec_dot(int32_t t)       { return rm_cpu_vec_dot_isa(rm_isa_active(), t); }
+static inline rm_vec_dot_multi_fn rm_cpu_vec_dot_multi(int32_t t) { return rm_cpu_vec_dot_multi_isa(rm_isa_active(), t); }
+static inline rm_from_float_fn    rm_cpu_quantize(int32_t t)      { return rm_cpu_quantize_isa(rm_isa_active(), t); }
+static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cpu_axpy_isa(rm_isa_active()); }
 
 #endif

@@ -19,14 +19,24 @@
 #include "../types.h"
 #include "dispatch.h"
 
-/* Weight bytes per tile: with one token's activations beside it, well inside a 32 KiB L1. */
+/* Threads take rows in chunks from a shared counter. With one to three tokens a product streams
+ * its weights from memory once, and long runs keep the hardware prefetchers going: chunks of
+ * about 256 KiB, two per thread (16 KiB chunks ran decode at half the speed). With more tokens it
+ * is compute-bound and balance matters more: about 16 KiB, at least four per thread. Within a
+ * chunk, rows go in tiles of about MM_TILE_BYTES, which stay in L1 while every token of the batch
+ * passes over them. */
+#define MM_STREAM_CHUNK_BYTES (256 << 10)
+#define MM_STREAM_CHUNKS_PER_THREAD 2
+#define MM_BATCH_CHUNK_BYTES (16 << 10)
+#define MM_BATCH_CHUNKS_PER_THREAD 4
 #define MM_TILE_BYTES (16 << 10)
-#define MM_TILE_MAX_ROWS 64
 
 typedef struct cpu_ctx {
     rm_pool * pool;
     uint8_t * xq;                 /* quantized activations: n_batch rows of up to max_in */
     uint64_t  xq_cap;
+    float *   x_info;             /* their block scales and sums (rm_q8_0_act_info) */
+    int64_t   x_info_cap;         /* floats */
     float *   scores;             /* attention scores: n_threads rows of n_ctx */
     int32_t   n_ctx;
 } cpu_ctx;
@@ -34,20 +44,27 @@ typedef struct cpu_ctx {
 typedef struct mm_task {
     const rm_matmul_args * a;
     rm_vec_dot_fn          vec_dot;    /* the weight type's kernel */
-    rm_vec_dot_x4_fn       vec_dot_x4; /* and its four-token form, or NULL */
+    rm_vec_dot_multi_fn    vec_dot_multi; /* and its multi-token form, or NULL */
     rm_from_float_fn       quantize;   /* its activation type's quantizer */
     const uint8_t *        wdata;
     const uint8_t *        xq;
     uint64_t               xq_stride;
+    const float *          x_info;     /* Q8_0 activations: block scales and sums, or NULL */
+    int64_t                x_info_stride;
+    int64_t                chunk_rows;
     int64_t                tile_rows;
-    int64_t                n_tiles;
-    atomic_llong           next_tile;
+    int64_t                n_chunks;
+    atomic_llong           next_chunk;
     atomic_llong           next_token;  /* activation rows still to quantize */
 } mm_task;
 
 static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; i++) {
-        t->quantize(t->a->x + i * t->a->x_stride, (uint8_t *) t->xq + i * t->xq_stride, t->a->w->ne[0]);
+        uint8_t * xq = (uint8_t *) t->xq + i * t->xq_stride;
+        t->quantize(t->a->x + i * t->a->x_stride, xq, t->a->w->ne[0]);
+        if (t->x_info) {
+            rm_q8_0_act_info(xq, t->a->w->ne[0], (float *) t->x_info + i * t->x_info_stride);
+        }
     }
 }
 
@@ -70,25 +87,28 @@ static inline void store(const rm_matmul_args * a, int32_t i, int64_t r, float v
 }
 
 /* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token, four tokens at a
- * time where the type has a four-token kernel (each weight block is then unpacked once for four). */
+ * time where the type has a multi-token kernel (each weight block is then unpacked once for four). */
 static void matmul_tile(const mm_task * t, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
-    int32_t i = 0;
-    if (t->vec_dot_x4) {
-        for (; i + 4 <= a->n_tok; i += 4) {
+    if (t->vec_dot_multi) {
+        for (int32_t i = 0; i < a->n_tok;) {
+            const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
             const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
+            const float * info = t->x_info ? t->x_info + i * t->x_info_stride : NULL;
             for (int64_t r = r0; r < r1; r++) {
-                float v[4];
-                t->vec_dot_x4(n_in, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride);
-                for (int c = 0; c < 4; c++) {
+                float v[RM_MULTI_MAX];
+                t->vec_dot_multi(n_in, nc, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride, info, t->x_info_stride);
+                for (int c = 0; c < nc; c++) {
                     store(a, i + c, r, v[c]);
                 }
             }
+            i += nc;
         }
+        return;
     }
-    for (; i < a->n_tok; i++) {
+    for (int32_t i = 0; i < a->n_tok; i++) {
         const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
         for (int64_t r = r0; r < r1; r++) {
             float v;
@@ -102,30 +122,37 @@ static void matmul_task(void * p, int ith, int nth) {
     mm_task * t = p;
     const int64_t n_rows = t->a->w->ne[1];
     for (;;) {
-        const int64_t k = atomic_fetch_add_explicit(&t->next_tile, 1, memory_order_relaxed);
-        if (k >= t->n_tiles) {
+        const int64_t k = atomic_fetch_add_explicit(&t->next_chunk, 1, memory_order_relaxed);
+        if (k >= t->n_chunks) {
             break;
         }
-        const int64_t r0 = k * t->tile_rows;
-        matmul_tile(t, r0, r0 + t->tile_rows < n_rows ? r0 + t->tile_rows : n_rows);
+        const int64_t end = (k + 1) * t->chunk_rows < n_rows ? (k + 1) * t->chunk_rows : n_rows;
+        for (int64_t r0 = k * t->chunk_rows; r0 < end; r0 += t->tile_rows) {
+            matmul_tile(t, r0, r0 + t->tile_rows < end ? r0 + t->tile_rows : end);
+        }
     }
     (void) ith;
     (void) nth;
+}
+
+static int64_t clamp_rows(int64_t rows, int64_t lo, int64_t hi) {
+    return rows < lo ? lo : rows > hi ? hi : rows;
 }
 
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
     const rm_type_traits * tt = rm_type_traits_get(a->w->type);
     const int64_t n_rows = a->w->ne[1];
-    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_x4 = rm_cpu_vec_dot_x4(a->w->type),
+    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_multi = rm_cpu_vec_dot_multi(a->w->type),
                  .quantize = rm_cpu_quantize(tt->vec_dot_type), .wdata = rm_weight_matrix(a->w, a->mat)};
-    int64_t rows = (int64_t) (MM_TILE_BYTES / a->w->row_bytes);
-    rows = rows < 1 ? 1 : rows > MM_TILE_MAX_ROWS ? MM_TILE_MAX_ROWS : rows;
-    /* at least a few tiles per thread, so the counter can even out the load */
-    const int64_t per_thread = (n_rows + 4 * rm_pool_size(c->pool) - 1) / (4 * rm_pool_size(c->pool));
-    t.tile_rows = rows < per_thread ? rows : per_thread > 0 ? per_thread : 1;
-    t.n_tiles = (n_rows + t.tile_rows - 1) / t.tile_rows;
-    atomic_init(&t.next_tile, 0);
+    const int stream = a->n_tok < 4;
+    const int64_t n_chunks_min = (stream ? MM_STREAM_CHUNKS_PER_THREAD : MM_BATCH_CHUNKS_PER_THREAD) * rm_pool_size(c->pool);
+    const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
+    const int64_t per_chunk = (n_rows + n_chunks_min - 1) / n_chunks_min;
+    t.chunk_rows = clamp_rows((int64_t) (chunk_bytes / (int64_t) a->w->row_bytes), 1, per_chunk > 0 ? per_chunk : 1);
+    t.tile_rows = clamp_rows((int64_t) (MM_TILE_BYTES / a->w->row_bytes), 1, t.chunk_rows);
+    t.n_chunks = (n_rows + t.chunk_rows - 1) / t.chunk_rows;
+    atomic_init(&t.next_chunk, 0);
     atomic_init(&t.next_token, 0);
     if (tt->vec_dot_type == RM_TYPE_F32) {
         t.xq = (const uint8_t *) a->x;
@@ -134,6 +161,11 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
         t.xq = c->xq;
         t.xq_stride = rm_row_bytes(tt->vec_dot_type, a->w->ne[0]);
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
+        if (t.vec_dot_multi && tt->vec_dot_type == RM_TYPE_Q8_0) {
+            t.x_info = c->x_info;
+            t.x_info_stride = 2 * (a->w->ne[0] / RM_QK);
+            RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
+        }
         if (a->n_tok == 1) {
             quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
         } else {
@@ -285,6 +317,7 @@ static void cpu_free(rm_backend * be) {
     }
     cpu_ctx * c = be->ctx;
     free(c->xq);
+    free(c->x_info);
     free(c->scores);
     free(c);
     free(be);
@@ -302,9 +335,12 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->n_ctx = n_ctx;
     c->xq_cap = (uint64_t) n_batch * (uint64_t) (max_in / 32 + 1) * 72 + 64;  /* room for F16 activations, the widest */
     c->xq = malloc(c->xq_cap);
+    c->x_info_cap = (int64_t) n_batch * 2 * (max_in / 32 + 1);
+    c->x_info = malloc(sizeof(float) * (size_t) c->x_info_cap);
     c->scores = malloc(sizeof(float) * (size_t) n_ctx * (size_t) rm_pool_size(pool));
-    if (!c->xq || !c->scores) {
+    if (!c->xq || !c->x_info || !c->scores) {
         free(c->xq);
+        free(c->x_info);
         free(c->scores);
         free(c);
         free(be);

@@ -87,16 +87,19 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * K-quants written once for nc tokens (1 or 4): a super-block's levels and scales are unpacked
- * once for all tokens, and each token's result is bit for bit the one-token kernel's.
+ * K-quants against Q8_K, written once for nc tokens (1, 4 or 8): a super-block's levels and scales
+ * are unpacked once for all tokens, and each token's result is bit for bit the one-token
+ * kernel's. Each super-block sums its integer products, weighted by the sub-block scales, in
+ * int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of
+ * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot.
  * ------------------------------------------------------------------------------------------- */
 
-/* Q2_K for nc tokens (1 or 4): levels 0..3 times scales, less dmin times the mins (via bsums). */
+/* Q2_K for nc tokens (1, 4 or 8): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc[4];
-    float acc_m[4];
+    __m256 acc[RM_MULTI_MAX];
+    float acc_m[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
         acc_m[c] = 0.0f;
@@ -105,8 +108,8 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
         const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
         const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
         const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
-        const rm_block_q8_K * a[4];
-        __m256i sumi[4];
+        const rm_block_q8_K * a[RM_MULTI_MAX];
+        __m256i sumi[RM_MULTI_MAX];
         for (int c = 0; c < nc; c++) {
             a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
             sumi[c] = _mm256_setzero_si256();
@@ -133,18 +136,18 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* Q3_K for nc tokens (1 or 4): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
+/* Q3_K for nc tokens (1, 4 or 8): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
 RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q3_K * b = w;
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    __m256 acc[4];
+    __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i sc = scales_q3_K(b[i].scales);
-        const rm_block_q8_K * a[4];
-        __m256i sumi[4];
+        const rm_block_q8_K * a[RM_MULTI_MAX];
+        __m256i sumi[RM_MULTI_MAX];
         for (int c = 0; c < nc; c++) {
             a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
             sumi[c] = _mm256_setzero_si256();
@@ -176,20 +179,20 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* Q4_K for nc tokens (1 or 4): the nibbles and scales of a super-block are unpacked once. */
+/* Q4_K for nc tokens (1, 4 or 8): the nibbles and scales of a super-block are unpacked once. */
 RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q4_K * b = w;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[4];
-    float acc_m[4];
+    __m256 acc[RM_MULTI_MAX];
+    float acc_m[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
         acc_m[c] = 0.0f;
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i sm = scales_k4(b[i].scales);    /* 8 scales, then 8 mins */
-        const rm_block_q8_K * a[4];
-        __m256i sumi[4];
+        const rm_block_q8_K * a[RM_MULTI_MAX];
+        __m256i sumi[RM_MULTI_MAX];
         for (int c = 0; c < nc; c++) {
             a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
             sumi[c] = _mm256_setzero_si256();
@@ -222,18 +225,18 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* Q6_K for nc tokens (1 or 4): the levels of a super-block are unpacked once. */
+/* Q6_K for nc tokens (1, 4 or 8): the levels of a super-block are unpacked once. */
 RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q6_K * b = w;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
-    __m256 acc[4];
+    __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i sc = _mm_loadu_si128((const __m128i *) b[i].scales);
-        const rm_block_q8_K * a[4];
-        __m256i sumi[4];
+        const rm_block_q8_K * a[RM_MULTI_MAX];
+        __m256i sumi[RM_MULTI_MAX];
         for (int c = 0; c < nc; c++) {
             a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
             sumi[c] = _mm256_setzero_si256();
@@ -267,5 +270,29 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
         out[c] = hsum_ps(acc[c]);
     }
 }
+
+/* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi;
+ * the activation info is for Q8_0 activations and unused here). */
+#define RM_KQ_ENTRY_POINTS(t)                                                                            \
+    static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
+        dot_##t##_multi(n, out, w, x_q, 0, 1);                                                           \
+    }                                                                                                    \
+    static void vec_dot_##t##_multi(int64_t n, int nc, float * out, const void * w, const void * x_q,    \
+                                    uint64_t x_stride, const float * x_info, int64_t x_info_stride) {    \
+        (void) x_info;                                                                                   \
+        (void) x_info_stride;                                                                            \
+        if (nc == 8) {                                                                                   \
+            dot_##t##_multi(n, out, w, x_q, x_stride, 8);                                                \
+        } else if (nc == 4) {                                                                            \
+            dot_##t##_multi(n, out, w, x_q, x_stride, 4);                                                \
+        } else {                                                                                         \
+            dot_##t##_multi(n, out, w, x_q, x_stride, 1);                                                \
+        }                                                                                                \
+    }
+
+RM_KQ_ENTRY_POINTS(q2_K)
+RM_KQ_ENTRY_POINTS(q3_K)
+RM_KQ_ENTRY_POINTS(q4_K)
+RM_KQ_ENTRY_POINTS(q6_K)
 
 #endif

@@ -10,7 +10,7 @@
  * Integer products use vpmaddubsw, which multiplies unsigned bytes by signed bytes into pairs of
  * int16 sums. The activations from our quantizers lie in [-127, 127], the unsigned weight levels
  * in [0, 63], so no pair sum comes near saturation; signed weights (Q8_0, Q4_0 less 8) go in as
- * their magnitude with their sign moved onto the activation. The helpers and the Q4_K / Q6_K
+ * their magnitude with their sign moved onto the activation. The helpers and the K-quant
  * kernels live in simd_x86.h, shared with the AVX-512 set.
  */
 #if defined(RM_X86)
@@ -86,10 +86,10 @@ static void axpy(int64_t n, float a, const float * x, float * y) {
  * token keeps the accumulators and order of the one-token kernel, so results are identical bit
  * for bit whichever way a token is computed. */
 
-/* acc[c] += d_w d_x (w . x) for one block of signed weight levels, |w| and w given. */
-RM_INLINE void block_dot_s8(__m256i w, __m256i aw, float dw, const rm_block_q8_0 * x, __m256 * acc) {
+/* acc += d (w . x) for one block of signed weight levels, |w| and w given. */
+RM_INLINE void block_dot_s8(__m256i w, __m256i aw, float d, const rm_block_q8_0 * x, __m256 * acc) {
     const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * fp16(x->d)), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), *acc);
 }
 
 /* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
@@ -105,11 +105,12 @@ RM_INLINE __m256i levels_q4_0(const void * w, int64_t i, float * d) {
     return _mm256_sub_epi8(nibbles_lo_hi(b->qs), _mm256_set1_epi8(8));
 }
 
-/* out[c] = dot(w, token c), tokens x_stride bytes apart; even and odd blocks in two chains. */
+/* out[c] = dot(w, token c), tokens x_stride bytes apart; even and odd blocks in two chains. The
+ * activation scales come from x_info when given (the same floats, converted once). */
 RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
-                            __m256i (*levels)(const void *, int64_t, float *)) {
+                            const float * x_info, int64_t x_info_stride, __m256i (*levels)(const void *, int64_t, float *)) {
     const int64_t nb = n / RM_QK;
-    __m256 acc0[4], acc1[4];
+    __m256 acc0[RM_MULTI_MAX], acc1[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc0[c] = _mm256_setzero_ps();
         acc1[c] = _mm256_setzero_ps();
@@ -121,9 +122,10 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
         const __m256i q1 = two ? levels(w, i + 1, &d1) : q0, a1 = _mm256_sign_epi8(q1, q1);
         for (int c = 0; c < nc; c++) {
             const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            block_dot_s8(q0, a0, d0, x, &acc0[c]);
+            const float * xd = x_info ? x_info + c * x_info_stride + i : NULL;
+            block_dot_s8(q0, a0, d0 * (xd ? xd[0] : fp16(x[0].d)), x, &acc0[c]);
             if (two) {
-                block_dot_s8(q1, a1, d1, x + 1, &acc1[c]);
+                block_dot_s8(q1, a1, d1 * (xd ? xd[1] : fp16(x[1].d)), x + 1, &acc1[c]);
             }
         }
     }
@@ -133,57 +135,37 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
 }
 
 static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_32_multi(n, out, w, x_q, 0, 1, levels_q8_0);
-}
-
-static void vec_dot_q8_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q8_0);
+    dot_32_multi(n, out, w, x_q, 0, 1, NULL, 0, levels_q8_0);
 }
 
 static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_32_multi(n, out, w, x_q, 0, 1, levels_q4_0);
+    dot_32_multi(n, out, w, x_q, 0, 1, NULL, 0, levels_q4_0);
 }
 
-static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0);
+static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                               const float * x_info, int64_t x_info_stride) {
+    if (nc == 8) {  /* with 16 registers, eight tokens would spill: two calls of four */
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q8_0);
+        dot_32_multi(n, out + 4, w, (const uint8_t *) x_q + 4 * x_stride, x_stride, 4,
+                     x_info ? x_info + 4 * x_info_stride : NULL, x_info_stride, levels_q8_0);
+    } else if (nc == 4) {
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q8_0);
+    } else {
+        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, levels_q8_0);
+    }
 }
 
-/* ---------------------------------------------------------------------------------------------
- * K-quants against Q8_K. Each super-block sums its integer products, weighted by the sub-block
- * scales, in int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the
- * -32 of Q6_K) come out through the activations' per-16 sums (bsums), as one small dot.
- * ------------------------------------------------------------------------------------------- */
-
-static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q2_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q2_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q2_K_multi(n, out, w, x_q, x_stride, 4);
-}
-
-static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q3_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q3_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q3_K_multi(n, out, w, x_q, x_stride, 4);
-}
-
-static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q4_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
-}
-
-static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q6_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q6_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q6_K_multi(n, out, w, x_q, x_stride, 4);
+static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                               const float * x_info, int64_t x_info_stride) {
+    if (nc == 8) {  /* with 16 registers, eight tokens would spill: two calls of four */
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q4_0);
+        dot_32_multi(n, out + 4, w, (const uint8_t *) x_q + 4 * x_stride, x_stride, 4,
+                     x_info ? x_info + 4 * x_info_stride : NULL, x_info_stride, levels_q4_0);
+    } else if (nc == 4) {
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q4_0);
+    } else {
+        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, levels_q4_0);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -299,13 +281,13 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q8_0] = quantize_q8_0,
         [RM_TYPE_Q8_K] = quantize_q8_K,
     },
-    .vec_dot_x4 = {
-        [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
-        [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
-        [RM_TYPE_Q2_K] = vec_dot_q2_K_x4,
-        [RM_TYPE_Q3_K] = vec_dot_q3_K_x4,
-        [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
-        [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
+    .vec_dot_multi = {
+        [RM_TYPE_Q4_0] = vec_dot_q4_0_multi,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0_multi,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K_multi,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K_multi,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
     },
     .axpy = axpy,
 };

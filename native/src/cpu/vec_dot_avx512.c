@@ -53,7 +53,7 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
     *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-/* The 32-element kernels (Q8_0, Q4_0 against Q8_0), written once for nc tokens (1 or 4): a
+/* The 32-element kernels (Q8_0, Q4_0 against Q8_0), written once for nc tokens (1, 4 or 8): a
  * weight block is unpacked once for all tokens, and each token's result is bit for bit the
  * one-token kernel's.
  *
@@ -86,12 +86,22 @@ RM_INLINE __m256 scales8(const uint8_t * d, size_t stride) {
     return _mm256_cvtph_ps(h);
 }
 
-/* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
-RM_INLINE __m256i levels_q8_0(const void * w, int64_t i) {
-    return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
+/* Block i's levels, two ways: signed (Q8_0 as stored, Q4_0's nibbles less 8) for |w| . (x signed
+ * like w), and unsigned (Q8_0 plus 128, Q4_0's nibbles) for vpdpbusd straight on x, the offset
+ * times the block's activation sum then taken back. */
+enum { Q8_0_LEVELS, Q4_0_LEVELS };
+
+RM_INLINE __m256i levels_unsigned(const void * w, int64_t i, const int kind) {
+    if (kind == Q8_0_LEVELS) {
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs), _mm256_set1_epi8((char) 0x80));
+    }
+    return nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs);
 }
 
-RM_INLINE __m256i levels_q4_0(const void * w, int64_t i) {
+RM_INLINE __m256i levels_signed(const void * w, int64_t i, const int kind) {
+    if (kind == Q8_0_LEVELS) {
+        return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
+    }
     return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
 }
 
@@ -100,41 +110,65 @@ RM_INLINE __m256i block_dot(__m256i w, __m256i aw, const rm_block_q8_0 * x) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
 }
 
+/* out[c] = dot(w, token c) for nc tokens. With x_info (block scales and level sums of the
+ * activations, rm_q8_0_act_info) a block's integer dot is one vpdpbusd on the unsigned levels,
+ * less offset * sum(x); both ways give the same integers, and the floats that follow are the same
+ * operations, so results do not depend on which way a token went. */
 RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
-                            __m256i (*levels)(const void *, int64_t), size_t wblock) {
+                            const float * x_info, int64_t x_info_stride, const int kind) {
     const int64_t nb = n / RM_QK;
+    const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
+    const float offset = kind == Q8_0_LEVELS ? 128.0f : 8.0f;
     const uint8_t * wb = w;
-    const rm_block_q8_0 * x[4];
-    __m256 acc[4];
+    const rm_block_q8_0 * x[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         x[c] = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
         acc[c] = _mm256_setzero_ps();
     }
     int64_t i = 0;
     for (; i + 8 <= nb; i += 8) {
-        __m256i q[8], aq[8];
-        for (int k = 0; k < 8; k++) {
-            q[k] = levels(w, i + k);
-            aq[k] = _mm256_sign_epi8(q[k], q[k]);
-        }
         const __m256 dw = scales8(wb + (uint64_t) i * wblock, wblock);   /* d is each block's first field */
+        __m256i q[8], aq[8];
+        if (x_info) {
+            for (int k = 0; k < 8; k++) {
+                q[k] = levels_unsigned(w, i + k, kind);
+            }
+        } else {
+            for (int k = 0; k < 8; k++) {
+                q[k] = levels_signed(w, i + k, kind);
+                aq[k] = _mm256_sign_epi8(q[k], q[k]);
+            }
+        }
         for (int c = 0; c < nc; c++) {
             __m256i p[8];
-            for (int k = 0; k < 8; k++) {
-                p[k] = block_dot(q[k], aq[k], x[c] + i + k);
+            __m256 sums, dx;
+            if (x_info) {
+                const float * xi = x_info + c * x_info_stride;
+                for (int k = 0; k < 8; k++) {
+                    p[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[k], _mm256_loadu_si256((const __m256i *) x[c][i + k].qs));
+                }
+                /* small integers: exact in float, the same value the signed way gives */
+                sums = _mm256_fnmadd_ps(_mm256_set1_ps(offset), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(block_sums8(p)));
+                dx = _mm256_loadu_ps(xi + i);
+            } else {
+                for (int k = 0; k < 8; k++) {
+                    p[k] = block_dot(q[k], aq[k], x[c] + i + k);
+                }
+                sums = _mm256_cvtepi32_ps(block_sums8(p));
+                dx = scales8((const uint8_t *) (x[c] + i), sizeof(rm_block_q8_0));
             }
-            const __m256 d = _mm256_mul_ps(dw, scales8((const uint8_t *) (x[c] + i), sizeof(rm_block_q8_0)));
-            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(block_sums8(p)), acc[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), sums, acc[c]);
         }
     }
     for (; i < nb; i++) {  /* the last few blocks, one by one */
-        const __m256i q = levels(w, i), aq = _mm256_sign_epi8(q, q);
+        const __m256i q = levels_signed(w, i, kind), aq = _mm256_sign_epi8(q, q);
         rm_fp16 h;
         memcpy(&h, wb + (uint64_t) i * wblock, 2);
         const float dw = fp16(h);
         for (int c = 0; c < nc; c++) {
-            const __m256 d = _mm256_set1_ps(dw * fp16(x[c][i].d));
-            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(block_dot(q, aq, x[c] + i)), acc[c]);
+            const float dx = x_info ? x_info[c * x_info_stride + i] : fp16(x[c][i].d);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(block_dot(q, aq, x[c] + i)), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
@@ -143,52 +177,33 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
 }
 
 static void vec_dot_q8_0(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_32_multi(n, out, w, x_q, 0, 1, levels_q8_0, sizeof(rm_block_q8_0));
-}
-
-static void vec_dot_q8_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q8_0, sizeof(rm_block_q8_0));
+    dot_32_multi(n, out, w, x_q, 0, 1, NULL, 0, Q8_0_LEVELS);
 }
 
 static void vec_dot_q4_0(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_32_multi(n, out, w, x_q, 0, 1, levels_q4_0, sizeof(rm_block_q4_0));
+    dot_32_multi(n, out, w, x_q, 0, 1, NULL, 0, Q4_0_LEVELS);
 }
 
-static void vec_dot_q4_0_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_32_multi(n, out, w, x_q, x_stride, 4, levels_q4_0, sizeof(rm_block_q4_0));
+static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                               const float * x_info, int64_t x_info_stride) {
+    if (nc == 8) {
+        dot_32_multi(n, out, w, x_q, x_stride, 8, x_info, x_info_stride, Q8_0_LEVELS);
+    } else if (nc == 4) {
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, Q8_0_LEVELS);
+    } else {
+        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, Q8_0_LEVELS);
+    }
 }
 
-/* The K-quants of simd_x86.h, with vpdpwssd. */
-static void vec_dot_q2_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q2_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q2_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q2_K_multi(n, out, w, x_q, x_stride, 4);
-}
-
-static void vec_dot_q3_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q3_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q3_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q3_K_multi(n, out, w, x_q, x_stride, 4);
-}
-
-static void vec_dot_q4_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q4_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q4_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q4_K_multi(n, out, w, x_q, x_stride, 4);
-}
-
-static void vec_dot_q6_K(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_q6_K_multi(n, out, w, x_q, 0, 1);
-}
-
-static void vec_dot_q6_K_x4(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride) {
-    dot_q6_K_multi(n, out, w, x_q, x_stride, 4);
+static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                               const float * x_info, int64_t x_info_stride) {
+    if (nc == 8) {
+        dot_32_multi(n, out, w, x_q, x_stride, 8, x_info, x_info_stride, Q4_0_LEVELS);
+    } else if (nc == 4) {
+        dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, Q4_0_LEVELS);
+    } else {
+        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, Q4_0_LEVELS);
+    }
 }
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
@@ -202,13 +217,13 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q4_K] = vec_dot_q4_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
     },
-    .vec_dot_x4 = {
-        [RM_TYPE_Q4_0] = vec_dot_q4_0_x4,
-        [RM_TYPE_Q8_0] = vec_dot_q8_0_x4,
-        [RM_TYPE_Q2_K] = vec_dot_q2_K_x4,
-        [RM_TYPE_Q3_K] = vec_dot_q3_K_x4,
-        [RM_TYPE_Q4_K] = vec_dot_q4_K_x4,
-        [RM_TYPE_Q6_K] = vec_dot_q6_K_x4,
+    .vec_dot_multi = {
+        [RM_TYPE_Q4_0] = vec_dot_q4_0_multi,
+        [RM_TYPE_Q8_0] = vec_dot_q8_0_multi,
+        [RM_TYPE_Q2_K] = vec_dot_q2_K_multi,
+        [RM_TYPE_Q3_K] = vec_dot_q3_K_multi,
+        [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
+        [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
     },
 };
 

@@ -27,23 +27,13 @@
 #include <unistd.h>
 
 #include "rapidmoe.h"
+#include "expect.h"
 #include "tiny_gguf.h"
 
-static int n_passed, n_failed, n_skipped;
+static int n_skipped;
 static char json[1 << 16];
 static size_t json_n;
 
-#define EXPECT(cond, ...)                                                  \
-    do {                                                                   \
-        if (cond) {                                                        \
-            ++n_passed;                                                    \
-        } else {                                                           \
-            ++n_failed;                                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                    \
-            printf(__VA_ARGS__);                                           \
-            printf("\n");                                                  \
-        }                                                                  \
-    } while (0)
 
 #define JSON(...) (json_n += (size_t) snprintf(json + json_n, sizeof(json) - json_n, __VA_ARGS__))
 

@@ -23,23 +23,12 @@
 #include "gpu.h"
 #include "model.h"
 #include "tiny_gguf.h"
+#include "expect.h"
 
-static int n_passed, n_failed;
 static char json[1 << 15];
 static size_t json_n;
 static uint64_t rng = 0x1234567;
 
-#define EXPECT(cond, ...)                                                  \
-    do {                                                                   \
-        if (cond) {                                                        \
-            ++n_passed;                                                    \
-        } else {                                                           \
-            ++n_failed;                                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                    \
-            printf(__VA_ARGS__);                                           \
-            printf("\n");                                                  \
-        }                                                                  \
-    } while (0)
 
 #define JSON(...) (json_n += (size_t) snprintf(json + json_n, sizeof(json) - json_n, __VA_ARGS__))
 

@@ -7,20 +7,9 @@
 #include <string.h>
 
 #include "rapidmoe.h"
+#include "expect.h"
 
-static int n_passed, n_failed;
 
-#define EXPECT(cond, ...)                                              \
-    do {                                                               \
-        if (cond) {                                                    \
-            ++n_passed;                                                \
-        } else {                                                       \
-            ++n_failed;                                                \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                \
-            printf(__VA_ARGS__);                                       \
-            printf("\n");                                              \
-        }                                                              \
-    } while (0)
 
 /* xorshift64* and Box-Muller: the same numbers on every machine */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;

@@ -10,23 +10,12 @@
 #include <string.h>
 
 #include "../src/threads.c"
+#include "expect.h"
 
 #define N_ITEMS 97
 #define MAX_THREADS 8
 
-static int n_passed, n_failed;
 
-#define EXPECT(cond, ...)                                              \
-    do {                                                               \
-        if (cond) {                                                    \
-            ++n_passed;                                                \
-        } else {                                                       \
-            ++n_failed;                                                \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                \
-            printf(__VA_ARGS__);                                       \
-            printf("\n");                                              \
-        }                                                              \
-    } while (0)
 
 typedef struct task {
     atomic_int next;                  /* shared tasks: the next item to hand out */

@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from make_big_checkpoint import write_shards  # the sharded bf16 writer (tools/)
+
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                r"\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -100,42 +102,11 @@ def bf16_bytes(x: np.ndarray) -> bytes:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()  # round to nearest even
 
 
-def write_weights(out: str, tensors, shard_bytes: int, seed: int) -> None:
-    """Sharded safetensors (bf16) plus the index, one tensor in memory at a time."""
-    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
-    size = 0
-    for name, shape in tensors:
-        n = 2 * math.prod(shape)
-        if shards[-1] and size + n > shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, shape))
-        size += n
-    rng = np.random.default_rng(seed)
-    weight_map, total = {}, 0
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {}, 0
-        for name, shape in shard:
-            n = 2 * math.prod(shape)
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
-            offset += n
-            weight_map[name] = fname
-        header["__metadata__"] = {"format": "pt"}
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
-        with open(os.path.join(out, fname), "wb") as f:
-            f.write(len(raw).to_bytes(8, "little") + raw)
-            for name, shape in shard:
-                if name.endswith("norm.weight"):
-                    x = np.ones(shape, np.float32)
-                else:
-                    x = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-                f.write(bf16_bytes(x))
-        total += offset
-        print(f"  {fname}: {len(shard)} tensors, {offset / 1e9:.2f} GB", file=sys.stderr)
-    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> bytes:
+    """Norm weights 1, every other weight N(0, 0.02)."""
+    if name.endswith("norm.weight"):
+        return bf16_bytes(np.ones(shape, np.float32))
+    return bf16_bytes(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
 
 
 def corpus(max_bytes: int = 8 << 20):
@@ -251,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(hf_config(a), f, indent=2)
         n_tok = write_tokenizer(hf, a.tokenizer_size)
         print(f"  tokenizer: {n_tok} tokens (vocab padded to {a.vocab})", file=sys.stderr)
-        write_weights(hf, tensors, int(a.shard_gb * 1e9), a.seed)
+        write_shards(hf, tensors, int(a.shard_gb * 1e9), a.seed, bench_bf16)
     if a.check:
         check_with_transformers(hf)
     if formats:

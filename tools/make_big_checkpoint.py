@@ -58,7 +58,9 @@ def random_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> 
 
 
 def write_shards(out: str, tensors: list[tuple[str, tuple[int, ...]]], shard_bytes: int,
-                 seed: int) -> dict[str, str]:
+                 seed: int, tensor_bytes=random_bf16) -> None:
+    """Sharded bf16 safetensors plus model.safetensors.index.json, one tensor in memory at a time;
+    tensor_bytes(rng, name, shape) makes each tensor's bytes."""
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for name, shape in tensors:
@@ -69,7 +71,7 @@ def write_shards(out: str, tensors: list[tuple[str, tuple[int, ...]]], shard_byt
         shards[-1].append((name, shape))
         size += n
     rng = np.random.default_rng(seed)
-    weight_map = {}
+    weight_map, total = {}, 0
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         header, offset = {}, 0
@@ -84,9 +86,11 @@ def write_shards(out: str, tensors: list[tuple[str, tuple[int, ...]]], shard_byt
         with open(os.path.join(out, fname), "wb") as f:
             f.write(len(raw).to_bytes(8, "little") + raw)
             for name, shape in shard:
-                f.write(random_bf16(rng, name, shape))
+                f.write(tensor_bytes(rng, name, shape))
+        total += offset
         print(f"{fname}: {len(shard)} tensors, {offset / 1e6:.1f} MB", file=sys.stderr)
-    return weight_map
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
 
 
 def write_tokenizer(out: str, vocab: int) -> None:
@@ -150,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    weight_map = write_shards(a.out, tensors, int(a.shard_mb * 1e6), a.seed)
-    with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    write_shards(a.out, tensors, int(a.shard_mb * 1e6), a.seed)
     write_tokenizer(a.out, VOCAB)
     return 0
 

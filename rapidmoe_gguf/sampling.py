@@ -63,7 +63,7 @@ class Sampler:
     def sample(self, logits: np.ndarray, recent: Sequence[int] = ()) -> int:
         """One token id from a float32 logits vector, given the recent token history."""
         logits = np.ascontiguousarray(logits, dtype=np.float32)
-        last = np.asarray(list(recent)[-max(self.params.repeat_last_n, 1):], dtype=np.int32)
+        last = np.asarray(recent[-max(self.params.repeat_last_n, 1):], dtype=np.int32)
         _native.check(lib.rm_sampler_sample(self._smp, ffi.from_buffer("float[]", logits), int(logits.size),
                                             ffi.from_buffer("int32_t[]", last), int(last.size), self._tok))
         return int(self._tok[0])

@@ -69,6 +69,39 @@ static int by_logit_desc(const void * a, const void * b, void * ctx) {
     return x < y ? 1 : x > y ? -1 : (*(const int32_t *) a - *(const int32_t *) b);
 }
 
+/* a ranks before b: higher logit first, then lower id (the order by_logit_desc sorts into) */
+static inline int ranks_before(const float * w, int32_t a, int32_t b) {
+    return w[a] > w[b] || (w[a] == w[b] && a < b);
+}
+
+static void sift_down(int32_t * heap, int32_t n, int32_t i, const float * w) {
+    for (;;) {
+        int32_t worst = i;
+        const int32_t l = 2 * i + 1, r = l + 1;
+        if (l < n && ranks_before(w, heap[worst], heap[l])) worst = l;
+        if (r < n && ranks_before(w, heap[worst], heap[r])) worst = r;
+        if (worst == i) return;
+        const int32_t t = heap[i];
+        heap[i] = heap[worst];
+        heap[worst] = t;
+        i = worst;
+    }
+}
+
+/* The k best ids into idx[0, k), in rank order: a heap of the k best so far (its root the worst of
+ * them), so a large vocabulary costs O(n log k) instead of a full sort. */
+static void top_k_ids(int32_t * idx, const float * w, int32_t n, int32_t k) {
+    for (int32_t i = 0; i < k; i++) idx[i] = i;
+    for (int32_t i = k / 2 - 1; i >= 0; i--) sift_down(idx, k, i, w);
+    for (int32_t i = k; i < n; i++) {
+        if (ranks_before(w, i, idx[0])) {
+            idx[0] = i;
+            sift_down(idx, k, 0, w);
+        }
+    }
+    qsort_r(idx, (size_t) k, sizeof(int32_t), by_logit_desc, (void *) w);
+}
+
 rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vocab, const int32_t * recent,
                             int32_t n_recent, int32_t * out_token) {
     rm_clear_error();
@@ -109,13 +142,10 @@ rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vo
     }
     for (int32_t i = 0; i < n_vocab; i++) {
         w[i] /= p->temperature;
-        smp->idx[i] = i;
     }
-    int32_t n = n_vocab;
-    qsort_r(smp->idx, (size_t) n, sizeof(int32_t), by_logit_desc, w);
-    if (p->top_k > 0 && p->top_k < n) {
-        n = p->top_k;
-    }
+    const int32_t n_keep = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : n_vocab;
+    top_k_ids(smp->idx, w, n_vocab, n_keep);
+    int32_t n = n_keep;
     /* probabilities of the remaining candidates, in descending order */
     const float mx = w[smp->idx[0]];
     double total = 0.0;

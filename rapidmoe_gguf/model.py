@@ -274,26 +274,7 @@ class Model:
         start = AUTO_BUDGET["start"] if auto else float(budget)
         if policy != "none" and self.residual_path is None:
             raise RapidMoEError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
-        arr = umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"])
-        p = ffi.new("rm_residual_policy *")
-        p.struct_size = ffi.sizeof("rm_residual_policy")
-        p.kind = arr.kind
-        p.seed = 0x5EED
-        p.gate_power = arr.gate_power
-        p.gain = arr.gain
-        keep = []
-
-        def put(field, a, ctype):
-            if a is not None:
-                buf = np.ascontiguousarray(a, dtype=np.float32)
-                keep.append(buf)
-                setattr(p, field, ffi.from_buffer(ctype, buf))
-
-        put("expert_score", arr.expert_score, "float[]")
-        put("layer_score", arr.layer_score, "float[]")
-        put("layer_budget", arr.layer_budget, "float[]")
-        put("threshold0", arr.threshold0, "float[]")
-        _native.check(lib.rm_session_set_policy(self._live(), p))
+        self._apply_policy(umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"]))
         if auto:
             ab = ffi.new("rm_auto_budget *")
             ab.struct_size = ffi.sizeof("rm_auto_budget")
@@ -303,16 +284,28 @@ class Model:
             _native.check(lib.rm_session_set_auto_budget(self._live(), ab))
         self.residual_policy, self.residual_budget = policy, ("auto" if auto else start)
 
-    def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
-        """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
+    def _apply_policy(self, arr: "umia.PolicyArrays") -> None:
+        """Hands a policy's arrays to the session (C copies them)."""
         p = ffi.new("rm_residual_policy *")
         p.struct_size = ffi.sizeof("rm_residual_policy")
-        p.kind = kind
-        mask = None
-        if layer_mask is not None:
-            mask = np.ascontiguousarray(layer_mask, dtype=np.uint8)
-            p.layer_mask = ffi.from_buffer("uint8_t[]", mask)
+        p.kind = arr.kind
+        p.seed = 0x5EED
+        p.gate_power = arr.gate_power
+        p.gain = arr.gain
+        keep = []  # the buffers must live until the call returns
+        for field, a, dtype, ctype in (("expert_score", arr.expert_score, np.float32, "float[]"),
+                                       ("layer_score", arr.layer_score, np.float32, "float[]"),
+                                       ("layer_budget", arr.layer_budget, np.float32, "float[]"),
+                                       ("threshold0", arr.threshold0, np.float32, "float[]"),
+                                       ("layer_mask", arr.layer_mask, np.uint8, "uint8_t[]")):
+            if a is not None:
+                keep.append(np.ascontiguousarray(a, dtype=dtype))
+                setattr(p, field, ffi.from_buffer(ctype, keep[-1]))
         _native.check(lib.rm_session_set_policy(self._live(), p))
+
+    def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
+        """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
+        self._apply_policy(umia.PolicyArrays(kind, layer_mask=layer_mask))
 
     def stats(self) -> dict:
         """Per-layer, per-expert activation and residual counts since the last ``clear_stats``,

@@ -124,6 +124,7 @@ class PolicyArrays:
     threshold0: np.ndarray | None = None
     expert_score: np.ndarray | None = None
     layer_score: np.ndarray | None = None
+    layer_mask: np.ndarray | None = None     # 0: no residual in that layer
     gate_power: float = 1.0
     gain: float = DEFAULT_GAIN
 

@@ -7,6 +7,7 @@ so code written for it reads the same here.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import time
@@ -27,6 +28,9 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = logging.getLogger("rapidmoe")
 
+# gpu_backend: rm_model_params.use_gpu (rapidmoe.h)
+GPU_BACKENDS = {"cuda": 1, "standin": 2}
+
 # residual_budget="auto": where the controller starts and its limits (rm_auto_budget in rapidmoe.h)
 AUTO_BUDGET = dict(start=0.05, min_budget=0.0, max_budget=0.5, increase=0.005, decrease=0.7, margin=0.1)
 
@@ -45,7 +49,9 @@ class Model:
     fit on the GPU, and host threads compute the residuals. Without a usable GPU (none present,
     or a build without CUDA) the model runs on the CPU, with a logged warning; ``gpu_info`` says
     where it runs and why. ``gpu_sessions``: how many sessions (this one and its forks) the GPU
-    budget must hold.
+    budget must hold. ``gpu_backend="standin"`` runs the same placement and split on a CPU
+    stand-in for the GPU (its own buffers and budget, every copy counted): it checks the split on
+    machines without a GPU and is never faster than the CPU alone.
     """
 
     def __init__(
@@ -61,6 +67,7 @@ class Model:
         gpu_memory: str | int | None = None,
         gpu_device: int = 0,
         gpu_sessions: int = 1,
+        gpu_backend: str = "cuda",
         hardware: planner.Hardware | None = None,
     ):
         self._model = None
@@ -72,10 +79,16 @@ class Model:
             raise RapidMoEError(f"model file not found: {path}")
         if n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        if gpu_backend not in GPU_BACKENDS:
+            raise InvalidArgumentError(f"gpu_backend must be one of {', '.join(GPU_BACKENDS)}, got {gpu_backend!r}")
+        if gpu_backend == "standin":
+            # no CUDA context on the stand-in: the whole budget is the library's
+            hardware = dataclasses.replace(hardware or planner.Hardware(), context_reserve=0)
         auto = residual_budget == "auto"
         if isinstance(residual_budget, str) and not auto:
             raise InvalidArgumentError(f"residual_budget must be a number in [0, 1] or 'auto', got {residual_budget!r}")
         self.path = path
+        self.gpu_backend = gpu_backend
         if residual == "auto":
             cand = residual_path(path)
             residual = cand if os.path.isfile(cand) else None
@@ -102,7 +115,7 @@ class Model:
         mask = None
         if self.plan is not None:
             mask = self.plan.native_mask()
-            params.use_gpu = 1
+            params.use_gpu = GPU_BACKENDS[gpu_backend]
             params.gpu_device = gpu_device
             params.gpu_memory_bytes = self.plan.cap
             params.expert_on_gpu = ffi.from_buffer("uint8_t[]", mask)
@@ -121,9 +134,9 @@ class Model:
         self.info = {k: (ffi.string(getattr(info, k)).decode() if k == "arch" else int(getattr(info, k)))
                      for k in dir(info)}
         self.n_vocab = self.info["n_vocab"]
-        self.gpu_info = self._gpu_info()
-        if self.gpu_info["note"]:
-            log.warning("%s", self.gpu_info["note"])
+        note = self.gpu_info["note"]
+        if note:
+            log.warning("%s", note)
 
         try:
             self._open_session(n_ctx, n_batch, residual_policy, residual_budget)
@@ -166,10 +179,14 @@ class Model:
 
     @property
     def backend(self) -> str:
-        """Where the forward pass runs: ``"cuda"`` or ``"cpu"``."""
-        return "cuda" if self.gpu_info["active"] else "cpu"
+        """Where the forward pass runs: ``"cuda"``, ``"standin"`` or ``"cpu"``."""
+        return self.gpu_backend if self.gpu_info["active"] else "cpu"
 
-    def _gpu_info(self) -> dict:
+    @property
+    def gpu_info(self) -> dict:
+        """Where the model runs (rm_gpu_info): the device, its budget, the bytes it holds now
+        (weights and every live session's buffers), the experts on it, and ``note``: why the CPU
+        runs although a GPU was asked for."""
         gi = ffi.new("rm_gpu_info *")
         gi.struct_size = ffi.sizeof("rm_gpu_info")
         _native.check(lib.rm_model_gpu_info(self._model, gi))

@@ -10,16 +10,8 @@
 extern "C" {
 #include "gpu.h"
 }
-
-/* A weight copied to the device: host bytes [host, host + bytes) live at dev. */
-typedef struct rm_gpu_range {
-    const uint8_t * host;
-    uint64_t        bytes;
-    uint8_t *       dev;
-} rm_gpu_range;
-
-/* Matrices of the three expert tensors of a layer in the tables below. */
-enum { RM_EXP_GATE = 0, RM_EXP_UP = 1, RM_EXP_DOWN = 2 };
+#include "devweights.h"
+#include "split.h"
 
 struct rm_gpu {
     int                   device;
@@ -28,15 +20,13 @@ struct rm_gpu {
     std::atomic<uint64_t> used;            /* device bytes held: the arena and every session's */
     uint8_t *             arena;           /* all weights, one allocation */
     uint64_t              arena_bytes;
-    rm_gpu_range *        ranges;          /* sorted by host address */
-    int64_t               n_ranges;
+    rm_dev_weights        weights;         /* what the arena holds (devweights.h) */
     /* n_layer * 3 * n_expert device pointers (gate, up, down of each expert; NULL: in host
      * memory), layer-major; the host copy tells the split which experts the host computes */
     const uint8_t **      exp_tab_dev;
     const uint8_t **      exp_tab_host;
     int32_t               n_layer, n_expert;
     int32_t               n_experts_on_gpu;
-    int32_t               n_skipped;       /* matrices left on the host for their type */
     int32_t               upload_min_tokens;
 };
 
@@ -47,11 +37,11 @@ void   rm_gpu_free(rm_gpu * g, void * p, uint64_t bytes);
 const uint8_t * rm_gpu_weight(const rm_gpu * g, const uint8_t * host);
 /* The device table entry of (layer, which, expert), which one of RM_EXP_*. */
 static inline int64_t rm_gpu_tab_index(const rm_gpu * g, int il, int which, int e) {
-    return ((int64_t) il * 3 + which) * g->n_expert + e;
+    return rm_dev_expert_index(g->n_expert, il, which, e);
 }
 
 /* Up to this many experts' residuals are copied to the device per MoE block in prefill. */
-#define RM_CU_STAGE_EXPERTS 4
+#define RM_CU_STAGE_EXPERTS RM_SPLIT_STAGE_MAX
 
 typedef struct cuda_alloc {
     void *   p;

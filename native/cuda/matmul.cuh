@@ -13,6 +13,9 @@
 #define RM_CUDA_MATMUL_CUH
 
 #include "common.cuh"
+extern "C" {
+#include "split.h"
+}
 
 /* ---- one chunk of a row to floats ---------------------------------------------------------- */
 
@@ -113,11 +116,7 @@ __host__ __device__ inline void rm_cu_dequant_chunk<RM_TYPE_Q4_K>(const uint8_t 
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
-typedef struct rm_cu_group {
-    int32_t mat;                  /* index into the matrix table */
-    int32_t row0;                 /* first row of x and y */
-    int32_t n;                    /* rows */
-} rm_cu_group;
+typedef rm_split_group rm_cu_group;   /* {matrix index, first row of x and y, rows} (split.h) */
 
 /* 1 when the kernels handle rows of n_in weights of this ggml type (n_in a whole number of chunks). */
 int rm_cu_matmul_supports(int32_t type, int64_t n_in);

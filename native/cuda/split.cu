@@ -26,6 +26,9 @@
 
 #include "backend.cuh"
 #include "matmul.cuh"
+extern "C" {
+#include "split.h"
+}
 #include "rows.cuh"
 #include "swiglu.cuh"
 
@@ -35,47 +38,7 @@ static double now_us(void) {
     return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
 }
 
-/* Byte offsets of the plan's tables for S slots (the same layout on both sides of the bus). */
-typedef struct plan_layout {
-    uint64_t groups, fix_groups;          /* rm_cu_group[S] each */
-    uint64_t tok_of_row;                  /* int32[S]: token of each compact row */
-    uint64_t slot_row, fix_of_slot, host_of_slot;   /* int32[S] by slot, -1: none */
-    uint64_t fix_rows;                    /* int32[S]: compact row of each fix row */
-    uint64_t w_gpu, w_fix, w_host;        /* float[S] by slot */
-    uint64_t end;
-} plan_layout;
-
-static plan_layout layout_for(int64_t S) {
-    plan_layout l;
-    uint64_t o = 0;
-    const uint64_t g = sizeof(rm_cu_group) * (uint64_t) S, i = sizeof(int32_t) * (uint64_t) S;
-    l.groups = o;       o += (g + 15) / 16 * 16;
-    l.fix_groups = o;   o += (g + 15) / 16 * 16;
-    l.tok_of_row = o;   o += (i + 15) / 16 * 16;
-    l.slot_row = o;     o += (i + 15) / 16 * 16;
-    l.fix_of_slot = o;  o += (i + 15) / 16 * 16;
-    l.host_of_slot = o; o += (i + 15) / 16 * 16;
-    l.fix_rows = o;     o += (i + 15) / 16 * 16;
-    l.w_gpu = o;        o += (i + 15) / 16 * 16;
-    l.w_fix = o;        o += (i + 15) / 16 * 16;
-    l.w_host = o;       o += (i + 15) / 16 * 16;
-    l.end = o;
-    return l;
-}
-
 /* ---- scratch -------------------------------------------------------------------------------- */
-
-static uint64_t stage_bytes_per_expert(const rm_model * m) {
-    uint64_t most = 0;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const rm_layer * L = &m->layers[il];
-        const uint64_t b = L->gate_res.row_bytes * (uint64_t) L->gate_res.ne[1] +
-                           L->up_res.row_bytes * (uint64_t) L->up_res.ne[1] +
-                           L->down_res.row_bytes * (uint64_t) L->down_res.ne[1];
-        most = b > most ? b : most;
-    }
-    return (most + 255) / 256 * 256;
-}
 
 static void * dev(cuda_be * c, uint64_t bytes) {
     void * p = rm_gpu_malloc(c->g, bytes, "cuda backend: the split's scratch");
@@ -97,7 +60,7 @@ static void device_sizes(const cuda_be * c, uint64_t out[10]) {
     const uint64_t S = (uint64_t) c->sp.max_slots, E = (uint64_t) hp->n_embd, F = (uint64_t) hp->n_ff_exp;
     const uint64_t f = sizeof(float);
     const uint64_t sizes[10] = {f * S * E, f * S * F, f * S * F, f * S * E, f * S * F, f * S * F, f * S * F,
-                                f * S * E, f * S * E, layout_for((int64_t) S).end};
+                                f * S * E, f * S * E, rm_split_layout_for((int64_t) S).end};
     memcpy(out, sizes, sizeof(sizes));
 }
 
@@ -115,7 +78,7 @@ int rm_cuda_split_init(cuda_be * c) {
     }
     if (!(sp->tab = (uint8_t *) dev(c, sz[9]))) return 0;
     if (c->g->upload_min_tokens > 0 && c->m->residual) {
-        sp->stage_bytes = RM_CU_STAGE_EXPERTS * stage_bytes_per_expert(c->m);
+        sp->stage_bytes = RM_CU_STAGE_EXPERTS * rm_split_stage_bytes(c->m);
         if (!(sp->stage = (uint8_t *) dev(c, sp->stage_bytes))) return 0;
     }
     sp->tab_cap = sz[9];
@@ -162,160 +125,15 @@ void rm_cuda_split_free(cuda_be * c) {
 
 /* ---- one block ------------------------------------------------------------------------------ */
 
-typedef struct plan {
-    plan_layout   lay;
-    rm_cu_group * groups, * fix_groups;
-    int32_t *     tok_of_row, * slot_row, * fix_of_slot, * host_of_slot, * fix_rows;
-    float *       w_gpu, * w_fix, * w_host;
-    int32_t       n_groups, max_c, n_fix_groups, max_fix, n_fix, n_host_groups, n_host_rows, n_stage;
-    rm_cu_group   stage[RM_CU_STAGE_EXPERTS];   /* {expert, first compact row, residual rows} */
-} plan;
-
 static int residuals_fit_kernels(const rm_layer * L) {
     return L->gate_res.data && rm_cu_matmul_supports(L->gate_res.type, L->gate_res.ne[0]) &&
            rm_cu_matmul_supports(L->up_res.type, L->up_res.ne[0]) && rm_cu_matmul_supports(L->down_res.type, L->down_res.ne[0]);
 }
 
-/* Decides where each slot's work runs and fills the tables (host side of the pinned buffer). */
-static void make_plan(cuda_be * c, const rm_moe_args * a, plan * p) {
+static rm_split_host host_side(cuda_be * c) {
     cuda_split * sp = &c->sp;
-    const rm_gpu * g = c->g;
-    const int32_t K = a->n_expert_used, S = a->n_tok * K;
-    p->lay = layout_for(S);
-    uint8_t * t = sp->tab_h;
-    p->groups = (rm_cu_group *) (t + p->lay.groups);
-    p->fix_groups = (rm_cu_group *) (t + p->lay.fix_groups);
-    p->tok_of_row = (int32_t *) (t + p->lay.tok_of_row);
-    p->slot_row = (int32_t *) (t + p->lay.slot_row);
-    p->fix_of_slot = (int32_t *) (t + p->lay.fix_of_slot);
-    p->host_of_slot = (int32_t *) (t + p->lay.host_of_slot);
-    p->fix_rows = (int32_t *) (t + p->lay.fix_rows);
-    p->w_gpu = (float *) (t + p->lay.w_gpu);
-    p->w_fix = (float *) (t + p->lay.w_fix);
-    p->w_host = (float *) (t + p->lay.w_host);
-    for (int32_t s = 0; s < S; s++) {
-        p->slot_row[s] = p->fix_of_slot[s] = p->host_of_slot[s] = -1;
-        p->w_gpu[s] = p->w_fix[s] = p->w_host[s] = 0.0f;
-    }
-    p->n_groups = p->max_c = p->n_fix_groups = p->max_fix = p->n_fix = 0;
-    p->n_host_groups = p->n_host_rows = p->n_stage = 0;
-    const int can_stage = g->upload_min_tokens > 0 && sp->stage && residuals_fit_kernels(a->L);
-    int32_t row = 0;
-    for (int32_t e = 0; e < a->n_expert; e++) {
-        const int32_t cnt = a->exp_n_host[e];
-        if (cnt == 0) {
-            continue;
-        }
-        const int32_t * pairs = a->exp_pairs_host + (int64_t) e * a->cap;
-        int32_t c_res = 0;
-        for (int32_t j = 0; j < cnt; j++) {
-            p->tok_of_row[row + j] = pairs[j] / K;
-            c_res += a->routes_host[pairs[j]].residual;
-        }
-        const int on_dev = g->exp_tab_host[rm_gpu_tab_index(g, a->layer, RM_EXP_GATE, e)] &&
-                           g->exp_tab_host[rm_gpu_tab_index(g, a->layer, RM_EXP_UP, e)] &&
-                           g->exp_tab_host[rm_gpu_tab_index(g, a->layer, RM_EXP_DOWN, e)];
-        if (!on_dev) {
-            int32_t * hg = sp->host_groups + 4 * p->n_host_groups++;
-            hg[0] = e, hg[1] = row, hg[2] = cnt, hg[3] = c_res;
-            row += cnt;
-            continue;
-        }
-        p->groups[p->n_groups++] = rm_cu_group{e, row, cnt};
-        p->max_c = cnt > p->max_c ? cnt : p->max_c;
-        const int staged = can_stage && c_res > 0 && c_res >= g->upload_min_tokens && p->n_stage < RM_CU_STAGE_EXPERTS;
-        if (staged) {
-            p->stage[p->n_stage++] = rm_cu_group{e, row, c_res};
-        }
-        const int32_t fix0 = p->n_fix;
-        for (int32_t j = 0; j < cnt; j++) {
-            const int32_t s = pairs[j];
-            const float w = a->routes_host[s].weight;
-            if (j < c_res && !staged) {
-                p->fix_of_slot[s] = p->n_fix;
-                p->w_fix[s] = w;
-                p->host_of_slot[s] = p->n_fix;   /* its h'.R_d comes back as a host row */
-                p->w_host[s] = w;
-                p->fix_rows[p->n_fix++] = row + j;
-            } else {
-                p->slot_row[s] = row + j;
-                p->w_gpu[s] = w;
-            }
-        }
-        if (p->n_fix > fix0) {
-            p->fix_groups[p->n_fix_groups++] = rm_cu_group{e, fix0, p->n_fix - fix0};
-            p->max_fix = p->n_fix - fix0 > p->max_fix ? p->n_fix - fix0 : p->max_fix;
-        }
-        row += cnt;
-    }
-    /* host experts' rows come after the fix rows in the host buffers */
-    p->n_host_rows = p->n_fix;
-    for (int32_t h = 0; h < p->n_host_groups; h++) {
-        const int32_t * hg = sp->host_groups + 4 * h;
-        const int32_t * pairs = a->exp_pairs_host + (int64_t) hg[0] * a->cap;
-        for (int32_t j = 0; j < hg[2]; j++) {
-            p->host_of_slot[pairs[j]] = p->n_host_rows++;
-            p->w_host[pairs[j]] = a->routes_host[pairs[j]].weight;
-        }
-    }
-}
-
-static void host_mm(cuda_be * c, const rm_weight * w, int32_t e, const float * x, int64_t xs, int32_t n, float * y,
-                    int64_t ys, int acc) {
-    rm_matmul_args m = {w, e, x, xs, n, y, ys, acc};
-    c->host->matmul(c->host, &m);
-}
-
-/* The host's share before it needs the GPU's results: the fix rows' x.R_g, x.R_u, and the host
- * experts whole. Host row r's input is xs[r]; outputs land in gs/us (gate/up) and hr_h (down). */
-static void host_first_half(cuda_be * c, const rm_moe_args * a, const plan * p) {
-    cuda_split * sp = &c->sp;
-    const rm_layer * L = a->L;
-    const int64_t E = a->n_embd, F = a->n_ff;
-    for (int32_t j = 0; j < p->n_fix; j++) {
-        memcpy(sp->xs + j * E, sp->x_h + (int64_t) p->tok_of_row[p->fix_rows[j]] * E, sizeof(float) * (size_t) E);
-    }
-    for (int32_t k = 0; k < p->n_fix_groups; k++) {
-        const rm_cu_group * fg = &p->fix_groups[k];
-        host_mm(c, &L->gate_res, fg->mat, sp->xs + fg->row0 * E, E, fg->n, sp->gs + fg->row0 * F, F, 0);
-        host_mm(c, &L->up_res, fg->mat, sp->xs + fg->row0 * E, E, fg->n, sp->us + fg->row0 * F, F, 0);
-    }
-    int32_t r = p->n_fix;
-    for (int32_t h = 0; h < p->n_host_groups; h++) {
-        const int32_t * hg = sp->host_groups + 4 * h;
-        const int32_t e = hg[0], row0 = hg[1], cnt = hg[2], c_res = hg[3];
-        for (int32_t j = 0; j < cnt; j++) {
-            memcpy(sp->xs + (r + j) * E, sp->x_h + (int64_t) p->tok_of_row[row0 + j] * E, sizeof(float) * (size_t) E);
-        }
-        float * x = sp->xs + r * E, * gg = sp->gs + r * F, * uu = sp->us + r * F, * d = sp->hr_h + r * E;
-        host_mm(c, &L->gate_exps, e, x, E, cnt, gg, F, 0);
-        host_mm(c, &L->up_exps, e, x, E, cnt, uu, F, 0);
-        if (c_res > 0) {
-            host_mm(c, &L->gate_res, e, x, E, c_res, gg, F, 1);
-            host_mm(c, &L->up_res, e, x, E, c_res, uu, F, 1);
-        }
-        c->host->swiglu(c->host, gg, uu, (int64_t) cnt * F);
-        host_mm(c, &L->down_exps, e, gg, F, cnt, d, E, 0);
-        if (c_res > 0) {
-            host_mm(c, &L->down_res, e, gg, F, c_res, d, E, 1);
-        }
-        r += cnt;
-    }
-}
-
-/* With the GPU's base gate/up of the fix rows (gf_h, uf_h): h' = silu(g_B + g_R) * (u_B + u_R),
- * then h'.R_d; h' and the results go into the pinned upload buffers. */
-static void host_second_half(cuda_be * c, const rm_moe_args * a, const plan * p) {
-    cuda_split * sp = &c->sp;
-    const int64_t E = a->n_embd, F = a->n_ff;
-    for (int64_t j = 0; j < (int64_t) p->n_fix * F; j++) {
-        const float gv = sp->gf_h[j] + sp->gs[j], uv = sp->uf_h[j] + sp->us[j];
-        sp->hf_h[j] = gv / (1.0f + expf(-gv)) * uv;
-    }
-    for (int32_t k = 0; k < p->n_fix_groups; k++) {
-        const rm_cu_group * fg = &p->fix_groups[k];
-        host_mm(c, &a->L->down_res, fg->mat, sp->hf_h + fg->row0 * F, F, fg->n, sp->hr_h + fg->row0 * E, E, 0);
-    }
+    rm_split_host h = {c->host, sp->x_h, sp->xs, sp->gs, sp->us, sp->gf_h, sp->uf_h, sp->hf_h, sp->hr_h};
+    return h;
 }
 
 #define CK(call, what) if (!rm_cuda_check(c, (call), what)) return
@@ -336,8 +154,9 @@ void rm_cuda_moe_experts(rm_backend * be, const rm_moe_args * a) {
         snprintf(c->msg, sizeof(c->msg), "cuda backend: %d slots exceed the split's %lld", S, (long long) sp->max_slots);
         return;
     }
-    plan p;
-    make_plan(c, a, &p);
+    rm_split_plan p;
+    const int can_stage = sp->stage && residuals_fit_kernels(L);
+    rm_split_make_plan(a, g->exp_tab_host, can_stage, g->upload_min_tokens, sp->tab_h, sp->host_groups, &p);
     const int host_work = p.n_host_rows > 0;   /* fix rows and host experts' rows */
     const uint8_t * const * tab = g->exp_tab_dev + rm_gpu_tab_index(g, il, 0, 0);
     const uint8_t * const * tab_gate = tab, * const * tab_up = tab + g->n_expert, * const * tab_down = tab + 2 * g->n_expert;
@@ -408,13 +227,14 @@ void rm_cuda_moe_experts(rm_backend * be, const rm_moe_args * a) {
 
     /* the host's share, while the GPU runs the above */
     if (!rm_cuda_wait(be, c->ev_x, "split: waiting for the block input")) return;
+    const rm_split_host hs = host_side(c);
     double t = now_us();
-    host_first_half(c, a, &p);
+    rm_split_host_first(&hs, a, &p);
     double host_us = now_us() - t;
     if (p.n_fix) {
         if (!rm_cuda_wait(be, c->ev_gu, "split: waiting for the fix rows")) return;
         t = now_us();
-        host_second_half(c, a, &p);
+        rm_split_host_second(&hs, a, &p);
         host_us += now_us() - t;
     }
     c->cpu_us[il] = (float) host_us;

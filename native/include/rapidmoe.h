@@ -203,6 +203,11 @@ rm_status   rm_gguf_tensor_info(const rm_gguf * g, int64_t i, rm_tensor_info * o
 typedef struct rm_model   rm_model;
 typedef struct rm_session rm_session;
 
+/* Where a model runs (rm_model_params.use_gpu). RM_GPU_STANDIN is a second CPU backend posing as
+ * the device (own buffers and memory budget, counted copies, the same placement and split as
+ * CUDA): it tests the CPU/GPU split on machines without a GPU; it is never faster. */
+enum { RM_GPU_NONE = 0, RM_GPU_CUDA = 1, RM_GPU_STANDIN = 2 };
+
 /* struct_size may also be offsetof(rm_model_params, use_gpu), the size before the GPU fields
  * (ABI 1 callers): those fields then take their zero defaults, which mean "CPU only". */
 typedef struct rm_model_params {
@@ -211,7 +216,7 @@ typedef struct rm_model_params {
     const char * residual_path;   /* the RESplit sidecar, or NULL for base only */
     /* --- GPU placement (the CUDA backend). When no GPU can be used (none present, or a build
      * without CUDA) the model loads on the CPU and rm_model_gpu_info says why. --- */
-    int32_t      use_gpu;         /* 0: CPU only; 1: the CUDA backend on device gpu_device */
+    int32_t      use_gpu;         /* RM_GPU_NONE, RM_GPU_CUDA (device gpu_device) or RM_GPU_STANDIN */
     int32_t      gpu_device;      /* CUDA device ordinal */
     uint64_t     gpu_memory_bytes;/* hard cap on device memory (weights, KV caches, scratch); 0: none */
     /* n_layer * n_expert bytes, layer-major: 1 = the expert's base lives on the GPU, 0 = in host
@@ -357,7 +362,7 @@ rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * polic
 
 typedef struct rm_backend_stats {
     uint32_t struct_size;         /* sizeof(rm_backend_stats) */
-    char     backend[16];         /* "cpu" or "cuda" */
+    char     backend[16];         /* "cpu", "cuda" or "standin" */
     uint64_t n_tokens;            /* tokens evaluated */
     uint64_t h2d_bytes;           /* host -> device, everything */
     uint64_t d2h_bytes;           /* device -> host */

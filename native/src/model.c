@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "standin.h"
 #include "gguf.h"
 #include "status.h"
 #include "types.h"
@@ -268,6 +269,18 @@ static rm_status place_on_gpu(rm_model * m, const rm_model_params * params) {
         return rm_fail(RM_E_INVALID_ARG, "rm_model_load: residual_upload_min_tokens %d is negative",
                        params->residual_upload_min_tokens);
     }
+    if (params->use_gpu == RM_GPU_STANDIN) {
+        rm_status st = rm_standin_open(m, params, &m->standin);
+        if (st == RM_OK) {
+            gi->active = 1;
+            rm_standin_describe(m->standin, gi);
+        }
+        return st;
+    }
+    if (params->use_gpu != RM_GPU_CUDA) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: use_gpu %d is not one of RM_GPU_NONE (0), RM_GPU_CUDA (1) "
+                       "and RM_GPU_STANDIN (2)", params->use_gpu);
+    }
 #ifdef RM_WITH_CUDA
     rm_status st = rm_gpu_open(m, params, &m->gpu, gi->note, sizeof(gi->note));
     if (st != RM_OK) {
@@ -385,6 +398,7 @@ void rm_model_free(rm_model * m) {
 #ifdef RM_WITH_CUDA
     rm_gpu_close(m->gpu);
 #endif
+    rm_standin_close(m->standin);
     free(m->layers);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
@@ -410,6 +424,9 @@ rm_status rm_model_gpu_info(const rm_model * m, rm_gpu_info * out) {
                        out->struct_size, sizeof(rm_gpu_info));
     }
     *out = m->gpu_info;
+    if (m->standin) {
+        rm_standin_describe(m->standin, out);
+    }
 #ifdef RM_WITH_CUDA
     if (m->gpu) {
         rm_gpu_describe(m->gpu, out);

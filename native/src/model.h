@@ -59,6 +59,7 @@ struct rm_model {
     pthread_mutex_t lock;                /* one evaluation at a time per model */
     rm_model_info   info;
     struct rm_gpu * gpu;                 /* device copies of the weights; NULL on the CPU */
+    struct rm_standin * standin;         /* the CPU stand-in device (use_gpu = RM_GPU_STANDIN) */
     rm_gpu_info     gpu_info;            /* where the model runs, and why */
 };
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "standin.h"
 #include "moe.h"
 #include "rng.h"
 #include "status.h"
@@ -44,10 +45,14 @@ static void session_free_buffers(rm_session * s) {
     }
 }
 
-/* The model's backend for this session: CUDA when the model has a GPU, else the CPU. NULL with
+/* The model's backend for this session: CUDA when the model has a GPU, the stand-in when it has
+ * one, else the CPU. NULL with
  * the error set (status in *st) on failure. */
 static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx, rm_status * st) {
     *st = RM_E_OOM;
+    if (m->standin) {
+        return rm_backend_standin_new(m->standin, m, m->pool, n_batch, max_in, n_ctx, st);
+    }
 #ifdef RM_WITH_CUDA
     if (m->gpu) {
         return rm_backend_cuda_new(m->gpu, m, m->pool, n_batch, max_in, n_ctx, st);

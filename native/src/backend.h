@@ -37,6 +37,15 @@ typedef struct rm_matmul_args {
     int32_t           accumulate; /* y += W x instead of y = W x */
 } rm_matmul_args;
 
+/* One product of a batch (matmul_many): y = W x as `a` says, then, when res is set, y += R x on
+ * the first n_res of its n_tok rows, R being matrix a.mat of res (W's shape). Row by row this is
+ * the same arithmetic as a matmul followed by an accumulating one. */
+typedef struct rm_mm_item {
+    rm_matmul_args    a;
+    const rm_weight * res;
+    int32_t           n_res;
+} rm_mm_item;
+
 typedef struct rm_attn_args {
     const float * q;              /* n_tok rows of n_head*head_dim */
     const float * k_cache;        /* n_ctx rows of n_head_kv*head_dim: this layer's cache */
@@ -79,6 +88,9 @@ struct rm_backend {
 
     /* y = W x for n_tok tokens (each weight row is read once per batch). */
     void (*matmul)(rm_backend * be, const rm_matmul_args * a);
+    /* Independent products in one dispatch (no item reads another's output); NULL: the backend
+     * has no batched form and moe.c calls matmul per product. */
+    void (*matmul_many)(rm_backend * be, const rm_mm_item * items, int32_t n);
     /* Causal attention over the cache for n_tok consecutive tokens. */
     void (*attention)(rm_backend * be, const rm_attn_args * a);
 

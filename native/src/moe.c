@@ -130,6 +130,69 @@ static void experts_by_ops(rm_session * s, int il, int32_t n) {
     }
 }
 
+/* The routed experts in batched products (be->matmul_many): consecutive experts whose rows fit
+ * the scratch (n_batch rows) go together, one dispatch for all their gate and up products and
+ * one for their down products, each residual computed beside its base over the same rows. The
+ * arithmetic is experts_by_ops's, row by row, so the results are the same. In decode every
+ * expert reads the token's row in place, quantized once for all of them. */
+#define RM_MOE_GROUP_MAX 32
+
+static void experts_batched(rm_session * s, int il, int32_t n) {
+    const rm_hparams * hp = &s->m->hp;
+    const rm_layer * L = &s->m->layers[il];
+    rm_backend * be = s->be;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    const int32_t K = hp->n_expert_used, X = hp->n_expert;
+    const int64_t cap = (int64_t) s->n_batch * K;
+    rm_mm_item items[2 * RM_MOE_GROUP_MAX];
+    int32_t e = 0;
+    while (e < X) {
+        int32_t grp[RM_MOE_GROUP_MAX][4];   /* {expert, first row, rows, residual rows} */
+        int32_t ng = 0, rows = 0;
+        for (; e < X && ng < RM_MOE_GROUP_MAX; e++) {
+            const int32_t c = s->exp_n[e];
+            if (c == 0) {
+                continue;
+            }
+            if (rows + c > s->n_batch) {
+                break;
+            }
+            const int32_t * pairs = s->exp_pairs + (int64_t) e * cap;
+            int32_t c_res = 0;
+            for (int32_t j = 0; j < c; j++) {
+                s->rows[rows + j] = pairs[j] / K;
+                s->scale[rows + j] = s->routes[pairs[j]].weight;
+                c_res += s->routes[pairs[j]].residual;
+            }
+            grp[ng][0] = e, grp[ng][1] = rows, grp[ng][2] = c, grp[ng][3] = c_res;
+            ng++;
+            rows += c;
+        }
+        if (ng == 0) {
+            continue;
+        }
+        const int decode = n == 1;
+        if (!decode) {
+            be->gather_rows(be, s->ex, s->xn, s->rows, rows, E);
+        }
+        for (int32_t g = 0; g < ng; g++) {
+            const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
+            const float * in = decode ? s->xn : s->ex + (int64_t) r0 * E;
+            items[2 * g] = (rm_mm_item) {{&L->gate_exps, x, in, E, c, s->eg + (int64_t) r0 * F, F, 0}, &L->gate_res, c_res};
+            items[2 * g + 1] = (rm_mm_item) {{&L->up_exps, x, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, &L->up_res, c_res};
+        }
+        be->matmul_many(be, items, 2 * ng);
+        be->swiglu(be, s->eg, s->eu, (int64_t) rows * F);
+        for (int32_t g = 0; g < ng; g++) {
+            const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
+            items[g] = (rm_mm_item) {{&L->down_exps, x, s->eg + (int64_t) r0 * F, F, c, s->ed + (int64_t) r0 * E, E, 0},
+                                     &L->down_res, c_res};
+        }
+        be->matmul_many(be, items, ng);
+        be->scatter_add(be, s->moe, s->ed, s->rows, s->scale, rows, E);
+    }
+}
+
 static void shared_expert(rm_session * s, const rm_layer * L, int32_t n) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
@@ -177,6 +240,8 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     if (be->moe_experts && !s->calibrating) {
         rm_moe_args a = {L, il, n, X, K, E, hp->n_ff_exp, s->xn, s->moe, s->routes, s->exp_n, s->exp_pairs, cap};
         be->moe_experts(be, &a);
+    } else if (be->matmul_many && !s->calibrating) {
+        experts_batched(s, il, n);
     } else {
         experts_by_ops(s, il, n);
     }

@@ -98,6 +98,41 @@ static void test_matmul(rm_backend * be, const rm_weight * w, int64_t mat, const
     free(wd);
 }
 
+/* matmul_many against the same products one matmul at a time: the same arithmetic row by row,
+ * so the same bits. Items mix token counts, shared and separate inputs (shared ones are quantized
+ * once), residual rows (R: up_exps of the same expert) and accumulation. */
+static void test_matmul_many(rm_backend * be, const rm_model * m, const char * label) {
+    if (!be->matmul_many) return;
+    const rm_layer * L = &m->layers[0];
+    const int64_t n_in = L->gate_exps.ne[0], n_out = L->gate_exps.ne[1];
+    const int32_t X = (int32_t) L->gate_exps.ne[2], N = 5, n_items = 2 * X;
+    const int64_t xs = n_in + 3, ys = n_out + 1;
+    float * x = randn(N * xs * X, 1.0f), * y0 = randn(N * ys * n_items, 1.0f);
+    float * xd = put(be, x, N * xs * X), * ya = put(be, y0, N * ys * n_items), * yb = put(be, y0, N * ys * n_items);
+    rm_mm_item items[64];
+    for (int32_t i = 0; i < n_items; i++) {
+        const int32_t e = i % X, n = 1 + (i * 7) % N, acc = i % 3 == 2;
+        const float * in = xd + (i % 4 == 1 ? 0 : (int64_t) e * N * xs);    /* some items share row 0's inputs */
+        items[i] = (rm_mm_item) {{&L->gate_exps, e, in, xs, n, ya + (int64_t) i * N * ys, ys, acc}, &L->up_exps, (i * 5) % (n + 1)};
+    }
+    be->matmul_many(be, items, n_items);
+    for (int32_t i = 0; i < n_items; i++) {
+        rm_matmul_args a = items[i].a;
+        a.y = yb + (int64_t) i * N * ys;
+        be->matmul(be, &a);
+        if (items[i].n_res > 0) {
+            a.w = items[i].res, a.n_tok = items[i].n_res, a.accumulate = 1;
+            be->matmul(be, &a);
+        }
+    }
+    float * got = get(be, ya, N * ys * n_items), * want = get(be, yb, N * ys * n_items);
+    int64_t differ = 0;
+    for (int64_t k = 0; k < N * ys * n_items; k++) differ += memcmp(&got[k], &want[k], sizeof(float)) != 0;
+    record(be->name, "matmul_many", label, (double) differ, 0.0);
+    be->release(be, xd), be->release(be, ya), be->release(be, yb);
+    free(x), free(y0), free(got), free(want);
+}
+
 static void test_attention(rm_backend * be) {
     const int D_list[] = {64, 128};
     for (int di = 0; di < 2; di++) {
@@ -305,6 +340,8 @@ static void test_backend(rm_backend * be, const rm_model * m, int32_t type, int 
     snprintf(label, sizeof(label), "%s down_exps[%d]%s", ti.name, half_on_host ? 1 : 0,
              half_on_host ? " (in host memory)" : "");
     test_matmul(be, &L->down_exps, half_on_host ? 1 : 0, label, tol);
+    snprintf(label, sizeof(label), "%s experts", ti.name);
+    test_matmul_many(be, m, label);
     EXPECT(be->status(be) == RM_OK, "%s: backend status after the matmuls: %s", be->name, rm_last_error());
 }
 

@@ -39,6 +39,11 @@ typedef struct cpu_ctx {
     int64_t   x_info_cap;         /* floats */
     float *   scores;             /* attention scores: n_threads rows of n_ctx */
     int32_t   n_ctx;
+    struct many_task * many;      /* matmul_many's state */
+    uint8_t * xq_many;            /* its quantized activations: two types of n_batch rows */
+    uint64_t  xq_many_cap;
+    float *   x_info_many;
+    int64_t   x_info_many_cap;
 } cpu_ctx;
 
 typedef struct mm_task {
@@ -139,33 +144,62 @@ static int64_t clamp_rows(int64_t rows, int64_t lo, int64_t hi) {
     return rows < lo ? lo : rows > hi ? hi : rows;
 }
 
+/* Kernels, weights and row chunking of one product; the activations are set by the caller. */
+static void mm_setup(const cpu_ctx * c, mm_task * t, const rm_matmul_args * a, const rm_weight * w, int chunks_min) {
+    const rm_type_traits * tt = rm_type_traits_get(w->type);
+    const int64_t n_rows = w->ne[1];
+    memset(t, 0, sizeof(*t));
+    t->a = a;
+    t->vec_dot = rm_cpu_vec_dot(w->type);
+    t->vec_dot_multi = rm_cpu_vec_dot_multi(w->type);
+    t->quantize = rm_cpu_quantize(tt->vec_dot_type);
+    t->wdata = rm_weight_matrix(w, a->mat);
+    const int stream = a->n_tok < 4;
+    const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
+    const int64_t per_chunk = (n_rows + chunks_min - 1) / chunks_min;
+    t->chunk_rows = clamp_rows((int64_t) (chunk_bytes / (int64_t) w->row_bytes), 1, per_chunk > 0 ? per_chunk : 1);
+    t->tile_rows = clamp_rows((int64_t) (MM_TILE_BYTES / w->row_bytes), 1, t->chunk_rows);
+    t->n_chunks = (n_rows + t->chunk_rows - 1) / t->chunk_rows;
+    atomic_init(&t->next_chunk, 0);
+    atomic_init(&t->next_token, 0);
+}
+
+/* Bytes of one token's quantized activations for weights of type `type` (0: F32, used as is),
+ * and floats of its Q8_0 block info (0: none). */
+static uint64_t act_row_bytes(int32_t type, int64_t n_in) {
+    const int32_t vt = rm_type_traits_get(type)->vec_dot_type;
+    return vt == RM_TYPE_F32 ? 0 : rm_row_bytes(vt, n_in);
+}
+
+static int64_t act_info_floats(int32_t type, int64_t n_in) {
+    const int32_t vt = rm_type_traits_get(type)->vec_dot_type;
+    return rm_cpu_vec_dot_multi(type) && vt == RM_TYPE_Q8_0 ? 2 * (n_in / RM_QK) : 0;
+}
+
+/* Points t at its activations: the float rows themselves for F32 weights, else xq (and info). */
+static void mm_set_acts(mm_task * t, uint8_t * xq, float * info) {
+    const rm_matmul_args * a = t->a;
+    const int32_t type = rm_type_traits_get(t->a->w->type)->vec_dot_type;
+    if (type == RM_TYPE_F32) {
+        t->xq = (const uint8_t *) a->x;
+        t->xq_stride = (uint64_t) a->x_stride * sizeof(float);
+        return;
+    }
+    t->xq = xq;
+    t->xq_stride = act_row_bytes(a->w->type, a->w->ne[0]);
+    t->x_info_stride = act_info_floats(a->w->type, a->w->ne[0]);
+    t->x_info = t->x_info_stride ? info : NULL;
+}
+
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
-    const rm_type_traits * tt = rm_type_traits_get(a->w->type);
-    const int64_t n_rows = a->w->ne[1];
-    mm_task t = {.a = a, .vec_dot = rm_cpu_vec_dot(a->w->type), .vec_dot_multi = rm_cpu_vec_dot_multi(a->w->type),
-                 .quantize = rm_cpu_quantize(tt->vec_dot_type), .wdata = rm_weight_matrix(a->w, a->mat)};
-    const int stream = a->n_tok < 4;
-    const int64_t n_chunks_min = (stream ? MM_STREAM_CHUNKS_PER_THREAD : MM_BATCH_CHUNKS_PER_THREAD) * rm_pool_size(c->pool);
-    const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
-    const int64_t per_chunk = (n_rows + n_chunks_min - 1) / n_chunks_min;
-    t.chunk_rows = clamp_rows((int64_t) (chunk_bytes / (int64_t) a->w->row_bytes), 1, per_chunk > 0 ? per_chunk : 1);
-    t.tile_rows = clamp_rows((int64_t) (MM_TILE_BYTES / a->w->row_bytes), 1, t.chunk_rows);
-    t.n_chunks = (n_rows + t.chunk_rows - 1) / t.chunk_rows;
-    atomic_init(&t.next_chunk, 0);
-    atomic_init(&t.next_token, 0);
-    if (tt->vec_dot_type == RM_TYPE_F32) {
-        t.xq = (const uint8_t *) a->x;
-        t.xq_stride = (uint64_t) a->x_stride * sizeof(float);
-    } else {
-        t.xq = c->xq;
-        t.xq_stride = rm_row_bytes(tt->vec_dot_type, a->w->ne[0]);
+    const int chunks_min = (a->n_tok < 4 ? MM_STREAM_CHUNKS_PER_THREAD : MM_BATCH_CHUNKS_PER_THREAD) * rm_pool_size(c->pool);
+    mm_task t;
+    mm_setup(c, &t, a, a->w, chunks_min);
+    mm_set_acts(&t, c->xq, c->x_info);
+    if (t.xq == c->xq) {
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
-        if (t.vec_dot_multi && tt->vec_dot_type == RM_TYPE_Q8_0) {
-            t.x_info = c->x_info;
-            t.x_info_stride = 2 * (a->w->ne[0] / RM_QK);
-            RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
-        }
+        RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
         if (a->n_tok == 1) {
             quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
         } else {
@@ -173,6 +207,164 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
         }
     }
     rm_pool_run_shared(c->pool, matmul_task, &t);
+}
+
+/* ---- several products in one dispatch (matmul_many) ----------------------------------------- */
+
+/* Items of one call. Each has a base product and optionally a residual one over its first rows;
+ * activations quantized for one are reused by every other with the same rows and type (gate and
+ * up of an expert; in decode, every expert of the token). Rows of all items are chunked into one
+ * list that the pool's threads take from a shared counter, so one wake-up serves them all. */
+#define MM_MANY_MAX 64
+
+typedef struct many_task {
+    mm_task        t[2 * MM_MANY_MAX];        /* item i: t[2i] its base, t[2i+1] its residual (a NULL: none) */
+    rm_matmul_args res_args[MM_MANY_MAX];
+    int64_t        first_chunk[MM_MANY_MAX + 1];
+    int32_t        n;
+    mm_task *      quant[2 * MM_MANY_MAX];     /* the tasks that own a quantized copy of their rows */
+    int64_t        first_row[2 * MM_MANY_MAX + 1];
+    int32_t        n_quant;
+    atomic_llong   next_chunk;
+    atomic_llong   next_row;
+} many_task;
+
+static void many_quantize_fn(void * p, int ith, int nth) {
+    many_task * m = p;
+    int32_t q = 0;
+    for (;;) {
+        const int64_t k = atomic_fetch_add_explicit(&m->next_row, 1, memory_order_relaxed);
+        if (k >= m->first_row[m->n_quant]) {
+            break;
+        }
+        while (k >= m->first_row[q + 1]) {
+            q++;
+        }
+        const int64_t i = k - m->first_row[q];
+        quantize_rows(m->quant[q], i, i + 1);
+    }
+    (void) ith;
+    (void) nth;
+}
+
+static void many_matmul_fn(void * p, int ith, int nth) {
+    many_task * m = p;
+    int32_t i = 0;
+    for (;;) {
+        const int64_t k = atomic_fetch_add_explicit(&m->next_chunk, 1, memory_order_relaxed);
+        if (k >= m->first_chunk[m->n]) {
+            break;
+        }
+        while (k >= m->first_chunk[i + 1]) {   /* a thread's chunks come in increasing order */
+            i++;
+        }
+        const mm_task * t = &m->t[2 * i], * r = &m->t[2 * i + 1];
+        const int64_t n_rows = t->a->w->ne[1], kk = k - m->first_chunk[i];
+        const int64_t end = (kk + 1) * t->chunk_rows < n_rows ? (kk + 1) * t->chunk_rows : n_rows;
+        for (int64_t r0 = kk * t->chunk_rows; r0 < end; r0 += t->tile_rows) {
+            const int64_t r1 = r0 + t->tile_rows < end ? r0 + t->tile_rows : end;
+            matmul_tile(t, r0, r1);
+            if (r->a) {
+                matmul_tile(r, r0, r1);   /* the residual rows while the outputs are in cache */
+            }
+        }
+    }
+    (void) ith;
+    (void) nth;
+}
+
+/* Finds activations already quantized for the same rows, or takes room for them; NULL when the
+ * scratch is full. */
+static uint8_t * acts_for(cpu_ctx * c, many_task * m, mm_task * t, uint64_t * used, int64_t * info_used, float ** info) {
+    const rm_matmul_args * a = t->a;
+    const int32_t vt = rm_type_traits_get(a->w->type)->vec_dot_type;
+    for (int32_t q = 0; q < m->n_quant; q++) {
+        const mm_task * o = m->quant[q];
+        if (o->a->x == a->x && o->a->x_stride == a->x_stride && o->a->n_tok >= a->n_tok && o->a->w->ne[0] == a->w->ne[0] &&
+            rm_type_traits_get(o->a->w->type)->vec_dot_type == vt && (o->x_info != NULL) == (act_info_floats(a->w->type, a->w->ne[0]) > 0)) {
+            *info = (float *) o->x_info;
+            return (uint8_t *) o->xq;
+        }
+    }
+    const uint64_t bytes = act_row_bytes(a->w->type, a->w->ne[0]) * (uint64_t) a->n_tok;
+    const int64_t floats = act_info_floats(a->w->type, a->w->ne[0]) * a->n_tok;
+    if (*used + bytes > c->xq_many_cap || *info_used + floats > c->x_info_many_cap) {
+        return NULL;
+    }
+    uint8_t * xq = c->xq_many + *used;
+    *info = c->x_info_many + *info_used;
+    *used += (bytes + 63) / 64 * 64;
+    *info_used += floats;
+    m->quant[m->n_quant] = t;
+    m->first_row[m->n_quant + 1] = m->first_row[m->n_quant] + a->n_tok;
+    m->n_quant++;
+    return xq;
+}
+
+static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n) {
+    cpu_ctx * c = be->ctx;
+    if (n > MM_MANY_MAX) {
+        cpu_matmul_many(be, items, MM_MANY_MAX);
+        cpu_matmul_many(be, items + MM_MANY_MAX, n - MM_MANY_MAX);
+        return;
+    }
+    many_task * m = c->many;
+    m->n = n;
+    m->n_quant = 0;
+    m->first_chunk[0] = 0;
+    m->first_row[0] = 0;
+    uint64_t used = 0;
+    int64_t info_used = 0;
+    int fits = 1;
+    for (int32_t i = 0; i < n && fits; i++) {
+        const rm_mm_item * it = &items[i];
+        mm_task * t = &m->t[2 * i], * r = &m->t[2 * i + 1];
+        mm_setup(c, t, &it->a, it->a.w, 1);
+        memset(r, 0, sizeof(*r));
+        if (it->res && it->n_res > 0) {
+            m->res_args[i] = it->a;
+            m->res_args[i].w = it->res;
+            m->res_args[i].n_tok = it->n_res;
+            m->res_args[i].accumulate = 1;
+            mm_setup(c, r, &m->res_args[i], it->res, 1);
+            r->chunk_rows = t->chunk_rows;
+            r->tile_rows = t->tile_rows;
+        }
+        mm_task * both[2] = {t, r};
+        for (int k = 0; k < 2 && fits; k++) {
+            if (!both[k]->a) continue;
+            float * info = NULL;
+            uint8_t * xq = NULL;
+            if (rm_type_traits_get(both[k]->a->w->type)->vec_dot_type != RM_TYPE_F32) {
+                fits = (xq = acts_for(c, m, both[k], &used, &info_used, &info)) != NULL;
+            }
+            mm_set_acts(both[k], xq, info);
+        }
+        m->first_chunk[i + 1] = m->first_chunk[i] + t->n_chunks;
+    }
+    if (!fits) {   /* more activations than the scratch holds: one product at a time */
+        for (int32_t i = 0; i < n; i++) {
+            cpu_matmul(be, &items[i].a);
+            if (items[i].res && items[i].n_res > 0) {
+                rm_matmul_args r = items[i].a;
+                r.w = items[i].res;
+                r.n_tok = items[i].n_res;
+                r.accumulate = 1;
+                cpu_matmul(be, &r);
+            }
+        }
+        return;
+    }
+    atomic_init(&m->next_chunk, 0);
+    atomic_init(&m->next_row, 0);
+    if (m->first_row[m->n_quant] <= 2) {
+        for (int32_t q = 0; q < m->n_quant; q++) {
+            quantize_rows(m->quant[q], 0, m->quant[q]->a->n_tok);
+        }
+    } else {
+        rm_pool_run_shared(c->pool, many_quantize_fn, m);
+    }
+    rm_pool_run_shared(c->pool, many_matmul_fn, m);
 }
 
 typedef struct attn_task {
@@ -319,6 +511,9 @@ static void cpu_free(rm_backend * be) {
     free(c->xq);
     free(c->x_info);
     free(c->scores);
+    free(c->many);
+    free(c->xq_many);
+    free(c->x_info_many);
     free(c);
     free(be);
 }
@@ -338,12 +533,15 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->x_info_cap = (int64_t) n_batch * 2 * (max_in / 32 + 1);
     c->x_info = malloc(sizeof(float) * (size_t) c->x_info_cap);
     c->scores = malloc(sizeof(float) * (size_t) n_ctx * (size_t) rm_pool_size(pool));
-    if (!c->xq || !c->x_info || !c->scores) {
-        free(c->xq);
-        free(c->x_info);
-        free(c->scores);
-        free(c);
-        free(be);
+    /* matmul_many: a base and a residual type of n_batch rows, each row padded to 64 bytes */
+    c->xq_many_cap = 2 * (uint64_t) n_batch * ((uint64_t) (max_in / 32 + 1) * 72 + 64);
+    c->xq_many = malloc(c->xq_many_cap);
+    c->x_info_many_cap = 2 * c->x_info_cap;
+    c->x_info_many = malloc(sizeof(float) * (size_t) c->x_info_many_cap);
+    c->many = malloc(sizeof(struct many_task));
+    if (!c->xq || !c->x_info || !c->scores || !c->xq_many || !c->x_info_many || !c->many) {
+        be->ctx = c;
+        cpu_free(be);
         return NULL;
     }
     be->name = "cpu";
@@ -356,6 +554,7 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     be->zero = cpu_zero;
     be->status = cpu_status;
     be->matmul = cpu_matmul;
+    be->matmul_many = cpu_matmul_many;
     be->attention = cpu_attention;
     be->rmsnorm = cpu_rmsnorm;
     be->rope = cpu_rope;

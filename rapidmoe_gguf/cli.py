@@ -182,7 +182,7 @@ def _open_model(args: argparse.Namespace):
     from .model import Model
 
     path = args.model or bundled_model_path()
-    return Model(path, n_ctx=args.ctx, n_threads=args.threads,
+    return Model(path, n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 256),
                  residual=None if args.no_residual else "auto",
                  residual_policy=args.policy, residual_budget=args.budget,
                  gpu_memory=args.gpu_mem, gpu_device=args.gpu_device,
@@ -428,6 +428,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    _add_model_args(p, optional=True)
+    p.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding (default: %(default)s)")
+    p.add_argument("--decode", "-n", type=int, default=64, help="tokens decoded one at a time (default: %(default)s)")
+    p.add_argument("--prefill", type=int, default=512, help="tokens of the prefill prompt (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=256, help="tokens per evaluation batch in prefill (default: %(default)s)")
+    p.add_argument("--runs", type=int, default=3, help="runs; figures are medians (default: %(default)s)")
+    p.add_argument("--profile", action="store_true", help="also show where the time goes, per part of the forward pass")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    if min(args.prompt, args.decode, args.prefill, args.runs, args.batch) < 1:
+        raise RapidMoEError("--prompt, --decode, --prefill, --batch and --runs must be >= 1")
+    args.ctx = max(args.ctx, args.prompt + args.decode, args.prefill)
+    with _open_model(args) as m:
+        r = bench.run(m, prompt=args.prompt, decode=args.decode, prefill=args.prefill, runs=args.runs,
+                      profile=args.profile)
+    print(json.dumps(r, indent=2) if args.json else bench.format_report(r))
+    return 0
+
+
 COMMANDS: dict[str, Subcommand] = {
     "plan": Subcommand("place a model on a GPU within a memory budget and predict the bytes each side reads",
                        _plan_args, cmd_plan),
@@ -441,6 +469,8 @@ COMMANDS: dict[str, Subcommand] = {
     "convert": Subcommand("convert a Hugging Face checkpoint or a GGUF to a RESplit pair",
                           _convert_args, cmd_convert),
     "inspect": Subcommand("describe a GGUF file and its residual sidecar", _inspect_args, cmd_inspect),
+    "bench": Subcommand("prefill and decode speed on this machine, and where the time goes (--profile)",
+                        _bench_args, cmd_bench),
 }
 
 

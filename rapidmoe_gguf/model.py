@@ -354,6 +354,19 @@ class Model:
             out[k] = float(getattr(bs, k))
         return out
 
+    def profile(self) -> dict:
+        """Where evaluation time went since the last ``clear_stats``, per part of the forward pass
+        (rm_session_profile in rapidmoe.h): ``{"decode": {part: seconds}, "prefill": {...},
+        "tokens": {"decode": n, "prefill": n}}``; decode is batches of one token."""
+        n = lib.RM_PROF_COUNT
+        us = np.zeros(2 * n, dtype=np.float64)
+        tokens = ffi.new("uint64_t[2]")
+        _native.check(lib.rm_session_profile(self._live(), ffi.from_buffer("double[]", us), us.size, tokens))
+        names = [ffi.string(lib.rm_profile_part_name(i)).decode() for i in range(n)]
+        return {"decode": {k: float(us[i]) * 1e-6 for i, k in enumerate(names)},
+                "prefill": {k: float(us[n + i]) * 1e-6 for i, k in enumerate(names)},
+                "tokens": {"decode": int(tokens[0]), "prefill": int(tokens[1])}}
+
     def bytes_per_token(self, residual_rate: float) -> float:
         """Weight bytes one decoded token reads: dense weights, the activated experts' bases,
         and the residuals of the share of them that got one."""

@@ -399,14 +399,37 @@ rm_status rm_auto_budget_step(rm_auto_budget * ctl, const float * host_us, const
                               int32_t n_layer);
 
 /* Turns the controller on (ctl copied) or off (NULL). While on, each layer's target rate is the
- * policy's layer_budget[l] * budget / reference_budget (at most 1). Only a split session (CUDA or the stand-in)
- * measures times; on the CPU backend the budget stays where it starts. */
+ * policy's layer_budget[l] * budget / reference_budget (at most 1). Only a split session (CUDA or
+ * the stand-in) measures times; on the CPU backend the budget stays where it starts. */
 rm_status rm_session_set_auto_budget(rm_session * s, const rm_auto_budget * ctl);
 
 /* Statistics since the last rm_session_clear_stats: per (layer, expert) activations and residual
  * slots (n_layer * n_expert each, caller buffers of cap entries). */
 rm_status rm_session_stats(const rm_session * s, uint64_t * active, uint64_t * residual, uint64_t cap);
 rm_status rm_session_clear_stats(rm_session * s);
+
+/* Where evaluation time goes: host wall time per part of the forward pass since the last
+ * rm_session_clear_stats, split by batches of one token (decode) and of more (prefill). On the
+ * CPU backend these are the parts' compute times; on a device backend, whose ops are queued, the
+ * host's time in each part (waits included). */
+enum {
+    RM_PROF_EMBED = 0,            /* token rows looked up and dequantized */
+    RM_PROF_ATTN_IN,              /* attention norm, Q/K/V products, biases, Q/K norms */
+    RM_PROF_ATTN,                 /* RoPE, the KV cache write, attention */
+    RM_PROF_ATTN_OUT,             /* the output projection */
+    RM_PROF_ROUTER,               /* MoE norm, router product, top-k, residual choice, grouping */
+    RM_PROF_EXPERTS_IN,           /* routed experts: gate and up products (base and residual) */
+    RM_PROF_EXPERTS_OUT,          /* routed experts: down products (base and residual) */
+    RM_PROF_EXPERTS_OTHER,        /* routed experts: gathers, SwiGLU, weighted sums; a device split's waits */
+    RM_PROF_SHARED,               /* the shared expert, and the block's residual add */
+    RM_PROF_OUTPUT,               /* final norm, output head, logits copied out */
+    RM_PROF_COUNT
+};
+const char * rm_profile_part_name(int32_t part);   /* "embed", "attn_in", ...; NULL out of range */
+/* us[0..RM_PROF_COUNT) decode and us[RM_PROF_COUNT..2*RM_PROF_COUNT) prefill microseconds, and
+ * the tokens each saw in tokens[0] (decode) and tokens[1] (prefill). cap: entries of us (>= 2 *
+ * RM_PROF_COUNT). */
+rm_status rm_session_profile(const rm_session * s, double * us, int32_t cap, uint64_t * tokens);
 
 /* Routing of the most recent token evaluated, per layer: n_layer * n_expert_used entries. */
 rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float * weights,

@@ -175,6 +175,7 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
         if (!decode) {
             be->gather_rows(be, s->ex, s->xn, s->rows, rows, E);
         }
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
             const float * in = decode ? s->xn : s->ex + (int64_t) r0 * E;
@@ -182,14 +183,18 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
             items[2 * g + 1] = (rm_mm_item) {{&L->up_exps, x, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, &L->up_res, c_res};
         }
         be->matmul_many(be, items, 2 * ng);
+        rm_prof_mark(s, RM_PROF_EXPERTS_IN);
         be->swiglu(be, s->eg, s->eu, (int64_t) rows * F);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
             items[g] = (rm_mm_item) {{&L->down_exps, x, s->eg + (int64_t) r0 * F, F, c, s->ed + (int64_t) r0 * E, E, 0},
                                      &L->down_res, c_res};
         }
         be->matmul_many(be, items, ng);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OUT);
         be->scatter_add(be, s->moe, s->ed, s->rows, s->scale, rows, E);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
     }
 }
 
@@ -237,13 +242,16 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         resid[s->routes[j].expert] += s->routes[j].residual;
     }
     be->zero(be, s->moe, sizeof(float) * (uint64_t) n * (uint64_t) E);
+    rm_prof_mark(s, RM_PROF_ROUTER);
     if (be->moe_experts && !s->calibrating) {
         rm_moe_args a = {L, il, n, X, K, E, hp->n_ff_exp, s->xn, s->moe, s->routes, s->exp_n, s->exp_pairs, cap};
         be->moe_experts(be, &a);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
     } else if (be->matmul_many && !s->calibrating) {
         experts_batched(s, il, n);
     } else {
         experts_by_ops(s, il, n);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
     }
     memcpy(s->last_routes + (int64_t) il * K, s->routes + (int64_t) (n - 1) * K, sizeof(rm_route) * (size_t) K);
     if (s->route_log) {
@@ -256,4 +264,5 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         shared_expert(s, L, n);
     }
     be->add(be, s->x, s->moe, (int64_t) n * E);
+    rm_prof_mark(s, RM_PROF_SHARED);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu.h"
 #include "standin.h"
@@ -197,6 +198,42 @@ static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, i
     }
 }
 
+/* ---- the profile -------------------------------------------------------------------------- */
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
+}
+
+void rm_prof_mark(rm_session * s, int part) {
+    const double t = now_us();
+    s->prof_us[s->prof_kind][part] += t - s->prof_t;
+    s->prof_t = t;
+}
+
+static const char * const PROF_NAMES[RM_PROF_COUNT] = {
+    "embed", "attn_in", "attn", "attn_out", "router", "experts_in", "experts_out", "experts_other", "shared", "output",
+};
+
+const char * rm_profile_part_name(int32_t part) {
+    return part >= 0 && part < RM_PROF_COUNT ? PROF_NAMES[part] : NULL;
+}
+
+rm_status rm_session_profile(const rm_session * s, double * us, int32_t cap, uint64_t * tokens) {
+    rm_clear_error();
+    if (!s || !us || !tokens) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_profile: NULL argument");
+    }
+    if (cap < 2 * RM_PROF_COUNT) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_profile: us holds %d entries, %d needed", cap, 2 * RM_PROF_COUNT);
+    }
+    memcpy(us, s->prof_us, sizeof(s->prof_us));
+    tokens[0] = s->prof_tokens[0];
+    tokens[1] = s->prof_tokens[1];
+    return RM_OK;
+}
+
 static void attention_block(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
@@ -214,6 +251,7 @@ static void attention_block(rm_session * s, int il, int32_t n) {
         qk_norm(s, s->q, &L->q_norm, n, hp->n_head);
         qk_norm(s, s->k, &L->k_norm, n, hp->n_head_kv);
     }
+    rm_prof_mark(s, RM_PROF_ATTN_IN);
     const int neox = m->arch->rope == RM_ROPE_NEOX;
     be->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
     be->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
@@ -223,7 +261,9 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     be->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim};
     be->attention(be, &aa);
+    rm_prof_mark(s, RM_PROF_ATTN);
     matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
+    rm_prof_mark(s, RM_PROF_ATTN_OUT);
 }
 
 /* Token embeddings are dequantized on the host (the table stays in host memory) and uploaded. */
@@ -240,7 +280,11 @@ static void embed(rm_session * s, const int32_t * tokens, int32_t n) {
 static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t first_out, float * out) {
     const rm_model * m = s->m;
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    s->prof_kind = n > 1;
+    s->prof_tokens[s->prof_kind] += (uint64_t) n;
+    s->prof_t = now_us();
     embed(s, tokens, n);
+    rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
         attention_block(s, il, n);
         rm_moe_block(s, il, n);
@@ -253,6 +297,7 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
             matmul(s, &m->output, s->xn + (int64_t) i * E, E, c, s->logits, V, 0);
             s->be->download(s->be, out + (int64_t) (i - first_out) * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
         }
+        rm_prof_mark(s, RM_PROF_OUTPUT);
     }
     s->n_past += n;
 }
@@ -517,6 +562,8 @@ rm_status rm_session_clear_stats(rm_session * s) {
     const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
     memset(s->stat_active, 0, sizeof(uint64_t) * n);
     memset(s->stat_residual, 0, sizeof(uint64_t) * n);
+    memset(s->prof_us, 0, sizeof(s->prof_us));
+    memset(s->prof_tokens, 0, sizeof(s->prof_tokens));
     rm_backend_stats * bs = &s->be->stats;
     char name[sizeof(bs->backend)];
     memcpy(name, bs->backend, sizeof(name));

@@ -13,6 +13,13 @@ struct rm_session {
     rm_backend * be;
     int32_t      n_ctx, n_batch, n_past;
 
+    /* the profile (rm_session_profile): [0] decode, [1] prefill; prof_t the time the current
+     * part began, prof_kind which of the two the current batch is */
+    double       prof_us[2][RM_PROF_COUNT];
+    uint64_t     prof_tokens[2];
+    double       prof_t;
+    int          prof_kind;
+
     /* backend memory (see backend.h); rows of the widths given */
     float * k_cache;              /* n_layer * n_ctx rows of n_head_kv*head_dim */
     float * v_cache;
@@ -64,5 +71,8 @@ struct rm_session {
     uint64_t * cal_n;             /* n_layer * n_expert */
     rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
 };
+
+/* Ends the current part of the profile (its time since the last mark goes to `part`). */
+void rm_prof_mark(rm_session * s, int part);
 
 #endif

@@ -1,0 +1,59 @@
+"""`rapidmoe bench` and the engine's profile (rm_session_profile): the parts' times account for
+the evaluation's, tokens are counted per kind of batch, clear_stats resets them, and the CLI
+reports medians with the profile. No timing is asserted beyond consistency."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import rapidmoe_gguf as rm
+from rapidmoe_gguf import bench, cli
+from rapidmoe_gguf.bundled import bundled_model_path
+
+
+def test_profile_accounts_for_the_evaluation_time():
+    with rm.Model(bundled_model_path(), n_ctx=128, n_threads=2) as m:
+        m.eval(list(range(5, 20)))
+        m.clear_stats()
+        p = m.profile()
+        assert p["tokens"] == {"decode": 0, "prefill": 0}
+        assert all(v == 0.0 for v in p["decode"].values()) and all(v == 0.0 for v in p["prefill"].values())
+        t0 = time.perf_counter()
+        m.eval(list(range(30, 70)))
+        for t in range(8):
+            m.eval([100 + t])
+        elapsed = time.perf_counter() - t0
+        p = m.profile()
+        assert p["tokens"] == {"decode": 8, "prefill": 40}
+        assert set(p["decode"]) == set(bench.PARTS_DOC) == set(p["prefill"])
+        total = sum(p["decode"].values()) + sum(p["prefill"].values())
+        assert 0.5 * elapsed < total <= elapsed
+        for kind in ("decode", "prefill"):
+            assert all(v >= 0.0 for v in p[kind].values())
+            assert p[kind]["experts_in"] > 0 and p[kind]["attn_in"] > 0
+        assert p["decode"]["output"] > 0          # every decoded token's logits
+        assert p["prefill"]["shared"] >= 0
+
+
+def test_bench_cli_reports_medians_and_the_profile(capsys):
+    assert cli.main(["bench", "--json", "--runs", "2", "--prefill", "48", "--decode", "6", "--prompt", "4",
+                     "--profile", "-t", "2", "--batch", "16"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["runs"] == 2 and len(r["decode_tok_s_all"]) == 2 and len(r["prefill_tok_s_all"]) == 2
+    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+    assert 0 < r["decode_p50_ms"] <= r["decode_p99_ms"]
+    assert sorted(r["decode_tok_s_all"])[0] <= r["decode_tok_s"] <= sorted(r["decode_tok_s_all"])[1]
+    assert set(r["profile"]["decode_ms_per_token"]) == set(bench.PARTS_DOC)
+    assert sum(r["profile"]["prefill_ms_per_token"].values()) > 0
+    assert cli.main(["bench", "--runs", "1", "--prefill", "8", "--decode", "2", "--profile"]) == 0
+    text = capsys.readouterr().out
+    assert "decode" in text and "experts_in" in text and "total" in text
+
+
+@pytest.mark.parametrize("bad", [["--runs", "0"], ["--decode", "0"], ["--batch", "0"]])
+def test_bench_cli_rejects_bad_sizes(capsys, bad):
+    assert cli.main(["bench", *bad]) != 0
+    assert "must be >= 1" in capsys.readouterr().err

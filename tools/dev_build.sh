@@ -11,4 +11,9 @@ cmake -S . -B "$dir" -G Ninja -DSKBUILD=ON -DPython_EXECUTABLE="$(command -v "$p
 cmake --build "$dir" -j "${RM_JOBS:-2}"
 pkg=${RM_PKG_DIR:-rapidmoe_gguf}
 mkdir -p "$pkg"
-cp -f "$dir"/librapidmoe.so "$dir"/_rm_cffi*.so "$pkg"/
+# Copy, then rename over the old file: a process still running the old library keeps its inode
+# (copying onto a mapped library in place would crash it).
+for so in "$dir"/librapidmoe.so "$dir"/_rm_cffi*.so; do
+    cp -f "$so" "$pkg/.$(basename "$so").new"
+    mv -f "$pkg/.$(basename "$so").new" "$pkg/$(basename "$so")"
+done

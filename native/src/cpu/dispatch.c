@@ -139,6 +139,15 @@ rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type) {
     return NULL;
 }
 
+const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->vec_dot[type]) return k->packed[type];   /* the set whose vec_dot runs */
+    }
+    return NULL;
+}
+
 void rm_q8_0_act_info(const void * x_q, int64_t n, float * info) {
     const rm_block_q8_0 * x = x_q;
     const int64_t nb = n / RM_QK;

@@ -34,6 +34,22 @@ void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 3
 typedef void (*rm_vec_dot_multi_fn)(int64_t n, int nc, float * out, const void * w, const void * x_q,
                                     uint64_t x_stride, const float * x_info, int64_t x_info_stride);
 
+/* The prefill form of a multi-token kernel, for weights that meet many tokens: each weight row
+ * is packed once (pack_row) and each token's activations are transposed once per product
+ * (transpose_act), after which a group of eight blocks' integer dots comes out of eight
+ * multiply-adds with no horizontal adds. dot: out[c] = dot(row, token c) for nc tokens (1, 4 or
+ * 8), from the packed row (and the raw row w, for blocks that do not fill a group), the
+ * transposed activations x_t (xt_stride bytes apart), the quantized ones x_q (x_stride bytes
+ * apart) and their x_info (required). Each out[c] is bit for bit vec_dot's for that token. */
+typedef struct rm_packed_kernels {
+    uint64_t (*packed_bytes)(int64_t n);                 /* one packed row of n weights */
+    uint64_t (*act_bytes)(int64_t n);                    /* one token's transposed activations */
+    void (*pack_row)(int64_t n, const void * w, void * packed);
+    void (*transpose_act)(int64_t n, const void * x_q, void * x_t);
+    void (*dot)(int64_t n, int nc, float * out, const void * packed, const void * w, const void * x_t,
+                uint64_t xt_stride, const void * x_q, uint64_t x_stride, const float * x_info, int64_t x_info_stride);
+} rm_packed_kernels;
+
 /* y[i] += a * x[i] for n floats (attention's weighted sum of values) */
 typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
 
@@ -44,6 +60,7 @@ typedef struct rm_cpu_kernels {
     rm_from_float_fn    quantize[RM_TYPE_COUNT];       /* activation quantizers (Q8_0, Q8_K): the
                                                           same bytes as the reference from_float */
     rm_axpy_fn          axpy;
+    const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
 } rm_cpu_kernels;
 
 #if defined(RM_X86)
@@ -61,11 +78,15 @@ rm_vec_dot_fn       rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
 rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */
 rm_from_float_fn    rm_cpu_quantize_isa(rm_isa isa, int32_t type);
 rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
+/* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
+ * set's vec_dot); NULL: none. */
+const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
 
 /* The same for the set in use: what the CPU backend calls. */
 static inline rm_vec_dot_fn       rm_cpu_vec_dot(int32_t t)       { return rm_cpu_vec_dot_isa(rm_isa_active(), t); }
 static inline rm_vec_dot_multi_fn rm_cpu_vec_dot_multi(int32_t t) { return rm_cpu_vec_dot_multi_isa(rm_isa_active(), t); }
 static inline rm_from_float_fn    rm_cpu_quantize(int32_t t)      { return rm_cpu_quantize_isa(rm_isa_active(), t); }
 static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cpu_axpy_isa(rm_isa_active()); }
+static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 
 #endif

@@ -30,6 +30,10 @@
 #define MM_BATCH_CHUNK_BYTES (16 << 10)
 #define MM_BATCH_CHUNKS_PER_THREAD 4
 #define MM_TILE_BYTES (16 << 10)
+/* The prefill form (rm_packed_kernels): used from this many tokens on, each thread packing rows
+ * into MM_PACK_BYTES of its own. */
+#define MM_PACK_MIN_TOKENS 8
+#define MM_PACK_BYTES (24 << 10)
 
 typedef struct cpu_ctx {
     rm_pool * pool;
@@ -39,9 +43,14 @@ typedef struct cpu_ctx {
     int64_t   x_info_cap;         /* floats */
     float *   scores;             /* attention scores: n_threads rows of n_ctx */
     int32_t   n_ctx;
+    uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
+    uint64_t  xt_cap;
+    uint8_t * pack;               /* each thread's packed rows: MM_PACK_BYTES apiece */
     struct many_task * many;      /* matmul_many's state */
     uint8_t * xq_many;            /* its quantized activations: two types of n_batch rows */
     uint64_t  xq_many_cap;
+    uint8_t * xt_many;            /* and their transposed copies */
+    uint64_t  xt_many_cap;
     float *   x_info_many;
     int64_t   x_info_many_cap;
 } cpu_ctx;
@@ -56,6 +65,10 @@ typedef struct mm_task {
     uint64_t               xq_stride;
     const float *          x_info;     /* Q8_0 activations: block scales and sums, or NULL */
     int64_t                x_info_stride;
+    const rm_packed_kernels * pk;      /* the prefill form, when this product uses it */
+    uint8_t *              xt;         /* the transposed activations it needs */
+    uint64_t               xt_stride;
+    uint8_t *              pack;       /* the threads' packing room */
     int64_t                chunk_rows;
     int64_t                tile_rows;
     int64_t                n_chunks;
@@ -69,6 +82,9 @@ static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
         t->quantize(t->a->x + i * t->a->x_stride, xq, t->a->w->ne[0]);
         if (t->x_info) {
             rm_q8_0_act_info(xq, t->a->w->ne[0], (float *) t->x_info + i * t->x_info_stride);
+        }
+        if (t->xt) {
+            t->pk->transpose_act(t->a->w->ne[0], xq, t->xt + i * t->xt_stride);
         }
     }
 }
@@ -91,12 +107,45 @@ static inline void store(const rm_matmul_args * a, int32_t i, int64_t r, float v
     *y = a->accumulate ? *y + v : v;
 }
 
+/* matmul_tile in the prefill form: the rows packed once into this thread's room, as many at a
+ * time as fit, then every token passes over them. */
+static void matmul_tile_packed(const mm_task * t, int ith, int64_t r0, int64_t r1) {
+    const rm_matmul_args * a = t->a;
+    const int64_t n_in = a->w->ne[0];
+    const uint64_t rb = a->w->row_bytes, pb = t->pk->packed_bytes(n_in);
+    uint8_t * room = t->pack + (uint64_t) ith * MM_PACK_BYTES;
+    const int64_t fit = (int64_t) (MM_PACK_BYTES / pb) > 0 ? (int64_t) (MM_PACK_BYTES / pb) : 1;
+    for (int64_t s0 = r0; s0 < r1; s0 += fit) {
+        const int64_t s1 = s0 + fit < r1 ? s0 + fit : r1;
+        for (int64_t r = s0; r < s1; r++) {
+            t->pk->pack_row(n_in, t->wdata + (uint64_t) r * rb, room + (uint64_t) (r - s0) * pb);
+        }
+        for (int32_t i = 0; i < a->n_tok;) {
+            const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
+            for (int64_t r = s0; r < s1; r++) {
+                float v[RM_MULTI_MAX];
+                t->pk->dot(n_in, nc, v, room + (uint64_t) (r - s0) * pb, t->wdata + (uint64_t) r * rb,
+                           t->xt + (uint64_t) i * t->xt_stride, t->xt_stride, t->xq + (uint64_t) i * t->xq_stride,
+                           t->xq_stride, t->x_info + i * t->x_info_stride, t->x_info_stride);
+                for (int c = 0; c < nc; c++) {
+                    store(a, i + c, r, v[c]);
+                }
+            }
+            i += nc;
+        }
+    }
+}
+
 /* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token, four tokens at a
  * time where the type has a multi-token kernel (each weight block is then unpacked once for four). */
-static void matmul_tile(const mm_task * t, int64_t r0, int64_t r1) {
+static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
+    if (t->xt) {
+        matmul_tile_packed(t, ith, r0, r1);
+        return;
+    }
     if (t->vec_dot_multi) {
         for (int32_t i = 0; i < a->n_tok;) {
             const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
@@ -133,10 +182,9 @@ static void matmul_task(void * p, int ith, int nth) {
         }
         const int64_t end = (k + 1) * t->chunk_rows < n_rows ? (k + 1) * t->chunk_rows : n_rows;
         for (int64_t r0 = k * t->chunk_rows; r0 < end; r0 += t->tile_rows) {
-            matmul_tile(t, r0, r0 + t->tile_rows < end ? r0 + t->tile_rows : end);
+            matmul_tile(t, ith, r0, r0 + t->tile_rows < end ? r0 + t->tile_rows : end);
         }
     }
-    (void) ith;
     (void) nth;
 }
 
@@ -191,6 +239,21 @@ static void mm_set_acts(mm_task * t, uint8_t * xq, float * info) {
     t->x_info = t->x_info_stride ? info : NULL;
 }
 
+/* Whether t takes the prefill form: a packed kernel, enough tokens, a whole group of blocks. */
+static int wants_packed(const mm_task * t) {
+    const rm_packed_kernels * pk = rm_cpu_packed(t->a->w->type);
+    return pk && t->x_info && t->a->n_tok >= MM_PACK_MIN_TOKENS && pk->packed_bytes(t->a->w->ne[0]) > 0;
+}
+
+static void mm_set_packed(mm_task * t, const cpu_ctx * c, uint8_t * xt) {
+    t->pk = rm_cpu_packed(t->a->w->type);
+    t->xt = xt;
+    t->xt_stride = t->pk->act_bytes(t->a->w->ne[0]);
+    t->pack = c->pack;
+    const int64_t rows = (int64_t) (MM_PACK_BYTES / t->pk->packed_bytes(t->a->w->ne[0]));
+    t->tile_rows = clamp_rows(rows, 1, t->chunk_rows);
+}
+
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     cpu_ctx * c = be->ctx;
     const int chunks_min = (a->n_tok < 4 ? MM_STREAM_CHUNKS_PER_THREAD : MM_BATCH_CHUNKS_PER_THREAD) * rm_pool_size(c->pool);
@@ -200,6 +263,9 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     if (t.xq == c->xq) {
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
         RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
+        if (wants_packed(&t) && rm_cpu_packed(a->w->type)->act_bytes(a->w->ne[0]) * (uint64_t) a->n_tok <= c->xt_cap) {
+            mm_set_packed(&t, c, c->xt);
+        }
         if (a->n_tok == 1) {
             quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
         } else {
@@ -263,42 +329,59 @@ static void many_matmul_fn(void * p, int ith, int nth) {
         const int64_t end = (kk + 1) * t->chunk_rows < n_rows ? (kk + 1) * t->chunk_rows : n_rows;
         for (int64_t r0 = kk * t->chunk_rows; r0 < end; r0 += t->tile_rows) {
             const int64_t r1 = r0 + t->tile_rows < end ? r0 + t->tile_rows : end;
-            matmul_tile(t, r0, r1);
+            matmul_tile(t, ith, r0, r1);
             if (r->a) {
-                matmul_tile(r, r0, r1);   /* the residual rows while the outputs are in cache */
+                matmul_tile(r, ith, r0, r1);   /* the residual rows while the outputs are in cache */
             }
         }
     }
-    (void) ith;
     (void) nth;
 }
 
-/* Finds activations already quantized for the same rows, or takes room for them; NULL when the
- * scratch is full. */
-static uint8_t * acts_for(cpu_ctx * c, many_task * m, mm_task * t, uint64_t * used, int64_t * info_used, float ** info) {
+/* Points t at activations already quantized for the same rows (and transposed, for the prefill
+ * form), or takes room for them and makes t their owner; 0 when the scratch is full. */
+typedef struct many_room {
+    uint64_t xq, xt;
+    int64_t  info;
+} many_room;
+
+static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
     const rm_matmul_args * a = t->a;
     const int32_t vt = rm_type_traits_get(a->w->type)->vec_dot_type;
+    if (vt == RM_TYPE_F32) {
+        mm_set_acts(t, NULL, NULL);
+        return 1;
+    }
     for (int32_t q = 0; q < m->n_quant; q++) {
         const mm_task * o = m->quant[q];
         if (o->a->x == a->x && o->a->x_stride == a->x_stride && o->a->n_tok >= a->n_tok && o->a->w->ne[0] == a->w->ne[0] &&
             rm_type_traits_get(o->a->w->type)->vec_dot_type == vt && (o->x_info != NULL) == (act_info_floats(a->w->type, a->w->ne[0]) > 0)) {
-            *info = (float *) o->x_info;
-            return (uint8_t *) o->xq;
+            mm_set_acts(t, (uint8_t *) o->xq, (float *) o->x_info);
+            if (o->xt && wants_packed(t)) {
+                mm_set_packed(t, c, o->xt);
+            }
+            return 1;
         }
     }
     const uint64_t bytes = act_row_bytes(a->w->type, a->w->ne[0]) * (uint64_t) a->n_tok;
     const int64_t floats = act_info_floats(a->w->type, a->w->ne[0]) * a->n_tok;
-    if (*used + bytes > c->xq_many_cap || *info_used + floats > c->x_info_many_cap) {
-        return NULL;
+    if (used->xq + bytes > c->xq_many_cap || used->info + floats > c->x_info_many_cap) {
+        return 0;
     }
-    uint8_t * xq = c->xq_many + *used;
-    *info = c->x_info_many + *info_used;
-    *used += (bytes + 63) / 64 * 64;
-    *info_used += floats;
+    mm_set_acts(t, c->xq_many + used->xq, c->x_info_many + used->info);
+    used->xq += (bytes + 63) / 64 * 64;
+    used->info += floats;
+    if (wants_packed(t)) {
+        const uint64_t tb = rm_cpu_packed(a->w->type)->act_bytes(a->w->ne[0]) * (uint64_t) a->n_tok;
+        if (used->xt + tb <= c->xt_many_cap) {
+            mm_set_packed(t, c, c->xt_many + used->xt);
+            used->xt += (tb + 63) / 64 * 64;
+        }
+    }
     m->quant[m->n_quant] = t;
     m->first_row[m->n_quant + 1] = m->first_row[m->n_quant] + a->n_tok;
     m->n_quant++;
-    return xq;
+    return 1;
 }
 
 static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n) {
@@ -313,8 +396,7 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
     m->n_quant = 0;
     m->first_chunk[0] = 0;
     m->first_row[0] = 0;
-    uint64_t used = 0;
-    int64_t info_used = 0;
+    many_room used = {0, 0, 0};
     int fits = 1;
     for (int32_t i = 0; i < n && fits; i++) {
         const rm_mm_item * it = &items[i];
@@ -330,16 +412,7 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
             r->chunk_rows = t->chunk_rows;
             r->tile_rows = t->tile_rows;
         }
-        mm_task * both[2] = {t, r};
-        for (int k = 0; k < 2 && fits; k++) {
-            if (!both[k]->a) continue;
-            float * info = NULL;
-            uint8_t * xq = NULL;
-            if (rm_type_traits_get(both[k]->a->w->type)->vec_dot_type != RM_TYPE_F32) {
-                fits = (xq = acts_for(c, m, both[k], &used, &info_used, &info)) != NULL;
-            }
-            mm_set_acts(both[k], xq, info);
-        }
+        fits = acts_for(c, m, t, &used) && (!r->a || acts_for(c, m, r, &used));
         m->first_chunk[i + 1] = m->first_chunk[i] + t->n_chunks;
     }
     if (!fits) {   /* more activations than the scratch holds: one product at a time */
@@ -514,6 +587,9 @@ static void cpu_free(rm_backend * be) {
     free(c->many);
     free(c->xq_many);
     free(c->x_info_many);
+    free(c->xt);
+    free(c->xt_many);
+    free(c->pack);
     free(c);
     free(be);
 }
@@ -539,7 +615,14 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->x_info_many_cap = 2 * c->x_info_cap;
     c->x_info_many = malloc(sizeof(float) * (size_t) c->x_info_many_cap);
     c->many = malloc(sizeof(struct many_task));
-    if (!c->xq || !c->x_info || !c->scores || !c->xq_many || !c->x_info_many || !c->many) {
+    /* the prefill form: transposed activations (at most the quantized bytes), packing room */
+    c->xt_cap = c->xq_cap;
+    c->xt = malloc(c->xt_cap);
+    c->xt_many_cap = c->xq_many_cap;
+    c->xt_many = malloc(c->xt_many_cap);
+    c->pack = malloc((size_t) MM_PACK_BYTES * (size_t) rm_pool_size(pool));
+    if (!c->xq || !c->x_info || !c->scores || !c->xq_many || !c->x_info_many || !c->many || !c->xt || !c->xt_many ||
+        !c->pack) {
         be->ctx = c;
         cpu_free(be);
         return NULL;

@@ -206,6 +206,138 @@ static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, c
     }
 }
 
+/* ---- the prefill form of the 32-element kernels (rm_packed_kernels) ------------------------ *
+ *
+ * A group of eight blocks, as registers: L_k, block k's 32 levels (dword j: levels 4j..4j+3).
+ * Transposed, T_j holds dword j of every block (dword k: block k's levels 4j..4j+3), so eight
+ * vpdpbusd of T_j (weights) against T_j (activations) leave block k's integer dot in lane k: the
+ * lanes block_sums8 makes with its tree of horizontal adds, here with none. A packed group is the
+ * eight weight scales as floats and the eight T_j (288 bytes); the activations' group is their
+ * eight T_j (256 bytes). Blocks past the last whole group stay in the raw row. */
+#define PACK_GROUP_BYTES (8 * sizeof(float) + 8 * 32)
+
+RM_INLINE void transpose8x8_epi32(__m256i v[8]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    v[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    v[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    v[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    v[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+static uint64_t packed_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * PACK_GROUP_BYTES; }
+static uint64_t act_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * 256; }
+
+RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int kind) {
+    const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
+    uint8_t * out = packed;
+    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += PACK_GROUP_BYTES) {
+        _mm256_storeu_ps((float *) out, scales8((const uint8_t *) w + (uint64_t) i * wblock, wblock));
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            v[k] = levels_unsigned(w, i + k, kind);
+        }
+        transpose8x8_epi32(v);
+        for (int j = 0; j < 8; j++) {
+            _mm256_storeu_si256((__m256i *) (out + 32 + 32 * j), v[j]);
+        }
+    }
+}
+
+static void pack_row_q4_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q4_0_LEVELS); }
+static void pack_row_q8_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q8_0_LEVELS); }
+
+static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
+    const rm_block_q8_0 * x = x_q;
+    uint8_t * out = x_t;
+    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += 256) {
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            v[k] = _mm256_loadu_si256((const __m256i *) x[i + k].qs);
+        }
+        transpose8x8_epi32(v);
+        for (int j = 0; j < 8; j++) {
+            _mm256_storeu_si256((__m256i *) (out + 32 * j), v[j]);
+        }
+    }
+}
+
+/* dot_32_multi's x_info way, group by group from the packed forms; the same integers and then
+ * the same float operations, so the same results. */
+RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const void * w, const void * x_t,
+                             uint64_t xt_stride, const void * x_q, uint64_t x_stride, const int nc,
+                             const float * x_info, int64_t x_info_stride, const int kind) {
+    const int64_t nb = n / RM_QK;
+    const float offset = kind == Q8_0_LEVELS ? 128.0f : 8.0f;
+    const uint8_t * pk = packed;
+    __m256 acc[RM_MULTI_MAX];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8, pk += PACK_GROUP_BYTES) {
+        const __m256 dw = _mm256_loadu_ps((const float *) pk);
+        __m256i q[8];
+        for (int j = 0; j < 8; j++) {
+            q[j] = _mm256_loadu_si256((const __m256i *) (pk + 32 + 32 * j));
+        }
+        const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
+        for (int c = 0; c < nc; c++) {
+            const uint8_t * xc = xg + (uint64_t) c * xt_stride;
+            __m256i p = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                p = _mm256_dpbusd_epi32(p, q[j], _mm256_loadu_si256((const __m256i *) (xc + 32 * j)));
+            }
+            const float * xi = x_info + c * x_info_stride;
+            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(offset), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(p));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
+        }
+    }
+    const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
+    for (; i < nb; i++) {  /* the last few blocks, one by one, as dot_32_multi does */
+        const __m256i q = levels_signed(w, i, kind), aq = _mm256_sign_epi8(q, q);
+        rm_fp16 h;
+        memcpy(&h, (const uint8_t *) w + (uint64_t) i * wblock, 2);
+        const float dw = fp16(h);
+        for (int c = 0; c < nc; c++) {
+            const rm_block_q8_0 * xc = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
+            const float dx = x_info[c * x_info_stride + i];
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(block_dot(q, aq, xc + i)), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+#define RM_PACKED_DOT(name, kind)                                                                                  \
+    static void name(int64_t n, int nc, float * out, const void * packed, const void * w, const void * x_t,        \
+                     uint64_t xt_stride, const void * x_q, uint64_t x_stride, const float * x_info,                \
+                     int64_t x_info_stride) {                                                                      \
+        if (nc == 8) {                                                                                             \
+            dot_32_packed(n, out, packed, w, x_t, xt_stride, x_q, x_stride, 8, x_info, x_info_stride, kind);       \
+        } else if (nc == 4) {                                                                                      \
+            dot_32_packed(n, out, packed, w, x_t, xt_stride, x_q, x_stride, 4, x_info, x_info_stride, kind);       \
+        } else {                                                                                                   \
+            dot_32_packed(n, out, packed, w, x_t, xt_stride, x_q, x_stride, 1, x_info, x_info_stride, kind);       \
+        }                                                                                                          \
+    }
+RM_PACKED_DOT(dot_packed_q4_0, Q4_0_LEVELS)
+RM_PACKED_DOT(dot_packed_q8_0, Q8_0_LEVELS)
+
+static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pack_row_q4_0, transpose_act_32, dot_packed_q4_0};
+static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0};
+
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
@@ -224,6 +356,10 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q3_K] = vec_dot_q3_K_multi,
         [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
+    },
+    .packed = {
+        [RM_TYPE_Q4_0] = &packed_q4_0,
+        [RM_TYPE_Q8_0] = &packed_q8_0,
     },
 };
 

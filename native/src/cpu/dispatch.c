@@ -175,6 +175,42 @@ rm_axpy_fn rm_cpu_axpy_isa(rm_isa isa) {
     return axpy_ref;
 }
 
+static void attn_scores_ref(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale,
+                            float * s) {
+    for (int64_t p = 0; p < n; p++) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < d; i++) {
+            sum += q[i] * k[p * stride + i];
+        }
+        s[p] = scale * sum;
+    }
+}
+
+static void attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
+    for (int64_t i = 0; i < d; i++) {
+        out[i] = 0.0f;
+    }
+    for (int64_t p = 0; p < n; p++) {
+        axpy_ref(d, s[p], v + p * stride, out);
+    }
+}
+
+rm_attn_scores_fn rm_cpu_attn_scores_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->attn_scores) return k->attn_scores;
+    }
+    return attn_scores_ref;
+}
+
+rm_attn_values_fn rm_cpu_attn_values_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->attn_values) return k->attn_values;
+    }
+    return attn_values_ref;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Public entry points
  * ------------------------------------------------------------------------------------------- */

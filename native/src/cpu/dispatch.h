@@ -50,8 +50,15 @@ typedef struct rm_packed_kernels {
                 uint64_t xt_stride, const void * x_q, uint64_t x_stride, const float * x_info, int64_t x_info_stride);
 } rm_packed_kernels;
 
-/* y[i] += a * x[i] for n floats (attention's weighted sum of values) */
+/* y[i] += a * x[i] for n floats */
 typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
+
+/* Attention's two halves for one query row of d floats against n cached positions, rows
+ * `stride` floats apart: scores s[p] = scale * dot(q, k_p), and out = sum_p s[p] v_p (out
+ * overwritten; the sum runs over p in order, each step a multiply-add). */
+typedef void (*rm_attn_scores_fn)(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale,
+                                  float * s);
+typedef void (*rm_attn_values_fn)(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out);
 
 /* One instruction set's kernels, by ggml type id; NULL where the set has none. */
 typedef struct rm_cpu_kernels {
@@ -60,6 +67,8 @@ typedef struct rm_cpu_kernels {
     rm_from_float_fn    quantize[RM_TYPE_COUNT];       /* activation quantizers (Q8_0, Q8_K): the
                                                           same bytes as the reference from_float */
     rm_axpy_fn          axpy;
+    rm_attn_scores_fn   attn_scores;
+    rm_attn_values_fn   attn_values;
     const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
 } rm_cpu_kernels;
 
@@ -78,6 +87,8 @@ rm_vec_dot_fn       rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
 rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */
 rm_from_float_fn    rm_cpu_quantize_isa(rm_isa isa, int32_t type);
 rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
+rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
+rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
@@ -87,6 +98,8 @@ static inline rm_vec_dot_fn       rm_cpu_vec_dot(int32_t t)       { return rm_cp
 static inline rm_vec_dot_multi_fn rm_cpu_vec_dot_multi(int32_t t) { return rm_cpu_vec_dot_multi_isa(rm_isa_active(), t); }
 static inline rm_from_float_fn    rm_cpu_quantize(int32_t t)      { return rm_cpu_quantize_isa(rm_isa_active(), t); }
 static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cpu_axpy_isa(rm_isa_active()); }
+static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
+static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 
 #endif

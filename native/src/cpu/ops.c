@@ -443,8 +443,8 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
 typedef struct attn_task {
     const rm_attn_args * a;
     cpu_ctx *            c;
-    rm_vec_dot_fn        dot;         /* F32 . F32 */
-    rm_axpy_fn           axpy;
+    rm_attn_scores_fn    scores;
+    rm_attn_values_fn    values;
     atomic_llong         next_job;    /* jobs are (token, head); later tokens see more positions */
 } attn_task;
 
@@ -465,22 +465,15 @@ static void attn_task_fn(void * p, int ith, int nth) {
         const int32_t n_kv = a->pos0 + i + 1;
         const float * q = a->q + i * q_stride + (int64_t) h * D;
         const int64_t kv_off = (int64_t) (h / group) * D;
-        for (int32_t p = 0; p < n_kv; p++) {
-            t->dot(D, &scores[p], a->k_cache + p * kv_stride + kv_off, q);
-            scores[p] *= scale;
-        }
+        t->scores(D, n_kv, q, a->k_cache + kv_off, kv_stride, scale, scores);
         rm_softmax(scores, n_kv);
-        float * out = a->out + i * q_stride + (int64_t) h * D;
-        memset(out, 0, sizeof(float) * (size_t) D);
-        for (int32_t p = 0; p < n_kv; p++) {
-            t->axpy(D, scores[p], a->v_cache + p * kv_stride + kv_off, out);
-        }
+        t->values(D, n_kv, scores, a->v_cache + kv_off, kv_stride, a->out + i * q_stride + (int64_t) h * D);
     }
     (void) nth;
 }
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
-    attn_task t = {.a = a, .c = be->ctx, .dot = rm_cpu_vec_dot(RM_TYPE_F32), .axpy = rm_cpu_axpy()};
+    attn_task t = {.a = a, .c = be->ctx, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values()};
     atomic_init(&t.next_job, 0);
     rm_pool_run_shared(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
 }

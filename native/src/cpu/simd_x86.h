@@ -43,6 +43,74 @@ static inline __m256i nibbles_lo_hi(const uint8_t * qs) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
 }
 
+/* ---- attention (rm_attn_scores_fn, rm_attn_values_fn): 256-bit, d a multiple of 8 ----------- */
+
+/* Eight vectors -> the vector of their eight sums. */
+static inline __m256 sums8_ps(const __m256 a[8]) {
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
+}
+
+/* Eight positions at a time: q is loaded once for all eight, and their eight sums come out of
+ * one reduction. */
+static inline void attn_scores_x86(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale,
+                                   float * s) {
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) {
+            acc[j] = _mm256_setzero_ps();
+        }
+        for (int64_t i = 0; i < d; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + i);
+            for (int j = 0; j < 8; j++) {
+                acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (p + j) * stride + i), acc[j]);
+            }
+        }
+        _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_set1_ps(scale), sums8_ps(acc)));
+    }
+    for (; p < n; p++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d; i += 8) {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + p * stride + i), acc);
+        }
+        s[p] = scale * hsum_ps(acc);
+    }
+}
+
+/* Up to 64 output floats held in registers while every position passes. */
+static inline void attn_values_x86(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
+    for (int64_t i0 = 0; i0 < d; i0 += 64) {
+        const int w = (int) ((d - i0 < 64 ? d - i0 : 64) / 8);
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) {
+            acc[j] = _mm256_setzero_ps();
+        }
+        if (w == 8) {
+            for (int64_t p = 0; p < n; p++) {
+                const __m256 sp = _mm256_set1_ps(s[p]);
+                const float * vp = v + p * stride + i0;
+                for (int j = 0; j < 8; j++) {
+                    acc[j] = _mm256_fmadd_ps(sp, _mm256_loadu_ps(vp + 8 * j), acc[j]);
+                }
+            }
+        } else {
+            for (int64_t p = 0; p < n; p++) {
+                const __m256 sp = _mm256_set1_ps(s[p]);
+                const float * vp = v + p * stride + i0;
+                for (int j = 0; j < w; j++) {
+                    acc[j] = _mm256_fmadd_ps(sp, _mm256_loadu_ps(vp + 8 * j), acc[j]);
+                }
+            }
+        }
+        for (int j = 0; j < w; j++) {
+            _mm256_storeu_ps(out + i0 + 8 * j, acc[j]);
+        }
+    }
+}
+
 /* int16 lanes 0-7 = s[j], lanes 8-15 = s[j + 1] from a vector of 16 signed byte scales: the
  * scales of the two 16-element sub-blocks that one 32-byte vector of levels spans. The scales are
  * kept in registers throughout: writing them to a small array and reading them back as a vector

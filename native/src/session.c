@@ -241,9 +241,16 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
     be->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
-    matmul(s, &L->wq, s->xn, E, n, s->q, Q, 0);
-    matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
-    matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
+    if (be->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
+        const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, s->q, Q, 0}, NULL, 0},
+                                   {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},
+                                   {{&L->wv, 0, s->xn, E, n, s->v, KV, 0}, NULL, 0}};
+        be->matmul_many(be, qkv, 3);
+    } else {
+        matmul(s, &L->wq, s->xn, E, n, s->q, Q, 0);
+        matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
+        matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
+    }
     if (L->bq.data) be->add_bias(be, s->q, &L->bq, n, Q);
     if (L->bk.data) be->add_bias(be, s->k, &L->bk, n, KV);
     if (L->bv.data) be->add_bias(be, s->v, &L->bv, n, KV);

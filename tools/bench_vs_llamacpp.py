@@ -33,6 +33,11 @@ ceiling is that bandwidth over the weight bytes one token reads,
 (KV-cache reads are left out: a few hundred KiB at these lengths), and each engine's decode speed
 is given as a fraction of it. Both engines run the base file alone (no residual sidecar).
 
+RESplit against a plain file: --ours-model PAIR.gguf runs rapidmoe on that base file with its
+residual sidecar under --policy and --budget, while llama.cpp runs MODEL (e.g. the Q8_0 file of
+the same checkpoint). The bytes each engine reads per token are then reported separately, ours
+with the residual share its policy actually took.
+
 On a machine shared with other work timings swing widely; --rt runs each engine at real-time
 priority (chrt -f 1) when the system allows it.
 """
@@ -185,20 +190,32 @@ def peak_rss_mib() -> float:
 
 
 class OursEngine:
-    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int):
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, policy: str | None = None,
+                 budget: float = 0.25):
         sys.path.insert(0, REPO)
         from rapidmoe_gguf import Model, kernels
 
-        self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, residual=None)
+        if policy:
+            self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, residual_policy=policy,
+                           residual_budget=budget)
+        else:
+            self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, residual=None)
         self.n_vocab = self.m.n_vocab
         self.extra = {"info": {k: v for k, v in self.m.info.items() if not k.startswith("_")},
-                      "cpu_isa": kernels.cpu_isa()}
+                      "cpu_isa": kernels.cpu_isa(), "residual_policy": self.m.residual_policy if policy else None}
 
     def reset(self) -> None:
         self.m.reset()
 
     def eval(self, ids):
         return self.m.eval(ids)
+
+    def decode_started(self) -> None:
+        self.m.clear_stats()
+
+    def decode_done(self) -> None:
+        if self.extra["residual_policy"]:
+            self.extra["residual_rate"] = self.m.stats()["residual_rate"]
 
 
 class LlamaEngine:
@@ -214,6 +231,12 @@ class LlamaEngine:
     def reset(self) -> None:
         self.llm.reset()
 
+    def decode_started(self) -> None:
+        pass
+
+    def decode_done(self) -> None:
+        pass
+
     def eval(self, ids):
         import numpy as np
 
@@ -222,12 +245,16 @@ class LlamaEngine:
         return np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.n_vocab,)).copy()
 
 
-def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n_prefill: int, feed: str) -> dict:
+def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n_prefill: int, feed: str,
+           policy: str | None = None, budget: float = 0.25) -> dict:
     import numpy as np
 
-    cls = OursEngine if engine == "ours" else LlamaEngine
     t0 = time.perf_counter()
-    e = cls(path, threads, n_ctx=max(n_prefill, n_prompt + n_decode) + 16, n_batch=n_prefill)
+    n_ctx = max(n_prefill, n_prompt + n_decode) + 16
+    if engine == "ours":
+        e = OursEngine(path, threads, n_ctx=n_ctx, n_batch=n_prefill, policy=policy, budget=budget)
+    else:
+        e = LlamaEngine(path, threads, n_ctx=n_ctx, n_batch=n_prefill)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     # ids past the first few hundred: plain tokens in any vocabulary, no special ones
@@ -244,6 +271,7 @@ def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n
 
     e.reset()
     logits = e.eval(prompt)
+    e.decode_started()
     lat = []
     for k in range(n_decode):
         tok = int(np.argmax(logits))
@@ -251,6 +279,7 @@ def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n
         t = time.perf_counter()
         logits = e.eval([tok])
         lat.append(time.perf_counter() - t)
+    e.decode_done()
 
     e.reset()
     t = time.perf_counter()
@@ -278,8 +307,11 @@ def rt_prefix(want: bool) -> list[str]:
 
 
 def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
-    cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, a.model, "--threads", str(a.threads),
+    model = a.ours_model if engine == "ours" and a.ours_model else a.model
+    cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, model, "--threads", str(a.threads),
                     "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill), "--feed", a.feed]
+    if engine == "ours" and a.ours_model:
+        cmd += ["--policy", a.policy, "--budget", str(a.budget), "--ours-model", a.ours_model]
     # numpy's BLAS threads would compete with the engine's own for the cores (neither uses them)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     if engine == "ours":
@@ -311,11 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--install-only", action="store_true", help="build llama-cpp-python and exit")
     ap.add_argument("--rt", action="store_true", help="run the engines at real-time priority (chrt -f 1)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--ours-model", help="rapidmoe runs this base file with its residual sidecar instead of MODEL")
+    ap.add_argument("--policy", default="umia", help="with --ours-model: the residual policy (default: %(default)s)")
+    ap.add_argument("--budget", type=float, default=0.25, help="with --ours-model: the residual budget (default: %(default)s)")
     ap.add_argument("--worker", choices=["ours", "llama.cpp"], help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
     if a.worker:
-        print(json.dumps(worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, a.feed)))
+        print(json.dumps(worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, a.feed,
+                                policy=a.policy if a.ours_model else None, budget=a.budget)))
         return 0
     engines = [e for e in a.engines.split(",") if e]
     if any(e not in ("ours", "llama.cpp") for e in engines):
@@ -326,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.model or not os.path.isfile(a.model):
         ap.error("give the GGUF file to run")
+    if a.ours_model and not os.path.isfile(a.ours_model):
+        ap.error(f"--ours-model: no such file: {a.ours_model}")
 
     bw, bw_method = memory_bandwidth(a.threads)
     print(f"memory read bandwidth, {a.threads} threads: {bw:.1f} GB/s ({bw_method})", file=sys.stderr)
@@ -341,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"peak RSS {r['peak_rss_mib']:.0f} MiB", file=sys.stderr)
 
     # bytes one decoded token reads, from rapidmoe's view of the file (a quick load if it did not run)
-    info = runs["ours"][0]["info"] if "ours" in runs else None
+    info = runs["ours"][0]["info"] if "ours" in runs and not a.ours_model else None
     if info is None:
         sys.path.insert(0, REPO)
         from rapidmoe_gguf import Model
@@ -350,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
             info = dict(m.info)
     token_bytes = info["dense_bytes"] + info["base_expert_bytes"] * info["n_expert_used"] / info["n_expert"]
     ceiling = bw * 1e9 / token_bytes
+    ours_bytes = None
+    if a.ours_model and "ours" in runs:
+        oi, rate = runs["ours"][0]["info"], statistics.median(r.get("residual_rate", 0.0) for r in runs["ours"])
+        used = oi["n_expert_used"] / oi["n_expert"]
+        ours_bytes = oi["dense_bytes"] + used * (oi["base_expert_bytes"] + rate * oi["residual_expert_bytes"])
 
     keys = ["decode_tok_s", "latency_ms_p50", "latency_ms_p99", "prefill_tok_s", "peak_rss_mib"]
     result = {
@@ -361,8 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         "engines": {e: {k: summary([r[k] for r in rs]) for k in keys} for e, rs in runs.items()},
         "raw": runs,
     }
+    if ours_bytes is not None:
+        result.update({"ours_model": os.path.abspath(a.ours_model), "ours_policy": a.policy, "ours_budget": a.budget,
+                       "ours_bytes_per_token": ours_bytes})
     for e in engines:
-        result["engines"][e]["ceiling_fraction"] = result["engines"][e]["decode_tok_s"]["median"] / ceiling
+        cap = bw * 1e9 / ours_bytes if e == "ours" and ours_bytes else ceiling
+        result["engines"][e]["ceiling_fraction"] = result["engines"][e]["decode_tok_s"]["median"] / cap
     if len(engines) == 2:
         ratios = {}
         for k in ["decode_tok_s", "prefill_tok_s", "peak_rss_mib"]:
@@ -376,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{os.path.basename(a.model)}: {a.threads} threads, median of {a.runs} runs (min..max); "
           f"bandwidth {bw:.1f} GB/s, {token_bytes / 1e6:.0f} MB read per token -> ceiling {ceiling:.1f} tok/s")
+    if ours_bytes is not None:
+        print(f"ours runs {os.path.basename(a.ours_model)} + its residual sidecar, policy {a.policy} at {a.budget}: "
+              f"{ours_bytes / 1e6:.0f} MB read per token -> ceiling {bw * 1e9 / ours_bytes:.1f} tok/s")
     print(f"| engine | decode tok/s | p50 / p99 ms | prefill tok/s | peak RSS MiB | of ceiling |")
     print(f"|---|---|---|---|---|---|")
     for e in engines:

@@ -10,6 +10,10 @@
  * expert on the GPU; half the experts kept in host memory; residuals copied to the GPU in
  * prefill (crossover 2 tokens). In decode no weight byte may cross the bus.
  *
+ * The same three variants run on the CPU stand-in device (RM_GPU_STANDIN: the split with a second
+ * CPU backend as the device) on every machine; its kernels are the CPU's, so its logits must
+ * match the CPU's to the order of float sums: max |dlogit| <= 1e-4 * max |logit| per position.
+ *
  * Without a usable GPU (this build lacks CUDA, or no device) the GPU part is skipped with the
  * reason, and the CPU part still runs (finite logits; the fallback note is set).
  *
@@ -240,6 +244,26 @@ static void check_case(const char * dir, const model_case * mc, int n_threads, i
                  (unsigned long long) bs.h2d_weight_bytes);
         }
         rm_model_free(mg);
+    }
+    const variant standins[3] = {{"standin", RM_GPU_STANDIN, 0, 0}, {"standin-half-experts-on-cpu", RM_GPU_STANDIN, 1, 0},
+                                 {"standin-residual-upload", RM_GPU_STANDIN, 0, 2}};
+    for (int v = 0; v < 3; v++) {
+        rm_model * md = load(base, res_path, &standins[v], n_threads, &gi);
+        EXPECT(md != NULL && gi.active, "%s: %s load", label, standins[v].name);
+        if (!md) continue;
+        for (int pol = 0; pol < (has_res ? 3 : 1); pol++) {
+            rm_backend_stats bs;
+            const int ok = run(md, pol, has_res, got, n, &bs) == 0;
+            EXPECT(ok, "%s: %s run policy %d", label, standins[v].name, pol);
+            if (!ok) continue;
+            cmp c = compare(ref + (size_t) pol * rows * n, got, rows, n);
+            EXPECT(c.finite && c.max_rel <= 1e-4, "%s: %s policy %d vs CPU: max rel %.3g (<= 1e-4)", label,
+                   standins[v].name, pol, c.max_rel);
+            EXPECT(bs.h2d_weight_bytes == 0 && bs.d2h_bytes > 0, "%s: %s: %llu weight bytes crossed in decode", label,
+                   standins[v].name, (unsigned long long) bs.h2d_weight_bytes);
+            EXPECT(strcmp(bs.backend, "standin") == 0, "%s: backend '%s'", label, bs.backend);
+        }
+        rm_model_free(md);
     }
 done:
     free(ref);

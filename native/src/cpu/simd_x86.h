@@ -159,18 +159,19 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
  * are unpacked once for all tokens, and each token's result is bit for bit the one-token
  * kernel's. Each super-block sums its integer products, weighted by the sub-block scales, in
  * int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of
- * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot.
+ * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot. The mins, which
+ * carry a float scale of their own, are summed in float lanes across super-blocks and reduced
+ * once per row (not once per super-block).
  * ------------------------------------------------------------------------------------------- */
 
 /* Q2_K for nc tokens (1, 4 or 8): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc[RM_MULTI_MAX];
-    float acc_m[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
-        acc_m[c] = 0.0f;
+        acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
@@ -196,11 +197,13 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
         const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
         for (int c = 0; c < nc; c++) {
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc_m[c] += a[c]->d * dmw * (float) bsums_dot16(a[c]->bsums, mn);
+            /* the mins' eight pair sums stay in float lanes, added up once at the end */
+            const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
+            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - acc_m[c];
+        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
     }
 }
 
@@ -251,11 +254,10 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
 RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q4_K * b = w;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[RM_MULTI_MAX];
-    float acc_m[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
-        acc_m[c] = 0.0f;
+        acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i sm = scales_k4(b[i].scales);    /* 8 scales, then 8 mins */
@@ -277,19 +279,19 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
                 sumi[c] = RM_KQ_ACC(sumi[c], p1, s1);
             }
         }
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
+        /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
+         * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
+        const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
         const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
         for (int c = 0; c < nc; c++) {
-            /* mins: sum_j mn[j] * (bsums[2j] + bsums[2j + 1]) */
-            const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) a[c]->bsums),
-                                              _mm_loadu_si128((const __m128i *) (a[c]->bsums + 8)));
-            const int32_t summ = hsum_epi32_128(_mm_madd_epi16(bs, mins));
+            const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc_m[c] += a[c]->d * dmw * (float) summ;
+            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - acc_m[c];
+        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
     }
 }
 

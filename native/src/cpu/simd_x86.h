@@ -111,6 +111,24 @@ static inline void attn_values_x86(int64_t d, int64_t n, const float * s, const 
     }
 }
 
+/* The table entries (each kernel-set file has its own copy, built with its flags); a row length
+ * that is not a multiple of 8 goes to the reference. */
+static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s) {
+    if (d % 8) {
+        rm_cpu_attn_scores_isa(RM_ISA_SCALAR)(d, n, q, k, stride, scale, s);
+        return;
+    }
+    attn_scores_x86(d, n, q, k, stride, scale, s);
+}
+
+static void attn_values(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
+    if (d % 8) {
+        rm_cpu_attn_values_isa(RM_ISA_SCALAR)(d, n, s, v, stride, out);
+        return;
+    }
+    attn_values_x86(d, n, s, v, stride, out);
+}
+
 /* int16 lanes 0-7 = s[j], lanes 8-15 = s[j + 1] from a vector of 16 signed byte scales: the
  * scales of the two 16-element sub-blocks that one 32-byte vector of levels spans. The scales are
  * kept in registers throughout: writing them to a small array and reading them back as a vector

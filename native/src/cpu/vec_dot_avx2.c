@@ -266,22 +266,6 @@ static void quantize_q8_K(const float * x, void * dst, int64_t n) {
     }
 }
 
-static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s) {
-    if (d % 8) {
-        rm_cpu_attn_scores_isa(RM_ISA_SCALAR)(d, n, q, k, stride, scale, s);
-        return;
-    }
-    attn_scores_x86(d, n, q, k, stride, scale, s);
-}
-
-static void attn_values(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
-    if (d % 8) {
-        rm_cpu_attn_values_isa(RM_ISA_SCALAR)(d, n, s, v, stride, out);
-        return;
-    }
-    attn_values_x86(d, n, s, v, stride, out);
-}
-
 const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,

@@ -338,22 +338,6 @@ RM_PACKED_DOT(dot_packed_q8_0, Q8_0_LEVELS)
 static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pack_row_q4_0, transpose_act_32, dot_packed_q4_0};
 static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0};
 
-static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s) {
-    if (d % 8) {
-        rm_cpu_attn_scores_isa(RM_ISA_SCALAR)(d, n, q, k, stride, scale, s);
-        return;
-    }
-    attn_scores_x86(d, n, q, k, stride, scale, s);
-}
-
-static void attn_values(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
-    if (d % 8) {
-        rm_cpu_attn_values_isa(RM_ISA_SCALAR)(d, n, s, v, stride, out);
-        return;
-    }
-    attn_values_x86(d, n, s, v, stride, out);
-}
-
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,

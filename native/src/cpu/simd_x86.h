@@ -285,6 +285,28 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
             a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
             sumi[c] = _mm256_setzero_si256();
         }
+#ifdef RM_KQ_512
+        /* 512 bits: sub-blocks 2p and 2p + 1 side by side, against the token's 64 levels at once;
+         * the two halves' int32 lanes are added at the end, the same integers as below */
+        __m512i sumz[RM_MULTI_MAX];
+        for (int c = 0; c < nc; c++) {
+            sumz[c] = _mm512_setzero_si512();
+        }
+        for (int p = 0; p < 4; p++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
+            const __m512i l = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+                                               _mm512_set1_epi8(0x0f));
+            const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(scale_all(sm, 2 * p)), scale_all(sm, 2 * p + 1), 1);
+            for (int c = 0; c < nc; c++) {
+                const __m512i pr = _mm512_maddubs_epi16(l, _mm512_loadu_si512((const void *) (a[c]->qs + 64 * p)));
+                sumz[c] = _mm512_dpwssd_epi32(sumz[c], pr, sc);
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            sumi[c] = _mm256_add_epi32(_mm512_castsi512_si256(sumz[c]), _mm512_extracti64x4_epi64(sumz[c], 1));
+        }
+        (void) m4;
+#else
         for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
             const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
             const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -297,6 +319,7 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
                 sumi[c] = RM_KQ_ACC(sumi[c], p1, s1);
             }
         }
+#endif
         /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
          * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
         const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);

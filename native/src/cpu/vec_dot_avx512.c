@@ -2,9 +2,11 @@
  *
  * What this set adds to the AVX2 one: 16-wide float dots for F32 and F16 weights, with masked
  * loads for the tail, and vpdpbusd (VNNI), which multiplies unsigned by signed bytes and adds
- * groups of four straight into int32 lanes, for the 32-element blocks. The 32-element blocks stay
- * 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register costs as many
- * shuffles as it saves. The K-quants are simd_x86.h's, built here with vpdpwssd (VNNI) for
+ * groups of four straight into int32 lanes, for the 32-element blocks. The one-token 32-element
+ * kernels stay 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register
+ * costs as many shuffles as it saves. Where data already lies 64 bytes together (Q4_K's levels
+ * against its activations, the prefill form's transposed groups) the products run 512 bits wide
+ * and the two halves' int32 lanes are added at the end: the same integers, so the same results. The K-quants are simd_x86.h's, built here with vpdpwssd (VNNI) for
  * their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls through).
  * Same contracts and error budgets as vec_dot_avx2.c.
  */
@@ -15,6 +17,8 @@
 
 /* pair products times scales, added into int32 lanes in one instruction */
 #define RM_KQ_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
+/* Q4_K's levels against its activations 512 bits at a time (see dot_q4_K_multi) */
+#define RM_KQ_512 1
 #include "simd_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
@@ -287,17 +291,18 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
     int64_t i = 0;
     for (; i + 8 <= nb; i += 8, pk += PACK_GROUP_BYTES) {
         const __m256 dw = _mm256_loadu_ps((const float *) pk);
-        __m256i q[8];
-        for (int j = 0; j < 8; j++) {
-            q[j] = _mm256_loadu_si256((const __m256i *) (pk + 32 + 32 * j));
+        __m512i q[4];   /* T_2k and T_2k+1 side by side: the halves' lanes are added at the end */
+        for (int j = 0; j < 4; j++) {
+            q[j] = _mm512_loadu_si512((const void *) (pk + 32 + 64 * j));
         }
         const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
         for (int c = 0; c < nc; c++) {
             const uint8_t * xc = xg + (uint64_t) c * xt_stride;
-            __m256i p = _mm256_setzero_si256();
-            for (int j = 0; j < 8; j++) {
-                p = _mm256_dpbusd_epi32(p, q[j], _mm256_loadu_si256((const __m256i *) (xc + 32 * j)));
+            __m512i pz = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++) {
+                pz = _mm512_dpbusd_epi32(pz, q[j], _mm512_loadu_si512((const void *) (xc + 64 * j)));
             }
+            const __m256i p = _mm256_add_epi32(_mm512_castsi512_si256(pz), _mm512_extracti64x4_epi64(pz, 1));
             const float * xi = x_info + c * x_info_stride;
             const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(offset), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(p));
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);

@@ -47,8 +47,7 @@ static void session_free_buffers(rm_session * s) {
 }
 
 /* The model's backend for this session: CUDA when the model has a GPU, the stand-in when it has
- * one, else the CPU. NULL with
- * the error set (status in *st) on failure. */
+ * one, else the CPU. NULL with the error set (status in *st) on failure. */
 static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx, rm_status * st) {
     *st = RM_E_OOM;
     if (m->standin) {

@@ -162,6 +162,9 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--gpu-mem", default=None,
                    help="run on the GPU within this much device memory, e.g. 8GiB (default: CPU only)")
     p.add_argument("--gpu-device", type=int, default=0, help="CUDA device ordinal (default: %(default)s)")
+    p.add_argument("--gpu-backend", choices=["cuda", "standin"], default="cuda",
+                   help="with --gpu-mem: the CUDA device, or a CPU stand-in for it that runs the same placement "
+                        "and split without a GPU, to check them (never faster; default: %(default)s)")
 
 
 def _budget_arg(text: str) -> float | str:
@@ -185,7 +188,7 @@ def _open_model(args: argparse.Namespace):
     return Model(path, n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 256),
                  residual=None if args.no_residual else "auto",
                  residual_policy=args.policy, residual_budget=args.budget,
-                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device,
+                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
                  gpu_sessions=max(1, getattr(args, "parallel", 1)))
 
 

@@ -198,3 +198,25 @@ def test_standin_refuses_calibration_and_bad_backend_names(wide_pair):
         dev.eval([5, 6])                    # the session is unharmed
     with pytest.raises(RapidMoEError, match="gpu_backend"):
         _model(wide_pair, gpu_memory="1GiB", gpu_backend="metal")
+
+
+def test_standin_from_the_cli_generates_the_cpu_text(capsys, monkeypatch):
+    """`rapidmoe run --gpu-mem ... --gpu-backend standin` on the bundled model runs on the stand-in
+    and gives the same greedy text as the CPU."""
+    from rapidmoe_gguf import cli, model
+
+    backends = []
+    close = model.Model.close
+
+    def recording_close(self):
+        if self._model is not None and self._parent is None:
+            backends.append(self.backend)
+        close(self)
+
+    monkeypatch.setattr(model.Model, "close", recording_close)
+    args = ["run", "-p", "Once upon a time", "-n", "24", "--temp", "0", "-t", "2", "--ctx", "128"]
+    assert cli.main(args) == 0
+    cpu_text = capsys.readouterr().out
+    assert cli.main(args + ["--gpu-mem", "64MiB", "--gpu-backend", "standin"]) == 0
+    assert capsys.readouterr().out == cpu_text and len(cpu_text) > len("Once upon a time")
+    assert backends == ["cpu", "standin"]

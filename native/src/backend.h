@@ -132,6 +132,10 @@ struct rm_backend {
 /* The CPU backend, running on the pool's threads; scratch sized for n_batch tokens of at most
  * max_in inputs and n_ctx positions. */
 rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in, int32_t n_ctx);
+/* The model's repacked weights (repack.h), which the CPU backend then reads in place of the
+ * file's bytes of those matrices; NULL: none. */
+struct rm_dev_weights;
+void rm_backend_cpu_use_repacked(rm_backend * be, const struct rm_dev_weights * repacked);
 
 /* Host reference math shared by the CPU backend and the model code. */
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps);

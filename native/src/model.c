@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "repack.h"
 #include "standin.h"
 #include "gguf.h"
 #include "status.h"
@@ -352,7 +353,17 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     pthread_mutex_init(&m->lock, NULL);
     fill_info(m);
-    return place_on_gpu(m, params);
+    if ((st = place_on_gpu(m, params)) != RM_OK) {
+        return st;
+    }
+    if (!m->gpu && !m->standin) {   /* CPU only: the weights the kernels read faster in their own layout */
+        int failed = 0;
+        m->repacked = rm_repack_model(m, m->pool, &failed);
+        if (failed) {
+            return RM_E_OOM;
+        }
+    }
+    return RM_OK;
 }
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out) {
@@ -399,6 +410,7 @@ void rm_model_free(rm_model * m) {
     rm_gpu_close(m->gpu);
 #endif
     rm_standin_close(m->standin);
+    rm_repack_free(m->repacked);
     free(m->layers);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);

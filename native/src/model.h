@@ -60,6 +60,7 @@ struct rm_model {
     rm_model_info   info;
     struct rm_gpu * gpu;                 /* device copies of the weights; NULL on the CPU */
     struct rm_standin * standin;         /* the CPU stand-in device (use_gpu = RM_GPU_STANDIN) */
+    struct rm_dev_weights * repacked;    /* weights in the CPU kernels' stored layout (repack.h); NULL: none */
     rm_gpu_info     gpu_info;            /* where the model runs, and why */
 };
 

@@ -61,7 +61,9 @@ static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, 
     rm_backend * be = rm_backend_cpu_new(m->pool, n_batch, max_in, n_ctx);
     if (!be) {
         rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CPU backend's scratch");
+        return NULL;
     }
+    rm_backend_cpu_use_repacked(be, m->repacked);
     return be;
 }
 

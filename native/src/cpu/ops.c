@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../devweights.h"
 #include "../status.h"
 #include "../types.h"
 #include "dispatch.h"
@@ -46,6 +47,7 @@ typedef struct cpu_ctx {
     uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
     uint64_t  xt_cap;
     uint8_t * pack;               /* each thread's packed rows: MM_PACK_BYTES apiece */
+    const rm_dev_weights * repacked;   /* the model's weights in the kernels' stored layout, or NULL */
     struct many_task * many;      /* matmul_many's state */
     uint8_t * xq_many;            /* its quantized activations: two types of n_batch rows */
     uint64_t  xq_many_cap;
@@ -69,6 +71,7 @@ typedef struct mm_task {
     uint8_t *              xt;         /* the transposed activations it needs */
     uint64_t               xt_stride;
     uint8_t *              pack;       /* the threads' packing room */
+    const uint8_t *        stored;     /* the matrix in the stored layout (repack.h), or NULL */
     int64_t                chunk_rows;
     int64_t                tile_rows;
     int64_t                n_chunks;
@@ -118,7 +121,11 @@ static void matmul_tile_packed(const mm_task * t, int ith, int64_t r0, int64_t r
     for (int64_t s0 = r0; s0 < r1; s0 += fit) {
         const int64_t s1 = s0 + fit < r1 ? s0 + fit : r1;
         for (int64_t r = s0; r < s1; r++) {
-            t->pk->pack_row(n_in, t->wdata + (uint64_t) r * rb, room + (uint64_t) (r - s0) * pb);
+            if (t->stored) {
+                t->pk->unpack_stored(n_in, t->stored + (uint64_t) r * rb, room + (uint64_t) (r - s0) * pb);
+            } else {
+                t->pk->pack_row(n_in, t->wdata + (uint64_t) r * rb, room + (uint64_t) (r - s0) * pb);
+            }
         }
         for (int32_t i = 0; i < a->n_tok;) {
             const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
@@ -136,12 +143,35 @@ static void matmul_tile_packed(const mm_task * t, int ith, int64_t r0, int64_t r
     }
 }
 
+/* matmul_tile on rows stored packed at load: nothing to pack, the same results. */
+static void matmul_tile_stored(const mm_task * t, int64_t r0, int64_t r1) {
+    const rm_matmul_args * a = t->a;
+    const int64_t n_in = a->w->ne[0];
+    const uint64_t rb = a->w->row_bytes;
+    for (int32_t i = 0; i < a->n_tok;) {
+        const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
+        for (int64_t r = r0; r < r1; r++) {
+            float v[RM_MULTI_MAX];
+            t->pk->dot_stored(n_in, nc, v, t->stored + (uint64_t) r * rb, t->xt + (uint64_t) i * t->xt_stride,
+                              t->xt_stride, t->x_info + i * t->x_info_stride, t->x_info_stride);
+            for (int c = 0; c < nc; c++) {
+                store(a, i + c, r, v[c]);
+            }
+        }
+        i += nc;
+    }
+}
+
 /* y[i][r] (+)= dot(row r, token i) for the rows of one tile and every token, four tokens at a
  * time where the type has a multi-token kernel (each weight block is then unpacked once for four). */
 static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
+    if (t->stored && t->xt && a->n_tok < MM_PACK_MIN_TOKENS) {
+        matmul_tile_stored(t, r0, r1);
+        return;
+    }
     if (t->xt) {
         matmul_tile_packed(t, ith, r0, r1);
         return;
@@ -202,6 +232,7 @@ static void mm_setup(const cpu_ctx * c, mm_task * t, const rm_matmul_args * a, c
     t->vec_dot_multi = rm_cpu_vec_dot_multi(w->type);
     t->quantize = rm_cpu_quantize(tt->vec_dot_type);
     t->wdata = rm_weight_matrix(w, a->mat);
+    t->stored = c->repacked ? rm_dev_weights_find(c->repacked, t->wdata) : NULL;
     const int stream = a->n_tok < 4;
     const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
     const int64_t per_chunk = (n_rows + chunks_min - 1) / chunks_min;
@@ -239,10 +270,11 @@ static void mm_set_acts(mm_task * t, uint8_t * xq, float * info) {
     t->x_info = t->x_info_stride ? info : NULL;
 }
 
-/* Whether t takes the prefill form: a packed kernel, enough tokens, a whole group of blocks. */
+/* Whether t takes the packed form: a packed kernel and a whole group of blocks, and either rows
+ * stored packed at load (any number of tokens) or enough tokens to pay for packing them. */
 static int wants_packed(const mm_task * t) {
     const rm_packed_kernels * pk = rm_cpu_packed(t->a->w->type);
-    return pk && t->x_info && t->a->n_tok >= MM_PACK_MIN_TOKENS && pk->packed_bytes(t->a->w->ne[0]) > 0;
+    return pk && t->x_info && pk->packed_bytes(t->a->w->ne[0]) > 0 && (t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS);
 }
 
 static void mm_set_packed(mm_task * t, const cpu_ctx * c, uint8_t * xt) {
@@ -250,8 +282,10 @@ static void mm_set_packed(mm_task * t, const cpu_ctx * c, uint8_t * xt) {
     t->xt = xt;
     t->xt_stride = t->pk->act_bytes(t->a->w->ne[0]);
     t->pack = c->pack;
-    const int64_t rows = (int64_t) (MM_PACK_BYTES / t->pk->packed_bytes(t->a->w->ne[0]));
-    t->tile_rows = clamp_rows(rows, 1, t->chunk_rows);
+    if (!t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS) {   /* tiles packed per product */
+        const int64_t rows = (int64_t) (MM_PACK_BYTES / t->pk->packed_bytes(t->a->w->ne[0]));
+        t->tile_rows = clamp_rows(rows, 1, t->chunk_rows);
+    }
 }
 
 static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
@@ -567,6 +601,10 @@ static void cpu_route(rm_backend * be, const float * logits, int32_t n_tok, int3
     for (int32_t i = 0; i < n_tok; i++) {
         rm_route_token(logits + (int64_t) i * n_expert, n_expert, k, norm, out + (int64_t) i * k);
     }
+}
+
+void rm_backend_cpu_use_repacked(rm_backend * be, const rm_dev_weights * repacked) {
+    ((cpu_ctx *) be->ctx)->repacked = repacked;
 }
 
 static void cpu_free(rm_backend * be) {

@@ -340,8 +340,92 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
 RM_PACKED_DOT(dot_packed_q4_0, Q4_0_LEVELS)
 RM_PACKED_DOT(dot_packed_q8_0, Q8_0_LEVELS)
 
-static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pack_row_q4_0, transpose_act_32, dot_packed_q4_0};
-static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0};
+/* Q4_0 rows stored packed (rm_packed_kernels.repack_row): a group of eight blocks is their eight
+ * fp16 scales (16 bytes), then the transposed levels as nibbles, T_2m in the low and T_2m+1 in the
+ * high nibbles of 32 bytes (128 bytes): 144 bytes, as the eight blocks take in the file. The
+ * one-token kernel then unpacks a group in a dozen operations and needs no horizontal adds, the
+ * work dot_32_multi spends most of its time on; the integers and floats are dot_32_packed's. */
+static void repack_row_q4_0(int64_t n, const void * w, void * stored) {
+    uint8_t * out = stored;
+    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += 8 * sizeof(rm_block_q4_0)) {
+        for (int k = 0; k < 8; k++) {
+            memcpy(out + 2 * k, &((const rm_block_q4_0 *) w + i + k)->d, 2);
+        }
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            v[k] = levels_unsigned(w, i + k, Q4_0_LEVELS);
+        }
+        transpose8x8_epi32(v);
+        for (int m = 0; m < 4; m++) {
+            _mm256_storeu_si256((__m256i *) (out + 16 + 32 * m), _mm256_or_si256(v[2 * m], _mm256_slli_epi16(v[2 * m + 1], 4)));
+        }
+    }
+}
+
+static void unpack_stored_q4_0(int64_t n, const void * stored, void * packed) {
+    const uint8_t * g = stored;
+    uint8_t * out = packed;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, g += 8 * sizeof(rm_block_q4_0), out += PACK_GROUP_BYTES) {
+        _mm256_storeu_ps((float *) out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g)));
+        for (int m = 0; m < 4; m++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + 16 + 32 * m));
+            _mm256_storeu_si256((__m256i *) (out + 32 + 64 * m), _mm256_and_si256(v, m4));
+            _mm256_storeu_si256((__m256i *) (out + 64 + 64 * m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        }
+    }
+}
+
+RM_INLINE void dot_stored_q4_0_nc(int64_t n, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
+                                  const int nc, const float * x_info, int64_t x_info_stride) {
+    const int64_t nb = n / RM_QK;
+    const uint8_t * g = stored;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[RM_MULTI_MAX];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i + 8 <= nb; i += 8, g += 8 * sizeof(rm_block_q4_0)) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g));
+        __m512i q[4];   /* T_2m and T_2m+1 side by side, as dot_32_packed has them */
+        for (int m = 0; m < 4; m++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + 16 + 32 * m));
+            q[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
+                                      _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+        }
+        const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
+        for (int c = 0; c < nc; c++) {
+            const uint8_t * xc = xg + (uint64_t) c * xt_stride;
+            __m512i pz = _mm512_setzero_si512();
+            for (int m = 0; m < 4; m++) {
+                pz = _mm512_dpbusd_epi32(pz, q[m], _mm512_loadu_si512((const void *) (xc + 64 * m)));
+            }
+            const __m256i p = _mm256_add_epi32(_mm512_castsi512_si256(pz), _mm512_extracti64x4_epi64(pz, 1));
+            const float * xi = x_info + c * x_info_stride;
+            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(p));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+static void dot_stored_q4_0(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
+                            const float * x_info, int64_t x_info_stride) {
+    if (nc == 8) {
+        dot_stored_q4_0_nc(n, out, stored, x_t, xt_stride, 8, x_info, x_info_stride);
+    } else if (nc == 4) {
+        dot_stored_q4_0_nc(n, out, stored, x_t, xt_stride, 4, x_info, x_info_stride);
+    } else {
+        dot_stored_q4_0_nc(n, out, stored, x_t, xt_stride, 1, x_info, x_info_stride);
+    }
+}
+
+static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pack_row_q4_0, transpose_act_32, dot_packed_q4_0,
+                                              repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0};
+static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0,
+                                              NULL, NULL, NULL};
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {

@@ -276,6 +276,24 @@ static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
     }
 }
 
+/* One group of eight blocks against nc tokens' transposed activations: q holds T_2m and T_2m+1
+ * side by side (m = 0..3), dw the eight weight scales; the packed and stored kernels share it, so
+ * they do the same operations as dot_32_multi's x_info way. */
+RM_INLINE void group_dot(const __m512i q[4], __m256 dw, const uint8_t * xg, uint64_t xt_stride, const int nc,
+                         const float * x_info, int64_t x_info_stride, int64_t nb, int64_t i, float offset, __m256 * acc) {
+    for (int c = 0; c < nc; c++) {
+        const uint8_t * xc = xg + (uint64_t) c * xt_stride;
+        __m512i pz = _mm512_setzero_si512();
+        for (int m = 0; m < 4; m++) {
+            pz = _mm512_dpbusd_epi32(pz, q[m], _mm512_loadu_si512((const void *) (xc + 64 * m)));
+        }
+        const __m256i p = _mm256_add_epi32(_mm512_castsi512_si256(pz), _mm512_extracti64x4_epi64(pz, 1));
+        const float * xi = x_info + c * x_info_stride;
+        const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(offset), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(p));
+        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
+    }
+}
+
 /* dot_32_multi's x_info way, group by group from the packed forms; the same integers and then
  * the same float operations, so the same results. */
 RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const void * w, const void * x_t,
@@ -295,18 +313,8 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
         for (int j = 0; j < 4; j++) {
             q[j] = _mm512_loadu_si512((const void *) (pk + 32 + 64 * j));
         }
-        const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
-        for (int c = 0; c < nc; c++) {
-            const uint8_t * xc = xg + (uint64_t) c * xt_stride;
-            __m512i pz = _mm512_setzero_si512();
-            for (int j = 0; j < 4; j++) {
-                pz = _mm512_dpbusd_epi32(pz, q[j], _mm512_loadu_si512((const void *) (xc + 64 * j)));
-            }
-            const __m256i p = _mm256_add_epi32(_mm512_castsi512_si256(pz), _mm512_extracti64x4_epi64(pz, 1));
-            const float * xi = x_info + c * x_info_stride;
-            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(offset), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(p));
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
-        }
+        group_dot(q, dw, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, nb, i,
+                  offset, acc);
     }
     const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
     for (; i < nb; i++) {  /* the last few blocks, one by one, as dot_32_multi does */
@@ -393,18 +401,8 @@ RM_INLINE void dot_stored_q4_0_nc(int64_t n, float * out, const void * stored, c
             q[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
                                       _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
         }
-        const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
-        for (int c = 0; c < nc; c++) {
-            const uint8_t * xc = xg + (uint64_t) c * xt_stride;
-            __m512i pz = _mm512_setzero_si512();
-            for (int m = 0; m < 4; m++) {
-                pz = _mm512_dpbusd_epi32(pz, q[m], _mm512_loadu_si512((const void *) (xc + 64 * m)));
-            }
-            const __m256i p = _mm256_add_epi32(_mm512_castsi512_si256(pz), _mm512_extracti64x4_epi64(pz, 1));
-            const float * xi = x_info + c * x_info_stride;
-            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(p));
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
-        }
+        group_dot(q, dw, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, nb, i,
+                  8.0f, acc);
     }
     for (int c = 0; c < nc; c++) {
         out[c] = hsum_ps(acc[c]);

@@ -72,6 +72,7 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
     w->n_ranges = 0;
     w->bytes = 0;
     w->n_skipped = 0;
+    w->arena = NULL;
     int64_t cap = 0;
     int ok = push_dense(w, &cap, &m->output_norm, supports) && push_dense(w, &cap, &m->output, supports);
     for (int il = 0; ok && il < hp->n_layer; il++) {
@@ -104,7 +105,7 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
         rm_dev_weights_free(w);
         return 0;
     }
-    qsort(w->ranges, (size_t) w->n_ranges, sizeof(*w->ranges), by_host);
+    rm_dev_weights_sort(w);
     int64_t n = 0;
     for (int64_t i = 0; i < w->n_ranges; i++) {
         if (n == 0 || w->ranges[i].host != w->ranges[n - 1].host) {
@@ -118,7 +119,12 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
     return 1;
 }
 
+void rm_dev_weights_sort(rm_dev_weights * w) {
+    qsort(w->ranges, (size_t) w->n_ranges, sizeof(*w->ranges), by_host);
+}
+
 void rm_dev_weights_place(rm_dev_weights * w, uint8_t * arena) {
+    w->arena = arena;
     for (int64_t i = 0; i < w->n_ranges; i++) {
         w->ranges[i].dev = arena + w->ranges[i].offset;
     }

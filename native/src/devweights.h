@@ -31,6 +31,7 @@ typedef struct rm_dev_weights {
     int64_t        n_ranges;
     uint64_t       bytes;         /* the arena: each range rounded up to 256 bytes */
     int32_t        n_skipped;     /* matrices (or experts) left on the host for their type */
+    uint8_t *      arena;         /* where rm_dev_weights_place put them (the caller owns it) */
 } rm_dev_weights;
 
 /* Matrices of the three expert tensors of a layer in an expert table. */
@@ -42,6 +43,8 @@ enum { RM_EXP_GATE = 0, RM_EXP_UP = 1, RM_EXP_DOWN = 2 };
 int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_supports_fn supports, rm_dev_weights * out);
 /* Sets every range's dev pointer inside arena (w->bytes long). */
 void rm_dev_weights_place(rm_dev_weights * w, uint8_t * arena);
+/* Sorts the ranges by host address, as rm_dev_weights_find needs them. */
+void rm_dev_weights_sort(rm_dev_weights * w);
 /* The device copy of the host bytes starting at host; NULL when the device does not hold them. */
 const uint8_t * rm_dev_weights_find(const rm_dev_weights * w, const uint8_t * host);
 /* Fills tab (n_layer * 3 * n_expert entries, rm_dev_expert_index order) with the device copies of

@@ -80,6 +80,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(line)
     for f in r.fallbacks:
         print(f"fallback: {f.tensor}: {f.used} instead of {f.wanted} ({f.reason})")
+    if r.kept_sidecar:
+        print(f"kept {r.kept_sidecar}: the earlier sidecar, which fits no base now")
     if calib_text is not None:
         if not r.residual_path:
             raise RapidMoEError("--calibrate needs a recipe with a residual")

@@ -4,8 +4,9 @@ The conversion streams: every tensor's type and byte size is decided first, both
 written, then tensors are read, quantized and written one at a time (expert tensors one expert at a
 time), so memory stays near one expert matrix whatever the model's size. For each expert matrix W
 the base is B = quant(W) and the residual R = quant(W - dequant(B)). Both files are written under
-temporary names beside OUT and renamed into place only when complete; on any error or interrupt
-the temporaries are removed and an existing OUT is left as it was.
+temporary names beside OUT (``atomic.create_temp``) and renamed into place only when complete; on
+any error or interrupt the temporaries are removed and an existing OUT is left as it was. OUT may
+not be the source or its sidecar, and a sidecar the new base cannot use is never deleted silently.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import uuid as uuidlib
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
+from gguf.gguf_writer import WriterState
 
-from . import resplit
+from . import atomic, resplit
 from .convert_sources import Source, SourceTensor, open_source
 from .errors import InvalidArgumentError, RapidMoEError
 from .recipes import (FILE_TYPE, Recipe, bits_per_weight, block_size, fit_type, is_quantized,
@@ -66,6 +68,7 @@ class ConvertReport:
     error_total: float | None
     fallbacks: list[Fallback]
     seconds: float
+    kept_sidecar: str | None = None   # an earlier OUT's sidecar that fits no base now, set aside
 
     @property
     def bpw_base(self) -> float:
@@ -95,14 +98,16 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], recipe: st
     src, out = os.fspath(src), os.path.abspath(os.fspath(out))
     _check_out(out)
     res_out = resplit.residual_path(out)
-    tmp_base, tmp_res = _partial_name(out), _partial_name(res_out)
+    _check_not_source(src, out, res_out)
+    atomic.sweep_leftovers(os.path.dirname(out))
     source = open_source(src)
+    temps: list[str] = []
     try:
-        report = _write(source, rec, out, tmp_base, tmp_res, res_out, n_threads, _want_bar(progress))
-        _commit(tmp_base, out, tmp_res if report.residual_path else None, res_out)
+        report = _write(source, rec, out, res_out, temps, n_threads, _want_bar(progress))
+        report.kept_sidecar = _commit(temps[0], out, temps[1] if report.residual_path else None, res_out)
     except BaseException as exc:
-        for p in (tmp_base, tmp_res):
-            _remove_quietly(p)
+        for p in temps:
+            atomic.remove_quietly(p)
         if isinstance(exc, OSError):
             raise RapidMoEError(f"cannot write {out}: {exc.strerror or exc}"
                                 + (f" ({exc.filename})" if exc.filename else "")) from exc
@@ -182,9 +187,10 @@ class _Out:
     """A GGUF file written in two steps: header (KVs and every tensor info, via GGUFWriter), then
     tensor data in tensor-info order, each tensor padded to the alignment (ggml wants them dense)."""
 
-    def __init__(self, path: str, arch: str):
-        self.path = path
-        self.writer = GGUFWriter(path, arch)
+    def __init__(self, target: str, arch: str, temps: list[str]):
+        self.path, self.f = atomic.create_temp(target)
+        temps.append(self.path)
+        self.writer = GGUFWriter(None, arch)
         self.types: dict[str, TypeStats] = {}
         self._n = 0
 
@@ -198,10 +204,10 @@ class _Out:
 
     def begin_data(self) -> None:
         w = self.writer
+        w.fout, w.state = [self.f], WriterState.EMPTY  # our own file, not one the writer opens
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        self.f = w.fout[0]
         self._pad()
         self.f.flush()
 
@@ -221,30 +227,31 @@ class _Out:
         self.f.write(b"\0" * (-self.f.tell() % align))
 
     def finish(self) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        atomic.fsync_file(self.f)
         self.writer.close()
 
     def close(self) -> None:
         self.writer.close()  # idempotent
+        self.f.close()
 
 
-def _write(source: Source, rec: Recipe, out: str, tmp_base: str, tmp_res: str, res_out: str,
-           n_threads: int, show_bar: bool) -> ConvertReport:
+def _write(source: Source, rec: Recipe, out: str, res_out: str, temps: list[str], n_threads: int,
+           show_bar: bool) -> ConvertReport:
+    """Writes the pair under temporary names, appended to ``temps`` (the base first)."""
     fallbacks: list[Fallback] = []
     plan = _plan(source, rec, fallbacks)
     base_uuid = str(uuidlib.uuid4())
     stats = _ErrorStats()
     base = res = None
     try:
-        base = _open_base(source, rec, plan, tmp_base, base_uuid)
+        base = _open_base(source, rec, plan, out, temps, base_uuid)
         if any(p.residual_type for p in plan):
-            res = _open_residual(source, rec, plan, tmp_res, tmp_base, base_uuid)
+            res = _open_residual(source, rec, plan, res_out, temps, base.path, base_uuid)
         _stream(plan, base, res, stats, n_threads, os.path.basename(out) if show_bar else None)
         base.finish()
         if res is not None:
             res.finish()
-            resplit.check_pair(tmp_base, tmp_res)
+            resplit.check_pair(base.path, res.path)
     finally:
         for o in (base, res):
             if o is not None:
@@ -262,8 +269,9 @@ def _write(source: Source, rec: Recipe, out: str, tmp_base: str, tmp_res: str, r
         fallbacks=fallbacks, seconds=0.0)
 
 
-def _open_base(source: Source, rec: Recipe, plan: list[_Planned], path: str, base_uuid: str) -> _Out:
-    base = _Out(path, source.arch.name)
+def _open_base(source: Source, rec: Recipe, plan: list[_Planned], out: str, temps: list[str],
+               base_uuid: str) -> _Out:
+    base = _Out(out, source.arch.name, temps)
     w = base.writer
     source.add_metadata(w)
     w.add_file_type(int(FILE_TYPE[rec.base_type]))
@@ -278,10 +286,10 @@ def _open_base(source: Source, rec: Recipe, plan: list[_Planned], path: str, bas
     return base
 
 
-def _open_residual(source: Source, rec: Recipe, plan: list[_Planned], path: str, base_path: str,
-                   base_uuid: str) -> _Out:
+def _open_residual(source: Source, rec: Recipe, plan: list[_Planned], res_out: str, temps: list[str],
+                   base_path: str, base_uuid: str) -> _Out:
     """The sidecar's header; the base's header must already be on disk (its identity is hashed)."""
-    res = _Out(path, source.arch.name)
+    res = _Out(res_out, source.arch.name, temps)
     _, ti_sha = resplit.base_identity(base_path)
     w = res.writer
     if any(is_quantized(p.residual_type) for p in plan if p.residual_type):
@@ -384,29 +392,46 @@ def _check_out(out: str) -> None:
         raise InvalidArgumentError(f"cannot write {out}: directory {parent} is not writable")
 
 
-def _partial_name(path: str) -> str:
-    d, b = os.path.split(path)
-    return os.path.join(d, f".{b}.partial-{os.getpid()}")
-
-
-def _remove_quietly(path: str) -> None:
+def _same_file(a: str, b: str) -> bool:
     try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("could not remove %s: %s", path, exc)
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
 
 
-def _commit(tmp_base: str, out: str, tmp_res: str | None, res_out: str) -> None:
-    """Rename the sidecar into place, then the base. A sidecar already at ``res_out`` belongs to
-    the old OUT: it is set aside first and restored if the base cannot be renamed, and removed
-    once the new pair is in place (a stale sidecar must not sit beside the new base)."""
-    d, b = os.path.split(res_out)
-    old_res = os.path.join(d, f".{b}.old-{os.getpid()}")
-    had_old = os.path.lexists(res_out)
-    if had_old:
-        os.replace(res_out, old_res)
+def _check_not_source(src: str, out: str, res_out: str) -> None:
+    """OUT and its sidecar may be neither the source nor the source's sidecar, also through links:
+    the conversion would replace the only copy of what it reads."""
+    if os.path.isdir(src):
+        src_files = [os.path.join(src, n) for n in sorted(os.listdir(src))]
+    else:
+        src_files = [src, resplit.residual_path(src)]
+    for o in (out, res_out):
+        for s in src_files:
+            if _same_file(o, s):
+                raise InvalidArgumentError(f"cannot write {o}: it is the same file as the source {s}; "
+                                           "choose another output path")
+
+
+def _free_name(path: str) -> str:
+    n, cand = 1, path
+    while os.path.lexists(cand):
+        n += 1
+        cand = f"{path}-{n}"
+    return cand
+
+
+def _commit(tmp_base: str, out: str, tmp_res: str | None, res_out: str) -> str | None:
+    """Renames the complete, checked pair into place: the sidecar, then the base; then fsyncs the
+    folder. A sidecar already at ``res_out`` belongs to the old OUT: it is first renamed to
+    ``NAME.residual.gguf.replaced-<time>`` (restored if the base cannot be renamed). When the new
+    pair has a sidecar, the old one is then removed with the old base it served; otherwise it fits
+    no base now and is kept under that name, with a warning. Returns the kept path, if any."""
+    d = os.path.dirname(out)
+    aside = None
+    if os.path.lexists(res_out):
+        aside = _free_name(f"{res_out}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.rename(res_out, aside)
     moved_res = False
     try:
         if tmp_res is not None:
@@ -415,12 +440,20 @@ def _commit(tmp_base: str, out: str, tmp_res: str | None, res_out: str) -> None:
         os.replace(tmp_base, out)
     except BaseException:
         if moved_res:
-            _remove_quietly(res_out)
-        if had_old:
-            os.replace(old_res, res_out)
+            atomic.remove_quietly(res_out)
+        if aside is not None:
+            os.replace(aside, res_out)
         raise
-    if had_old:
-        _remove_quietly(old_res)
+    kept = None
+    if aside is not None and tmp_res is not None:
+        atomic.remove_quietly(aside)
+    elif aside is not None:
+        kept = aside
+        log.warning("%s belonged to the %s this conversion replaced and fits no base now (the new "
+                    "pair has no residual); kept as %s, delete it when it is not needed",
+                    res_out, out, aside)
+    atomic.fsync_dir(d)
+    return kept
 
 
 def _want_bar(progress: bool | None) -> bool:

@@ -17,8 +17,9 @@ import os
 
 import gguf
 import numpy as np
+from gguf.gguf_writer import WriterState
 
-from . import umia
+from . import atomic, umia
 from .errors import InvalidArgumentError, RapidMoEError
 from .model import Model
 
@@ -161,11 +162,12 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     return tables
 
 
-def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
-    """Writes dst as src with the keys of kv replaced or added (tensors copied byte for byte)."""
+def _copy_with_kv(src: str, dst, kv: dict[str, object]) -> None:
+    """Writes src, with the keys of kv replaced or added, to the open binary file dst (tensors
+    copied byte for byte)."""
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
+    w = gguf.GGUFWriter(None, arch)
     for name, field in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
             continue
@@ -186,23 +188,28 @@ def _copy_with_kv(src: str, dst: str, kv: dict[str, object]) -> None:
             w.add_key_value(name, float(value), V.FLOAT32)
     for t in r.tensors:
         w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.fout, w.state = [dst], WriterState.EMPTY  # our own file, not one the writer opens
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
+    atomic.fsync_file(dst)
     w.close()
 
 
 def rewrite_with_kv(path: str, kv: dict[str, object]) -> None:
-    """Adds or replaces keys of a GGUF file atomically: the old file stays intact on any failure."""
-    d, b = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(d, f".{b}.partial-{os.getpid()}")
+    """Adds or replaces keys of a GGUF file atomically: the old file stays intact on any failure,
+    and the new one is on disk (file and folder fsync'd) when this returns."""
+    path = os.path.abspath(path)
+    atomic.sweep_leftovers(os.path.dirname(path))
+    tmp, f = atomic.create_temp(path)
     try:
-        _copy_with_kv(path, tmp, kv)
+        with f:
+            _copy_with_kv(path, f, kv)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        atomic.remove_quietly(tmp)
         raise
+    atomic.fsync_dir(os.path.dirname(path))
 
 
 def store_tables(residual_file: str, tables: umia.Tables) -> None:

@@ -614,12 +614,12 @@ def test_convert_interrupt_keeps_existing_out(tiny_hf, tmp_path, monkeypatch):
     assert _listing(tmp_path) == ["m.gguf", "m.residual.gguf"]
     assert out.read_bytes() == b"old base" and side.read_bytes() == b"old residual"
     monkeypatch.setattr(quants, "quantize", real)
-    # success replaces both; then a recipe without residual removes the now stale sidecar
+    # success replaces both; then a recipe without residual sets the now stale sidecar aside
     rep = convert(src, out, "q4_0-q4_0")
     resplit.check_pair(out, side)
     assert rep.residual_path == str(side)
-    convert(src, out, "q8_0")
-    assert _listing(tmp_path) == ["m.gguf"]
+    rep = convert(src, out, "q8_0")
+    assert _listing(tmp_path) == ["m.gguf", os.path.basename(rep.kept_sidecar)]
 
 
 def test_convert_error_bad_recipe_and_type():
@@ -787,3 +787,134 @@ def test_convert_streaming_peak_memory(tmp_path):
                        check=True, env=env, capture_output=True, text=True, cwd=root)
     extra = int(r.stdout.split()[-1]) - int(base.stdout.split()[-1])
     assert extra < 100e6, f"peak RSS grew by {extra / 1e6:.0f} MB"
+
+
+# ---------------------------------------------------------------------------------------------
+# Never lose the source, a sidecar, or a half-written file
+# ---------------------------------------------------------------------------------------------
+
+def _digest(*paths) -> list[str]:
+    import hashlib
+
+    return [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths]
+
+
+def test_convert_refuses_out_that_is_the_source_or_its_sidecar(tiny_hf, tmp_path):
+    src = convert(tiny_hf("qwen3_moe"), tmp_path / "x.gguf", "q4_0-q4_0")
+    x, xr = src.base_path, src.residual_path
+    before = _digest(x, xr)
+    os.symlink(x, tmp_path / "link.gguf")                       # OUT is SRC through a link
+    os.link(xr, tmp_path / "hard.residual.gguf")                # OUT's sidecar is SRC's sidecar
+    os.symlink(xr, tmp_path / "side.gguf")                      # OUT is SRC's sidecar
+    listing = _listing(tmp_path)
+    for out in (x, tmp_path / "link.gguf", tmp_path / "hard.gguf", tmp_path / "side.gguf"):
+        with pytest.raises(InvalidArgumentError, match=r"is the same file as the source"):
+            convert(x, out, "q8_0")
+        assert _digest(x, xr) == before and _listing(tmp_path) == listing
+    # converting the sidecar's own base elsewhere is fine, and leaves the source pair alone
+    convert(x, tmp_path / "y.gguf", "q8_0")
+    assert _digest(x, xr) == before
+
+
+def test_convert_keeps_a_sidecar_the_new_base_cannot_use(tiny_hf, tmp_path, caplog):
+    src = tiny_hf("qwen3_moe")
+    out, side = tmp_path / "m.gguf", tmp_path / "m.residual.gguf"
+    convert(src, out, "q4_0-q4_0")
+    old = side.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="rapidmoe_gguf.convert"):
+        rep = convert(src, out, "q8_0")          # no residual: the old sidecar fits no base now
+    assert not side.exists()
+    assert rep.kept_sidecar is not None and os.path.dirname(rep.kept_sidecar) == str(tmp_path)
+    assert open(rep.kept_sidecar, "rb").read() == old
+    assert os.path.basename(rep.kept_sidecar) in caplog.text
+    assert _listing(tmp_path) == sorted(["m.gguf", os.path.basename(rep.kept_sidecar)])
+
+
+def _fsync_log(monkeypatch) -> list[str]:
+    """Every path fsync'd from now on (through /proc/self/fd)."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        fd = fd if isinstance(fd, int) else fd.fileno()
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_convert_fsyncs_files_and_folder(tiny_hf, tmp_path, monkeypatch):
+    synced = _fsync_log(monkeypatch)
+    convert(tiny_hf("qwen3_moe"), tmp_path / "m.gguf", "q4_0-q4_0")
+    names = [os.path.basename(p) for p in synced]
+    assert sum(".m.gguf.partial-" in n for n in names) == 1
+    assert sum(".m.residual.gguf.partial-" in n for n in names) == 1
+    assert str(tmp_path) in synced[2:], synced     # the folder, after the renames
+
+
+def test_convert_temp_files_are_unpredictable_and_never_follow_links(tiny_hf, tmp_path, monkeypatch):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    # the names an older converter would have used
+    for name in (f".m.gguf.partial-{os.getpid()}", f".m.residual.gguf.partial-{os.getpid()}"):
+        os.symlink(victim, tmp_path / name)
+    seen = []
+    real = resplit.check_pair
+    monkeypatch.setattr(resplit, "check_pair", lambda b, r: (seen.append((b, r)), real(b, r))[1])
+    convert(tiny_hf("qwen3_moe"), tmp_path / "m.gguf", "q4_0-q4_0")
+    assert victim.read_bytes() == b"precious"
+    assert not os.path.islink(tmp_path / "m.gguf") and not os.path.islink(tmp_path / "m.residual.gguf")
+    (tmp_base, tmp_res), = seen
+    assert re_full(r"\.m\.gguf\.partial-\d+-[0-9a-f]{16}", os.path.basename(tmp_base))
+    assert re_full(r"\.m\.residual\.gguf\.partial-\d+-[0-9a-f]{16}", os.path.basename(tmp_res))
+
+
+def re_full(pattern: str, s: str) -> bool:
+    import re
+
+    return re.fullmatch(pattern, s) is not None
+
+
+_KILLED_RUN = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from rapidmoe_gguf import convert, quants
+real, calls = quants.quantize, [0]
+def slow(*a, **k):
+    calls[0] += 1
+    if calls[0] == 6:
+        open({ready!r}, "w").close()
+        time.sleep(600)
+    return real(*a, **k)
+quants.quantize = slow
+convert({src!r}, {out!r}, "q4_0-q4_0", progress=False)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_convert_next_run_removes_leftovers_of_a_killed_one(tiny_hf, tmp_path, sig):
+    import signal
+    import time
+
+    src, out, ready = tiny_hf("qwen3_moe"), tmp_path / "m.gguf", tmp_path.parent / f"ready-{sig}"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = _KILLED_RUN.format(root=root, ready=str(ready), src=str(src), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.time() < deadline, "the conversion did not start"
+            time.sleep(0.05)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(30)
+    finally:
+        proc.kill()
+    leftovers = [n for n in _listing(tmp_path) if ".partial-" in n]
+    assert leftovers, _listing(tmp_path)
+    # a conversion that is still running (this process) keeps its temporaries
+    live = tmp_path / f".other.gguf.partial-{os.getpid()}-0123456789abcdef"
+    live.write_bytes(b"in progress")
+    convert(src, out, "q4_0-q4_0")
+    assert _listing(tmp_path) == sorted(["m.gguf", "m.residual.gguf", live.name])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 
 import numpy as np
@@ -134,6 +136,28 @@ def test_residual_failed_calibration_leaves_sidecar_intact(pair, monkeypatch):
         evaluate.store_tables(sidecar, tables)
     assert open(sidecar, "rb").read() == before
     assert not [p for p in path.parent.iterdir() if "partial" in p.name]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_residual_calibration_fsyncs_sidecar_and_folder(pair, monkeypatch):
+    """The new sidecar is on disk before it replaces the old one, and the rename is made durable;
+    its temporary has an unpredictable name."""
+    _, path = pair
+    sidecar = str(path).replace(".gguf", ".residual.gguf")
+    with rm.open_gguf(sidecar) as g:
+        tables = rm.umia.Tables.from_metadata(g.metadata)
+    synced, real = [], os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    evaluate.store_tables(sidecar, tables)
+    assert len(synced) == 2, synced
+    assert re.fullmatch(r"\.m\.residual\.gguf\.partial-\d+-[0-9a-f]{16}", os.path.basename(synced[0]))
+    assert synced[1] == str(path.parent)
+    rm.resplit.check_pair(path, sidecar)
 
 
 def test_residual_mismatched_sidecar_is_refused(pair, tiny_hf, tmp_path):

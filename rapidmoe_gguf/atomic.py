@@ -1,0 +1,98 @@
+"""Writing files so that a crash, a kill or a hostile folder never leaves a half-written file in
+place of a good one.
+
+A file is written under a temporary name beside its target, ``.NAME.partial-<pid>-<16 hex>``:
+created with ``O_EXCL | O_NOFOLLOW`` under a random name, so nobody can predict it or plant a link
+there; fsync'd, renamed over the target, and the folder fsync'd so that the rename itself
+survives a power cut. A process killed while writing (SIGKILL, or SIGTERM, which runs no cleanup)
+leaves its temporary behind; ``sweep_leftovers`` removes those whose process is gone, and every
+writer here calls it on its folder before it starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+from typing import BinaryIO
+
+log = logging.getLogger("rapidmoe_gguf")
+
+# .NAME.partial-<pid>-<random>; the random part is absent in names of earlier versions
+_LEFTOVER_RE = re.compile(r"^\..+\.partial-(\d+)(?:-[0-9a-f]{16})?$")
+
+
+def create_temp(target: str) -> tuple[str, BinaryIO]:
+    """A new, empty file beside ``target`` for writing: its path and a binary file object."""
+    d, b = os.path.split(os.path.abspath(target))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = os.path.join(d, f".{b}.partial-{os.getpid()}-{secrets.token_hex(8)}")
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:  # 64 random bits: only someone else's file can be in the way
+            continue
+        return path, os.fdopen(fd, "wb")
+
+
+def fsync_file(f: BinaryIO) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def fsync_dir(path: str) -> None:
+    """Makes the renames and removals in folder ``path`` durable (a no-op where folders cannot be
+    opened, as on Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's process
+        return True
+    return True
+
+
+def sweep_leftovers(folder: str) -> list[str]:
+    """Removes the temporaries of writers in ``folder`` whose process no longer runs, and returns
+    their names. A leftover whose process id has been reused by a live process stays; delete
+    ``.*.partial-*`` files by hand when no conversion or calibration is running there."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        m = _LEFTOVER_RE.match(name)
+        if m is None or _process_alive(int(m.group(1))):
+            continue
+        path = os.path.join(folder, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        remove_quietly(path)
+        if not os.path.lexists(path):
+            removed.append(name)
+            log.warning("removed %s, left by an interrupted run (process %s)", path, m.group(1))
+    return removed

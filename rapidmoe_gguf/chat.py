@@ -6,7 +6,12 @@ tokenizer_config.json) is rendered the way transformers' ``apply_chat_template``
 sandboxed, immutable Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the
 ``loopcontrols`` extension, a ``tojson`` that leaves non-ASCII and HTML characters alone, and the
 globals ``raise_exception`` and ``strftime_now``. Templates come from model files, so they are
-untrusted code: the sandbox refuses attribute access to Python internals.
+untrusted code: the sandbox refuses attribute access to Python internals, and a render has limits
+(``render``'s ``max_chars`` and ``timeout``): no string or list the template builds, and not its
+output, may be longer than ``max_chars``; ``range`` gives at most 100,000 numbers; no argument of
+a call or filter may be an integer over ``max_chars``; the render stops after ``timeout`` seconds,
+checked at every line of template code. A template over a limit is an InvalidArgumentError, as is
+one that fails in any other way.
 
 A model without a template cannot chat: there is no fallback format, because guessing one (ChatML,
 say) for a model trained on another gives fluent-looking nonsense. Such a model raises
@@ -18,40 +23,213 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
+import re
+import sys
+import threading
 import time
 import uuid
 from datetime import datetime
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
+
+import jinja2
+import jinja2.ext
+from jinja2.compiler import CodeGenerator
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 from .errors import InvalidArgumentError, UnsupportedError
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
+# A render's limits unless the caller gives others: characters (of the output, and of any string
+# or list the template builds), and seconds.
+MAX_TEMPLATE_CHARS = 1 << 20
+TEMPLATE_TIMEOUT = 2.0
+
+
+class TemplateLimitError(jinja2.exceptions.SecurityError):
+    """A template went over a render limit."""
+
+
+_render_limits = threading.local()          # .max_chars of the render running on this thread
+
+
+def _check_length(n: int) -> None:
+    limit = getattr(_render_limits, "max_chars", MAX_TEMPLATE_CHARS)
+    if n > limit:
+        raise TemplateLimitError(f"a string or list of {n} items is over the limit of {limit}")
+
+
+def _check_size(value: Any) -> Any:
+    if isinstance(value, (str, list, tuple, dict)):
+        _check_length(len(value))
+    return value
+
+
+def _check_ints(values) -> None:
+    limit = getattr(_render_limits, "max_chars", MAX_TEMPLATE_CHARS)
+    for v in values:
+        if isinstance(v, int) and abs(v) > limit:
+            raise TemplateLimitError(f"the argument {v} is over the limit of {limit}")
+
+
+def _check_format(fmt: str) -> None:
+    """A printf or str.format string: its widths and precisions too are bounded."""
+    _check_ints(int(d) for d in re.findall(r"\d{1,32}", fmt))
+
+
+def _amplifier_bound(name: str, value: Any, args: tuple, kwargs: dict) -> int:
+    """An upper bound on the length of what the str method or filter ``name`` returns for
+    ``value`` (the string; the items for the join filter) and these arguments, for the few whose
+    result can be far longer than their arguments; 0 for the others. May materialize ``args[0]``
+    or ``value`` (returned in the tuple for the caller to use)."""
+    def arg(i, key, default):
+        return args[i] if len(args) > i else kwargs.get(key, default)
+
+    if name in ("center", "ljust", "rjust", "zfill"):
+        return int(arg(0, "width", 80))
+    text = value if isinstance(value, str) else str(value)
+    if name == "indent":
+        width = arg(0, "width", 4)
+        return len(text) + (len(width) if isinstance(width, str) else int(width)) * (text.count("\n") + 1)
+    if name == "expandtabs":
+        return len(text) + int(arg(0, "tabsize", 8)) * text.count("\t")
+    if name == "replace":
+        old, new = str(arg(0, "old", "")), str(arg(1, "new", ""))
+        return len(text) + (text.count(old) if old else len(text) + 1) * len(new)
+    if name in ("format", "format_map"):
+        _check_format(text)
+    return 0
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    def visit_Concat(self, node, frame) -> None:
+        # ``a ~ b`` joins through the environment, so its result is bounded like ``a + b``.
+        self.write("environment.bounded_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with every way a template can grow a string or list bounded (see
+    the module's docstring). Constant folding is off, so nothing runs at compile time."""
+
+    intercepted_binops = frozenset({"*", "+", "%", "**"})
+    code_generator_class = _BoundedCodeGenerator
+
+    def __init__(self, **options):
+        super().__init__(optimized=False, **options)
+        self.globals.pop("lipsum", None)
+        self.globals["range"] = self.bounded_range
+        self.filters = {name: self._bounded_filter(name, f) for name, f in self.filters.items()}
+
+    @staticmethod
+    def bounded_range(*args):
+        _check_ints(args[1:])
+        r = range(*args)
+        if len(r) > MAX_RANGE:
+            raise TemplateLimitError(f"range of {len(r)} numbers is over the limit of {MAX_RANGE}")
+        return r
+
+    @staticmethod
+    def bounded_concat(parts) -> str:
+        parts = [str(p) for p in parts]
+        _check_length(sum(map(len, parts)))
+        return "".join(parts)
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            seq, n = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                _check_length(len(seq) * max(n, 0))
+        elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+            _check_length(len(left) + len(right))
+        elif operator == "%" and isinstance(left, str):
+            _check_format(left)
+            _check_ints(right if isinstance(right, tuple) else (right,))
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+            if right * left.bit_length() > 1 << 16:
+                raise TemplateLimitError(f"{left} ** {right} is over the limit of 65536 bits")
+        return _check_size(super().call_binop(context, operator, left, right))
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (the sandbox's own convention)
+        _check_ints(args)
+        _check_ints(kwargs.values())
+        method = getattr(__obj, "__wrapped__", __obj)          # str.format comes wrapped
+        owner, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+        if isinstance(owner, str):
+            if name == "join" and args:
+                args = (list(args[0]),) + args[1:]
+                _check_length(len(owner) * len(args[0]) + sum(len(str(x)) for x in args[0]))
+            elif name in ("translate", "maketrans"):
+                raise TemplateLimitError(f"str.{name} is not available to chat templates")
+            _check_length(_amplifier_bound(name, owner, args, kwargs))
+        return _check_size(super().call(__context, __obj, *args, **kwargs))
+
+    @staticmethod
+    def _bounded_filter(name, f):
+        passes = getattr(f, "jinja_pass_arg", None) is not None
+
+        @functools.wraps(f)
+        def bounded(*args, **kwargs):
+            lead, (value, *rest) = args[:passes], args[passes:]
+            _check_ints(rest)
+            _check_ints(kwargs.values())
+            if name == "join":
+                value = list(value)
+                sep = rest[0] if rest else kwargs.get("d", "")
+                _check_length(len(str(sep)) * len(value) + sum(len(str(x)) for x in value))
+            else:
+                _check_length(_amplifier_bound(name, value, tuple(rest), kwargs))
+            return _check_size(f(*lead, value, *rest, **kwargs))
+        return bounded
+
 
 @functools.lru_cache(maxsize=8)
 def _compile(template: str):
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        if isinstance(indent, int) and indent > 16 or isinstance(indent, str) and len(indent) > 16:
+            raise TemplateLimitError(f"tojson indent {indent!r} is over the limit of 16")
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = env._bounded_filter("tojson", tojson)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     try:
         return env.from_string(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise UnsupportedError(f"the model's chat template does not parse (line {exc.lineno}): {exc.message}") from exc
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Stops template code (frames compiled from a template) that runs past ``seconds``, checking
+    at every line it executes, on this thread only."""
+    stop = time.monotonic() + seconds
+
+    def line(frame, event, arg):
+        if time.monotonic() > stop:
+            raise TemplateLimitError(f"the render ran over the limit of {seconds:g} s")
+        return line
+
+    def call(frame, event, arg):
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
 
 
 def _plain_messages(messages: Sequence[dict]) -> list[dict]:
@@ -86,19 +264,39 @@ def _plain_messages(messages: Sequence[dict]) -> list[dict]:
 
 
 def render(template: str, messages: Sequence[dict], add_generation_prompt: bool = True,
-           bos_token: str = "", eos_token: str = "", **variables) -> str:
+           bos_token: str = "", eos_token: str = "", *, max_chars: int = MAX_TEMPLATE_CHARS,
+           timeout: float = TEMPLATE_TIMEOUT, **variables) -> str:
     """The conversation as the template writes it (what transformers' apply_chat_template returns
-    with tokenize=False). ``variables`` are further template variables (e.g. tools)."""
-    import jinja2
-
+    with tokenize=False), within the limits ``max_chars`` and ``timeout`` (seconds). ``variables``
+    are further template variables (e.g. tools)."""
+    if not isinstance(template, str):
+        raise UnsupportedError(f"the model's chat template is not a string but {type(template).__name__}")
     compiled = _compile(template)
     variables.setdefault("tools", None)
     variables.setdefault("documents", None)
+    messages = _plain_messages(messages)
+    size = sum(len(m["content"]) for m in messages)
+    if size > max_chars:
+        raise InvalidArgumentError(f"the messages have {size} characters, over the limit of {max_chars}")
+    _render_limits.max_chars = max_chars
+    out, n = [], 0
     try:
-        return compiled.render(messages=_plain_messages(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token, **variables)
+        with _deadline(timeout):
+            for piece in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                           bos_token=bos_token, eos_token=eos_token, **variables):
+                n += len(piece)
+                if n > max_chars:
+                    raise TemplateLimitError(f"the output is over the limit of {max_chars} characters")
+                out.append(piece)
+    except TemplateLimitError as exc:
+        raise InvalidArgumentError(f"the chat template went over a limit: {exc}") from None
     except jinja2.exceptions.TemplateError as exc:   # raise_exception, and the sandbox's refusals
         raise InvalidArgumentError(f"the chat template rejected the messages: {exc}") from exc
+    except Exception as exc:                        # a template is code: it can fail in any way
+        raise InvalidArgumentError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        del _render_limits.max_chars
+    return "".join(out)
 
 
 def _token_text(tokenizer, token_id: int | None) -> str:
@@ -107,16 +305,18 @@ def _token_text(tokenizer, token_id: int | None) -> str:
     return tokenizer.token_to_piece(token_id).decode("utf-8", "replace")
 
 
-def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of the conversation rendered with ``model``'s template. BOS is added when the
-    model wants one and the template did not write it already."""
+def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT) -> list[int]:
+    """Token ids of the conversation rendered with ``model``'s template (within ``render``'s
+    limits). BOS is added when the model wants one and the template did not write it already."""
     tok = model.tokenizer
     if not tok.chat_template:
         raise UnsupportedError(
-            f"{model.path}: the model has no chat template (tokenizer.chat_template is not in its GGUF "
-            "metadata); use create_completion with a prompt in the model's own format")
+            f"{os.path.basename(model.path)}: the model has no chat template (tokenizer.chat_template is not "
+            "in its GGUF metadata); use create_completion with a prompt in the model's own format")
     bos, eos = _token_text(tok, tok.bos_id), _token_text(tok, tok.eos_id)
-    text = render(tok.chat_template, messages, add_generation_prompt, bos_token=bos, eos_token=eos)
+    text = render(tok.chat_template, messages, add_generation_prompt, bos_token=bos, eos_token=eos,
+                  max_chars=max_chars, timeout=timeout)
     ids = tok.encode(text, add_special=False)
     if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
         ids.insert(0, tok.bos_id)

@@ -12,6 +12,9 @@ from . import _native
 from ._native import ffi, lib
 from .errors import InvalidArgumentError
 
+_FLOAT_MAX = float(np.finfo(np.float32).max)
+_INT32_MAX = 2**31 - 1
+
 
 @dataclasses.dataclass
 class SamplingParams:
@@ -26,13 +29,15 @@ class SamplingParams:
     seed: int | None = None
 
     def validate(self) -> None:
+        """Each value in its range, and representable in its C type (float, int32_t)."""
         checks = [
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
+            (0 <= self.temperature <= _FLOAT_MAX, f"temperature must be >= 0 and finite, got {self.temperature}"),
+            (0 <= self.top_k <= _INT32_MAX, f"top_k must be in [0, {_INT32_MAX}], got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
-            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
+            (0 < self.repeat_penalty <= _FLOAT_MAX, f"repeat_penalty must be > 0 and finite, got {self.repeat_penalty}"),
+            (0 <= self.repeat_last_n <= _INT32_MAX,
+             f"repeat_last_n must be in [0, {_INT32_MAX}], got {self.repeat_last_n}"),
         ]
         for ok, msg in checks:
             if not ok:

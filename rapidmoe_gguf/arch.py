@@ -15,12 +15,15 @@ are written as names of model dimensions (``"n_embd"``, ``"n_ff_exp"``, ...) tha
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gguf import Keys
 
 from .errors import FormatError, UnsupportedError
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 REQUIRED = object()  # HParam.default: the config must provide the value
 
@@ -301,9 +304,14 @@ def _coerce(value: Any, kind: str, where: str) -> Any:
             if isinstance(value, bool) or int(value) != value or not 0 <= int(value) < 2**32:
                 raise ValueError
             return int(value)
-        return float(value)
+        if isinstance(value, bool):
+            raise TypeError
+        f = float(value)
     except (TypeError, ValueError):
         raise FormatError(f"{where}: {value!r} is not a valid {kind}") from None
+    if not math.isfinite(f) or abs(f) > FLOAT32_MAX:  # f32 in the file: 1e300 would become inf
+        raise FormatError(f"{where}: {value!r} is not a finite number (as float32)")
+    return f
 
 
 @dataclasses.dataclass

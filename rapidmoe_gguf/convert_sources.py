@@ -23,6 +23,7 @@ from .arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve
 from .errors import FormatError, RapidMoEError, UnsupportedError
 from .gguf_file import open_gguf
 from .gguf_header import read_header
+from .metadata import get_float, get_int, get_str
 from .safetensors_io import SafetensorsCheckpoint
 
 log = logging.getLogger("rapidmoe_gguf.convert")
@@ -220,15 +221,19 @@ class GGUFSource(Source):
     def __init__(self, path: str):
         self.path = path
         self.header = h = read_header(path)
-        self.name = str(h.get("general.name") or os.path.basename(path)[:-len(".gguf")])
-        arch = h.get("general.architecture")
-        if not isinstance(arch, str):
+        where = f"{path}: "
+        self.name = get_str(h, "general.name", where=where) or os.path.basename(path)[:-len(".gguf")]
+        arch = get_str(h, "general.architecture", where=where)
+        if arch is None:
             raise FormatError(f"{path}: no general.architecture")
         self.arch = arch_for_gguf(arch, path)
-        if (h.get("split.count") or 1) > 1:
+        if (get_int(h, "split.count", where=where) or 1) > 1:
             raise UnsupportedError(f"{path}: split GGUF files are not supported; merge them first "
                                    "(llama-gguf-split --merge)")
-        n_expert = h.get(f"{arch}.expert_count") or 0
+        for key, kv in h.kv.items():  # the hyperparameters copied to the new base must be finite
+            if key.startswith(arch + ".") and kv.type in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+                get_float(h, key, where=where)
+        n_expert = get_int(h, f"{arch}.expert_count", where=where) or 0
         if n_expert <= 0:
             raise UnsupportedError(f"{path}: {arch}.expert_count is {n_expert}; not an MoE model")
         if os.path.exists(resplit.residual_path(path)):

@@ -29,6 +29,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import open_gguf
+from .metadata import get_int, get_str, require
 from .resplit import residual_path as default_residual_path
 
 # ggml types the CUDA kernels multiply by (native/cuda/matmul.cuh); other matrices stay on the host.
@@ -119,15 +120,12 @@ class ModelSizes:
             residual = cand if os.path.isfile(cand) else None
         with open_gguf(path) as g:
             md = g.metadata
-            arch = md.get("general.architecture")
-            if not isinstance(arch, str):
-                raise RapidMoEError(f"{path}: 'general.architecture' is missing")
+            arch = require(get_str(md, "general.architecture", where=f"{path}: "), "general.architecture",
+                           f"{path}: ")
 
             def key(name, default=None):
-                v = md.get(f"{arch}.{name}", default)
-                if v is None:
-                    raise RapidMoEError(f"{path}: required key '{arch}.{name}' is missing")
-                return int(v)
+                return require(get_int(md, f"{arch}.{name}", default, where=f"{path}: "), f"{arch}.{name}",
+                               f"{path}: ")
 
             n_layer, n_expert = key("block_count"), key("expert_count")
             n_embd, n_head = key("embedding_length"), key("attention.head_count")

@@ -20,6 +20,7 @@ import re
 
 from .errors import FormatError
 from .gguf_header import read_header
+from .metadata import get_int, get_str
 
 FORMAT_VERSION = 1
 
@@ -70,10 +71,10 @@ def base_identity(path: str | os.PathLike[str]) -> tuple[str | None, str]:
     block): the bytes from the first tensor info to the end of the last one. Only the header is
     read, so this works on a base whose tensor data is still being written."""
     h = read_header(path, check_data=False)
-    uuid = h.get(KEY_UUID)
+    uuid = get_str(h, KEY_UUID, where=f"{h.path}: ")
     with open(h.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         digest = hashlib.sha256(buf[h.ti_start:h.ti_end]).hexdigest()
-    return (str(uuid) if uuid is not None else None), digest
+    return uuid, digest
 
 
 def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLike[str]) -> None:
@@ -81,15 +82,16 @@ def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLi
     base_path, residual_file = os.fspath(base_path), os.fspath(residual_file)
     r = read_header(residual_file)
     b = read_header(base_path)
-    version = r.get(KEY_FORMAT_VERSION)
+    rw, bw = f"{residual_file}: ", f"{base_path}: "
+    version = get_int(r, KEY_FORMAT_VERSION, where=rw)
     if version is None or KEY_BASE_UUID not in r.kv:
         raise FormatError(f"{residual_file}: no {KEY_BASE_UUID}; not a RESplit residual file")
     if version != FORMAT_VERSION:
         raise FormatError(f"{residual_file}: {KEY_FORMAT_VERSION} is {version}; this version reads {FORMAT_VERSION}")
-    r_arch, b_arch = r.get("general.architecture"), b.get("general.architecture")
+    r_arch, b_arch = get_str(r, "general.architecture", where=rw), get_str(b, "general.architecture", where=bw)
     if r_arch != b_arch:
         raise FormatError(f"{residual_file}: architecture '{r_arch}' but the base {base_path} is '{b_arch}'")
-    want_uuid, want_sha = r.get(KEY_BASE_UUID), r.get(KEY_BASE_TI_SHA256)
+    want_uuid, want_sha = get_str(r, KEY_BASE_UUID, where=rw), get_str(r, KEY_BASE_TI_SHA256, where=rw)
     if want_uuid is None or want_sha is None:
         raise FormatError(f"{residual_file}: {KEY_BASE_UUID} or {KEY_BASE_TI_SHA256} is missing")
     uuid, sha = base_identity(base_path)

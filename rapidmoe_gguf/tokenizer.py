@@ -26,6 +26,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as _Backend
 
 from .errors import FormatError, UnsupportedError
+from .metadata import get_bool, get_float_list, get_int, get_int_list, get_str, get_str_list
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -314,17 +315,6 @@ def add_tokenizer_to_writer(writer, kv: dict[str, Any]) -> None:
 # Reading: tokenizer.* keys -> tokenizers.Tokenizer
 # --------------------------------------------------------------------------------------------
 
-def _scalar(md: dict, key: str, default=None):
-    value = md.get(key, default)
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    return value.item() if hasattr(value, "item") else value[0]  # numpy scalar or 1-element array
-
-
-def _strings(values) -> list[str]:
-    return [v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v) for v in values]
-
-
 def _merges_from_scores(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
     """SentencePiece files carry no merges. Every split of a normal piece into two vocabulary pieces
     is one, ranked by the score of the piece it makes (llama.cpp joins the best-scoring pair first)."""
@@ -352,9 +342,9 @@ def _eog_ids(tokens: list[str], md: dict, eos_id: int | None) -> frozenset[int]:
         index.setdefault(t, i)
     eog = {index[t] for t in _EOG_TEXTS if t in index}
     for name, texts in _FIM_TEXTS.items():
-        fim = _scalar(md, f"tokenizer.ggml.{name}_token_id")
+        fim = get_int(md, f"tokenizer.ggml.{name}_token_id")
         eog.add(fim if fim is not None else min((index[t] for t in texts if t in index), default=None))
-    for token_id in (eos_id, _scalar(md, "tokenizer.ggml.eot_token_id"), _scalar(md, "tokenizer.ggml.eom_token_id")):
+    for token_id in (eos_id, get_int(md, "tokenizer.ggml.eot_token_id"), get_int(md, "tokenizer.ggml.eom_token_id")):
         eog.add(token_id)
     eog = {int(i) for i in eog if i is not None and 0 <= i < len(tokens)}
     texts = {tokens[i] for i in eog}
@@ -372,44 +362,45 @@ class Tokenizer:
 
     def __init__(self, backend, metadata: dict, tokens: list[str], token_types: list[int]):
         self.backend = backend
-        self.model = _scalar(metadata, "tokenizer.ggml.model")
+        self.model = get_str(metadata, "tokenizer.ggml.model")
         self._tokens, self._types = tokens, token_types
         default_bos, default_eos = (1, 2) if self.model == "llama" else (None, None)  # llama.cpp's SPM defaults
-        self.bos_id: int | None = _scalar(metadata, "tokenizer.ggml.bos_token_id", default_bos)
-        self.eos_id: int | None = _scalar(metadata, "tokenizer.ggml.eos_token_id", default_eos)
-        pre = _pre_tokenizer(_scalar(metadata, "tokenizer.ggml.pre", "default"))
+        self.bos_id: int | None = get_int(metadata, "tokenizer.ggml.bos_token_id", default_bos)
+        self.eos_id: int | None = get_int(metadata, "tokenizer.ggml.eos_token_id", default_eos)
+        pre = _pre_tokenizer(get_str(metadata, "tokenizer.ggml.pre", "default"))
         default_add_bos = self.model == "llama" or (pre is not None and pre.add_bos)
-        self.add_bos = bool(_scalar(metadata, "tokenizer.ggml.add_bos_token", default_add_bos))
-        self.add_eos = bool(_scalar(metadata, "tokenizer.ggml.add_eos_token", False))
+        self.add_bos = get_bool(metadata, "tokenizer.ggml.add_bos_token", default_add_bos)
+        self.add_eos = get_bool(metadata, "tokenizer.ggml.add_eos_token", False)
         for flag, token_id, what in ((self.add_bos, self.bos_id, "bos"), (self.add_eos, self.eos_id, "eos")):
             if flag and (token_id is None or not 0 <= token_id < len(tokens)):
                 raise FormatError(f"tokenizer.ggml.add_{what}_token is true, but {what}_token_id is {token_id}")
         self.eog_ids = _eog_ids(tokens, metadata, self.eos_id)
-        self.chat_template: str | None = _scalar(metadata, "tokenizer.chat_template")
-        self._strip_first_space = self.model == "llama" and bool(
-            _scalar(metadata, "tokenizer.ggml.add_space_prefix", True))
+        self.chat_template: str | None = get_str(metadata, "tokenizer.chat_template")
+        self._strip_first_space = self.model == "llama" and get_bool(
+            metadata, "tokenizer.ggml.add_space_prefix", True)
 
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> Tokenizer:
-        """Build from GGUF metadata (key -> value; arrays as lists or numpy arrays)."""
-        kind = _scalar(metadata, "tokenizer.ggml.model")
+        """Build from GGUF metadata (key -> value; arrays as lists or numpy arrays). A key of the
+        wrong type is a FormatError naming it."""
+        kind = get_str(metadata, "tokenizer.ggml.model")
         if kind not in ("gpt2", "llama"):
             raise UnsupportedError(f"tokenizer.ggml.model {kind!r} is not supported (supported: gpt2, llama)")
-        if "tokenizer.ggml.tokens" not in metadata:
+        tokens = get_str_list(metadata, "tokenizer.ggml.tokens")
+        if tokens is None:
             raise FormatError("GGUF metadata has no tokenizer.ggml.tokens")
-        tokens = _strings(metadata["tokenizer.ggml.tokens"])
         tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]  # as llama.cpp does
-        types = [int(t) for t in metadata.get("tokenizer.ggml.token_type", [NORMAL] * len(tokens))]
+        types = get_int_list(metadata, "tokenizer.ggml.token_type", [NORMAL] * len(tokens))
         if len(types) < len(tokens):
             raise FormatError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
         vocab = {t: i for i, t in enumerate(tokens)}
         if len(vocab) != len(tokens):
             raise FormatError("tokenizer.ggml.tokens spells two ids the same")
-        merges = [(m[:cut], m[cut + 1:]) for m in _strings(metadata.get("tokenizer.ggml.merges", []))
+        merges = [(m[:cut], m[cut + 1:]) for m in get_str_list(metadata, "tokenizer.ggml.merges", [])
                   if (cut := m.find(" ", 1)) > 0]
 
         if kind == "gpt2":
-            pre_name = _scalar(metadata, "tokenizer.ggml.pre")
+            pre_name = get_str(metadata, "tokenizer.ggml.pre")
             if pre_name is None:  # llama.cpp does the same, and warns that quality suffers
                 warnings.warn("GGUF has no tokenizer.ggml.pre; splitting text with llama.cpp's 'default'")
                 pre_name = "default"
@@ -429,12 +420,14 @@ class Tokenizer:
             backend.decoder = decoders.ByteLevel()
         else:
             if not merges:
-                scores = [float(s) for s in metadata.get("tokenizer.ggml.scores", [0.0] * len(tokens))]
+                scores = get_float_list(metadata, "tokenizer.ggml.scores", [0.0] * len(tokens))
+                if len(scores) < len(tokens):
+                    raise FormatError(f"tokenizer.ggml.scores has {len(scores)} entries for {len(tokens)} tokens")
                 merges = _merges_from_scores(tokens, scores, types)
-            unk_id = _scalar(metadata, "tokenizer.ggml.unknown_token_id", 0)
+            unk_id = get_int(metadata, "tokenizer.ggml.unknown_token_id", 0)
             unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
             backend = _Backend(_bpe(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-            prefix = bool(_scalar(metadata, "tokenizer.ggml.add_space_prefix", True))
+            prefix = get_bool(metadata, "tokenizer.ggml.add_space_prefix", True)
             # Like sentencepiece (and llama.cpp): every run of text between added tokens gets the
             # dummy-prefix space, and a leading space is kept, not merged into it.
             backend.normalizer = normalizers.Sequence(

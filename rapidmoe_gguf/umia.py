@@ -25,7 +25,8 @@ import dataclasses
 
 import numpy as np
 
-from .errors import InvalidArgumentError, RapidMoEError
+from .errors import FormatError, InvalidArgumentError, RapidMoEError
+from .metadata import get_float_list, get_int, get_int_list, require
 
 POLICIES = ("none", "all", "umia", "random", "gate", "expert", "layer")
 KIND = {name: i for i, name in enumerate(POLICIES)}
@@ -65,18 +66,22 @@ class Tables:
         if KEY + "shape" not in md:
             return None
         try:
-            n_layer, n_expert = (int(v) for v in md[KEY + "shape"])
-            f = lambda k: np.asarray(md[KEY + k], dtype=np.float64)  # noqa: E731
+            shape = get_int_list(md, KEY + "shape")
+            if len(shape) != 2 or min(shape) <= 0:
+                raise FormatError(f"{KEY}shape: expected two positive integers, found {shape}")
+            n_layer, n_expert = shape
+            f = lambda k: np.asarray(require(get_float_list(md, KEY + k, finite=True), KEY + k),  # noqa: E731
+                                     dtype=np.float64)
             return cls(
                 n_layer, n_expert,
                 f("expert_sensitivity").reshape(n_layer, n_expert),
                 f("layer_sensitivity").reshape(n_layer),
                 f("expert_frequency").reshape(n_layer, n_expert),
                 {p: f("quantiles." + p).reshape(n_layer, N_QUANTILES) for p in SCORED},
-                int(md[KEY + "n_tokens"]),
+                require(get_int(md, KEY + "n_tokens"), KEY + "n_tokens"),
             )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise RapidMoEError(f"the sidecar's UMIA tables ({KEY}*) are malformed: {exc}") from exc
+        except (FormatError, ValueError) as exc:
+            raise FormatError(f"the sidecar's UMIA tables ({KEY}*) are malformed: {exc}") from exc
 
 
 def slot_log_scores(policy: str, tables: Tables, layer: int, experts: np.ndarray, gates: np.ndarray,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -918,3 +919,46 @@ def test_convert_next_run_removes_leftovers_of_a_killed_one(tiny_hf, tmp_path, s
     live.write_bytes(b"in progress")
     convert(src, out, "q4_0-q4_0")
     assert _listing(tmp_path) == sorted(["m.gguf", "m.residual.gguf", live.name])
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed and finite metadata
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value", [("rope_parameters", {"rope_theta": float("inf"), "rope_type": "default"}),
+                                        ("rms_norm_eps", float("nan")), ("rms_norm_eps", 1e300)])
+def test_convert_refuses_non_finite_hyperparameters_in_config(tiny_hf, tmp_path, key, value):
+    d = _copy_ckpt(tiny_hf("mixtral"), tmp_path / "src")
+    _edit_config(d, **{key: value})                 # json writes Infinity / NaN, and reads them back
+    _assert_fails_clean(tmp_path, d, FormatError, rf"{key}.*not a finite number")
+
+
+def _gguf_with(tiny_hf, tmp_path, kv) -> str:
+    from rapidmoe_gguf.evaluate import rewrite_with_kv
+
+    rep = convert(tiny_hf("qwen3_moe"), tmp_path / "in.gguf", "q8_0")
+    rewrite_with_kv(rep.base_path, kv)
+    return rep.base_path
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("qwen3moe.rope.freq_base", float("inf"), r"qwen3moe.rope.freq_base: inf is not a finite number"),
+    ("qwen3moe.attention.layer_norm_rms_epsilon", float("nan"),
+     r"qwen3moe.attention.layer_norm_rms_epsilon: nan is not a finite number"),
+    ("qwen3moe.expert_count", "4", r"qwen3moe.expert_count: expected an integer, found a string"),
+    ("general.name", 5, r"general.name: expected a string, found an integer"),
+])
+def test_convert_gguf_input_with_bad_keys_is_refused(tiny_hf, tmp_path, key, value, match):
+    src = _gguf_with(tiny_hf, tmp_path, {key: value})
+    _assert_fails_clean(tmp_path, src, FormatError, match)
+
+
+@pytest.mark.parametrize("key, value", [("qwen3moe.rope.freq_base", float("inf")),
+                                        ("qwen3moe.rope.freq_base", float("nan")),
+                                        ("qwen3moe.attention.layer_norm_rms_epsilon", float("inf"))])
+def test_convert_model_load_refuses_non_finite_hyperparameters(tiny_hf, tmp_path, key, value):
+    import rapidmoe_gguf as rm
+
+    path = _gguf_with(tiny_hf, tmp_path, {key: value})
+    with pytest.raises(FormatError, match=rf"'{re.escape(key)}' = (inf|nan) is not a finite positive number"):
+        rm.Model(path, n_ctx=16, n_threads=1)

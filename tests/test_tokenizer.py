@@ -2,6 +2,7 @@
 gguf-py reader -> Tokenizer; its ids must equal the original tokenizer.json's ids."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from rapidmoe_gguf.errors import UnsupportedError
+from rapidmoe_gguf.errors import FormatError, UnsupportedError
 from rapidmoe_gguf.tokenizer import (PRE_ALIASES, PRE_TOKENIZERS, IncrementalDecoder, Tokenizer,
                                      add_tokenizer_to_writer, tokenizer_kv_from_hf)
 
@@ -326,3 +327,54 @@ def test_tokenizer_imports_neither_torch_nor_transformers(tmp_path):
     code = (f"import sys; sys.path[:0] = {path!r}; import rapidmoe_gguf.tokenizer; "
             "sys.exit(sorted({'torch', 'transformers'} & set(sys.modules)) or 0)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+_SMALL = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+          "tokenizer.ggml.token_type": [1, 1, 1], "tokenizer.ggml.merges": ["a b"],
+          "tokenizer.ggml.eos_token_id": 2}
+
+
+@pytest.mark.parametrize("key, value, expected, found", [
+    ("tokenizer.ggml.eos_token_id", "2", "an integer", "a string"),
+    ("tokenizer.ggml.bos_token_id", 1.5, "an integer", "a float"),
+    ("tokenizer.ggml.eot_token_id", [2], "an integer", "an array"),
+    ("tokenizer.ggml.token_type", ["1", "1", "1"], "an array of integers", "an array of strings"),
+    ("tokenizer.ggml.token_type", 1, "an array of integers", "an integer"),
+    ("tokenizer.ggml.tokens", [1, 2, 3], "an array of strings", "an array of integers"),
+    ("tokenizer.ggml.merges", "a b", "an array of strings", "a string"),
+    ("tokenizer.ggml.model", 2, "a string", "an integer"),
+    ("tokenizer.ggml.pre", ["qwen2"], "a string", "an array"),
+    ("tokenizer.ggml.add_bos_token", "yes", "a bool", "a string"),
+    ("tokenizer.chat_template", 7, "a string", "an integer"),
+])
+def test_tokenizer_mistyped_key_is_a_format_error_naming_key_and_types(key, value, expected, found):
+    with pytest.raises(FormatError, match=rf"{re.escape(key)}: expected {expected}, found {found}"):
+        Tokenizer.from_gguf_metadata(_SMALL | {key: value})
+
+
+def test_tokenizer_mistyped_llama_scores_are_a_format_error():
+    md = _SMALL | {"tokenizer.ggml.model": "llama", "tokenizer.ggml.merges": [],
+                   "tokenizer.ggml.scores": ["0", "0", "0"]}
+    with pytest.raises(FormatError, match=r"tokenizer.ggml.scores: expected an array of numbers, found an array of strings"):
+        Tokenizer.from_gguf_metadata(md)
+
+
+def test_tokenizer_typed_keys_from_a_real_file(tmp_path):
+    """The same through the native reader, whose arrays are numpy arrays."""
+    from rapidmoe_gguf import open_gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "ab"])
+    w.add_array("tokenizer.ggml.merges", ["a b"])
+    w.add_array("tokenizer.ggml.token_type", [1.0, 1.0, 1.0])     # float32, not int32
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open_gguf(tmp_path / "t.gguf") as g:
+        md = dict(g.metadata)
+    with pytest.raises(FormatError, match=r"tokenizer.ggml.token_type: expected an array of integers, "
+                                          r"found an array of float32"):
+        Tokenizer.from_gguf_metadata(md)

@@ -4,6 +4,7 @@
  * type and shape here, so the forward pass itself needs no checks. */
 #include "model.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,21 @@ static rm_status hparam(const loader * ld, const char * suffix, int64_t dflt, in
                        ld->path, ld->arch, suffix, (long long) v, (long long) lo, (long long) hi);
     }
     *out = (int32_t) v;
+    return RM_OK;
+}
+
+/* A float hyperparameter, kept at *out's default when absent; it must be finite and positive
+ * (a NaN or infinite epsilon or RoPE base would turn every logit into NaN). */
+static rm_status fparam(const loader * ld, const char * suffix, float * out) {
+    float v = *out;
+    if (get_float(ld, suffix, &v) < 0) {
+        return RM_E_FORMAT;
+    }
+    if (!isfinite(v) || !(v > 0.0f)) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s.%s' = %g is not a finite positive number",
+                       ld->path, ld->arch, suffix, (double) v);
+    }
+    *out = v;
     return RM_OK;
 }
 
@@ -145,13 +161,9 @@ static rm_status load_hparams(const loader * ld, rm_model * m) {
     }
     hp->rms_eps = 1e-5f;
     hp->rope_base = 10000.0f;
-    if (get_float(ld, "attention.layer_norm_rms_epsilon", &hp->rms_eps) < 0 ||
-        get_float(ld, "rope.freq_base", &hp->rope_base) < 0) {
-        return RM_E_FORMAT;
-    }
-    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 0.0f)) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: rms epsilon %g or rope base %g is not positive",
-                       ld->path, hp->rms_eps, hp->rope_base);
+    if ((st = fparam(ld, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) ||
+        (st = fparam(ld, "rope.freq_base", &hp->rope_base))) {
+        return st;
     }
     return RM_OK;
 }

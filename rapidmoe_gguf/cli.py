@@ -415,15 +415,30 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for a free slot; more get 503 (default: %(default)s)")
     p.add_argument("--name", help="the model name the API reports (default: the file name without .gguf)")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="longest prompt (or messages, or rendered chat template) in characters; longer ones get "
+                        "400 before they are tokenized (default: 16 per context token)")
+    p.add_argument("--template-timeout", type=float, default=None,
+                   help="seconds one render of the model's chat template may take (default: 2)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to serve besides localhost and IP addresses (repeatable; other names get 421, "
+                        "against DNS rebinding)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (e.g. http://localhost:3000) whose pages may call the API (repeatable; "
+                        "default: none)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server import ServerConfig, serve
+    from .server import ServerConfig, check_api_key, serve
 
     if args.parallel < 1 or args.queue < 0:
         raise RapidMoEError(f"--parallel must be >= 1 and --queue >= 0, got {args.parallel} and {args.queue}")
+    check_api_key(args.api_key)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, parallel=args.parallel,
-                          queue=args.queue, model_name=args.name)
+                          queue=args.queue, model_name=args.name, max_prompt_chars=args.max_prompt_chars,
+                          allowed_hosts=args.allowed_host, cors_origins=args.cors_origin)
+    if args.template_timeout is not None:
+        config.template_timeout = args.template_timeout
     with _open_model(args) as m:
         res = (f"residual policy {m.residual_policy}, budget {_budget_str(m.residual_budget)}" if m.residual_path
                else "no residual sidecar")

@@ -22,10 +22,24 @@ time, so slots interleave token by token). Up to ``queue`` further requests wait
 that the answer is 503. A client that goes away, while waiting or while streaming, cancels its
 generation at the next token, and its slot is handed on.
 
+Admission comes before work: a request the slots and the queue cannot take gets 503 before its
+prompt is rendered or tokenized, and what one request may cost before it holds a slot is bounded
+(``max_prompt_chars``; the chat template's render limits, see chat.render).
+
+A local server is reachable from any web page the user opens, so: API POSTs must say
+``Content-Type: application/json`` (a page can send other types without asking the user's
+browser for permission); the ``Host`` header must be ``localhost``, an IP address, the address the
+server listens on or one of ``allowed_hosts`` (against DNS rebinding, which gives an attacker's name
+this server's address); and no cross-origin answer is shared unless ``cors_origins`` names the
+origin.
+
 Errors are OpenAI's object, ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad
-request (malformed JSON, a wrong type, a value out of range, a prompt longer than the context),
-401 for a missing or wrong API key, 404 for an unknown model or path, 413 for a body over
-``max_body`` bytes, 503 when the queue is full.
+request (malformed or too deeply nested JSON, a wrong type, a value out of range or beyond its C
+type, a prompt longer than the context or ``max_prompt_chars``, a chat template that fails or goes
+over its limits), 401 for a missing or wrong API key, 404 for an unknown model or path, 413 for a
+body over ``max_body`` bytes, 415 for a POST body that is not JSON, 421 for a Host not served, 503
+when the queue is full. A 500 says only that something failed inside; the cause goes to the log.
+Every error leaves the connection open for the client's next request.
 """
 
 from __future__ import annotations
@@ -35,9 +49,11 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import re
 import threading
 import time
 from importlib import resources
@@ -46,12 +62,14 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import chat, umia
-from .errors import ContextFullError, RapidMoEError
+from .errors import ContextFullError, InvalidArgumentError, RapidMoEError
 from .model import Model, SamplingParams
 
 log = logging.getLogger("rapidmoe.server")
@@ -66,6 +84,18 @@ class ServerConfig:
     queue: int = 16                  # requests that may wait for a slot
     max_body: int = 1 << 20          # bytes
     model_name: str | None = None    # default: the file name without .gguf
+    max_prompt_chars: int | None = None              # a prompt, or the messages; None: 16 per context token
+    template_timeout: float = chat.TEMPLATE_TIMEOUT  # seconds one chat template render may take
+    allowed_hosts: list[str] = dataclasses.field(default_factory=list)   # Host names served besides localhost
+    cors_origins: list[str] = dataclasses.field(default_factory=list)    # origins whose pages may read answers
+
+
+def check_api_key(key: str | None) -> None:
+    """Refuses a key that cannot be sent as given: empty, or not visible ASCII (spaces included)."""
+    if key is not None and not re.fullmatch(r"[\x21-\x7e]+", key):
+        what = "empty" if not key else "not visible ASCII characters without spaces"
+        raise InvalidArgumentError(f"the API key (--api-key or $RAPIDMOE_API_KEY) is {what}; give a key of "
+                                   "visible ASCII characters, or none to serve without one")
 
 
 class ApiError(Exception):
@@ -89,7 +119,8 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, RapidMoEError):        # InvalidArgumentError, UnsupportedError, ...
         return ApiError(400, str(exc))
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
+    log.error("internal error", exc_info=exc)
+    return ApiError(500, "internal server error; the server's log has the cause")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,8 +172,8 @@ def _check_fields(body: dict, fields: dict) -> dict:
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             want = " or ".join({"str": "string", "int": "integer", "float": "number", "bool": "boolean",
                                 "list": "array", "dict": "object"}[t.__name__] for t in types)
-            raise ApiError(400, f"'{name}' must be {want}, got {json.dumps(value)[:80]}", param=name,
-                           code="invalid_type")
+            got = {list: "an array", dict: "an object"}.get(type(value)) or json.dumps(value)[:80]  # not deep
+            raise ApiError(400, f"'{name}' must be {want}, got {got}", param=name, code="invalid_type")
         out[name] = value
     return out
 
@@ -170,8 +201,10 @@ class GenRequest:
         return chat.as_chat_chunks(it) if self.kind == "chat" else it
 
 
-def parse_request(kind: str, body: Any, model: Model, names: set[str]) -> GenRequest:
-    """Checks a decoded JSON body and renders/tokenizes its prompt; raises ApiError."""
+def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars: int = 1 << 20,
+                  template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
+    """Checks a decoded JSON body and renders/tokenizes its prompt, refusing a prompt (or messages,
+    or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     f = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
@@ -214,13 +247,13 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str]) -> GenReq
         param = "messages"
         max_tokens = f["max_completion_tokens"] if f["max_tokens"] is None else f["max_tokens"]
         try:
-            ids = chat.chat_prompt(model, f["messages"])
+            ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout)
         except RapidMoEError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
     else:
         param = "prompt"
         max_tokens = 16 if f["max_tokens"] is None else f["max_tokens"]
-        ids = _completion_prompt(model, f["prompt"])
+        ids = _completion_prompt(model, f["prompt"], max_chars)
     if max_tokens is not None and max_tokens < 0:
         raise ApiError(400, f"max_tokens must be >= 0, got {max_tokens}", param="max_tokens")
     if not ids:
@@ -235,12 +268,18 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str]) -> GenReq
                       policy, None if budget is None else float(budget))
 
 
-def _completion_prompt(model: Model, prompt) -> list[int]:
+def _completion_prompt(model: Model, prompt, max_chars: int) -> list[int]:
     """A string, a list of token ids, or a list of one string."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        if len(prompt) > max_chars:
+            raise ApiError(400, f"the prompt has {len(prompt)} characters, over this server's limit of {max_chars}",
+                           param="prompt", code="context_length_exceeded")
         return model.tokenize(prompt)
+    if len(prompt) > model.n_ctx:
+        raise ApiError(400, f"the prompt has {len(prompt)} tokens, but the context holds {model.n_ctx}",
+                       param="prompt", code="context_length_exceeded")
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         raise ApiError(400, "'prompt' must be a string, a list of token ids, or a list of one string",
                        param="prompt")
@@ -279,7 +318,12 @@ class Server:
     def __init__(self, model: Model, config: ServerConfig):
         if config.parallel < 1 or config.queue < 0:
             raise RapidMoEError(f"parallel must be >= 1 and queue >= 0, got {config.parallel} and {config.queue}")
+        if config.max_prompt_chars is not None and config.max_prompt_chars < 1 or not config.template_timeout > 0:
+            raise InvalidArgumentError(f"max_prompt_chars must be >= 1 and template_timeout > 0, got "
+                                       f"{config.max_prompt_chars} and {config.template_timeout}")
+        check_api_key(config.api_key)
         self.model, self.config = model, config
+        self.max_prompt_chars = config.max_prompt_chars or 16 * model.n_ctx
         stem = os.path.basename(model.path)
         self.name = config.model_name or (stem[:-5] if stem.endswith(".gguf") else stem)
         self.names = {self.name, os.path.basename(model.path)}
@@ -307,11 +351,19 @@ class Server:
 
     # -- the life of a request ------------------------------------------------------------------
 
-    async def generate(self, request: Request, req: GenRequest) -> Response:
+    def admit(self) -> None:
+        """Takes a place among the requests running or waiting, or raises 503. The place is given
+        back by ``generate`` (through ``_run``), or by ``release`` when the request fails before."""
         if self._admitted >= self.config.parallel + self.config.queue:
             raise ApiError(503, f"the server is busy: {self.config.parallel} requests running and "
                            f"{self.config.queue} waiting; retry later", code="server_busy")
         self._admitted += 1
+
+    def release(self) -> None:
+        self._admitted -= 1
+
+    async def generate(self, request: Request, req: GenRequest) -> Response:
+        """Generates an admitted request."""
         job = _Job(req)
         self._jobs.add(job)
         job.task = asyncio.create_task(self._run(request, job))
@@ -454,7 +506,8 @@ class Server:
         layers = [{"layer": i, "activations": act[i].tolist(), "residual": res[i].tolist(),
                    "residual_rate": float(res[i].sum()) / float(act[i].sum()) if act[i].sum() else 0.0}
                   for i in range(act.shape[0])]
-        return {"model": self.name, "residual_sidecar": self.model.residual_path,
+        sidecar = self.model.residual_path
+        return {"model": self.name, "residual_sidecar": sidecar and os.path.basename(sidecar),
                 "policy": self.policy, "budget": self.budget,
                 "residual_rate": float(res.sum()) / total if total else 0.0,
                 "bytes_per_token": self.model.bytes_per_token(float(res.sum()) / total if total else 0.0),
@@ -492,6 +545,24 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
     config = config or ServerConfig()
     server = Server(model, config)
 
+    served_names = {"localhost", config.host.lower(), *(h.lower() for h in config.allowed_hosts)}
+
+    def check_host(request: Request) -> None:
+        """The Host must name this server: localhost, an IP address (which DNS rebinding cannot
+        forge), the address it listens on, or an allowed name. No Host (HTTP/1.0) passes."""
+        host = request.headers.get("host")
+        if host is None:
+            return
+        name = host.lower()
+        name = name[1:name.find("]")] if name.startswith("[") else name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+        if name in served_names:
+            return
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(name)
+            return
+        raise ApiError(421, f"this server does not serve the host {host[:100]!r}; start it with --allowed-host NAME "
+                       "to serve a name other than localhost", code="invalid_host")
+
     def authorize(request: Request) -> None:
         if config.api_key is None:
             return
@@ -500,6 +571,29 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
             raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
+
+    def require_json(request: Request) -> None:
+        # A page may POST text/plain or a form to any address without the browser asking first;
+        # JSON needs the browser's permission (CORS), which this server gives no page by default.
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise ApiError(415, f"the request body must be JSON, sent with 'Content-Type: application/json' "
+                           f"(got {media[:60]!r})", code="unsupported_media_type")
+
+    def guarded(handler, api: bool = True, post: bool = False):
+        """The checks every request passes, and every error as OpenAI's object (a 500 with no
+        detail), answered rather than raised, so the connection stays open."""
+        async def handle(request: Request) -> Response:
+            try:
+                check_host(request)
+                if api:
+                    authorize(request)
+                if post:
+                    require_json(request)
+                return await handler(request)
+            except Exception as exc:
+                return api_error(exc).response()
+        return handle
 
     async def read_json(request: Request) -> Any:
         size = request.headers.get("content-length")
@@ -520,23 +614,28 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
 
         try:
             return json.loads(b"".join(chunks), parse_constant=reject_constant)
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
     def endpoint(kind: str):
         async def handle(request: Request) -> Response:
-            authorize(request)
             body = await read_json(request)
-            req = await asyncio.to_thread(parse_request, kind, body, model, server.names)
+            server.admit()                         # before any work on the prompt
+            try:
+                req = await asyncio.to_thread(parse_request, kind, body, model, server.names,
+                                              server.max_prompt_chars, config.template_timeout)
+            except BaseException:
+                server.release()
+                raise
             return await server.generate(request, req)
         return handle
 
     async def models(request: Request) -> Response:
-        authorize(request)
         return JSONResponse({"object": "list", "data": [_model_card(server)]})
 
     async def one_model(request: Request) -> Response:
-        authorize(request)
         if request.path_params["name"] not in server.names:
             raise ApiError(404, f"the model '{request.path_params['name']}' does not exist", param="model",
                            code="model_not_found")
@@ -546,7 +645,6 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         return JSONResponse(server.health())
 
     async def stats(request: Request) -> Response:
-        authorize(request)
         return JSONResponse(server.stats())
 
     async def page(request: Request) -> Response:
@@ -560,25 +658,26 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
                         type="invalid_request_error").response()
 
     async def on_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error")
         return api_error(exc).response()
 
     routes = [
-        Route("/", page, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/models/{name:path}", one_model, methods=["GET"]),
-        Route("/v1/completions", endpoint("completion"), methods=["POST"]),
-        Route("/v1/chat/completions", endpoint("chat"), methods=["POST"]),
-        Route("/v1/rapidmoe/stats", stats, methods=["GET"]),
+        Route("/", guarded(page, api=False), methods=["GET"]),
+        Route("/health", guarded(health, api=False), methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{name:path}", guarded(one_model), methods=["GET"]),
+        Route("/v1/completions", guarded(endpoint("completion"), post=True), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(endpoint("chat"), post=True), methods=["POST"]),
+        Route("/v1/rapidmoe/stats", guarded(stats), methods=["GET"]),
     ]
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                             allow_headers=["Authorization", "Content-Type"])] if config.cors_origins else []
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
         await asyncio.to_thread(server.close)
 
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={ApiError: on_api_error, RapidMoEError: on_api_error,
                                         HTTPException: on_http_error, Exception: on_error})
     app.state.server = server

@@ -79,10 +79,9 @@ def _check_format(fmt: str) -> None:
 
 
 def _amplifier_bound(name: str, value: Any, args: tuple, kwargs: dict) -> int:
-    """An upper bound on the length of what the str method or filter ``name`` returns for
-    ``value`` (the string; the items for the join filter) and these arguments, for the few whose
-    result can be far longer than their arguments; 0 for the others. May materialize ``args[0]``
-    or ``value`` (returned in the tuple for the caller to use)."""
+    """An upper bound on the length of what the str method or filter ``name`` returns for the
+    string ``value`` and these arguments, for the few whose result can be far longer than their
+    arguments (join is bounded by its callers); 0 for the others."""
     def arg(i, key, default):
         return args[i] if len(args) > i else kwargs.get(key, default)
 
@@ -127,7 +126,6 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
 
     @staticmethod
     def bounded_range(*args):
-        _check_ints(args[1:])
         r = range(*args)
         if len(r) > MAX_RANGE:
             raise TemplateLimitError(f"range of {len(r)} numbers is over the limit of {MAX_RANGE}")
@@ -148,7 +146,8 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
             _check_length(len(left) + len(right))
         elif operator == "%" and isinstance(left, str):
             _check_format(left)
-            _check_ints(right if isinstance(right, tuple) else (right,))
+            if "*" in left:                                       # widths taken from the arguments
+                _check_ints(right if isinstance(right, tuple) else (right,))
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
             if right * left.bit_length() > 1 << 16:
                 raise TemplateLimitError(f"{left} ** {right} is over the limit of 65536 bits")

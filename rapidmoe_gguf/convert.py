@@ -20,12 +20,13 @@ import time
 import uuid as uuidlib
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
 
 from . import atomic, resplit
 from .convert_sources import Source, SourceTensor, open_source
 from .errors import InvalidArgumentError, RapidMoEError
+from .gguf_header import read_header
 from .recipes import (FILE_TYPE, Recipe, bits_per_weight, block_size, fit_type, is_quantized,
                       resolve_recipe)
 
@@ -250,6 +251,7 @@ def _write(source: Source, rec: Recipe, out: str, res_out: str, temps: list[str]
         _stream(plan, base, res, stats, n_threads, os.path.basename(out) if show_bar else None)
         base.finish()
         if res is not None:
+            _bind_to_base(res, base.path)
             res.finish()
             resplit.check_pair(base.path, res.path)
     finally:
@@ -300,11 +302,24 @@ def _open_residual(source: Source, rec: Recipe, plan: list[_Planned], res_out: s
     w.add_string(resplit.KEY_RESIDUAL_TYPE, rec.residual_type)
     w.add_string(resplit.KEY_BASE_UUID, base_uuid)
     w.add_string(resplit.KEY_BASE_TI_SHA256, ti_sha)
+    names = [resplit.residual_tensor_name(p.src.name) for p in plan if p.residual_type]
+    # room for the base data's fingerprints, filled in once the base is written (_bind_to_base)
+    w.add_key_value(resplit.KEY_BASE_FINGERPRINTS, [0] * len(names), GGUFValueType.ARRAY,
+                    sub_type=GGUFValueType.UINT64)
     for p in plan:
         if p.residual_type:
             res.add_tensor(resplit.residual_tensor_name(p.src.name), p.src.ne, p.residual_type)
     res.begin_data()
     return res
+
+
+def _bind_to_base(res: _Out, base_path: str) -> None:
+    """Writes the finished base's expert fingerprints into the room the sidecar's header kept."""
+    h = read_header(res.path, check_data=False)
+    kv = h.kv[resplit.KEY_BASE_FINGERPRINTS]
+    fps = resplit.base_fingerprints(base_path, [t.name for t in h.tensors])
+    res.f.flush()
+    os.pwrite(res.f.fileno(), np.asarray(fps, dtype="<u8").tobytes(), kv.offset)
 
 
 def _stream(plan: list[_Planned], base: _Out, res: _Out | None, stats: _ErrorStats,

@@ -176,7 +176,9 @@ def _copy_with_kv(src: str, dst, kv: dict[str, object]) -> None:
         w.add_key_value(name, field.contents(), vtype, sub_type=sub)
     V = gguf.GGUFValueType
     for name, value in kv.items():
-        if isinstance(value, list):
+        if isinstance(value, np.ndarray) and value.dtype == np.uint64:
+            w.add_key_value(name, value.tolist(), V.ARRAY, sub_type=V.UINT64)
+        elif isinstance(value, list):
             w.add_key_value(name, value, V.ARRAY, sub_type=V.FLOAT32 if isinstance(value[0], float) else V.INT32)
         elif isinstance(value, str):
             w.add_key_value(name, value, V.STRING)

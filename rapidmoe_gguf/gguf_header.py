@@ -37,6 +37,7 @@ class KV:
     type: GGUFValueType
     value: Any                          # int/float/bool/str, or a list for ARRAY
     sub_type: GGUFValueType | None = None  # element type of an ARRAY
+    offset: int = -1                    # file position of an ARRAY's first element
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,13 +131,14 @@ class _Cursor:
             raise FormatError(f"{self.path}: {what} has unknown element type {sub}") from None
         if st == GGUFValueType.ARRAY:
             raise FormatError(f"{self.path}: {what} is an array of arrays, which ggml rejects")
+        start = self.pos
         if st in _SCALAR:
             item = struct.calcsize(_SCALAR[st])
             self.need(n * item, what)
             arr = np.frombuffer(self.buf, dtype=np.dtype(_SCALAR[st]), count=n, offset=self.pos)
             self.pos += n * item
-            return KV(t, arr.tolist(), st)
-        return KV(t, [self.string(f"{what}[{i}]") for i in range(n)], st)
+            return KV(t, arr.tolist(), st, start)
+        return KV(t, [self.string(f"{what}[{i}]") for i in range(n)], st, start)
 
 
 def read_header(path: str | os.PathLike[str], *, check_data: bool = True) -> GGUFHeader:

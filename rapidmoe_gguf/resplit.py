@@ -17,10 +17,11 @@ import hashlib
 import mmap
 import os
 import re
+import struct
 
 from .errors import FormatError
 from .gguf_header import read_header
-from .metadata import get_int, get_str
+from .metadata import get_int, get_int_list, get_str
 
 FORMAT_VERSION = 1
 
@@ -31,6 +32,10 @@ KEY_BASE_TYPE = "rapidmoe.base_type"              # str, sidecar: the recipe's b
 KEY_RESIDUAL_TYPE = "rapidmoe.residual_type"      # str, sidecar: the recipe's residual type name
 KEY_BASE_UUID = "rapidmoe.base.uuid"              # str, sidecar: the base's rapidmoe.uuid
 KEY_BASE_TI_SHA256 = "rapidmoe.base.tensor_info_sha256"  # str (hex), sidecar
+KEY_BASE_FINGERPRINTS = "rapidmoe.base.expert_fingerprints"  # u64 array, sidecar: one per tensor
+
+FINGERPRINT_WINDOW = 1024  # bytes hashed at each end of a base expert tensor
+_FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 
 RESIDUAL_FILE_SUFFIX = ".residual.gguf"
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
@@ -77,6 +82,62 @@ def base_identity(path: str | os.PathLike[str]) -> tuple[str | None, str]:
     return uuid, digest
 
 
+def fingerprint(type_id: int, ne: tuple[int, ...], data) -> int:
+    """The sidecar's check of one base expert tensor's data: FNV-1a (64-bit) over its ggml type
+    (u32), ne padded to 4 dims (u64 each), byte size (u64), then its first and its last
+    min(FINGERPRINT_WINDOW, size) bytes. The same function is in native/src/model.c."""
+    n = len(data)
+    w = min(FINGERPRINT_WINDOW, n)
+    ne4 = tuple(ne) + (1,) * (4 - len(ne))
+    h = _FNV_OFFSET
+    for part in (struct.pack("<I4QQ", type_id, *ne4, n), bytes(data[:w]), bytes(data[n - w:])):
+        for byte in part:
+            h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def base_fingerprints(base_path: str | os.PathLike[str], residual_names: list[str]) -> list[int]:
+    """``fingerprint`` of the base tensor of each residual tensor name, in that order."""
+    h = read_header(base_path)
+    out = []
+    with open(h.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        for name in residual_names:
+            t = h.tensor(base_tensor_name(name))
+            if t is None:
+                raise FormatError(f"{base_path}: no tensor '{base_tensor_name(name)}' for residual '{name}'")
+            start = h.data_offset + t.offset
+            out.append(fingerprint(int(t.type), t.ne, memoryview(buf)[start:start + t.nbytes]))
+    return out
+
+
+def _check_fingerprints(base_path: str, residual_file: str, r, want: list[int]) -> None:
+    names = [t.name for t in r.tensors]
+    if len(want) != len(names):
+        raise FormatError(f"{residual_file}: {KEY_BASE_FINGERPRINTS} has {len(want)} entries for "
+                          f"{len(names)} tensors")
+    for name, w, got in zip(names, want, base_fingerprints(base_path, names)):
+        if w != got:
+            raise FormatError(
+                f"{base_path}: base tensor '{base_tensor_name(name)}' is not the data {residual_file} was "
+                f"made for (fingerprint {got:016x}, expected {w:016x}); the base was changed after "
+                f"conversion: reconvert, or pass the matching pair")
+
+
+def add_fingerprints(base_path: str | os.PathLike[str], residual_file: str | os.PathLike[str]) -> None:
+    """Gives a sidecar written before ``KEY_BASE_FINGERPRINTS`` existed the fingerprints of its
+    base's data, after ``check_pair`` has accepted the pair as it is (rewritten atomically). Only
+    run it on a base known to be the one the sidecar was converted with."""
+    import numpy as np
+
+    from .evaluate import rewrite_with_kv
+
+    check_pair(base_path, residual_file)
+    names = [t.name for t in read_header(residual_file).tensors]
+    fps = np.asarray(base_fingerprints(base_path, names), dtype=np.uint64)
+    rewrite_with_kv(os.fspath(residual_file), {KEY_BASE_FINGERPRINTS: fps})
+    check_pair(base_path, residual_file)
+
+
 def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLike[str]) -> None:
     """Raise FormatError unless ``residual_file`` is the sidecar written for ``base_path``."""
     base_path, residual_file = os.fspath(base_path), os.fspath(residual_file)
@@ -110,6 +171,9 @@ def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLi
         if bt.ne != t.ne:
             raise FormatError(f"{residual_file}: tensor '{t.name}' has ne {list(t.ne)} but the base "
                               f"has {list(bt.ne)}")
+    fps = get_int_list(r, KEY_BASE_FINGERPRINTS, where=rw)
+    if fps is not None:  # sidecars written before the key existed are bound by uuid and hash only
+        _check_fingerprints(base_path, residual_file, r, fps)
 
 
 def describe(path: str | os.PathLike[str]) -> dict:

@@ -42,6 +42,8 @@ def test_bundled_model_metadata_and_sidecar():
     with rm.Model(bundled_model_path(), n_ctx=64, n_threads=1) as m:
         assert m.residual_path is not None and m.umia_tables is not None
         assert m.residual_policy == "umia"
+    with rm.open_gguf(rm.resplit.residual_path(bundled_model_path())) as g:   # bound to the base's data
+        assert len(g.metadata[rm.resplit.KEY_BASE_FINGERPRINTS]) == len(g.tensors)
 
 
 def test_bundled_residuals_close_most_of_the_gap():

@@ -190,3 +190,59 @@ def test_residual_convert_cli_calibrates_in_the_same_run(tiny_hf, tmp_path):
                  "--calibrate", str(text), "--calibrate-tokens", "256"]) == 0
     with rm.Model(out, n_ctx=64, n_threads=1) as m:
         assert m.umia_tables is not None and m.residual_policy == "umia"
+
+
+def _load_native(base, side):
+    """rm_model_load itself, without the Python pair check in front of it."""
+    from rapidmoe_gguf._native import check, ffi, lib
+
+    params = ffi.new("rm_model_params *")
+    params.struct_size = ffi.sizeof("rm_model_params")
+    params.n_threads = 1
+    res_c = ffi.new("char[]", str(side).encode())
+    params.residual_path = res_c
+    out = ffi.new("rm_model **")
+    check(lib.rm_model_load(str(base).encode(), params, out))
+    lib.rm_model_free(out[0])
+
+
+def _copy_pair(path, dst_dir):
+    base, side = dst_dir / "c.gguf", dst_dir / "c.residual.gguf"
+    shutil.copyfile(path, base)
+    shutil.copyfile(str(path).replace(".gguf", ".residual.gguf"), side)
+    return base, side
+
+
+@pytest.mark.parametrize("tensor, end", [("blk.1.ffn_up_exps.weight", "first"),
+                                         ("blk.0.ffn_down_exps.weight", "last")])
+def test_residual_sidecar_is_bound_to_the_base_data(pair, tmp_path, tensor, end):
+    """The tensor infos and uuid stay, the expert bytes change: the pair check and the C loader
+    both refuse, naming the tensor."""
+    _, path = pair
+    base, side = _copy_pair(path, tmp_path)
+    with rm.open_gguf(side) as g:
+        fps = g.metadata[rm.resplit.KEY_BASE_FINGERPRINTS]
+        assert len(fps) == len(g.tensors) == 6
+    _load_native(base, side)                                   # the untouched copy loads
+    h = rm.gguf_header.read_header(base)
+    t = h.tensor(tensor)
+    pos = h.data_offset + t.offset + (0 if end == "first" else t.nbytes - 1)
+    with open(base, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with pytest.raises(rm.FormatError, match=rf"base tensor '{re.escape(tensor)}'.*not the data .*was made for"):
+        rm.resplit.check_pair(base, side)
+    with pytest.raises(rm.FormatError, match=rf"rm_model_load: .*base tensor '{re.escape(tensor)}'.*not the data"):
+        _load_native(base, side)
+    with pytest.raises(rm.FormatError, match=re.escape(tensor)):
+        rm.Model(base, n_ctx=16, n_threads=1)
+
+
+def test_residual_c_loader_checks_the_base_uuid(pair, tiny_hf, tmp_path):
+    _, path = pair
+    other = tmp_path / "other.gguf"
+    rm.convert(tiny_hf("qwen3_moe"), other, recipe="q2k-q4", progress=False)
+    with pytest.raises(rm.FormatError, match=r"rm_model_load: .*other.residual.gguf.* base uuid"):
+        _load_native(path, str(other).replace(".gguf", ".residual.gguf"))

@@ -264,6 +264,102 @@ static void fill_info(rm_model * m) {
     in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output);
 }
 
+/* ---- the sidecar belongs to this base ------------------------------------------------------ */
+
+#define FP_WINDOW 1024u   /* bytes hashed at each end of a base expert tensor (resplit.py) */
+
+static uint64_t fnv1a(uint64_t h, const uint8_t * p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        h = (h ^ p[i]) * 0x100000001B3ull;
+    }
+    return h;
+}
+
+static uint64_t fnv1a_u64(uint64_t h, uint64_t v, int n_bytes) {
+    uint8_t b[8];
+    for (int i = 0; i < n_bytes; i++) {
+        b[i] = (uint8_t) (v >> (8 * i));   /* little-endian, as the file */
+    }
+    return fnv1a(h, b, (uint64_t) n_bytes);
+}
+
+/* resplit.fingerprint: FNV-1a over type (u32), ne[4] and nbytes (u64), the first and last bytes. */
+static uint64_t tensor_fingerprint(const rm_tensor_info * ti) {
+    const uint64_t w = ti->nbytes < FP_WINDOW ? ti->nbytes : FP_WINDOW;
+    uint64_t h = fnv1a_u64(0xCBF29CE484222325ull, (uint32_t) ti->type, 4);
+    for (int d = 0; d < 4; d++) {
+        h = fnv1a_u64(h, (uint64_t) ti->ne[d], 8);
+    }
+    h = fnv1a_u64(h, ti->nbytes, 8);
+    if (w == 0) {
+        return h;
+    }
+    h = fnv1a(h, (const uint8_t *) ti->data, w);
+    return fnv1a(h, (const uint8_t *) ti->data + (ti->nbytes - w), w);
+}
+
+/* The sidecar's rapidmoe.base.uuid must be the base's rapidmoe.uuid, and, when the sidecar has
+ * rapidmoe.base.expert_fingerprints (one per sidecar tensor), each base expert tensor's data must
+ * still hash to it. Sidecars written before the fingerprints existed are bound by the uuid only;
+ * a sidecar with neither key (not written by the converter) is not checked. */
+static rm_status check_sidecar(const rm_model * m, const char * path, const char * res_path) {
+    const int64_t iu = rm_gguf_find_kv(m->residual, "rapidmoe.base.uuid");
+    if (iu >= 0) {
+        const int64_t bu = rm_gguf_find_kv(m->base, "rapidmoe.uuid");
+        rm_str want = rm_gguf_kv_type(m->residual, iu) == RM_GGUF_STRING ? rm_gguf_kv_str(m->residual, iu) : (rm_str) {0};
+        rm_str have = bu >= 0 && rm_gguf_kv_type(m->base, bu) == RM_GGUF_STRING ? rm_gguf_kv_str(m->base, bu) : (rm_str) {0};
+        if (!want.ptr || !have.ptr || want.len != have.len || memcmp(want.ptr, have.ptr, want.len) != 0) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s was made for base uuid '%.*s', but %s has uuid '%.*s'; "
+                           "reconvert, or pass the matching pair", res_path, (int) (want.len > 64 ? 64 : want.len),
+                           want.ptr ? want.ptr : "", path, (int) (have.len > 64 ? 64 : have.len), have.ptr ? have.ptr : "");
+        }
+    }
+    const int64_t ifp = rm_gguf_find_kv(m->residual, "rapidmoe.base.expert_fingerprints");
+    if (ifp < 0) {
+        return RM_OK;
+    }
+    const int64_t n = rm_gguf_n_tensors(m->residual);
+    if (rm_gguf_kv_arr_type(m->residual, ifp) != RM_GGUF_UINT64 || rm_gguf_kv_arr_n(m->residual, ifp) != (uint64_t) n) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: rapidmoe.base.expert_fingerprints must be %lld uint64 "
+                       "values (one per tensor)", res_path, (long long) n);
+    }
+    const uint8_t * fps = (const uint8_t *) rm_gguf_kv_data(m->residual, ifp);
+    for (int64_t i = 0; i < n; i++) {
+        rm_tensor_info rt, bt;
+        rm_status st = rm_gguf_tensor_info(m->residual, i, &rt);
+        if (st != RM_OK) {
+            return st;
+        }
+        char name[96];
+        const int len = (int) rt.name.len - (int) strlen(".residual");
+        if (len <= 0 || len + 8 >= (int) sizeof(name) || memcmp(rt.name.ptr + len, ".residual", 9) != 0) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: tensor '%.*s' is not a residual tensor", res_path,
+                           (int) (rt.name.len > 80 ? 80 : rt.name.len), rt.name.ptr);
+        }
+        snprintf(name, sizeof(name), "%.*s.weight", len, rt.name.ptr);
+        const int64_t ib = rm_gguf_find_tensor(m->base, name);
+        if (ib < 0) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: base tensor '%s' of residual '%.*s' is missing", path,
+                           name, (int) rt.name.len, rt.name.ptr);
+        }
+        if ((st = rm_gguf_tensor_info(m->base, ib, &bt)) != RM_OK) {
+            return st;
+        }
+        uint64_t want = 0;
+        for (int k = 7; k >= 0; k--) {
+            want = want << 8 | fps[8 * i + k];
+        }
+        const uint64_t have = tensor_fingerprint(&bt);
+        if (have != want) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: base tensor '%s' is not the data %s was made for "
+                           "(fingerprint %016llx, expected %016llx); the base was changed after conversion: "
+                           "reconvert, or pass the matching pair", path, name, res_path,
+                           (unsigned long long) have, (unsigned long long) want);
+        }
+    }
+    return RM_OK;
+}
+
 /* The GPU part of the params: open the device and upload, or say why the CPU runs. */
 static rm_status place_on_gpu(rm_model * m, const rm_model_params * params) {
     rm_gpu_info * gi = &m->gpu_info;
@@ -335,7 +431,8 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return st;
     }
     if (params->residual_path) {
-        if ((st = rm_gguf_open(params->residual_path, &m->residual)) != RM_OK) {
+        if ((st = rm_gguf_open(params->residual_path, &m->residual)) != RM_OK ||
+            (st = check_sidecar(m, path, params->residual_path)) != RM_OK) {
             return st;
         }
     }

@@ -201,7 +201,7 @@ class GenRequest:
         return chat.as_chat_chunks(it) if self.kind == "chat" else it
 
 
-def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars: int = 1 << 20,
+def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars: int = chat.MAX_TEMPLATE_CHARS,
                   template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
     """Checks a decoded JSON body and renders/tokenizes its prompt, refusing a prompt (or messages,
     or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError."""
@@ -554,7 +554,10 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         if host is None:
             return
         name = host.lower()
-        name = name[1:name.find("]")] if name.startswith("[") else name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+        if name.startswith("["):                           # [IPv6]:port
+            name = name[1:name.find("]")]
+        elif name.count(":") == 1:                         # name:port
+            name = name.split(":")[0]
         if name in served_names:
             return
         with contextlib.suppress(ValueError):

@@ -19,7 +19,8 @@ request must get 200 (or 503 "server_busy" when every slot and queue place is ta
 complete answer; a bad one must get a 4xx (a non-JSON content type or a foreign Host may also be
 served). Afterwards /health must show every slot idle and nothing waiting, and a last request must
 still be served. The server's resident memory (RSS) is read after the model is loaded, after a
-warm-up, and at the end.
+warm-up, every second of the run (the highest of each quarter is reported: a leak keeps climbing,
+an allocator's working set levels off) and at the end.
 
 Exit status 1 on any unexpected 5xx, connection reset or truncated answer, a client timeout, a
 bad request answered 2xx, a slot not freed, or an error logged by the server (when it was started
@@ -416,6 +417,12 @@ class Soak:
         return time.monotonic() - t0
 
 
+def quarters(samples: list[int]) -> list[int]:
+    """The highest sample of each quarter of the run (fewer with fewer samples)."""
+    n = len(samples)
+    return [max(samples[i * n // 4:(i + 1) * n // 4]) for i in range(4) if (i + 1) * n // 4 > i * n // 4]
+
+
 def get_json(host: str, port: int, path: str) -> dict:
     status, _, data = request(host, port, "GET", path, headers={"Host": f"{host}:{port}"}, timeout=30)
     if status != 200:
@@ -473,7 +480,20 @@ def main(argv: list[str] | None = None) -> int:
         rss_before = rss_kib(pid)
 
         soak = Soak(args, host, port)
+        samples: list[int] = []                        # RSS every second of the run, to tell growth from a plateau
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(1.0):
+                kib = rss_kib(pid)
+                if kib is not None:
+                    samples.append(kib)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         elapsed = soak.run(args.duration)
+        done.set()
+        sampler.join()
         health = wait_idle(host, port, timeout=60)
         leaked = health.get("slots_processing") != 0 or health.get("requests_waiting") != 0
         stats = get_json(host, port, "/v1/rapidmoe/stats")
@@ -501,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         "health_after": health, "slots_leaked": leaked,
         "server_counts": {k: stats.get(k) for k in ("requests", "cancelled", "errors", "prompt_tokens",
                                                       "completion_tokens")},
-        "rss_kib": {"loaded": rss_loaded, "warm": rss_before, "after": rss_after},
+        "rss_kib": {"loaded": rss_loaded, "warm": rss_before, "after": rss_after,
+                    "max_by_quarter": quarters(samples)},
         "failures": failures,
     }
     print(f"soak: {n} requests in {elapsed:.1f} s from {args.clients} clients")
@@ -512,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     if pid is not None:
         growth = (rss_after - rss_before) / 1024 if rss_after and rss_before else float("nan")
         print(f"  server RSS: {rss_loaded / 1024:.0f} MiB loaded, {rss_before / 1024:.0f} MiB warm, "
-              f"{rss_after / 1024:.0f} MiB after ({growth:+.1f} MiB)")
+              f"{rss_after / 1024:.0f} MiB after ({growth:+.1f} MiB); the highest of each quarter of the run: "
+              + ", ".join(f"{q / 1024:.0f}" for q in quarters(samples)) + " MiB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -197,6 +197,7 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, {}, 400, "stream"),
     ("/v1/completions", {"prompt": "x", "stop": [1]}, {}, 400, "stop"),
     ("/v1/completions", {"prompt": "x", "seed": 2**70}, {}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "top_k": 2**70}, {}, 400, "top_k"),   # was a 500 (tools/soak_server.py)
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, {}, 404, "model"),
     ("/v1/completions", {"prompt": "x", "residual_policy": "most"}, {}, 400, "residual_policy"),
     ("/v1/completions", {"prompt": "x", "residual_budget": 2}, {}, 400, "residual_budget"),

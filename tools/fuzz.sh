@@ -70,6 +70,7 @@ for t in "${targets[@]}"; do
     log=$dir/fuzz_$t.log
     echo "== fuzz_$t for $per s (log: $log)"
     rc=0
+    touch "$dir/artifacts/.start-$t"
     # shellcheck disable=SC2086
     "$dir/fuzz_$t" -max_total_time="$per" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$dir/artifacts/$t-" ${RM_FUZZ_ARGS:-} "$dir/corpus/$t" "$dir/seeds/$t" >"$log" 2>&1 || rc=$?
@@ -83,7 +84,7 @@ for t in "${targets[@]}"; do
     if [ "$rc" -ne 0 ] || grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|deadly signal' "$log"; then
         echo "fuzz.sh: fuzz_$t failed (exit $rc); the report:" >&2
         grep -E -A40 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|deadly signal' "$log" | head -60 >&2 || tail -40 "$log" >&2
-        ls -1 "$dir/artifacts" | sed "s|^|   artifact: $dir/artifacts/|" >&2
+        find "$dir/artifacts" -name "$t-*" -newer "$dir/artifacts/.start-$t" | sed 's|^|   the input: |' >&2
         failed=1
     fi
 done

@@ -50,7 +50,10 @@ rm -rf "$dir/seeds"
 mkdir -p "$dir/seeds/gguf" "$dir/seeds/model" "$dir/artifacts"
 "$dir/make_seeds" "$dir/seeds/gguf" "$dir/seeds/model"
 if "$py" -c "import gguf, numpy" 2>/dev/null; then
-    "$py" tools/fuzz_seeds.py "$dir/seeds/gguf" "$dir/seeds/model" rapidmoe_gguf/models/tiny-moe.gguf
+    # the package of the source tree when it holds a built library (tools/dev_build.sh), else the installed one
+    pp=${PYTHONPATH:-}
+    [ -f rapidmoe_gguf/librapidmoe.so ] && pp=$(pwd)${pp:+:$pp}
+    PYTHONPATH=$pp "$py" tools/fuzz_seeds.py "$dir/seeds/gguf" "$dir/seeds/model" rapidmoe_gguf/models/tiny-moe.gguf
 else
     echo "fuzz.sh: $py lacks the gguf package: only the seeds of make_seeds are used" >&2
 fi

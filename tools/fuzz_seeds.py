@@ -10,7 +10,11 @@ GGUF_DIR (the reader's target) gets:
   bundled-head.gguf     the first 64 KiB of the bundled model as it is: a full header cut inside
                         the tokenizer's arrays.
 MODEL_DIR (the loader's target) gets olmoe.base: a tiny qwen3moe seed of make_seeds rewritten as
-OLMoE (q/k norms over the full width), the one architecture tiny_gguf.h does not write.
+OLMoE (q/k norms over the full width), the one architecture tiny_gguf.h does not write; and, for
+each base + sidecar pair of make_seeds, TAG.bound: the pair bound as the converter binds it (the
+base's rapidmoe.uuid, the sidecar's rapidmoe.base.uuid and rapidmoe.base.expert_fingerprints),
+so that the loader's check of a sidecar against its base's data is reached. The fingerprints come
+from rapidmoe_gguf.resplit; without an importable rapidmoe_gguf those seeds are skipped.
 """
 
 from __future__ import annotations
@@ -107,6 +111,46 @@ def olmoe(qwen3_seed: str):
     return lambda w: copy(r, w, rename=rename, swap=swap)
 
 
+def bound_pair(base_in: str, res_in: str, base_out: str, res_out: str, uuid: str, resplit) -> None:
+    rb, rr = gguf.GGUFReader(base_in), gguf.GGUFReader(res_in)
+    arch = bytes(rb.fields["general.architecture"].parts[-1]).decode()
+
+    def base(w):
+        copy(rb, w)
+        w.add_string(resplit.KEY_UUID, uuid)
+
+    write(base_out, arch, base)
+    fps = resplit.base_fingerprints(base_out, [t.name for t in rr.tensors])
+
+    def sidecar(w):
+        copy(rr, w)
+        w.add_uint32(resplit.KEY_FORMAT_VERSION, resplit.FORMAT_VERSION)
+        w.add_string(resplit.KEY_BASE_UUID, uuid)
+        w.add_key_value(resplit.KEY_BASE_FINGERPRINTS, [int(f) for f in fps], V.ARRAY, sub_type=V.UINT64)
+
+    write(res_out, arch, sidecar)
+
+
+def bound_pairs(gguf_dir: str, model_dir: str) -> None:
+    try:
+        from rapidmoe_gguf import resplit
+        resplit.base_fingerprints, resplit.KEY_BASE_FINGERPRINTS, resplit.KEY_UUID   # noqa: B018
+    except Exception as exc:           # absent, or a library that does not load: the other seeds still do
+        print(f"fuzz_seeds: no bound pairs: rapidmoe_gguf.resplit is not usable here ({exc})", file=sys.stderr)
+        return
+    for name in sorted(os.listdir(gguf_dir)):
+        if not name.endswith(".residual.gguf") or name.startswith("bound-"):
+            continue
+        tag = name[: -len(".residual.gguf")]
+        base_out = os.path.join(gguf_dir, f"bound-{tag}.gguf")
+        res_out = os.path.join(gguf_dir, f"bound-{tag}.residual.gguf")
+        bound_pair(os.path.join(gguf_dir, f"{tag}.gguf"), os.path.join(gguf_dir, name), base_out, res_out,
+                   f"fuzz-{tag}", resplit)
+        with open(base_out, "rb") as b, open(res_out, "rb") as r, open(os.path.join(model_dir, f"{tag}.bound"), "wb") as out:
+            base = b.read()
+            out.write(struct.pack("<I", len(base)) + base + r.read())
+
+
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
@@ -124,6 +168,7 @@ def main(argv: list[str]) -> int:
         write(path, "olmoe", olmoe(qwen3))
         with open(path, "rb") as f, open(os.path.join(model_dir, "olmoe.base"), "wb") as out:
             out.write(struct.pack("<I", 0xFFFFFFFF) + f.read())
+    bound_pairs(gguf_dir, model_dir)
     return 0
 
 

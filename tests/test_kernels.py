@@ -18,12 +18,12 @@ import pytest
 from rapidmoe_gguf import kernels, quants
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
-SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K"]
+SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 TOL = 1e-6
 SIMD_ISAS = [isa for isa in kernels.supported_isas() if isa != "scalar"]
 
 # Byte offsets of the fp16 scale fields in each block: random bytes there could be inf/nan.
-SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q6_K": [208]}
+SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
 needs_simd = pytest.mark.skipif(not SIMD_ISAS, reason="this machine runs no SIMD kernel set")
 

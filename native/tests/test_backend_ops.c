@@ -379,7 +379,8 @@ int main(int argc, char ** argv) {
     if (!mkdtemp(dir)) return 1;
     printf("%s\n", rm_build_info());
     JSON("[");
-    const int32_t types[] = {RM_TYPE_F32, RM_TYPE_F16, RM_TYPE_Q4_0, RM_TYPE_Q8_0, RM_TYPE_Q2_K, RM_TYPE_Q3_K, RM_TYPE_Q4_K};
+    const int32_t types[] = {RM_TYPE_F32, RM_TYPE_F16, RM_TYPE_Q4_0, RM_TYPE_Q8_0, RM_TYPE_Q2_K, RM_TYPE_Q3_K, RM_TYPE_Q4_K,
+                             RM_TYPE_Q5_K, RM_TYPE_Q6_K};
     int gpu_ok = 0;
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         tiny_spec s = tiny_default(i == 0 ? "qwen2moe" : "qwen3moe");

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "dispatch.h"
+#include <stddef.h>
 #include <string.h>
 
 #ifndef RM_KQ_ACC
@@ -268,17 +269,25 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* Q4_K for nc tokens (1, 4 or 8): the nibbles and scales of a super-block are unpacked once. */
-RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
-    const rm_block_q4_K * b = w;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+/* Q4_K and Q5_K for nc tokens (1, 4 or 8): the levels and scales of a super-block are unpacked
+ * once. The two types differ only in where the fields lie and in Q5_K's fifth bit: qh bit 2p of
+ * byte l is the top bit of element 64p + l, bit 2p + 1 that of element 64p + 32 + l. */
+RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
+                            const int five) {
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
     __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
         acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        const __m128i sm = scales_k4(b[i].scales);    /* 8 scales, then 8 mins */
+        /* d, dmin and scales lie at the same offsets in both blocks */
+        const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
+        const uint8_t * qs = (const uint8_t *) b + qs_at;
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
+        const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
         const rm_block_q8_K * a[RM_MULTI_MAX];
         __m256i sumi[RM_MULTI_MAX];
         for (int c = 0; c < nc; c++) {
@@ -293,9 +302,14 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
             sumz[c] = _mm512_setzero_si512();
         }
         for (int p = 0; p < 4; p++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
-            const __m512i l = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
-                                               _mm512_set1_epi8(0x0f));
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
+            __m512i l = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
+                                         _mm512_set1_epi8(0x0f));
+            if (five) {
+                const __m256i h = _mm256_srli_epi16(qh, 2 * p);
+                const __m512i hz = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(h, 4)), _mm256_slli_epi16(h, 3), 1);
+                l = _mm512_or_si512(l, _mm512_and_si512(hz, _mm512_set1_epi8(0x10)));
+            }
             const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(scale_all(sm, 2 * p)), scale_all(sm, 2 * p + 1), 1);
             for (int c = 0; c < nc; c++) {
                 const __m512i pr = _mm512_maddubs_epi16(l, _mm512_loadu_si512((const void *) (a[c]->qs + 64 * p)));
@@ -306,10 +320,16 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
             sumi[c] = _mm256_add_epi32(_mm512_castsi512_si256(sumz[c]), _mm512_extracti64x4_epi64(sumz[c], 1));
         }
         (void) m4;
+        (void) b4;
 #else
         for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * p));
-            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (five) {
+                const __m256i h = _mm256_srli_epi16(qh, 2 * p);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+            }
             const __m256i s0 = scale_all(sm, 2 * p), s1 = scale_all(sm, 2 * p + 1);
             for (int c = 0; c < nc; c++) {
                 const int8_t * y = a[c]->qs + 64 * p;
@@ -324,7 +344,7 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
          * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
         const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
         const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-        const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
+        const float dw = fp16(b->d), dmw = fp16(b->dmin);
         for (int c = 0; c < nc; c++) {
             const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
@@ -334,6 +354,14 @@ RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void
     for (int c = 0; c < nc; c++) {
         out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
     }
+}
+
+RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    dot_k4_multi(n, out, w, x_q, x_stride, nc, 0);
+}
+
+RM_INLINE void dot_q5_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    dot_k4_multi(n, out, w, x_q, x_stride, nc, 1);
 }
 
 /* Q6_K for nc tokens (1, 4 or 8): the levels of a super-block are unpacked once. */
@@ -404,6 +432,7 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
 RM_KQ_ENTRY_POINTS(q2_K)
 RM_KQ_ENTRY_POINTS(q3_K)
 RM_KQ_ENTRY_POINTS(q4_K)
+RM_KQ_ENTRY_POINTS(q5_K)
 RM_KQ_ENTRY_POINTS(q6_K)
 
 #endif

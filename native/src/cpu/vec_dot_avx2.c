@@ -275,6 +275,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q2_K] = vec_dot_q2_K,
         [RM_TYPE_Q3_K] = vec_dot_q3_K,
         [RM_TYPE_Q4_K] = vec_dot_q4_K,
+        [RM_TYPE_Q5_K] = vec_dot_q5_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
     },
     .quantize = {
@@ -287,6 +288,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q2_K] = vec_dot_q2_K_multi,
         [RM_TYPE_Q3_K] = vec_dot_q3_K_multi,
         [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
+        [RM_TYPE_Q5_K] = vec_dot_q5_K_multi,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
     },
     .axpy = axpy,

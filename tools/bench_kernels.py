@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the source tree
 from rapidmoe_gguf import kernels, quants  # noqa: E402
 
-DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K"]
+DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 def make(name: str, n: int, n_rows: int, seed: int = 0):

@@ -144,6 +144,11 @@ static inline __m256i scale_all(__m128i s8, int j) {
     return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(s8, _mm_set1_epi8((char) j)));
 }
 
+/* int16 lanes all = s[j] (j < 8), from eight int16 scales held in both 128-bit lanes. */
+static inline __m256i scale_bcast16(__m256i s16, int j) {
+    return _mm256_shuffle_epi8(s16, _mm256_set1_epi16((short) (0x0100 + 0x0202 * j)));
+}
+
 /* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16 (s as 16 int16), as int32. */
 static inline int32_t bsums_dot16(const int16_t bsums[16], __m256i s16) {
     return hsum_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), s16));
@@ -179,18 +184,17 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
  * kernel's. Each super-block sums its integer products, weighted by the sub-block scales, in
  * int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of
  * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot. The mins, which
- * carry a float scale of their own, are summed in float lanes across super-blocks and reduced
- * once per row (not once per super-block).
+ * carry a float scale of their own, are taken off in float lanes of the same accumulator, which is
+ * reduced once per row (not once per super-block).
  * ------------------------------------------------------------------------------------------- */
 
 /* Q2_K for nc tokens (1, 4 or 8): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX];   /* the scaled sums less the mins' part: one register per token */
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
-        acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
@@ -216,13 +220,13 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
         const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
         for (int c = 0; c < nc; c++) {
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            /* the mins' eight pair sums stay in float lanes, added up once at the end */
+            /* the mins' eight pair sums, taken off in float lanes; reduced once at the end */
             const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
-            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
+        out[c] = hsum_ps(acc[c]);
     }
 }
 
@@ -277,10 +281,9 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
     const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
     const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
-    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX];   /* the scaled sums less the mins' part: one register per token */
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
-        acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         /* d, dmin and scales lie at the same offsets in both blocks */
@@ -322,6 +325,9 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
         (void) m4;
         (void) b4;
 #else
+        /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
+         * sub-block's scale in all sixteen lanes */
+        const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
             const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -330,7 +336,7 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
                 lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
                 hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
             }
-            const __m256i s0 = scale_all(sm, 2 * p), s1 = scale_all(sm, 2 * p + 1);
+            const __m256i s0 = scale_bcast16(s16, 2 * p), s1 = scale_bcast16(s16, 2 * p + 1);
             for (int c = 0; c < nc; c++) {
                 const int8_t * y = a[c]->qs + 64 * p;
                 const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
@@ -348,11 +354,11 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
         for (int c = 0; c < nc; c++) {
             const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
+        out[c] = hsum_ps(acc[c]);
     }
 }
 
@@ -410,6 +416,13 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
+/* 32 vector registers: eight tokens' accumulators fit */
+#ifdef RM_KQ_512
+#define RM_KQ_WIDE 1
+#else
+#define RM_KQ_WIDE 0
+#endif
+
 /* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi;
  * the activation info is for Q8_0 activations and unused here). */
 #define RM_KQ_ENTRY_POINTS(t)                                                                            \
@@ -420,8 +433,11 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
                                     uint64_t x_stride, const float * x_info, int64_t x_info_stride) {    \
         (void) x_info;                                                                                   \
         (void) x_info_stride;                                                                            \
-        if (nc == 8) {                                                                                   \
+        if (nc == 8 && RM_KQ_WIDE) {                                                                     \
             dot_##t##_multi(n, out, w, x_q, x_stride, 8);                                                \
+        } else if (nc == 8) { /* with 16 registers, eight tokens would spill: two calls of four */       \
+            dot_##t##_multi(n, out, w, x_q, x_stride, 4);                                                \
+            dot_##t##_multi(n, out + 4, w, (const uint8_t *) x_q + 4 * x_stride, x_stride, 4);          \
         } else if (nc == 4) {                                                                            \
             dot_##t##_multi(n, out, w, x_q, x_stride, 4);                                                \
         } else {                                                                                         \

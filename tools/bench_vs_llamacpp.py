@@ -6,8 +6,8 @@
 
 llama.cpp runs through llama-cpp-python 0.3.36, installed on first use into its own virtual
 environment (default ~/.cache/rapidmoe/llamacpp-venv) and built from source with native tuning
-and AMX off (ggml's AMX kernels crash on quantized models on some machines), the flags of
-/work/shared/reference/llamacpp-baseline.md. The build takes about 15 minutes on 2 cores and runs
+and AMX off (ggml's AMX kernels crash on quantized models on some machines): native tuning off,
+and each x86 feature option on when this CPU has it (an AVX2-only CPU gets no AVX-512 code). The build takes about 15 minutes on 2 cores and runs
 at nice 10.
 
 Method. The two engines alternate, A B A B ..., each run in a fresh subprocess (so peak RSS is
@@ -55,12 +55,30 @@ import tempfile
 import time
 
 LLAMA_CPP_VERSION = "0.3.36"
-LLAMA_CMAKE_ARGS = (
-    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_AVX_VNNI=ON -DGGML_FMA=ON -DGGML_F16C=ON "
-    "-DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON "
-    "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF "
-    "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+# ggml's x86 feature options, each turned on when /proc/cpuinfo lists every flag it needs: a
+# portable build (native tuning off) for the machine at hand, so an AVX2-only CPU gets no AVX-512
+# code. AMX stays off (ggml's AMX kernels crash on quantized models on some machines).
+LLAMA_ISA_OPTIONS = [
+    ("GGML_AVX", ["avx"]), ("GGML_AVX2", ["avx2"]), ("GGML_FMA", ["fma"]), ("GGML_F16C", ["f16c"]),
+    ("GGML_BMI2", ["bmi2"]), ("GGML_AVX_VNNI", ["avx_vnni"]), ("GGML_AVX512", ["avx512f", "avx512bw", "avx512vl", "avx512dq"]),
+    ("GGML_AVX512_VBMI", ["avx512_vbmi"]), ("GGML_AVX512_VNNI", ["avx512_vnni"]), ("GGML_AVX512_BF16", ["avx512_bf16"]),
+]
+LLAMA_FIXED_ARGS = (
+    "-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF "
+    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 )
+
+
+def llama_cmake_args() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
+    except OSError:
+        flags = set()
+    isa = " ".join(f"-D{opt}={'ON' if all(x in flags for x in need) else 'OFF'}" for opt, need in LLAMA_ISA_OPTIONS)
+    return f"{isa} {LLAMA_FIXED_ARGS}"
+
+
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "rapidmoe", "llamacpp-venv")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,7 +106,7 @@ def install_llama(venv: str, jobs: int) -> None:
           file=sys.stderr)
     if not os.path.exists(llama_python(venv)):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    env = dict(os.environ, CMAKE_ARGS=LLAMA_CMAKE_ARGS, CMAKE_BUILD_PARALLEL_LEVEL=str(jobs), FORCE_CMAKE="1")
+    env = dict(os.environ, CMAKE_ARGS=llama_cmake_args(), CMAKE_BUILD_PARALLEL_LEVEL=str(jobs), FORCE_CMAKE="1")
     cmd = ["nice", "-n", "10", llama_python(venv), "-m", "pip", "install", "--no-cache-dir",
            f"llama-cpp-python=={LLAMA_CPP_VERSION}", "numpy"]
     log = os.path.join(os.path.dirname(venv), "llamacpp-build.log")

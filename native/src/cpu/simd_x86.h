@@ -130,13 +130,19 @@ static void attn_values(int64_t d, int64_t n, const float * s, const float * v, 
     attn_values_x86(d, n, s, v, stride, out);
 }
 
-/* int16 lanes 0-7 = s[j], lanes 8-15 = s[j + 1] from a vector of 16 signed byte scales: the
- * scales of the two 16-element sub-blocks that one 32-byte vector of levels spans. The scales are
- * kept in registers throughout: writing them to a small array and reading them back as a vector
- * would stall on store forwarding once per super-block. */
-static inline __m256i scale_pair(__m128i s8, int j) {
-    const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm_set1_epi8((char) j));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
+/* Scales of 16-element sub-blocks, for the shuffles below: the eight signed byte scales 8h..8h+7
+ * of a vector of sixteen, as int16 in both 128-bit lanes. Kept in registers throughout: writing
+ * them to a small array and reading them back as a vector would stall on store forwarding once
+ * per super-block. */
+static inline __m256i scales16_half(__m128i s8, int h) {
+    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+}
+
+/* int16 lanes 0-7 = s[2g], lanes 8-15 = s[2g + 1] of scales16_half's eight: the scales of the two
+ * 16-element sub-blocks that one 32-byte vector of levels spans. */
+static inline __m256i scale_pair16(__m256i s16, int g) {
+    return _mm256_shuffle_epi8(s16, _mm256_set_m128i(_mm_set1_epi16((short) (0x0100 + 0x0202 * (2 * g + 1))),
+                                                     _mm_set1_epi16((short) (0x0100 + 0x0202 * (2 * g)))));
 }
 
 /* int16 lanes all = s[j], from a vector of 16 unsigned byte scales. */
@@ -149,9 +155,10 @@ static inline __m256i scale_bcast16(__m256i s16, int j) {
     return _mm256_shuffle_epi8(s16, _mm256_set1_epi16((short) (0x0100 + 0x0202 * j)));
 }
 
-/* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16 (s as 16 int16), as int32. */
-static inline int32_t bsums_dot16(const int16_t bsums[16], __m256i s16) {
-    return hsum_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), s16));
+/* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16 (s as 16 int16), as eight int32 partial
+ * sums: taken off a super-block's int32 lanes as they are, with no horizontal add. */
+static inline __m256i bsums_madd16(const int16_t bsums[16], __m256i s16) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), s16);
 }
 
 /* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
@@ -168,14 +175,17 @@ static inline __m128i scales_q3_K(const uint8_t q[12]) {
 
 /* Q4_K / Q5_K: eight 6-bit scales (bytes 0-7 of the result) and mins (bytes 8-15) from 12 bytes.
  * Bytes 0-3 hold scales 0-3 and bytes 4-7 mins 0-3 (low 6 bits); bytes 8-11 the low nibbles of
- * scale (low) and min (high) 4-7, whose top 2 bits are the top 2 bits of bytes 0-3 and 4-7. */
+ * scale (low) and min (high) 4-7, whose top 2 bits are the top 2 bits of bytes 0-3 and 4-7. As
+ * 32-bit words u0, u1, u2, the result's words are u0 & 0x3f.., (u2 & 0x0f..) | (u0 >> 6 & 3..) << 4,
+ * u1 & 0x3f.., (u2 >> 4 & 0x0f..) | (u1 >> 6 & 3..) << 4, made in vector lanes. Reads 16 bytes:
+ * the 4 after the scales are the block's own (levels or high bits) and are not used. */
 static inline __m128i scales_k4(const uint8_t q[12]) {
-    uint32_t u[3];
-    memcpy(u, q, 12);
-    return _mm_setr_epi32((int) (u[0] & 0x3f3f3f3f),
-                          (int) ((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)),
-                          (int) (u[1] & 0x3f3f3f3f),
-                          (int) (((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4)));
+    const __m128i v = _mm_loadu_si128((const __m128i *) q);
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 0, 0)), 2),
+                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -208,9 +218,10 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
         }
         for (int h = 0; h < 2; h++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+            const __m256i s16 = scales16_half(sc, h);
             for (int g = 0; g < 4; g++) {
                 const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3);
-                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                const __m256i s = scale_pair16(s16, g);
                 for (int c = 0; c < nc; c++) {
                     const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
                     sumi[c] = RM_KQ_ACC(sumi[c], p, s);
@@ -249,12 +260,13 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
         const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
         for (int h = 0; h < 2; h++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+            const __m256i s16 = scales16_half(sc, h);
             for (int g = 0; g < 4; g++) {
                 /* two low bits, plus 4 where the high bit (hmask bit 4h + g) is set */
                 const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
                 const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
                 const __m256i l = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3), high);
-                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                const __m256i s = scale_pair16(s16, g);
                 for (int c = 0; c < nc; c++) {
                     const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
                     sumi[c] = RM_KQ_ACC(sumi[c], p, s);
@@ -262,9 +274,9 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             }
         }
         const float dw = fp16(b[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         for (int c = 0; c < nc; c++) {
-            const int32_t offset = 4 * bsums_dot16(a[c]->bsums, _mm256_cvtepi8_epi16(sc));
-            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
         }
     }
@@ -396,8 +408,9 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
             q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2h));
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
+            const __m256i s16 = scales16_half(sc, h);
             for (int g = 0; g < 4; g++) {
-                const __m256i s = scale_pair(sc, 8 * h + 2 * g);
+                const __m256i s = scale_pair16(s16, g);
                 for (int c = 0; c < nc; c++) {
                     const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
                     sumi[c] = RM_KQ_ACC(sumi[c], p, s);
@@ -405,9 +418,9 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
             }
         }
         const float dw = fp16(b[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         for (int c = 0; c < nc; c++) {
-            const int32_t offset = 32 * bsums_dot16(a[c]->bsums, _mm256_cvtepi8_epi16(sc));
-            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
         }
     }

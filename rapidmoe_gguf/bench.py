@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from .kernels import cpu_isa
+
 PARTS_DOC = {
     "embed": "token rows looked up",
     "attn_in": "attention norm, Q/K/V products",
@@ -63,6 +65,7 @@ def run(model, *, prompt: int = 16, decode: int = 64, prefill: int = 512, runs: 
         pre_rates.append(prefill / (time.perf_counter() - t0))
         prof_pre.append(model.profile())
     out = {"model": model.path, "n_threads": model.info["n_threads"], "backend": model.backend,
+           "cpu_kernels": cpu_isa(),
            "residual_policy": model.residual_policy if model.residual_path else None,
            "residual_budget": model.residual_budget if model.residual_path else None,
            "runs": runs, "prompt": prompt, "decode_tokens": decode, "prefill_tokens": prefill,
@@ -80,7 +83,7 @@ def run(model, *, prompt: int = 16, decode: int = 64, prefill: int = 512, runs: 
 
 
 def format_report(r: dict) -> str:
-    lines = [f"{r['model']}: {r['backend']}, {r['n_threads']} threads"
+    lines = [f"{r['model']}: {r['backend']} ({r['cpu_kernels']} kernels), {r['n_threads']} threads"
              + (f", residual {r['residual_policy']} at {r['residual_budget']}" if r["residual_policy"] else ""),
              f"  decode  {r['decode_tok_s']:8.2f} tok/s   per token p50 {r['decode_p50_ms']:.2f} ms, "
              f"p99 {r['decode_p99_ms']:.2f} ms   ({r['decode_tokens']} tokens after {r['prompt']}, "

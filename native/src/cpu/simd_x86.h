@@ -188,6 +188,43 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
     return _mm_or_si128(lo, hi);
 }
 
+/* ---- levels of 32-element chunks, as unsigned bytes (the type's offset added) ------------- */
+
+/* Q3_K, elements 128h + 32g + l: two low bits of qs byte 32h + l at bit 2g, plus 4 where the
+ * high bit (hmask bit 4h + g of byte l) is set: q + 4 in 0..7. */
+static inline __m256i levels_q3_K(__m256i q, __m256i hm, int h, int g) {
+    const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4));
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3)), high);
+}
+
+/* Q4_K / Q5_K, elements 64p + l (lo) and 64p + 32 + l (hi): the nibbles of qs byte 32p + l, and
+ * for Q5_K the fifth bit, qh bit 2p (lo) or 2p + 1 (hi) of byte l. */
+static inline void levels_k4(const uint8_t * qs, __m256i qh, int p, int five, __m256i * lo, __m256i * hi) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+    const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
+    *lo = _mm256_and_si256(q, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if (five) {
+        const __m256i h = _mm256_srli_epi16(qh, 2 * p);
+        *lo = _mm256_or_si256(*lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+        *hi = _mm256_or_si256(*hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+    }
+}
+
+/* Q6_K, elements 128h + 32g + l for g = 0..3: levels + 32 in 0..63, the 4 low bits from ql, the
+ * 2 high ones from qh bits 2g. */
+static inline void levels_q6_K(const rm_block_q6_K * b, int h, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
+    const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * h));
+    const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *) (b->qh + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2h));
+    q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2h));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
+}
+
 /* ---------------------------------------------------------------------------------------------
  * K-quants against Q8_K, written once for nc tokens (1, 4 or 8): a super-block's levels and scales
  * are unpacked once for all tokens, and each token's result is bit for bit the one-token
@@ -201,7 +238,6 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
 /* Q2_K for nc tokens (1, 4 or 8): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
-    const __m256i m3 = _mm256_set1_epi8(3);
     __m256 acc[RM_MULTI_MAX];   /* the scaled sums less the mins' part: one register per token */
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
@@ -220,7 +256,7 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
             const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
             const __m256i s16 = scales16_half(sc, h);
             for (int g = 0; g < 4; g++) {
-                const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3);
+                const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
                 const __m256i s = scale_pair16(s16, g);
                 for (int c = 0; c < nc; c++) {
                     const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
@@ -244,7 +280,6 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
 /* Q3_K for nc tokens (1, 4 or 8): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
 RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q3_K * b = w;
-    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
@@ -262,10 +297,7 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
             const __m256i s16 = scales16_half(sc, h);
             for (int g = 0; g < 4; g++) {
-                /* two low bits, plus 4 where the high bit (hmask bit 4h + g) is set */
-                const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
-                const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
-                const __m256i l = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m3), high);
+                const __m256i l = levels_q3_K(q, hm, h, g);
                 const __m256i s = scale_pair16(s16, g);
                 for (int c = 0; c < nc; c++) {
                     const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
@@ -292,7 +324,6 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
                             const int five) {
     const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
     const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
     __m256 acc[RM_MULTI_MAX];   /* the scaled sums less the mins' part: one register per token */
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
@@ -334,20 +365,13 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
         for (int c = 0; c < nc; c++) {
             sumi[c] = _mm256_add_epi32(_mm512_castsi512_si256(sumz[c]), _mm512_extracti64x4_epi64(sumz[c], 1));
         }
-        (void) m4;
-        (void) b4;
 #else
         /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
          * sub-block's scale in all sixteen lanes */
         const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (five) {
-                const __m256i h = _mm256_srli_epi16(qh, 2 * p);
-                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
-            }
+            __m256i lo, hi;
+            levels_k4(qs, qh, p, five, &lo, &hi);
             const __m256i s0 = scale_bcast16(s16, 2 * p), s1 = scale_bcast16(s16, 2 * p + 1);
             for (int c = 0; c < nc; c++) {
                 const int8_t * y = a[c]->qs + 64 * p;
@@ -385,7 +409,6 @@ RM_INLINE void dot_q5_K_multi(int64_t n, float * out, const void * w, const void
 /* Q6_K for nc tokens (1, 4 or 8): the levels of a super-block are unpacked once. */
 RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q6_K * b = w;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
     __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
@@ -399,15 +422,8 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
             sumi[c] = _mm256_setzero_si256();
         }
         for (int h = 0; h < 2; h++) {
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b[i].ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *) (b[i].qh + 32 * h));
-            /* levels + 32 in 0..63 of elements 128h + 32g + l: 4 low bits, then 2 from qh bits 2g */
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2h));
-            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2h));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
+            levels_q6_K(&b[i], h, q);
             const __m256i s16 = scales16_half(sc, h);
             for (int g = 0; g < 4; g++) {
                 const __m256i s = scale_pair16(s16, g);
@@ -429,16 +445,139 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* 32 vector registers: eight tokens' accumulators fit */
-#ifdef RM_KQ_512
-#define RM_KQ_WIDE 1
-#else
-#define RM_KQ_WIDE 0
-#endif
+/* ---------------------------------------------------------------------------------------------
+ * The prefill form of the K-quants: each super-block unpacked once, for every token of the call
+ * (4 or 8), into 32-element chunks of unsigned levels with their scales as int16 lanes. All five
+ * types then share one loop of multiply-adds, and a level costs its unpacking once per row and
+ * tile of tokens instead of once per four tokens. Each token's int32 lanes hold the same sums as
+ * in the one-token kernels above (lane j of chunk k's products, whatever the order), and the float
+ * steps are the same, so results are bit for bit the one-token kernel's.
+ * ------------------------------------------------------------------------------------------- */
 
-/* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi;
- * the activation info is for Q8_0 activations and unused here). */
-#define RM_KQ_ENTRY_POINTS(t)                                                                            \
+typedef struct {
+    __m256i q[8];   /* chunk k: levels of elements 32k .. 32k + 31 */
+    __m256i s[8];   /* chunk k: the scale of each int16 pair product (one, or two 16-element sub-blocks) */
+    __m256i bw;     /* int16 weights of a token's sixteen bsums: the offsets' scales, or the mins */
+    float d, dmin;
+} kq_unpacked;
+
+static inline void unpack_q2_K(const void * w, int64_t i, kq_unpacked * u) {
+    const rm_block_q2_K * b = (const rm_block_q2_K *) w + i;
+    const __m128i raw = _mm_loadu_si128((const __m128i *) b->scales);
+    const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
+        const __m256i s16 = scales16_half(sc, h);
+        for (int g = 0; g < 4; g++) {
+            u->q[4 * h + g] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
+            u->s[4 * h + g] = scale_pair16(s16, g);
+        }
+    }
+    u->bw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+    u->d = fp16(b->d);
+    u->dmin = fp16(b->dmin);
+}
+
+static inline void unpack_q3_K(const void * w, int64_t i, kq_unpacked * u) {
+    const rm_block_q3_K * b = (const rm_block_q3_K *) w + i;
+    const __m128i sc = scales_q3_K(b->scales);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *) b->hmask);
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
+        const __m256i s16 = scales16_half(sc, h);
+        for (int g = 0; g < 4; g++) {
+            u->q[4 * h + g] = levels_q3_K(q, hm, h, g);
+            u->s[4 * h + g] = scale_pair16(s16, g);
+        }
+    }
+    u->bw = _mm256_cvtepi8_epi16(sc);
+    u->d = fp16(b->d);
+}
+
+static inline void unpack_k4(const void * w, int64_t i, kq_unpacked * u, const int five) {
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
+    const uint8_t * qs = (const uint8_t *) b + (five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs));
+    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
+    const __m128i sm = scales_k4(b->scales);
+    const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    for (int p = 0; p < 4; p++) {
+        levels_k4(qs, qh, p, five, &u->q[2 * p], &u->q[2 * p + 1]);
+        u->s[2 * p] = scale_bcast16(s16, 2 * p);
+        u->s[2 * p + 1] = scale_bcast16(s16, 2 * p + 1);
+    }
+    const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
+    u->bw = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+    u->d = fp16(b->d);
+    u->dmin = fp16(b->dmin);
+}
+
+static inline void unpack_q4_K(const void * w, int64_t i, kq_unpacked * u) { unpack_k4(w, i, u, 0); }
+static inline void unpack_q5_K(const void * w, int64_t i, kq_unpacked * u) { unpack_k4(w, i, u, 1); }
+
+static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
+    const rm_block_q6_K * b = (const rm_block_q6_K *) w + i;
+    const __m128i sc = _mm_loadu_si128((const __m128i *) b->scales);
+    for (int h = 0; h < 2; h++) {
+        levels_q6_K(b, h, &u->q[4 * h]);
+        const __m256i s16 = scales16_half(sc, h);
+        for (int g = 0; g < 4; g++) {
+            u->s[4 * h + g] = scale_pair16(s16, g);
+        }
+    }
+    u->bw = _mm256_cvtepi8_epi16(sc);
+    u->d = fp16(b->d);
+}
+
+/* nc tokens (4 or 8) against super-blocks unpacked by `unpack`. off_shift >= 0: the levels carry a
+ * constant offset, bsums . bw << off_shift, taken off the int32 lanes (Q3_K: 2, Q6_K: 5); -1: bw
+ * are mins, taken off in float with the block's dmin (Q2_K, Q4_K, Q5_K). */
+RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                               void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_shift) {
+    __m256 acc[RM_MULTI_MAX];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        kq_unpacked u;
+        unpack(w, i, &u);
+        for (int c0 = 0; c0 < nc; c0 += 4) {   /* four tokens' sums fit the 16 registers of AVX2 */
+            const rm_block_q8_K * a[4];
+            __m256i sumi[4];
+            for (int c = 0; c < 4; c++) {
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) (c0 + c) * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
+            }
+            /* a loop, not unrolled: unrolled, the compiler reorders the sums into trees that
+             * spill registers */
+#pragma GCC unroll 1
+            for (int k = 0; k < 8; k++) {
+                for (int c = 0; c < 4; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(u.q[k], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * k)));
+                    sumi[c] = RM_KQ_ACC(sumi[c], p, u.s[k]);
+                }
+            }
+            for (int c = 0; c < 4; c++) {
+                const __m256i mb = bsums_madd16(a[c]->bsums, u.bw);
+                __m256 * y = &acc[c0 + c];
+                if (off_shift >= 0) {
+                    const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(mb, off_shift));
+                    *y = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u.d), _mm256_cvtepi32_ps(t), *y);
+                } else {
+                    *y = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u.d), _mm256_cvtepi32_ps(sumi[c]), *y);
+                    *y = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * u.dmin), _mm256_cvtepi32_ps(mb), *y);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+/* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi,
+ * 1, 4 or 8 tokens; the activation info is for Q8_0 activations and unused here). */
+#define RM_KQ_ENTRY_POINTS(t, off_shift)                                                                 \
     static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
         dot_##t##_multi(n, out, w, x_q, 0, 1);                                                           \
     }                                                                                                    \
@@ -446,22 +585,19 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
                                     uint64_t x_stride, const float * x_info, int64_t x_info_stride) {    \
         (void) x_info;                                                                                   \
         (void) x_info_stride;                                                                            \
-        if (nc == 8 && RM_KQ_WIDE) {                                                                     \
-            dot_##t##_multi(n, out, w, x_q, x_stride, 8);                                                \
-        } else if (nc == 8) { /* with 16 registers, eight tokens would spill: two calls of four */       \
-            dot_##t##_multi(n, out, w, x_q, x_stride, 4);                                                \
-            dot_##t##_multi(n, out + 4, w, (const uint8_t *) x_q + 4 * x_stride, x_stride, 4);          \
+        if (nc == 8) {                                                                                   \
+            dot_kq_unpacked(n, 8, out, w, x_q, x_stride, unpack_##t, off_shift);                         \
         } else if (nc == 4) {                                                                            \
-            dot_##t##_multi(n, out, w, x_q, x_stride, 4);                                                \
+            dot_kq_unpacked(n, 4, out, w, x_q, x_stride, unpack_##t, off_shift);                         \
         } else {                                                                                         \
             dot_##t##_multi(n, out, w, x_q, x_stride, 1);                                                \
         }                                                                                                \
     }
 
-RM_KQ_ENTRY_POINTS(q2_K)
-RM_KQ_ENTRY_POINTS(q3_K)
-RM_KQ_ENTRY_POINTS(q4_K)
-RM_KQ_ENTRY_POINTS(q5_K)
-RM_KQ_ENTRY_POINTS(q6_K)
+RM_KQ_ENTRY_POINTS(q2_K, -1)
+RM_KQ_ENTRY_POINTS(q3_K, 2)
+RM_KQ_ENTRY_POINTS(q4_K, -1)
+RM_KQ_ENTRY_POINTS(q5_K, -1)
+RM_KQ_ENTRY_POINTS(q6_K, 5)
 
 #endif

@@ -4,8 +4,13 @@
 For each weight type, times y = W x for one activation row over a matrix of random weights, once
 small enough to stay in L2 (compute speed) and once much larger than the last-level cache
 (streaming from memory, as decode does), and prints weight GB/s and the speedup over scalar.
+With --tokens N (N > 1) it times the prefill form instead: N activation rows against an in-cache
+matrix, as the CPU backend runs a product of many tokens, in picoseconds per weight and token.
+Each figure is the best of repeated calls, so another process taking the core mostly shows as
+spread between runs, not as a slower figure.
 
     python tools/bench_kernels.py [--types Q4_0,Q4_K] [--json out.json]
+    python tools/bench_kernels.py --tokens 64 --types Q4_K,Q5_K,Q6_K
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ from rapidmoe_gguf import kernels, quants  # noqa: E402
 DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
-def make(name: str, n: int, n_rows: int, seed: int = 0):
+def make(name: str, n: int, n_rows: int, seed: int = 0, n_tok: int = 1):
     r = np.random.default_rng(seed)
     w = quants.quantize(name, r.standard_normal((n_rows, n)).astype(np.float32))
-    x = r.standard_normal(n).astype(np.float32)
+    x = r.standard_normal((n_tok, n) if n_tok > 1 else n).astype(np.float32)
     act = quants.TYPES[name].vec_dot_type
     x_q = x.tobytes() if act == "F32" else quants.quantize(act, x)
     return w, x_q
@@ -56,8 +61,11 @@ def main() -> None:
     ap.add_argument("--cache-kib", type=int, default=256, help="weight bytes of the in-cache case")
     ap.add_argument("--mem-mib", type=int, default=256, help="weight bytes of the streaming case")
     ap.add_argument("--min-s", type=float, default=0.2)
+    ap.add_argument("--tokens", type=int, default=1, help="activation rows: > 1 times the prefill form")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
+    if args.tokens > 1:
+        return prefill(args)
 
     isas = kernels.supported_isas()
     results = []
@@ -78,6 +86,34 @@ def main() -> None:
                             "gb_per_s": gbs, "speedup_vs_scalar": speed})
             print(f"{name:6} {case:6} " + " ".join(f"{gbs[isa]:12.2f}" for isa in isas) + "   "
                   + " ".join(f"{isa} x{speed[isa]:.1f}" for isa in isas if isa != "scalar"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"isas": isas, "results": results}, f, indent=1)
+
+
+def best_call(fn, calls: int = 50) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def prefill(args) -> None:
+    isas = [isa for isa in kernels.supported_isas() if isa != "scalar"] or ["scalar"]
+    results = []
+    print(f"kernel sets: {', '.join(isas)}; one thread, {args.tokens} tokens, row length {args.n}, "
+          f"{args.cache_kib} KiB of weights")
+    print(f"{'type':6} " + " ".join(f"{isa + ' ps/w/tok':>16}" for isa in isas))
+    for name in args.types.split(","):
+        n_rows = max(1, (args.cache_kib << 10) // quants.row_bytes(name, args.n))
+        w, x_q = make(name, args.n, n_rows, n_tok=args.tokens)
+        ps = {isa: 1e12 * best_call(lambda: kernels.vec_dot_rows(name, w, x_q, args.n, isa=isa))
+              / (n_rows * args.n * args.tokens) for isa in isas}
+        results.append({"type": name, "tokens": args.tokens, "n": args.n, "rows": n_rows, "ps_per_weight_token": ps})
+        print(f"{name:6} " + " ".join(f"{ps[isa]:16.2f}" for isa in isas))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"isas": isas, "results": results}, f, indent=1)

@@ -550,7 +550,7 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
             }
             /* a loop, not unrolled: unrolled, the compiler reorders the sums into trees that
              * spill registers */
-#pragma GCC unroll 1
+#pragma GCC unroll 2
             for (int k = 0; k < 8; k++) {
                 for (int c = 0; c < 4; c++) {
                     const __m256i p = _mm256_maddubs_epi16(u.q[k], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * k)));

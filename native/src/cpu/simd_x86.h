@@ -529,49 +529,60 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
     u->d = fp16(b->d);
 }
 
-/* nc tokens (4 or 8) against super-blocks unpacked by `unpack`. off_shift >= 0: the levels carry a
- * constant offset, bsums . bw << off_shift, taken off the int32 lanes (Q3_K: 2, Q6_K: 5); -1: bw
- * are mins, taken off in float with the block's dmin (Q2_K, Q4_K, Q5_K). */
+/* Four tokens' products with super-block i, unpacked in u, added into their accumulators. off_shift
+ * >= 0: the levels carry a constant offset, bsums . bw << off_shift, taken off the int32 lanes
+ * (Q3_K: 2, Q6_K: 5); -1: bw are mins, taken off in float with the block's dmin (Q2_K, Q4_K, Q5_K). */
+RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, __m256 acc[4],
+                          const int off_shift) {
+    const rm_block_q8_K * a[4];
+    __m256i sumi[4];
+    for (int c = 0; c < 4; c++) {
+        a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+        sumi[c] = _mm256_setzero_si256();
+    }
+    /* unrolled by two, not more: further unrolled, the compiler reorders the sums into trees that
+     * spill registers */
+#pragma GCC unroll 2
+    for (int k = 0; k < 8; k++) {
+        for (int c = 0; c < 4; c++) {
+            const __m256i p = _mm256_maddubs_epi16(u->q[k], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * k)));
+            sumi[c] = RM_KQ_ACC(sumi[c], p, u->s[k]);
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
+        if (off_shift >= 0) {
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(mb, off_shift));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(t), acc[c]);
+        } else {
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * u->dmin), _mm256_cvtepi32_ps(mb), acc[c]);
+        }
+    }
+}
+
+/* nc tokens (4 or 8) against super-blocks unpacked by `unpack`, in groups of four (four tokens'
+ * sums fit the 16 registers of AVX2); each group's accumulators are named, so they stay in
+ * registers. */
 RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_shift) {
-    __m256 acc[RM_MULTI_MAX];
-    for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+    __m256 lo[4], hi[4];
+    for (int c = 0; c < 4; c++) {
+        lo[c] = hi[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         kq_unpacked u;
         unpack(w, i, &u);
-        for (int c0 = 0; c0 < nc; c0 += 4) {   /* four tokens' sums fit the 16 registers of AVX2 */
-            const rm_block_q8_K * a[4];
-            __m256i sumi[4];
-            for (int c = 0; c < 4; c++) {
-                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) (c0 + c) * x_stride) + i;
-                sumi[c] = _mm256_setzero_si256();
-            }
-            /* a loop, not unrolled: unrolled, the compiler reorders the sums into trees that
-             * spill registers */
-#pragma GCC unroll 2
-            for (int k = 0; k < 8; k++) {
-                for (int c = 0; c < 4; c++) {
-                    const __m256i p = _mm256_maddubs_epi16(u.q[k], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * k)));
-                    sumi[c] = RM_KQ_ACC(sumi[c], p, u.s[k]);
-                }
-            }
-            for (int c = 0; c < 4; c++) {
-                const __m256i mb = bsums_madd16(a[c]->bsums, u.bw);
-                __m256 * y = &acc[c0 + c];
-                if (off_shift >= 0) {
-                    const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(mb, off_shift));
-                    *y = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u.d), _mm256_cvtepi32_ps(t), *y);
-                } else {
-                    *y = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u.d), _mm256_cvtepi32_ps(sumi[c]), *y);
-                    *y = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * u.dmin), _mm256_cvtepi32_ps(mb), *y);
-                }
-            }
+        kq_tokens4(&u, x_q, x_stride, i, lo, off_shift);
+        if (nc == 8) {
+            kq_tokens4(&u, (const uint8_t *) x_q + 4 * x_stride, x_stride, i, hi, off_shift);
         }
     }
-    for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+    for (int c = 0; c < 4; c++) {
+        out[c] = hsum_ps(lo[c]);
+        if (nc == 8) {
+            out[4 + c] = hsum_ps(hi[c]);
+        }
     }
 }
 

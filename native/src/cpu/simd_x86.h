@@ -155,10 +155,17 @@ static inline __m256i scale_bcast16(__m256i s16, int j) {
     return _mm256_shuffle_epi8(s16, _mm256_set1_epi16((short) (0x0100 + 0x0202 * j)));
 }
 
-/* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16 (s as 16 int16), as eight int32 partial
- * sums: taken off a super-block's int32 lanes as they are, with no horizontal add. */
+/* sum_j s[j] * bsums[j] over the 16 sub-blocks of 16 (s as 16 int16), as eight int32 partial sums */
 static inline __m256i bsums_madd16(const int16_t bsums[16], __m256i s16) {
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), s16);
+}
+
+/* A super-block's int32 lanes less the levels' constant offset, (sum_j s[j] * bsums[j]) * mul,
+ * taken off lane 0 alone: every kernel takes it there, so the lanes, and the floats made of them,
+ * are the same whichever kernel runs. */
+static inline __m256i less_offset(__m256i sumi, const int16_t bsums[16], __m256i s16, int32_t mul) {
+    const int32_t offset = mul * hsum_epi32(bsums_madd16(bsums, s16));
+    return _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
 }
 
 /* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
@@ -231,16 +238,16 @@ static inline void levels_q6_K(const rm_block_q6_K * b, int h, __m256i q[4]) {
  * kernel's. Each super-block sums its integer products, weighted by the sub-block scales, in
  * int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of
  * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot. The mins, which
- * carry a float scale of their own, are taken off in float lanes of the same accumulator, which is
- * reduced once per row (not once per super-block).
+ * carry a float scale of their own, are summed in float lanes across super-blocks and reduced
+ * once per row (not once per super-block).
  * ------------------------------------------------------------------------------------------- */
 
 /* Q2_K for nc tokens (1, 4 or 8): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
-    __m256 acc[RM_MULTI_MAX];   /* the scaled sums less the mins' part: one register per token */
+    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* the scaled sums, and the mins' part */
     for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+        acc[c] = acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
@@ -267,13 +274,13 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
         const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
         for (int c = 0; c < nc; c++) {
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            /* the mins' eight pair sums, taken off in float lanes; reduced once at the end */
+            /* the mins' eight pair sums stay in float lanes, added up once at the end */
             const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
-            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc[c]);
+            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
     }
 }
 
@@ -308,7 +315,7 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
         const float dw = fp16(b[i].d);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         for (int c = 0; c < nc; c++) {
-            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
+            const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 4);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
         }
     }
@@ -324,9 +331,9 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
                             const int five) {
     const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
     const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
-    __m256 acc[RM_MULTI_MAX];   /* the scaled sums less the mins' part: one register per token */
+    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* the scaled sums, and the mins' part */
     for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+        acc[c] = acc_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         /* d, dmin and scales lie at the same offsets in both blocks */
@@ -390,11 +397,11 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
         for (int c = 0; c < nc; c++) {
             const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc[c]);
+            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
     }
 }
 
@@ -436,7 +443,7 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
         const float dw = fp16(b[i].d);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         for (int c = 0; c < nc; c++) {
-            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
+            const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 32);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
         }
     }
@@ -529,11 +536,12 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
     u->d = fp16(b->d);
 }
 
-/* Four tokens' products with super-block i, unpacked in u, added into their accumulators. off_shift
- * >= 0: the levels carry a constant offset, bsums . bw << off_shift, taken off the int32 lanes
- * (Q3_K: 2, Q6_K: 5); -1: bw are mins, taken off in float with the block's dmin (Q2_K, Q4_K, Q5_K). */
+/* Four tokens' products with super-block i, unpacked in u, added into their accumulators, as the
+ * one-token kernels add them. off_mul > 0: the levels carry a constant offset, (bsums . bw) *
+ * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, summed in acc_m with the block's dmin (Q2_K, Q4_K,
+ * Q5_K). */
 RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, __m256 acc[4],
-                          const int off_shift) {
+                          __m256 acc_m[4], const int off_mul) {
     const rm_block_q8_K * a[4];
     __m256i sumi[4];
     for (int c = 0; c < 4; c++) {
@@ -550,13 +558,13 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
         }
     }
     for (int c = 0; c < 4; c++) {
-        const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
-        if (off_shift >= 0) {
-            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(mb, off_shift));
+        if (off_mul) {
+            const __m256i t = less_offset(sumi[c], a[c]->bsums, u->bw, off_mul);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(t), acc[c]);
         } else {
+            const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(a[c]->d * u->dmin), _mm256_cvtepi32_ps(mb), acc[c]);
+            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->dmin), _mm256_cvtepi32_ps(mb), acc_m[c]);
         }
     }
 }
@@ -565,30 +573,30 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
  * sums fit the 16 registers of AVX2); each group's accumulators are named, so they stay in
  * registers. */
 RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
-                               void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_shift) {
-    __m256 lo[4], hi[4];
+                               void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_mul) {
+    __m256 lo[4], hi[4], lo_m[4], hi_m[4];
     for (int c = 0; c < 4; c++) {
-        lo[c] = hi[c] = _mm256_setzero_ps();
+        lo[c] = hi[c] = lo_m[c] = hi_m[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         kq_unpacked u;
         unpack(w, i, &u);
-        kq_tokens4(&u, x_q, x_stride, i, lo, off_shift);
+        kq_tokens4(&u, x_q, x_stride, i, lo, lo_m, off_mul);
         if (nc == 8) {
-            kq_tokens4(&u, (const uint8_t *) x_q + 4 * x_stride, x_stride, i, hi, off_shift);
+            kq_tokens4(&u, (const uint8_t *) x_q + 4 * x_stride, x_stride, i, hi, hi_m, off_mul);
         }
     }
     for (int c = 0; c < 4; c++) {
-        out[c] = hsum_ps(lo[c]);
+        out[c] = hsum_ps(lo[c]) - hsum_ps(lo_m[c]);
         if (nc == 8) {
-            out[4 + c] = hsum_ps(hi[c]);
+            out[4 + c] = hsum_ps(hi[c]) - hsum_ps(hi_m[c]);
         }
     }
 }
 
 /* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi,
  * 1, 4 or 8 tokens; the activation info is for Q8_0 activations and unused here). */
-#define RM_KQ_ENTRY_POINTS(t, off_shift)                                                                 \
+#define RM_KQ_ENTRY_POINTS(t, off_mul)                                                                 \
     static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
         dot_##t##_multi(n, out, w, x_q, 0, 1);                                                           \
     }                                                                                                    \
@@ -597,18 +605,18 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
         (void) x_info;                                                                                   \
         (void) x_info_stride;                                                                            \
         if (nc == 8) {                                                                                   \
-            dot_kq_unpacked(n, 8, out, w, x_q, x_stride, unpack_##t, off_shift);                         \
+            dot_kq_unpacked(n, 8, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
         } else if (nc == 4) {                                                                            \
-            dot_kq_unpacked(n, 4, out, w, x_q, x_stride, unpack_##t, off_shift);                         \
+            dot_kq_unpacked(n, 4, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
         } else {                                                                                         \
             dot_##t##_multi(n, out, w, x_q, x_stride, 1);                                                \
         }                                                                                                \
     }
 
-RM_KQ_ENTRY_POINTS(q2_K, -1)
-RM_KQ_ENTRY_POINTS(q3_K, 2)
-RM_KQ_ENTRY_POINTS(q4_K, -1)
-RM_KQ_ENTRY_POINTS(q5_K, -1)
-RM_KQ_ENTRY_POINTS(q6_K, 5)
+RM_KQ_ENTRY_POINTS(q2_K, 0)
+RM_KQ_ENTRY_POINTS(q3_K, 4)
+RM_KQ_ENTRY_POINTS(q4_K, 0)
+RM_KQ_ENTRY_POINTS(q5_K, 0)
+RM_KQ_ENTRY_POINTS(q6_K, 32)
 
 #endif

@@ -112,14 +112,15 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
     for n in (1024, 1024 + 96):  # block groups of eight, and a tail
         if n % quants.TYPES[name].block_elems:
             continue
-        _, x_q = activations(name, n, seed=5, n_tok=9)
         w = random_rows(name, 8, n, seed=6)[0]
-        batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
-        assert batched.tobytes() == kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=False).tobytes()
-        step = len(x_q) // 9
-        for i in range(9):
-            alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
-            assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i}"
+        for n_tok in (2, 3, 7, 9, 11):  # calls of 8, 4 and what is left (1 to 3 tokens)
+            _, x_q = activations(name, n, seed=5, n_tok=n_tok)
+            batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+            assert batched.tobytes() == kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=False).tobytes()
+            step = len(x_q) // n_tok
+            for i in range(n_tok):
+                alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
+                assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
 @needs_simd

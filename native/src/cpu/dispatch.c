@@ -270,7 +270,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
                        __func__, t->name, (long long) n_tok, (long long) n, xt->name,
                        (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
     }
-    /* as the CPU backend's matmul_tile: four tokens at a time where there is a kernel for it,
+    /* as the CPU backend's matmul_tile: eight, four, then the rest at a time where there is a kernel for it,
      * with the activations' block scales and sums worked out once */
     const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
     const rm_vec_dot_multi_fn multi = batched ? rm_cpu_vec_dot_multi_isa(which, type) : NULL;
@@ -287,7 +287,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
     }
     int64_t i = 0;
     for (; multi && i < n_tok; ) {
-        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
+        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : (int) (n_tok - i);
         for (int64_t r = 0; r < n_rows; r++) {
             float v[RM_MULTI_MAX];
             multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,

@@ -24,10 +24,11 @@ typedef enum rm_isa {
  * as a float, then the sum of each block's levels (an integer, held exactly as a float). */
 void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 32 floats */
 
-/* The most tokens one multi-token kernel call takes: nc is 1, 4 or RM_MULTI_MAX. */
+/* The most tokens one multi-token kernel call takes (vec_dot_multi: 1 to RM_MULTI_MAX; the
+ * prefill form's dot: 1, 4 or RM_MULTI_MAX). */
 #define RM_MULTI_MAX 8
 
-/* out[c] = dot(w, token c) for nc tokens (1, 4 or 8) whose activations lie x_stride bytes apart, one
+/* out[c] = dot(w, token c) for nc tokens (1 to 8) whose activations lie x_stride bytes apart, one
  * weight row unpacked once for all of them. x_info: rm_q8_0_act_info's floats for those tokens,
  * x_info_stride floats apart, or NULL (the kernel works without; types with other activation
  * types ignore it). Each out[c] is bit for bit what vec_dot gives for that token alone. */

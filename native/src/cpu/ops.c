@@ -178,7 +178,9 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
     }
     if (t->vec_dot_multi) {
         for (int32_t i = 0; i < a->n_tok;) {
-            const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
+            /* eight, then four, then what is left in one call (a kernel may unpack once for it) */
+            const int32_t left = a->n_tok - i;
+            const int nc = left >= RM_MULTI_MAX ? RM_MULTI_MAX : left >= 4 ? 4 : (int) left;
             const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
             const float * info = t->x_info ? t->x_info + i * t->x_info_stride : NULL;
             for (int64_t r = r0; r < r1; r++) {

@@ -536,15 +536,15 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
     u->d = fp16(b->d);
 }
 
-/* Four tokens' products with super-block i, unpacked in u, added into their accumulators, as the
+/* m tokens' (1 to 4) products with super-block i, unpacked in u, added into their accumulators, as the
  * one-token kernels add them. off_mul > 0: the levels carry a constant offset, (bsums . bw) *
  * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, summed in acc_m with the block's dmin (Q2_K, Q4_K,
  * Q5_K). */
 RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, __m256 acc[4],
-                          __m256 acc_m[4], const int off_mul) {
+                          __m256 acc_m[4], const int off_mul, const int m) {
     const rm_block_q8_K * a[4];
     __m256i sumi[4];
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < m; c++) {
         a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
         sumi[c] = _mm256_setzero_si256();
     }
@@ -552,12 +552,12 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
      * spill registers */
 #pragma GCC unroll 2
     for (int k = 0; k < 8; k++) {
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < m; c++) {
             const __m256i p = _mm256_maddubs_epi16(u->q[k], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * k)));
             sumi[c] = RM_KQ_ACC(sumi[c], p, u->s[k]);
         }
     }
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < m; c++) {
         if (off_mul) {
             const __m256i t = less_offset(sumi[c], a[c]->bsums, u->bw, off_mul);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(t), acc[c]);
@@ -569,9 +569,9 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
     }
 }
 
-/* nc tokens (4 or 8) against super-blocks unpacked by `unpack`, in groups of four (four tokens'
- * sums fit the 16 registers of AVX2); each group's accumulators are named, so they stay in
- * registers. */
+/* nc tokens (2 to 8) against super-blocks unpacked by `unpack`, in groups of up to four (four
+ * tokens' sums fit the 16 registers of AVX2); each group's accumulators are named, so they stay
+ * in registers. */
 RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_mul) {
     __m256 lo[4], hi[4], lo_m[4], hi_m[4];
@@ -581,21 +581,18 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         kq_unpacked u;
         unpack(w, i, &u);
-        kq_tokens4(&u, x_q, x_stride, i, lo, lo_m, off_mul);
-        if (nc == 8) {
-            kq_tokens4(&u, (const uint8_t *) x_q + 4 * x_stride, x_stride, i, hi, hi_m, off_mul);
+        kq_tokens4(&u, x_q, x_stride, i, lo, lo_m, off_mul, nc < 4 ? nc : 4);
+        if (nc > 4) {
+            kq_tokens4(&u, (const uint8_t *) x_q + 4 * x_stride, x_stride, i, hi, hi_m, off_mul, nc - 4);
         }
     }
-    for (int c = 0; c < 4; c++) {
-        out[c] = hsum_ps(lo[c]) - hsum_ps(lo_m[c]);
-        if (nc == 8) {
-            out[4 + c] = hsum_ps(hi[c]) - hsum_ps(hi_m[c]);
-        }
+    for (int c = 0; c < nc; c++) {
+        out[c] = c < 4 ? hsum_ps(lo[c]) - hsum_ps(lo_m[c]) : hsum_ps(hi[c - 4]) - hsum_ps(hi_m[c - 4]);
     }
 }
 
 /* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi,
- * 1, 4 or 8 tokens; the activation info is for Q8_0 activations and unused here). */
+ * 1 to 8 tokens; the activation info is for Q8_0 activations and unused here). */
 #define RM_KQ_ENTRY_POINTS(t, off_mul)                                                                 \
     static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
         dot_##t##_multi(n, out, w, x_q, 0, 1);                                                           \
@@ -608,6 +605,10 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
             dot_kq_unpacked(n, 8, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
         } else if (nc == 4) {                                                                            \
             dot_kq_unpacked(n, 4, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
+        } else if (nc == 3) {                                                                            \
+            dot_kq_unpacked(n, 3, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
+        } else if (nc == 2) {                                                                            \
+            dot_kq_unpacked(n, 2, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
         } else {                                                                                         \
             dot_##t##_multi(n, out, w, x_q, x_stride, 1);                                                \
         }                                                                                                \

@@ -150,8 +150,11 @@ static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, c
                      x_info ? x_info + 4 * x_info_stride : NULL, x_info_stride, levels_q8_0);
     } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q8_0);
-    } else {
-        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, levels_q8_0);
+    } else {  /* one to three tokens, one at a time */
+        for (int c = 0; c < nc; c++) {
+            dot_32_multi(n, out + c, w, (const uint8_t *) x_q + (uint64_t) c * x_stride, x_stride, 1,
+                         x_info ? x_info + c * x_info_stride : NULL, x_info_stride, levels_q8_0);
+        }
     }
 }
 
@@ -163,8 +166,11 @@ static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, c
                      x_info ? x_info + 4 * x_info_stride : NULL, x_info_stride, levels_q4_0);
     } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, levels_q4_0);
-    } else {
-        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, levels_q4_0);
+    } else {  /* one to three tokens, one at a time */
+        for (int c = 0; c < nc; c++) {
+            dot_32_multi(n, out + c, w, (const uint8_t *) x_q + (uint64_t) c * x_stride, x_stride, 1,
+                         x_info ? x_info + c * x_info_stride : NULL, x_info_stride, levels_q4_0);
+        }
     }
 }
 

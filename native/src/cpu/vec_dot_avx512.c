@@ -194,8 +194,11 @@ static void vec_dot_q8_0_multi(int64_t n, int nc, float * out, const void * w, c
         dot_32_multi(n, out, w, x_q, x_stride, 8, x_info, x_info_stride, Q8_0_LEVELS);
     } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, Q8_0_LEVELS);
-    } else {
-        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, Q8_0_LEVELS);
+    } else {  /* one to three tokens, one at a time */
+        for (int c = 0; c < nc; c++) {
+            dot_32_multi(n, out + c, w, (const uint8_t *) x_q + (uint64_t) c * x_stride, x_stride, 1,
+                         x_info ? x_info + c * x_info_stride : NULL, x_info_stride, Q8_0_LEVELS);
+        }
     }
 }
 
@@ -205,8 +208,11 @@ static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, c
         dot_32_multi(n, out, w, x_q, x_stride, 8, x_info, x_info_stride, Q4_0_LEVELS);
     } else if (nc == 4) {
         dot_32_multi(n, out, w, x_q, x_stride, 4, x_info, x_info_stride, Q4_0_LEVELS);
-    } else {
-        dot_32_multi(n, out, w, x_q, x_stride, 1, x_info, x_info_stride, Q4_0_LEVELS);
+    } else {  /* one to three tokens, one at a time */
+        for (int c = 0; c < nc; c++) {
+            dot_32_multi(n, out + c, w, (const uint8_t *) x_q + (uint64_t) c * x_stride, x_stride, 1,
+                         x_info ? x_info + c * x_info_stride : NULL, x_info_stride, Q4_0_LEVELS);
+        }
     }
 }
 

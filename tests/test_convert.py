@@ -900,7 +900,8 @@ def test_convert_next_run_removes_leftovers_of_a_killed_one(tiny_hf, tmp_path, s
     import time
 
     src, out, ready = tiny_hf("qwen3_moe"), tmp_path / "m.gguf", tmp_path.parent / f"ready-{sig}"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the package this test runs against (the source tree, or the installed one)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(resplit.__file__)))
     code = _KILLED_RUN.format(root=root, ready=str(ready), src=str(src), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", code])
     try:

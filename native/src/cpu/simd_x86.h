@@ -557,9 +557,23 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
             sumi[c] = RM_KQ_ACC(sumi[c], p, u->s[k]);
         }
     }
+    __m128i offsets = _mm_setzero_si128();
+    if (off_mul) {
+        /* the four tokens' offsets reduced together: the same integers as less_offset's */
+        __m256i v[4];
+        for (int c = 0; c < 4; c++) {
+            v[c] = c < m ? bsums_madd16(a[c]->bsums, u->bw) : _mm256_setzero_si256();
+        }
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        /* times off_mul, 4 or 32: a shift gives the product's low 32 bits, as the multiply does */
+        offsets = _mm_slli_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)),
+                                 off_mul == 4 ? 2 : 5);
+    }
     for (int c = 0; c < m; c++) {
         if (off_mul) {
-            const __m256i t = less_offset(sumi[c], a[c]->bsums, u->bw, off_mul);
+            /* token c's offset alone in lane 0, taken off there as less_offset does */
+            const __m128i oc = _mm_castps_si128(_mm_permutevar_ps(_mm_castsi128_ps(offsets), _mm_set1_epi32(c)));
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_zextsi128_si256(_mm_and_si128(oc, _mm_setr_epi32(-1, 0, 0, 0))));
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(t), acc[c]);
         } else {
             const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
@@ -569,25 +583,40 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
     }
 }
 
-/* nc tokens (2 to 8) against super-blocks unpacked by `unpack`, in groups of up to four (four
- * tokens' sums fit the 16 registers of AVX2); each group's accumulators are named, so they stay
- * in registers. */
+/* nc tokens (2 to 8) against super-blocks unpacked by `unpack`. A run of up to KQ_RUN super-blocks
+ * is unpacked into L1, then each group of up to four tokens passes over the whole run with its
+ * accumulators in registers (four tokens' sums and accumulators fit the 16 registers of AVX2;
+ * eight would spill). Each token still takes the super-blocks in order, so its floats are the
+ * one-token kernel's. */
+#define KQ_RUN 8
 RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_mul) {
-    __m256 lo[4], hi[4], lo_m[4], hi_m[4];
-    for (int c = 0; c < 4; c++) {
-        lo[c] = hi[c] = lo_m[c] = hi_m[c] = _mm256_setzero_ps();
-    }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        kq_unpacked u;
-        unpack(w, i, &u);
-        kq_tokens4(&u, x_q, x_stride, i, lo, lo_m, off_mul, nc < 4 ? nc : 4);
-        if (nc > 4) {
-            kq_tokens4(&u, (const uint8_t *) x_q + 4 * x_stride, x_stride, i, hi, hi_m, off_mul, nc - 4);
+    const int64_t nb = n / RM_QK_K;
+    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* between runs */
+    kq_unpacked u[KQ_RUN];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_RUN) {
+        const int64_t i1 = i0 + KQ_RUN < nb ? i0 + KQ_RUN : nb;
+        for (int64_t i = i0; i < i1; i++) {
+            unpack(w, i, &u[i - i0]);
+        }
+        for (int c0 = 0; c0 < nc; c0 += 4) {
+            const int m = nc - c0 < 4 ? nc - c0 : 4;
+            __m256 a4[4], m4[4];
+            for (int c = 0; c < 4; c++) {
+                a4[c] = i0 > 0 && c < m ? acc[c0 + c] : _mm256_setzero_ps();
+                m4[c] = i0 > 0 && c < m ? acc_m[c0 + c] : _mm256_setzero_ps();
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                kq_tokens4(&u[i - i0], (const uint8_t *) x_q + (uint64_t) c0 * x_stride, x_stride, i, a4, m4, off_mul, m);
+            }
+            for (int c = 0; c < m; c++) {
+                acc[c0 + c] = a4[c];
+                acc_m[c0 + c] = m4[c];
+            }
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = c < 4 ? hsum_ps(lo[c]) - hsum_ps(lo_m[c]) : hsum_ps(hi[c - 4]) - hsum_ps(hi_m[c - 4]);
+        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
     }
 }
 

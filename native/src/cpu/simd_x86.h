@@ -454,7 +454,7 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
 
 /* ---------------------------------------------------------------------------------------------
  * The prefill form of the K-quants: each super-block unpacked once, for every token of the call
- * (4 or 8), into 32-element chunks of unsigned levels with their scales as int16 lanes. All five
+ * (2 to 8), into 32-element chunks of unsigned levels with their scales as int16 lanes. All five
  * types then share one loop of multiply-adds, and a level costs its unpacking once per row and
  * tile of tokens instead of once per four tokens. Each token's int32 lanes hold the same sums as
  * in the one-token kernels above (lane j of chunk k's products, whatever the order), and the float

@@ -233,16 +233,16 @@ static inline void levels_q6_K(const rm_block_q6_K * b, int h, __m256i q[4]) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * K-quants against Q8_K, written once for nc tokens (1, 4 or 8): a super-block's levels and scales
- * are unpacked once for all tokens, and each token's result is bit for bit the one-token
- * kernel's. Each super-block sums its integer products, weighted by the sub-block scales, in
- * int32 lanes; the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of
- * Q6_K) come out through the activations' per-16 sums (bsums), as one small dot. The mins, which
- * carry a float scale of their own, are summed in float lanes across super-blocks and reduced
- * once per row (not once per super-block).
+ * K-quants against Q8_K, one token at a time: the kernels take nc tokens but are called with one
+ * (vec_dot, and vec_dot_multi for a single token); several tokens go to the prefill form below.
+ * Each super-block sums its integer products, weighted by the sub-block scales, in int32 lanes;
+ * the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of Q6_K) come out
+ * through the activations' per-16 sums (bsums), as one small dot. The mins, which carry a float
+ * scale of their own, are summed in float lanes across super-blocks and reduced once per row (not
+ * once per super-block).
  * ------------------------------------------------------------------------------------------- */
 
-/* Q2_K for nc tokens (1, 4 or 8): levels 0..3 times scales, less dmin times the mins (via bsums). */
+/* Q2_K for nc tokens (called with 1): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
     __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* the scaled sums, and the mins' part */
@@ -284,7 +284,7 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* Q3_K for nc tokens (1, 4 or 8): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
+/* Q3_K for nc tokens (called with 1): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
 RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q3_K * b = w;
     __m256 acc[RM_MULTI_MAX];
@@ -324,7 +324,7 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     }
 }
 
-/* Q4_K and Q5_K for nc tokens (1, 4 or 8): the levels and scales of a super-block are unpacked
+/* Q4_K and Q5_K for nc tokens (called with 1): the levels and scales of a super-block are unpacked
  * once. The two types differ only in where the fields lie and in Q5_K's fifth bit: qh bit 2p of
  * byte l is the top bit of element 64p + l, bit 2p + 1 that of element 64p + 32 + l. */
 RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
@@ -413,7 +413,7 @@ RM_INLINE void dot_q5_K_multi(int64_t n, float * out, const void * w, const void
     dot_k4_multi(n, out, w, x_q, x_stride, nc, 1);
 }
 
-/* Q6_K for nc tokens (1, 4 or 8): the levels of a super-block are unpacked once. */
+/* Q6_K for nc tokens (called with 1): the levels of a super-block are unpacked once. */
 RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q6_K * b = w;
     __m256 acc[RM_MULTI_MAX];
@@ -615,8 +615,8 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
             }
         }
     }
-    for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
+    for (int c = 0; c < nc; c++) {   /* no super-block (n = 0): nothing was summed */
+        out[c] = nb > 0 ? hsum_ps(acc[c]) - hsum_ps(acc_m[c]) : 0.0f;
     }
 }
 

@@ -355,8 +355,10 @@ static const rm_backend_ops CUDA_OPS = {
     .free        = cu_free,
 };
 
-rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool, int32_t n_batch, int64_t max_in,
-                                 int32_t n_ctx, rm_status * st_out) {
+static rm_backend * cuda_backend_new(void * dev, const rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx,
+                                     rm_status * st_out) {
+    rm_gpu * g = (rm_gpu *) dev;
+    rm_pool * pool = m->pool;
     *st_out = RM_E_OOM;
     rm_backend * be = (rm_backend *) calloc(1, sizeof(*be));
     cuda_be * c = new (std::nothrow) cuda_be();
@@ -417,3 +419,20 @@ rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool,
     *st_out = RM_OK;
     return be;
 }
+
+/* ---- the device (device.h) ---------------------------------------------------------------- */
+
+static rm_status cuda_open(const rm_model * m, const rm_model_params * p, void ** out, char * note, size_t note_cap) {
+    rm_gpu * g = NULL;
+    rm_status st = rm_gpu_open(m, p, &g, note, note_cap);
+    *out = g;
+    return st;
+}
+
+static void cuda_describe(const void * dev, rm_gpu_info * info) { rm_gpu_describe((const rm_gpu *) dev, info); }
+
+static void cuda_close(void * dev) { rm_gpu_close((rm_gpu *) dev); }
+
+extern "C" const rm_device_ops rm_device_cuda = {
+    "cuda", RM_GPU_CUDA, cuda_open, cuda_describe, cuda_close, cuda_backend_new,
+};

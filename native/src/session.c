@@ -11,8 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpu.h"
-#include "standin.h"
+#include "device.h"
 #include "moe.h"
 #include "rng.h"
 #include "status.h"
@@ -44,27 +43,6 @@ static void session_free_buffers(rm_session * s) {
         }
         s->be->ops->free(s->be);
     }
-}
-
-/* The model's backend for this session: CUDA when the model has a GPU, the stand-in when it has
- * one, else the CPU. NULL with the error set (status in *st) on failure. */
-static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx, rm_status * st) {
-    *st = RM_E_OOM;
-    if (m->standin) {
-        return rm_backend_standin_new(m->standin, m, m->pool, n_batch, max_in, n_ctx, st);
-    }
-#ifdef RM_WITH_CUDA
-    if (m->gpu) {
-        return rm_backend_cuda_new(m->gpu, m, m->pool, n_batch, max_in, n_ctx, st);
-    }
-#endif
-    rm_backend * be = rm_backend_cpu_new(m->pool, n_batch, max_in, n_ctx);
-    if (!be) {
-        rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CPU backend's scratch");
-        return NULL;
-    }
-    rm_backend_cpu_use_repacked(be, m->repacked);
-    return be;
 }
 
 /* Allocates the backend buffers; 0 on failure (the backend's message set). */
@@ -146,7 +124,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     }
     const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
     rm_status st = RM_OK;
-    s->be = make_backend(m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
+    s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s)) {
         const int32_t n_ctx = s->n_ctx;
         st = s->be ? s->be->ops->status(s->be) : st;
@@ -200,18 +178,6 @@ static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, i
 }
 
 /* ---- the profile -------------------------------------------------------------------------- */
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
-}
-
-void rm_prof_mark(rm_session * s, int part) {
-    const double t = now_us();
-    s->prof_us[s->prof_kind][part] += t - s->prof_t;
-    s->prof_t = t;
-}
 
 static const char * const PROF_NAMES[RM_PROF_COUNT] = {
     "embed", "attn_in", "attn", "attn_out", "router", "experts_in", "experts_out", "experts_other", "shared", "output",
@@ -290,7 +256,7 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
     s->prof_kind = n > 1;
     s->prof_tokens[s->prof_kind] += (uint64_t) n;
-    s->prof_t = now_us();
+    s->prof_t = rm_prof_now_us();
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {

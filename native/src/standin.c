@@ -1,5 +1,14 @@
-/* standin.c - the CPU stand-in for the GPU (standin.h). */
-#include "standin.h"
+/* standin.c - a CPU stand-in for the GPU, to run the CPU/device split without one.
+ *
+ * The stand-in is a second CPU backend posing as a device: its own buffers under its own memory
+ * budget (counted as the CUDA device counts them), the same placement of weights (devweights.h,
+ * copied into its arena at load, so the forward pass never reads the mapped file's weights
+ * through it), explicit copies across a "bus" that count every byte both ways, and the same
+ * split of each MoE block (split.h) between its ops and host threads. Its kernels are the CPU
+ * backend's, so its logits must equal the CPU's up to the order of float sums. Loaded with
+ * use_gpu = RM_GPU_STANDIN (rapidmoe.h): it is rm_device_standin (device.h).
+ * tests/test_split_standin.py exercises it. */
+#include "device.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +19,7 @@
 #include "split.h"
 #include "status.h"
 
-struct rm_standin {
+typedef struct rm_standin {
     uint64_t        budget;       /* 0: no cap */
     uint64_t        used;         /* bytes held: the arena, the expert table and every session's */
     uint8_t *       arena;
@@ -19,7 +28,7 @@ struct rm_standin {
     uint64_t        exp_tab_bytes;
     int32_t         n_experts_on_dev;
     int32_t         upload_min_tokens;
-};
+} rm_standin;
 
 /* Zeroed memory under the budget; NULL with the error set. */
 static void * dev_malloc(rm_standin * d, uint64_t bytes, const char * what) {
@@ -45,7 +54,9 @@ static void dev_free(rm_standin * d, void * p, uint64_t bytes) {
     }
 }
 
-rm_status rm_standin_open(const rm_model * m, const rm_model_params * p, rm_standin ** out) {
+static void standin_close(void * dev);
+
+static rm_status standin_open(const rm_model * m, const rm_model_params * p, void ** out, char * note, size_t note_cap) {
     *out = NULL;
     rm_standin * d = calloc(1, sizeof(*d));
     if (!d || !rm_dev_weights_list(m, p->expert_on_gpu, NULL, &d->weights)) {
@@ -58,7 +69,7 @@ rm_status rm_standin_open(const rm_model * m, const rm_model_params * p, rm_stan
     d->exp_tab_bytes = sizeof(uint8_t *) * (uint64_t) n_tab;
     if (!(d->arena = dev_malloc(d, d->weights.bytes, "rm_model_load: the weights placed on the GPU")) ||
         !(d->exp_tab = dev_malloc(d, d->exp_tab_bytes, "rm_model_load: the expert tables"))) {
-        rm_standin_close(d);
+        standin_close(d);
         return RM_E_OOM;
     }
     rm_dev_weights_place(&d->weights, d->arena);
@@ -70,7 +81,8 @@ rm_status rm_standin_open(const rm_model * m, const rm_model_params * p, rm_stan
     return RM_OK;
 }
 
-void rm_standin_close(rm_standin * d) {
+static void standin_close(void * dev) {
+    rm_standin * d = dev;
     if (!d) {
         return;
     }
@@ -80,7 +92,8 @@ void rm_standin_close(rm_standin * d) {
     free(d);
 }
 
-void rm_standin_describe(const rm_standin * d, rm_gpu_info * info) {
+static void standin_describe(const void * dev, rm_gpu_info * info) {
+    const rm_standin * d = dev;
     info->device = 0;
     snprintf(info->device_name, sizeof(info->device_name), "CPU stand-in device");
     info->weight_bytes = d->weights.bytes;
@@ -461,8 +474,10 @@ static int split_init(rm_backend * be) {
     return rm_split_init(be, &c->sp, c->m, c->n_batch);
 }
 
-rm_backend * rm_backend_standin_new(rm_standin * d, const rm_model * m, rm_pool * pool, int32_t n_batch,
-                                    int64_t max_in, int32_t n_ctx, rm_status * st) {
+static rm_backend * standin_backend_new(void * dev, const rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx,
+                                        rm_status * st) {
+    rm_standin * d = dev;
+    rm_pool * pool = m->pool;
     *st = RM_E_OOM;
     rm_backend * be = calloc(1, sizeof(*be));
     sb_ctx * c = calloc(1, sizeof(*c));
@@ -505,3 +520,12 @@ rm_backend * rm_backend_standin_new(rm_standin * d, const rm_model * m, rm_pool 
     *st = RM_OK;
     return be;
 }
+
+const rm_device_ops rm_device_standin = {
+    .name        = "standin",
+    .kind        = RM_GPU_STANDIN,
+    .open        = standin_open,
+    .describe    = standin_describe,
+    .close       = standin_close,
+    .backend_new = standin_backend_new,
+};

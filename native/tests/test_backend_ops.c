@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "gpu.h"
+#include "device.h"
 #include "model.h"
 #include "tiny_gguf.h"
 #include "expect.h"
@@ -406,14 +406,14 @@ int main(int argc, char ** argv) {
         for (int half = 0; half < 2; half++) {
             rm_model * mg = load(path, 1, half);
             if (!mg) { ++n_failed; continue; }
-            if (!mg->gpu) {
+            if (mg->device != &rm_device_cuda) {
                 if (i == 0 && !half) printf("skip the CUDA backend: %s\n", mg->gpu_info.note);
                 rm_model_free(mg);
                 break;
             }
             gpu_ok = 1;
             rm_status st;
-            rm_backend * gpu = rm_backend_cuda_new(mg->gpu, mg, mg->pool, 32, 1024, 64, &st);
+            rm_backend * gpu = mg->device->backend_new(mg->device_state, mg, 32, 1024, 64, &st);
             EXPECT(gpu != NULL, "the CUDA backend: %s", rm_last_error());
             if (gpu) {
                 test_backend(gpu, mg, types[i], half);

@@ -4,10 +4,11 @@
 # Compiles the library with the CUDA backend (-DRM_CUDA=ON, the default architectures
 # sm_80;sm_86;sm_89;sm_90 unless RM_CUDA_ARCHITECTURES is set) and the C tests into build/cuda,
 # runs the C tests (test_cuda_dequant checks the kernels' dequantizers on the host against the C
-# reference), then runs the Python tests of the split that need no device against a private copy
-# of the package, build/cuda/pkg/rapidmoe_gguf: a GPU request must fall back to the CPU with a
-# clear note, and the CPU stand-in device must split as in tests/test_split_standin.py. Needs
-# nvcc; any failure makes the script exit non-zero.
+# reference) and the check that no units, the CUDA ones included, call each other in a cycle
+# (tools/check_cycles.py), then runs the Python tests of the split that need no device against a
+# private copy of the package, build/cuda/pkg/rapidmoe_gguf: a GPU request must fall back to the
+# CPU with a clear note, and the CPU stand-in device must split as in tests/test_split_standin.py.
+# Needs nvcc; any failure makes the script exit non-zero.
 #
 #   PYTHON=/path/to/venv/bin/python tools/cuda_check.sh [extra pytest args]
 set -euo pipefail
@@ -33,6 +34,9 @@ RM_BUILD_DIR=$dir RM_PKG_DIR=$pkg PYTHON=$py tools/dev_build.sh -DRM_CUDA=ON -DR
 
 echo "== C tests"
 (cd "$dir" && ctest --output-on-failure)
+
+echo "== call cycles among the units, CUDA's included"
+"$py" tools/check_cycles.py "$dir"
 
 echo "== Python tests against $pkg"
 cd "$dir/pkg"

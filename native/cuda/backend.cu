@@ -7,7 +7,7 @@
  * runs on the host CPU backend, moving its activations only.
  *
  * Errors never abort: the first failing CUDA call becomes the backend's sticky error
- * (RM_E_CUDA with the call and CUDA's message), later ops return at once, and be->status()
+ * (RM_E_CUDA with the call and CUDA's message), later ops return at once, and be->ops->status()
  * reports it. status() also waits for the stream, so a kernel's asynchronous fault is caught at
  * the end of each forward pass at the latest. */
 #include <stdio.h>
@@ -27,19 +27,6 @@
 #include "swiglu.cuh"
 
 static cuda_be * ctx_of(rm_backend * be) { return (cuda_be *) be->ctx; }
-
-int rm_cuda_check(cuda_be * c, cudaError_t e, const char * what) {
-    if (e == cudaSuccess) {
-        return 1;
-    }
-    cudaGetLastError();
-    if (c->err == RM_OK) {
-        c->err = e == cudaErrorMemoryAllocation ? RM_E_OOM : RM_E_CUDA;
-        snprintf(c->msg, sizeof(c->msg), "cuda backend (device %d, %s): %s: %s (%s)", c->g->device, c->g->name, what,
-                 cudaGetErrorString(e), cudaGetErrorName(e));
-    }
-    return 0;
-}
 
 static void set_error(cuda_be * c, rm_status st, const char * msg) {
     if (c->err == RM_OK) {
@@ -67,11 +54,6 @@ static void resolve_timings(rm_backend * be) {
             be->stats.n_stalls++;
         }
     }
-}
-
-int rm_cuda_wait(rm_backend * be, cudaEvent_t ev, const char * what) {
-    be->stats.n_syncs++;
-    return rm_cuda_check(ctx_of(be), cudaEventSynchronize(ev), what);
 }
 
 /* ---- memory ------------------------------------------------------------------------------- */
@@ -193,7 +175,7 @@ static void host_matmul(rm_backend * be, const rm_matmul_args * a) {
     h.x_stride = n_in;
     h.y = c->fb_y;
     h.y_stride = n_out;
-    c->host->matmul(c->host, &h);
+    c->host->ops->matmul(c->host, &h);
     /* waited for: fb_y is reused by the next host product */
     rm_cuda_check(c, cudaMemcpy2DAsync(a->y, f * a->y_stride, c->fb_y, f * n_out, f * n_out, a->n_tok,
                                        cudaMemcpyHostToDevice, c->st), "host product: result") &&
@@ -309,6 +291,9 @@ static void cu_route(rm_backend * be, const float * logits, int32_t n_tok, int32
     }
 }
 
+/* The routed experts: the split's sequence (split.c) over this device's steps (split.cu). */
+static void cu_moe_experts(rm_backend * be, const rm_moe_args * a) { rm_split_run(be, &ctx_of(be)->sp, a); }
+
 /* ---- lifetime ----------------------------------------------------------------------------- */
 
 static void cu_free(rm_backend * be) {
@@ -319,7 +304,7 @@ static void cu_free(rm_backend * be) {
     if (c->st) {
         cudaStreamSynchronize(c->st);
     }
-    rm_cuda_split_free(c);
+    rm_split_free(be, &c->sp);
     while (c->n_allocs > 0) {
         cu_release(be, c->allocs[c->n_allocs - 1].p);
     }
@@ -340,14 +325,40 @@ static void cu_free(rm_backend * be) {
     free(c->fb_x);
     free(c->fb_y);
     if (c->host) {
-        c->host->free(c->host);
+        c->host->ops->free(c->host);
     }
     delete c;
     free(be);
 }
 
-rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool, int32_t n_batch, int64_t max_in,
-                                 int32_t n_ctx, rm_status * st_out) {
+static const rm_backend_ops CUDA_OPS = {
+    .name        = "cuda",
+    .alloc       = cu_alloc,
+    .release     = cu_release,
+    .upload      = cu_upload,
+    .download    = cu_download,
+    .copy        = cu_copy,
+    .zero        = cu_zero,
+    .status      = cu_status,
+    .matmul      = cu_matmul,
+    .attention   = cu_attention,
+    .rmsnorm     = cu_rmsnorm,
+    .rope        = cu_rope,
+    .add         = cu_add,
+    .add_bias    = cu_add_bias,
+    .add_gated   = cu_add_gated,
+    .swiglu      = cu_swiglu,
+    .gather_rows = cu_gather_rows,
+    .scatter_add = cu_scatter_add,
+    .route       = cu_route,
+    .moe_experts = cu_moe_experts,
+    .free        = cu_free,
+};
+
+static rm_backend * cuda_backend_new(void * dev, const rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx,
+                                     rm_status * st_out) {
+    rm_gpu * g = (rm_gpu *) dev;
+    rm_pool * pool = m->pool;
     *st_out = RM_E_OOM;
     rm_backend * be = (rm_backend *) calloc(1, sizeof(*be));
     cuda_be * c = new (std::nothrow) cuda_be();
@@ -357,28 +368,8 @@ rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool,
         rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CUDA backend");
         return NULL;
     }
-    be->name = "cuda";
+    be->ops = &CUDA_OPS;
     be->ctx = c;
-    be->alloc = cu_alloc;
-    be->release = cu_release;
-    be->upload = cu_upload;
-    be->download = cu_download;
-    be->copy = cu_copy;
-    be->zero = cu_zero;
-    be->status = cu_status;
-    be->matmul = cu_matmul;
-    be->attention = cu_attention;
-    be->rmsnorm = cu_rmsnorm;
-    be->rope = cu_rope;
-    be->add = cu_add;
-    be->add_bias = cu_add_bias;
-    be->add_gated = cu_add_gated;
-    be->swiglu = cu_swiglu;
-    be->gather_rows = cu_gather_rows;
-    be->scatter_add = cu_scatter_add;
-    be->route = cu_route;
-    be->moe_experts = rm_cuda_moe_experts;
-    be->free = cu_free;
     snprintf(be->stats.backend, sizeof(be->stats.backend), "cuda");
     be->stats.auto_budget = -1.0f;
     c->g = g;
@@ -400,6 +391,11 @@ rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool,
     }
     be->layer_cpu_us = c->cpu_us;
     be->layer_gpu_us = c->gpu_us;
+    c->sp.dev = &rm_cuda_split_ops;
+    c->sp.host = c->host;
+    c->sp.exp_tab = g->exp_tab_host;
+    c->sp.upload_min_tokens = g->upload_min_tokens;
+    c->sp.who = "cuda backend";
     int ok = rm_cuda_check(c, cudaSetDevice(g->device), "selecting the device") &&
              rm_cuda_check(c, cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking), "creating a stream") &&
              rm_cuda_check(c, cudaEventCreateWithFlags(&c->ev_x, cudaEventDisableTiming), "creating an event") &&
@@ -411,7 +407,7 @@ rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool,
     const uint64_t slots = (uint64_t) n_batch * (uint64_t) m->hp.n_expert_used;
     ok = ok && (c->routes_d = (rm_route *) cu_alloc(be, sizeof(rm_route) * slots)) &&
          (c->idx_d = (int32_t *) cu_alloc(be, sizeof(int32_t) * slots)) &&
-         (c->scale_d = (float *) cu_alloc(be, sizeof(float) * slots)) && rm_cuda_split_init(c);
+         (c->scale_d = (float *) cu_alloc(be, sizeof(float) * slots)) && rm_split_init(be, &c->sp, m, n_batch);
     if (!ok) {
         *st_out = c->err != RM_OK ? c->err : RM_E_CUDA;
         char msg[512];
@@ -423,3 +419,20 @@ rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool,
     *st_out = RM_OK;
     return be;
 }
+
+/* ---- the device (device.h) ---------------------------------------------------------------- */
+
+static rm_status cuda_open(const rm_model * m, const rm_model_params * p, void ** out, char * note, size_t note_cap) {
+    rm_gpu * g = NULL;
+    rm_status st = rm_gpu_open(m, p, &g, note, note_cap);
+    *out = g;
+    return st;
+}
+
+static void cuda_describe(const void * dev, rm_gpu_info * info) { rm_gpu_describe((const rm_gpu *) dev, info); }
+
+static void cuda_close(void * dev) { rm_gpu_close((rm_gpu *) dev); }
+
+extern "C" const rm_device_ops rm_device_cuda = {
+    "cuda", RM_GPU_CUDA, cuda_open, cuda_describe, cuda_close, cuda_backend_new,
+};

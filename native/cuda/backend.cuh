@@ -1,7 +1,10 @@
 /* backend.cuh - internal to native/cuda: the device state of a model (rm_gpu, made by gpu.cu)
- * and of a session (cuda_be, the CUDA backend of backend.cu, whose MoE stage is split.cu). */
+ * and of a session (cuda_be, the CUDA backend of backend.cu, whose MoE blocks run the split of
+ * split.h over the steps of split.cu). */
 #ifndef RM_CUDA_BACKEND_CUH
 #define RM_CUDA_BACKEND_CUH
+
+#include <stdio.h>
 
 #include <atomic>
 
@@ -40,38 +43,10 @@ static inline int64_t rm_gpu_tab_index(const rm_gpu * g, int il, int which, int 
     return rm_dev_expert_index(g->n_expert, il, which, e);
 }
 
-/* Up to this many experts' residuals are copied to the device per MoE block in prefill. */
-#define RM_CU_STAGE_EXPERTS RM_SPLIT_STAGE_MAX
-
 typedef struct cuda_alloc {
     void *   p;
     uint64_t bytes;
 } cuda_alloc;
-
-/* The split's per-block plan and scratch (split.cu). Slots are (token, choice) pairs, S = n *
- * n_expert_used; rows are the slots in expert order ("compact" rows). */
-typedef struct cuda_split {
-    int64_t   max_slots;
-    /* device */
-    float *   xc, * gc, * uc, * dc;       /* compact rows: inputs, gate, up (then h), down */
-    float *   gf, * uf;                   /* the fix rows' base gate/up, gathered to go to the host */
-    float *   hf, * df;                   /* the fix rows' corrected h (from the host) and B_d h */
-    float *   hr;                         /* host results, already weighted, rows of n_embd */
-    uint8_t * tab;                        /* the plan's tables */
-    uint8_t * stage;                      /* residual matrices copied for prefill */
-    uint64_t  stage_bytes;
-    /* pinned host */
-    uint8_t * tab_h;
-    uint64_t  tab_cap;
-    float *   x_h;                        /* the block input, n_batch rows of n_embd */
-    float *   gf_h, * uf_h;               /* from the device: base gate/up of the fix rows */
-    float *   hf_h;                       /* to the device: corrected h of the fix rows */
-    float *   hr_h;                       /* to the device: host results */
-    /* plain host scratch for the host's products: rows in host order (fix rows, then the host
-     * experts' rows) */
-    float *   xs, * gs, * us;
-    int32_t * host_groups;                /* n_expert rows of {expert, first row, rows, residual rows} */
-} cuda_split;
 
 typedef struct cuda_be {
     rm_gpu *         g;
@@ -95,16 +70,25 @@ typedef struct cuda_be {
     cudaEvent_t *    ev_t0, * ev_t1;
     uint8_t *        pending;             /* layer's events not read yet */
     float *          cpu_us, * gpu_us;
-    cuda_split       sp;
+    rm_split_state   sp;                  /* the split of the MoE blocks (split.h) */
 } cuda_be;
 
-/* Records a failed CUDA call as the backend's sticky error; 1 when e is cudaSuccess. */
-int  rm_cuda_check(cuda_be * c, cudaError_t e, const char * what);
-/* Waits for an event (counted as a host sync). */
-int  rm_cuda_wait(rm_backend * be, cudaEvent_t ev, const char * what);
+/* Records a failed CUDA call as the backend's sticky error; 1 when e is cudaSuccess. Inline so
+ * the backend (backend.cu) and its split steps (split.cu) share it without calling each other. */
+static inline int rm_cuda_check(cuda_be * c, cudaError_t e, const char * what) {
+    if (e == cudaSuccess) {
+        return 1;
+    }
+    cudaGetLastError();
+    if (c->err == RM_OK) {
+        c->err = e == cudaErrorMemoryAllocation ? RM_E_OOM : RM_E_CUDA;
+        snprintf(c->msg, sizeof(c->msg), "cuda backend (device %d, %s): %s: %s (%s)", c->g->device, c->g->name, what,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return 0;
+}
 
-void rm_cuda_moe_experts(rm_backend * be, const rm_moe_args * a);
-int  rm_cuda_split_init(cuda_be * c);     /* 0 on failure (error recorded) */
-void rm_cuda_split_free(cuda_be * c);
+/* The CUDA device's steps of the split (split.cu), which rm_split_run queues. */
+extern const rm_split_device_ops rm_cuda_split_ops;
 
 #endif

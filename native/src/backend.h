@@ -73,9 +73,12 @@ typedef struct rm_moe_args {
     int64_t          cap;
 } rm_moe_args;
 
-struct rm_backend {
-    const char * name;
-    void *       ctx;
+/* A backend's operations: one static const table per backend (cpu/ops.c, standin.c,
+ * cuda/backend.cu); the model code calls be->ops->op(be, ...). To add an op: its field here with
+ * its contract, its function in each of the three tables, and a case in
+ * native/tests/test_backend_ops.c against the CPU backend. */
+typedef struct rm_backend_ops {
+    const char * name;            /* "cpu", "standin", "cuda" */
 
     /* memory: alloc returns zeroed memory or NULL (error recorded) */
     void *    (*alloc)(rm_backend * be, uint64_t bytes);
@@ -119,6 +122,11 @@ struct rm_backend {
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 
     void (*free)(rm_backend * be);
+} rm_backend_ops;
+
+struct rm_backend {
+    const rm_backend_ops * ops;
+    void *                 ctx;   /* the backend's own state */
 
     /* What crossed the bus and how the split went; a device backend counts, the CPU leaves 0. */
     rm_backend_stats stats;

@@ -1,15 +1,13 @@
-/* gpu.h - internal: the CUDA side as the C code sees it.
- *
- * Implemented in native/cuda/backend.cu when the library is built with RM_CUDA=ON
- * (RM_WITH_CUDA defined); without it model.c never calls these and says "built without CUDA".
+/* gpu.h - internal: a model's CUDA device (native/cuda/gpu.cu), built with RM_CUDA=ON.
  *
  * A model with a GPU owns one rm_gpu: the device, its memory budget, and the device copies of
  * the weights the placement puts there, made once at load. Every session on that model makes its
- * own CUDA backend (KV cache, scratch, streams) from it. */
+ * own CUDA backend (KV cache, scratch, streams) from it. The model code reaches both through
+ * rm_device_cuda (device.h, defined in native/cuda/backend.cu). */
 #ifndef RM_GPU_H
 #define RM_GPU_H
 
-#include "backend.h"
+#include "device.h"
 
 typedef struct rm_gpu rm_gpu;
 
@@ -23,11 +21,5 @@ void      rm_gpu_close(rm_gpu * g);
 
 /* Fills the device fields of info (device, device_name, weight_bytes, used_bytes, n_experts_on_gpu). */
 void      rm_gpu_describe(const rm_gpu * g, rm_gpu_info * info);
-
-/* A CUDA backend for one session (n_batch tokens of at most max_in inputs, n_ctx positions),
- * with host threads from pool for the residual work. NULL on failure, with the error set and its
- * status in *st. */
-rm_backend * rm_backend_cuda_new(rm_gpu * g, const rm_model * m, rm_pool * pool, int32_t n_batch, int64_t max_in,
-                                 int32_t n_ctx, rm_status * st);
 
 #endif

@@ -10,9 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu.h"
-#include "repack.h"
-#include "standin.h"
+#include "device.h"
 #include "gguf.h"
 #include "status.h"
 #include "types.h"
@@ -360,50 +358,24 @@ static rm_status check_sidecar(const rm_model * m, const char * path, const char
     return RM_OK;
 }
 
-/* The GPU part of the params: open the device and upload, or say why the CPU runs. */
-static rm_status place_on_gpu(rm_model * m, const rm_model_params * params) {
+/* The device part of the params: open the device and place the weights, or say why the CPU runs. */
+static rm_status open_device(rm_model * m, const rm_model_params * params) {
     rm_gpu_info * gi = &m->gpu_info;
     gi->struct_size = sizeof(rm_gpu_info);
     gi->requested = params->use_gpu != 0;
     gi->device = params->gpu_device;
     gi->budget_bytes = params->gpu_memory_bytes;
     gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
-    if (!params->use_gpu) {
-        return RM_OK;
-    }
-    if (params->gpu_device < 0) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
-    }
-    if (params->residual_upload_min_tokens < 0) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: residual_upload_min_tokens %d is negative",
-                       params->residual_upload_min_tokens);
-    }
-    if (params->use_gpu == RM_GPU_STANDIN) {
-        rm_status st = rm_standin_open(m, params, &m->standin);
-        if (st == RM_OK) {
-            gi->active = 1;
-            rm_standin_describe(m->standin, gi);
+    if (params->use_gpu) {
+        if (params->gpu_device < 0) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
         }
-        return st;
+        if (params->residual_upload_min_tokens < 0) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: residual_upload_min_tokens %d is negative",
+                           params->residual_upload_min_tokens);
+        }
     }
-    if (params->use_gpu != RM_GPU_CUDA) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: use_gpu %d is not one of RM_GPU_NONE (0), RM_GPU_CUDA (1) "
-                       "and RM_GPU_STANDIN (2)", params->use_gpu);
-    }
-#ifdef RM_WITH_CUDA
-    rm_status st = rm_gpu_open(m, params, &m->gpu, gi->note, sizeof(gi->note));
-    if (st != RM_OK) {
-        return st;
-    }
-    if (m->gpu) {
-        gi->active = 1;
-        rm_gpu_describe(m->gpu, gi);
-    }
-#else
-    snprintf(gi->note, sizeof(gi->note),
-             "a GPU was requested, but this library was built without CUDA (RM_CUDA=OFF); running on the CPU");
-#endif
-    return RM_OK;
+    return rm_device_open(m, params, &m->device, &m->device_state, gi);
 }
 
 static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
@@ -462,17 +434,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     pthread_mutex_init(&m->lock, NULL);
     fill_info(m);
-    if ((st = place_on_gpu(m, params)) != RM_OK) {
-        return st;
-    }
-    if (!m->gpu && !m->standin) {   /* CPU only: the weights the kernels read faster in their own layout */
-        int failed = 0;
-        m->repacked = rm_repack_model(m, m->pool, &failed);
-        if (failed) {
-            return RM_E_OOM;
-        }
-    }
-    return RM_OK;
+    return open_device(m, params);
 }
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out) {
@@ -515,11 +477,9 @@ void rm_model_free(rm_model * m) {
         rm_pool_free(m->pool);
         pthread_mutex_destroy(&m->lock);
     }
-#ifdef RM_WITH_CUDA
-    rm_gpu_close(m->gpu);
-#endif
-    rm_standin_close(m->standin);
-    rm_repack_free(m->repacked);
+    if (m->device) {
+        m->device->close(m->device_state);
+    }
     free(m->layers);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
@@ -545,13 +505,8 @@ rm_status rm_model_gpu_info(const rm_model * m, rm_gpu_info * out) {
                        out->struct_size, sizeof(rm_gpu_info));
     }
     *out = m->gpu_info;
-    if (m->standin) {
-        rm_standin_describe(m->standin, out);
+    if (m->device && m->device->describe) {
+        m->device->describe(m->device_state, out);
     }
-#ifdef RM_WITH_CUDA
-    if (m->gpu) {
-        rm_gpu_describe(m->gpu, out);
-    }
-#endif
     return RM_OK;
 }

@@ -58,9 +58,8 @@ struct rm_model {
     rm_pool *       pool;
     pthread_mutex_t lock;                /* one evaluation at a time per model */
     rm_model_info   info;
-    struct rm_gpu * gpu;                 /* device copies of the weights; NULL on the CPU */
-    struct rm_standin * standin;         /* the CPU stand-in device (use_gpu = RM_GPU_STANDIN) */
-    struct rm_dev_weights * repacked;    /* weights in the CPU kernels' stored layout (repack.h); NULL: none */
+    const struct rm_device_ops * device; /* where the model runs (device.h) */
+    void *          device_state;        /* the device's: its copies of the weights */
     rm_gpu_info     gpu_info;            /* where the model runs, and why */
 };
 

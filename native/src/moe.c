@@ -55,7 +55,7 @@ static void select_residuals(rm_session * s, int il, int32_t n) {
 static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const float * x, int64_t x_stride,
                           int32_t n, float * y, int64_t y_stride, int accumulate) {
     rm_matmul_args a = {w, e, x, x_stride, n, y, y_stride, accumulate};
-    be->matmul(be, &a);
+    be->ops->matmul(be, &a);
 }
 
 /* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
@@ -68,7 +68,7 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         /* the base-only output of the residual rows, to measure what the residual changes */
         expert_matmul(be, &L->gate_exps, e, s->ex, E, c_res, s->eg, F, 0);
         expert_matmul(be, &L->up_exps, e, s->ex, E, c_res, s->eu, F, 0);
-        be->swiglu(be, s->eg, s->eu, (int64_t) c_res * F);
+        be->ops->swiglu(be, s->eg, s->eu, (int64_t) c_res * F);
         expert_matmul(be, &L->down_exps, e, s->eg, F, c_res, s->ecal, E, 0);
     }
     expert_matmul(be, &L->gate_exps, e, s->ex, E, c, s->eg, F, 0);
@@ -77,7 +77,7 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         expert_matmul(be, &L->gate_res, e, s->ex, E, c_res, s->eg, F, 1);
         expert_matmul(be, &L->up_res, e, s->ex, E, c_res, s->eu, F, 1);
     }
-    be->swiglu(be, s->eg, s->eu, (int64_t) c * F);
+    be->ops->swiglu(be, s->eg, s->eu, (int64_t) c * F);
     expert_matmul(be, &L->down_exps, e, s->eg, F, c, s->ed, E, 0);
     if (c_res > 0) {
         expert_matmul(be, &L->down_res, e, s->eg, F, c_res, s->ed, E, 1);
@@ -89,8 +89,8 @@ static void calibration_sums(rm_session * s, int il, int32_t e, int32_t c_res) {
     const int64_t E = s->m->hp.n_embd;
     float * full = s->cal_host, * base = s->cal_host + E;
     for (int32_t j = 0; j < c_res; j++) {
-        s->be->download(s->be, full, s->ed + j * E, sizeof(float) * (uint64_t) E);
-        s->be->download(s->be, base, s->ecal + j * E, sizeof(float) * (uint64_t) E);
+        s->be->ops->download(s->be, full, s->ed + j * E, sizeof(float) * (uint64_t) E);
+        s->be->ops->download(s->be, base, s->ecal + j * E, sizeof(float) * (uint64_t) E);
         double d2 = 0.0;
         for (int64_t d = 0; d < E; d++) {
             const double diff = (double) full[d] - base[d];
@@ -121,16 +121,16 @@ static void experts_by_ops(rm_session * s, int il, int32_t n) {
             s->scale[j] = s->routes[pairs[j]].weight;
             c_res += s->routes[pairs[j]].residual;
         }
-        be->gather_rows(be, s->ex, s->xn, s->rows, c, E);
+        be->ops->gather_rows(be, s->ex, s->xn, s->rows, c, E);
         run_expert(s, L, e, c, c_res);
         if (s->calibrating && c_res > 0) {
             calibration_sums(s, il, e, c_res);
         }
-        be->scatter_add(be, s->moe, s->ed, s->rows, s->scale, c, E);
+        be->ops->scatter_add(be, s->moe, s->ed, s->rows, s->scale, c, E);
     }
 }
 
-/* The routed experts in batched products (be->matmul_many): consecutive experts whose rows fit
+/* The routed experts in batched products (be->ops->matmul_many): consecutive experts whose rows fit
  * the scratch (n_batch rows) go together, one dispatch for all their gate and up products and
  * one for their down products, each residual computed beside its base over the same rows. The
  * arithmetic is experts_by_ops's, row by row, so the results are the same. In decode every
@@ -173,7 +173,7 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
         }
         const int decode = n == 1;
         if (!decode) {
-            be->gather_rows(be, s->ex, s->xn, s->rows, rows, E);
+            be->ops->gather_rows(be, s->ex, s->xn, s->rows, rows, E);
         }
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
@@ -182,18 +182,18 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
             items[2 * g] = (rm_mm_item) {{&L->gate_exps, x, in, E, c, s->eg + (int64_t) r0 * F, F, 0}, &L->gate_res, c_res};
             items[2 * g + 1] = (rm_mm_item) {{&L->up_exps, x, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, &L->up_res, c_res};
         }
-        be->matmul_many(be, items, 2 * ng);
+        be->ops->matmul_many(be, items, 2 * ng);
         rm_prof_mark(s, RM_PROF_EXPERTS_IN);
-        be->swiglu(be, s->eg, s->eu, (int64_t) rows * F);
+        be->ops->swiglu(be, s->eg, s->eu, (int64_t) rows * F);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
             items[g] = (rm_mm_item) {{&L->down_exps, x, s->eg + (int64_t) r0 * F, F, c, s->ed + (int64_t) r0 * E, E, 0},
                                      &L->down_res, c_res};
         }
-        be->matmul_many(be, items, ng);
+        be->ops->matmul_many(be, items, ng);
         rm_prof_mark(s, RM_PROF_EXPERTS_OUT);
-        be->scatter_add(be, s->moe, s->ed, s->rows, s->scale, rows, E);
+        be->ops->scatter_add(be, s->moe, s->ed, s->rows, s->scale, rows, E);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
     }
 }
@@ -204,10 +204,10 @@ static void shared_expert(rm_session * s, const rm_layer * L, int32_t n) {
     const int64_t E = hp->n_embd, S = hp->n_ff_shexp;
     expert_matmul(be, &L->gate_shexp, 0, s->xn, E, n, s->eg, S, 0);
     expert_matmul(be, &L->up_shexp, 0, s->xn, E, n, s->eu, S, 0);
-    be->swiglu(be, s->eg, s->eu, (int64_t) n * S);
+    be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * S);
     expert_matmul(be, &L->down_shexp, 0, s->eg, S, n, s->ed, E, 0);
     expert_matmul(be, &L->gate_inp_shexp, 0, s->xn, E, n, s->shgate, 1, 0);   /* ne = {n_embd}: one row */
-    be->add_gated(be, s->moe, s->ed, s->shgate, n, E);
+    be->ops->add_gated(be, s->moe, s->ed, s->shgate, n, E);
 }
 
 void rm_moe_block(rm_session * s, int il, int32_t n) {
@@ -218,10 +218,10 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     const int64_t E = hp->n_embd;
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
 
-    be->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
     rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
-    be->matmul(be, &ra);
-    be->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
+    be->ops->matmul(be, &ra);
+    be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
     select_residuals(s, il, n);
 
     /* group the slots by expert, residual slots first within each group */
@@ -241,13 +241,13 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         active[s->routes[j].expert]++;
         resid[s->routes[j].expert] += s->routes[j].residual;
     }
-    be->zero(be, s->moe, sizeof(float) * (uint64_t) n * (uint64_t) E);
+    be->ops->zero(be, s->moe, sizeof(float) * (uint64_t) n * (uint64_t) E);
     rm_prof_mark(s, RM_PROF_ROUTER);
-    if (be->moe_experts && !s->calibrating) {
+    if (be->ops->moe_experts && !s->calibrating) {
         rm_moe_args a = {L, il, n, X, K, E, hp->n_ff_exp, s->xn, s->moe, s->routes, s->exp_n, s->exp_pairs, cap};
-        be->moe_experts(be, &a);
+        be->ops->moe_experts(be, &a);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
-    } else if (be->matmul_many && !s->calibrating) {
+    } else if (be->ops->matmul_many && !s->calibrating) {
         experts_batched(s, il, n);
     } else {
         experts_by_ops(s, il, n);
@@ -263,6 +263,6 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
     }
-    be->add(be, s->x, s->moe, (int64_t) n * E);
+    be->ops->add(be, s->x, s->moe, (int64_t) n * E);
     rm_prof_mark(s, RM_PROF_SHARED);
 }

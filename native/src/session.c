@@ -11,8 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpu.h"
-#include "standin.h"
+#include "device.h"
 #include "moe.h"
 #include "rng.h"
 #include "status.h"
@@ -39,32 +38,11 @@ static void session_free_buffers(rm_session * s) {
                          s->ex, s->eg, s->eu, s->ed, s->ecal, s->shgate, s->logits};
         for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
             if (dev[i]) {
-                s->be->release(s->be, dev[i]);
+                s->be->ops->release(s->be, dev[i]);
             }
         }
-        s->be->free(s->be);
+        s->be->ops->free(s->be);
     }
-}
-
-/* The model's backend for this session: CUDA when the model has a GPU, the stand-in when it has
- * one, else the CPU. NULL with the error set (status in *st) on failure. */
-static rm_backend * make_backend(rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx, rm_status * st) {
-    *st = RM_E_OOM;
-    if (m->standin) {
-        return rm_backend_standin_new(m->standin, m, m->pool, n_batch, max_in, n_ctx, st);
-    }
-#ifdef RM_WITH_CUDA
-    if (m->gpu) {
-        return rm_backend_cuda_new(m->gpu, m, m->pool, n_batch, max_in, n_ctx, st);
-    }
-#endif
-    rm_backend * be = rm_backend_cpu_new(m->pool, n_batch, max_in, n_ctx);
-    if (!be) {
-        rm_fail(RM_E_OOM, "rm_session_new: out of memory for the CPU backend's scratch");
-        return NULL;
-    }
-    rm_backend_cpu_use_repacked(be, m->repacked);
-    return be;
 }
 
 /* Allocates the backend buffers; 0 on failure (the backend's message set). */
@@ -83,7 +61,7 @@ static int alloc_backend_buffers(rm_session * s) {
         {&s->shgate, f * B}, {&s->logits, f * L * (uint64_t) hp->n_vocab},
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-        *want[i].p = s->be->alloc(s->be, want[i].bytes);
+        *want[i].p = s->be->ops->alloc(s->be, want[i].bytes);
         if (!*want[i].p) {
             return 0;
         }
@@ -146,10 +124,10 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     }
     const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
     rm_status st = RM_OK;
-    s->be = make_backend(m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
+    s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s)) {
         const int32_t n_ctx = s->n_ctx;
-        st = s->be ? s->be->status(s->be) : st;
+        st = s->be ? s->be->ops->status(s->be) : st;
         char msg[512];
         snprintf(msg, sizeof(msg), "%s", rm_last_error());
         session_free_buffers(s);
@@ -185,7 +163,7 @@ int32_t rm_session_n_ctx(const rm_session * s) { return s ? s->n_ctx : 0; }
 static void matmul(rm_session * s, const rm_weight * w, const float * x, int64_t x_stride, int32_t n,
                    float * y, int64_t y_stride, int accumulate) {
     rm_matmul_args a = {w, 0, x, x_stride, n, y, y_stride, accumulate};
-    s->be->matmul(s->be, &a);
+    s->be->ops->matmul(s->be, &a);
 }
 
 /* q/k normalisation: per head (ne = {head_dim}) or over the whole projection. */
@@ -193,25 +171,13 @@ static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, i
     const rm_model * m = s->m;
     const int64_t D = m->hp.head_dim;
     if (m->arch->qk_norm == RM_QK_NORM_PER_HEAD) {
-        s->be->rmsnorm(s->be, y, y, w, (int64_t) n * n_head, D, m->hp.rms_eps);
+        s->be->ops->rmsnorm(s->be, y, y, w, (int64_t) n * n_head, D, m->hp.rms_eps);
     } else {
-        s->be->rmsnorm(s->be, y, y, w, n, (int64_t) n_head * D, m->hp.rms_eps);
+        s->be->ops->rmsnorm(s->be, y, y, w, n, (int64_t) n_head * D, m->hp.rms_eps);
     }
 }
 
 /* ---- the profile -------------------------------------------------------------------------- */
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
-}
-
-void rm_prof_mark(rm_session * s, int part) {
-    const double t = now_us();
-    s->prof_us[s->prof_kind][part] += t - s->prof_t;
-    s->prof_t = t;
-}
 
 static const char * const PROF_NAMES[RM_PROF_COUNT] = {
     "embed", "attn_in", "attn", "attn_out", "router", "experts_in", "experts_out", "experts_other", "shared", "output",
@@ -241,34 +207,34 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
-    be->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
-    if (be->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
+    be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
+    if (be->ops->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
         const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, s->q, Q, 0}, NULL, 0},
                                    {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},
                                    {{&L->wv, 0, s->xn, E, n, s->v, KV, 0}, NULL, 0}};
-        be->matmul_many(be, qkv, 3);
+        be->ops->matmul_many(be, qkv, 3);
     } else {
         matmul(s, &L->wq, s->xn, E, n, s->q, Q, 0);
         matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
         matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
     }
-    if (L->bq.data) be->add_bias(be, s->q, &L->bq, n, Q);
-    if (L->bk.data) be->add_bias(be, s->k, &L->bk, n, KV);
-    if (L->bv.data) be->add_bias(be, s->v, &L->bv, n, KV);
+    if (L->bq.data) be->ops->add_bias(be, s->q, &L->bq, n, Q);
+    if (L->bk.data) be->ops->add_bias(be, s->k, &L->bk, n, KV);
+    if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KV);
     if (m->arch->qk_norm != RM_QK_NORM_NONE) {
         qk_norm(s, s->q, &L->q_norm, n, hp->n_head);
         qk_norm(s, s->k, &L->k_norm, n, hp->n_head_kv);
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     const int neox = m->arch->rope == RM_ROPE_NEOX;
-    be->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
-    be->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+    be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+    be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
     float * kc = s->k_cache + (int64_t) il * s->n_ctx * KV;
     float * vc = s->v_cache + (int64_t) il * s->n_ctx * KV;
-    be->copy(be, kc + (int64_t) s->n_past * KV, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
-    be->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
+    be->ops->copy(be, kc + (int64_t) s->n_past * KV, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
+    be->ops->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim};
-    be->attention(be, &aa);
+    be->ops->attention(be, &aa);
     rm_prof_mark(s, RM_PROF_ATTN);
     matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
     rm_prof_mark(s, RM_PROF_ATTN_OUT);
@@ -281,7 +247,7 @@ static void embed(rm_session * s, const int32_t * tokens, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         tt->to_float(w->data + (uint64_t) tokens[i] * w->row_bytes, s->embd + (int64_t) i * w->ne[0], w->ne[0]);
     }
-    s->be->upload(s->be, s->x, s->embd, sizeof(float) * (uint64_t) n * (uint64_t) w->ne[0]);
+    s->be->ops->upload(s->be, s->x, s->embd, sizeof(float) * (uint64_t) n * (uint64_t) w->ne[0]);
 }
 
 /* Runs n <= n_batch tokens through every layer; the logits of rows [first_out, n) go to out. */
@@ -290,7 +256,7 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
     s->prof_kind = n > 1;
     s->prof_tokens[s->prof_kind] += (uint64_t) n;
-    s->prof_t = now_us();
+    s->prof_t = rm_prof_now_us();
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
@@ -298,12 +264,12 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
         rm_moe_block(s, il, n);
     }
     if (out && first_out < n) {
-        s->be->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
+        s->be->ops->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
         const int32_t chunk = s->n_batch < RM_LOGIT_ROWS ? s->n_batch : RM_LOGIT_ROWS;
         for (int32_t i = first_out; i < n; i += chunk) {
             const int32_t c = n - i < chunk ? n - i : chunk;
             matmul(s, &m->output, s->xn + (int64_t) i * E, E, c, s->logits, V, 0);
-            s->be->download(s->be, out + (int64_t) (i - first_out) * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
+            s->be->ops->download(s->be, out + (int64_t) (i - first_out) * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
         }
         rm_prof_mark(s, RM_PROF_OUTPUT);
     }
@@ -337,9 +303,9 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         return rm_fail(RM_E_INVALID_ARG, "rm_session_eval: logits buffer holds %llu floats, %llu needed",
                        (unsigned long long) logits_cap, (unsigned long long) need);
     }
-    rm_status st = s->be->status(s->be);
+    rm_status st = s->be->ops->status(s->be);
     if (st != RM_OK) {
-        return rm_fail(st, "rm_session_eval: the %s backend failed earlier and cannot continue: %s", s->be->name,
+        return rm_fail(st, "rm_session_eval: the %s backend failed earlier and cannot continue: %s", s->be->ops->name,
                        rm_last_error());
     }
     pthread_mutex_lock(&s->m->lock);
@@ -357,7 +323,7 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         }
         const int32_t n_past0 = s->n_past;
         forward(s, tokens + done, nb, first_out, dst);
-        if ((st = s->be->status(s->be)) != RM_OK) {
+        if ((st = s->be->ops->status(s->be)) != RM_OK) {
             s->n_past = n_past0;
             break;
         }
@@ -607,7 +573,7 @@ rm_status rm_session_set_calibration(rm_session * s, int32_t on) {
     if (on && !s->m->residual) {
         return rm_fail(RM_E_STATE, "rm_session_set_calibration: the model was loaded without a residual sidecar");
     }
-    if (on && s->be->moe_experts) {
+    if (on && s->be->ops->moe_experts) {
         return rm_fail(RM_E_STATE, "rm_session_set_calibration: calibration runs on the CPU backend; load the model "
                        "without a GPU to calibrate");
     }

@@ -2,6 +2,8 @@
 #ifndef RM_SESSION_H
 #define RM_SESSION_H
 
+#include <time.h>
+
 #include "backend.h"
 #include "model.h"
 
@@ -72,7 +74,19 @@ struct rm_session {
     rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
 };
 
-/* Ends the current part of the profile (its time since the last mark goes to `part`). */
-void rm_prof_mark(rm_session * s, int part);
+static inline double rm_prof_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
+}
+
+/* Ends the current part of the profile (its time since the last mark goes to `part`). Inline:
+ * the forward pass (session.c) and the MoE block it calls (moe.c) both mark parts, and moe.c
+ * must not call back into session.c. */
+static inline void rm_prof_mark(rm_session * s, int part) {
+    const double t = rm_prof_now_us();
+    s->prof_us[s->prof_kind][part] += t - s->prof_t;
+    s->prof_t = t;
+}
 
 #endif

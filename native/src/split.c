@@ -1,8 +1,12 @@
-/* split.c - the host side of the CPU/device split of a MoE block (split.h). */
+/* split.c - the CPU/device split of a MoE block (split.h): the plan, the host's share, and the
+ * sequence of a block that every device runs. */
 #include "split.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "devweights.h"
 
@@ -121,7 +125,7 @@ void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, 
 static void host_mm(rm_backend * cpu, const rm_weight * w, int32_t e, const float * x, int64_t xs, int32_t n, float * y,
                     int64_t ys, int acc) {
     rm_matmul_args m = {w, e, x, xs, n, y, ys, acc};
-    cpu->matmul(cpu, &m);
+    cpu->ops->matmul(cpu, &m);
 }
 
 void rm_split_host_first(const rm_split_host * h, const rm_moe_args * a, const rm_split_plan * p) {
@@ -149,7 +153,7 @@ void rm_split_host_first(const rm_split_host * h, const rm_moe_args * a, const r
             host_mm(h->cpu, &L->gate_res, e, x, E, c_res, gg, F, 1);
             host_mm(h->cpu, &L->up_res, e, x, E, c_res, uu, F, 1);
         }
-        h->cpu->swiglu(h->cpu, gg, uu, (int64_t) cnt * F);
+        h->cpu->ops->swiglu(h->cpu, gg, uu, (int64_t) cnt * F);
         host_mm(h->cpu, &L->down_exps, e, gg, F, cnt, d, E, 0);
         if (c_res > 0) {
             host_mm(h->cpu, &L->down_res, e, gg, F, c_res, d, E, 1);
@@ -169,3 +173,192 @@ void rm_split_host_second(const rm_split_host * h, const rm_moe_args * a, const 
         host_mm(h->cpu, &a->L->down_res, fg->mat, h->hf + fg->row0 * F, F, fg->n, h->hr + fg->row0 * E, E, 0);
     }
 }
+
+/* ---- one block, for every device ---------------------------------------------------------- */
+
+int rm_split_init(rm_backend * be, rm_split_state * sp, const rm_model * m, int32_t n_batch) {
+    const rm_split_device_ops * d = sp->dev;
+    const rm_hparams * hp = &m->hp;
+    sp->max_slots = (int64_t) n_batch * hp->n_expert_used;
+    const uint64_t S = (uint64_t) sp->max_slots, E = (uint64_t) hp->n_embd, F = (uint64_t) hp->n_ff_exp;
+    const uint64_t f = sizeof(float);
+    const uint64_t sizes[10] = {f * S * E, f * S * F, f * S * F, f * S * E, f * S * F, f * S * F, f * S * F,
+                                f * S * E, f * S * E, rm_split_layout_for((int64_t) S).end};
+    memcpy(sp->dev_bytes, sizes, sizeof(sizes));
+    float ** bufs[9] = {&sp->xc, &sp->gc, &sp->uc, &sp->dc, &sp->gf, &sp->uf, &sp->hf, &sp->df, &sp->hr};
+    for (int i = 0; i < 9; i++) {
+        if (!(*bufs[i] = d->dev_alloc(be, sizes[i]))) return 0;
+    }
+    if (!(sp->tab = d->dev_alloc(be, sizes[9]))) return 0;
+    if (sp->upload_min_tokens > 0 && m->residual) {
+        sp->stage_bytes = RM_SPLIT_STAGE_MAX * rm_split_stage_bytes(m);
+        if (!(sp->stage = d->dev_alloc(be, sp->stage_bytes))) return 0;
+    }
+    if (!(sp->tab_h = d->host_alloc(be, sizes[9])) || !(sp->x_h = d->host_alloc(be, f * (uint64_t) n_batch * E)) ||
+        !(sp->gf_h = d->host_alloc(be, f * S * F)) || !(sp->uf_h = d->host_alloc(be, f * S * F)) ||
+        !(sp->hf_h = d->host_alloc(be, f * S * F)) || !(sp->hr_h = d->host_alloc(be, f * S * E))) {
+        return 0;
+    }
+    sp->xs = malloc(f * S * E);
+    sp->gs = malloc(f * S * F);
+    sp->us = malloc(f * S * F);
+    sp->host_groups = malloc(sizeof(int32_t) * 4 * (size_t) hp->n_expert);
+    if (!sp->xs || !sp->gs || !sp->us || !sp->host_groups) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "%s: out of host memory for the split's scratch", sp->who);
+        return d->fail(be, RM_E_OOM, msg);
+    }
+    return 1;
+}
+
+void rm_split_free(rm_backend * be, rm_split_state * sp) {
+    const rm_split_device_ops * d = sp->dev;
+    float * bufs[9] = {sp->xc, sp->gc, sp->uc, sp->dc, sp->gf, sp->uf, sp->hf, sp->df, sp->hr};
+    for (int i = 0; i < 9; i++) {
+        if (bufs[i]) d->dev_free(be, bufs[i], sp->dev_bytes[i]);
+    }
+    if (sp->tab) d->dev_free(be, sp->tab, sp->dev_bytes[9]);
+    if (sp->stage) d->dev_free(be, sp->stage, sp->stage_bytes);
+    void * pins[6] = {sp->tab_h, sp->x_h, sp->gf_h, sp->uf_h, sp->hf_h, sp->hr_h};
+    for (int i = 0; i < 6; i++) {
+        if (pins[i]) d->host_free(be, pins[i]);
+    }
+    free(sp->xs);
+    free(sp->gs);
+    free(sp->us);
+    free(sp->host_groups);
+    sp->xc = sp->gc = sp->uc = sp->dc = sp->gf = sp->uf = sp->hf = sp->df = sp->hr = NULL;
+    sp->tab = sp->stage = sp->tab_h = NULL;
+    sp->x_h = sp->gf_h = sp->uf_h = sp->hf_h = sp->hr_h = sp->xs = sp->gs = sp->us = NULL;
+    sp->host_groups = NULL;
+}
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
+}
+
+#define RM_STEP(call) if (!(call)) return
+
+void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
+    const rm_split_device_ops * d = sp->dev;
+    const rm_layer * L = a->L;
+    const int il = a->layer;
+    const int32_t K = a->n_expert_used, S = a->n_tok * K;
+    const int64_t E = a->n_embd, F = a->n_ff;
+    const uint64_t f = sizeof(float);
+    be->layer_cpu_us[il] = be->layer_gpu_us[il] = 0.0f;
+    if (d->has_error(be) || S <= 0) return;
+    if (S > sp->max_slots) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "%s: %d slots exceed the split's %lld", sp->who, S, (long long) sp->max_slots);
+        d->fail(be, RM_E_INTERNAL, msg);
+        return;
+    }
+    rm_split_plan p;
+    const int can_stage = sp->stage && d->can_stage(be, L);
+    rm_split_make_plan(a, sp->exp_tab, can_stage, sp->upload_min_tokens, sp->tab_h, sp->host_groups, &p);
+    const int host_work = p.n_host_rows > 0;   /* fix rows and host experts' rows */
+    uint8_t * td = sp->tab;
+
+    /* the device's base work, and the copies the host needs from it */
+    RM_STEP(d->upload(be, td, sp->tab_h, p.lay.end, "split: tables"));
+    be->stats.h2d_bytes += p.lay.end;
+    RM_STEP(d->gather(be, sp->xc, a->xn, (const int32_t *) (td + p.lay.tok_of_row), S, E, "split: gather"));
+    if (host_work) {
+        RM_STEP(d->download(be, sp->x_h, a->xn, f * (uint64_t) a->n_tok * (uint64_t) E, "split: input down"));
+        RM_STEP(d->record(be, RM_SPLIT_EV_INPUT, il, "split: event"));
+        be->stats.d2h_bytes += f * (uint64_t) a->n_tok * (uint64_t) E;
+        RM_STEP(d->record(be, RM_SPLIT_EV_BASE0, il, "split: event"));
+    }
+    const rm_split_group * groups_d = (const rm_split_group *) (td + p.lay.groups);
+    if (p.n_groups) {
+        RM_STEP(d->experts_matmul(be, &L->gate_exps, il, RM_EXP_GATE, E, F, groups_d, p.n_groups, p.max_c, sp->xc, E,
+                                  sp->gc, F, "split: gate"));
+        RM_STEP(d->experts_matmul(be, &L->up_exps, il, RM_EXP_UP, E, F, groups_d, p.n_groups, p.max_c, sp->xc, E,
+                                  sp->uc, F, "split: up"));
+    }
+    const rm_weight * res[3] = {&L->gate_res, &L->up_res, &L->down_res};
+    const uint8_t * staged[RM_SPLIT_STAGE_MAX][3];
+    for (int k = 0; k < p.n_stage; k++) {    /* prefill: this expert's residual goes to the device */
+        uint8_t * dst = sp->stage + (uint64_t) k * (sp->stage_bytes / RM_SPLIT_STAGE_MAX);
+        for (int m = 0; m < 3; m++) {
+            const uint64_t bytes = res[m]->row_bytes * (uint64_t) res[m]->ne[1];
+            RM_STEP(d->upload(be, dst, rm_weight_matrix(res[m], p.stage[k].mat), bytes, "split: residual to the GPU"));
+            be->stats.h2d_bytes += bytes;
+            be->stats.h2d_weight_bytes += bytes;
+            staged[k][m] = dst;
+            dst += bytes;
+        }
+        const int64_t r0 = p.stage[k].row0;
+        RM_STEP(d->staged_matmul(be, &L->gate_res, staged[k][0], E, F, p.stage[k].n, sp->xc + r0 * E, E,
+                                 sp->gc + r0 * F, F, "split: staged gate residual"));
+        RM_STEP(d->staged_matmul(be, &L->up_res, staged[k][1], E, F, p.stage[k].n, sp->xc + r0 * E, E,
+                                 sp->uc + r0 * F, F, "split: staged up residual"));
+    }
+    if (p.n_fix) {
+        const int32_t * fix_rows = (const int32_t *) (td + p.lay.fix_rows);
+        const uint64_t bytes = f * (uint64_t) p.n_fix * (uint64_t) F;
+        RM_STEP(d->gather(be, sp->gf, sp->gc, fix_rows, p.n_fix, F, "split: gather fix rows"));
+        RM_STEP(d->gather(be, sp->uf, sp->uc, fix_rows, p.n_fix, F, "split: gather fix rows"));
+        RM_STEP(d->download(be, sp->gf_h, sp->gf, bytes, "split: fix rows down"));
+        RM_STEP(d->download(be, sp->uf_h, sp->uf, bytes, "split: fix rows down"));
+        RM_STEP(d->record(be, RM_SPLIT_EV_FIX, il, "split: event"));
+        be->stats.d2h_bytes += 2 * bytes;
+    }
+    RM_STEP(d->swiglu(be, sp->gc, sp->uc, (int64_t) S * F, "split: swiglu"));
+    if (p.n_groups) {
+        RM_STEP(d->experts_matmul(be, &L->down_exps, il, RM_EXP_DOWN, F, E, groups_d, p.n_groups, p.max_c, sp->gc, F,
+                                  sp->dc, E, "split: down"));
+    }
+    for (int k = 0; k < p.n_stage; k++) {
+        const int64_t r0 = p.stage[k].row0;
+        RM_STEP(d->staged_matmul(be, &L->down_res, staged[k][2], F, E, p.stage[k].n, sp->gc + r0 * F, F,
+                                 sp->dc + r0 * E, E, "split: staged down residual"));
+    }
+    RM_STEP(d->combine(be, a->out, sp->dc, (const int32_t *) (td + p.lay.slot_row), (const float *) (td + p.lay.w_gpu),
+                       a->n_tok, K, E, "split: combine"));
+    if (!host_work) {
+        return;
+    }
+    RM_STEP(d->record(be, RM_SPLIT_EV_BASE1, il, "split: event"));
+
+    /* the host's share, while the device runs the above */
+    be->stats.n_syncs++;
+    RM_STEP(d->wait(be, RM_SPLIT_EV_INPUT, "split: waiting for the block input"));
+    const rm_split_host hs = {sp->host, sp->x_h, sp->xs, sp->gs, sp->us, sp->gf_h, sp->uf_h, sp->hf_h, sp->hr_h};
+    double t = now_us();
+    rm_split_host_first(&hs, a, &p);
+    double host_us = now_us() - t;
+    if (p.n_fix) {
+        be->stats.n_syncs++;
+        RM_STEP(d->wait(be, RM_SPLIT_EV_FIX, "split: waiting for the fix rows"));
+        t = now_us();
+        rm_split_host_second(&hs, a, &p);
+        host_us += now_us() - t;
+    }
+    be->layer_cpu_us[il] = (float) host_us;
+    be->stats.n_layer_steps++;
+    be->stats.host_ms += host_us / 1000.0;
+    d->layer_timed(be, il, host_us);
+
+    /* the fix-up: h'.B_d for the fix rows, and the host results, into the sum */
+    if (p.n_fix) {
+        const uint64_t bytes = f * (uint64_t) p.n_fix * (uint64_t) F;
+        RM_STEP(d->upload(be, sp->hf, sp->hf_h, bytes, "split: h' up"));
+        be->stats.h2d_bytes += bytes;
+        RM_STEP(d->experts_matmul(be, &L->down_exps, il, RM_EXP_DOWN, F, E,
+                                  (const rm_split_group *) (td + p.lay.fix_groups), p.n_fix_groups, p.max_fix, sp->hf, F,
+                                  sp->df, E, "split: fix down"));
+        RM_STEP(d->combine(be, a->out, sp->df, (const int32_t *) (td + p.lay.fix_of_slot),
+                           (const float *) (td + p.lay.w_fix), a->n_tok, K, E, "split: combine fix rows"));
+    }
+    const uint64_t bytes = f * (uint64_t) p.n_host_rows * (uint64_t) E;
+    RM_STEP(d->upload(be, sp->hr, sp->hr_h, bytes, "split: host results up"));
+    be->stats.h2d_bytes += bytes;
+    RM_STEP(d->combine(be, a->out, sp->hr, (const int32_t *) (td + p.lay.host_of_slot),
+                       (const float *) (td + p.lay.w_host), a->n_tok, K, E, "split: combine host rows"));
+}
+
+#undef RM_STEP

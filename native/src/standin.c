@@ -1,5 +1,14 @@
-/* standin.c - the CPU stand-in for the GPU (standin.h). */
-#include "standin.h"
+/* standin.c - a CPU stand-in for the GPU, to run the CPU/device split without one.
+ *
+ * The stand-in is a second CPU backend posing as a device: its own buffers under its own memory
+ * budget (counted as the CUDA device counts them), the same placement of weights (devweights.h,
+ * copied into its arena at load, so the forward pass never reads the mapped file's weights
+ * through it), explicit copies across a "bus" that count every byte both ways, and the same
+ * split of each MoE block (split.h) between its ops and host threads. Its kernels are the CPU
+ * backend's, so its logits must equal the CPU's up to the order of float sums. Loaded with
+ * use_gpu = RM_GPU_STANDIN (rapidmoe.h): it is rm_device_standin (device.h).
+ * tests/test_split_standin.py exercises it. */
+#include "device.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +19,7 @@
 #include "split.h"
 #include "status.h"
 
-struct rm_standin {
+typedef struct rm_standin {
     uint64_t        budget;       /* 0: no cap */
     uint64_t        used;         /* bytes held: the arena, the expert table and every session's */
     uint8_t *       arena;
@@ -19,7 +28,7 @@ struct rm_standin {
     uint64_t        exp_tab_bytes;
     int32_t         n_experts_on_dev;
     int32_t         upload_min_tokens;
-};
+} rm_standin;
 
 /* Zeroed memory under the budget; NULL with the error set. */
 static void * dev_malloc(rm_standin * d, uint64_t bytes, const char * what) {
@@ -45,7 +54,9 @@ static void dev_free(rm_standin * d, void * p, uint64_t bytes) {
     }
 }
 
-rm_status rm_standin_open(const rm_model * m, const rm_model_params * p, rm_standin ** out) {
+static void standin_close(void * dev);
+
+static rm_status standin_open(const rm_model * m, const rm_model_params * p, void ** out, char * note, size_t note_cap) {
     *out = NULL;
     rm_standin * d = calloc(1, sizeof(*d));
     if (!d || !rm_dev_weights_list(m, p->expert_on_gpu, NULL, &d->weights)) {
@@ -58,7 +69,7 @@ rm_status rm_standin_open(const rm_model * m, const rm_model_params * p, rm_stan
     d->exp_tab_bytes = sizeof(uint8_t *) * (uint64_t) n_tab;
     if (!(d->arena = dev_malloc(d, d->weights.bytes, "rm_model_load: the weights placed on the GPU")) ||
         !(d->exp_tab = dev_malloc(d, d->exp_tab_bytes, "rm_model_load: the expert tables"))) {
-        rm_standin_close(d);
+        standin_close(d);
         return RM_E_OOM;
     }
     rm_dev_weights_place(&d->weights, d->arena);
@@ -70,7 +81,8 @@ rm_status rm_standin_open(const rm_model * m, const rm_model_params * p, rm_stan
     return RM_OK;
 }
 
-void rm_standin_close(rm_standin * d) {
+static void standin_close(void * dev) {
+    rm_standin * d = dev;
     if (!d) {
         return;
     }
@@ -80,7 +92,8 @@ void rm_standin_close(rm_standin * d) {
     free(d);
 }
 
-void rm_standin_describe(const rm_standin * d, rm_gpu_info * info) {
+static void standin_describe(const void * dev, rm_gpu_info * info) {
+    const rm_standin * d = dev;
     info->device = 0;
     snprintf(info->device_name, sizeof(info->device_name), "CPU stand-in device");
     info->weight_bytes = d->weights.bytes;
@@ -106,16 +119,9 @@ typedef struct sb_ctx {
     int64_t          n_allocs, cap_allocs;
     int32_t          n_batch;
     float *          cpu_us, * dev_us;
-    /* the split's buffers, as the CUDA backend has them (backend.cuh, cuda_split) */
-    int64_t          max_slots;
-    float *          xc, * gc, * uc, * dc, * gf, * uf, * hf, * df, * hr;   /* device */
-    uint8_t *        tab;                                               /* device: the plan's tables */
-    uint8_t *        stage;                                             /* device: residual copies */
-    uint64_t         stage_bytes;
+    double           base_t0, base_t1;   /* the current layer's base work (split.h marks) */
+    rm_split_state   sp;          /* the split of the MoE blocks (split.h) */
     void *           routes_d, * idx_d, * scale_d;                      /* device: routing, indices */
-    uint8_t *        tab_h;                                             /* host */
-    float *          x_h, * gf_h, * uf_h, * hf_h, * hr_h, * xs, * gs, * us;
-    int32_t *        host_groups;
 } sb_ctx;
 
 static sb_ctx * ctx_of(rm_backend * be) { return (sb_ctx *) be->ctx; }
@@ -214,7 +220,7 @@ static void dev_matmul(sb_ctx * c, const rm_weight * w, int64_t mat, const float
     rm_weight dw;
     if (c->err || n <= 0 || !dev_weight(c, w, mat, &dw)) return;
     rm_matmul_args a = {&dw, 0, x, xs, n, y, ys, acc};
-    c->dev->matmul(c->dev, &a);
+    c->dev->ops->matmul(c->dev, &a);
 }
 
 static void sb_matmul(rm_backend * be, const rm_matmul_args * a) {
@@ -223,47 +229,47 @@ static void sb_matmul(rm_backend * be, const rm_matmul_args * a) {
 
 static void sb_attention(rm_backend * be, const rm_attn_args * a) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->attention(c->dev, a);
+    if (!c->err) c->dev->ops->attention(c->dev, a);
 }
 
 static void sb_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,
                        float eps) {
     sb_ctx * c = ctx_of(be);
     rm_weight dw;
-    if (!c->err && dev_weight(c, w, 0, &dw)) c->dev->rmsnorm(c->dev, y, x, &dw, n_rows, n, eps);
+    if (!c->err && dev_weight(c, w, 0, &dw)) c->dev->ops->rmsnorm(c->dev, y, x, &dw, n_rows, n, eps);
 }
 
 static void sb_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                     int32_t pos0, float base, int neox) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->rope(c->dev, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox);
+    if (!c->err) c->dev->ops->rope(c->dev, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox);
 }
 
 static void sb_add(rm_backend * be, float * y, const float * x, int64_t n) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->add(c->dev, y, x, n);
+    if (!c->err) c->dev->ops->add(c->dev, y, x, n);
 }
 
 static void sb_add_bias(rm_backend * be, float * y, const rm_weight * b, int64_t n_rows, int64_t n) {
     sb_ctx * c = ctx_of(be);
     rm_weight db;
-    if (!c->err && dev_weight(c, b, 0, &db)) c->dev->add_bias(c->dev, y, &db, n_rows, n);
+    if (!c->err && dev_weight(c, b, 0, &db)) c->dev->ops->add_bias(c->dev, y, &db, n_rows, n);
 }
 
 static void sb_add_gated(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_rows, int64_t n) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->add_gated(c->dev, y, x, gate, n_rows, n);
+    if (!c->err) c->dev->ops->add_gated(c->dev, y, x, gate, n_rows, n);
 }
 
 static void sb_swiglu(rm_backend * be, float * g, const float * u, int64_t n) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->swiglu(c->dev, g, u, n);
+    if (!c->err) c->dev->ops->swiglu(c->dev, g, u, n);
 }
 
 /* Index arrays go up before a gather or scatter, as on the GPU. */
 static int index_up(rm_backend * be, int32_t n, int with_scale) {
     sb_ctx * c = ctx_of(be);
-    if (n > c->max_slots) {
+    if (n > c->sp.max_slots) {
         set_error(c, RM_E_INTERNAL, "stand-in backend: more rows than a batch has slots");
         return 0;
     }
@@ -274,13 +280,13 @@ static int index_up(rm_backend * be, int32_t n, int with_scale) {
 static void sb_gather_rows(rm_backend * be, float * dst, const float * src, const int32_t * rows, int32_t n,
                            int64_t width) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err && index_up(be, n, 0)) c->dev->gather_rows(c->dev, dst, src, rows, n, width);
+    if (!c->err && index_up(be, n, 0)) c->dev->ops->gather_rows(c->dev, dst, src, rows, n, width);
 }
 
 static void sb_scatter_add(rm_backend * be, float * dst, const float * src, const int32_t * rows, const float * scale,
                            int32_t n, int64_t width) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err && index_up(be, n, 1)) c->dev->scatter_add(c->dev, dst, src, rows, scale, n, width);
+    if (!c->err && index_up(be, n, 1)) c->dev->ops->scatter_add(c->dev, dst, src, rows, scale, n, width);
 }
 
 /* The router on the device; its choices come down to the host, where the policy decides. */
@@ -288,15 +294,76 @@ static void sb_route(rm_backend * be, const float * logits, int32_t n_tok, int32
                      rm_route * out) {
     sb_ctx * c = ctx_of(be);
     if (c->err) return;
-    c->dev->route(c->dev, logits, n_tok, n_expert, k, norm, (rm_route *) c->routes_d);
+    c->dev->ops->route(c->dev, logits, n_tok, n_expert, k, norm, (rm_route *) c->routes_d);
     sb_download(be, out, c->routes_d, sizeof(rm_route) * (uint64_t) n_tok * (uint64_t) k);
 }
 
-/* ---- the split: the device's part, on the device's buffers (cf. native/cuda/split.cu) ------ */
+/* ---- the split's device operations (split.h), on the device's buffers -------------------- */
 
-/* out[t] += sum over t's slots s with row[s] >= 0 of w[s] * src[row[s]] (the GPU's k_combine). */
-static void combine(float * out, const float * src, const int32_t * row, const float * w, int32_t n_tok, int32_t K,
-                    int64_t E) {
+static int sd_fail(rm_backend * be, rm_status st, const char * msg) {
+    set_error(ctx_of(be), st, msg);
+    return 0;
+}
+
+static int sd_has_error(rm_backend * be) { return ctx_of(be)->err != RM_OK; }
+
+static void sd_dev_free(rm_backend * be, void * p, uint64_t bytes) { sb_release(be, p); }
+
+static void * sd_host_alloc(rm_backend * be, uint64_t bytes) {
+    void * p = malloc(bytes ? bytes : 1);
+    if (!p) set_error(ctx_of(be), RM_E_OOM, "stand-in backend: out of host memory for the split's scratch");
+    return p;
+}
+
+static void sd_host_free(rm_backend * be, void * p) { free(p); }
+
+static int sd_can_stage(rm_backend * be, const rm_layer * L) { return L->gate_res.data != NULL; }
+
+/* Copies across the bus; the sequence counts them. */
+static int sd_copy(rm_backend * be, void * dst, const void * src, uint64_t bytes, const char * what) {
+    if (ctx_of(be)->err) return 0;
+    if (bytes) memcpy(dst, src, bytes);
+    return 1;
+}
+
+static int sd_gather(rm_backend * be, float * dst, const float * src, const int32_t * rows, int32_t n, int64_t width,
+                     const char * what) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->gather_rows(c->dev, dst, src, rows, n, width);
+    return !c->err;
+}
+
+static int sd_experts_matmul(rm_backend * be, const rm_weight * w, int il, int which, int64_t n_in, int64_t n_out,
+                             const rm_split_group * g, int32_t n_groups, int32_t max_rows, const float * x, int64_t xs,
+                             float * y, int64_t ys, const char * what) {
+    sb_ctx * c = ctx_of(be);
+    for (int32_t k = 0; k < n_groups; k++) {
+        dev_matmul(c, w, g[k].mat, x + g[k].row0 * xs, xs, g[k].n, y + g[k].row0 * ys, ys, 0);
+    }
+    return !c->err;
+}
+
+static int sd_staged_matmul(rm_backend * be, const rm_weight * w, const uint8_t * data, int64_t n_in, int64_t n_out,
+                            int32_t n, const float * x, int64_t xs, float * y, int64_t ys, const char * what) {
+    sb_ctx * c = ctx_of(be);
+    rm_weight dw = *w;
+    dw.data = data;
+    dw.ne[2] = 1;
+    rm_matmul_args a = {&dw, 0, x, xs, n, y, ys, 1};
+    if (!c->err) c->dev->ops->matmul(c->dev, &a);
+    return !c->err;
+}
+
+static int sd_swiglu(rm_backend * be, float * g, const float * u, int64_t n, const char * what) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->swiglu(c->dev, g, u, n);
+    return !c->err;
+}
+
+/* The GPU's k_combine, a token's slots in order. */
+static int sd_combine(rm_backend * be, float * out, const float * src, const int32_t * row, const float * w,
+                      int32_t n_tok, int32_t K, int64_t E, const char * what) {
+    if (ctx_of(be)->err) return 0;
     for (int32_t t = 0; t < n_tok; t++) {
         float * y = out + (int64_t) t * E;
         for (int32_t k = 0; k < K; k++) {
@@ -306,117 +373,48 @@ static void combine(float * out, const float * src, const int32_t * row, const f
             for (int64_t i = 0; i < E; i++) y[i] += w[s] * x[i];
         }
     }
+    return 1;
 }
 
-static void grouped(sb_ctx * c, const rm_weight * w, const rm_split_group * g, int32_t n_groups, const float * x,
-                    int64_t xs, float * y, int64_t ys) {
-    for (int32_t k = 0; k < n_groups; k++) {
-        dev_matmul(c, w, g[k].mat, x + g[k].row0 * xs, xs, g[k].n, y + g[k].row0 * ys, ys, 0);
-    }
-}
-
-/* A residual matrix copied into the staging buffer: a weight of the device's. */
-static rm_weight staged_copy(rm_backend * be, const rm_weight * w, int64_t e, uint8_t ** dst) {
-    const uint64_t bytes = w->row_bytes * (uint64_t) w->ne[1];
-    memcpy(*dst, rm_weight_matrix(w, e), bytes);
-    be->stats.h2d_bytes += bytes;
-    be->stats.h2d_weight_bytes += bytes;
-    rm_weight out = *w;
-    out.data = *dst;
-    out.ne[2] = 1;
-    *dst += bytes;
-    return out;
-}
-
-static void sb_moe_experts(rm_backend * be, const rm_moe_args * a) {
+/* The device's work has run when it was queued: a mark is the time, a wait has nothing to wait for. */
+static int sd_record(rm_backend * be, int ev, int il, const char * what) {
     sb_ctx * c = ctx_of(be);
-    const rm_layer * L = a->L;
-    const int il = a->layer;
-    const int32_t K = a->n_expert_used, S = a->n_tok * K;
-    const int64_t E = a->n_embd, F = a->n_ff;
-    const uint64_t f = sizeof(float);
-    c->cpu_us[il] = c->dev_us[il] = 0.0f;
-    if (c->err || S <= 0) return;
-    if (S > c->max_slots) {
-        set_error(c, RM_E_INTERNAL, "stand-in backend: more slots than the split's scratch holds");
-        return;
-    }
-    rm_split_plan p;
-    rm_split_make_plan(a, c->d->exp_tab, c->stage != NULL && L->gate_res.data, c->d->upload_min_tokens, c->tab_h,
-                       c->host_groups, &p);
-    const int host_work = p.n_host_rows > 0;
-    sb_upload(be, c->tab, c->tab_h, p.lay.end);
-    const int32_t * tab_tok = (const int32_t *) (c->tab + p.lay.tok_of_row);
+    if (ev == RM_SPLIT_EV_BASE0) c->base_t0 = now_us();
+    if (ev == RM_SPLIT_EV_BASE1) c->base_t1 = now_us();
+    return !c->err;
+}
 
-    /* the device's base work, and the copies the host needs from it */
-    double t0 = now_us();
-    c->dev->gather_rows(c->dev, c->xc, a->xn, tab_tok, S, E);
-    if (host_work) {
-        sb_download(be, c->x_h, a->xn, f * (uint64_t) a->n_tok * (uint64_t) E);
-    }
-    const rm_split_group * groups = (const rm_split_group *) (c->tab + p.lay.groups);
-    grouped(c, &L->gate_exps, groups, p.n_groups, c->xc, E, c->gc, F);
-    grouped(c, &L->up_exps, groups, p.n_groups, c->xc, E, c->uc, F);
-    rm_weight staged[RM_SPLIT_STAGE_MAX][3];
-    uint8_t * dst = c->stage;
-    for (int k = 0; k < p.n_stage; k++) {    /* prefill: this expert's residual goes to the device */
-        const int32_t e = p.stage[k].mat, r0 = p.stage[k].row0, n = p.stage[k].n;
-        staged[k][0] = staged_copy(be, &L->gate_res, e, &dst);
-        staged[k][1] = staged_copy(be, &L->up_res, e, &dst);
-        staged[k][2] = staged_copy(be, &L->down_res, e, &dst);
-        rm_matmul_args g = {&staged[k][0], 0, c->xc + r0 * E, E, n, c->gc + r0 * F, F, 1};
-        rm_matmul_args u = {&staged[k][1], 0, c->xc + r0 * E, E, n, c->uc + r0 * F, F, 1};
-        c->dev->matmul(c->dev, &g);
-        c->dev->matmul(c->dev, &u);
-    }
-    if (p.n_fix) {
-        const int32_t * fix_rows = (const int32_t *) (c->tab + p.lay.fix_rows);
-        c->dev->gather_rows(c->dev, c->gf, c->gc, fix_rows, p.n_fix, F);
-        c->dev->gather_rows(c->dev, c->uf, c->uc, fix_rows, p.n_fix, F);
-        sb_download(be, c->gf_h, c->gf, f * (uint64_t) p.n_fix * (uint64_t) F);
-        sb_download(be, c->uf_h, c->uf, f * (uint64_t) p.n_fix * (uint64_t) F);
-    }
-    c->dev->swiglu(c->dev, c->gc, c->uc, (int64_t) S * F);
-    grouped(c, &L->down_exps, groups, p.n_groups, c->gc, F, c->dc, E);
-    for (int k = 0; k < p.n_stage; k++) {
-        const int32_t r0 = p.stage[k].row0;
-        rm_matmul_args d = {&staged[k][2], 0, c->gc + r0 * F, F, p.stage[k].n, c->dc + r0 * E, E, 1};
-        c->dev->matmul(c->dev, &d);
-    }
-    combine(a->out, c->dc, (const int32_t *) (c->tab + p.lay.slot_row), (const float *) (c->tab + p.lay.w_gpu),
-            a->n_tok, K, E);
-    const double dev_us = now_us() - t0;
-    if (!host_work || c->err) {
-        return;
-    }
+static int sd_wait(rm_backend * be, int ev, const char * what) { return !ctx_of(be)->err; }
 
-    /* the host's share (on the GPU it runs while the device works; here it follows) */
-    const rm_split_host hs = {c->host, c->x_h, c->xs, c->gs, c->us, c->gf_h, c->uf_h, c->hf_h, c->hr_h};
-    double t = now_us();
-    rm_split_host_first(&hs, a, &p);
-    if (p.n_fix) {
-        rm_split_host_second(&hs, a, &p);
-    }
-    const double host_us = now_us() - t;
-    c->cpu_us[il] = (float) host_us;
+static void sd_layer_timed(rm_backend * be, int il, double host_us) {
+    sb_ctx * c = ctx_of(be);
+    const double dev_us = c->base_t1 - c->base_t0;
     c->dev_us[il] = (float) dev_us;
-    be->stats.n_layer_steps++;
-    be->stats.host_ms += host_us / 1000.0;
     be->stats.device_ms += dev_us / 1000.0;
     be->stats.n_stalls += host_us > dev_us;
-
-    /* the fix-up: h'.B_d of the fix rows, and the host results, into the sum */
-    if (p.n_fix) {
-        sb_upload(be, c->hf, c->hf_h, f * (uint64_t) p.n_fix * (uint64_t) F);
-        grouped(c, &L->down_exps, (const rm_split_group *) (c->tab + p.lay.fix_groups), p.n_fix_groups, c->hf, F,
-                c->df, E);
-        combine(a->out, c->df, (const int32_t *) (c->tab + p.lay.fix_of_slot), (const float *) (c->tab + p.lay.w_fix),
-                a->n_tok, K, E);
-    }
-    sb_upload(be, c->hr, c->hr_h, f * (uint64_t) p.n_host_rows * (uint64_t) E);
-    combine(a->out, c->hr, (const int32_t *) (c->tab + p.lay.host_of_slot), (const float *) (c->tab + p.lay.w_host),
-            a->n_tok, K, E);
 }
+
+static const rm_split_device_ops STANDIN_SPLIT_OPS = {
+    .dev_alloc      = sb_alloc,
+    .dev_free       = sd_dev_free,
+    .host_alloc     = sd_host_alloc,
+    .host_free      = sd_host_free,
+    .fail           = sd_fail,
+    .has_error      = sd_has_error,
+    .can_stage      = sd_can_stage,
+    .upload         = sd_copy,
+    .download       = sd_copy,
+    .gather         = sd_gather,
+    .experts_matmul = sd_experts_matmul,
+    .staged_matmul  = sd_staged_matmul,
+    .swiglu         = sd_swiglu,
+    .combine        = sd_combine,
+    .record         = sd_record,
+    .wait           = sd_wait,
+    .layer_timed    = sd_layer_timed,
+};
+
+static void sb_moe_experts(rm_backend * be, const rm_moe_args * a) { rm_split_run(be, &ctx_of(be)->sp, a); }
 
 /* ---- lifetime ------------------------------------------------------------------------------- */
 
@@ -426,16 +424,13 @@ static void sb_free(rm_backend * be) {
     }
     sb_ctx * c = ctx_of(be);
     if (c) {
+        rm_split_free(be, &c->sp);
         while (c->n_allocs > 0) {
             sb_release(be, c->allocs[c->n_allocs - 1].p);
         }
         free(c->allocs);
-        if (c->dev) c->dev->free(c->dev);
-        if (c->host) c->host->free(c->host);
-        float * host_bufs[] = {c->x_h, c->gf_h, c->uf_h, c->hf_h, c->hr_h, c->xs, c->gs, c->us};
-        for (size_t i = 0; i < sizeof(host_bufs) / sizeof(host_bufs[0]); i++) free(host_bufs[i]);
-        free(c->tab_h);
-        free(c->host_groups);
+        if (c->dev) c->dev->ops->free(c->dev);
+        if (c->host) c->host->ops->free(c->host);
         free(c->cpu_us);
         free(c->dev_us);
         free(c);
@@ -443,46 +438,46 @@ static void sb_free(rm_backend * be) {
     free(be);
 }
 
-/* The split's buffers, the sizes the CUDA backend allocates (so the planner's sums hold for both). */
+static const rm_backend_ops STANDIN_OPS = {
+    .name        = "standin",
+    .alloc       = sb_alloc,
+    .release     = sb_release,
+    .upload      = sb_upload,
+    .download    = sb_download,
+    .copy        = sb_copy,
+    .zero        = sb_zero,
+    .status      = sb_status,
+    .matmul      = sb_matmul,
+    .attention   = sb_attention,
+    .rmsnorm     = sb_rmsnorm,
+    .rope        = sb_rope,
+    .add         = sb_add,
+    .add_bias    = sb_add_bias,
+    .add_gated   = sb_add_gated,
+    .swiglu      = sb_swiglu,
+    .gather_rows = sb_gather_rows,
+    .scatter_add = sb_scatter_add,
+    .route       = sb_route,
+    .moe_experts = sb_moe_experts,
+    .free        = sb_free,
+};
+
+/* The routing and index buffers, then the split's scratch: what the CUDA backend allocates, in
+ * the same order (so the planner's sums and a budget's first failure hold for both). */
 static int split_init(rm_backend * be) {
     sb_ctx * c = ctx_of(be);
-    const rm_hparams * hp = &c->m->hp;
-    const uint64_t S = (uint64_t) c->max_slots, E = (uint64_t) hp->n_embd, F = (uint64_t) hp->n_ff_exp, f = sizeof(float);
-    const uint64_t tab = rm_split_layout_for((int64_t) S).end;
-    struct { void ** p; uint64_t bytes; } dev[] = {
-        {&c->routes_d, sizeof(rm_route) * S}, {&c->idx_d, sizeof(int32_t) * S}, {&c->scale_d, sizeof(float) * S},
-        {(void **) &c->xc, f * S * E}, {(void **) &c->gc, f * S * F}, {(void **) &c->uc, f * S * F},
-        {(void **) &c->dc, f * S * E}, {(void **) &c->gf, f * S * F}, {(void **) &c->uf, f * S * F},
-        {(void **) &c->hf, f * S * F}, {(void **) &c->df, f * S * E}, {(void **) &c->hr, f * S * E},
-        {(void **) &c->tab, tab},
-    };
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
-        if (!(*dev[i].p = sb_alloc(be, dev[i].bytes))) return 0;
-    }
-    if (c->d->upload_min_tokens > 0 && c->m->residual) {
-        c->stage_bytes = RM_SPLIT_STAGE_MAX * rm_split_stage_bytes(c->m);
-        if (!(c->stage = sb_alloc(be, c->stage_bytes))) return 0;
-    }
-    c->tab_h = malloc(tab);
-    c->x_h = malloc(f * (uint64_t) c->n_batch * E);
-    c->gf_h = malloc(f * S * F);
-    c->uf_h = malloc(f * S * F);
-    c->hf_h = malloc(f * S * F);
-    c->hr_h = malloc(f * S * E);
-    c->xs = malloc(f * S * E);
-    c->gs = malloc(f * S * F);
-    c->us = malloc(f * S * F);
-    c->host_groups = malloc(sizeof(int32_t) * 4 * (size_t) hp->n_expert);
-    if (!c->tab_h || !c->x_h || !c->gf_h || !c->uf_h || !c->hf_h || !c->hr_h || !c->xs || !c->gs || !c->us ||
-        !c->host_groups) {
-        set_error(c, RM_E_OOM, "stand-in backend: out of host memory for the split's scratch");
+    const uint64_t S = (uint64_t) c->sp.max_slots;
+    if (!(c->routes_d = sb_alloc(be, sizeof(rm_route) * S)) || !(c->idx_d = sb_alloc(be, sizeof(int32_t) * S)) ||
+        !(c->scale_d = sb_alloc(be, sizeof(float) * S))) {
         return 0;
     }
-    return 1;
+    return rm_split_init(be, &c->sp, c->m, c->n_batch);
 }
 
-rm_backend * rm_backend_standin_new(rm_standin * d, const rm_model * m, rm_pool * pool, int32_t n_batch,
-                                    int64_t max_in, int32_t n_ctx, rm_status * st) {
+static rm_backend * standin_backend_new(void * dev, const rm_model * m, int32_t n_batch, int64_t max_in, int32_t n_ctx,
+                                        rm_status * st) {
+    rm_standin * d = dev;
+    rm_pool * pool = m->pool;
     *st = RM_E_OOM;
     rm_backend * be = calloc(1, sizeof(*be));
     sb_ctx * c = calloc(1, sizeof(*c));
@@ -492,34 +487,18 @@ rm_backend * rm_backend_standin_new(rm_standin * d, const rm_model * m, rm_pool 
         rm_fail(RM_E_OOM, "rm_session_new: out of memory for the stand-in backend");
         return NULL;
     }
+    be->ops = &STANDIN_OPS;
     be->ctx = c;
-    be->name = "standin";
-    be->alloc = sb_alloc;
-    be->release = sb_release;
-    be->upload = sb_upload;
-    be->download = sb_download;
-    be->copy = sb_copy;
-    be->zero = sb_zero;
-    be->status = sb_status;
-    be->matmul = sb_matmul;
-    be->attention = sb_attention;
-    be->rmsnorm = sb_rmsnorm;
-    be->rope = sb_rope;
-    be->add = sb_add;
-    be->add_bias = sb_add_bias;
-    be->add_gated = sb_add_gated;
-    be->swiglu = sb_swiglu;
-    be->gather_rows = sb_gather_rows;
-    be->scatter_add = sb_scatter_add;
-    be->route = sb_route;
-    be->moe_experts = sb_moe_experts;
-    be->free = sb_free;
     snprintf(be->stats.backend, sizeof(be->stats.backend), "standin");
     be->stats.auto_budget = -1.0f;
     c->d = d;
     c->m = m;
     c->n_batch = n_batch;
-    c->max_slots = (int64_t) n_batch * m->hp.n_expert_used;
+    c->sp.dev = &STANDIN_SPLIT_OPS;
+    c->sp.exp_tab = d->exp_tab;
+    c->sp.upload_min_tokens = d->upload_min_tokens;
+    c->sp.who = "stand-in backend";
+    c->sp.max_slots = (int64_t) n_batch * m->hp.n_expert_used;
     c->cpu_us = calloc((size_t) m->hp.n_layer, sizeof(float));
     c->dev_us = calloc((size_t) m->hp.n_layer, sizeof(float));
     c->dev = rm_backend_cpu_new(pool, n_batch, max_in, n_ctx);
@@ -531,6 +510,7 @@ rm_backend * rm_backend_standin_new(rm_standin * d, const rm_model * m, rm_pool 
     }
     be->layer_cpu_us = c->cpu_us;
     be->layer_gpu_us = c->dev_us;
+    c->sp.host = c->host;
     if (!split_init(be)) {
         *st = c->err;
         rm_fail(c->err, "%s", c->msg);
@@ -540,3 +520,12 @@ rm_backend * rm_backend_standin_new(rm_standin * d, const rm_model * m, rm_pool 
     *st = RM_OK;
     return be;
 }
+
+const rm_device_ops rm_device_standin = {
+    .name        = "standin",
+    .kind        = RM_GPU_STANDIN,
+    .open        = standin_open,
+    .describe    = standin_describe,
+    .close       = standin_close,
+    .backend_new = standin_backend_new,
+};

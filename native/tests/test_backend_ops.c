@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "gpu.h"
+#include "device.h"
 #include "model.h"
 #include "tiny_gguf.h"
 #include "expect.h"
@@ -48,14 +48,14 @@ static float * randn(int64_t n, float scale) {
 }
 
 static float * put(rm_backend * be, const float * host, int64_t n) {
-    float * p = be->alloc(be, sizeof(float) * (uint64_t) n);
-    if (p) be->upload(be, p, host, sizeof(float) * (uint64_t) n);
+    float * p = be->ops->alloc(be, sizeof(float) * (uint64_t) n);
+    if (p) be->ops->upload(be, p, host, sizeof(float) * (uint64_t) n);
     return p;
 }
 
 static float * get(rm_backend * be, const float * dev, int64_t n) {
     float * h = malloc(sizeof(float) * (size_t) n);
-    be->download(be, h, dev, sizeof(float) * (uint64_t) n);
+    be->ops->download(be, h, dev, sizeof(float) * (uint64_t) n);
     return h;
 }
 
@@ -74,17 +74,17 @@ static void test_matmul(rm_backend * be, const rm_weight * w, int64_t mat, const
             float * x = randn(n * xs, 1.0f), * y0 = randn(n * ys, 1.0f);
             float * xd = put(be, x, n * xs), * yd = put(be, y0, n * ys);
             rm_matmul_args a = {w, mat, xd, xs, n, yd, ys, acc};
-            be->matmul(be, &a);
+            be->ops->matmul(be, &a);
             float * y = get(be, yd, n * ys);
-            if (!strcmp(be->name, "cpu")) {   /* a token's result does not depend on its batch */
+            if (!strcmp(be->ops->name, "cpu")) {   /* a token's result does not depend on its batch */
                 for (int t = 0; t < n; t++) {
                     float * y1 = put(be, y0 + t * ys, ys);
                     rm_matmul_args one = {w, mat, xd + t * xs, xs, 1, y1, ys, acc};
-                    be->matmul(be, &one);
+                    be->ops->matmul(be, &one);
                     float * got1 = get(be, y1, ys);
                     EXPECT(memcmp(got1, y + t * ys, sizeof(float) * (size_t) n_out) == 0,
-                           "%s matmul %s: token %d of %d differs from the same token alone", be->name, label, t, n);
-                    be->release(be, y1);
+                           "%s matmul %s: token %d of %d differs from the same token alone", be->ops->name, label, t, n);
+                    be->ops->release(be, y1);
                     free(got1);
                 }
             }
@@ -101,12 +101,12 @@ static void test_matmul(rm_backend * be, const rm_weight * w, int64_t mat, const
                     worst = fmax(worst, y[t * ys + r] == y0[t * ys + r] ? 0.0 : 1.0);
                 }
             }
-            be->release(be, xd);
-            be->release(be, yd);
+            be->ops->release(be, xd);
+            be->ops->release(be, yd);
             free(x), free(y0), free(y);
         }
     }
-    record(be->name, "matmul", label, worst, tol);
+    record(be->ops->name, "matmul", label, worst, tol);
     free(wd);
 }
 
@@ -114,7 +114,7 @@ static void test_matmul(rm_backend * be, const rm_weight * w, int64_t mat, const
  * so the same bits. Items mix token counts, shared and separate inputs (shared ones are quantized
  * once), residual rows (R: up_exps of the same expert) and accumulation. */
 static void test_matmul_many(rm_backend * be, const rm_model * m, const char * label) {
-    if (!be->matmul_many) return;
+    if (!be->ops->matmul_many) return;
     const rm_layer * L = &m->layers[0];
     const int64_t n_in = L->gate_exps.ne[0], n_out = L->gate_exps.ne[1];
     const int32_t X = (int32_t) L->gate_exps.ne[2], N = 5, n_items = 2 * X;
@@ -127,21 +127,21 @@ static void test_matmul_many(rm_backend * be, const rm_model * m, const char * l
         const float * in = xd + (i % 4 == 1 ? 0 : (int64_t) e * N * xs);    /* some items share row 0's inputs */
         items[i] = (rm_mm_item) {{&L->gate_exps, e, in, xs, n, ya + (int64_t) i * N * ys, ys, acc}, &L->up_exps, (i * 5) % (n + 1)};
     }
-    be->matmul_many(be, items, n_items);
+    be->ops->matmul_many(be, items, n_items);
     for (int32_t i = 0; i < n_items; i++) {
         rm_matmul_args a = items[i].a;
         a.y = yb + (int64_t) i * N * ys;
-        be->matmul(be, &a);
+        be->ops->matmul(be, &a);
         if (items[i].n_res > 0) {
             a.w = items[i].res, a.n_tok = items[i].n_res, a.accumulate = 1;
-            be->matmul(be, &a);
+            be->ops->matmul(be, &a);
         }
     }
     float * got = get(be, ya, N * ys * n_items), * want = get(be, yb, N * ys * n_items);
     int64_t differ = 0;
     for (int64_t k = 0; k < N * ys * n_items; k++) differ += memcmp(&got[k], &want[k], sizeof(float)) != 0;
-    record(be->name, "matmul_many", label, (double) differ, 0.0);
-    be->release(be, xd), be->release(be, ya), be->release(be, yb);
+    record(be->ops->name, "matmul_many", label, (double) differ, 0.0);
+    be->ops->release(be, xd), be->ops->release(be, ya), be->ops->release(be, yb);
     free(x), free(y0), free(got), free(want);
 }
 
@@ -154,9 +154,9 @@ static void test_attention(rm_backend * be) {
             const int pos0 = pi ? 17 : 0, n_tok = pi ? 6 : 1;
             float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
             float * qd = put(be, q, n_tok * H * D), * kd = put(be, k, N_CTX * HKV * D), * vd = put(be, v, N_CTX * HKV * D);
-            float * od = be->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+            float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
             rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D};
-            be->attention(be, &a);
+            be->ops->attention(be, &a);
             float * o = get(be, od, n_tok * H * D);
             for (int i = 0; i < n_tok; i++) {
                 for (int h = 0; h < H; h++) {
@@ -176,12 +176,12 @@ static void test_attention(rm_backend * be) {
                     }
                 }
             }
-            be->release(be, qd), be->release(be, kd), be->release(be, vd), be->release(be, od);
+            be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
             free(q), free(k), free(v), free(o);
         }
         char what[32];
         snprintf(what, sizeof(what), "head_dim %d", D);
-        record(be->name, "attention", what, worst / 4.0, 2e-5);   /* |v| <~ 4 */
+        record(be->ops->name, "attention", what, worst / 4.0, 2e-5);   /* |v| <~ 4 */
     }
 }
 
@@ -192,7 +192,7 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
     float * xd = put(be, x, R * N), * yd = put(be, y0, R * N), * gd = put(be, g, R);
     double e;
     /* rmsnorm */
-    be->rmsnorm(be, yd, xd, &L->attn_norm, R, N, 1e-6f);
+    be->ops->rmsnorm(be, yd, xd, &L->attn_norm, R, N, 1e-6f);
     float * y = get(be, yd, R * N);
     e = 0;
     for (int64_t i = 0; i < R; i++) {
@@ -204,13 +204,13 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
             e = fmax(e, fabs(y[i * N + j] - ref) / (fabs(ref) + 1e-3));
         }
     }
-    record(be->name, "rmsnorm", "5 rows", e, 1e-5);
+    record(be->ops->name, "rmsnorm", "5 rows", e, 1e-5);
     free(y);
     /* add, add_gated, swiglu */
-    be->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
-    be->add(be, yd, xd, R * N);
-    be->add_gated(be, yd, xd, gd, R, N);
-    be->swiglu(be, yd, xd, R * N);
+    be->ops->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
+    be->ops->add(be, yd, xd, R * N);
+    be->ops->add_gated(be, yd, xd, gd, R, N);
+    be->ops->swiglu(be, yd, xd, R * N);
     y = get(be, yd, R * N);
     e = 0;
     for (int64_t i = 0; i < R * N; i++) {
@@ -219,33 +219,33 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
         v = v / (1.0 + exp(-v)) * x[i];
         e = fmax(e, fabs(y[i] - v) / (fabs(v) + 1e-3));
     }
-    record(be->name, "add+add_gated+swiglu", "5 rows", e, 1e-5);
+    record(be->ops->name, "add+add_gated+swiglu", "5 rows", e, 1e-5);
     free(y);
     /* add_bias, when the model has one */
     if (L->bq.data) {
         const int64_t Q = L->bq.ne[0];
         float * q0 = randn(3 * Q, 1.0f);
         float * qd = put(be, q0, 3 * Q);
-        be->add_bias(be, qd, &L->bq, 3, Q);
+        be->ops->add_bias(be, qd, &L->bq, 3, Q);
         float * q = get(be, qd, 3 * Q);
         e = 0;
         for (int64_t i = 0; i < 3 * Q; i++) e = fmax(e, fabs(q[i] - (q0[i] + ((const float *) L->bq.data)[i % Q])));
-        record(be->name, "add_bias", "3 rows", e, 1e-6);
-        be->release(be, qd);
+        record(be->ops->name, "add_bias", "3 rows", e, 1e-6);
+        be->ops->release(be, qd);
         free(q0), free(q);
     }
     /* gather_rows, scatter_add (rows repeat) */
     const int32_t rows[7] = {4, 0, 2, 2, 1, 4, 3};
     const float scale[7] = {0.5f, -1.0f, 2.0f, 0.25f, 1.5f, -0.75f, 1.0f};
-    float * gdv = be->alloc(be, sizeof(float) * (uint64_t) (7 * N));
-    be->gather_rows(be, gdv, xd, rows, 7, N);
+    float * gdv = be->ops->alloc(be, sizeof(float) * (uint64_t) (7 * N));
+    be->ops->gather_rows(be, gdv, xd, rows, 7, N);
     float * gh = get(be, gdv, 7 * N);
     e = 0;
     for (int j = 0; j < 7; j++)
         for (int64_t c = 0; c < N; c++) e = fmax(e, fabs(gh[j * N + c] - x[rows[j] * N + c]));
-    record(be->name, "gather_rows", "7 rows", e, 0.0);
-    be->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
-    be->scatter_add(be, yd, gdv, rows, scale, 7, N);
+    record(be->ops->name, "gather_rows", "7 rows", e, 0.0);
+    be->ops->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
+    be->ops->scatter_add(be, yd, gdv, rows, scale, 7, N);
     y = get(be, yd, R * N);
     e = 0;
     for (int64_t i = 0; i < R; i++) {
@@ -255,15 +255,15 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
             e = fmax(e, fabs(y[i * N + c] - v) / (fabs(v) + 1e-3));
         }
     }
-    record(be->name, "scatter_add", "7 rows into 5", e, 1e-5);
+    record(be->ops->name, "scatter_add", "7 rows into 5", e, 1e-5);
     /* copy, zero */
-    be->copy(be, yd, xd, sizeof(float) * (uint64_t) (R * N));
-    be->zero(be, xd, sizeof(float) * (uint64_t) N);
+    be->ops->copy(be, yd, xd, sizeof(float) * (uint64_t) (R * N));
+    be->ops->zero(be, xd, sizeof(float) * (uint64_t) N);
     float * yc = get(be, yd, R * N), * xz = get(be, xd, N);
     e = memcmp(yc, x, sizeof(float) * (size_t) (R * N)) != 0;
     for (int64_t c = 0; c < N; c++) e = fmax(e, fabs(xz[c]));
-    record(be->name, "copy+zero", "", e, 0.0);
-    be->release(be, xd), be->release(be, yd), be->release(be, gd), be->release(be, gdv);
+    record(be->ops->name, "copy+zero", "", e, 0.0);
+    be->ops->release(be, xd), be->ops->release(be, yd), be->ops->release(be, gd), be->ops->release(be, gdv);
     free(x), free(y0), free(g), free(y), free(gh), free(yc), free(xz);
 }
 
@@ -272,7 +272,7 @@ static void test_rope(rm_backend * be) {
     for (int neox = 0; neox < 2; neox++) {
         float * x = randn(n_tok * H * D, 1.0f);
         float * xd = put(be, x, n_tok * H * D);
-        be->rope(be, xd, n_tok, H, D, n_rot, pos0, 10000.0f, neox);
+        be->ops->rope(be, xd, n_tok, H, D, n_rot, pos0, 10000.0f, neox);
         float * y = get(be, xd, n_tok * H * D);
         double e = 0;
         for (int t = 0; t < n_tok; t++) {
@@ -287,8 +287,8 @@ static void test_rope(rm_backend * be) {
                 }
             }
         }
-        record(be->name, "rope", neox ? "neox" : "norm", e, 2e-3);
-        be->release(be, xd);
+        record(be->ops->name, "rope", neox ? "neox" : "norm", e, 2e-3);
+        be->ops->release(be, xd);
         free(x), free(y);
     }
 }
@@ -305,7 +305,7 @@ static void test_route(rm_backend * be) {
                 float * z = randn(T * X, 2.0f);
                 float * zd = put(be, z, T * X);
                 rm_route r[3 * 8];
-                be->route(be, zd, T, X, K, norm, r);
+                be->ops->route(be, zd, T, X, K, norm, r);
                 for (int t = 0; t < T; t++) {
                     double mx = -1e300, s = 0, picked = 0;
                     for (int j = 0; j < X; j++) mx = fmax(mx, z[t * X + j]);
@@ -327,20 +327,20 @@ static void test_route(rm_backend * be) {
                         e = fmax(e, fabs(r[t * K + k].prob - p));
                     }
                 }
-                be->release(be, zd);
+                be->ops->release(be, zd);
                 free(z);
             }
         }
     }
-    record(be->name, "route", "experts chosen", (double) mismatched, 0.0);
-    record(be->name, "route", "weights", e, 1e-5);
+    record(be->ops->name, "route", "experts chosen", (double) mismatched, 0.0);
+    record(be->ops->name, "route", "weights", e, 1e-5);
 }
 
 /* ---- per backend ---------------------------------------------------------------------------- */
 
 static void test_backend(rm_backend * be, const rm_model * m, int32_t type, int half_on_host) {
     const int quantized = type != RM_TYPE_F32 && type != RM_TYPE_F16;
-    const double tol = strcmp(be->name, "cpu") == 0 && quantized ? 1e-2 : 2e-5;
+    const double tol = strcmp(be->ops->name, "cpu") == 0 && quantized ? 1e-2 : 2e-5;
     const rm_layer * L = &m->layers[0];
     rm_type_info ti;
     rm_type_describe(type, &ti);
@@ -354,7 +354,7 @@ static void test_backend(rm_backend * be, const rm_model * m, int32_t type, int 
     test_matmul(be, &L->down_exps, half_on_host ? 1 : 0, label, tol);
     snprintf(label, sizeof(label), "%s experts", ti.name);
     test_matmul_many(be, m, label);
-    EXPECT(be->status(be) == RM_OK, "%s: backend status after the matmuls: %s", be->name, rm_last_error());
+    EXPECT(be->ops->status(be) == RM_OK, "%s: backend status after the matmuls: %s", be->ops->name, rm_last_error());
 }
 
 static rm_model * load(const char * path, int use_gpu, int half) {
@@ -400,20 +400,20 @@ int main(int argc, char ** argv) {
             test_rope(cpu);
             test_route(cpu);
         }
-        cpu->free(cpu);
+        cpu->ops->free(cpu);
         rm_model_free(m);
 #ifdef RM_WITH_CUDA
         for (int half = 0; half < 2; half++) {
             rm_model * mg = load(path, 1, half);
             if (!mg) { ++n_failed; continue; }
-            if (!mg->gpu) {
+            if (mg->device != &rm_device_cuda) {
                 if (i == 0 && !half) printf("skip the CUDA backend: %s\n", mg->gpu_info.note);
                 rm_model_free(mg);
                 break;
             }
             gpu_ok = 1;
             rm_status st;
-            rm_backend * gpu = rm_backend_cuda_new(mg->gpu, mg, mg->pool, 32, 1024, 64, &st);
+            rm_backend * gpu = mg->device->backend_new(mg->device_state, mg, 32, 1024, 64, &st);
             EXPECT(gpu != NULL, "the CUDA backend: %s", rm_last_error());
             if (gpu) {
                 test_backend(gpu, mg, types[i], half);
@@ -423,8 +423,8 @@ int main(int argc, char ** argv) {
                     test_rope(gpu);
                     test_route(gpu);
                 }
-                EXPECT(gpu->status(gpu) == RM_OK, "CUDA backend status: %s", rm_last_error());
-                gpu->free(gpu);
+                EXPECT(gpu->ops->status(gpu) == RM_OK, "CUDA backend status: %s", rm_last_error());
+                gpu->ops->free(gpu);
             }
             rm_model_free(mg);
         }

@@ -161,38 +161,12 @@ void rm_q8_0_act_info(const void * x_q, int64_t n, float * info) {
     }
 }
 
-static void axpy_ref(int64_t n, float a, const float * x, float * y) {
-    for (int64_t i = 0; i < n; i++) {
-        y[i] += a * x[i];
-    }
-}
-
 rm_axpy_fn rm_cpu_axpy_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);
         if (k && k->axpy) return k->axpy;
     }
-    return axpy_ref;
-}
-
-static void attn_scores_ref(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale,
-                            float * s) {
-    for (int64_t p = 0; p < n; p++) {
-        float sum = 0.0f;
-        for (int64_t i = 0; i < d; i++) {
-            sum += q[i] * k[p * stride + i];
-        }
-        s[p] = scale * sum;
-    }
-}
-
-static void attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
-    for (int64_t i = 0; i < d; i++) {
-        out[i] = 0.0f;
-    }
-    for (int64_t p = 0; p < n; p++) {
-        axpy_ref(d, s[p], v + p * stride, out);
-    }
+    return rm_cpu_axpy_ref;
 }
 
 rm_attn_scores_fn rm_cpu_attn_scores_isa(rm_isa isa) {
@@ -200,7 +174,7 @@ rm_attn_scores_fn rm_cpu_attn_scores_isa(rm_isa isa) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);
         if (k && k->attn_scores) return k->attn_scores;
     }
-    return attn_scores_ref;
+    return rm_cpu_attn_scores_ref;
 }
 
 rm_attn_values_fn rm_cpu_attn_values_isa(rm_isa isa) {
@@ -208,7 +182,7 @@ rm_attn_values_fn rm_cpu_attn_values_isa(rm_isa isa) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);
         if (k && k->attn_values) return k->attn_values;
     }
-    return attn_values_ref;
+    return rm_cpu_attn_values_ref;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -627,6 +627,31 @@ static void cpu_free(rm_backend * be) {
     free(be);
 }
 
+/* No moe_experts: moe.c composes the routed experts from the ops above. */
+static const rm_backend_ops CPU_OPS = {
+    .name        = "cpu",
+    .alloc       = cpu_alloc,
+    .release     = cpu_release,
+    .upload      = cpu_copy,
+    .download    = cpu_copy,
+    .copy        = cpu_copy,
+    .zero        = cpu_zero,
+    .status      = cpu_status,
+    .matmul      = cpu_matmul,
+    .matmul_many = cpu_matmul_many,
+    .attention   = cpu_attention,
+    .rmsnorm     = cpu_rmsnorm,
+    .rope        = cpu_rope,
+    .add         = cpu_add,
+    .add_bias    = cpu_add_bias,
+    .add_gated   = cpu_add_gated,
+    .swiglu      = cpu_swiglu,
+    .gather_rows = cpu_gather_rows,
+    .scatter_add = cpu_scatter_add,
+    .route       = cpu_route,
+    .free        = cpu_free,
+};
+
 rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in, int32_t n_ctx) {
     rm_backend * be = calloc(1, sizeof(*be));
     cpu_ctx * c = calloc(1, sizeof(*c));
@@ -660,29 +685,8 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
         cpu_free(be);
         return NULL;
     }
-    be->name = "cpu";
+    be->ops = &CPU_OPS;
     be->ctx = c;
-    be->alloc = cpu_alloc;
-    be->release = cpu_release;
-    be->upload = cpu_copy;
-    be->download = cpu_copy;
-    be->copy = cpu_copy;
-    be->zero = cpu_zero;
-    be->status = cpu_status;
-    be->matmul = cpu_matmul;
-    be->matmul_many = cpu_matmul_many;
-    be->attention = cpu_attention;
-    be->rmsnorm = cpu_rmsnorm;
-    be->rope = cpu_rope;
-    be->add = cpu_add;
-    be->add_bias = cpu_add_bias;
-    be->add_gated = cpu_add_gated;
-    be->swiglu = cpu_swiglu;
-    be->gather_rows = cpu_gather_rows;
-    be->scatter_add = cpu_scatter_add;
-    be->route = cpu_route;
-    be->moe_experts = NULL;
-    be->free = cpu_free;
     snprintf(be->stats.backend, sizeof(be->stats.backend), "cpu");
     be->stats.auto_budget = -1.0f;
     return be;

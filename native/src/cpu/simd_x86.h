@@ -116,7 +116,7 @@ static inline void attn_values_x86(int64_t d, int64_t n, const float * s, const 
  * that is not a multiple of 8 goes to the reference. */
 static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s) {
     if (d % 8) {
-        rm_cpu_attn_scores_isa(RM_ISA_SCALAR)(d, n, q, k, stride, scale, s);
+        rm_cpu_attn_scores_ref(d, n, q, k, stride, scale, s);
         return;
     }
     attn_scores_x86(d, n, q, k, stride, scale, s);
@@ -124,7 +124,7 @@ static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, 
 
 static void attn_values(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
     if (d % 8) {
-        rm_cpu_attn_values_isa(RM_ISA_SCALAR)(d, n, s, v, stride, out);
+        rm_cpu_attn_values_ref(d, n, s, v, stride, out);
         return;
     }
     attn_values_x86(d, n, s, v, stride, out);

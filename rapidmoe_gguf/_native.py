@@ -7,12 +7,17 @@ from .errors import (
     ContextFullError,
     FormatError,
     InvalidArgumentError,
+    NeedsCPUError,
+    NoBudgetError,
+    NoResidualError,
+    NotCalibratingError,
     RapidMoEError,
+    StateError,
     UnsupportedError,
 )
 
 # The C declarations this Python layer was written against (RM_ABI_VERSION in rapidmoe.h).
-EXPECTED_ABI = 3
+EXPECTED_ABI = 4
 
 try:
     from ._rm_cffi import ffi, lib  # noqa: F401
@@ -37,7 +42,12 @@ _BY_STATUS = {
     lib.RM_E_SHAPE: FormatError,
     lib.RM_E_OOM: MemoryError,
     lib.RM_E_INVALID_ARG: InvalidArgumentError,
-    lib.RM_E_STATE: ContextFullError,
+    lib.RM_E_STATE: StateError,
+    lib.RM_E_CONTEXT_FULL: ContextFullError,
+    lib.RM_E_NO_RESIDUAL: NoResidualError,
+    lib.RM_E_NEEDS_CPU: NeedsCPUError,
+    lib.RM_E_NOT_CALIBRATING: NotCalibratingError,
+    lib.RM_E_NO_BUDGET: NoBudgetError,
 }
 
 

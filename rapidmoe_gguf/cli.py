@@ -147,7 +147,7 @@ def _print_types(title: str, types: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
-    from .umia import POLICIES
+    from .umia import DEFAULT_BUDGET, POLICIES
 
     if optional:
         p.add_argument("model", nargs="?", help="base .gguf (default: the bundled model)")
@@ -157,7 +157,7 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--ctx", "-c", type=int, default=2048, help="context size in tokens (default: %(default)s)")
     p.add_argument("--policy", choices=POLICIES, default="umia",
                    help="which activated experts get their residual (default: %(default)s)")
-    p.add_argument("--budget", type=_budget_arg, default=0.25,
+    p.add_argument("--budget", type=_budget_arg, default=DEFAULT_BUDGET,
                    help="share of activated expert slots that get the residual, or 'auto' to let the CPU/GPU "
                         "split find it (default: %(default)s)")
     p.add_argument("--no-residual", action="store_true", help="ignore the residual sidecar")
@@ -309,13 +309,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
     from .planner import Hardware
+    from .umia import PLAN_BUDGET
 
     hw = Hardware()
     p.add_argument("model", help="base .gguf; NAME.residual.gguf beside it is used when present")
     p.add_argument("--gpu-mem", required=True, help="device memory budget, e.g. 8GiB, 24GB, 12000MiB")
     p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default: %(default)s)")
     p.add_argument("--batch", type=int, default=256, help="prefill batch size (default: %(default)s)")
-    p.add_argument("--budget", type=float, default=0.1,
+    p.add_argument("--budget", type=float, default=PLAN_BUDGET,
                    help="residual budget for the per-token prediction (default: %(default)s)")
     p.add_argument("--no-residual", action="store_true", help="plan without the residual sidecar")
     p.add_argument("--host-bw", type=float, default=None,

@@ -22,5 +22,25 @@ class InvalidArgumentError(RapidMoEError, ValueError):
     """A bad argument from the caller."""
 
 
-class ContextFullError(RapidMoEError):
+class StateError(RapidMoEError):
+    """A call that the object's state does not allow; the subclasses say which state."""
+
+
+class ContextFullError(StateError):
     """The session's context (KV cache) cannot hold the tokens asked for."""
+
+
+class NoResidualError(StateError):
+    """A residual policy or calibration asked of a model loaded without its residual sidecar."""
+
+
+class NeedsCPUError(StateError):
+    """A call that runs on the CPU backend only (calibration) made on a session on a device."""
+
+
+class NotCalibratingError(StateError):
+    """A read of what is recorded only while calibrating (the route log), with calibration off."""
+
+
+class NoBudgetError(StateError):
+    """A budget adjustment (residual_budget="auto") asked of a policy without a budget (none, all)."""

@@ -92,11 +92,9 @@ def perplexity(model: Model, ids: list[int], n_ctx: int, reference: Model | None
 def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: int = 4096,
                    gate_power: float = 1.0) -> umia.Tables:
     """Runs ``model`` (it must have a residual sidecar) over ids and measures UMIA's tables."""
-    from ._native import check, ffi, lib
-
     if model.residual_path is None:
         raise RapidMoEError("calibration needs the residual sidecar beside the base file")
-    L, X, K = model.info["n_layer"], model.info["n_expert"], model.info["n_expert_used"]
+    L, X = model.info["n_layer"], model.info["n_expert"]
     ids = ids[:max_tokens]
     chunks = _chunks(ids, n_ctx, None)
 
@@ -104,27 +102,19 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     #    back from the route log after each chunk.
     model.set_residual("all")
     model.clear_stats()
-    s = model._live()
-    check(lib.rm_session_set_calibration(s, 1))
+    model.set_calibration(True)
     slots_e, slots_g = [], []
     try:
         for chunk in chunks:
             model.eval_logits(chunk)
-            exp = np.zeros(len(chunk) * L * K, np.int32)
-            gates = np.zeros(len(chunk) * L * K, np.float32)
-            check(lib.rm_session_route_log(s, ffi.from_buffer("int32_t[]", exp),
-                                           ffi.from_buffer("float[]", gates), exp.size))
-            slots_e.append(exp.reshape(-1, L, K))
-            slots_g.append(gates.reshape(-1, L, K))
-        delta = np.zeros(L * X, np.float64)
-        count = np.zeros(L * X, np.uint64)
-        check(lib.rm_session_calibration(s, ffi.from_buffer("double[]", delta),
-                                         ffi.from_buffer("uint64_t[]", count), L * X))
+            exp, gates = model.route_log()
+            slots_e.append(exp)
+            slots_g.append(gates)
+        delta, count = model.calibration()
     finally:
-        lib.rm_session_set_calibration(s, 0)
+        model.set_calibration(False)
     active = model.stats()["active"].astype(np.float64)
-    delta = delta.reshape(L, X)
-    count = count.reshape(L, X).astype(np.float64)
+    count = count.astype(np.float64)
     sens = np.where(count > 0, delta / np.maximum(count, 1), np.nan)
     for layer in range(L):  # experts never seen take their layer's mean
         row = sens[layer]
@@ -143,7 +133,7 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     for layer in range(L):
         mask = np.ones(L, np.uint8)
         mask[layer] = 0
-        model._set_policy_raw(umia.KIND["all"], mask)
+        model.set_layer_mask("all", mask)
         kl = [(np.exp(r) * (r - _log_softmax(model.eval_logits(c).astype(np.float64)))).sum(-1).mean()
               for c, r in zip(chunks, ref)]
         layer_kl[layer] = max(float(np.mean(kl)), 1e-12)

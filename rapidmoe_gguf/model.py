@@ -20,7 +20,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from . import planner, umia
-from .errors import InvalidArgumentError, RapidMoEError
+from .errors import InvalidArgumentError, NoResidualError, RapidMoEError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
 from .sampling import Sampler, SamplingParams
@@ -31,8 +31,7 @@ log = logging.getLogger("rapidmoe")
 # gpu_backend: rm_model_params.use_gpu (rapidmoe.h)
 GPU_BACKENDS = {"cuda": 1, "standin": 2}
 
-# residual_budget="auto": where the controller starts and its limits (rm_auto_budget in rapidmoe.h)
-AUTO_BUDGET = dict(start=0.05, min_budget=0.0, max_budget=0.5, increase=0.005, decrease=0.7, margin=0.1)
+AUTO_BUDGET = umia.AUTO_BUDGET
 
 
 class Model:
@@ -63,7 +62,7 @@ class Model:
         n_batch: int = 256,
         residual: str | os.PathLike | None = "auto",
         residual_policy: str = "umia",
-        residual_budget: float | str = 0.25,
+        residual_budget: float | str = umia.DEFAULT_BUDGET,
         gpu_memory: str | int | None = None,
         gpu_device: int = 0,
         gpu_sessions: int = 1,
@@ -84,9 +83,8 @@ class Model:
         if gpu_backend == "standin":
             # no CUDA context on the stand-in: the whole budget is the library's
             hardware = dataclasses.replace(hardware or planner.Hardware(), context_reserve=0)
+        residual_budget = umia.check_budget(residual_budget)
         auto = residual_budget == "auto"
-        if isinstance(residual_budget, str) and not auto:
-            raise InvalidArgumentError(f"residual_budget must be a number in [0, 1] or 'auto', got {residual_budget!r}")
         self.path = path
         self.gpu_backend = gpu_backend
         if residual == "auto":
@@ -104,7 +102,7 @@ class Model:
         self.plan = None
         if gpu_memory is not None:
             self.plan = planner.plan_files(path, gpu_memory, n_ctx, residual=self.residual_path, n_batch=n_batch,
-                                           residual_budget=AUTO_BUDGET["start"] if auto else float(residual_budget),
+                                           residual_budget=AUTO_BUDGET["start"] if auto else residual_budget,
                                            hardware=hardware, n_sessions=gpu_sessions)
             log.info("GPU plan:\n%s", self.plan.summary())
         params = ffi.new("rm_model_params *")
@@ -284,13 +282,14 @@ class Model:
         (token, expert) slots that get the residual (ignored by none and all), or ``"auto"``: the
         split raises it while the host's residual work hides under the GPU's and lowers it when
         the GPU waits (a CPU-only session keeps the starting value, AUTO_BUDGET["start"])."""
-        budget = self.residual_budget if budget is None else budget
+        umia.check_policy(policy)
+        budget = umia.check_budget(self.residual_budget if budget is None else budget)
         auto = budget == "auto"
         if auto and policy in ("none", "all"):
             raise InvalidArgumentError(f"residual_budget='auto' needs a budgeted policy, not {policy!r}")
-        start = AUTO_BUDGET["start"] if auto else float(budget)
+        start = AUTO_BUDGET["start"] if auto else budget
         if policy != "none" and self.residual_path is None:
-            raise RapidMoEError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
+            raise NoResidualError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
         self._apply_policy(umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"]))
         if auto:
             ab = ffi.new("rm_auto_budget *")
@@ -323,6 +322,42 @@ class Model:
     def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
         """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
         self._apply_policy(umia.PolicyArrays(kind, layer_mask=layer_mask))
+
+    def set_layer_mask(self, policy: str, layer_mask: np.ndarray) -> None:
+        """``none`` or ``all`` with the residual off in the layers where layer_mask is 0 (n_layer
+        entries): calibration measures what one layer's residuals are worth this way."""
+        if policy not in ("none", "all"):
+            raise InvalidArgumentError(f"a layer mask goes with policy none or all, not {policy!r}")
+        self._set_policy_raw(umia.KIND[policy], np.asarray(layer_mask, dtype=np.uint8))
+
+    # -- calibration (rm_session_set_calibration and its records) ---------------------------------
+
+    def set_calibration(self, on: bool) -> None:
+        """Turns calibration on (clearing its sums; the session must run on the CPU and have a
+        sidecar) or off. While on, every residual slot also runs its base alone, and the routing of
+        every position in the cache is kept."""
+        _native.check(lib.rm_session_set_calibration(self._live(), 1 if on else 0))
+
+    def calibration(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sums of |f_{B+R}(x) - f_B(x)| and the slot counts per (layer, expert) since
+        calibration was turned on, each of shape (n_layer, n_expert)."""
+        L, X = self.info["n_layer"], self.info["n_expert"]
+        delta = np.zeros(L * X, np.float64)
+        count = np.zeros(L * X, np.uint64)
+        _native.check(lib.rm_session_calibration(self._live(), ffi.from_buffer("double[]", delta),
+                                                 ffi.from_buffer("uint64_t[]", count), L * X))
+        return delta.reshape(L, X), count.reshape(L, X)
+
+    def route_log(self) -> tuple[np.ndarray, np.ndarray]:
+        """The experts and router weights of every position in the cache, recorded while
+        calibrating, each of shape (n_past, n_layer, n_expert_used)."""
+        L, K = self.info["n_layer"], self.info["n_expert_used"]
+        n = self.n_past
+        experts = np.zeros(n * L * K, np.int32)
+        gates = np.zeros(n * L * K, np.float32)
+        _native.check(lib.rm_session_route_log(self._live(), ffi.from_buffer("int32_t[]", experts),
+                                               ffi.from_buffer("float[]", gates), experts.size))
+        return experts.reshape(n, L, K), gates.reshape(n, L, K)
 
     def stats(self) -> dict:
         """Per-layer, per-expert activation and residual counts since the last ``clear_stats``,

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from . import umia
 from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import open_gguf
 from .metadata import get_int, get_str, require
@@ -323,7 +324,7 @@ class Plan:
 
 
 def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int = 256,
-         residual_budget: float = 0.1, hardware: Hardware | None = None, n_sessions: int = 1) -> Plan:
+         residual_budget: float = umia.PLAN_BUDGET, hardware: Hardware | None = None, n_sessions: int = 1) -> Plan:
     """Places the model on a GPU of ``gpu_memory`` bytes (see the module docstring), with room
     for ``n_sessions`` sessions (each its own KV cache and scratch: Model.fork_session, serving
     several requests at once)."""
@@ -331,8 +332,7 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     budget = parse_bytes(gpu_memory)
     if n_ctx <= 0 or n_batch <= 0 or n_sessions <= 0:
         raise InvalidArgumentError(f"n_ctx ({n_ctx}), n_batch ({n_batch}) and n_sessions ({n_sessions}) must be > 0")
-    if not 0.0 <= residual_budget <= 1.0:
-        raise InvalidArgumentError(f"residual budget must be in [0, 1], got {residual_budget}")
+    residual_budget = umia.check_budget(residual_budget, allow_auto=False)
     host_bw = hw.host_bandwidth()
     cross = crossover_tokens(sizes, hw, host_bw)
     cap = budget - hw.context_reserve
@@ -404,7 +404,7 @@ def _per_token(s: ModelSizes, on: np.ndarray, b: float, n_ctx: int, host_bw: flo
 
 
 def plan_files(path: str | os.PathLike, gpu_memory: str | int, n_ctx: int, *, residual: str | os.PathLike | None = "auto",
-               n_batch: int = 256, residual_budget: float = 0.1, hardware: Hardware | None = None,
+               n_batch: int = 256, residual_budget: float = umia.PLAN_BUDGET, hardware: Hardware | None = None,
                n_sessions: int = 1) -> Plan:
     return plan(ModelSizes.from_files(path, residual), gpu_memory, n_ctx, n_batch=n_batch,
                 residual_budget=residual_budget, hardware=hardware, n_sessions=n_sessions)

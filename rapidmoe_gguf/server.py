@@ -69,7 +69,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from . import chat, umia
-from .errors import ContextFullError, InvalidArgumentError, RapidMoEError
+from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoResidualError, RapidMoEError, StateError
 from .model import Model, SamplingParams
 
 log = logging.getLogger("rapidmoe.server")
@@ -117,6 +117,13 @@ def api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, ContextFullError):
         return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, NoResidualError):      # the request asked for residuals this model lacks
+        return ApiError(400, str(exc), param="residual_policy", code="residual_unavailable")
+    if isinstance(exc, NoBudgetError):
+        return ApiError(400, str(exc), param="residual_budget")
+    if isinstance(exc, StateError):           # the server's own state (e.g. calibration on a GPU): not the request's
+        log.error("state error", exc_info=exc)
+        return ApiError(500, str(exc))
     if isinstance(exc, RapidMoEError):        # InvalidArgumentError, UnsupportedError, ...
         return ApiError(400, str(exc))
     log.error("internal error", exc_info=exc)
@@ -239,8 +246,11 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars
     if policy not in (None, "none") and model.residual_path is None:
         raise ApiError(400, f"residual_policy {policy!r} needs a residual sidecar; this server runs the base "
                        "model only", param="residual_policy")
-    if budget is not None and not 0.0 <= budget <= 1.0:
-        raise ApiError(400, f"residual_budget must be in [0, 1], got {budget}", param="residual_budget")
+    if budget is not None:
+        try:
+            budget = umia.check_budget(budget, allow_auto=False)
+        except InvalidArgumentError as exc:
+            raise ApiError(400, str(exc), param="residual_budget") from exc
     options = f["stream_options"] or {}
 
     if kind == "chat":
@@ -265,7 +275,7 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars
         raise ApiError(400, f"the {param} has {len(ids)} tokens and max_tokens is {max_tokens}, but the context "
                        f"holds {model.n_ctx} tokens", param=param, code="context_length_exceeded")
     return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
-                      policy, None if budget is None else float(budget))
+                      policy, budget)
 
 
 def _completion_prompt(model: Model, prompt, max_chars: int) -> list[int]:

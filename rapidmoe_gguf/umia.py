@@ -22,19 +22,39 @@ on that share with an integral controller, so no decision waits for a later laye
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import numpy as np
 
+from ._native import check, ffi, lib
 from .errors import FormatError, InvalidArgumentError, RapidMoEError
 from .metadata import get_float_list, get_int, get_int_list, require
 
-POLICIES = ("none", "all", "umia", "random", "gate", "expert", "layer")
-KIND = {name: i for i, name in enumerate(POLICIES)}
+# The policy kinds are rm_policy_kind in rapidmoe.h, read from the library: name -> kind.
+KIND = {ffi.string(lib.rm_policy_kind_name(k)).decode(): k for k in range(lib.RM_POLICY_COUNT)}
+POLICIES = tuple(KIND)
 SCORED = ("umia", "gate", "expert")          # policies whose scores are calibrated per layer
 N_QUANTILES = 129
 DEFAULT_GAIN = 0.2
 LAYER_POWER = 0.5
 KEY = "rapidmoe.umia."
+
+# The residual budget: the share of activated (token, expert) slots that get their residual.
+DEFAULT_BUDGET = 0.25        # Model, `rapidmoe run/serve/perplexity/bench`, and so the server
+PLAN_BUDGET = 0.1            # what `rapidmoe plan` and planner.plan predict for when not told
+# residual_budget="auto": where the controller starts and its limits (rm_auto_budget in rapidmoe.h)
+AUTO_BUDGET = dict(start=0.05, min_budget=0.0, max_budget=0.5, increase=0.005, decrease=0.7, margin=0.1)
+
+
+def check_budget(budget: float | str, allow_auto: bool = True) -> float | str:
+    """The one check of a residual budget given by a user: a number in [0, 1] (returned as a
+    float) or, where allowed, ``"auto"``; InvalidArgumentError otherwise."""
+    if allow_auto and budget == "auto":
+        return "auto"
+    if isinstance(budget, numbers.Real) and 0.0 <= budget <= 1.0:
+        return float(budget)
+    want = "a number in [0, 1] or 'auto'" if allow_auto else "a number in [0, 1]"
+    raise InvalidArgumentError(f"residual budget must be {want}, got {budget!r}")
 
 
 @dataclasses.dataclass
@@ -87,7 +107,9 @@ class Tables:
 def slot_log_scores(policy: str, tables: Tables, layer: int, experts: np.ndarray, gates: np.ndarray,
                     gate_power: float = 1.0) -> np.ndarray:
     """log(score) of slots of one layer with the layer weight at power 1 (as calibration stores
-    the quantiles; ``build`` rescales the layer term to LAYER_POWER)."""
+    the quantiles; ``build`` rescales the layer term to LAYER_POWER). The formula is the C one
+    (``native_log_scores``) in float64, so that calibration's quantiles keep their precision; a
+    test holds the two equal."""
     g = np.log(np.maximum(gates, 1e-30))
     se = np.log(tables.expert_sensitivity[layer, experts])
     if policy == "gate":
@@ -95,6 +117,20 @@ def slot_log_scores(policy: str, tables: Tables, layer: int, experts: np.ndarray
     if policy == "expert":
         return se
     return gate_power * g + se + np.log(tables.layer_sensitivity[layer])
+
+
+def native_log_scores(policy: str, gate_power: float, expert_score: np.ndarray, layer_score: float,
+                      experts: np.ndarray, gates: np.ndarray) -> np.ndarray:
+    """log(score) of slots of one layer as a session scores them (rm_policy_log_scores, float32):
+    ``expert_score`` the layer's n_expert scores, ``experts``/``gates`` each slot's."""
+    es = np.ascontiguousarray(expert_score, dtype=np.float32)
+    ex = np.ascontiguousarray(experts, dtype=np.int32)
+    g = np.ascontiguousarray(gates, dtype=np.float32)
+    out = np.empty(ex.size, dtype=np.float32)
+    check(lib.rm_policy_log_scores(KIND[policy], gate_power, ffi.from_buffer("float[]", es), es.size, layer_score,
+                                   ffi.from_buffer("int32_t[]", ex), ffi.from_buffer("float[]", g), ex.size,
+                                   ffi.from_buffer("float[]", out)))
+    return out
 
 
 def _share_above(q: np.ndarray, t: float) -> np.ndarray:
@@ -134,13 +170,17 @@ class PolicyArrays:
     gain: float = DEFAULT_GAIN
 
 
-def build(policy: str, budget: float, tables: Tables | None, n_layer: int, n_expert: int) -> PolicyArrays:
+def check_policy(policy: str) -> str:
     if policy not in KIND:
         raise InvalidArgumentError(f"unknown residual policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return policy
+
+
+def build(policy: str, budget: float, tables: Tables | None, n_layer: int, n_expert: int) -> PolicyArrays:
+    """The arrays of a policy at a budget already checked by ``check_budget``."""
+    check_policy(policy)
     if policy in ("none", "all"):
         return PolicyArrays(KIND[policy])
-    if not (0.0 <= budget <= 1.0):
-        raise InvalidArgumentError(f"residual budget must be in [0, 1], got {budget}")
     if policy == "random":
         b = np.full(n_layer, budget)
         return PolicyArrays(KIND[policy], b, np.full(n_layer, np.log(max(1.0 - budget, 1e-9))))

@@ -97,5 +97,5 @@ def test_gpu_device_calibration_needs_the_cpu(pair):
     from rapidmoe_gguf._native import lib
 
     with rm.Model(pair, n_ctx=64, gpu_memory="4GiB") as m:
-        with pytest.raises(rm.ContextFullError, match="calibration runs on the CPU"):
+        with pytest.raises(rm.NeedsCPUError, match="calibration runs on the CPU"):
             _native.check(lib.rm_session_set_calibration(m._live(), 1))

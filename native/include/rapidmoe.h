@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 3
+#define RM_ABI_VERSION 4
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -45,8 +45,14 @@ typedef enum rm_status {
     RM_E_OOM               = -6,  /* allocation failed */
     RM_E_INVALID_ARG       = -7,  /* a bad argument from the caller */
     RM_E_CUDA              = -8,  /* a CUDA error, or no usable GPU */
-    RM_E_STATE             = -9,  /* a call that the object's state does not allow (e.g. context full) */
-    RM_E_INTERNAL          = -10
+    RM_E_STATE             = -9,  /* a call that the object's state does not allow (none of the five below) */
+    RM_E_INTERNAL          = -10,
+    /* the states a call can find its object in, one code each so a caller can say which */
+    RM_E_CONTEXT_FULL      = -11, /* the tokens do not fit in the session's context */
+    RM_E_NO_RESIDUAL       = -12, /* needs a residual sidecar, and the model was loaded without one */
+    RM_E_NEEDS_CPU         = -13, /* runs on the CPU backend only, and the session runs on a device */
+    RM_E_NOT_CALIBRATING   = -14, /* reads what is recorded only while calibrating */
+    RM_E_NO_BUDGET         = -15  /* the session's residual policy has no budget to adjust */
 } rm_status;
 
 uint32_t     rm_abi_version(void);
@@ -287,8 +293,8 @@ int32_t   rm_session_n_ctx(const rm_session * s);
 /* Feed n tokens after the n_past already in the cache (prefill when many, decode when one).
  * logits receives the last position's logits (n_vocab floats) or, with all_logits, every
  * position's (n * n_vocab floats); logits may be NULL with logits_cap 0 to skip the output head
- * (all_logits == 0). RM_E_STATE when the tokens do not fit in the context; the cache is then
- * unchanged. */
+ * (all_logits == 0). RM_E_CONTEXT_FULL when the tokens do not fit in the context; the cache is
+ * then unchanged. */
 rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,
                           float * logits, uint64_t logits_cap);
 
@@ -332,8 +338,21 @@ typedef enum rm_policy_kind {
     RM_POLICY_RANDOM = 3,         /* score = a seeded uniform draw */
     RM_POLICY_GATE   = 4,         /* score = the router weight */
     RM_POLICY_EXPERT = 5,         /* score = expert_score[l][e] */
-    RM_POLICY_LAYER  = 6          /* score = log layer_score[l] + U(0,1): random within a layer */
+    RM_POLICY_LAYER  = 6,         /* score = log layer_score[l] + U(0,1): random within a layer */
+    RM_POLICY_COUNT
 } rm_policy_kind;
+
+/* The kind's name as rapidmoe spells it ("none", "all", "umia", ...); NULL out of range. The
+ * Python layer reads the kinds from here, so this enum is their one list. */
+const char * rm_policy_kind_name(int32_t kind);
+
+/* log(score) of n slots of layer l under a deterministic scored kind (UMIA, GATE or EXPERT), by
+ * the formula a session selects with: experts[i] and gates[i] (the router weight) of slot i,
+ * expert_score the layer's n_expert scores, layer_score the layer's. RANDOM and LAYER draw from
+ * the session's generator and are refused here (RM_E_INVALID_ARG). */
+rm_status rm_policy_log_scores(int32_t kind, float gate_power, const float * expert_score, int32_t n_expert,
+                               float layer_score, const int32_t * experts, const float * gates, int64_t n,
+                               float * out);
 
 typedef struct rm_residual_policy {
     uint32_t      struct_size;    /* sizeof(rm_residual_policy) */
@@ -348,8 +367,8 @@ typedef struct rm_residual_policy {
     const uint8_t * layer_mask;   /* n_layer; 0 = never a residual in that layer; NULL: all layers */
 } rm_residual_policy;
 
-/* The policy is copied; the arrays may be freed after the call. RM_E_STATE without a sidecar
- * unless kind is NONE. Resets the controllers. */
+/* The policy is copied; the arrays may be freed after the call. RM_E_NO_RESIDUAL without a
+ * sidecar unless kind is NONE. Resets the controllers. */
 rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * policy);
 
 /* ---------------------------------------------------------------------------------------------
@@ -400,7 +419,8 @@ rm_status rm_auto_budget_step(rm_auto_budget * ctl, const float * host_us, const
 
 /* Turns the controller on (ctl copied) or off (NULL). While on, each layer's target rate is the
  * policy's layer_budget[l] * budget / reference_budget (at most 1). Only a split session (CUDA or
- * the stand-in) measures times; on the CPU backend the budget stays where it starts. */
+ * the stand-in) measures times; on the CPU backend the budget stays where it starts.
+ * RM_E_NO_BUDGET when the policy is NONE or ALL. */
 rm_status rm_session_set_auto_budget(rm_session * s, const rm_auto_budget * ctl);
 
 /* Statistics since the last rm_session_clear_stats: per (layer, expert) activations and residual
@@ -437,11 +457,12 @@ rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float 
 
 /* Calibration: while on (and the policy is ALL), every residual slot also runs its expert base
  * only, and |f_{B+R}(x) - f_B(x)| is summed per (layer, expert); and the routing of every position
- * in the cache is kept. Turning it on clears the sums. */
+ * in the cache is kept. Turning it on clears the sums. RM_E_NO_RESIDUAL without a sidecar,
+ * RM_E_NEEDS_CPU on a device backend. */
 rm_status rm_session_set_calibration(rm_session * s, int32_t on);
 rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap);
 /* The routing of positions [0, n_past) recorded while calibrating: n_past * n_layer *
- * n_expert_used entries, position-major. */
+ * n_expert_used entries, position-major. RM_E_NOT_CALIBRATING when calibration is off. */
 rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap);
 
 /* RM_CDEF_END */

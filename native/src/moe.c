@@ -1,5 +1,5 @@
-/* moe.c - the MoE block: routing as llama.cpp and transformers compute it, the choice of which
- * (token, expert) slots get their residual, and the experts themselves.
+/* moe.c - the MoE block: routing as llama.cpp and transformers compute it, the policy's choice of
+ * which (token, expert) slots get their residual (policy.c), and the experts themselves.
  *
  * Tokens are grouped by expert, so each expert's weights are read once per batch. For a slot that
  * gets its residual the expert computes x.B + x.R for each of its three matrices (never B + R):
@@ -7,50 +7,13 @@
  * A backend may run the routed experts its own way (the CUDA backend splits them between the GPU
  * and host threads, see docs/SPLIT.md); otherwise they are composed here from its small ops. */
 #include "moe.h"
-#include "rng.h"
+
+#include "policy.h"
+#include "profile.h"
+#include "stats.h"
 
 #include <math.h>
 #include <string.h>
-
-/* log(score) of one slot under the session's policy (rm_residual_policy in rapidmoe.h). */
-static float log_score(rm_session * s, int il, const rm_route * r) {
-    const float g = r->weight > 1e-30f ? r->weight : 1e-30f;
-    const float se = s->expert_score[(int64_t) il * s->m->hp.n_expert + r->expert];
-    const float sl = s->layer_score[il];
-    switch (s->policy) {
-        case RM_POLICY_UMIA:   return s->gate_power * logf(g) + logf(se) + logf(sl);
-        case RM_POLICY_GATE:   return logf(g);
-        case RM_POLICY_EXPERT: return logf(se);
-        case RM_POLICY_LAYER:  return logf(sl) + (float) rm_rng_unit(&s->rng);   /* random within a layer */
-        case RM_POLICY_RANDOM: return logf((float) (1.0 - rm_rng_unit(&s->rng)));
-        default:               return 0.0f;
-    }
-}
-
-/* Decides, slot by slot, which activated experts get their residual. Tokens are taken in order
- * and the layer's controller is updated after each, so a batch decides as decode would. */
-static void select_residuals(rm_session * s, int il, int32_t n) {
-    const int32_t K = s->m->hp.n_expert_used;
-    if (!s->m->residual || s->policy == RM_POLICY_NONE || !s->layer_mask[il]) {
-        return;
-    }
-    if (s->policy == RM_POLICY_ALL) {
-        for (int64_t j = 0; j < (int64_t) n * K; j++) {
-            s->routes[j].residual = 1;
-        }
-        return;
-    }
-    const float target = s->layer_budget[il] * (float) K;
-    for (int32_t i = 0; i < n; i++) {
-        rm_route * r = s->routes + (int64_t) i * K;
-        int32_t selected = 0;
-        for (int32_t k = 0; k < K; k++) {
-            r[k].residual = log_score(s, il, &r[k]) >= s->threshold[il];
-            selected += r[k].residual;
-        }
-        s->threshold[il] += s->gain * ((float) selected - target);
-    }
-}
 
 static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const float * x, int64_t x_stride,
                           int32_t n, float * y, int64_t y_stride, int accumulate) {
@@ -222,7 +185,7 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
     be->ops->matmul(be, &ra);
     be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
-    select_residuals(s, il, n);
+    rm_policy_select(s, il, n);
 
     /* group the slots by expert, residual slots first within each group */
     memset(s->exp_n, 0, sizeof(int32_t) * (size_t) X);
@@ -235,12 +198,7 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
             }
         }
     }
-    uint64_t * active = s->stat_active + (int64_t) il * X;
-    uint64_t * resid = s->stat_residual + (int64_t) il * X;
-    for (int64_t j = 0; j < (int64_t) n * K; j++) {
-        active[s->routes[j].expert]++;
-        resid[s->routes[j].expert] += s->routes[j].residual;
-    }
+    rm_stats_count(s, il, n);
     be->ops->zero(be, s->moe, sizeof(float) * (uint64_t) n * (uint64_t) E);
     rm_prof_mark(s, RM_PROF_ROUTER);
     if (be->ops->moe_experts && !s->calibrating) {
@@ -253,13 +211,7 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         experts_by_ops(s, il, n);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
     }
-    memcpy(s->last_routes + (int64_t) il * K, s->routes + (int64_t) (n - 1) * K, sizeof(rm_route) * (size_t) K);
-    if (s->route_log) {
-        for (int32_t i = 0; i < n; i++) {
-            rm_route * dst = s->route_log + ((int64_t) (s->n_past + i) * hp->n_layer + il) * K;
-            memcpy(dst, s->routes + (int64_t) i * K, sizeof(rm_route) * (size_t) K);
-        }
-    }
+    rm_stats_record_routes(s, il, n);
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
     }

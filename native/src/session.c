@@ -2,18 +2,19 @@
  *
  * One generic decoder forward for every architecture in arch.c, written top to bottom like the
  * model it computes. A batch of n tokens goes through each layer together (prefill); decode is the
- * same path with n = 1. The MoE block is in moe.c. */
+ * same path with n = 1. The MoE block is in moe.c; the residual policy in policy.c, the profiler in
+ * profile.c, the statistics and calibration in stats.c. */
 #include "session.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "device.h"
 #include "moe.h"
-#include "rng.h"
+#include "policy.h"
+#include "profile.h"
 #include "status.h"
 #include "types.h"
 
@@ -27,12 +28,11 @@ static void * xalloc(size_t n, int * failed) {
 
 static void session_free_buffers(rm_session * s) {
     void * host[] = {s->embd, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
-                     s->stat_active, s->stat_residual, s->last_routes, s->expert_score, s->layer_score,
-                     s->layer_budget, s->budget_ref, s->threshold, s->layer_mask, s->cal_delta, s->cal_n,
-                     s->route_log};
+                     s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
     }
+    rm_policy_state_free(&s->policy);
     if (s->be) {
         float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
                          s->ex, s->eg, s->eu, s->ed, s->ecal, s->shgate, s->logits};
@@ -108,14 +108,11 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->stat_active = xalloc(sizeof(uint64_t) * NL * X, &failed);
     s->stat_residual = xalloc(sizeof(uint64_t) * NL * X, &failed);
     s->last_routes = xalloc(sizeof(rm_route) * NL * K, &failed);
-    s->expert_score = xalloc(sizeof(float) * NL * X, &failed);
-    s->layer_score = xalloc(sizeof(float) * NL, &failed);
-    s->layer_budget = xalloc(sizeof(float) * NL, &failed);
-    s->budget_ref = xalloc(sizeof(float) * NL, &failed);
-    s->threshold = xalloc(sizeof(float) * NL, &failed);
-    s->layer_mask = xalloc(NL, &failed);
     s->cal_delta = xalloc(sizeof(double) * NL * X, &failed);
     s->cal_n = xalloc(sizeof(uint64_t) * NL * X, &failed);
+    if (!rm_policy_state_init(&s->policy, hp->n_layer, hp->n_expert, m->residual != NULL)) {
+        failed = 1;
+    }
     if (failed) {
         const int32_t nb = s->n_batch;
         session_free_buffers(s);
@@ -134,8 +131,6 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         free(s);
         return rm_fail(st != RM_OK ? st : RM_E_OOM, "rm_session_new: a context of %d tokens: %s", n_ctx, msg);
     }
-    s->policy = m->residual ? RM_POLICY_ALL : RM_POLICY_NONE;
-    memset(s->layer_mask, 1, NL);
     *out = s;
     return RM_OK;
 }
@@ -175,30 +170,6 @@ static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, i
     } else {
         s->be->ops->rmsnorm(s->be, y, y, w, n, (int64_t) n_head * D, m->hp.rms_eps);
     }
-}
-
-/* ---- the profile -------------------------------------------------------------------------- */
-
-static const char * const PROF_NAMES[RM_PROF_COUNT] = {
-    "embed", "attn_in", "attn", "attn_out", "router", "experts_in", "experts_out", "experts_other", "shared", "output",
-};
-
-const char * rm_profile_part_name(int32_t part) {
-    return part >= 0 && part < RM_PROF_COUNT ? PROF_NAMES[part] : NULL;
-}
-
-rm_status rm_session_profile(const rm_session * s, double * us, int32_t cap, uint64_t * tokens) {
-    rm_clear_error();
-    if (!s || !us || !tokens) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_profile: NULL argument");
-    }
-    if (cap < 2 * RM_PROF_COUNT) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_profile: us holds %d entries, %d needed", cap, 2 * RM_PROF_COUNT);
-    }
-    memcpy(us, s->prof_us, sizeof(s->prof_us));
-    tokens[0] = s->prof_tokens[0];
-    tokens[1] = s->prof_tokens[1];
-    return RM_OK;
 }
 
 static void attention_block(rm_session * s, int il, int32_t n) {
@@ -254,9 +225,7 @@ static void embed(rm_session * s, const int32_t * tokens, int32_t n) {
 static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t first_out, float * out) {
     const rm_model * m = s->m;
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
-    s->prof_kind = n > 1;
-    s->prof_tokens[s->prof_kind] += (uint64_t) n;
-    s->prof_t = rm_prof_now_us();
+    rm_prof_begin(s, n);
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
@@ -276,8 +245,6 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
     s->n_past += n;
 }
 
-static void auto_budget_after_token(rm_session * s);
-
 rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,
                           float * logits, uint64_t logits_cap) {
     rm_clear_error();
@@ -289,7 +256,7 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         return rm_fail(RM_E_INVALID_ARG, "rm_session_eval: no tokens to evaluate (n = %d)", n);
     }
     if ((int64_t) s->n_past + n > s->n_ctx) {
-        return rm_fail(RM_E_STATE, "rm_session_eval: %d tokens after %d in the cache exceed the context of %d",
+        return rm_fail(RM_E_CONTEXT_FULL, "rm_session_eval: %d tokens after %d in the cache exceed the context of %d",
                        n, s->n_past, s->n_ctx);
     }
     for (int32_t i = 0; i < n; i++) {
@@ -328,305 +295,14 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
             break;
         }
         s->be->stats.n_tokens += (uint64_t) nb;
-        if (nb == 1 && s->auto_on) {
-            auto_budget_after_token(s);
+        if (nb == 1) {
+            rm_policy_after_token(s);
         }
         done += nb;
     }
     pthread_mutex_unlock(&s->m->lock);
     if (st != RM_OK) {
         return rm_fail(st, "rm_session_eval: %s", rm_last_error());
-    }
-    return RM_OK;
-}
-
-/* ---- the split: backend counters and the auto budget ------------------------------------------ */
-
-rm_status rm_session_backend_stats(const rm_session * s, rm_backend_stats * out) {
-    rm_clear_error();
-    if (!s || !out) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_backend_stats: NULL argument");
-    }
-    if (out->struct_size != sizeof(rm_backend_stats)) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_backend_stats: struct_size %u != %zu (mismatched header)",
-                       out->struct_size, sizeof(rm_backend_stats));
-    }
-    *out = s->be->stats;
-    out->struct_size = sizeof(rm_backend_stats);
-    out->auto_budget = s->auto_on ? s->auto_ctl.budget : -1.0f;
-    return RM_OK;
-}
-
-static rm_status check_auto(const rm_auto_budget * c, const char * fn) {
-    if (c->struct_size != sizeof(rm_auto_budget)) {
-        return rm_fail(RM_E_INVALID_ARG, "%s: struct_size %u != %zu (mismatched header)", fn, c->struct_size,
-                       sizeof(rm_auto_budget));
-    }
-    if (!(c->min_budget >= 0.0f && c->min_budget <= c->max_budget && c->max_budget <= 1.0f) ||
-        !(c->budget >= 0.0f && c->budget <= 1.0f) || !(c->increase >= 0.0f && c->increase <= 1.0f) ||
-        !(c->decrease > 0.0f && c->decrease < 1.0f) || !(c->margin >= 0.0f && c->margin < 1.0f) ||
-        !(c->reference_budget > 0.0f && c->reference_budget <= 1.0f)) {
-        return rm_fail(RM_E_INVALID_ARG,
-                       "%s: need 0 <= min_budget (%g) <= max_budget (%g) <= 1, budget (%g) in [0, 1], increase (%g) "
-                       "in [0, 1], decrease (%g) in (0, 1), margin (%g) in [0, 1), reference_budget (%g) in (0, 1]",
-                       fn, c->min_budget, c->max_budget, c->budget, c->increase, c->decrease, c->margin,
-                       c->reference_budget);
-    }
-    return RM_OK;
-}
-
-rm_status rm_auto_budget_step(rm_auto_budget * c, const float * host_us, const float * device_us, int32_t n_layer) {
-    rm_clear_error();
-    if (!c || (n_layer > 0 && (!host_us || !device_us)) || n_layer < 0) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_auto_budget_step: NULL argument or negative n_layer");
-    }
-    rm_status st = check_auto(c, "rm_auto_budget_step");
-    if (st != RM_OK) {
-        return st;
-    }
-    int stalled = 0, room = 1;
-    for (int32_t l = 0; l < n_layer; l++) {
-        if (!(host_us[l] > 0.0f)) {
-            continue;   /* no host work in this layer: nothing to wait for */
-        }
-        if (host_us[l] > device_us[l]) {
-            stalled = 1;
-        }
-        if (host_us[l] > (1.0f - c->margin) * device_us[l]) {
-            room = 0;
-        }
-    }
-    float b = c->budget;
-    if (stalled) {
-        b *= c->decrease;
-    } else if (room) {
-        b += c->increase;
-    }
-    c->budget = b < c->min_budget ? c->min_budget : b > c->max_budget ? c->max_budget : b;
-    return RM_OK;
-}
-
-static void apply_auto_budget(rm_session * s) {
-    const float f = s->auto_ctl.budget / s->auto_ctl.reference_budget;
-    for (int l = 0; l < s->m->hp.n_layer; l++) {
-        const float t = s->budget_ref[l] * f;
-        s->layer_budget[l] = t < 1.0f ? t : 1.0f;
-    }
-}
-
-static void auto_budget_after_token(rm_session * s) {
-    if (!s->be->layer_cpu_us) {
-        return;   /* a backend without overlap measures nothing */
-    }
-    rm_auto_budget_step(&s->auto_ctl, s->be->layer_cpu_us, s->be->layer_gpu_us, s->m->hp.n_layer);
-    apply_auto_budget(s);
-}
-
-rm_status rm_session_set_auto_budget(rm_session * s, const rm_auto_budget * ctl) {
-    rm_clear_error();
-    if (!s) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_auto_budget: NULL session");
-    }
-    if (!ctl) {
-        if (s->auto_on) {
-            memcpy(s->layer_budget, s->budget_ref, sizeof(float) * (size_t) s->m->hp.n_layer);
-        }
-        s->auto_on = 0;
-        return RM_OK;
-    }
-    rm_status st = check_auto(ctl, "rm_session_set_auto_budget");
-    if (st != RM_OK) {
-        return st;
-    }
-    if (s->policy < RM_POLICY_UMIA) {
-        return rm_fail(RM_E_STATE, "rm_session_set_auto_budget: the policy (kind %d) has no budget to adjust; "
-                       "set a scored policy first", s->policy);
-    }
-    if (!s->auto_on) {
-        memcpy(s->budget_ref, s->layer_budget, sizeof(float) * (size_t) s->m->hp.n_layer);
-    }
-    s->auto_ctl = *ctl;
-    s->auto_on = 1;
-    apply_auto_budget(s);
-    return RM_OK;
-}
-
-/* ---- residual policy and statistics -------------------------------------------------------- */
-
-static rm_status check_positive(const char * what, const float * v, int64_t n, float hi) {
-    for (int64_t i = 0; v && i < n; i++) {
-        if (!(v[i] > 0.0f) || !(v[i] <= hi)) {
-            return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: %s[%lld] = %g is outside (0, %g]",
-                           what, (long long) i, v[i], hi);
-        }
-    }
-    return RM_OK;
-}
-
-rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * p) {
-    rm_clear_error();
-    if (!s || !p) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: NULL argument");
-    }
-    if (p->struct_size != sizeof(rm_residual_policy)) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: struct_size %u != %zu (mismatched header)",
-                       p->struct_size, sizeof(rm_residual_policy));
-    }
-    if (p->kind < RM_POLICY_NONE || p->kind > RM_POLICY_LAYER) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: unknown policy kind %d", p->kind);
-    }
-    if (p->kind != RM_POLICY_NONE && !s->m->residual) {
-        return rm_fail(RM_E_STATE, "rm_session_set_policy: the model was loaded without a residual sidecar");
-    }
-    const int64_t NL = s->m->hp.n_layer, X = s->m->hp.n_expert;
-    const int scored = p->kind >= RM_POLICY_UMIA;
-    if (scored && !p->layer_budget) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: policy %d needs layer_budget", p->kind);
-    }
-    for (int64_t l = 0; scored && l < NL; l++) {
-        if (!(p->layer_budget[l] >= 0.0f && p->layer_budget[l] <= 1.0f)) {
-            return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: layer_budget[%lld] = %g is outside [0, 1]",
-                           (long long) l, p->layer_budget[l]);
-        }
-    }
-    rm_status st;
-    if ((st = check_positive("expert_score", p->expert_score, NL * X, 1e30f)) != RM_OK ||
-        (st = check_positive("layer_score", p->layer_score, NL, 1e30f)) != RM_OK) {
-        return st;
-    }
-    if (!isfinite(p->gain) || p->gain < 0.0f || !isfinite(p->gate_power)) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_policy: gain %g / gate_power %g invalid", p->gain, p->gate_power);
-    }
-    s->policy = p->kind;
-    s->rng = rm_rng_seed(p->seed);
-    s->gate_power = p->gate_power;
-    s->gain = p->gain;
-    for (int64_t i = 0; i < NL * X; i++) s->expert_score[i] = p->expert_score ? p->expert_score[i] : 1.0f;
-    for (int64_t l = 0; l < NL; l++) {
-        s->layer_score[l] = p->layer_score ? p->layer_score[l] : 1.0f;
-        s->layer_budget[l] = p->layer_budget ? p->layer_budget[l] : 0.0f;
-        s->threshold[l] = p->threshold0 ? p->threshold0[l] : 0.0f;
-        s->layer_mask[l] = p->layer_mask ? (p->layer_mask[l] != 0) : 1;
-    }
-    memcpy(s->budget_ref, s->layer_budget, sizeof(float) * (size_t) NL);
-    s->auto_on = 0;
-    return RM_OK;
-}
-
-rm_status rm_session_stats(const rm_session * s, uint64_t * active, uint64_t * residual, uint64_t cap) {
-    rm_clear_error();
-    if (!s || !active || !residual) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_stats: NULL argument");
-    }
-    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert;
-    if (cap < n) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_stats: buffers hold %llu entries, %llu needed",
-                       (unsigned long long) cap, (unsigned long long) n);
-    }
-    memcpy(active, s->stat_active, sizeof(uint64_t) * n);
-    memcpy(residual, s->stat_residual, sizeof(uint64_t) * n);
-    return RM_OK;
-}
-
-rm_status rm_session_clear_stats(rm_session * s) {
-    rm_clear_error();
-    if (!s) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_clear_stats: NULL session");
-    }
-    const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
-    memset(s->stat_active, 0, sizeof(uint64_t) * n);
-    memset(s->stat_residual, 0, sizeof(uint64_t) * n);
-    memset(s->prof_us, 0, sizeof(s->prof_us));
-    memset(s->prof_tokens, 0, sizeof(s->prof_tokens));
-    rm_backend_stats * bs = &s->be->stats;
-    char name[sizeof(bs->backend)];
-    memcpy(name, bs->backend, sizeof(name));
-    memset(bs, 0, sizeof(*bs));
-    memcpy(bs->backend, name, sizeof(name));
-    return RM_OK;
-}
-
-rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float * weights, uint8_t * residual,
-                                 uint64_t cap) {
-    rm_clear_error();
-    if (!s || !experts || !weights || !residual) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_last_routes: NULL argument");
-    }
-    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
-    if (cap < n) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_last_routes: buffers hold %llu entries, %llu needed",
-                       (unsigned long long) cap, (unsigned long long) n);
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        experts[i] = s->last_routes[i].expert;
-        weights[i] = s->last_routes[i].weight;
-        residual[i] = s->last_routes[i].residual;
-    }
-    return RM_OK;
-}
-
-rm_status rm_session_set_calibration(rm_session * s, int32_t on) {
-    rm_clear_error();
-    if (!s) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_calibration: NULL session");
-    }
-    if (on && !s->m->residual) {
-        return rm_fail(RM_E_STATE, "rm_session_set_calibration: the model was loaded without a residual sidecar");
-    }
-    if (on && s->be->ops->moe_experts) {
-        return rm_fail(RM_E_STATE, "rm_session_set_calibration: calibration runs on the CPU backend; load the model "
-                       "without a GPU to calibrate");
-    }
-    const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
-    if (on) {
-        memset(s->cal_delta, 0, sizeof(double) * n);
-        memset(s->cal_n, 0, sizeof(uint64_t) * n);
-        if (!s->route_log) {
-            s->route_log = calloc((size_t) s->n_ctx * (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert_used,
-                                  sizeof(rm_route));
-            if (!s->route_log) {
-                return rm_fail(RM_E_OOM, "rm_session_set_calibration: out of memory for the route log");
-            }
-        }
-    } else {
-        free(s->route_log);
-        s->route_log = NULL;
-    }
-    s->calibrating = on != 0;
-    return RM_OK;
-}
-
-rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap) {
-    rm_clear_error();
-    if (!s || !sum_delta || !count) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_calibration: NULL argument");
-    }
-    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert;
-    if (cap < n) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_calibration: buffers hold %llu entries, %llu needed",
-                       (unsigned long long) cap, (unsigned long long) n);
-    }
-    memcpy(sum_delta, s->cal_delta, sizeof(double) * n);
-    memcpy(count, s->cal_n, sizeof(uint64_t) * n);
-    return RM_OK;
-}
-
-rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap) {
-    rm_clear_error();
-    if (!s || !experts || !weights) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: NULL argument");
-    }
-    if (!s->route_log) {
-        return rm_fail(RM_E_STATE, "rm_session_route_log: routes are recorded only while calibrating");
-    }
-    const uint64_t n = (uint64_t) s->n_past * (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
-    if (cap < n) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: buffers hold %llu entries, %llu needed",
-                       (unsigned long long) cap, (unsigned long long) n);
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        experts[i] = s->route_log[i].expert;
-        weights[i] = s->route_log[i].weight;
     }
     return RM_OK;
 }

@@ -1,4 +1,5 @@
-/* session.h - internal: a session's KV cache, scratch buffers and MoE bookkeeping. */
+/* session.h - internal: a session's KV cache, scratch buffers and MoE bookkeeping; the policy
+ * (policy.c), profile (profile.c) and statistics (stats.c) keep their state here. */
 #ifndef RM_SESSION_H
 #define RM_SESSION_H
 
@@ -6,6 +7,8 @@
 
 #include "backend.h"
 #include "model.h"
+#include "policy.h"
+#include "profile.h"
 
 /* Rows of the output head computed per backend call (bounds the device buffer for logits). */
 #define RM_LOGIT_ROWS 16
@@ -15,12 +18,7 @@ struct rm_session {
     rm_backend * be;
     int32_t      n_ctx, n_batch, n_past;
 
-    /* the profile (rm_session_profile): [0] decode, [1] prefill; prof_t the time the current
-     * part began, prof_kind which of the two the current batch is */
-    double       prof_us[2][RM_PROF_COUNT];
-    uint64_t     prof_tokens[2];
-    double       prof_t;
-    int          prof_kind;
+    rm_profile   prof;            /* where evaluation time goes (profile.c) */
 
     /* backend memory (see backend.h); rows of the widths given */
     float * k_cache;              /* n_layer * n_ctx rows of n_head_kv*head_dim */
@@ -47,25 +45,12 @@ struct rm_session {
     float *    scale;             /* n_batch * n_expert_used: weights of a scatter */
     float *    cal_host;          /* 2 rows of n_embd: calibration outputs brought to the host */
 
-    /* statistics since the last reset of the counters */
+    /* statistics since the last reset of the counters (stats.c) */
     uint64_t * stat_active;       /* n_layer * n_expert: activations */
     uint64_t * stat_residual;     /* n_layer * n_expert: of which with residual */
     rm_route * last_routes;       /* n_layer rows of n_expert_used: the last token's routing */
 
-    /* residual policy (see rm_residual_policy) */
-    int32_t    policy;            /* rm_policy_kind */
-    uint64_t   rng;
-    float      gate_power, gain;
-    float *    expert_score;      /* n_layer * n_expert */
-    float *    layer_score;       /* n_layer */
-    float *    layer_budget;      /* n_layer */
-    float *    threshold;         /* n_layer, the controllers' state */
-    uint8_t *  layer_mask;        /* n_layer */
-
-    /* residual_budget = "auto" (rm_auto_budget); on when auto_on */
-    int32_t        auto_on;
-    rm_auto_budget auto_ctl;
-    float *        budget_ref;    /* n_layer: layer_budget as the policy set it */
+    rm_policy_state policy;       /* which slots get their residual (policy.c) */
 
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;
@@ -73,20 +58,5 @@ struct rm_session {
     uint64_t * cal_n;             /* n_layer * n_expert */
     rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
 };
-
-static inline double rm_prof_now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
-}
-
-/* Ends the current part of the profile (its time since the last mark goes to `part`). Inline:
- * the forward pass (session.c) and the MoE block it calls (moe.c) both mark parts, and moe.c
- * must not call back into session.c. */
-static inline void rm_prof_mark(rm_session * s, int part) {
-    const double t = rm_prof_now_us();
-    s->prof_us[s->prof_kind][part] += t - s->prof_t;
-    s->prof_t = t;
-}
 
 #endif

@@ -37,6 +37,11 @@ const char * rm_status_str(rm_status status) {
         case RM_E_CUDA:             return "RM_E_CUDA";
         case RM_E_STATE:            return "RM_E_STATE";
         case RM_E_INTERNAL:         return "RM_E_INTERNAL";
+        case RM_E_CONTEXT_FULL:     return "RM_E_CONTEXT_FULL";
+        case RM_E_NO_RESIDUAL:      return "RM_E_NO_RESIDUAL";
+        case RM_E_NEEDS_CPU:        return "RM_E_NEEDS_CPU";
+        case RM_E_NOT_CALIBRATING:  return "RM_E_NOT_CALIBRATING";
+        case RM_E_NO_BUDGET:        return "RM_E_NO_BUDGET";
     }
     return "RM_E_UNKNOWN";
 }

@@ -1,0 +1,41 @@
+/* policy.h - internal: the residual policy of a session (rm_residual_policy in rapidmoe.h): which
+ * activated (token, layer, expert) slots get their expert's residual, the per-layer controllers
+ * that keep each layer on its budget, and the auto budget controller above them. */
+#ifndef RM_POLICY_H
+#define RM_POLICY_H
+
+#include "rapidmoe.h"
+
+typedef struct rm_policy_state {
+    int32_t    kind;              /* rm_policy_kind */
+    uint64_t   rng;               /* RANDOM and LAYER draws */
+    float      gate_power, gain;
+    float *    expert_score;      /* n_layer * n_expert */
+    float *    layer_score;       /* n_layer */
+    float *    layer_budget;      /* n_layer: each layer's target share of its slots */
+    float *    threshold;         /* n_layer: the controllers' state, in log-score units */
+    uint8_t *  layer_mask;        /* n_layer: 0 = never a residual in that layer */
+
+    /* residual_budget = "auto" (rm_auto_budget): on when auto_on */
+    int32_t        auto_on;
+    rm_auto_budget auto_ctl;
+    float *        budget_ref;    /* n_layer: layer_budget as rm_session_set_policy set it */
+} rm_policy_state;
+
+/* Allocates the arrays for n_layer layers of n_expert experts, kind ALL with a sidecar, else
+ * NONE; 0 when out of memory (then rm_policy_state_free releases what was allocated). */
+int  rm_policy_state_init(rm_policy_state * p, int32_t n_layer, int32_t n_expert, int has_residual);
+void rm_policy_state_free(rm_policy_state * p);
+
+/* Marks routes[i * n_expert_used + k].residual for the n tokens routed in layer il, token by token
+ * (each layer's controller updated after each token, so a batch decides as decode would). */
+void rm_policy_select(rm_session * s, int il, int32_t n);
+
+/* After a decoded token: one step of the auto budget controller on the backend's measured
+ * per-layer times, when it is on. */
+void rm_policy_after_token(rm_session * s);
+
+/* The auto controller's budget now; -1 when it is off (rm_backend_stats.auto_budget). */
+float rm_policy_auto_budget(const rm_policy_state * p);
+
+#endif

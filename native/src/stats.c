@@ -1,0 +1,166 @@
+/* stats.c - a session's counters and records: activations and residual slots per expert, the
+ * split's backend counters, the last token's routing, and calibration (its sums and route log). */
+#include "stats.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy.h"
+#include "profile.h"
+#include "session.h"
+#include "status.h"
+
+void rm_stats_count(rm_session * s, int il, int32_t n) {
+    const int32_t K = s->m->hp.n_expert_used, X = s->m->hp.n_expert;
+    uint64_t * active = s->stat_active + (int64_t) il * X;
+    uint64_t * resid = s->stat_residual + (int64_t) il * X;
+    for (int64_t j = 0; j < (int64_t) n * K; j++) {
+        active[s->routes[j].expert]++;
+        resid[s->routes[j].expert] += s->routes[j].residual;
+    }
+}
+
+void rm_stats_record_routes(rm_session * s, int il, int32_t n) {
+    const int32_t K = s->m->hp.n_expert_used;
+    memcpy(s->last_routes + (int64_t) il * K, s->routes + (int64_t) (n - 1) * K, sizeof(rm_route) * (size_t) K);
+    if (s->route_log) {
+        for (int32_t i = 0; i < n; i++) {
+            rm_route * dst = s->route_log + ((int64_t) (s->n_past + i) * s->m->hp.n_layer + il) * K;
+            memcpy(dst, s->routes + (int64_t) i * K, sizeof(rm_route) * (size_t) K);
+        }
+    }
+}
+
+rm_status rm_session_backend_stats(const rm_session * s, rm_backend_stats * out) {
+    rm_clear_error();
+    if (!s || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_backend_stats: NULL argument");
+    }
+    if (out->struct_size != sizeof(rm_backend_stats)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_backend_stats: struct_size %u != %zu (mismatched header)",
+                       out->struct_size, sizeof(rm_backend_stats));
+    }
+    *out = s->be->stats;
+    out->struct_size = sizeof(rm_backend_stats);
+    out->auto_budget = rm_policy_auto_budget(&s->policy);
+    return RM_OK;
+}
+
+rm_status rm_session_stats(const rm_session * s, uint64_t * active, uint64_t * residual, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !active || !residual) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_stats: NULL argument");
+    }
+    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_stats: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    memcpy(active, s->stat_active, sizeof(uint64_t) * n);
+    memcpy(residual, s->stat_residual, sizeof(uint64_t) * n);
+    return RM_OK;
+}
+
+rm_status rm_session_clear_stats(rm_session * s) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_clear_stats: NULL session");
+    }
+    const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
+    memset(s->stat_active, 0, sizeof(uint64_t) * n);
+    memset(s->stat_residual, 0, sizeof(uint64_t) * n);
+    rm_prof_clear(s);
+    rm_backend_stats * bs = &s->be->stats;
+    char name[sizeof(bs->backend)];
+    memcpy(name, bs->backend, sizeof(name));
+    memset(bs, 0, sizeof(*bs));
+    memcpy(bs->backend, name, sizeof(name));
+    return RM_OK;
+}
+
+rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float * weights, uint8_t * residual,
+                                 uint64_t cap) {
+    rm_clear_error();
+    if (!s || !experts || !weights || !residual) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_last_routes: NULL argument");
+    }
+    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_last_routes: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        experts[i] = s->last_routes[i].expert;
+        weights[i] = s->last_routes[i].weight;
+        residual[i] = s->last_routes[i].residual;
+    }
+    return RM_OK;
+}
+
+/* ---- calibration -------------------------------------------------------------------------- */
+
+rm_status rm_session_set_calibration(rm_session * s, int32_t on) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_calibration: NULL session");
+    }
+    if (on && !s->m->residual) {
+        return rm_fail(RM_E_NO_RESIDUAL, "rm_session_set_calibration: the model was loaded without a residual sidecar");
+    }
+    if (on && s->be->ops->moe_experts) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_session_set_calibration: calibration runs on the CPU backend; load the "
+                       "model without a GPU to calibrate");
+    }
+    const size_t n = (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert;
+    if (on) {
+        memset(s->cal_delta, 0, sizeof(double) * n);
+        memset(s->cal_n, 0, sizeof(uint64_t) * n);
+        if (!s->route_log) {
+            s->route_log = calloc((size_t) s->n_ctx * (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert_used,
+                                  sizeof(rm_route));
+            if (!s->route_log) {
+                return rm_fail(RM_E_OOM, "rm_session_set_calibration: out of memory for the route log");
+            }
+        }
+    } else {
+        free(s->route_log);
+        s->route_log = NULL;
+    }
+    s->calibrating = on != 0;
+    return RM_OK;
+}
+
+rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !sum_delta || !count) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_calibration: NULL argument");
+    }
+    const uint64_t n = (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_calibration: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    memcpy(sum_delta, s->cal_delta, sizeof(double) * n);
+    memcpy(count, s->cal_n, sizeof(uint64_t) * n);
+    return RM_OK;
+}
+
+rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap) {
+    rm_clear_error();
+    if (!s || !experts || !weights) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: NULL argument");
+    }
+    if (!s->route_log) {
+        return rm_fail(RM_E_NOT_CALIBRATING, "rm_session_route_log: routes are recorded only while calibrating");
+    }
+    const uint64_t n = (uint64_t) s->n_past * (uint64_t) s->m->hp.n_layer * (uint64_t) s->m->hp.n_expert_used;
+    if (cap < n) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_route_log: buffers hold %llu entries, %llu needed",
+                       (unsigned long long) cap, (unsigned long long) n);
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        experts[i] = s->route_log[i].expert;
+        weights[i] = s->route_log[i].weight;
+    }
+    return RM_OK;
+}

@@ -6,9 +6,7 @@
 
 #include "backend.h"
 #include "model.h"
-
-/* Rows of the output head computed per backend call (bounds the device buffer for logits). */
-#define RM_LOGIT_ROWS 16
+#include "sizes.h"
 
 struct rm_session {
     rm_model *   m;

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "devweights.h"
+#include "sizes.h"
 #include "split.h"
 #include "status.h"
 
@@ -463,12 +464,15 @@ static const rm_backend_ops STANDIN_OPS = {
 };
 
 /* The routing and index buffers, then the split's scratch: what the CUDA backend allocates, in
- * the same order (so the planner's sums and a budget's first failure hold for both). */
+ * the same order and of the sizes sizes.h gives (so the planner's sums and a budget's first
+ * failure hold for both). */
 static int split_init(rm_backend * be) {
     sb_ctx * c = ctx_of(be);
-    const uint64_t S = (uint64_t) c->sp.max_slots;
-    if (!(c->routes_d = sb_alloc(be, sizeof(rm_route) * S)) || !(c->idx_d = sb_alloc(be, sizeof(int32_t) * S)) ||
-        !(c->scale_d = sb_alloc(be, sizeof(float) * S))) {
+    const rm_size_params p = rm_size_params_of(&c->m->hp, 0, c->n_batch, 0);
+    uint64_t bytes[RM_SPLIT_BUF_COUNT];
+    rm_split_buf_bytes(&p, bytes);
+    if (!(c->routes_d = sb_alloc(be, bytes[RM_SPLIT_BUF_ROUTES])) || !(c->idx_d = sb_alloc(be, bytes[RM_SPLIT_BUF_IDX])) ||
+        !(c->scale_d = sb_alloc(be, bytes[RM_SPLIT_BUF_SCALE]))) {
         return 0;
     }
     return rm_split_init(be, &c->sp, c->m, c->n_batch);

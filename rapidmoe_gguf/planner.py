@@ -7,9 +7,10 @@ one session. Then every expert's base, most used first (``rapidmoe.umia.expert_f
 the sidecar's calibration; uniform without it), while it fits. Bases that do not fit stay in host
 memory and the CPU computes those experts at base precision; residuals always stay in host memory.
 
-Device bytes are counted the way the native library allocates them (each weight tensor rounded
-up to 256 bytes in one arena, the session buffers of session.c and native/cuda/split.cu), and
-the library enforces the same budget as a hard cap, so a plan that fits here fits there.
+Device bytes are the native library's own: the weight arena's rounding (RM_DEVICE_ALIGN), a
+session's buffers (rm_session_sizes_get, the function the sessions allocate by) and the types the
+CUDA kernels take (the library's type table, in every build); the library enforces the same
+budget as a hard cap, so a plan that fits here fits there.
 
     sizes = ModelSizes.from_files("m.gguf", "m.residual.gguf")
     p = plan(sizes, "8GiB", n_ctx=4096)
@@ -27,16 +28,15 @@ import time
 
 import numpy as np
 
+from . import _native
+from ._native import ffi, lib
 from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import open_gguf
 from .metadata import get_int, get_str, require
+from .quants import CUDA_MATMUL_TYPES as GPU_MATMUL_TYPES   # other matrices stay on the host
 from .resplit import residual_path as default_residual_path
 
-# ggml types the CUDA kernels multiply by (native/cuda/matmul.cuh); other matrices stay on the host.
-GPU_MATMUL_TYPES = frozenset({"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K"})
-ALIGN = 256                      # the weight arena's alignment (native/cuda/gpu.cu)
-LOGIT_ROWS = 16                  # RM_LOGIT_ROWS in native/src/session.h
-STAGE_EXPERTS = 4                # RM_CU_STAGE_EXPERTS in native/cuda/backend.cuh
+ALIGN = lib.RM_DEVICE_ALIGN      # each range of weights in the device's arena is rounded up to this
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|residual)$")
 
 
@@ -105,8 +105,8 @@ class ModelSizes:
 
     @property
     def kv_bytes_per_pos(self) -> int:
-        """KV cache bytes per position, all layers (f32 K and V)."""
-        return 2 * 4 * self.n_layer * self.n_head_kv * self.head_dim
+        """KV cache bytes per position, all layers (the library's KV cache of one position)."""
+        return session_device_bytes(self, 1, 1, False)["kv_cache"]
 
     @classmethod
     def from_files(cls, path: str | os.PathLike, residual: str | os.PathLike | None = "auto") -> "ModelSizes":
@@ -240,17 +240,21 @@ def crossover_tokens(sizes: ModelSizes, hw: Hardware, host_bw_gbps: float, max_t
 # ---------------------------------------------------------------------------------------------
 
 def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool) -> dict[str, int]:
-    """Device bytes of one session, as session.c and native/cuda allocate them."""
-    f = 4
-    B = min(n_batch, n_ctx)
-    E, Q, KV = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    F = max(s.n_ff_exp, s.n_ff_shexp)
-    S = B * s.n_expert_used
-    acts = f * B * (6 * E + 2 * Q + 2 * KV + s.n_expert + 2 * F + 1) + f * min(B, LOGIT_ROWS) * s.n_vocab
-    routing = S * (16 + 4 + 4)
-    split = f * S * (4 * E + 5 * s.n_ff_exp) + 10 * (S * 12 + 15)
-    stage = STAGE_EXPERTS * _align(int(s.expert_residual.max())) if upload_residuals and s.expert_residual.size else 0
-    return {"kv_cache": s.kv_bytes_per_pos * n_ctx, "activations": acts + routing, "split_scratch": split + stage}
+    """Device bytes of one session, from the library (rm_session_sizes_get): the numbers the
+    session's backend then allocates."""
+    p = ffi.new("rm_size_params *")
+    p.struct_size = ffi.sizeof("rm_size_params")
+    for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
+              "n_ff_exp", "n_ff_shexp", "n_vocab"):
+        setattr(p, k, getattr(s, k))
+    p.n_ctx, p.n_batch = n_ctx, n_batch
+    if upload_residuals and s.expert_residual.size:
+        p.stage_expert_bytes = int(s.expert_residual.max())
+    out = ffi.new("rm_session_sizes *")
+    out.struct_size = ffi.sizeof("rm_session_sizes")
+    _native.check(lib.rm_session_sizes_get(p, out))
+    return {"kv_cache": out.kv_cache, "activations": out.activations + out.split_routing,
+            "split_scratch": out.split_scratch + out.split_stage}
 
 
 @dataclasses.dataclass

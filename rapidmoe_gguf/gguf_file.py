@@ -96,6 +96,8 @@ class GGUFFile:
         self.alignment: int = lib.rm_gguf_alignment(self._g)
         self.data_offset: int = lib.rm_gguf_data_offset(self._g)
         self.file_size: int = lib.rm_gguf_file_size(self._g)
+        # [first byte, end) of the tensor-info block, which a RESplit sidecar's base identity hashes
+        self.tensor_infos_span: tuple[int, int] = (lib.rm_gguf_infos_begin(self._g), lib.rm_gguf_infos_end(self._g))
         self._metadata: dict[str, Any] | None = None
         self._tensors: dict[str, TensorInfo] | None = None
 

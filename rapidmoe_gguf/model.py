@@ -6,6 +6,7 @@ so code written for it reads the same here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -93,19 +94,23 @@ class Model:
             cand = residual_path(path)
             residual = cand if os.path.isfile(cand) else None
         self.residual_path = os.fspath(residual) if residual is not None else None
+        # Each file's header is parsed once here, and the pair check, the UMIA tables, the
+        # metadata and the plan all read that parse; the C loader then opens each file once more
+        # for itself (rm_model_load), as it must to map the weights.
         self.umia_tables = None
-        if self.residual_path is not None:
-            check_pair(path, self.residual_path)
-            with open_gguf(self.residual_path) as g:
-                self.umia_tables = umia.Tables.from_metadata(g.metadata)
-
-        with open_gguf(path) as g:
-            self.metadata = dict(g.metadata)
         self.plan = None
-        if gpu_memory is not None:
-            self.plan = planner.plan_files(path, gpu_memory, n_ctx, residual=self.residual_path, n_batch=n_batch,
-                                           residual_budget=AUTO_BUDGET["start"] if auto else float(residual_budget),
-                                           hardware=hardware, n_sessions=gpu_sessions)
+        with contextlib.ExitStack() as files:
+            base = files.enter_context(open_gguf(path))
+            res = files.enter_context(open_gguf(self.residual_path)) if self.residual_path is not None else None
+            if res is not None:
+                check_pair(base, res)
+                self.umia_tables = umia.Tables.from_metadata(res.metadata)
+            self.metadata = dict(base.metadata)
+            if gpu_memory is not None:
+                self.plan = planner.plan(planner.ModelSizes.from_gguf(base, res), gpu_memory, n_ctx, n_batch=n_batch,
+                                         residual_budget=AUTO_BUDGET["start"] if auto else float(residual_budget),
+                                         hardware=hardware, n_sessions=gpu_sessions)
+        if self.plan is not None:
             log.info("GPU plan:\n%s", self.plan.summary())
         params = ffi.new("rm_model_params *")
         params.struct_size = ffi.sizeof("rm_model_params")

@@ -19,6 +19,7 @@ budget as a hard cap, so a plan that fits here fits there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -31,7 +32,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from .errors import InvalidArgumentError, RapidMoEError
-from .gguf_file import open_gguf
+from .gguf_file import GGUFFile, open_gguf
 from .metadata import get_int, get_str, require
 from .quants import CUDA_MATMUL_TYPES as GPU_MATMUL_TYPES   # other matrices stay on the host
 from .resplit import residual_path as default_residual_path
@@ -112,68 +113,73 @@ class ModelSizes:
     def from_files(cls, path: str | os.PathLike, residual: str | os.PathLike | None = "auto") -> "ModelSizes":
         """Sizes from a base GGUF and, when given (``"auto"``: ``NAME.residual.gguf`` if present),
         its sidecar; tensor sizes come from the files' tensor tables, nothing is read in bulk."""
-        from . import umia
-
         path = os.fspath(path)
         if residual == "auto":
             cand = default_residual_path(path)
             residual = cand if os.path.isfile(cand) else None
-        with open_gguf(path) as g:
-            md = g.metadata
-            arch = require(get_str(md, "general.architecture", where=f"{path}: "), "general.architecture",
+        with open_gguf(path) as g, (open_gguf(residual) if residual is not None else contextlib.nullcontext()) as r:
+            return cls.from_gguf(g, r)
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, r: GGUFFile | None = None) -> "ModelSizes":
+        """``from_files`` on a base (and sidecar) already open with ``open_gguf``."""
+        from . import umia
+
+        path = g.path
+        md = g.metadata
+        arch = require(get_str(md, "general.architecture", where=f"{path}: "), "general.architecture",
+                       f"{path}: ")
+
+        def key(name, default=None):
+            return require(get_int(md, f"{arch}.{name}", default, where=f"{path}: "), f"{arch}.{name}",
                            f"{path}: ")
 
-            def key(name, default=None):
-                return require(get_int(md, f"{arch}.{name}", default, where=f"{path}: "), f"{arch}.{name}",
-                               f"{path}: ")
-
-            n_layer, n_expert = key("block_count"), key("expert_count")
-            n_embd, n_head = key("embedding_length"), key("attention.head_count")
-            sizes = dict(n_layer=n_layer, n_expert=n_expert, n_expert_used=key("expert_used_count"),
-                         n_embd=n_embd, n_head=n_head, n_head_kv=key("attention.head_count_kv", n_head),
-                         head_dim=key("attention.key_length", n_embd // n_head),
-                         n_ff_exp=0, n_ff_shexp=key("expert_shared_feed_forward_length", 0))
-            base = np.zeros((n_layer, n_expert), dtype=np.int64)
-            gpu_ok = np.ones(n_layer, dtype=bool)
-            dense_gpu = dense_host = dense_read = 0
-            tensors = g.tensors
-            if "token_embd.weight" not in tensors:
-                raise RapidMoEError(f"{path}: token_embd.weight is missing")
-            sizes["n_vocab"] = tensors["token_embd.weight"].ne[1]
-            for name, t in tensors.items():
-                m = _EXPERT_RE.match(name)
-                if m:
-                    layer = int(m.group(1))
-                    if layer >= n_layer or t.ne[2] != n_expert:
-                        raise RapidMoEError(f"{path}: tensor '{name}' does not fit {n_layer} layers of {n_expert} experts")
-                    base[layer, :] += _align(t.nbytes // n_expert)
-                    gpu_ok[layer] &= t.type_name in GPU_MATMUL_TYPES
-                    if m.group(2) == "up":
-                        sizes["n_ff_exp"] = t.ne[1]
-                    continue
-                if name == "token_embd.weight":
-                    continue   # rows are looked up on the host; only the tied output head reads it whole
-                dense_read += t.nbytes
-                if len(t.ne) == 1 or t.type_name in GPU_MATMUL_TYPES:
-                    dense_gpu += _align(t.nbytes)
-                else:
-                    dense_host += t.nbytes
-            if "output.weight" not in tensors:   # tied: the head is the embedding table
-                t = tensors["token_embd.weight"]
-                dense_read += t.nbytes
-                if t.type_name in GPU_MATMUL_TYPES:
-                    dense_gpu += _align(t.nbytes)
-                else:
-                    dense_host += t.nbytes
+        n_layer, n_expert = key("block_count"), key("expert_count")
+        n_embd, n_head = key("embedding_length"), key("attention.head_count")
+        sizes = dict(n_layer=n_layer, n_expert=n_expert, n_expert_used=key("expert_used_count"),
+                     n_embd=n_embd, n_head=n_head, n_head_kv=key("attention.head_count_kv", n_head),
+                     head_dim=key("attention.key_length", n_embd // n_head),
+                     n_ff_exp=0, n_ff_shexp=key("expert_shared_feed_forward_length", 0))
+        base = np.zeros((n_layer, n_expert), dtype=np.int64)
+        gpu_ok = np.ones(n_layer, dtype=bool)
+        dense_gpu = dense_host = dense_read = 0
+        tensors = g.tensors
+        if "token_embd.weight" not in tensors:
+            raise RapidMoEError(f"{path}: token_embd.weight is missing")
+        sizes["n_vocab"] = tensors["token_embd.weight"].ne[1]
+        for name, t in tensors.items():
+            m = _EXPERT_RE.match(name)
+            if m:
+                layer = int(m.group(1))
+                if layer >= n_layer or t.ne[2] != n_expert:
+                    raise RapidMoEError(f"{path}: tensor '{name}' does not fit {n_layer} layers of {n_expert} experts")
+                base[layer, :] += _align(t.nbytes // n_expert)
+                gpu_ok[layer] &= t.type_name in GPU_MATMUL_TYPES
+                if m.group(2) == "up":
+                    sizes["n_ff_exp"] = t.ne[1]
+                continue
+            if name == "token_embd.weight":
+                continue   # rows are looked up on the host; only the tied output head reads it whole
+            dense_read += t.nbytes
+            if len(t.ne) == 1 or t.type_name in GPU_MATMUL_TYPES:
+                dense_gpu += _align(t.nbytes)
+            else:
+                dense_host += t.nbytes
+        if "output.weight" not in tensors:   # tied: the head is the embedding table
+            t = tensors["token_embd.weight"]
+            dense_read += t.nbytes
+            if t.type_name in GPU_MATMUL_TYPES:
+                dense_gpu += _align(t.nbytes)
+            else:
+                dense_host += t.nbytes
         res = np.zeros((n_layer, n_expert), dtype=np.int64)
         freq, calibrated = np.full((n_layer, n_expert), 1.0 / n_expert), False
-        if residual is not None:
-            with open_gguf(residual) as g:
-                for name, t in g.tensors.items():
-                    m = _EXPERT_RE.match(name)
-                    if m and int(m.group(1)) < n_layer and t.ne[2] == n_expert:
-                        res[int(m.group(1)), :] += t.nbytes // n_expert
-                tables = umia.Tables.from_metadata(g.metadata)
+        if r is not None:
+            for name, t in r.tensors.items():
+                m = _EXPERT_RE.match(name)
+                if m and int(m.group(1)) < n_layer and t.ne[2] == n_expert:
+                    res[int(m.group(1)), :] += t.nbytes // n_expert
+            tables = umia.Tables.from_metadata(r.metadata)
             if tables is not None and tables.expert_frequency.shape == (n_layer, n_expert):
                 f = np.maximum(np.asarray(tables.expert_frequency, dtype=np.float64), 0.0)
                 rows = f.sum(1, keepdims=True)

@@ -183,6 +183,9 @@ void        rm_gguf_close(rm_gguf * g);
 uint32_t    rm_gguf_version(const rm_gguf * g);
 uint32_t    rm_gguf_alignment(const rm_gguf * g);
 uint64_t    rm_gguf_data_offset(const rm_gguf * g);
+/* The tensor-info block, [begin, end) in the file: what a RESplit sidecar's base identity hashes. */
+uint64_t    rm_gguf_infos_begin(const rm_gguf * g);
+uint64_t    rm_gguf_infos_end(const rm_gguf * g);
 uint64_t    rm_gguf_file_size(const rm_gguf * g);
 
 int64_t     rm_gguf_n_kv(const rm_gguf * g);

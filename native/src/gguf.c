@@ -95,6 +95,8 @@ struct rm_gguf {
     uint32_t        version;
     uint32_t        alignment;
     uint64_t        data_offset;      /* file offset of the data section */
+    uint64_t        infos_begin;      /* file offsets of the tensor-info block: [begin, end) */
+    uint64_t        infos_end;
     int64_t         n_kv;
     kv_rec *        kv;
     name_index      kv_index;
@@ -716,9 +718,11 @@ static rm_status parse(reader * r) {
         return fail(r, RM_E_OOM, "out of memory indexing %" PRId64 " tensors", n_tensors);
     }
     g->n_tensors = n_tensors;
+    g->infos_begin = r->pos;
     if ((st = parse_tensor_infos(r)) != RM_OK) {
         return st;
     }
+    g->infos_end = r->pos;
     return place_tensors(r);
 }
 
@@ -855,6 +859,8 @@ void rm_gguf_close(rm_gguf * g) {
 uint32_t rm_gguf_version(const rm_gguf * g)     { return g ? g->version : 0; }
 uint32_t rm_gguf_alignment(const rm_gguf * g)   { return g ? g->alignment : 0; }
 uint64_t rm_gguf_data_offset(const rm_gguf * g) { return g ? g->data_offset : 0; }
+uint64_t rm_gguf_infos_begin(const rm_gguf * g) { return g ? g->infos_begin : 0; }
+uint64_t rm_gguf_infos_end(const rm_gguf * g) { return g ? g->infos_end : 0; }
 uint64_t rm_gguf_file_size(const rm_gguf * g)   { return g ? g->size : 0; }
 int64_t  rm_gguf_n_kv(const rm_gguf * g)        { return g ? g->n_kv : 0; }
 int64_t  rm_gguf_n_tensors(const rm_gguf * g)   { return g ? g->n_tensors : 0; }

@@ -40,7 +40,7 @@ def _human_bytes(n: float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
-    from .recipes import RECIPES
+    from .convert.recipes import RECIPES
 
     p.add_argument("src", help="Hugging Face checkpoint directory, or a .gguf file of a supported MoE")
     p.add_argument("out", help="output NAME.gguf (the residual goes to NAME.residual.gguf)")

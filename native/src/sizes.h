@@ -35,7 +35,8 @@ enum {
 void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]);
 
 /* A device backend's per-session buffers for the CPU/GPU split: each slot's route, token row and
- * weight, then the split's scratch (split.h names them) and its plan tables. */
+ * weight, then the split's scratch (split.h names them) and its plan tables. They depend on
+ * n_batch and the shapes, not on n_ctx (a backend may pass 0 for it). */
 enum {
     RM_SPLIT_BUF_ROUTES, RM_SPLIT_BUF_IDX, RM_SPLIT_BUF_SCALE,
     RM_SPLIT_BUF_XC, RM_SPLIT_BUF_GC, RM_SPLIT_BUF_UC, RM_SPLIT_BUF_DC, RM_SPLIT_BUF_GF,

@@ -346,7 +346,7 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     host_bw = hw.host_bandwidth()
     cross = crossover_tokens(sizes, hw, host_bw)
     cap = budget - hw.context_reserve
-    tables = 8 * 3 * sizes.n_layer * sizes.n_expert
+    tables = lib.rm_device_expert_table_bytes(sizes.n_layer, sizes.n_expert)
     parts = {"dense_weights": sizes.dense_gpu, "expert_tables": tables}
     parts.update({k: n_sessions * v for k, v in session_device_bytes(sizes, n_ctx, n_batch, cross > 0).items()})
     fixed = sum(parts.values())

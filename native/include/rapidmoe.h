@@ -337,6 +337,10 @@ typedef struct rm_session_sizes {
  * parts, on the CPU the first two. */
 rm_status rm_session_sizes_get(const rm_size_params * params, rm_session_sizes * out);
 
+/* The expert table a model on a device holds once, beside its weights: the device address of
+ * every expert's gate, up and down matrix. 0 for a negative count. */
+uint64_t  rm_device_expert_table_bytes(int32_t n_layer, int32_t n_expert);
+
 /* ---------------------------------------------------------------------------------------------
  * Sampling
  * ------------------------------------------------------------------------------------------- */

@@ -59,6 +59,11 @@ uint64_t rm_split_stage_buf_bytes(const rm_size_params * p) {
     return RM_SPLIT_STAGE_MAX * rm_dev_round_up(p->stage_expert_bytes);
 }
 
+uint64_t rm_device_expert_table_bytes(int32_t n_layer, int32_t n_expert) {
+    if (n_layer < 0 || n_expert < 0) return 0;
+    return sizeof(const uint8_t *) * (uint64_t) n_layer * 3 * (uint64_t) n_expert;
+}
+
 rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out) {
     rm_clear_error();
     if (p == NULL || out == NULL) return rm_fail(RM_E_INVALID_ARG, "%s: params and out must not be NULL", __func__);

@@ -66,8 +66,7 @@ static rm_status standin_open(const rm_model * m, const rm_model_params * p, voi
     }
     d->budget = p->gpu_memory_bytes;
     d->upload_min_tokens = p->residual_upload_min_tokens;
-    const int64_t n_tab = (int64_t) m->hp.n_layer * 3 * m->hp.n_expert;
-    d->exp_tab_bytes = sizeof(uint8_t *) * (uint64_t) n_tab;
+    d->exp_tab_bytes = rm_device_expert_table_bytes(m->hp.n_layer, m->hp.n_expert);
     if (!(d->arena = dev_malloc(d, d->weights.bytes, "rm_model_load: the weights placed on the GPU")) ||
         !(d->exp_tab = dev_malloc(d, d->exp_tab_bytes, "rm_model_load: the expert tables"))) {
         standin_close(d);

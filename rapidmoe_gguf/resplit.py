@@ -79,12 +79,12 @@ def base_identity(path: str | os.PathLike[str] | GGUFFile) -> tuple[str | None, 
     the header is read, so this works on a base whose tensor data is still being written; given
     a file open with ``open_gguf``, its parsed header is used."""
     if isinstance(path, GGUFFile):
-        md, where, span = path.metadata, f"{path.path}: ", path.tensor_infos_span
+        file, md, span = path.path, path.metadata, path.tensor_infos_span
     else:
         h = read_header(path, check_data=False)
-        md, where, span = h, f"{h.path}: ", (h.ti_start, h.ti_end)
-    uuid = get_str(md, KEY_UUID, where=where)
-    with open(where[:-2], "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        file, md, span = h.path, h, (h.ti_start, h.ti_end)
+    uuid = get_str(md, KEY_UUID, where=f"{file}: ")
+    with open(file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         digest = hashlib.sha256(buf[span[0]:span[1]]).hexdigest()
     return uuid, digest
 

@@ -38,6 +38,7 @@ from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 from .errors import InvalidArgumentError, UnsupportedError
+from .sampling import SAMPLING_DEFAULTS as _SD
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -323,8 +324,9 @@ def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = T
 
 
 def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None = None,
-                           temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40,
-                           min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                           temperature: float = _SD["temperature"], top_p: float = _SD["top_p"],
+                           top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
+                           repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                            stop: str | Sequence[str] | None = None, stream: bool = False,
                            model: str | None = None):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 
 from .errors import RapidMoEError
+from .sampling import SAMPLING_DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ def _human_bytes(n: float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def _convert_args(p: argparse.ArgumentParser) -> None:
-    from .recipes import RECIPES
+    from .convert.recipes import RECIPES
 
     p.add_argument("src", help="Hugging Face checkpoint directory, or a .gguf file of a supported MoE")
     p.add_argument("out", help="output NAME.gguf (the residual goes to NAME.residual.gguf)")
@@ -194,16 +195,22 @@ def _open_model(args: argparse.Namespace):
                  gpu_sessions=max(1, getattr(args, "parallel", 1)))
 
 
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    """The sampling flags; their defaults are SamplingParams'."""
+    d = SAMPLING_DEFAULTS
+    p.add_argument("--temp", type=float, default=d["temperature"], help="temperature; 0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=d["top_k"], help="(default: %(default)s; 0 is off)")
+    p.add_argument("--top-p", type=float, default=d["top_p"], help="(default: %(default)s; 1 is off)")
+    p.add_argument("--min-p", type=float, default=d["min_p"], help="(default: %(default)s; 0 is off)")
+    p.add_argument("--repeat-penalty", type=float, default=d["repeat_penalty"], help="(default: %(default)s; 1 is off)")
+    p.add_argument("--seed", type=int, default=d["seed"], help="sampling seed (default: random)")
+
+
 def _run_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p, optional=True)
     p.add_argument("--prompt", "-p", default="The meaning of the word", help="prompt text")
     p.add_argument("--n-predict", "-n", type=int, default=64, help="tokens to generate (default: %(default)s)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.1)
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    _sampling_args(p)
     p.add_argument("--stats", action="store_true", help="print expert usage and residual decisions")
 
 
@@ -216,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         m.clear_stats()
         sys.stdout.write(args.prompt)
         sys.stdout.flush()
-        for piece in m._stream_text(args.prompt, args.n_predict, sampling, stop=[]):
+        for piece in m.stream(args.prompt, args.n_predict, sampling=sampling):
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
@@ -352,12 +359,7 @@ def _chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", "-s", help="a system message that starts the conversation")
     p.add_argument("--n-predict", "-n", type=int, default=None,
                    help="most tokens per reply (default: up to the end of the context)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 is greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.1)
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    _sampling_args(p)
 
 
 CHAT_HELP = "/reset starts a new conversation, /quit (or Ctrl-D) leaves, Ctrl-C stops a reply"

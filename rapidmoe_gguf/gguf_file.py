@@ -39,18 +39,13 @@ _FIXED = {
     lib.RM_GGUF_FLOAT64: ("<f8", "<d"),
 }
 
-# ggml type ids newer than the pinned gguf package's enum.
-_GGML_ONLY_TYPE_NAMES = {42: "Q2_0"}
-
-
 def ggml_type_name(type_id: int) -> str:
-    """The name gguf uses for a ggml type id ("Q4_K"), or "TYPE_<id>" for one it does not know."""
-    from gguf import GGMLQuantizationType
+    """The name gguf uses for a ggml type id ("Q4_K"), from the library's type table, or
+    "TYPE_<id>" for one it does not know."""
+    from .quants import GGML_BLOCKS
 
-    try:
-        return GGMLQuantizationType(type_id).name
-    except ValueError:
-        return _GGML_ONLY_TYPE_NAMES.get(type_id, f"TYPE_{type_id}")
+    known = GGML_BLOCKS.get(type_id)
+    return known[0] if known else f"TYPE_{type_id}"
 
 
 class _MappedRegion:
@@ -101,6 +96,8 @@ class GGUFFile:
         self.alignment: int = lib.rm_gguf_alignment(self._g)
         self.data_offset: int = lib.rm_gguf_data_offset(self._g)
         self.file_size: int = lib.rm_gguf_file_size(self._g)
+        # [first byte, end) of the tensor-info block, which a RESplit sidecar's base identity hashes
+        self.tensor_infos_span: tuple[int, int] = (lib.rm_gguf_infos_begin(self._g), lib.rm_gguf_infos_end(self._g))
         self._metadata: dict[str, Any] | None = None
         self._tensors: dict[str, TensorInfo] | None = None
 

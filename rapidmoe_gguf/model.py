@@ -6,6 +6,7 @@ so code written for it reads the same here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -23,7 +24,7 @@ from . import planner, umia
 from .errors import InvalidArgumentError, NoResidualError, RapidMoEError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
-from .sampling import Sampler, SamplingParams
+from .sampling import SAMPLING_DEFAULTS as _SD, Sampler, SamplingParams
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = logging.getLogger("rapidmoe")
@@ -91,19 +92,23 @@ class Model:
             cand = residual_path(path)
             residual = cand if os.path.isfile(cand) else None
         self.residual_path = os.fspath(residual) if residual is not None else None
+        # Each file's header is parsed once here, and the pair check, the UMIA tables, the
+        # metadata and the plan all read that parse; the C loader then opens each file once more
+        # for itself (rm_model_load), as it must to map the weights.
         self.umia_tables = None
-        if self.residual_path is not None:
-            check_pair(path, self.residual_path)
-            with open_gguf(self.residual_path) as g:
-                self.umia_tables = umia.Tables.from_metadata(g.metadata)
-
-        with open_gguf(path) as g:
-            self.metadata = dict(g.metadata)
         self.plan = None
-        if gpu_memory is not None:
-            self.plan = planner.plan_files(path, gpu_memory, n_ctx, residual=self.residual_path, n_batch=n_batch,
-                                           residual_budget=AUTO_BUDGET["start"] if auto else residual_budget,
-                                           hardware=hardware, n_sessions=gpu_sessions)
+        with contextlib.ExitStack() as files:
+            base = files.enter_context(open_gguf(path))
+            res = files.enter_context(open_gguf(self.residual_path)) if self.residual_path is not None else None
+            if res is not None:
+                check_pair(base, res)
+                self.umia_tables = umia.Tables.from_metadata(res.metadata)
+            self.metadata = dict(base.metadata)
+            if gpu_memory is not None:
+                self.plan = planner.plan(planner.ModelSizes.from_gguf(base, res), gpu_memory, n_ctx, n_batch=n_batch,
+                                         residual_budget=AUTO_BUDGET["start"] if auto else residual_budget,
+                                         hardware=hardware, n_sessions=gpu_sessions)
+        if self.plan is not None:
             log.info("GPU plan:\n%s", self.plan.summary())
         params = ffi.new("rm_model_params *")
         params.struct_size = ffi.sizeof("rm_model_params")
@@ -447,21 +452,34 @@ class Model:
             self.last_timings["gen_s"] = time.perf_counter() - t1
 
     def generate(self, prompt: str, max_tokens: int = 128, **sampling) -> str:
-        """Generates a continuation of prompt and returns it as text."""
-        return "".join(self._stream_text(prompt, max_tokens, SamplingParams(**sampling), stop=[]))
+        """Generates a continuation of prompt and returns it as text. ``sampling``: the fields of
+        SamplingParams (temperature=0 is greedy)."""
+        return "".join(self.stream(prompt, max_tokens, **sampling))
 
-    def _stream_text(self, prompt, max_tokens: int, sampling: SamplingParams,
-                     stop: Sequence[str]) -> Iterator[str]:
-        """Yields text pieces as they become complete; holds back what could begin a stop string.
-        Sets ``finish_reason``: "stop" (end-of-generation token or stop string) or "length"."""
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, *, stop: str | Sequence[str] = (),
+               sampling: SamplingParams | None = None, **params) -> Iterator[str]:
+        """Generates a continuation of prompt (text or token ids), yielding text pieces as they
+        become complete: a piece never ends inside a character, and text that could begin a stop
+        string is held back until it cannot. Generation ends at an end-of-generation token, a stop
+        string (not yielded) or ``max_tokens``; then ``finish_reason`` is "stop" or "length".
+        Sampling: ``sampling``, or SamplingParams built from ``params``.
+
+            for piece in model.stream("Once upon a time", 64, temperature=0):
+                print(piece, end="", flush=True)
+        """
+        if sampling is None:
+            sampling = SamplingParams(**params)
+        elif params:
+            raise InvalidArgumentError(f"stream: give sampling or {', '.join(params)}, not both")
+        stops = [stop] if isinstance(stop, str) else list(stop)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         dec = IncrementalDecoder(self.tokenizer)
         pending = ""
-        hold = max((len(s) for s in stop), default=0)
+        hold = max((len(s) for s in stops), default=0)
         self.finish_reason = "stop"
         for t in self.generate_tokens(ids, max_tokens, sampling):
             pending += dec.feed(t)
-            hits = [pending.find(s) for s in stop if s and s in pending]
+            hits = [pending.find(s) for s in stops if s and s in pending]
             if hits:
                 yield pending[:min(hits)]
                 return
@@ -475,10 +493,10 @@ class Model:
         if pending:
             yield pending
 
-    def create_completion(self, prompt, max_tokens: int = 16, temperature: float = 0.8, top_p: float = 0.95,
-                          top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                          seed: int | None = None, stop: str | Sequence[str] | None = None,
-                          stream: bool = False, model: str | None = None):
+    def create_completion(self, prompt, max_tokens: int = 16, temperature: float = _SD["temperature"],
+                          top_p: float = _SD["top_p"], top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
+                          repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
+                          stop: str | Sequence[str] | None = None, stream: bool = False, model: str | None = None):
         """An OpenAI-style text completion, as llama-cpp-python returns it (a dict, or an iterator
         of chunk dicts when streaming)."""
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -496,20 +514,21 @@ class Model:
 
         if stream:
             def it():
-                for text in self._stream_text(prompt_ids, max_tokens, sampling, stops):
+                for text in self.stream(prompt_ids, max_tokens, stop=stops, sampling=sampling):
                     yield {"id": cid, "object": "text_completion", "created": created, "model": name,
                            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}]}
                 yield {"id": cid, "object": "text_completion", "created": created, "model": name,
                        "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self.finish_reason}]}
             return it()
-        text = "".join(self._stream_text(prompt_ids, max_tokens, sampling, stops))
+        text = "".join(self.stream(prompt_ids, max_tokens, stop=stops, sampling=sampling))
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
                 "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish_reason}],
                 "usage": usage()}
 
     def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
-                               temperature: float = 0.8, top_p: float = 0.95, top_k: int = 40,
-                               min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+                               temperature: float = _SD["temperature"], top_p: float = _SD["top_p"],
+                               top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
+                               repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                                stop: str | Sequence[str] | None = None, stream: bool = False,
                                model: str | None = None):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered

@@ -7,9 +7,10 @@ one session. Then every expert's base, most used first (``rapidmoe.umia.expert_f
 the sidecar's calibration; uniform without it), while it fits. Bases that do not fit stay in host
 memory and the CPU computes those experts at base precision; residuals always stay in host memory.
 
-Device bytes are counted the way the native library allocates them (each weight tensor rounded
-up to 256 bytes in one arena, the session buffers of session.c and native/cuda/split.cu), and
-the library enforces the same budget as a hard cap, so a plan that fits here fits there.
+Device bytes are the native library's own: the weight arena's rounding (RM_DEVICE_ALIGN), a
+session's buffers (rm_session_sizes_get, the function the sessions allocate by) and the types the
+CUDA kernels take (the library's type table, in every build); the library enforces the same
+budget as a hard cap, so a plan that fits here fits there.
 
     sizes = ModelSizes.from_files("m.gguf", "m.residual.gguf")
     p = plan(sizes, "8GiB", n_ctx=4096)
@@ -18,6 +19,7 @@ the library enforces the same budget as a hard cap, so a plan that fits here fit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -27,17 +29,15 @@ import time
 
 import numpy as np
 
-from . import umia
+from . import _native, umia
+from ._native import ffi, lib
 from .errors import InvalidArgumentError, RapidMoEError
-from .gguf_file import open_gguf
+from .gguf_file import GGUFFile, open_gguf
 from .metadata import get_int, get_str, require
+from .quants import CUDA_MATMUL_TYPES as GPU_MATMUL_TYPES   # other matrices stay on the host
 from .resplit import residual_path as default_residual_path
 
-# ggml types the CUDA kernels multiply by (native/cuda/matmul.cuh); other matrices stay on the host.
-GPU_MATMUL_TYPES = frozenset({"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K"})
-ALIGN = 256                      # the weight arena's alignment (native/cuda/gpu.cu)
-LOGIT_ROWS = 16                  # RM_LOGIT_ROWS in native/src/session.h
-STAGE_EXPERTS = 4                # RM_CU_STAGE_EXPERTS in native/cuda/backend.cuh
+ALIGN = lib.RM_DEVICE_ALIGN      # each range of weights in the device's arena is rounded up to this
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|residual)$")
 
 
@@ -106,75 +106,80 @@ class ModelSizes:
 
     @property
     def kv_bytes_per_pos(self) -> int:
-        """KV cache bytes per position, all layers (f32 K and V)."""
-        return 2 * 4 * self.n_layer * self.n_head_kv * self.head_dim
+        """KV cache bytes per position, all layers (the library's KV cache of one position)."""
+        return session_device_bytes(self, 1, 1, False)["kv_cache"]
 
     @classmethod
     def from_files(cls, path: str | os.PathLike, residual: str | os.PathLike | None = "auto") -> "ModelSizes":
         """Sizes from a base GGUF and, when given (``"auto"``: ``NAME.residual.gguf`` if present),
         its sidecar; tensor sizes come from the files' tensor tables, nothing is read in bulk."""
-        from . import umia
-
         path = os.fspath(path)
         if residual == "auto":
             cand = default_residual_path(path)
             residual = cand if os.path.isfile(cand) else None
-        with open_gguf(path) as g:
-            md = g.metadata
-            arch = require(get_str(md, "general.architecture", where=f"{path}: "), "general.architecture",
+        with open_gguf(path) as g, (open_gguf(residual) if residual is not None else contextlib.nullcontext()) as r:
+            return cls.from_gguf(g, r)
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, r: GGUFFile | None = None) -> "ModelSizes":
+        """``from_files`` on a base (and sidecar) already open with ``open_gguf``."""
+        from . import umia
+
+        path = g.path
+        md = g.metadata
+        arch = require(get_str(md, "general.architecture", where=f"{path}: "), "general.architecture",
+                       f"{path}: ")
+
+        def key(name, default=None):
+            return require(get_int(md, f"{arch}.{name}", default, where=f"{path}: "), f"{arch}.{name}",
                            f"{path}: ")
 
-            def key(name, default=None):
-                return require(get_int(md, f"{arch}.{name}", default, where=f"{path}: "), f"{arch}.{name}",
-                               f"{path}: ")
-
-            n_layer, n_expert = key("block_count"), key("expert_count")
-            n_embd, n_head = key("embedding_length"), key("attention.head_count")
-            sizes = dict(n_layer=n_layer, n_expert=n_expert, n_expert_used=key("expert_used_count"),
-                         n_embd=n_embd, n_head=n_head, n_head_kv=key("attention.head_count_kv", n_head),
-                         head_dim=key("attention.key_length", n_embd // n_head),
-                         n_ff_exp=0, n_ff_shexp=key("expert_shared_feed_forward_length", 0))
-            base = np.zeros((n_layer, n_expert), dtype=np.int64)
-            gpu_ok = np.ones(n_layer, dtype=bool)
-            dense_gpu = dense_host = dense_read = 0
-            tensors = g.tensors
-            if "token_embd.weight" not in tensors:
-                raise RapidMoEError(f"{path}: token_embd.weight is missing")
-            sizes["n_vocab"] = tensors["token_embd.weight"].ne[1]
-            for name, t in tensors.items():
-                m = _EXPERT_RE.match(name)
-                if m:
-                    layer = int(m.group(1))
-                    if layer >= n_layer or t.ne[2] != n_expert:
-                        raise RapidMoEError(f"{path}: tensor '{name}' does not fit {n_layer} layers of {n_expert} experts")
-                    base[layer, :] += _align(t.nbytes // n_expert)
-                    gpu_ok[layer] &= t.type_name in GPU_MATMUL_TYPES
-                    if m.group(2) == "up":
-                        sizes["n_ff_exp"] = t.ne[1]
-                    continue
-                if name == "token_embd.weight":
-                    continue   # rows are looked up on the host; only the tied output head reads it whole
-                dense_read += t.nbytes
-                if len(t.ne) == 1 or t.type_name in GPU_MATMUL_TYPES:
-                    dense_gpu += _align(t.nbytes)
-                else:
-                    dense_host += t.nbytes
-            if "output.weight" not in tensors:   # tied: the head is the embedding table
-                t = tensors["token_embd.weight"]
-                dense_read += t.nbytes
-                if t.type_name in GPU_MATMUL_TYPES:
-                    dense_gpu += _align(t.nbytes)
-                else:
-                    dense_host += t.nbytes
+        n_layer, n_expert = key("block_count"), key("expert_count")
+        n_embd, n_head = key("embedding_length"), key("attention.head_count")
+        sizes = dict(n_layer=n_layer, n_expert=n_expert, n_expert_used=key("expert_used_count"),
+                     n_embd=n_embd, n_head=n_head, n_head_kv=key("attention.head_count_kv", n_head),
+                     head_dim=key("attention.key_length", n_embd // n_head),
+                     n_ff_exp=0, n_ff_shexp=key("expert_shared_feed_forward_length", 0))
+        base = np.zeros((n_layer, n_expert), dtype=np.int64)
+        gpu_ok = np.ones(n_layer, dtype=bool)
+        dense_gpu = dense_host = dense_read = 0
+        tensors = g.tensors
+        if "token_embd.weight" not in tensors:
+            raise RapidMoEError(f"{path}: token_embd.weight is missing")
+        sizes["n_vocab"] = tensors["token_embd.weight"].ne[1]
+        for name, t in tensors.items():
+            m = _EXPERT_RE.match(name)
+            if m:
+                layer = int(m.group(1))
+                if layer >= n_layer or t.ne[2] != n_expert:
+                    raise RapidMoEError(f"{path}: tensor '{name}' does not fit {n_layer} layers of {n_expert} experts")
+                base[layer, :] += _align(t.nbytes // n_expert)
+                gpu_ok[layer] &= t.type_name in GPU_MATMUL_TYPES
+                if m.group(2) == "up":
+                    sizes["n_ff_exp"] = t.ne[1]
+                continue
+            if name == "token_embd.weight":
+                continue   # rows are looked up on the host; only the tied output head reads it whole
+            dense_read += t.nbytes
+            if len(t.ne) == 1 or t.type_name in GPU_MATMUL_TYPES:
+                dense_gpu += _align(t.nbytes)
+            else:
+                dense_host += t.nbytes
+        if "output.weight" not in tensors:   # tied: the head is the embedding table
+            t = tensors["token_embd.weight"]
+            dense_read += t.nbytes
+            if t.type_name in GPU_MATMUL_TYPES:
+                dense_gpu += _align(t.nbytes)
+            else:
+                dense_host += t.nbytes
         res = np.zeros((n_layer, n_expert), dtype=np.int64)
         freq, calibrated = np.full((n_layer, n_expert), 1.0 / n_expert), False
-        if residual is not None:
-            with open_gguf(residual) as g:
-                for name, t in g.tensors.items():
-                    m = _EXPERT_RE.match(name)
-                    if m and int(m.group(1)) < n_layer and t.ne[2] == n_expert:
-                        res[int(m.group(1)), :] += t.nbytes // n_expert
-                tables = umia.Tables.from_metadata(g.metadata)
+        if r is not None:
+            for name, t in r.tensors.items():
+                m = _EXPERT_RE.match(name)
+                if m and int(m.group(1)) < n_layer and t.ne[2] == n_expert:
+                    res[int(m.group(1)), :] += t.nbytes // n_expert
+            tables = umia.Tables.from_metadata(r.metadata)
             if tables is not None and tables.expert_frequency.shape == (n_layer, n_expert):
                 f = np.maximum(np.asarray(tables.expert_frequency, dtype=np.float64), 0.0)
                 rows = f.sum(1, keepdims=True)
@@ -241,17 +246,21 @@ def crossover_tokens(sizes: ModelSizes, hw: Hardware, host_bw_gbps: float, max_t
 # ---------------------------------------------------------------------------------------------
 
 def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool) -> dict[str, int]:
-    """Device bytes of one session, as session.c and native/cuda allocate them."""
-    f = 4
-    B = min(n_batch, n_ctx)
-    E, Q, KV = s.n_embd, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    F = max(s.n_ff_exp, s.n_ff_shexp)
-    S = B * s.n_expert_used
-    acts = f * B * (6 * E + 2 * Q + 2 * KV + s.n_expert + 2 * F + 1) + f * min(B, LOGIT_ROWS) * s.n_vocab
-    routing = S * (16 + 4 + 4)
-    split = f * S * (4 * E + 5 * s.n_ff_exp) + 10 * (S * 12 + 15)
-    stage = STAGE_EXPERTS * _align(int(s.expert_residual.max())) if upload_residuals and s.expert_residual.size else 0
-    return {"kv_cache": s.kv_bytes_per_pos * n_ctx, "activations": acts + routing, "split_scratch": split + stage}
+    """Device bytes of one session, from the library (rm_session_sizes_get): the numbers the
+    session's backend then allocates."""
+    p = ffi.new("rm_size_params *")
+    p.struct_size = ffi.sizeof("rm_size_params")
+    for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
+              "n_ff_exp", "n_ff_shexp", "n_vocab"):
+        setattr(p, k, getattr(s, k))
+    p.n_ctx, p.n_batch = n_ctx, n_batch
+    if upload_residuals and s.expert_residual.size:
+        p.stage_expert_bytes = int(s.expert_residual.max())
+    out = ffi.new("rm_session_sizes *")
+    out.struct_size = ffi.sizeof("rm_session_sizes")
+    _native.check(lib.rm_session_sizes_get(p, out))
+    return {"kv_cache": out.kv_cache, "activations": out.activations + out.split_routing,
+            "split_scratch": out.split_scratch + out.split_stage}
 
 
 @dataclasses.dataclass
@@ -336,7 +345,7 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     host_bw = hw.host_bandwidth()
     cross = crossover_tokens(sizes, hw, host_bw)
     cap = budget - hw.context_reserve
-    tables = 8 * 3 * sizes.n_layer * sizes.n_expert
+    tables = lib.rm_device_expert_table_bytes(sizes.n_layer, sizes.n_expert)
     parts = {"dense_weights": sizes.dense_gpu, "expert_tables": tables}
     parts.update({k: n_sessions * v for k, v in session_device_bytes(sizes, n_ctx, n_batch, cross > 0).items()})
     fixed = sum(parts.values())

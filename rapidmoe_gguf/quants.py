@@ -16,7 +16,7 @@ import numpy as np
 from ._native import check, ffi, lib
 from .errors import InvalidArgumentError, UnsupportedError
 
-__all__ = ["TYPES", "TypeInfo", "dequantize", "quantize", "row_bytes", "type_info", "vec_dot"]
+__all__ = ["CUDA_MATMUL_TYPES", "GGML_BLOCKS", "TYPES", "TypeInfo", "dequantize", "quantize", "row_bytes", "type_info", "vec_dot"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class TypeInfo:
     is_quantized: bool
     vec_dot_type: str       # the activation type this type's dot product takes
     can_quantize: bool
+    cuda_matmul_chunk: int = 0   # the CUDA kernels multiply by it, rows a multiple of this; 0: not
 
     def row_bytes(self, n: int) -> int:
         """Bytes taken by n elements; n must be a whole number of blocks."""
@@ -45,15 +46,33 @@ def _load_table() -> dict[str, TypeInfo]:
     for type_id in range(lib.RM_TYPE_COUNT):
         if lib.rm_type_describe(type_id, info) == lib.RM_OK:
             raw[type_id] = (ffi.string(info.name).decode(), info.block_elems, info.block_bytes,
-                            bool(info.is_quantized), info.vec_dot_type, bool(info.can_quantize))
+                            bool(info.is_quantized), info.vec_dot_type, bool(info.can_quantize),
+                            info.cuda_matmul_chunk)
     return {
-        name: TypeInfo(type_id, name, elems, nbytes, quantized, raw[dot][0], can_q)
-        for type_id, (name, elems, nbytes, quantized, dot, can_q) in raw.items()
+        name: TypeInfo(type_id, name, elems, nbytes, quantized, raw[dot][0], can_q, chunk)
+        for type_id, (name, elems, nbytes, quantized, dot, can_q, chunk) in raw.items()
     }
+
+
+def _load_blocks() -> dict[int, tuple[str, int, int]]:
+    info = ffi.new("rm_type_info *")
+    out = {}
+    for type_id in range(lib.RM_TYPE_COUNT):
+        st = lib.rm_type_describe_any(type_id, info)
+        if st in (lib.RM_OK, lib.RM_E_UNSUPPORTED_TYPE):
+            out[type_id] = (ffi.string(info.name).decode(), info.block_elems, info.block_bytes)
+    return out
 
 
 TYPES: dict[str, TypeInfo] = _load_table()
 """Every type this build implements, by name, in ggml id order."""
+
+GGML_BLOCKS: dict[int, tuple[str, int, int]] = _load_blocks()
+"""Every ggml type id the GGUF reader knows, implemented here or not: (name, block elements,
+block bytes); block elements 0 for an id ggml has removed. The library's one type table."""
+
+CUDA_MATMUL_TYPES: frozenset[str] = frozenset(name for name, t in TYPES.items() if t.cuda_matmul_chunk)
+"""Types the CUDA kernels multiply by (in every build: the planner plans a GPU without one)."""
 
 _BY_ID = {t.id: t for t in TYPES.values()}
 

@@ -13,6 +13,7 @@ these; the runtime calls ``check_pair`` before loading a pair.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -20,6 +21,7 @@ import re
 import struct
 
 from .errors import FormatError
+from .gguf_file import GGUFFile, open_gguf
 from .gguf_header import read_header
 from .metadata import get_int, get_int_list, get_str
 
@@ -71,14 +73,19 @@ def base_tensor_name(residual_name: str) -> str:
     return residual_name[:-len(".residual")] + ".weight"
 
 
-def base_identity(path: str | os.PathLike[str]) -> tuple[str | None, str]:
+def base_identity(path: str | os.PathLike[str] | GGUFFile) -> tuple[str | None, str]:
     """(``rapidmoe.uuid`` or None for a file we did not write, sha256 hex of the tensor-info
-    block): the bytes from the first tensor info to the end of the last one. Only the header is
-    read, so this works on a base whose tensor data is still being written."""
-    h = read_header(path, check_data=False)
-    uuid = get_str(h, KEY_UUID, where=f"{h.path}: ")
-    with open(h.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        digest = hashlib.sha256(buf[h.ti_start:h.ti_end]).hexdigest()
+    block): the bytes from the first tensor info to the end of the last one. Given a path, only
+    the header is read, so this works on a base whose tensor data is still being written; given
+    a file open with ``open_gguf``, its parsed header is used."""
+    if isinstance(path, GGUFFile):
+        file, md, span = path.path, path.metadata, path.tensor_infos_span
+    else:
+        h = read_header(path, check_data=False)
+        file, md, span = h.path, h, (h.ti_start, h.ti_end)
+    uuid = get_str(md, KEY_UUID, where=f"{file}: ")
+    with open(file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        digest = hashlib.sha256(buf[span[0]:span[1]]).hexdigest()
     return uuid, digest
 
 
@@ -96,26 +103,30 @@ def fingerprint(type_id: int, ne: tuple[int, ...], data) -> int:
     return h
 
 
-def base_fingerprints(base_path: str | os.PathLike[str], residual_names: list[str]) -> list[int]:
-    """``fingerprint`` of the base tensor of each residual tensor name, in that order."""
-    h = read_header(base_path)
-    out = []
-    with open(h.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+def base_fingerprints(base: str | os.PathLike[str] | GGUFFile, residual_names: list[str]) -> list[int]:
+    """``fingerprint`` of the base tensor of each residual tensor name, in that order; base: a
+    path, or the base open with ``open_gguf``."""
+    with _opened(base) as b:
+        out = []
         for name in residual_names:
-            t = h.tensor(base_tensor_name(name))
+            t = b.tensors.get(base_tensor_name(name))
             if t is None:
-                raise FormatError(f"{base_path}: no tensor '{base_tensor_name(name)}' for residual '{name}'")
-            start = h.data_offset + t.offset
-            out.append(fingerprint(int(t.type), t.ne, memoryview(buf)[start:start + t.nbytes]))
-    return out
+                raise FormatError(f"{b.path}: no tensor '{base_tensor_name(name)}' for residual '{name}'")
+            out.append(fingerprint(t.type_id, t.ne, t.data))
+        return out
 
 
-def _check_fingerprints(base_path: str, residual_file: str, r, want: list[int]) -> None:
-    names = [t.name for t in r.tensors]
+def _opened(f: str | os.PathLike[str] | GGUFFile) -> contextlib.AbstractContextManager[GGUFFile]:
+    """f itself when already open (the caller closes it), else f opened for a with block."""
+    return contextlib.nullcontext(f) if isinstance(f, GGUFFile) else open_gguf(f)
+
+
+def _check_fingerprints(base: GGUFFile, residual_file: str, names: list[str], want: list[int]) -> None:
+    base_path = base.path
     if len(want) != len(names):
         raise FormatError(f"{residual_file}: {KEY_BASE_FINGERPRINTS} has {len(want)} entries for "
                           f"{len(names)} tensors")
-    for name, w, got in zip(names, want, base_fingerprints(base_path, names)):
+    for name, w, got in zip(names, want, base_fingerprints(base, names)):
         if w != got:
             raise FormatError(
                 f"{base_path}: base tensor '{base_tensor_name(name)}' is not the data {residual_file} was "
@@ -138,32 +149,38 @@ def add_fingerprints(base_path: str | os.PathLike[str], residual_file: str | os.
     check_pair(base_path, residual_file)
 
 
-def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLike[str]) -> None:
-    """Raise FormatError unless ``residual_file`` is the sidecar written for ``base_path``."""
-    base_path, residual_file = os.fspath(base_path), os.fspath(residual_file)
-    r = read_header(residual_file)
-    b = read_header(base_path)
+def check_pair(base: str | os.PathLike[str] | GGUFFile, residual: str | os.PathLike[str] | GGUFFile) -> None:
+    """Raise FormatError unless ``residual`` is the sidecar written for ``base``. Each is a path,
+    or the file already open with ``open_gguf`` (a Model's load passes its open files, so that it
+    parses each header once)."""
+    with _opened(base) as b, _opened(residual) as r:
+        _check_pair(b, r)
+
+
+def _check_pair(b: GGUFFile, r: GGUFFile) -> None:
+    base_path, residual_file = b.path, r.path
+    rmd, bmd = r.metadata, b.metadata
     rw, bw = f"{residual_file}: ", f"{base_path}: "
-    version = get_int(r, KEY_FORMAT_VERSION, where=rw)
-    if version is None or KEY_BASE_UUID not in r.kv:
+    version = get_int(rmd, KEY_FORMAT_VERSION, where=rw)
+    if version is None or KEY_BASE_UUID not in rmd:
         raise FormatError(f"{residual_file}: no {KEY_BASE_UUID}; not a RESplit residual file")
     if version != FORMAT_VERSION:
         raise FormatError(f"{residual_file}: {KEY_FORMAT_VERSION} is {version}; this version reads {FORMAT_VERSION}")
-    r_arch, b_arch = get_str(r, "general.architecture", where=rw), get_str(b, "general.architecture", where=bw)
+    r_arch, b_arch = get_str(rmd, "general.architecture", where=rw), get_str(bmd, "general.architecture", where=bw)
     if r_arch != b_arch:
         raise FormatError(f"{residual_file}: architecture '{r_arch}' but the base {base_path} is '{b_arch}'")
-    want_uuid, want_sha = get_str(r, KEY_BASE_UUID, where=rw), get_str(r, KEY_BASE_TI_SHA256, where=rw)
+    want_uuid, want_sha = get_str(rmd, KEY_BASE_UUID, where=rw), get_str(rmd, KEY_BASE_TI_SHA256, where=rw)
     if want_uuid is None or want_sha is None:
         raise FormatError(f"{residual_file}: {KEY_BASE_UUID} or {KEY_BASE_TI_SHA256} is missing")
-    uuid, sha = base_identity(base_path)
+    uuid, sha = base_identity(b)
     if uuid != want_uuid or sha != want_sha:
         raise FormatError(
             f"{residual_file} does not belong to {base_path}: it was made for base uuid {want_uuid} "
             f"(tensor infos sha256 {want_sha[:16]}...), the base has uuid {uuid} "
             f"(tensor infos sha256 {sha[:16]}...); reconvert, or pass the matching pair")
-    for t in r.tensors:
+    for t in r.tensors.values():
         try:
-            bt = b.tensor(base_tensor_name(t.name))
+            bt = b.tensors.get(base_tensor_name(t.name))
         except ValueError:
             raise FormatError(f"{residual_file}: unexpected tensor '{t.name}'") from None
         if bt is None:
@@ -171,9 +188,9 @@ def check_pair(base_path: str | os.PathLike[str], residual_file: str | os.PathLi
         if bt.ne != t.ne:
             raise FormatError(f"{residual_file}: tensor '{t.name}' has ne {list(t.ne)} but the base "
                               f"has {list(bt.ne)}")
-    fps = get_int_list(r, KEY_BASE_FINGERPRINTS, where=rw)
+    fps = get_int_list(rmd, KEY_BASE_FINGERPRINTS, where=rw)
     if fps is not None:  # sidecars written before the key existed are bound by uuid and hash only
-        _check_fingerprints(base_path, residual_file, r, fps)
+        _check_fingerprints(b, residual_file, list(r.tensors), fps)
 
 
 def describe(path: str | os.PathLike[str]) -> dict:

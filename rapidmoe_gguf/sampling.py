@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+import types
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -18,7 +19,8 @@ _INT32_MAX = 2**31 - 1
 
 @dataclasses.dataclass
 class SamplingParams:
-    """How the next token is drawn. ``temperature`` 0 is greedy."""
+    """How the next token is drawn. ``temperature`` 0 is greedy; ``repeat_penalty`` 1 is off (as
+    llama.cpp now defaults). These defaults are the CLI's, the server's and the API's."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -42,6 +44,11 @@ class SamplingParams:
         for ok, msg in checks:
             if not ok:
                 raise InvalidArgumentError(msg)
+
+
+SAMPLING_DEFAULTS: Mapping[str, object] = types.MappingProxyType(dataclasses.asdict(SamplingParams()))
+"""SamplingParams' defaults, read-only: the one source of the defaults of the CLI's flags, the
+server's request fields and the Model methods' keyword arguments."""
 
 
 class Sampler:

@@ -71,6 +71,7 @@ from starlette.routing import Route
 from . import chat, umia
 from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoResidualError, RapidMoEError, StateError
 from .model import Model, SamplingParams
+from .sampling import SAMPLING_DEFAULTS
 
 log = logging.getLogger("rapidmoe.server")
 
@@ -141,14 +142,14 @@ REQUIRED = object()
 COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "model": ((str,), None),
     "max_tokens": ((int,), None),
-    "temperature": (NUMBER, 0.8),
-    "top_p": (NUMBER, 0.95),
-    "top_k": ((int,), 40),
-    "min_p": (NUMBER, 0.05),
-    "repeat_penalty": (NUMBER, 1.0),
+    "temperature": (NUMBER, SAMPLING_DEFAULTS["temperature"]),
+    "top_p": (NUMBER, SAMPLING_DEFAULTS["top_p"]),
+    "top_k": ((int,), SAMPLING_DEFAULTS["top_k"]),
+    "min_p": (NUMBER, SAMPLING_DEFAULTS["min_p"]),
+    "repeat_penalty": (NUMBER, SAMPLING_DEFAULTS["repeat_penalty"]),
     "presence_penalty": (NUMBER, 0.0),
     "frequency_penalty": (NUMBER, 0.0),
-    "seed": ((int,), None),
+    "seed": ((int,), SAMPLING_DEFAULTS["seed"]),
     "stop": ((str, list), None),
     "stream": ((bool,), False),
     "stream_options": ((dict,), None),

@@ -104,3 +104,17 @@ def test_bundled_checkpoint_q8_0_agrees_with_f32(tmp_path):
             rm.Model(tmp_path / "f32.gguf", n_ctx=256, n_threads=2) as ref:
         r = perplexity(m, m.tokenize(text, add_special=False), 256, reference=ref, max_chunks=8)
     assert r.kld_mean <= 1e-3 and r.top1 >= 0.99, r
+
+
+def test_bundled_stream_yields_the_generated_text_in_pieces():
+    """Model.stream, the public streaming method: its pieces join to what generate returns, a
+    stop string ends the text before it, and finish_reason says why generation ended."""
+    with rm.Model(bundled_model_path(), n_ctx=128, n_threads=2) as m:
+        text = m.generate("Once upon a time", 24, temperature=0)
+        pieces = list(m.stream("Once upon a time", 24, temperature=0))
+        assert "".join(pieces) == text and len(pieces) > 1 and m.finish_reason == "length"
+        cut = text[len(text) // 2:][:3]
+        stopped = "".join(m.stream("Once upon a time", 24, stop=[cut], sampling=rm.SamplingParams(temperature=0)))
+        assert stopped == text[:text.index(cut)] and m.finish_reason == "stop"
+        with pytest.raises(rm.InvalidArgumentError, match="not both"):
+            list(m.stream("x", 2, sampling=rm.SamplingParams(), temperature=0))

@@ -24,7 +24,7 @@ from rapidmoe_gguf import convert, open_gguf, resplit
 from rapidmoe_gguf.cli import main as cli_main
 from rapidmoe_gguf.errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
 from rapidmoe_gguf.gguf_header import ggml_layout_problems, read_header
-from rapidmoe_gguf.safetensors_io import SafetensorsCheckpoint, SafetensorsFile
+from rapidmoe_gguf.convert.safetensors_io import SafetensorsCheckpoint, SafetensorsFile
 from conftest import GGUF_ARCH, TINY_ARCHS
 
 from rapidmoe_gguf import quants
@@ -580,7 +580,7 @@ def test_convert_error_unwritable_out(tiny_hf, tmp_path):
 def test_convert_error_write_failure_leaves_nothing(tiny_hf, tmp_path, monkeypatch):
     import importlib
 
-    convert_mod = importlib.import_module("rapidmoe_gguf.convert")  # the module, not the function
+    convert_mod = importlib.import_module("rapidmoe_gguf.convert.pipeline")  # the module, not the function
     real = convert_mod._Out.write
     calls = {"n": 0}
 

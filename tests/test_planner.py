@@ -5,6 +5,7 @@ is a clear error; sizes read from real files agree with the loader's; the CLI pr
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -165,3 +166,33 @@ def test_planner_counts_every_session():
     for k in ("kv_cache", "activations", "split_scratch"):
         assert three.gpu_parts[k] == 3 * one.gpu_parts[k]
     assert three.gpu_bytes <= three.budget and three.n_experts_gpu <= one.n_experts_gpu
+
+
+def test_planner_session_sizes_are_the_librarys(tiny_pair):
+    """The planner's session bytes are rm_session_sizes_get's, whose parts a stand-in session
+    allocates exactly: a fork's device bytes are its KV cache, activations and split buffers."""
+    s = ModelSizes.from_files(tiny_pair)
+    parts = planner.session_device_bytes(s, 32, 8, upload_residuals=False)
+    assert parts["kv_cache"] == 2 * 4 * s.n_layer * s.n_head_kv * s.head_dim * 32
+    assert s.kv_bytes_per_pos * 32 == parts["kv_cache"]
+    with rm.Model(tiny_pair, n_ctx=32, n_batch=8, n_threads=1, gpu_memory="1GiB", gpu_backend="standin",
+                  hardware=Hardware(host_bw_gbps=50.0, pcie_gbps=1e-6), gpu_sessions=2) as m:
+        assert m.plan.crossover_tokens == 0            # no staging buffer
+        before = m.gpu_info["used_bytes"]
+        with m.fork_session():
+            assert m.gpu_info["used_bytes"] - before == sum(parts.values())
+    with pytest.raises(rm.InvalidArgumentError, match="n_ctx is 0"):
+        planner.session_device_bytes(s, 0, 8, upload_residuals=False)
+
+
+def test_planner_model_load_parses_each_header_once(tiny_pair, monkeypatch):
+    from rapidmoe_gguf import gguf_file, gguf_header
+
+    opened = []
+    real_init, real_read = gguf_file.GGUFFile.__init__, gguf_header.read_header
+    monkeypatch.setattr(gguf_file.GGUFFile, "__init__", lambda self, p: (opened.append(os.fspath(p)), real_init(self, p))[1])
+    monkeypatch.setattr(gguf_header, "read_header", lambda p, **kw: (opened.append(os.fspath(p)), real_read(p, **kw))[1])
+    with rm.Model(tiny_pair, n_ctx=32, n_threads=1, gpu_memory="1GiB", gpu_backend="standin",
+                  hardware=Hardware(host_bw_gbps=50.0)) as m:
+        assert m.residual_path is not None and m.plan is not None
+    assert sorted(opened) == sorted([str(tiny_pair), m.residual_path])

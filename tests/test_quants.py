@@ -10,7 +10,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
-from rapidmoe_gguf import quants
+from rapidmoe_gguf import planner, quants
 from rapidmoe_gguf._native import check, ffi, lib
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
@@ -297,3 +297,22 @@ def test_quants_null_pointers_raise():
         check(lib.rm_dequantize(lib.RM_TYPE_Q8_0, b"\0" * 34, 34, ffi.NULL, 32))
     with pytest.raises(InvalidArgumentError, match="out is NULL"):
         check(lib.rm_type_describe(lib.RM_TYPE_Q8_0, ffi.NULL))
+
+
+def test_quants_the_librarys_whole_type_table_agrees_with_gguf_py():
+    """One type table (native/src/types.c) sizes every tensor the GGUF reader meets, implemented
+    or not; its block geometry is gguf-py's (GGML_QUANT_SIZES, which the converter writes with),
+    but for Q8_1, whose layout gguf-py 0.19.0 still gives as the 40 bytes ggml dropped."""
+    known = {int(t): v for t, v in GGML_QUANT_SIZES.items()}
+    assert set(known) <= set(quants.GGML_BLOCKS)
+    for type_id, (name, elems, nbytes) in quants.GGML_BLOCKS.items():
+        if type_id in known and name != "Q8_1":
+            assert (elems, nbytes) == known[type_id], name
+            assert name == GGMLQuantizationType(type_id).name
+        if name in quants.TYPES:
+            t = quants.TYPES[name]
+            assert (t.id, t.block_elems, t.block_bytes) == (type_id, elems, nbytes)
+    removed = {i for i, (_, elems, _) in quants.GGML_BLOCKS.items() if elems == 0}
+    assert removed == {4, 5, 31, 32, 33, 36, 37, 38}
+    assert quants.CUDA_MATMUL_TYPES == {"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K"}
+    assert planner.GPU_MATMUL_TYPES is quants.CUDA_MATMUL_TYPES

@@ -63,3 +63,26 @@ def test_sampling_same_seed_same_draws():
 def test_sampling_invalid_values_are_refused(bad):
     with pytest.raises(rm.InvalidArgumentError):
         Sampler(rm.SamplingParams(**bad))
+
+
+def test_sampling_params_hold_every_entry_points_defaults():
+    """SamplingParams is the one source of the sampling defaults: the CLI's flags, the server's
+    request fields and the API's keyword arguments all take theirs from it (the CLI's repeat
+    penalty was 1.1 before; it is now 1.0, off, as everywhere else and as llama.cpp defaults)."""
+    import inspect
+
+    from rapidmoe_gguf import chat, cli, server
+    from rapidmoe_gguf.sampling import SAMPLING_DEFAULTS
+
+    d = rm.SamplingParams()
+    assert dict(SAMPLING_DEFAULTS) == {k: getattr(d, k) for k in SAMPLING_DEFAULTS}
+    assert d.repeat_penalty == 1.0
+    flags = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+             "repeat_penalty": "repeat_penalty", "seed": "seed"}
+    for command in (["run"], ["chat", "m.gguf"]):
+        args = cli.build_parser().parse_args(command)
+        assert {f: getattr(args, f) for f in flags} == {f: SAMPLING_DEFAULTS[k] for f, k in flags.items()}
+    for name in set(flags.values()):
+        assert server.COMMON_FIELDS[name][1] == SAMPLING_DEFAULTS[name]
+        for fn in (rm.Model.create_completion, rm.Model.create_chat_completion, chat.create_chat_completion):
+            assert inspect.signature(fn).parameters[name].default == SAMPLING_DEFAULTS[name], (fn, name)

@@ -21,6 +21,7 @@ pkg=$dir/pkg/rapidmoe_gguf
 rm -rf "$dir/pkg"
 mkdir -p "$pkg"
 cp rapidmoe_gguf/*.py "$pkg"/
+cp -r rapidmoe_gguf/convert "$pkg"/
 RM_BUILD_DIR=$dir RM_PKG_DIR=$pkg PYTHON=$py tools/dev_build.sh \
     -DRM_SANITIZE=ON -DRM_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 

@@ -28,7 +28,7 @@ archs=()
 rm -rf "$dir/pkg"
 mkdir -p "$pkg"
 cp rapidmoe_gguf/*.py rapidmoe_gguf/*.html "$pkg"/
-cp -r rapidmoe_gguf/models "$pkg"/
+cp -r rapidmoe_gguf/models rapidmoe_gguf/convert "$pkg"/
 echo "== compiling with RM_CUDA=ON ($(nvcc --version | tail -1))"
 RM_BUILD_DIR=$dir RM_PKG_DIR=$pkg PYTHON=$py tools/dev_build.sh -DRM_CUDA=ON -DRM_BUILD_TESTS=ON "${archs[@]}"
 

@@ -404,10 +404,12 @@ static rm_backend * cuda_backend_new(void * dev, const rm_model * m, int32_t n_b
         ok = rm_cuda_check(c, cudaEventCreate(&c->ev_t0[il]), "creating an event") &&
              rm_cuda_check(c, cudaEventCreate(&c->ev_t1[il]), "creating an event");
     }
-    const uint64_t slots = (uint64_t) n_batch * (uint64_t) m->hp.n_expert_used;
-    ok = ok && (c->routes_d = (rm_route *) cu_alloc(be, sizeof(rm_route) * slots)) &&
-         (c->idx_d = (int32_t *) cu_alloc(be, sizeof(int32_t) * slots)) &&
-         (c->scale_d = (float *) cu_alloc(be, sizeof(float) * slots)) && rm_split_init(be, &c->sp, m, n_batch);
+    const rm_size_params sizes = rm_size_params_of(&m->hp, n_ctx, n_batch, 0);
+    uint64_t bytes[RM_SPLIT_BUF_COUNT];
+    rm_split_buf_bytes(&sizes, bytes);
+    ok = ok && (c->routes_d = (rm_route *) cu_alloc(be, bytes[RM_SPLIT_BUF_ROUTES])) &&
+         (c->idx_d = (int32_t *) cu_alloc(be, bytes[RM_SPLIT_BUF_IDX])) &&
+         (c->scale_d = (float *) cu_alloc(be, bytes[RM_SPLIT_BUF_SCALE])) && rm_split_init(be, &c->sp, m, n_batch);
     if (!ok) {
         *st_out = c->err != RM_OK ? c->err : RM_E_CUDA;
         char msg[512];

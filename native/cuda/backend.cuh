@@ -14,6 +14,7 @@ extern "C" {
 #include "gpu.h"
 }
 #include "devweights.h"
+#include "sizes.h"
 #include "split.h"
 
 struct rm_gpu {

@@ -80,7 +80,7 @@ static rm_status upload_weights(rm_gpu * g, const rm_model * m, const uint8_t * 
         return rm_fail(RM_E_OOM, "rm_model_load: out of host memory");
     }
     g->n_experts_on_gpu = rm_dev_expert_table(w, m, g->exp_tab_host);
-    g->exp_tab_dev = (const uint8_t **) rm_gpu_malloc(g, sizeof(uint8_t *) * (uint64_t) n_tab,
+    g->exp_tab_dev = (const uint8_t **) rm_gpu_malloc(g, rm_device_expert_table_bytes(g->n_layer, g->n_expert),
                                                       "rm_model_load: the expert tables");
     if (!g->exp_tab_dev) {
         return RM_E_OOM;
@@ -147,7 +147,7 @@ void rm_gpu_close(rm_gpu * g) {
         rm_gpu_free(g, g->arena, g->arena_bytes);
     }
     if (g->exp_tab_dev) {
-        rm_gpu_free(g, (void *) g->exp_tab_dev, sizeof(uint8_t *) * (uint64_t) g->n_layer * 3 * (uint64_t) g->n_expert);
+        rm_gpu_free(g, (void *) g->exp_tab_dev, rm_device_expert_table_bytes(g->n_layer, g->n_expert));
     }
     free(g->exp_tab_host);
     rm_dev_weights_free(&g->weights);

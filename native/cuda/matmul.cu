@@ -66,18 +66,9 @@ static cudaError_t launch(cudaStream_t st, int64_t n_in, int64_t n_out, uint64_t
 }
 
 int rm_cu_matmul_supports(int32_t type, int64_t n_in) {
-    int chunk;
-    switch (type) {
-        case RM_TYPE_F32:  chunk = rm_cu_chunk<RM_TYPE_F32>::n; break;
-        case RM_TYPE_F16:  chunk = rm_cu_chunk<RM_TYPE_F16>::n; break;
-        case RM_TYPE_Q4_0: chunk = rm_cu_chunk<RM_TYPE_Q4_0>::n; break;
-        case RM_TYPE_Q8_0: chunk = rm_cu_chunk<RM_TYPE_Q8_0>::n; break;
-        case RM_TYPE_Q2_K: chunk = rm_cu_chunk<RM_TYPE_Q2_K>::n; break;
-        case RM_TYPE_Q3_K: chunk = rm_cu_chunk<RM_TYPE_Q3_K>::n; break;
-        case RM_TYPE_Q4_K: chunk = rm_cu_chunk<RM_TYPE_Q4_K>::n; break;
-        default: return 0;
-    }
-    return n_in > 0 && n_in % chunk == 0;
+    const rm_type_traits * t = rm_type_traits_get(type);
+    const int chunk = t != NULL ? t->cuda_chunk : 0;
+    return chunk > 0 && n_in > 0 && n_in % chunk == 0;
 }
 
 cudaError_t rm_cu_matmul(cudaStream_t st, int32_t type, int64_t n_in, int64_t n_out, uint64_t row_bytes,

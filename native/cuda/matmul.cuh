@@ -20,13 +20,14 @@ extern "C" {
 /* ---- one chunk of a row to floats ---------------------------------------------------------- */
 
 template <int T> struct rm_cu_chunk;   /* elements per chunk, per type */
-template <> struct rm_cu_chunk<RM_TYPE_F32>  { static constexpr int n = 8; };
-template <> struct rm_cu_chunk<RM_TYPE_F16>  { static constexpr int n = 8; };
-template <> struct rm_cu_chunk<RM_TYPE_Q4_0> { static constexpr int n = RM_QK; };
-template <> struct rm_cu_chunk<RM_TYPE_Q8_0> { static constexpr int n = RM_QK; };
-template <> struct rm_cu_chunk<RM_TYPE_Q2_K> { static constexpr int n = 16; };
-template <> struct rm_cu_chunk<RM_TYPE_Q3_K> { static constexpr int n = 16; };
-template <> struct rm_cu_chunk<RM_TYPE_Q4_K> { static constexpr int n = 32; };
+/* the sizes are the type table's (RM_CUDA_CHUNK_*, types.h), which tells planners without CUDA */
+template <> struct rm_cu_chunk<RM_TYPE_F32>  { static constexpr int n = RM_CUDA_CHUNK_F32; };
+template <> struct rm_cu_chunk<RM_TYPE_F16>  { static constexpr int n = RM_CUDA_CHUNK_F16; };
+template <> struct rm_cu_chunk<RM_TYPE_Q4_0> { static constexpr int n = RM_CUDA_CHUNK_Q4_0; };
+template <> struct rm_cu_chunk<RM_TYPE_Q8_0> { static constexpr int n = RM_CUDA_CHUNK_Q8_0; };
+template <> struct rm_cu_chunk<RM_TYPE_Q2_K> { static constexpr int n = RM_CUDA_CHUNK_Q2_K; };
+template <> struct rm_cu_chunk<RM_TYPE_Q3_K> { static constexpr int n = RM_CUDA_CHUNK_Q3_K; };
+template <> struct rm_cu_chunk<RM_TYPE_Q4_K> { static constexpr int n = RM_CUDA_CHUNK_Q4_K; };
 
 /* Elements [c * n, (c + 1) * n) of a row, n = rm_cu_chunk<T>::n. */
 template <int T>

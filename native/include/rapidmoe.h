@@ -96,10 +96,18 @@ typedef struct rm_type_info {
     int32_t      is_quantized;
     int32_t      vec_dot_type;    /* the activation type this type dots against */
     int32_t      can_quantize;    /* a reference quantizer exists */
+    int32_t      implemented;     /* the CPU computes with it (dequantize, dot, matmul) */
+    int32_t      cuda_matmul_chunk; /* the CUDA kernels multiply by it (rows a multiple of this
+                                     * many elements), in every build, CUDA or not; 0: they do not */
 } rm_type_info;
 
-/* RM_E_UNSUPPORTED_TYPE for ids this build does not implement (the message names the id). */
+/* The types this build computes with. RM_E_UNSUPPORTED_TYPE for the others (the message names
+ * the id); rm_type_describe_any then still gives the name and block geometry. */
 rm_status rm_type_describe(int32_t type, rm_type_info * out);
+
+/* Any type ggml has an id for, as the GGUF reader sizes its tensors: the one type table serves
+ * both. RM_E_UNSUPPORTED_TYPE for an id ggml removed, RM_E_INVALID_ARG out of [0, RM_TYPE_COUNT). */
+rm_status rm_type_describe_any(int32_t type, rm_type_info * out);
 
 /* Bytes taken by n elements of a type; 0 when n is not a whole number of blocks or the type is unknown. */
 uint64_t  rm_row_bytes(int32_t type, int64_t n);
@@ -181,6 +189,9 @@ void        rm_gguf_close(rm_gguf * g);
 uint32_t    rm_gguf_version(const rm_gguf * g);
 uint32_t    rm_gguf_alignment(const rm_gguf * g);
 uint64_t    rm_gguf_data_offset(const rm_gguf * g);
+/* The tensor-info block, [begin, end) in the file: what a RESplit sidecar's base identity hashes. */
+uint64_t    rm_gguf_infos_begin(const rm_gguf * g);
+uint64_t    rm_gguf_infos_end(const rm_gguf * g);
 uint64_t    rm_gguf_file_size(const rm_gguf * g);
 
 int64_t     rm_gguf_n_kv(const rm_gguf * g);
@@ -297,6 +308,44 @@ int32_t   rm_session_n_ctx(const rm_session * s);
  * then unchanged. */
 rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,
                           float * logits, uint64_t logits_cap);
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory sizes
+ *
+ * What a session will allocate, from the hyperparameters alone, so that a planner can place a
+ * model on a device before loading it. The library allocates with the same functions
+ * (native/src/sizes.c), so the numbers it gives and the memory it takes cannot drift apart.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Each range of weights a device holds starts on this boundary and takes a multiple of it. */
+#define RM_DEVICE_ALIGN 256
+
+typedef struct rm_size_params {
+    uint32_t struct_size;         /* sizeof(rm_size_params) */
+    int32_t  n_layer, n_embd, n_head, n_head_kv, head_dim;
+    int32_t  n_expert, n_expert_used, n_ff_exp, n_ff_shexp, n_vocab;
+    int32_t  n_ctx;               /* KV cache positions (> 0) */
+    int32_t  n_batch;             /* as given to rm_session_new (<= 0: 256; clamped to n_ctx) */
+    uint64_t stage_expert_bytes;  /* one expert's three residual matrices, the largest layer's;
+                                   * 0: the device stages no residuals in prefill */
+} rm_size_params;
+
+typedef struct rm_session_sizes {
+    uint32_t struct_size;         /* sizeof(rm_session_sizes) */
+    uint64_t kv_cache;            /* K and V of every layer for n_ctx positions */
+    uint64_t activations;         /* the forward pass's buffers for a step of n_batch tokens */
+    uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
+    uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
+    uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
+} rm_session_sizes;
+
+/* The bytes one session allocates on its backend: on a device (CUDA or the stand-in) all five
+ * parts, on the CPU the first two. */
+rm_status rm_session_sizes_get(const rm_size_params * params, rm_session_sizes * out);
+
+/* The expert table a model on a device holds once, beside its weights: the device address of
+ * every expert's gate, up and down matrix. 0 for a negative count. */
+uint64_t  rm_device_expert_table_bytes(int32_t n_layer, int32_t n_expert);
 
 /* ---------------------------------------------------------------------------------------------
  * Sampling

@@ -111,7 +111,7 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
         if (n == 0 || w->ranges[i].host != w->ranges[n - 1].host) {
             w->ranges[n] = w->ranges[i];
             w->ranges[n].offset = w->bytes;
-            w->bytes += (w->ranges[n].bytes + 255) / 256 * 256;
+            w->bytes += rm_dev_round_up(w->ranges[n].bytes);
             n++;
         }
     }

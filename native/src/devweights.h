@@ -4,7 +4,7 @@
  * and the CPU stand-in (standin.c), so both place and find weights the same way. A device holds
  * every matrix and vector the forward pass reads per token except the token embeddings (rows are
  * looked up on the host and only the rows travel), and the expert bases the placement marks.
- * Residuals stay in host memory. Each copied range gets its own 256-byte aligned place in one
+ * Residuals stay in host memory. Each copied range gets its own RM_DEVICE_ALIGN-aligned place in one
  * arena, so the budget check is one comparison and the device holds no fragments. */
 #ifndef RM_DEVWEIGHTS_H
 #define RM_DEVWEIGHTS_H
@@ -29,7 +29,7 @@ typedef int (*rm_dev_supports_fn)(int32_t type, int64_t n_in);
 typedef struct rm_dev_weights {
     rm_dev_range * ranges;        /* sorted by host address, one per tensor (experts: per matrix) */
     int64_t        n_ranges;
-    uint64_t       bytes;         /* the arena: each range rounded up to 256 bytes */
+    uint64_t       bytes;         /* the arena: each range rounded up by rm_dev_round_up */
     int32_t        n_skipped;     /* matrices (or experts) left on the host for their type */
     uint8_t *      arena;         /* where rm_dev_weights_place put them (the caller owns it) */
 } rm_dev_weights;
@@ -56,6 +56,11 @@ void rm_dev_weights_free(rm_dev_weights * w);
 void rm_dev_format_bytes(char * buf, size_t cap, uint64_t bytes);
 /* Records the RM_E_OOM error of an allocation of `bytes` past a device budget, naming `what`. */
 void rm_dev_budget_error(const char * what, uint64_t bytes, uint64_t held, uint64_t budget);
+
+/* What `bytes` take in a device's arena (and, rounded the same way, in a staging buffer). */
+static inline uint64_t rm_dev_round_up(uint64_t bytes) {
+    return (bytes + RM_DEVICE_ALIGN - 1) / RM_DEVICE_ALIGN * RM_DEVICE_ALIGN;
+}
 
 static inline int64_t rm_dev_expert_index(int32_t n_expert, int il, int which, int e) {
     return ((int64_t) il * 3 + which) * n_expert + e;

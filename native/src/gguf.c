@@ -45,67 +45,6 @@
 #define GGUF_KV_MIN_BYTES      14     /* key length, a 1-byte key, value type, a 1-byte value */
 #define GGUF_INFO_MIN_BYTES    32     /* name length, n_dims, one dim, type, offset */
 
-/* ---------------------------------------------------------------------------------------------
- * ggml tensor types: the block geometry that gives a tensor's size in bytes
- * ------------------------------------------------------------------------------------------- */
-
-#define QK_K 256
-
-typedef struct ggml_type_size {
-    const char * name;
-    int32_t      blck;                /* elements per block; 0 for an id ggml has removed */
-    int32_t      bytes;               /* bytes per block */
-} ggml_type_size;
-
-/* Sizes as ggml's block structs define them (src/ggml-common.h); they equal gguf-py's
- * GGML_QUANT_SIZES except Q8_1, which gguf-py 0.19.0 lists with the 40-byte layout ggml dropped
- * when its d and s became halves (ggml static_asserts 36). */
-static const ggml_type_size ggml_types[RM_TYPE_COUNT] = {
-    [0]  = {"F32",        1,    4},
-    [1]  = {"F16",        1,    2},
-    [2]  = {"Q4_0",      32,    2 + 16},
-    [3]  = {"Q4_1",      32,    2 + 2 + 16},
-    [4]  = {"Q4_2",       0,    0},
-    [5]  = {"Q4_3",       0,    0},
-    [6]  = {"Q5_0",      32,    2 + 4 + 16},
-    [7]  = {"Q5_1",      32,    2 + 2 + 4 + 16},
-    [8]  = {"Q8_0",      32,    2 + 32},
-    [9]  = {"Q8_1",      32,    2 + 2 + 32},
-    [10] = {"Q2_K",    QK_K,    QK_K/16 + QK_K/4 + 2 + 2},
-    [11] = {"Q3_K",    QK_K,    QK_K/8 + QK_K/4 + 12 + 2},
-    [12] = {"Q4_K",    QK_K,    2 + 2 + 12 + QK_K/2},
-    [13] = {"Q5_K",    QK_K,    2 + 2 + 12 + QK_K/8 + QK_K/2},
-    [14] = {"Q6_K",    QK_K,    QK_K/2 + QK_K/4 + QK_K/16 + 2},
-    [15] = {"Q8_K",    QK_K,    4 + QK_K + QK_K/16*2},
-    [16] = {"IQ2_XXS", QK_K,    2 + QK_K/4},
-    [17] = {"IQ2_XS",  QK_K,    2 + QK_K/4 + QK_K/32},
-    [18] = {"IQ3_XXS", QK_K,    2 + QK_K/4 + QK_K/8},
-    [19] = {"IQ1_S",   QK_K,    2 + QK_K/8 + QK_K/16},
-    [20] = {"IQ4_NL",    32,    2 + 16},
-    [21] = {"IQ3_S",   QK_K,    2 + QK_K/4 + QK_K/8 + QK_K/32 + 4},
-    [22] = {"IQ2_S",   QK_K,    2 + QK_K/4 + QK_K/16},
-    [23] = {"IQ4_XS",  QK_K,    2 + 2 + QK_K/2 + QK_K/64},
-    [24] = {"I8",         1,    1},
-    [25] = {"I16",        1,    2},
-    [26] = {"I32",        1,    4},
-    [27] = {"I64",        1,    8},
-    [28] = {"F64",        1,    8},
-    [29] = {"IQ1_M",   QK_K,    QK_K/8 + QK_K/16 + QK_K/32},
-    [30] = {"BF16",       1,    2},
-    [31] = {"Q4_0_4_4",   0,    0},
-    [32] = {"Q4_0_4_8",   0,    0},
-    [33] = {"Q4_0_8_8",   0,    0},
-    [34] = {"TQ1_0",   QK_K,    2 + 4*13},
-    [35] = {"TQ2_0",   QK_K,    2 + 64},
-    [36] = {"IQ4_NL_4_4", 0,    0},
-    [37] = {"IQ4_NL_4_8", 0,    0},
-    [38] = {"IQ4_NL_8_8", 0,    0},
-    [39] = {"MXFP4",     32,    1 + 16},
-    [40] = {"NVFP4",     64,    4 + 32},
-    [41] = {"Q1_0",     128,    2 + 16},
-    [42] = {"Q2_0",      64,    2 + 16},
-};
-
 /* Bytes per element of each kv value type; 0 for STRING and ARRAY, which have no fixed size. */
 static const uint8_t gguf_value_size[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 static const char * const gguf_value_name[13] = {
@@ -156,6 +95,8 @@ struct rm_gguf {
     uint32_t        version;
     uint32_t        alignment;
     uint64_t        data_offset;      /* file offset of the data section */
+    uint64_t        infos_begin;      /* file offsets of the tensor-info block: [begin, end) */
+    uint64_t        infos_end;
     int64_t         n_kv;
     kv_rec *        kv;
     name_index      kv_index;
@@ -615,18 +556,21 @@ static rm_status parse_tensor_shape(reader * r, tensor_rec * t) {
                     " (ggml type ids are 0 to %d)", name.s, (int32_t) type, RM_TYPE_COUNT - 1);
     }
     t->type = (int32_t) type;
-    const ggml_type_size * ts = &ggml_types[type];
-    if (ts->blck == 0) {
+    /* the one type table (types.c), through the public call: test_gguf.c compiles this file
+     * into a program that links the library, which exports no internals */
+    rm_type_info tinfo;
+    const rm_type_info * ts = &tinfo;
+    if (rm_type_describe_any((int32_t) type, &tinfo) != RM_OK) {
         return fail(r, RM_E_UNSUPPORTED_TYPE, "tensor '%s' has ggml type %" PRIu32 " (%s), "
-                    "which ggml has removed", name.s, type, ts->name);
+                    "which ggml has removed", name.s, type, tinfo.name);
     }
-    if (t->ne[0] % ts->blck != 0) {
+    if (t->ne[0] % ts->block_elems != 0) {
         return fail(r, RM_E_FORMAT, "tensor '%s' of type %s has ne[0] = %" PRId64 ", not a "
-                    "multiple of the block size %" PRId32, name.s, ts->name, t->ne[0], ts->blck);
+                    "multiple of the block size %" PRId32, name.s, ts->name, t->ne[0], ts->block_elems);
     }
-    uint64_t nbytes = (uint64_t) ts->bytes;
+    uint64_t nbytes = (uint64_t) ts->block_bytes;
     for (int d = 0; d < 4; d++) {
-        const uint64_t n = (uint64_t) (d == 0 ? t->ne[0] / ts->blck : t->ne[d]);
+        const uint64_t n = (uint64_t) (d == 0 ? t->ne[0] / ts->block_elems : t->ne[d]);
         if (__builtin_mul_overflow(nbytes, n, &nbytes)) {
             return fail(r, RM_E_FORMAT, "tensor '%s' is too large: its size in bytes overflows "
                         "64 bits", name.s);
@@ -774,9 +718,11 @@ static rm_status parse(reader * r) {
         return fail(r, RM_E_OOM, "out of memory indexing %" PRId64 " tensors", n_tensors);
     }
     g->n_tensors = n_tensors;
+    g->infos_begin = r->pos;
     if ((st = parse_tensor_infos(r)) != RM_OK) {
         return st;
     }
+    g->infos_end = r->pos;
     return place_tensors(r);
 }
 
@@ -913,6 +859,8 @@ void rm_gguf_close(rm_gguf * g) {
 uint32_t rm_gguf_version(const rm_gguf * g)     { return g ? g->version : 0; }
 uint32_t rm_gguf_alignment(const rm_gguf * g)   { return g ? g->alignment : 0; }
 uint64_t rm_gguf_data_offset(const rm_gguf * g) { return g ? g->data_offset : 0; }
+uint64_t rm_gguf_infos_begin(const rm_gguf * g) { return g ? g->infos_begin : 0; }
+uint64_t rm_gguf_infos_end(const rm_gguf * g) { return g ? g->infos_end : 0; }
 uint64_t rm_gguf_file_size(const rm_gguf * g)   { return g ? g->size : 0; }
 int64_t  rm_gguf_n_kv(const rm_gguf * g)        { return g ? g->n_kv : 0; }
 int64_t  rm_gguf_n_tensors(const rm_gguf * g)   { return g ? g->n_tensors : 0; }

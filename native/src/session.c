@@ -45,24 +45,25 @@ static void session_free_buffers(rm_session * s) {
     }
 }
 
-/* Allocates the backend buffers; 0 on failure (the backend's message set). */
+/* Allocates the backend buffers (sizes.h gives their bytes); 0 on failure (the backend's message set). */
 static int alloc_backend_buffers(rm_session * s) {
-    const rm_hparams * hp = &s->m->hp;
-    const uint64_t B = (uint64_t) s->n_batch, E = (uint64_t) hp->n_embd, f = sizeof(float);
-    const uint64_t Q = (uint64_t) hp->n_head * hp->head_dim, KV = (uint64_t) hp->n_head_kv * hp->head_dim;
-    const uint64_t F = (uint64_t) (hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
-    const uint64_t cache = f * (uint64_t) hp->n_layer * (uint64_t) s->n_ctx * KV;
-    const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
-    struct { float ** p; uint64_t bytes; } want[] = {
-        {&s->k_cache, cache}, {&s->v_cache, cache}, {&s->x, f * B * E}, {&s->xn, f * B * E},
-        {&s->q, f * B * Q}, {&s->k, f * B * KV}, {&s->v, f * B * KV}, {&s->attn, f * B * Q},
-        {&s->moe, f * B * E}, {&s->router, f * B * (uint64_t) hp->n_expert}, {&s->ex, f * B * E},
-        {&s->eg, f * B * F}, {&s->eu, f * B * F}, {&s->ed, f * B * E}, {&s->ecal, f * B * E},
-        {&s->shgate, f * B}, {&s->logits, f * L * (uint64_t) hp->n_vocab},
+    float ** bufs[RM_SESSION_BUF_COUNT] = {
+        [RM_SESSION_BUF_K_CACHE] = &s->k_cache, [RM_SESSION_BUF_V_CACHE] = &s->v_cache,
+        [RM_SESSION_BUF_X] = &s->x,             [RM_SESSION_BUF_XN] = &s->xn,
+        [RM_SESSION_BUF_Q] = &s->q,             [RM_SESSION_BUF_K] = &s->k,
+        [RM_SESSION_BUF_V] = &s->v,             [RM_SESSION_BUF_ATTN] = &s->attn,
+        [RM_SESSION_BUF_MOE] = &s->moe,         [RM_SESSION_BUF_ROUTER] = &s->router,
+        [RM_SESSION_BUF_EX] = &s->ex,           [RM_SESSION_BUF_EG] = &s->eg,
+        [RM_SESSION_BUF_EU] = &s->eu,           [RM_SESSION_BUF_ED] = &s->ed,
+        [RM_SESSION_BUF_ECAL] = &s->ecal,       [RM_SESSION_BUF_SHGATE] = &s->shgate,
+        [RM_SESSION_BUF_LOGITS] = &s->logits,
     };
-    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
-        *want[i].p = s->be->ops->alloc(s->be, want[i].bytes);
-        if (!*want[i].p) {
+    const rm_size_params sp = rm_size_params_of(&s->m->hp, s->n_ctx, s->n_batch, 0);
+    uint64_t bytes[RM_SESSION_BUF_COUNT];
+    rm_session_buf_bytes(&sp, bytes);
+    for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) {
+        *bufs[i] = s->be->ops->alloc(s->be, bytes[i]);
+        if (!*bufs[i]) {
             return 0;
         }
     }
@@ -89,10 +90,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     }
     s->m = m;
     s->n_ctx = params->n_ctx > 0 ? params->n_ctx : hp->n_ctx_train;
-    s->n_batch = params->n_batch > 0 ? params->n_batch : 256;
-    if (s->n_batch > s->n_ctx) {
-        s->n_batch = s->n_ctx;
-    }
+    s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;
     const size_t Q = (size_t) hp->n_head * hp->head_dim;
     const size_t F = (size_t) (hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);

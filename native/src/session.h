@@ -9,9 +9,7 @@
 #include "model.h"
 #include "policy.h"
 #include "profile.h"
-
-/* Rows of the output head computed per backend call (bounds the device buffer for logits). */
-#define RM_LOGIT_ROWS 16
+#include "sizes.h"
 
 struct rm_session {
     rm_model *   m;

@@ -9,26 +9,7 @@
 #include <time.h>
 
 #include "devweights.h"
-
-rm_split_layout rm_split_layout_for(int64_t S) {
-    rm_split_layout l;
-    uint64_t o = 0;
-    const uint64_t g = sizeof(rm_split_group) * (uint64_t) S, i = sizeof(int32_t) * (uint64_t) S;
-#define RM_TAKE(field, n) l.field = o; o += ((n) + 15) / 16 * 16
-    RM_TAKE(groups, g);
-    RM_TAKE(fix_groups, g);
-    RM_TAKE(tok_of_row, i);
-    RM_TAKE(slot_row, i);
-    RM_TAKE(fix_of_slot, i);
-    RM_TAKE(host_of_slot, i);
-    RM_TAKE(fix_rows, i);
-    RM_TAKE(w_gpu, i);
-    RM_TAKE(w_fix, i);
-    RM_TAKE(w_host, i);
-#undef RM_TAKE
-    l.end = o;
-    return l;
-}
+#include "sizes.h"
 
 uint64_t rm_split_stage_bytes(const rm_model * m) {
     uint64_t most = 0;
@@ -38,7 +19,7 @@ uint64_t rm_split_stage_bytes(const rm_model * m) {
         for (int k = 0; k < 3; k++) b += r[k]->row_bytes * (uint64_t) r[k]->ne[1];
         most = b > most ? b : most;
     }
-    return (most + 255) / 256 * 256;
+    return rm_dev_round_up(most);
 }
 
 void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, int can_stage,
@@ -182,16 +163,22 @@ int rm_split_init(rm_backend * be, rm_split_state * sp, const rm_model * m, int3
     sp->max_slots = (int64_t) n_batch * hp->n_expert_used;
     const uint64_t S = (uint64_t) sp->max_slots, E = (uint64_t) hp->n_embd, F = (uint64_t) hp->n_ff_exp;
     const uint64_t f = sizeof(float);
-    const uint64_t sizes[10] = {f * S * E, f * S * F, f * S * F, f * S * E, f * S * F, f * S * F, f * S * F,
-                                f * S * E, f * S * E, rm_split_layout_for((int64_t) S).end};
-    memcpy(sp->dev_bytes, sizes, sizeof(sizes));
+    /* the device buffers' sizes (sizes.h): xc .. hr, then the plan table */
+    const int stage = sp->upload_min_tokens > 0 && m->residual;   /* residual copies in prefill */
+    const rm_size_params p = rm_size_params_of(hp, 0, n_batch, stage ? rm_split_stage_bytes(m) : 0);
+    uint64_t all[RM_SPLIT_BUF_COUNT];
+    rm_split_buf_bytes(&p, all);
+    _Static_assert(RM_SPLIT_BUF_TAB - RM_SPLIT_BUF_XC == 9 && RM_SPLIT_BUF_TAB + 1 == RM_SPLIT_BUF_COUNT,
+                   "rm_split_init: xc .. hr and the table are the last ten split buffers");
+    const uint64_t * sizes = all + RM_SPLIT_BUF_XC;
+    memcpy(sp->dev_bytes, sizes, sizeof(sp->dev_bytes));
     float ** bufs[9] = {&sp->xc, &sp->gc, &sp->uc, &sp->dc, &sp->gf, &sp->uf, &sp->hf, &sp->df, &sp->hr};
     for (int i = 0; i < 9; i++) {
         if (!(*bufs[i] = d->dev_alloc(be, sizes[i]))) return 0;
     }
     if (!(sp->tab = d->dev_alloc(be, sizes[9]))) return 0;
-    if (sp->upload_min_tokens > 0 && m->residual) {
-        sp->stage_bytes = RM_SPLIT_STAGE_MAX * rm_split_stage_bytes(m);
+    if (stage) {
+        sp->stage_bytes = rm_split_stage_buf_bytes(&p);
         if (!(sp->stage = d->dev_alloc(be, sp->stage_bytes))) return 0;
     }
     if (!(sp->tab_h = d->host_alloc(be, sizes[9])) || !(sp->x_h = d->host_alloc(be, f * (uint64_t) n_batch * E)) ||

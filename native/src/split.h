@@ -47,10 +47,30 @@ typedef struct rm_split_layout {
     uint64_t end;
 } rm_split_layout;
 
-rm_split_layout rm_split_layout_for(int64_t n_slots);
+/* Inline, so that sizes.c (which split.c calls for its buffers' sizes) can size the table
+ * without calling back into split.c. */
+static inline rm_split_layout rm_split_layout_for(int64_t S) {
+    rm_split_layout l;
+    uint64_t o = 0;
+    const uint64_t g = sizeof(rm_split_group) * (uint64_t) S, i = sizeof(int32_t) * (uint64_t) S;
+#define RM_TAKE(field, n) l.field = o; o += ((n) + 15) / 16 * 16
+    RM_TAKE(groups, g);
+    RM_TAKE(fix_groups, g);
+    RM_TAKE(tok_of_row, i);
+    RM_TAKE(slot_row, i);
+    RM_TAKE(fix_of_slot, i);
+    RM_TAKE(host_of_slot, i);
+    RM_TAKE(fix_rows, i);
+    RM_TAKE(w_gpu, i);
+    RM_TAKE(w_fix, i);
+    RM_TAKE(w_host, i);
+#undef RM_TAKE
+    l.end = o;
+    return l;
+}
 
 /* Bytes one expert's three residual matrices take in a staging buffer (the largest layer's,
- * back to back, rounded up to 256). */
+ * back to back, rounded up by rm_dev_round_up). */
 uint64_t rm_split_stage_bytes(const rm_model * m);
 
 typedef struct rm_split_plan {

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "devweights.h"
+#include "sizes.h"
 #include "split.h"
 #include "status.h"
 
@@ -65,8 +66,7 @@ static rm_status standin_open(const rm_model * m, const rm_model_params * p, voi
     }
     d->budget = p->gpu_memory_bytes;
     d->upload_min_tokens = p->residual_upload_min_tokens;
-    const int64_t n_tab = (int64_t) m->hp.n_layer * 3 * m->hp.n_expert;
-    d->exp_tab_bytes = sizeof(uint8_t *) * (uint64_t) n_tab;
+    d->exp_tab_bytes = rm_device_expert_table_bytes(m->hp.n_layer, m->hp.n_expert);
     if (!(d->arena = dev_malloc(d, d->weights.bytes, "rm_model_load: the weights placed on the GPU")) ||
         !(d->exp_tab = dev_malloc(d, d->exp_tab_bytes, "rm_model_load: the expert tables"))) {
         standin_close(d);
@@ -463,12 +463,15 @@ static const rm_backend_ops STANDIN_OPS = {
 };
 
 /* The routing and index buffers, then the split's scratch: what the CUDA backend allocates, in
- * the same order (so the planner's sums and a budget's first failure hold for both). */
+ * the same order and of the sizes sizes.h gives (so the planner's sums and a budget's first
+ * failure hold for both). */
 static int split_init(rm_backend * be) {
     sb_ctx * c = ctx_of(be);
-    const uint64_t S = (uint64_t) c->sp.max_slots;
-    if (!(c->routes_d = sb_alloc(be, sizeof(rm_route) * S)) || !(c->idx_d = sb_alloc(be, sizeof(int32_t) * S)) ||
-        !(c->scale_d = sb_alloc(be, sizeof(float) * S))) {
+    const rm_size_params p = rm_size_params_of(&c->m->hp, 0, c->n_batch, 0);
+    uint64_t bytes[RM_SPLIT_BUF_COUNT];
+    rm_split_buf_bytes(&p, bytes);
+    if (!(c->routes_d = sb_alloc(be, bytes[RM_SPLIT_BUF_ROUTES])) || !(c->idx_d = sb_alloc(be, bytes[RM_SPLIT_BUF_IDX])) ||
+        !(c->scale_d = sb_alloc(be, bytes[RM_SPLIT_BUF_SCALE]))) {
         return 0;
     }
     return rm_split_init(be, &c->sp, c->m, c->n_batch);

@@ -8,29 +8,71 @@
 #include "status.h"
 
 #define REF_KERNELS(t) rm_##t##_to_float, rm_##t##_from_float, rm_##t##_vec_dot
+#define QK_K RM_QK_K
 
-/* name, block elems, block bytes, quantized, vec_dot type, to_float, from_float, vec_dot */
+/* The one type table: every ggml type id, keyed by id. Block geometry is ggml's (its block
+ * structs in ggml-common.h; ours in types.h, whose _Static_asserts pin the sizes); it equals
+ * gguf-py's GGML_QUANT_SIZES except Q8_1, which gguf-py 0.19.0 lists with the 40-byte layout ggml
+ * dropped when its d and s became halves (ggml static_asserts 36). Rows without kernels are
+ * types this build reads the size of but does not compute with (the GGUF reader needs them to
+ * walk a file); rows with block_elems 0 are ids ggml has removed.
+ *
+ * name, block elems, block bytes, quantized, vec_dot type, CUDA chunk, to_float, from_float, vec_dot */
 static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
-    [RM_TYPE_F32]  = { "F32",  1,       sizeof(float),         0, RM_TYPE_F32,  REF_KERNELS(f32)  },
-    [RM_TYPE_F16]  = { "F16",  1,       sizeof(rm_fp16),       0, RM_TYPE_F32,  REF_KERNELS(f16)  },
-    [RM_TYPE_BF16] = { "BF16", 1,       sizeof(rm_bf16),       0, RM_TYPE_F32,  REF_KERNELS(bf16) },
-    [RM_TYPE_Q4_0] = { "Q4_0", RM_QK,   sizeof(rm_block_q4_0), 1, RM_TYPE_Q8_0, REF_KERNELS(q4_0) },
-    [RM_TYPE_Q4_1] = { "Q4_1", RM_QK,   sizeof(rm_block_q4_1), 1, RM_TYPE_Q8_1, REF_KERNELS(q4_1) },
-    [RM_TYPE_Q5_0] = { "Q5_0", RM_QK,   sizeof(rm_block_q5_0), 1, RM_TYPE_Q8_0, REF_KERNELS(q5_0) },
-    [RM_TYPE_Q5_1] = { "Q5_1", RM_QK,   sizeof(rm_block_q5_1), 1, RM_TYPE_Q8_1, REF_KERNELS(q5_1) },
-    [RM_TYPE_Q8_0] = { "Q8_0", RM_QK,   sizeof(rm_block_q8_0), 1, RM_TYPE_Q8_0, REF_KERNELS(q8_0) },
-    [RM_TYPE_Q8_1] = { "Q8_1", RM_QK,   sizeof(rm_block_q8_1), 1, RM_TYPE_Q8_1, REF_KERNELS(q8_1) },
-    [RM_TYPE_Q2_K] = { "Q2_K", RM_QK_K, sizeof(rm_block_q2_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q2_K) },
-    [RM_TYPE_Q3_K] = { "Q3_K", RM_QK_K, sizeof(rm_block_q3_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q3_K) },
-    [RM_TYPE_Q4_K] = { "Q4_K", RM_QK_K, sizeof(rm_block_q4_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q4_K) },
-    [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q5_K) },
-    [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q6_K) },
-    [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, REF_KERNELS(q8_K) },
+    [RM_TYPE_F32]  = { "F32",  1,       sizeof(float),         0, RM_TYPE_F32,  RM_CUDA_CHUNK_F32,  REF_KERNELS(f32)  },
+    [RM_TYPE_F16]  = { "F16",  1,       sizeof(rm_fp16),       0, RM_TYPE_F32,  RM_CUDA_CHUNK_F16,  REF_KERNELS(f16)  },
+    [RM_TYPE_BF16] = { "BF16", 1,       sizeof(rm_bf16),       0, RM_TYPE_F32,  0,                  REF_KERNELS(bf16) },
+    [RM_TYPE_Q4_0] = { "Q4_0", RM_QK,   sizeof(rm_block_q4_0), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_Q4_0, REF_KERNELS(q4_0) },
+    [RM_TYPE_Q4_1] = { "Q4_1", RM_QK,   sizeof(rm_block_q4_1), 1, RM_TYPE_Q8_1, 0,                  REF_KERNELS(q4_1) },
+    [RM_TYPE_Q5_0] = { "Q5_0", RM_QK,   sizeof(rm_block_q5_0), 1, RM_TYPE_Q8_0, 0,                  REF_KERNELS(q5_0) },
+    [RM_TYPE_Q5_1] = { "Q5_1", RM_QK,   sizeof(rm_block_q5_1), 1, RM_TYPE_Q8_1, 0,                  REF_KERNELS(q5_1) },
+    [RM_TYPE_Q8_0] = { "Q8_0", RM_QK,   sizeof(rm_block_q8_0), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_Q8_0, REF_KERNELS(q8_0) },
+    [RM_TYPE_Q8_1] = { "Q8_1", RM_QK,   sizeof(rm_block_q8_1), 1, RM_TYPE_Q8_1, 0,                  REF_KERNELS(q8_1) },
+    [RM_TYPE_Q2_K] = { "Q2_K", RM_QK_K, sizeof(rm_block_q2_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q2_K, REF_KERNELS(q2_K) },
+    [RM_TYPE_Q3_K] = { "Q3_K", RM_QK_K, sizeof(rm_block_q3_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q3_K, REF_KERNELS(q3_K) },
+    [RM_TYPE_Q4_K] = { "Q4_K", RM_QK_K, sizeof(rm_block_q4_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q4_K, REF_KERNELS(q4_K) },
+    [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q5_K) },
+    [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q6_K) },
+    [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q8_K) },
+    /* read, not computed: sizes only */
+    [4]  = { "Q4_2" },
+    [5]  = { "Q4_3" },
+    [16] = { "IQ2_XXS", QK_K, 2 + QK_K/4,                           1 },
+    [17] = { "IQ2_XS",  QK_K, 2 + QK_K/4 + QK_K/32,                 1 },
+    [18] = { "IQ3_XXS", QK_K, 2 + QK_K/4 + QK_K/8,                  1 },
+    [19] = { "IQ1_S",   QK_K, 2 + QK_K/8 + QK_K/16,                 1 },
+    [20] = { "IQ4_NL",  32,   2 + 16,                               1 },
+    [21] = { "IQ3_S",   QK_K, 2 + QK_K/4 + QK_K/8 + QK_K/32 + 4,    1 },
+    [22] = { "IQ2_S",   QK_K, 2 + QK_K/4 + QK_K/16,                 1 },
+    [23] = { "IQ4_XS",  QK_K, 2 + 2 + QK_K/2 + QK_K/64,             1 },
+    [24] = { "I8",      1,    1 },
+    [25] = { "I16",     1,    2 },
+    [26] = { "I32",     1,    4 },
+    [27] = { "I64",     1,    8 },
+    [28] = { "F64",     1,    8 },
+    [29] = { "IQ1_M",   QK_K, QK_K/8 + QK_K/16 + QK_K/32,           1 },
+    [31] = { "Q4_0_4_4" },
+    [32] = { "Q4_0_4_8" },
+    [33] = { "Q4_0_8_8" },
+    [34] = { "TQ1_0",   QK_K, 2 + 4*13,                             1 },
+    [35] = { "TQ2_0",   QK_K, 2 + 64,                               1 },
+    [36] = { "IQ4_NL_4_4" },
+    [37] = { "IQ4_NL_4_8" },
+    [38] = { "IQ4_NL_8_8" },
+    [39] = { "MXFP4",   32,   1 + 16,                               1 },
+    [40] = { "NVFP4",   64,   4 + 32,                               1 },
+    [41] = { "Q1_0",    128,  2 + 16,                               1 },
+    [42] = { "Q2_0",    64,   2 + 16,                               1 },
 };
 
-const rm_type_traits * rm_type_traits_get(int32_t type) {
+const rm_type_traits * rm_type_traits_any(int32_t type) {
     if (type < 0 || type >= RM_TYPE_COUNT || type_traits[type].name == NULL) return NULL;
     return &type_traits[type];
+}
+
+const rm_type_traits * rm_type_traits_get(int32_t type) {
+    const rm_type_traits * t = rm_type_traits_any(type);
+    return t != NULL && t->to_float != NULL ? t : NULL;
 }
 
 /* Looks the type up for entry point `fn`, or records why not. */
@@ -53,19 +95,39 @@ static uint64_t bytes_of(const rm_type_traits * t, int64_t n) {
     return (uint64_t)(n / t->block_elems) * (uint64_t)t->block_bytes;
 }
 
-rm_status rm_type_describe(int32_t type, rm_type_info * out) {
-    rm_clear_error();
-    const rm_type_traits * t = lookup(__func__, type);
-    if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
-    if (out == NULL) return rm_fail(RM_E_INVALID_ARG, "%s: out is NULL", __func__);
+static void describe(const rm_type_traits * t, rm_type_info * out) {
     *out = (rm_type_info){
         .name = t->name,
         .block_elems = t->block_elems,
         .block_bytes = t->block_bytes,
         .is_quantized = t->is_quantized,
-        .vec_dot_type = t->vec_dot_type,
+        .vec_dot_type = t->to_float != NULL ? t->vec_dot_type : -1,
         .can_quantize = t->from_float != NULL,
+        .implemented = t->to_float != NULL,
+        .cuda_matmul_chunk = t->cuda_chunk,
     };
+}
+
+rm_status rm_type_describe(int32_t type, rm_type_info * out) {
+    rm_clear_error();
+    const rm_type_traits * t = lookup(__func__, type);
+    if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
+    if (out == NULL) return rm_fail(RM_E_INVALID_ARG, "%s: out is NULL", __func__);
+    describe(t, out);
+    return RM_OK;
+}
+
+rm_status rm_type_describe_any(int32_t type, rm_type_info * out) {
+    rm_clear_error();
+    if (out == NULL) return rm_fail(RM_E_INVALID_ARG, "%s: out is NULL", __func__);
+    const rm_type_traits * t = rm_type_traits_any(type);
+    if (t == NULL)
+        return rm_fail(RM_E_INVALID_ARG, "%s: %d is not a ggml type id (0 to %d)", __func__, (int)type, RM_TYPE_COUNT - 1);
+    if (t->block_elems == 0) {
+        *out = (rm_type_info){.name = t->name, .vec_dot_type = -1};   /* the name, for messages */
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: ggml type %d (%s) has been removed from ggml", __func__, (int)type, t->name);
+    }
+    describe(t, out);
     return RM_OK;
 }
 

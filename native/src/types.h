@@ -158,17 +158,32 @@ typedef void (*rm_vec_dot_fn)(int64_t n, float * out, const void * w, const void
 
 typedef struct rm_type_traits {
     const char *     name;          /* as gguf spells it */
-    int32_t          block_elems;
+    int32_t          block_elems;   /* 0: an id ggml has removed */
     int32_t          block_bytes;
     int32_t          is_quantized;
     int32_t          vec_dot_type;
-    rm_to_float_fn   to_float;      /* dequantize n elements */
+    int32_t          cuda_chunk;    /* elements per step of the CUDA matmul kernels; 0: none */
+    rm_to_float_fn   to_float;      /* dequantize n elements; NULL: not implemented here */
     rm_from_float_fn from_float;    /* the reference quantizer (byte-identical to ggml's), or NULL */
     rm_vec_dot_fn    vec_dot;       /* the scalar reference dot */
 } rm_type_traits;
 
-/* NULL for ids this build does not implement. */
+/* The implemented types' rows; NULL for ids this build does not implement. */
 const rm_type_traits * rm_type_traits_get(int32_t type);
+/* Any row ggml has an id for, implemented or not (the GGUF reader sizes every tensor with it;
+ * block_elems 0 marks an id ggml removed); NULL outside [0, RM_TYPE_COUNT). */
+const rm_type_traits * rm_type_traits_any(int32_t type);
+
+/* Elements the CUDA matmul kernels turn into floats per step (rm_cu_chunk, native/cuda/matmul.cuh);
+ * a row must be a whole number of them. Here, in the type table, rather than in the kernels'
+ * header, so that a build without CUDA can still tell a planner which types a GPU takes. */
+#define RM_CUDA_CHUNK_F32   8
+#define RM_CUDA_CHUNK_F16   8
+#define RM_CUDA_CHUNK_Q4_0  RM_QK
+#define RM_CUDA_CHUNK_Q8_0  RM_QK
+#define RM_CUDA_CHUNK_Q2_K  16
+#define RM_CUDA_CHUNK_Q3_K  16
+#define RM_CUDA_CHUNK_Q4_K  32
 
 /* quants_ref.c: the scalar reference kernels, three per type. */
 #define RM_DECLARE_REF_KERNELS(t)                                                   \

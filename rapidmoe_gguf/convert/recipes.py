@@ -13,7 +13,7 @@ import dataclasses
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 # Types the converter writes (rapidmoe_gguf.quants quantizes all of them).
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .errors import FormatError, UnsupportedError
+from ..errors import FormatError, UnsupportedError
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

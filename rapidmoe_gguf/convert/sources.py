@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from . import resplit
-from .arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
-from .errors import FormatError, RapidMoEError, UnsupportedError
-from .gguf_file import open_gguf
-from .gguf_header import read_header
-from .metadata import get_float, get_int, get_str
+from .. import resplit
+from ..arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from ..errors import FormatError, RapidMoEError, UnsupportedError
+from ..gguf_file import open_gguf
+from ..gguf_header import read_header
+from ..metadata import get_float, get_int, get_str
 from .safetensors_io import SafetensorsCheckpoint
 
 log = logging.getLogger("rapidmoe_gguf.convert")
@@ -183,7 +183,7 @@ class HFSource(Source):
         return read
 
     def add_metadata(self, writer: GGUFWriter) -> None:
-        from .tokenizer import add_tokenizer_to_writer, tokenizer_kv_from_hf
+        from ..tokenizer import add_tokenizer_to_writer, tokenizer_kv_from_hf
 
         writer.add_name(self.name)
         for key, (value, kind) in self.hp.kv.items():
@@ -264,7 +264,7 @@ class GGUFSource(Source):
 
     def _reader(self, t, slab: _Slabs):
         def read(e: int | None = None) -> np.ndarray:
-            from . import quants
+            from .. import quants
 
             try:
                 return quants.dequantize(t.type_name, slab(e), slab.shape(e))

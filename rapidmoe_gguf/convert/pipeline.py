@@ -23,12 +23,12 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
 
-from . import atomic, resplit
-from .convert_sources import Source, SourceTensor, open_source
-from .errors import InvalidArgumentError, RapidMoEError
-from .gguf_header import read_header
+from .. import atomic, resplit
+from ..errors import InvalidArgumentError, RapidMoEError
+from ..gguf_header import read_header
 from .recipes import (FILE_TYPE, Recipe, bits_per_weight, block_size, fit_type, is_quantized,
                       resolve_recipe)
+from .sources import Source, SourceTensor, open_source
 
 log = logging.getLogger("rapidmoe_gguf.convert")
 
@@ -325,7 +325,7 @@ def _bind_to_base(res: _Out, base_path: str) -> None:
 def _stream(plan: list[_Planned], base: _Out, res: _Out | None, stats: _ErrorStats,
             n_threads: int, bar_title: str | None) -> None:
     """Read, quantize and write every tensor's data in tensor-info order."""
-    from . import quants
+    from .. import quants
 
     bar = None
     if bar_title is not None:

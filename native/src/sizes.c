@@ -1,0 +1,94 @@
+/* sizes.c - the bytes of every buffer a session allocates (sizes.h), and rm_session_sizes_get. */
+#include "sizes.h"
+
+#include "devweights.h"
+#include "split.h"
+#include "status.h"
+
+int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch) {
+    const int32_t b = n_batch > 0 ? n_batch : 256;
+    return b < n_ctx ? b : n_ctx;
+}
+
+rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes) {
+    return (rm_size_params){
+        .struct_size = sizeof(rm_size_params),
+        .n_layer = hp->n_layer, .n_embd = hp->n_embd, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+        .head_dim = hp->head_dim, .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used,
+        .n_ff_exp = hp->n_ff_exp, .n_ff_shexp = hp->n_ff_shexp, .n_vocab = hp->n_vocab,
+        .n_ctx = n_ctx, .n_batch = n_batch, .stage_expert_bytes = stage_expert_bytes,
+    };
+}
+
+void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]) {
+    const uint64_t f = sizeof(float), B = (uint64_t) p->n_batch, E = (uint64_t) p->n_embd;
+    const uint64_t Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
+    const uint64_t KV = (uint64_t) p->n_head_kv * (uint64_t) p->head_dim;
+    const uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
+    const uint64_t cache = f * (uint64_t) p->n_layer * (uint64_t) p->n_ctx * KV;
+    const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
+    const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
+        [RM_SESSION_BUF_K_CACHE] = cache,     [RM_SESSION_BUF_V_CACHE] = cache,
+        [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
+        [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV,
+        [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * Q,
+        [RM_SESSION_BUF_MOE] = f * B * E,     [RM_SESSION_BUF_ROUTER] = f * B * (uint64_t) p->n_expert,
+        [RM_SESSION_BUF_EX] = f * B * E,      [RM_SESSION_BUF_EG] = f * B * F,
+        [RM_SESSION_BUF_EU] = f * B * F,      [RM_SESSION_BUF_ED] = f * B * E,
+        [RM_SESSION_BUF_ECAL] = f * B * E,    [RM_SESSION_BUF_SHGATE] = f * B,
+        [RM_SESSION_BUF_LOGITS] = f * L * (uint64_t) p->n_vocab,
+    };
+    for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) out[i] = sizes[i];
+}
+
+void rm_split_buf_bytes(const rm_size_params * p, uint64_t out[RM_SPLIT_BUF_COUNT]) {
+    const uint64_t f = sizeof(float), E = (uint64_t) p->n_embd, F = (uint64_t) p->n_ff_exp;
+    const uint64_t S = (uint64_t) p->n_batch * (uint64_t) p->n_expert_used;   /* slots */
+    const uint64_t sizes[RM_SPLIT_BUF_COUNT] = {
+        [RM_SPLIT_BUF_ROUTES] = sizeof(rm_route) * S, [RM_SPLIT_BUF_IDX] = sizeof(int32_t) * S,
+        [RM_SPLIT_BUF_SCALE] = sizeof(float) * S,
+        [RM_SPLIT_BUF_XC] = f * S * E, [RM_SPLIT_BUF_GC] = f * S * F, [RM_SPLIT_BUF_UC] = f * S * F,
+        [RM_SPLIT_BUF_DC] = f * S * E, [RM_SPLIT_BUF_GF] = f * S * F, [RM_SPLIT_BUF_UF] = f * S * F,
+        [RM_SPLIT_BUF_HF] = f * S * F, [RM_SPLIT_BUF_DF] = f * S * E, [RM_SPLIT_BUF_HR] = f * S * E,
+        [RM_SPLIT_BUF_TAB] = rm_split_layout_for((int64_t) S).end,
+    };
+    for (int i = 0; i < RM_SPLIT_BUF_COUNT; i++) out[i] = sizes[i];
+}
+
+uint64_t rm_split_stage_buf_bytes(const rm_size_params * p) {
+    return RM_SPLIT_STAGE_MAX * rm_dev_round_up(p->stage_expert_bytes);
+}
+
+uint64_t rm_device_expert_table_bytes(int32_t n_layer, int32_t n_expert) {
+    if (n_layer < 0 || n_expert < 0) return 0;
+    return sizeof(const uint8_t *) * (uint64_t) n_layer * 3 * (uint64_t) n_expert;
+}
+
+rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out) {
+    rm_clear_error();
+    if (p == NULL || out == NULL) return rm_fail(RM_E_INVALID_ARG, "%s: params and out must not be NULL", __func__);
+    if (p->struct_size != sizeof(rm_size_params) || out->struct_size != sizeof(rm_session_sizes))
+        return rm_fail(RM_E_INVALID_ARG, "%s: struct_size %u, %u != %zu, %zu (mismatched header)", __func__,
+                       p->struct_size, out->struct_size, sizeof(rm_size_params), sizeof(rm_session_sizes));
+    const struct { const char * name; int32_t v; } need[] = {
+        {"n_layer", p->n_layer}, {"n_embd", p->n_embd}, {"n_head", p->n_head}, {"n_head_kv", p->n_head_kv},
+        {"head_dim", p->head_dim}, {"n_expert", p->n_expert}, {"n_expert_used", p->n_expert_used},
+        {"n_ff_exp", p->n_ff_exp}, {"n_vocab", p->n_vocab}, {"n_ctx", p->n_ctx},
+    };
+    for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
+        if (need[i].v <= 0) return rm_fail(RM_E_INVALID_ARG, "%s: %s is %d, must be > 0", __func__, need[i].name, (int) need[i].v);
+    }
+    if (p->n_ff_shexp < 0) return rm_fail(RM_E_INVALID_ARG, "%s: n_ff_shexp is %d, must be >= 0", __func__, (int) p->n_ff_shexp);
+    rm_size_params q = *p;
+    q.n_batch = rm_session_batch(p->n_ctx, p->n_batch);
+    uint64_t s[RM_SESSION_BUF_COUNT], d[RM_SPLIT_BUF_COUNT];
+    rm_session_buf_bytes(&q, s);
+    rm_split_buf_bytes(&q, d);
+    *out = (rm_session_sizes){.struct_size = sizeof(rm_session_sizes)};
+    out->kv_cache = s[RM_SESSION_BUF_K_CACHE] + s[RM_SESSION_BUF_V_CACHE];
+    for (int i = RM_SESSION_BUF_V_CACHE + 1; i < RM_SESSION_BUF_COUNT; i++) out->activations += s[i];
+    for (int i = RM_SPLIT_BUF_ROUTES; i <= RM_SPLIT_BUF_SCALE; i++) out->split_routing += d[i];
+    for (int i = RM_SPLIT_BUF_SCALE + 1; i < RM_SPLIT_BUF_COUNT; i++) out->split_scratch += d[i];
+    out->split_stage = rm_split_stage_buf_bytes(&q);
+    return RM_OK;
+}

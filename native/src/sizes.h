@@ -1,0 +1,55 @@
+/* sizes.h - internal: the bytes of every buffer a session allocates, computed in one place.
+ *
+ * The session (session.c), the split's device backends (standin.c, native/cuda) and the public
+ * rm_session_sizes_get all take their numbers from here, so what a planner is told a session
+ * needs is what the session then allocates. Each function fills an array in the order its
+ * caller allocates, indexed by the enums below. */
+#ifndef RM_SIZES_H
+#define RM_SIZES_H
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Rows of the output head computed per backend call (bounds the device buffer for logits). */
+#define RM_LOGIT_ROWS 16
+
+/* The session's tokens per step: n_batch (<= 0: 256), at most n_ctx. */
+int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch);
+
+/* The size parameters of a session of model hp, n_ctx positions and n_batch (as clamped) tokens
+ * per step; stage_expert_bytes: rm_split_stage_bytes, or 0 when the device stages no residuals. */
+rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes);
+
+/* The forward pass's buffers (rm_session), on the session's backend. */
+enum {
+    RM_SESSION_BUF_K_CACHE, RM_SESSION_BUF_V_CACHE,
+    RM_SESSION_BUF_X, RM_SESSION_BUF_XN, RM_SESSION_BUF_Q, RM_SESSION_BUF_K, RM_SESSION_BUF_V,
+    RM_SESSION_BUF_ATTN, RM_SESSION_BUF_MOE, RM_SESSION_BUF_ROUTER, RM_SESSION_BUF_EX,
+    RM_SESSION_BUF_EG, RM_SESSION_BUF_EU, RM_SESSION_BUF_ED, RM_SESSION_BUF_ECAL,
+    RM_SESSION_BUF_SHGATE, RM_SESSION_BUF_LOGITS,
+    RM_SESSION_BUF_COUNT
+};
+void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]);
+
+/* A device backend's per-session buffers for the CPU/GPU split: each slot's route, token row and
+ * weight, then the split's scratch (split.h names them) and its plan tables. They depend on
+ * n_batch and the shapes, not on n_ctx (a backend may pass 0 for it). */
+enum {
+    RM_SPLIT_BUF_ROUTES, RM_SPLIT_BUF_IDX, RM_SPLIT_BUF_SCALE,
+    RM_SPLIT_BUF_XC, RM_SPLIT_BUF_GC, RM_SPLIT_BUF_UC, RM_SPLIT_BUF_DC, RM_SPLIT_BUF_GF,
+    RM_SPLIT_BUF_UF, RM_SPLIT_BUF_HF, RM_SPLIT_BUF_DF, RM_SPLIT_BUF_HR, RM_SPLIT_BUF_TAB,
+    RM_SPLIT_BUF_COUNT
+};
+void rm_split_buf_bytes(const rm_size_params * p, uint64_t out[RM_SPLIT_BUF_COUNT]);
+
+/* The prefill staging buffer: RM_SPLIT_STAGE_MAX experts' residuals; 0 without staging. */
+uint64_t rm_split_stage_buf_bytes(const rm_size_params * p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

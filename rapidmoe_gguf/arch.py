@@ -1,11 +1,17 @@
-"""Supported MoE architectures as data: one ``ArchSpec`` row per GGUF ``general.architecture``.
+"""Supported MoE architectures as data.
 
-A row says how a Hugging Face checkpoint maps onto what llama.cpp expects for that architecture:
-which config keys give which GGUF hyperparameters (``HParam``), which HF tensors become which
-GGUF tensors with which shapes (``TensorSpec``), and the few behaviours that differ between
-architectures but are not written in the file (q/k norm kind, shared-expert gating, top-k
-renormalisation, RoPE layout). The converter and the runtime both read this table; adding an
-architecture means adding a row, plus a small hook only where the math differs.
+What a GGUF file of each architecture holds, as the runtime reads it, has one source: the C
+table in ``native/src/arch.c`` (keys with defaults and ranges, per-layer tensor templates with
+shapes, behaviour flags), which the loader walks. ``native_archs()`` reads that table through
+``rm_arch_describe`` and ``read_hparams()`` reads a file's hyperparameters by it (the planner's
+way in).
+
+This module adds what only the converter needs, one ``ArchSpec`` row per GGUF
+``general.architecture``: which Hugging Face config keys give which GGUF hyperparameters
+(``HParam``), which HF tensors become which GGUF tensors (``TensorSpec``), and how (q/k row
+permutation, dense layers refused). tests/test_arch_table.py proves these rows and the C rows
+describe the same files: the same keys filling the same values, the same tensor names, shapes
+and presence, the same flags.
 
 Shapes are in ggml ``ne`` order (``ne[0]`` is the row length, the fastest-varying dimension) and
 are written as names of model dimensions (``"n_embd"``, ``"n_ff_exp"``, ...) that
@@ -15,13 +21,16 @@ are written as names of model dimensions (``"n_embd"``, ``"n_ff_exp"``, ...) tha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from gguf import Keys
 
 from .errors import FormatError, UnsupportedError
+from .metadata import get_float, get_int, get_str, require
 
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -107,10 +116,10 @@ _COMMON_HPARAMS = (
     HParam(Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",), "u32",
            default=lambda d: d["n_head"], dim="n_head_kv"),
     HParam(Keys.Attention.KEY_LENGTH, ("head_dim",), "u32", default=_head_dim, dim="head_dim"),
-    HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_head_dim),
+    HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_head_dim, dim="head_dim_v"),
     HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
     HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
-           default=10000.0, dim="rope_theta"),
+           default=10000.0, dim="rope_base"),
     HParam(Keys.Rope.DIMENSION_COUNT, (), "u32", default=lambda d: d["head_dim"], dim="n_rot"),
     HParam(Keys.LLM.EXPERT_COUNT, ("num_experts", "num_local_experts"), "u32", dim="n_expert"),
     HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
@@ -360,3 +369,136 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
     dims["n_q"] = dims["n_head"] * dims["head_dim"]
     dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
     return ResolvedHParams(kv, dims)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the runtime reads: the C rows (native/src/arch.c), through rm_arch_describe
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NativeHParam:
+    """One key the loader reads. Values are rm_arch_hparam_info's text: a number, a field read
+    before it ("n_head") or a quotient of two ("n_embd/n_head"); None when not given."""
+
+    key: str                 # after "{arch}."
+    field: str               # the value it fills ("n_head_kv"), as rm_model_info names it
+    kind: str                # "int" | "bool" | "float"
+    default: str | None      # None: required
+    min: str | None          # accepted range (ints); None: unbounded
+    max: str | None
+    run_min: str | None      # what the forward pass runs; None: everything accepted
+    run_max: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeTensor:
+    """One tensor of a layer as the loader binds it."""
+
+    name: str                # "blk.{bid}.attn_q.weight"
+    field: str               # the rm_layer field
+    residual: bool           # in the sidecar
+    required: bool
+    f32: bool                # read as floats: must be F32
+    expert: bool             # one matrix per routed expert along ne[2]
+    ne: tuple[str, ...]      # dimension names, trailing 1s dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeArch:
+    name: str
+    family: str              # "Mixtral" for llama; "" when the name says it
+    qk_norm: str             # "none" | "per_head" | "full"
+    rope: str                # "norm" | "neox"
+    shared_expert: str       # "none" | "gated"
+    layer_kind: int          # RM_LAYER_* bits
+    hparams: tuple[NativeHParam, ...]
+    tensors: tuple[NativeTensor, ...]
+
+    def hparam(self, field: str) -> NativeHParam:
+        return next(h for h in self.hparams if h.field == field)
+
+
+@functools.lru_cache(maxsize=1)
+def native_archs() -> dict[str, NativeArch]:
+    """The C table, one ``NativeArch`` per architecture the library runs."""
+    from ._native import check, ffi, lib
+
+    text = lambda p: ffi.string(p).decode() or None  # noqa: E731
+    qk = {lib.RM_QK_NORM_NONE: "none", lib.RM_QK_NORM_PER_HEAD: "per_head", lib.RM_QK_NORM_FULL: "full"}
+    rope = {lib.RM_ROPE_NORM: "norm", lib.RM_ROPE_NEOX: "neox"}
+    shexp = {lib.RM_SHEXP_NONE: "none", lib.RM_SHEXP_GATED: "gated"}
+    kinds = {lib.RM_HPARAM_INT: "int", lib.RM_HPARAM_BOOL: "bool", lib.RM_HPARAM_FLOAT: "float"}
+    out = {}
+    for a in range(lib.rm_arch_count()):
+        ai = ffi.new("rm_arch_info *")
+        check(lib.rm_arch_describe(a, ai))
+        hps, tensors = [], []
+        for i in range(ai.n_hparams):
+            h = ffi.new("rm_arch_hparam_info *")
+            check(lib.rm_arch_hparam_describe(a, i, h))
+            hps.append(NativeHParam(text(h.key), text(h.field), kinds[h.kind], text(h.dflt), text(h.min),
+                                    text(h.max), text(h.run_min), text(h.run_max)))
+        for i in range(ai.n_tensors):
+            t = ffi.new("rm_arch_tensor_info *")
+            check(lib.rm_arch_tensor_describe(a, i, t))
+            ne = [ffi.string(t.ne[d]).decode() for d in range(3)]
+            while len(ne) > 1 and ne[-1] == "1":
+                ne.pop()
+            tensors.append(NativeTensor(text(t.name).replace("%d", "{bid}"), text(t.field), bool(t.residual),
+                                        bool(t.required), bool(t.f32), bool(t.expert), tuple(ne)))
+        name = text(ai.name)
+        out[name] = NativeArch(name, ffi.string(ai.family).decode(), qk[ai.qk_norm], rope[ai.rope],
+                               shexp[ai.shared_expert], int(ai.layer_kind), tuple(hps), tuple(tensors))
+    return out
+
+
+def native_value(text: str, values: Mapping[str, Any]) -> int | float:
+    """A value of an hparam row over the values read before it: "4096", "n_head", "n_embd/n_head"."""
+    if "/" in text:
+        a, b = text.split("/")
+        return int(values[a]) // int(values[b])
+    if text in values:
+        return values[text]
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def supported_archs() -> str:
+    """"llama (Mixtral), qwen2moe, ...": what the library runs, as its errors say it."""
+    return ", ".join(f"{a.name} ({a.family})" if a.family else a.name for a in native_archs().values())
+
+
+def read_hparams(md: Any, where: str = "") -> tuple[NativeArch, dict[str, int | float]]:
+    """A GGUF file's architecture and hyperparameters, read as the loader reads them: the C rows
+    in order, each key's default and range (the loader's checks that tie several values together
+    are not repeated). ``md`` is the file's metadata; fields no row names are absent."""
+    name = require(get_str(md, "general.architecture", where=where), "general.architecture", where)
+    spec = native_archs().get(name)
+    if spec is None:
+        raise UnsupportedError(f"{where}architecture '{name}' is not supported (supported: {supported_archs()})")
+    hp: dict[str, int | float] = {}
+    for h in spec.hparams:
+        key = f"{name}.{h.key}"
+        if h.kind == "float":
+            v = get_float(md, key, None, where=where)
+            v = float(native_value(h.default, hp)) if v is None else v
+            if not v > 0:
+                raise FormatError(f"{where}key '{key}' = {v:g} is not a finite positive number")
+            hp[h.field] = v
+            continue
+        raw = md.get(key)
+        v = int(raw) if isinstance(raw, (bool, np.bool_)) else get_int(md, key, None, where=where)
+        if v is None:
+            if h.default is None:
+                raise FormatError(f"{where}required key '{key}' is missing")
+            v = int(native_value(h.default, hp))
+        lo = int(native_value(h.min, hp)) if h.min else None
+        hi = int(native_value(h.max, hp)) if h.max else None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise FormatError(f"{where}key '{key}' = {v} is outside [{lo}, {hi}]")
+        run_lo = int(native_value(h.run_min, hp)) if h.run_min else None
+        run_hi = int(native_value(h.run_max, hp)) if h.run_max else None
+        if (run_lo is not None and v < run_lo) or (run_hi is not None and v > run_hi):
+            raise UnsupportedError(f"{where}key '{key}' = {v} is not supported: the forward pass runs "
+                                   f"[{run_lo}, {run_hi}]")
+        hp[h.field] = v
+    return spec, hp

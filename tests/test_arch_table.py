@@ -1,0 +1,120 @@
+"""One architecture description: the C rows (native/src/arch.c, read through rm_arch_describe)
+that the loader walks, and the converter's rows (rapidmoe_gguf/arch.py) must describe the same
+files. For every architecture: the same flags; every key the loader reads is one the converter
+writes, filling the same value, of the same kind, with the same default where both have one;
+the tensors the converter writes for a layer are the ones the loader binds, with the same
+shapes and presence, the ones read as floats 1-D (written F32), and the sidecar's tensors are
+the experts'. Then the planner's way in (``read_hparams``) reads the keys as the loader does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import rapidmoe_gguf as rm
+from rapidmoe_gguf import arch as A
+from rapidmoe_gguf.errors import FormatError, UnsupportedError
+from conftest import GGUF_ARCH, TINY_ARCHS
+
+NAMES = sorted(A.ARCHS)
+KIND = {"int": "u32", "bool": "bool", "float": "f32"}
+
+
+def test_arch_table_same_architectures():
+    assert sorted(A.native_archs()) == NAMES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_arch_table_flags_agree(name):
+    c, py = A.native_archs()[name], A.ARCHS[name]
+    assert (c.qk_norm, c.rope, c.shared_expert) == (py.qk_norm, py.rope, py.shared_expert)
+    assert int(c.hparam("norm_topk").default) == int(py.norm_topk)
+    assert c.hparam("n_ff_exp").key == py.expert_ff_key
+
+
+def _py_default(h: A.HParam, dims: dict):
+    if h.default is A.REQUIRED:
+        return None
+    return h.default(dims) if callable(h.default) else h.default
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_arch_table_hparams_agree(name):
+    c, py = A.native_archs()[name], A.ARCHS[name]
+    written = {h.key.format(arch=name): h for h in py.hparams if h.key}
+    # a model whose config gives nothing optional: every default then comes into play
+    dims = {"n_embd": 256, "n_head": 8, "n_head_kv": 8, "head_dim": 32, "n_rot": 32, "n_expert": 4,
+            "n_expert_used": 2, "n_ff_exp": 512, "n_layer": 2, "n_ctx_train": 4096}
+    for h in c.hparams:
+        p = written.get(f"{name}.{h.key}")
+        assert p is not None, f"the loader reads {name}.{h.key}, which the converter does not write"
+        assert p.dim == h.field and p.kind == KIND[h.kind], (h, p)
+        py_default = _py_default(p, dims)
+        if h.default is not None and py_default is not None:
+            assert A.native_value(h.default, dims) == pytest.approx(float(py_default), rel=1e-6), h.key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_arch_table_tensors_agree(name):
+    c, py = A.native_archs()[name], A.ARCHS[name]
+    written = {t.gguf: t for t in py.tensors if t.per_layer}
+    bound = {t.name: t for t in c.tensors if not t.residual}
+    assert len(bound) == len([t for t in c.tensors if not t.residual]), "one tensor bound twice"
+    for n, t in written.items():
+        assert n in bound, f"the converter writes {n}, which the loader does not bind"
+        assert bound[n].ne == t.ne, (n, bound[n].ne, t.ne)
+        assert bound[n].required == (not t.optional), n
+        assert bound[n].expert == (t.role == "expert"), n
+    for n, t in bound.items():
+        assert not t.required or n in written, f"the loader requires {n}, which the converter does not write"
+        assert not t.f32 or len(t.ne) == 1, f"{n} is read as floats but is not 1-D (the recipes write 1-D as F32)"
+    sidecar = {t.name: t for t in c.tensors if t.residual}
+    assert sidecar.keys() == {n.replace(".weight", ".residual") for n, t in written.items() if t.role == "expert"}
+    assert all(sidecar[n.replace(".weight", ".residual")].ne == t.ne for n, t in written.items() if t.role == "expert")
+
+
+def test_arch_table_plain_layers_run():
+    """Today's rows give every layer a kind the forward pass runs."""
+    runs = rm._native.lib.RM_LAYER_RUNS
+    for a in A.native_archs().values():
+        assert a.layer_kind & ~runs == 0, a.name
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_hf, tmp_path_factory):
+    out = {}
+    for arch in TINY_ARCHS:
+        p = tmp_path_factory.mktemp(f"arch-{arch}") / "m.gguf"
+        rm.convert(tiny_hf(arch), p, recipe="q4_0-q4_0", progress=False)
+        out[arch] = p
+    return out
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_arch_table_read_hparams_matches_the_loader(converted, arch):
+    with rm.open_gguf(converted[arch]) as g:
+        spec, hp = A.read_hparams(g.metadata)
+    assert spec.name == GGUF_ARCH[arch]
+    with rm.Model(converted[arch], n_ctx=16, n_threads=1) as m:
+        info = m.info
+    for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used", "n_ff_exp",
+              "n_ctx_train", "norm_topk"):
+        assert hp[k] == info[k], k
+    assert hp.get("n_ff_shexp", 0) == info["n_ff_shexp"]
+
+
+def test_arch_table_read_hparams_refuses_as_the_loader():
+    md = {"general.architecture": "olmoe", "olmoe.embedding_length": 64, "olmoe.block_count": 1,
+          "olmoe.attention.head_count": 4, "olmoe.expert_count": 4, "olmoe.expert_used_count": 2,
+          "olmoe.feed_forward_length": 32}
+    _, hp = A.read_hparams(md)
+    assert (hp["n_head_kv"], hp["head_dim"], hp["n_rot"], hp["n_ctx_train"], hp["norm_topk"]) == (4, 16, 16, 4096, 0)
+    assert hp["rms_eps"] == pytest.approx(1e-5) and hp["rope_base"] == 10000.0
+    with pytest.raises(FormatError, match=r"'olmoe.expert_used_count' = 5 is outside \[1, 4\]"):
+        A.read_hparams({**md, "olmoe.expert_used_count": 5})
+    with pytest.raises(FormatError, match="required key 'olmoe.expert_count' is missing"):
+        A.read_hparams({k: v for k, v in md.items() if k != "olmoe.expert_count"})
+    with pytest.raises(UnsupportedError, match="value_length' = 8 is not supported"):
+        A.read_hparams({**md, "olmoe.attention.value_length": 8})
+    with pytest.raises(UnsupportedError, match=r"architecture 'mamba' is not supported \(supported: llama \(Mixtral\)"):
+        A.read_hparams({"general.architecture": "mamba"})

@@ -84,17 +84,15 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ArchSpec:
+    """How a Hugging Face checkpoint becomes a file of one architecture. The behaviour the runtime
+    gives that file (q/k norm kind, RoPE layout, shared-expert gating) is the C row's alone
+    (``native_archs()``); here only what conversion does about it (``permute_qk``)."""
+
     name: str                          # general.architecture
     hf_architectures: tuple[str, ...]  # config.json "architectures" entries that map here
     hparams: tuple[HParam, ...]
     tensors: tuple[TensorSpec, ...]
-    expert_ff_key: str                 # key suffix holding the experts' FF width
-    qk_norm: str = "none"              # "none" | "per_head" ({head_dim}) | "full" ({n_head*head_dim})
-    shared_expert: str = "none"        # "none" | "gated" (sigmoid(ffn_gate_inp_shexp . x) * shexp(x))
-    attn_bias: bool = False            # q/k/v projections carry biases
-    rope: str = "neox"                 # "norm": interleaved pairs (llama) | "neox": split halves
     permute_qk: bool = False           # HF q/k rows are permuted to llama.cpp's interleaved RoPE
-    norm_topk: bool = False            # top-k weights renormalised when the config does not say
     output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
 
@@ -214,10 +212,7 @@ LLAMA = ArchSpec(  # Mixtral
         _norm_topk((), True),
     ),
     tensors=_GLOBAL_TENSORS + _attention(permute=True) + _moe("block_sparse_moe", "w1", "w3", "w2"),
-    expert_ff_key="feed_forward_length",
-    rope="norm",
     permute_qk=True,
-    norm_topk=True,
     output_from_embd=True,
 )
 
@@ -233,9 +228,6 @@ QWEN2MOE = ArchSpec(
     ),
     tensors=_GLOBAL_TENSORS + _attention(bias=True)
     + _moe("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=True),
-    expert_ff_key="expert_feed_forward_length",
-    shared_expert="gated",
-    attn_bias=True,
     check_config=_all_layers_moe,
 )
 
@@ -250,9 +242,6 @@ QWEN3MOE = ArchSpec(
     ),
     tensors=_GLOBAL_TENSORS + _attention(qk_norm="per_head")
     + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
-    expert_ff_key="expert_feed_forward_length",
-    qk_norm="per_head",
-    norm_topk=True,
     output_from_embd=True,
     check_config=_all_layers_moe,
 )
@@ -265,8 +254,6 @@ OLMOE = ArchSpec(
         _norm_topk(("norm_topk_prob",), False),
     ),
     tensors=_GLOBAL_TENSORS + _attention(qk_norm="full") + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
-    expert_ff_key="feed_forward_length",
-    qk_norm="full",
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE)}

@@ -1,6 +1,6 @@
 """One architecture description: the C rows (native/src/arch.c, read through rm_arch_describe)
 that the loader walks, and the converter's rows (rapidmoe_gguf/arch.py) must describe the same
-files. For every architecture: the same flags; every key the loader reads is one the converter
+files. For every architecture: tensors that fit the C row's flags; every key the loader reads is one the converter
 writes, filling the same value, of the same kind, with the same default where both have one;
 the tensors the converter writes for a layer are the ones the loader binds, with the same
 shapes and presence, the ones read as floats 1-D (written F32), and the sidecar's tensors are
@@ -26,10 +26,14 @@ def test_arch_table_same_architectures():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_arch_table_flags_agree(name):
+    """The converter's rows hold no behaviour flags; what they write must fit the C row's."""
     c, py = A.native_archs()[name], A.ARCHS[name]
-    assert (c.qk_norm, c.rope, c.shared_expert) == (py.qk_norm, py.rope, py.shared_expert)
-    assert int(c.hparam("norm_topk").default) == int(py.norm_topk)
-    assert c.hparam("n_ff_exp").key == py.expert_ff_key
+    written = {t.gguf: t for t in py.tensors}
+    # interleaved RoPE runs on q/k rows the converter permuted (llama.cpp's llama arch)
+    assert py.permute_qk == (c.rope == "norm")
+    assert (c.shared_expert == "gated") == ("blk.{bid}.ffn_gate_inp_shexp.weight" in written)
+    q_norm = written.get("blk.{bid}.attn_q_norm.weight")
+    assert c.qk_norm == {None: "none", ("head_dim",): "per_head", ("n_q",): "full"}[q_norm and q_norm.ne]
 
 
 def _py_default(h: A.HParam, dims: dict):

@@ -1,4 +1,5 @@
-/* model.c - loading a model: hyperparameters from the keys, weights from the tensors.
+/* model.c - loading a model: hyperparameters from the keys, weights from the tensors, both by
+ * walking the architecture's rows (arch.c); nothing here is written per architecture.
  *
  * Nothing in the file is trusted: every tensor the forward pass touches is checked for presence,
  * type and shape here, so the forward pass itself needs no checks. */

@@ -135,15 +135,14 @@ const rm_arch * rm_arch_find(const char * name, size_t len) {
     return NULL;
 }
 
-const char * rm_arch_supported_list(void) {
-    static char list[256];   /* the table is constant, so every caller writes the same text */
+void rm_arch_supported_list(char * buf, size_t cap) {
     size_t at = 0;
-    for (int32_t i = 0; i < COUNT(ARCHS) && at < sizeof(list); i++) {
+    buf[0] = '\0';
+    for (int32_t i = 0; i < COUNT(ARCHS) && at < cap; i++) {
         const rm_arch * a = &ARCHS[i];
-        at += (size_t) snprintf(list + at, sizeof(list) - at, "%s%s%s%s%s", i ? ", " : "", a->name,
+        at += (size_t) snprintf(buf + at, cap - at, "%s%s%s%s%s", i ? ", " : "", a->name,
                                 a->family[0] ? " (" : "", a->family, a->family[0] ? ")" : "");
     }
-    return list;
 }
 
 /* ---- layer kinds ---------------------------------------------------------------------------- */

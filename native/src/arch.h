@@ -105,7 +105,7 @@ typedef struct rm_arch {
 const rm_arch * rm_arch_find(const char * name, size_t len);
 
 /* "llama (Mixtral), qwen2moe, ...", for the error that refuses an architecture. */
-const char * rm_arch_supported_list(void);
+void rm_arch_supported_list(char * buf, size_t cap);
 
 /* The kind of layer il, from the row, its flags and its kind rules over hp. */
 uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il);

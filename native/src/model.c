@@ -377,8 +377,10 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     rm_str an = rm_gguf_kv_str(m->base, ia);
     m->arch = rm_arch_find(an.ptr, an.len);
     if (!m->arch) {
+        char supported[256];
+        rm_arch_supported_list(supported, sizeof(supported));
         return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: architecture '%.*s' is not supported "
-                       "(supported: %s)", path, (int) (an.len > 64 ? 64 : an.len), an.ptr, rm_arch_supported_list());
+                       "(supported: %s)", path, (int) (an.len > 64 ? 64 : an.len), an.ptr, supported);
     }
     snprintf(ld.arch, sizeof(ld.arch), "%s", m->arch->name);
     if ((st = load_hparams(&ld, m)) != RM_OK || (st = check_layer_kinds(m, path)) != RM_OK) {

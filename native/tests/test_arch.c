@@ -79,8 +79,9 @@ static void test_describe_bounds(void) {
     EXPECT(rm_arch_hparam_describe(0, 4, &hi) == RM_OK && strcmp(hi.key, "attention.key_length") == 0 &&
                strcmp(hi.dflt, "n_embd/n_head") == 0 && strcmp(hi.max, "65536") == 0,
            "key_length row: %s %s %s", hi.key, hi.dflt, hi.max);
-    EXPECT(strcmp(rm_arch_supported_list(), "llama (Mixtral), qwen2moe, qwen3moe, olmoe") == 0, "list '%s'",
-           rm_arch_supported_list());
+    char list[256];
+    rm_arch_supported_list(list, sizeof(list));
+    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe") == 0, "list '%s'", list);
 }
 
 int main(void) {

@@ -3,8 +3,8 @@
 What a GGUF file of each architecture holds, as the runtime reads it, has one source: the C
 table in ``native/src/arch.c`` (keys with defaults and ranges, per-layer tensor templates with
 shapes, behaviour flags), which the loader walks. ``native_archs()`` reads that table through
-``rm_arch_describe`` and ``read_hparams()`` reads a file's hyperparameters by it (the planner's
-way in).
+``rm_arch_describe``; ``GGUFFile.hparams()`` reads a file's hyperparameters by it, with the
+loader's own code (the planner's way in).
 
 This module adds what only the converter needs, one ``ArchSpec`` row per GGUF
 ``general.architecture``: which Hugging Face config keys give which GGUF hyperparameters
@@ -26,11 +26,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from gguf import Keys
 
 from .errors import FormatError, UnsupportedError
-from .metadata import get_float, get_int, get_str, require
 
 FLOAT32_MAX = 3.4028234663852886e38
 
@@ -437,55 +435,3 @@ def native_archs() -> dict[str, NativeArch]:
         out[name] = NativeArch(name, ffi.string(ai.family).decode(), qk[ai.qk_norm], rope[ai.rope],
                                shexp[ai.shared_expert], int(ai.layer_kind), tuple(hps), tuple(tensors))
     return out
-
-
-def native_value(text: str, values: Mapping[str, Any]) -> int | float:
-    """A value of an hparam row over the values read before it: "4096", "n_head", "n_embd/n_head"."""
-    if "/" in text:
-        a, b = text.split("/")
-        return int(values[a]) // int(values[b])
-    if text in values:
-        return values[text]
-    return float(text) if any(c in text for c in ".eE") else int(text)
-
-
-def supported_archs() -> str:
-    """"llama (Mixtral), qwen2moe, ...": what the library runs, as its errors say it."""
-    return ", ".join(f"{a.name} ({a.family})" if a.family else a.name for a in native_archs().values())
-
-
-def read_hparams(md: Any, where: str = "") -> tuple[NativeArch, dict[str, int | float]]:
-    """A GGUF file's architecture and hyperparameters, read as the loader reads them: the C rows
-    in order, each key's default and range (the loader's checks that tie several values together
-    are not repeated). ``md`` is the file's metadata; fields no row names are absent."""
-    name = require(get_str(md, "general.architecture", where=where), "general.architecture", where)
-    spec = native_archs().get(name)
-    if spec is None:
-        raise UnsupportedError(f"{where}architecture '{name}' is not supported (supported: {supported_archs()})")
-    hp: dict[str, int | float] = {}
-    for h in spec.hparams:
-        key = f"{name}.{h.key}"
-        if h.kind == "float":
-            v = get_float(md, key, None, where=where)
-            v = float(native_value(h.default, hp)) if v is None else v
-            if not v > 0:
-                raise FormatError(f"{where}key '{key}' = {v:g} is not a finite positive number")
-            hp[h.field] = v
-            continue
-        raw = md.get(key)
-        v = int(raw) if isinstance(raw, (bool, np.bool_)) else get_int(md, key, None, where=where)
-        if v is None:
-            if h.default is None:
-                raise FormatError(f"{where}required key '{key}' is missing")
-            v = int(native_value(h.default, hp))
-        lo = int(native_value(h.min, hp)) if h.min else None
-        hi = int(native_value(h.max, hp)) if h.max else None
-        if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise FormatError(f"{where}key '{key}' = {v} is outside [{lo}, {hi}]")
-        run_lo = int(native_value(h.run_min, hp)) if h.run_min else None
-        run_hi = int(native_value(h.run_max, hp)) if h.run_max else None
-        if (run_lo is not None and v < run_lo) or (run_hi is not None and v > run_hi):
-            raise UnsupportedError(f"{where}key '{key}' = {v} is not supported: the forward pass runs "
-                                   f"[{run_lo}, {run_hi}]")
-        hp[h.field] = v
-    return spec, hp

@@ -29,7 +29,6 @@ import numpy as np
 
 from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import open_gguf
-from .arch import read_hparams
 from .resplit import residual_path as default_residual_path
 
 # ggml types the CUDA kernels multiply by (native/cuda/matmul.cuh); other matrices stay on the host.
@@ -119,9 +118,9 @@ class ModelSizes:
             cand = default_residual_path(path)
             residual = cand if os.path.isfile(cand) else None
         with open_gguf(path) as g:
-            _, hp = read_hparams(g.metadata, where=f"{path}: ")   # the keys as the loader reads them
+            hp = g.hparams()   # the keys as the loader reads them
             n_layer, n_expert = hp["n_layer"], hp["n_expert"]
-            sizes = {k: hp.get(k, 0) for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head",
+            sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head",
                                                "n_head_kv", "head_dim", "n_ff_shexp")}
             sizes["n_ff_exp"] = 0
             base = np.zeros((n_layer, n_expert), dtype=np.int64)

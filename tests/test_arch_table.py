@@ -4,11 +4,13 @@ files. For every architecture: tensors that fit the C row's flags; every key the
 writes, filling the same value, of the same kind, with the same default where both have one;
 the tensors the converter writes for a layer are the ones the loader binds, with the same
 shapes and presence, the ones read as floats 1-D (written F32), and the sidecar's tensors are
-the experts'. Then the planner's way in (``read_hparams``) reads the keys as the loader does.
+the experts'. Then the planner's way in (``GGUFFile.hparams``, rm_arch_read_hparams) reads the
+keys as the loader does.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
@@ -36,6 +38,14 @@ def test_arch_table_flags_agree(name):
     assert c.qk_norm == {None: "none", ("head_dim",): "per_head", ("n_q",): "full"}[q_norm and q_norm.ne]
 
 
+def _c_value(text: str, values: dict):
+    """A value of a C hparam row: a number, a field read before it, or "a/b" (integer division)."""
+    if "/" in text:
+        a, b = text.split("/")
+        return values[a] // values[b]
+    return values[text] if text in values else float(text)
+
+
 def _py_default(h: A.HParam, dims: dict):
     if h.default is A.REQUIRED:
         return None
@@ -55,7 +65,7 @@ def test_arch_table_hparams_agree(name):
         assert p.dim == h.field and p.kind == KIND[h.kind], (h, p)
         py_default = _py_default(p, dims)
         if h.default is not None and py_default is not None:
-            assert A.native_value(h.default, dims) == pytest.approx(float(py_default), rel=1e-6), h.key
+            assert _c_value(h.default, dims) == pytest.approx(float(py_default), rel=1e-6), h.key
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -97,28 +107,55 @@ def converted(tiny_hf, tmp_path_factory):
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_arch_table_read_hparams_matches_the_loader(converted, arch):
     with rm.open_gguf(converted[arch]) as g:
-        spec, hp = A.read_hparams(g.metadata)
-    assert spec.name == GGUF_ARCH[arch]
+        hp = g.hparams()
+    assert hp["arch"] == GGUF_ARCH[arch]
     with rm.Model(converted[arch], n_ctx=16, n_threads=1) as m:
         info = m.info
     for k in ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used", "n_ff_exp",
-              "n_ctx_train", "norm_topk"):
+              "n_ff_shexp", "n_ctx_train", "norm_topk"):
         assert hp[k] == info[k], k
-    assert hp.get("n_ff_shexp", 0) == info["n_ff_shexp"]
 
 
-def test_arch_table_read_hparams_refuses_as_the_loader():
-    md = {"general.architecture": "olmoe", "olmoe.embedding_length": 64, "olmoe.block_count": 1,
-          "olmoe.attention.head_count": 4, "olmoe.expert_count": 4, "olmoe.expert_used_count": 2,
-          "olmoe.feed_forward_length": 32}
-    _, hp = A.read_hparams(md)
-    assert (hp["n_head_kv"], hp["head_dim"], hp["n_rot"], hp["n_ctx_train"], hp["norm_topk"]) == (4, 16, 16, 4096, 0)
-    assert hp["rms_eps"] == pytest.approx(1e-5) and hp["rope_base"] == 10000.0
-    with pytest.raises(FormatError, match=r"'olmoe.expert_used_count' = 5 is outside \[1, 4\]"):
-        A.read_hparams({**md, "olmoe.expert_used_count": 5})
-    with pytest.raises(FormatError, match="required key 'olmoe.expert_count' is missing"):
-        A.read_hparams({k: v for k, v in md.items() if k != "olmoe.expert_count"})
-    with pytest.raises(UnsupportedError, match="value_length' = 8 is not supported"):
-        A.read_hparams({**md, "olmoe.attention.value_length": 8})
-    with pytest.raises(UnsupportedError, match=r"architecture 'mamba' is not supported \(supported: llama \(Mixtral\)"):
-        A.read_hparams({"general.architecture": "mamba"})
+def _gguf(path, arch: str, **kv) -> str:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in kv.items():
+        key = f"{arch}.{k.replace('__', '.')}"
+        if isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, float):
+            w.add_float32(key, v)
+        else:
+            w.add_uint32(key, v)
+    w.add_tensor("token_embd.weight", np.ones((4, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_arch_table_read_hparams_defaults_and_refusals(tmp_path):
+    """Defaults from the rows; errors as rm_model_load gives them, for the planner as for the loader."""
+    kv = dict(embedding_length=64, block_count=1, attention__head_count=4, expert_count=4, expert_used_count=2,
+              feed_forward_length=32)
+    with rm.open_gguf(_gguf(tmp_path / "a.gguf", "olmoe", **kv)) as g:
+        hp = g.hparams()
+    assert (hp["n_head_kv"], hp["head_dim"], hp["n_ctx_train"], hp["norm_topk"], hp["n_ff_shexp"]) == (4, 16, 4096, 0, 0)
+    cases = [
+        (dict(kv, expert_used_count=5), FormatError, r"'olmoe.expert_used_count' = 5 is outside \[1, 4\]"),
+        ({k: v for k, v in kv.items() if k != "expert_count"}, FormatError, "required key 'olmoe.expert_count' is missing"),
+        (dict(kv, attention__value_length=8), UnsupportedError, r"value_length' = 8 is not supported.*value_length == key_length"),
+        (dict(kv, rope__freq_base=-1.0), FormatError, "is not a finite positive number"),
+        (dict(kv, attention__head_count_kv=3), FormatError, "head_count 4 is not a multiple of head_count_kv 3"),
+    ]
+    for i, (bad, exc, msg) in enumerate(cases):
+        path = _gguf(tmp_path / f"b{i}.gguf", "olmoe", **bad)
+        with rm.open_gguf(path) as g, pytest.raises(exc, match=msg):
+            g.hparams()
+        with pytest.raises(exc, match=msg):
+            rm.Model(path, n_ctx=16, n_threads=1)
+    path = _gguf(tmp_path / "c.gguf", "mamba")
+    with rm.open_gguf(path) as g, pytest.raises(UnsupportedError, match=r"'mamba' is not supported \(supported: llama \(Mixtral\)"):
+        g.hparams()

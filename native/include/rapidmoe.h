@@ -287,6 +287,7 @@ rm_status rm_arch_hparam_describe(int32_t arch, int32_t i, rm_arch_hparam_info *
 /* i in [0, n_tensors), in the order the loader binds them. */
 rm_status rm_arch_tensor_describe(int32_t arch, int32_t i, rm_arch_tensor_info * out);
 
+
 /* ---------------------------------------------------------------------------------------------
  * Models and sessions
  *
@@ -348,6 +349,11 @@ typedef struct rm_model_info {
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
 void      rm_model_free(rm_model * model);
 rm_status rm_model_info_get(const rm_model * model, rm_model_info * out);
+
+/* A GGUF file's architecture and hyperparameters read as rm_model_load reads them (the same rows,
+ * defaults, ranges and errors), without binding tensors: arch and the hyperparameter fields of
+ * out are set, the others are 0 (n_vocab comes from a tensor). path is only named in messages. */
+rm_status rm_arch_read_hparams(const rm_gguf * g, const char * path, rm_model_info * out);
 
 /* Where the model runs. With use_gpu set and no usable GPU, active is 0 and note says why
  * ("built without CUDA", "no CUDA device: ..."); the model then runs on the CPU. */

@@ -43,9 +43,11 @@
 /* renormalise the top-k weights unless the key says otherwise; the default is the row's behaviour */
 #define HP_NORM_TOPK(dflt) BOOL("expert_weights_norm", norm_topk, K(dflt))
 
+/* value_length is read so that a file with value heads of another width (MLA) is refused by
+ * name rather than misread */
 #define HP_TAIL                                                                                       \
     {"attention.value_length", "head_dim_v", HPOFF(head_dim_v), RM_HPARAM_INT, V(head_dim), ANY, ANY, \
-     V(head_dim), V(head_dim), "value heads as wide as key heads (value_length == key_length)"},      \
+     V(head_dim), V(head_dim), "value_length == key_length"},                                         \
     FLOAT("attention.layer_norm_rms_epsilon", rms_eps,   K(1e-5f)),                                   \
     FLOAT("rope.freq_base",                   rope_base, K(10000.0f))
 

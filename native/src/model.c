@@ -16,16 +16,18 @@
 #include "status.h"
 #include "types.h"
 
+/* Reading one file's keys: for rm_model_load and rm_arch_read_hparams, whose names the messages carry. */
 typedef struct loader {
-    const char * path;
-    rm_gguf *    g;
-    char         arch[32];
+    const char *    fn;
+    const char *    path;
+    const rm_gguf * g;
+    const rm_arch * arch;
 } loader;
 
 /* Reads an integer (or bool) key {arch}.{suffix}: 1 found, 0 absent, -1 unusable (error set). */
 static int get_int(const loader * ld, const char * suffix, int64_t * out) {
     char key[128];
-    snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, suffix);
     rm_status st = rm_gguf_get_i64(ld->g, key, out);
     if (st == RM_E_FORMAT && rm_gguf_kv_type(ld->g, rm_gguf_find_kv(ld->g, key)) == RM_GGUF_BOOL) {
         bool b;
@@ -37,7 +39,7 @@ static int get_int(const loader * ld, const char * suffix, int64_t * out) {
 
 static int get_float(const loader * ld, const char * suffix, float * out) {
     char key[128];
-    snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, suffix);
     rm_status st = rm_gguf_get_f32(ld->g, key, out);
     return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
@@ -53,8 +55,8 @@ static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hpar
             return RM_E_FORMAT;
         }
         if (!isfinite(v) || !(v > 0.0f)) {
-            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s.%s' = %g is not a finite positive number",
-                           ld->path, ld->arch, h->key, (double) v);
+            return rm_fail(RM_E_FORMAT, "%s: %s: key '%s.%s' = %g is not a finite positive number",
+                           ld->fn, ld->path, ld->arch->name, h->key, (double) v);
         }
         memcpy(field, &v, sizeof(v));
         return RM_OK;
@@ -65,19 +67,19 @@ static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hpar
         return RM_E_FORMAT;
     }
     if (r == 0 && h->dflt.op == RM_EXPR_NONE) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: required key '%s.%s' is missing", ld->path, ld->arch, h->key);
+        return rm_fail(RM_E_FORMAT, "%s: %s: required key '%s.%s' is missing", ld->fn, ld->path, ld->arch->name, h->key);
     }
     const int64_t lo = h->min.op ? (int64_t) rm_expr_eval(&h->min, hp) : INT64_MIN;
     const int64_t hi = h->max.op ? (int64_t) rm_expr_eval(&h->max, hp) : INT64_MAX;
     if (v < lo || v > hi) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s.%s' = %lld is outside [%lld, %lld]",
-                       ld->path, ld->arch, h->key, (long long) v, (long long) lo, (long long) hi);
+        return rm_fail(RM_E_FORMAT, "%s: %s: key '%s.%s' = %lld is outside [%lld, %lld]",
+                       ld->fn, ld->path, ld->arch->name, h->key, (long long) v, (long long) lo, (long long) hi);
     }
     const int64_t run_lo = h->run_min.op ? (int64_t) rm_expr_eval(&h->run_min, hp) : INT32_MIN;
     const int64_t run_hi = h->run_max.op ? (int64_t) rm_expr_eval(&h->run_max, hp) : INT32_MAX;
     if (v < run_lo || v > run_hi) {
-        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: key '%s.%s' = %lld is not supported: the forward "
-                       "pass runs [%lld, %lld] (%s)", ld->path, ld->arch, h->key, (long long) v, (long long) run_lo,
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: key '%s.%s' = %lld is not supported: the forward "
+                       "pass runs [%lld, %lld] (%s)", ld->fn, ld->path, ld->arch->name, h->key, (long long) v, (long long) run_lo,
                        (long long) run_hi, h->run_why ? h->run_why : "");
     }
     const int32_t v32 = (int32_t) v;
@@ -125,34 +127,50 @@ static rm_status bind(rm_gguf * g, const char * path, const char * name, int req
     return RM_OK;
 }
 
+/* The row of the file's general.architecture. */
+static rm_status find_arch(loader * ld) {
+    const int64_t ia = rm_gguf_find_kv(ld->g, "general.architecture");
+    if (ia < 0 || rm_gguf_kv_type(ld->g, ia) != RM_GGUF_STRING) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: 'general.architecture' is missing or not a string", ld->fn, ld->path);
+    }
+    const rm_str an = rm_gguf_kv_str(ld->g, ia);
+    ld->arch = rm_arch_find(an.ptr, an.len);
+    if (!ld->arch) {
+        char supported[256];
+        rm_arch_supported_list(supported, sizeof(supported));
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: architecture '%.*s' is not supported (supported: %s)", ld->fn,
+                       ld->path, (int) (an.len > 64 ? 64 : an.len), an.ptr, supported);
+    }
+    return RM_OK;
+}
+
 /* The rows in the table's order, then the checks that tie several values together. */
-static rm_status load_hparams(const loader * ld, rm_model * m) {
-    rm_hparams * hp = &m->hp;
-    for (int32_t i = 0; i < m->arch->n_hparams; i++) {
-        rm_status st = read_hparam(ld, &m->arch->hparams[i], hp);
+static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
+    for (int32_t i = 0; i < ld->arch->n_hparams; i++) {
+        rm_status st = read_hparam(ld, &ld->arch->hparams[i], hp);
         if (st != RM_OK) {
             return st;
         }
     }
     if (hp->n_head % hp->n_head_kv != 0) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: head_count %d is not a multiple of head_count_kv %d",
-                       ld->path, hp->n_head, hp->n_head_kv);
+        return rm_fail(RM_E_FORMAT, "%s: %s: head_count %d is not a multiple of head_count_kv %d",
+                       ld->fn, ld->path, hp->n_head, hp->n_head_kv);
     }
     if (hp->n_rot % 2 != 0) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: rope.dimension_count %d is odd", ld->path, hp->n_rot);
+        return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d is odd", ld->fn, ld->path, hp->n_rot);
     }
     return RM_OK;
 }
 
 /* Every layer's kind, refused when the forward pass does not run it. */
-static rm_status check_layer_kinds(const rm_model * m, const char * path) {
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const uint32_t k = rm_arch_layer_kind(m->arch, &m->hp, il);
+static rm_status check_layer_kinds(const loader * ld, const rm_hparams * hp) {
+    for (int il = 0; il < hp->n_layer; il++) {
+        const uint32_t k = rm_arch_layer_kind(ld->arch, hp, il);
         if (k & ~(uint32_t) RM_LAYER_RUNS) {
             char what[160];
             rm_layer_kind_unsupported(k, what, sizeof(what));
-            return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: layer %d has %s, which the forward pass "
-                           "does not run yet", path, il, what);
+            return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: layer %d has %s, which the forward pass does not run "
+                           "yet", ld->fn, ld->path, il, what);
         }
     }
     return RM_OK;
@@ -210,10 +228,9 @@ static uint64_t weight_bytes(const rm_weight * w) {
     return w->data ? w->row_bytes * (uint64_t) w->ne[1] * (uint64_t) w->ne[2] : 0;
 }
 
-static void fill_info(rm_model * m) {
-    rm_model_info * in = &m->info;
-    const rm_hparams * hp = &m->hp;
-    snprintf(in->arch, sizeof(in->arch), "%s", m->arch->name);
+/* The hyperparameters rm_model_info shows. */
+static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hparams * hp) {
+    snprintf(in->arch, sizeof(in->arch), "%s", arch->name);
     in->n_vocab = hp->n_vocab;
     in->n_embd = hp->n_embd;
     in->n_layer = hp->n_layer;
@@ -226,6 +243,12 @@ static void fill_info(rm_model * m) {
     in->n_ff_shexp = hp->n_ff_shexp;
     in->n_ctx_train = hp->n_ctx_train;
     in->norm_topk = hp->norm_topk;
+}
+
+static void fill_info(rm_model * m) {
+    rm_model_info * in = &m->info;
+    const rm_hparams * hp = &m->hp;
+    info_hparams(in, m->arch, hp);
     in->has_residual = m->residual != NULL;
     in->n_threads = rm_pool_size(m->pool);
     for (int il = 0; il < hp->n_layer; il++) {
@@ -369,21 +392,12 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     if (st != RM_OK) {
         return st;
     }
-    loader ld = {path, m->base, {0}};
-    int64_t ia = rm_gguf_find_kv(m->base, "general.architecture");
-    if (ia < 0 || rm_gguf_kv_type(m->base, ia) != RM_GGUF_STRING) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: 'general.architecture' is missing or not a string", path);
+    loader ld = {"rm_model_load", path, m->base, NULL};
+    if ((st = find_arch(&ld)) != RM_OK) {
+        return st;
     }
-    rm_str an = rm_gguf_kv_str(m->base, ia);
-    m->arch = rm_arch_find(an.ptr, an.len);
-    if (!m->arch) {
-        char supported[256];
-        rm_arch_supported_list(supported, sizeof(supported));
-        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: architecture '%.*s' is not supported "
-                       "(supported: %s)", path, (int) (an.len > 64 ? 64 : an.len), an.ptr, supported);
-    }
-    snprintf(ld.arch, sizeof(ld.arch), "%s", m->arch->name);
-    if ((st = load_hparams(&ld, m)) != RM_OK || (st = check_layer_kinds(m, path)) != RM_OK) {
+    m->arch = ld.arch;
+    if ((st = load_hparams(&ld, &m->hp)) != RM_OK || (st = check_layer_kinds(&ld, &m->hp)) != RM_OK) {
         return st;
     }
     if (params->residual_path) {
@@ -473,6 +487,25 @@ void rm_model_free(rm_model * m) {
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
     free(m);
+}
+
+/* The planner's way to a file's hyperparameters: the loader's own reading, without the tensors. */
+rm_status rm_arch_read_hparams(const rm_gguf * g, const char * path, rm_model_info * out) {
+    rm_clear_error();
+    if (!g || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_arch_read_hparams: g and out must not be NULL");
+    }
+    memset(out, 0, sizeof(*out));
+    loader ld = {"rm_arch_read_hparams", path ? path : "", g, NULL};
+    rm_hparams hp = {0};
+    rm_status st;
+    if ((st = find_arch(&ld)) != RM_OK || (st = load_hparams(&ld, &hp)) != RM_OK ||
+        (st = check_layer_kinds(&ld, &hp)) != RM_OK) {
+        return st;
+    }
+    info_hparams(out, ld.arch, &hp);
+    rm_clear_error();   /* optional keys that were absent left their messages behind */
+    return RM_OK;
 }
 
 rm_status rm_model_info_get(const rm_model * m, rm_model_info * out) {

@@ -257,7 +257,7 @@ typedef struct rm_arch_info {
  * fields ("n_embd/n_head", integer division) of the rows read before it; "" when not given. */
 typedef struct rm_arch_hparam_info {
     const char * key;             /* after "{arch}.": "attention.head_count_kv" */
-    const char * field;           /* what it fills, named as rm_model_info names it: "n_head_kv" */
+    const char * field;           /* the value it fills: "n_head_kv" (rm_model_info's names where it has one) */
     int32_t      kind;            /* rm_hparam_kind */
     int32_t      required;        /* no default: a file without the key is refused */
     char         dflt[32];        /* the value when the key is absent */

@@ -1,11 +1,17 @@
-"""Supported MoE architectures as data: one ``ArchSpec`` row per GGUF ``general.architecture``.
+"""Supported MoE architectures as data.
 
-A row says how a Hugging Face checkpoint maps onto what llama.cpp expects for that architecture:
-which config keys give which GGUF hyperparameters (``HParam``), which HF tensors become which
-GGUF tensors with which shapes (``TensorSpec``), and the few behaviours that differ between
-architectures but are not written in the file (q/k norm kind, shared-expert gating, top-k
-renormalisation, RoPE layout). The converter and the runtime both read this table; adding an
-architecture means adding a row, plus a small hook only where the math differs.
+What a GGUF file of each architecture holds, as the runtime reads it, has one source: the C
+table in ``native/src/arch.c`` (keys with defaults and ranges, per-layer tensor templates with
+shapes, behaviour flags), which the loader walks. ``native_archs()`` reads that table through
+``rm_arch_describe``; ``GGUFFile.hparams()`` reads a file's hyperparameters by it, with the
+loader's own code (the planner's way in).
+
+This module adds what only the converter needs, one ``ArchSpec`` row per GGUF
+``general.architecture``: which Hugging Face config keys give which GGUF hyperparameters
+(``HParam``), which HF tensors become which GGUF tensors (``TensorSpec``), and how (q/k row
+permutation, dense layers refused). tests/test_arch_table.py proves these rows and the C rows
+describe the same files: the same keys filling the same values, the same tensor names, shapes
+and presence, the same flags.
 
 Shapes are in ggml ``ne`` order (``ne[0]`` is the row length, the fastest-varying dimension) and
 are written as names of model dimensions (``"n_embd"``, ``"n_ff_exp"``, ...) that
@@ -15,6 +21,7 @@ are written as names of model dimensions (``"n_embd"``, ``"n_ff_exp"``, ...) tha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -75,17 +82,15 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ArchSpec:
+    """How a Hugging Face checkpoint becomes a file of one architecture. The behaviour the runtime
+    gives that file (q/k norm kind, RoPE layout, shared-expert gating) is the C row's alone
+    (``native_archs()``); here only what conversion does about it (``permute_qk``)."""
+
     name: str                          # general.architecture
     hf_architectures: tuple[str, ...]  # config.json "architectures" entries that map here
     hparams: tuple[HParam, ...]
     tensors: tuple[TensorSpec, ...]
-    expert_ff_key: str                 # key suffix holding the experts' FF width
-    qk_norm: str = "none"              # "none" | "per_head" ({head_dim}) | "full" ({n_head*head_dim})
-    shared_expert: str = "none"        # "none" | "gated" (sigmoid(ffn_gate_inp_shexp . x) * shexp(x))
-    attn_bias: bool = False            # q/k/v projections carry biases
-    rope: str = "neox"                 # "norm": interleaved pairs (llama) | "neox": split halves
     permute_qk: bool = False           # HF q/k rows are permuted to llama.cpp's interleaved RoPE
-    norm_topk: bool = False            # top-k weights renormalised when the config does not say
     output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
 
@@ -107,10 +112,10 @@ _COMMON_HPARAMS = (
     HParam(Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",), "u32",
            default=lambda d: d["n_head"], dim="n_head_kv"),
     HParam(Keys.Attention.KEY_LENGTH, ("head_dim",), "u32", default=_head_dim, dim="head_dim"),
-    HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_head_dim),
+    HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_head_dim, dim="head_dim_v"),
     HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
     HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
-           default=10000.0, dim="rope_theta"),
+           default=10000.0, dim="rope_base"),
     HParam(Keys.Rope.DIMENSION_COUNT, (), "u32", default=lambda d: d["head_dim"], dim="n_rot"),
     HParam(Keys.LLM.EXPERT_COUNT, ("num_experts", "num_local_experts"), "u32", dim="n_expert"),
     HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
@@ -205,10 +210,7 @@ LLAMA = ArchSpec(  # Mixtral
         _norm_topk((), True),
     ),
     tensors=_GLOBAL_TENSORS + _attention(permute=True) + _moe("block_sparse_moe", "w1", "w3", "w2"),
-    expert_ff_key="feed_forward_length",
-    rope="norm",
     permute_qk=True,
-    norm_topk=True,
     output_from_embd=True,
 )
 
@@ -224,9 +226,6 @@ QWEN2MOE = ArchSpec(
     ),
     tensors=_GLOBAL_TENSORS + _attention(bias=True)
     + _moe("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=True),
-    expert_ff_key="expert_feed_forward_length",
-    shared_expert="gated",
-    attn_bias=True,
     check_config=_all_layers_moe,
 )
 
@@ -241,9 +240,6 @@ QWEN3MOE = ArchSpec(
     ),
     tensors=_GLOBAL_TENSORS + _attention(qk_norm="per_head")
     + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
-    expert_ff_key="expert_feed_forward_length",
-    qk_norm="per_head",
-    norm_topk=True,
     output_from_embd=True,
     check_config=_all_layers_moe,
 )
@@ -256,8 +252,6 @@ OLMOE = ArchSpec(
         _norm_topk(("norm_topk_prob",), False),
     ),
     tensors=_GLOBAL_TENSORS + _attention(qk_norm="full") + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
-    expert_ff_key="feed_forward_length",
-    qk_norm="full",
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE)}
@@ -360,3 +354,84 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
     dims["n_q"] = dims["n_head"] * dims["head_dim"]
     dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
     return ResolvedHParams(kv, dims)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the runtime reads: the C rows (native/src/arch.c), through rm_arch_describe
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NativeHParam:
+    """One key the loader reads. Values are rm_arch_hparam_info's text: a number, a field read
+    before it ("n_head") or a quotient of two ("n_embd/n_head"); None when not given."""
+
+    key: str                 # after "{arch}."
+    field: str               # the value it fills ("n_head_kv"), as rm_model_info names it
+    kind: str                # "int" | "bool" | "float"
+    default: str | None      # None: required
+    min: str | None          # accepted range (ints); None: unbounded
+    max: str | None
+    run_min: str | None      # what the forward pass runs; None: everything accepted
+    run_max: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeTensor:
+    """One tensor of a layer as the loader binds it."""
+
+    name: str                # "blk.{bid}.attn_q.weight"
+    field: str               # the rm_layer field
+    residual: bool           # in the sidecar
+    required: bool
+    f32: bool                # read as floats: must be F32
+    expert: bool             # one matrix per routed expert along ne[2]
+    ne: tuple[str, ...]      # dimension names, trailing 1s dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeArch:
+    name: str
+    family: str              # "Mixtral" for llama; "" when the name says it
+    qk_norm: str             # "none" | "per_head" | "full"
+    rope: str                # "norm" | "neox"
+    shared_expert: str       # "none" | "gated"
+    layer_kind: int          # RM_LAYER_* bits
+    hparams: tuple[NativeHParam, ...]
+    tensors: tuple[NativeTensor, ...]
+
+    def hparam(self, field: str) -> NativeHParam:
+        return next(h for h in self.hparams if h.field == field)
+
+
+@functools.lru_cache(maxsize=1)
+def native_archs() -> dict[str, NativeArch]:
+    """The C table, one ``NativeArch`` per architecture the library runs."""
+    from ._native import check, ffi, lib
+
+    text = lambda p: ffi.string(p).decode() or None  # noqa: E731
+    qk = {lib.RM_QK_NORM_NONE: "none", lib.RM_QK_NORM_PER_HEAD: "per_head", lib.RM_QK_NORM_FULL: "full"}
+    rope = {lib.RM_ROPE_NORM: "norm", lib.RM_ROPE_NEOX: "neox"}
+    shexp = {lib.RM_SHEXP_NONE: "none", lib.RM_SHEXP_GATED: "gated"}
+    kinds = {lib.RM_HPARAM_INT: "int", lib.RM_HPARAM_BOOL: "bool", lib.RM_HPARAM_FLOAT: "float"}
+    out = {}
+    for a in range(lib.rm_arch_count()):
+        ai = ffi.new("rm_arch_info *")
+        check(lib.rm_arch_describe(a, ai))
+        hps, tensors = [], []
+        for i in range(ai.n_hparams):
+            h = ffi.new("rm_arch_hparam_info *")
+            check(lib.rm_arch_hparam_describe(a, i, h))
+            hps.append(NativeHParam(text(h.key), text(h.field), kinds[h.kind], text(h.dflt), text(h.min),
+                                    text(h.max), text(h.run_min), text(h.run_max)))
+        for i in range(ai.n_tensors):
+            t = ffi.new("rm_arch_tensor_info *")
+            check(lib.rm_arch_tensor_describe(a, i, t))
+            ne = [ffi.string(t.ne[d]).decode() for d in range(3)]
+            while len(ne) > 1 and ne[-1] == "1":
+                ne.pop()
+            tensors.append(NativeTensor(text(t.name).replace("%d", "{bid}"), text(t.field), bool(t.residual),
+                                        bool(t.required), bool(t.f32), bool(t.expert), tuple(ne)))
+        name = text(ai.name)
+        out[name] = NativeArch(name, ffi.string(ai.family).decode(), qk[ai.qk_norm], rope[ai.rope],
+                               shexp[ai.shared_expert], int(ai.layer_kind), tuple(hps), tuple(tensors))
+    return out

@@ -84,6 +84,11 @@ class TensorInfo:
     data: np.ndarray  # the nbytes bytes: uint8, read-only, zero-copy
 
 
+# the rm_model_info fields rm_arch_read_hparams sets
+_HPARAMS = ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used", "n_ff_exp",
+            "n_ff_shexp", "n_ctx_train", "norm_topk")
+
+
 class GGUFFile:
     """An open GGUF file; make one with ``open_gguf``."""
 
@@ -129,6 +134,20 @@ class GGUFFile:
         return f"<GGUFFile {self.path!r} {state}>"
 
     # -- metadata ---------------------------------------------------------------------------
+
+    def hparams(self) -> dict[str, Any]:
+        """The architecture and hyperparameters as the loader reads them (rm_arch_read_hparams:
+        the C architecture table's keys, defaults and ranges, and its errors): ``arch``,
+        ``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv``, ``head_dim``, ``n_expert``,
+        ``n_expert_used``, ``n_ff_exp``, ``n_ff_shexp`` (0 without a shared expert),
+        ``n_ctx_train``, ``norm_topk``."""
+        info = ffi.new("rm_model_info *")
+        check(lib.rm_arch_read_hparams(self._handle(), os.fsencode(self.path), info))
+        out: dict[str, Any] = {"arch": ffi.string(info.arch).decode()}
+        for k in _HPARAMS:
+            out[k] = int(getattr(info, k))
+        return out
+
 
     @property
     def metadata(self) -> dict[str, Any]:

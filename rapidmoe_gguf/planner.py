@@ -33,7 +33,6 @@ from . import _native, umia
 from ._native import ffi, lib
 from .errors import InvalidArgumentError, RapidMoEError
 from .gguf_file import GGUFFile, open_gguf
-from .metadata import get_int, get_str, require
 from .quants import CUDA_MATMUL_TYPES as GPU_MATMUL_TYPES   # other matrices stay on the host
 from .resplit import residual_path as default_residual_path
 
@@ -123,23 +122,12 @@ class ModelSizes:
     @classmethod
     def from_gguf(cls, g: GGUFFile, r: GGUFFile | None = None) -> "ModelSizes":
         """``from_files`` on a base (and sidecar) already open with ``open_gguf``."""
-        from . import umia
-
         path = g.path
-        md = g.metadata
-        arch = require(get_str(md, "general.architecture", where=f"{path}: "), "general.architecture",
-                       f"{path}: ")
-
-        def key(name, default=None):
-            return require(get_int(md, f"{arch}.{name}", default, where=f"{path}: "), f"{arch}.{name}",
-                           f"{path}: ")
-
-        n_layer, n_expert = key("block_count"), key("expert_count")
-        n_embd, n_head = key("embedding_length"), key("attention.head_count")
-        sizes = dict(n_layer=n_layer, n_expert=n_expert, n_expert_used=key("expert_used_count"),
-                     n_embd=n_embd, n_head=n_head, n_head_kv=key("attention.head_count_kv", n_head),
-                     head_dim=key("attention.key_length", n_embd // n_head),
-                     n_ff_exp=0, n_ff_shexp=key("expert_shared_feed_forward_length", 0))
+        hp = g.hparams()   # the keys as the loader reads them
+        n_layer, n_expert = hp["n_layer"], hp["n_expert"]
+        sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
+                                    "head_dim", "n_ff_shexp")}
+        sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
         dense_gpu = dense_host = dense_read = 0

@@ -210,6 +210,102 @@ int64_t     rm_gguf_find_tensor(const rm_gguf * g, const char * name); /* -1 whe
 rm_status   rm_gguf_tensor_info(const rm_gguf * g, int64_t i, rm_tensor_info * out);
 
 /* ---------------------------------------------------------------------------------------------
+ * Architectures, as data (native/src/arch.c)
+ *
+ * One row per general.architecture this build runs: the keys the loader reads (with defaults
+ * and ranges), the tensors each layer holds (names, shapes, which file, required or not) and the
+ * few behaviours the file does not state. The loader binds a model by walking the row; the
+ * converter and the planner read the same row through these calls.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum rm_qk_norm {
+    RM_QK_NORM_NONE     = 0,
+    RM_QK_NORM_PER_HEAD = 1,      /* RMSNorm over each head, weight ne = {head_dim} (Qwen3) */
+    RM_QK_NORM_FULL     = 2       /* RMSNorm over all of q (resp. k), weight ne = {n_head*head_dim} (OLMoE) */
+} rm_qk_norm;
+
+typedef enum rm_rope_kind {
+    RM_ROPE_NORM = 0,             /* rotate pairs (x[2i], x[2i+1]): llama.cpp's llama arch, q/k rows permuted at conversion */
+    RM_ROPE_NEOX = 1              /* rotate pairs (x[i], x[i + n_rot/2]) */
+} rm_rope_kind;
+
+typedef enum rm_shared_expert {
+    RM_SHEXP_NONE  = 0,
+    RM_SHEXP_GATED = 1            /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+} rm_shared_expert;
+
+/* What one layer is: one attention kind, one FFN kind, and features. A row gives every layer
+ * the same kind unless a kind rule (read from a key, e.g. leading dense layers) changes some;
+ * the loader refuses a layer with bits outside RM_LAYER_RUNS, naming the layer and the kind. */
+enum {
+    RM_LAYER_ATTN_FULL    = 0x0001,   /* causal attention over the whole context */
+    RM_LAYER_ATTN_SLIDING = 0x0002,   /* attention over a sliding window (gpt-oss) */
+    RM_LAYER_ATTN_LINEAR  = 0x0004,   /* linear attention, e.g. a gated delta rule (Qwen3.5 hybrids) */
+    RM_LAYER_ATTN_MLA     = 0x0008,   /* multi-head latent attention (DeepSeek, GLM) */
+    RM_LAYER_FFN_MOE      = 0x0010,   /* routed experts */
+    RM_LAYER_FFN_DENSE    = 0x0020,   /* one dense FFN */
+    RM_LAYER_SHEXP        = 0x0040,   /* a shared expert beside the routed ones */
+    RM_LAYER_QK_NORM_HEAD = 0x0080,   /* q/k RMSNorm per head */
+    RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
+    RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
+    RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
+    RM_LAYER_RUNS         = 0x03D1    /* the bits the forward pass runs today */
+};
+
+typedef enum rm_hparam_kind {
+    RM_HPARAM_INT   = 0,
+    RM_HPARAM_BOOL  = 1,          /* read as an integer 0/1; a bool or an integer key */
+    RM_HPARAM_FLOAT = 2           /* must be finite and > 0 */
+} rm_hparam_kind;
+
+typedef struct rm_arch_info {
+    const char * name;            /* general.architecture */
+    const char * family;          /* the models it runs when the name does not say: "Mixtral"; else "" */
+    int32_t      qk_norm;         /* rm_qk_norm */
+    int32_t      rope;            /* rm_rope_kind */
+    int32_t      shared_expert;   /* rm_shared_expert */
+    uint32_t     layer_kind;      /* RM_LAYER_* bits of a layer no kind rule changes */
+    int32_t      n_hparams;
+    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind */
+    int32_t      n_kind_rules;
+} rm_arch_info;
+
+/* A value of an hparam row is written as text: a number, a field ("n_head") or a quotient of two
+ * fields ("n_embd/n_head", integer division) of the rows read before it; "" when not given. */
+typedef struct rm_arch_hparam_info {
+    const char * key;             /* after "{arch}.": "attention.head_count_kv" */
+    const char * field;           /* the value it fills: "n_head_kv" (rm_model_info's names where it has one) */
+    int32_t      kind;            /* rm_hparam_kind */
+    int32_t      required;        /* no default: a file without the key is refused */
+    char         dflt[32];        /* the value when the key is absent */
+    char         min[32];         /* the accepted range (else RM_E_FORMAT); "": unbounded */
+    char         max[32];
+    char         run_min[32];     /* the range the forward pass runs (else RM_E_UNSUPPORTED_ARCH); "": all */
+    char         run_max[32];
+} rm_arch_hparam_info;
+
+typedef struct rm_arch_tensor_info {
+    const char * name;            /* a printf pattern over the layer: "blk.%d.attn_q.weight" */
+    const char * field;           /* the layer field it fills: "wq" */
+    int32_t      residual;        /* 1: in the residual sidecar (bound only with one), 0: the base file */
+    int32_t      required;        /* for a layer of the arch's layer_kind */
+    int32_t      f32;             /* the forward pass reads it as floats: it must be F32 */
+    int32_t      expert;          /* ne[2] holds one matrix per routed expert */
+    uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */
+    const char * ne[3];           /* "n_embd", "n_q" (n_head*head_dim), "n_kv" (n_head_kv*head_dim),
+                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "any" or "1" */
+} rm_arch_tensor_info;
+
+int32_t   rm_arch_count(void);
+/* arch in [0, rm_arch_count()); RM_E_INVALID_ARG outside. */
+rm_status rm_arch_describe(int32_t arch, rm_arch_info * out);
+/* i in [0, n_hparams), in the order the loader reads them. */
+rm_status rm_arch_hparam_describe(int32_t arch, int32_t i, rm_arch_hparam_info * out);
+/* i in [0, n_tensors), in the order the loader binds them. */
+rm_status rm_arch_tensor_describe(int32_t arch, int32_t i, rm_arch_tensor_info * out);
+
+
+/* ---------------------------------------------------------------------------------------------
  * Models and sessions
  *
  * A model owns the mapped weights (the base file and, optionally, the residual sidecar) and a
@@ -270,6 +366,11 @@ typedef struct rm_model_info {
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
 void      rm_model_free(rm_model * model);
 rm_status rm_model_info_get(const rm_model * model, rm_model_info * out);
+
+/* A GGUF file's architecture and hyperparameters read as rm_model_load reads them (the same rows,
+ * defaults, ranges and errors), without binding tensors: arch and the hyperparameter fields of
+ * out are set, the others are 0 (n_vocab comes from a tensor). path is only named in messages. */
+rm_status rm_arch_read_hparams(const rm_gguf * g, const char * path, rm_model_info * out);
 
 /* Where the model runs. With use_gpu set and no usable GPU, active is 0 and note says why
  * ("built without CUDA", "no CUDA device: ..."); the model then runs on the CPU. */

@@ -1,25 +1,324 @@
-/* arch.c - the architecture table. Behaviour that llama.cpp hard-codes per architecture (and that
- * therefore is not in the file) lives here. */
+/* arch.c - the architecture table: per general.architecture, the keys the loader reads, the
+ * tensors each layer holds, and the behaviour that llama.cpp hard-codes per architecture (and
+ * that therefore is not in the file). model.c binds a model by walking a row; rm_arch_describe
+ * gives the same rows to the converter and the planner. */
+#include "arch.h"
+
+#include <stdio.h>
 #include <string.h>
 
-#include "arch.h"
+#include "status.h"
+
+#define COUNT(a) ((int32_t) (sizeof(a) / sizeof((a)[0])))
+
+/* ---- hyperparameters ------------------------------------------------------------------------ */
+
+#define HPOFF(f)   ((uint16_t) offsetof(rm_hparams, f))
+#define K(v)       {RM_EXPR_CONST, (double) (v), 0, 0, NULL}
+#define V(f)       {RM_EXPR_FIELD, 0, HPOFF(f), 0, #f}
+#define DIV(f, g)  {RM_EXPR_RATIO, 0, HPOFF(f), HPOFF(g), #f "/" #g}
+#define REQUIRED   {RM_EXPR_NONE, 0, 0, 0, NULL}
+#define ANY        {RM_EXPR_NONE, 0, 0, 0, NULL}
+
+/* key, field, default, accepted range; rows read in order, so a value may use the rows above it */
+#define INT(key, f, dflt, lo, hi)  {key, #f, HPOFF(f), RM_HPARAM_INT, dflt, lo, hi, ANY, ANY, NULL}
+#define BOOL(key, f, dflt)         {key, #f, HPOFF(f), RM_HPARAM_BOOL, dflt, K(0), K(1), ANY, ANY, NULL}
+#define FLOAT(key, f, dflt)        {key, #f, HPOFF(f), RM_HPARAM_FLOAT, dflt, ANY, ANY, ANY, ANY, NULL}
+
+#define HP_ATTENTION                                                                                  \
+    INT("embedding_length",        n_embd,        REQUIRED,          K(1), K(1 << 20)),               \
+    INT("block_count",             n_layer,       REQUIRED,          K(1), K(4096)),                  \
+    INT("attention.head_count",    n_head,        REQUIRED,          K(1), K(4096)),                  \
+    INT("attention.head_count_kv", n_head_kv,     V(n_head),         K(1), V(n_head)),                \
+    INT("attention.key_length",    head_dim,      DIV(n_embd, n_head), K(1), K(1 << 16)),             \
+    INT("rope.dimension_count",    n_rot,         V(head_dim),       K(2), V(head_dim))
+
+#define HP_EXPERTS                                                                                    \
+    INT("expert_count",            n_expert,      REQUIRED,          K(1), K(512)),                   \
+    INT("expert_used_count",       n_expert_used, REQUIRED,          K(1), V(n_expert))
+
+/* llama.cpp writes the experts' FFN width under one key or the other, per architecture */
+#define HP_FF_EXP(key) INT(key, n_ff_exp, REQUIRED, K(1), K(1 << 20))
+#define HP_CONTEXT     INT("context_length", n_ctx_train, K(4096), K(1), K(1 << 24))
+/* renormalise the top-k weights unless the key says otherwise; the default is the row's behaviour */
+#define HP_NORM_TOPK(dflt) BOOL("expert_weights_norm", norm_topk, K(dflt))
+
+/* value_length is read so that a file with value heads of another width (MLA) is refused by
+ * name rather than misread */
+#define HP_TAIL                                                                                       \
+    {"attention.value_length", "head_dim_v", HPOFF(head_dim_v), RM_HPARAM_INT, V(head_dim), ANY, ANY, \
+     V(head_dim), V(head_dim), "value_length == key_length"},                                         \
+    FLOAT("attention.layer_norm_rms_epsilon", rms_eps,   K(1e-5f)),                                   \
+    FLOAT("rope.freq_base",                   rope_base, K(10000.0f))
+
+static const rm_hparam_row HP_LLAMA[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1), HP_TAIL,
+};
+static const rm_hparam_row HP_QWEN2MOE[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(0),
+    INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED, K(1), K(1 << 20)),
+    HP_TAIL,
+};
+static const rm_hparam_row HP_QWEN3MOE[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1), HP_TAIL,
+};
+static const rm_hparam_row HP_OLMOE[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(0), HP_TAIL,
+};
+
+/* ---- per-layer tensors ---------------------------------------------------------------------- */
+
+#define LOFF(f) ((uint16_t) offsetof(rm_layer, f))
+#define NE(a, b, c) {RM_DIM_##a, RM_DIM_##b, RM_DIM_##c}
+
+/* name, field, presence, the kind bits a layer needs, read as floats, shape */
+#define T(name, f, presence, when, f32, ne) {name, #f, LOFF(f), 0, presence, 0, when, f32, 0, ne}
+#define T_BIAS(name, f, ne) {name, #f, LOFF(f), 0, RM_TENSOR_REQUIRED_WHEN, RM_LAYER_BIAS, 0, 1, 0, ne}
+#define T_EXP(name, f, residual, ne) {name, #f, LOFF(f), residual, RM_TENSOR_REQUIRED, 0, RM_LAYER_FFN_MOE, 0, 1, ne}
+
+#define ATTN_QKV (RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_SLIDING)   /* plain multi-head attention */
+#define REQ RM_TENSOR_REQUIRED
+
+/* The layers of today's rows: attention with optional biases and q/k norms, routed experts with
+ * their residuals, an optional gated shared expert. In the order the loader binds them. */
+static const rm_tensor_row MOE_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
+    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),
+    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),
+    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_QK_NORM_FULL, 1, NE(Q, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_QK_NORM_FULL, 1, NE(KV, ONE, ONE)),
+    T("blk.%d.ffn_norm.weight",    ffn_norm,  REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),
+    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+};
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+#define ROWS(x) x, COUNT(x)
+#define FULL_MOE (RM_LAYER_ATTN_FULL | RM_LAYER_FFN_MOE)
 
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
-    { "llama",    RM_QK_NORM_NONE,     RM_ROPE_NORM, RM_SHEXP_NONE,  1, "feed_forward_length" },
+    {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
-    { "qwen2moe", RM_QK_NORM_NONE,     RM_ROPE_NEOX, RM_SHEXP_GATED, 0, "expert_feed_forward_length" },
+    {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
-    { "qwen3moe", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE,  1, "expert_feed_forward_length" },
+    {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0},
     /* OLMoE: q/k RMSNorm over the full projection width. */
-    { "olmoe",    RM_QK_NORM_FULL,     RM_ROPE_NEOX, RM_SHEXP_NONE,  0, "feed_forward_length" },
+    {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
-    for (size_t i = 0; i < sizeof(ARCHS) / sizeof(ARCHS[0]); i++) {
+    for (int32_t i = 0; i < COUNT(ARCHS); i++) {
         if (strlen(ARCHS[i].name) == len && memcmp(ARCHS[i].name, name, len) == 0) {
             return &ARCHS[i];
         }
     }
     return NULL;
+}
+
+void rm_arch_supported_list(char * buf, size_t cap) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int32_t i = 0; i < COUNT(ARCHS) && at < cap; i++) {
+        const rm_arch * a = &ARCHS[i];
+        at += (size_t) snprintf(buf + at, cap - at, "%s%s%s%s%s", i ? ", " : "", a->name,
+                                a->family[0] ? " (" : "", a->family, a->family[0] ? ")" : "");
+    }
+}
+
+/* ---- layer kinds ---------------------------------------------------------------------------- */
+
+#define ATTN_BITS (RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_SLIDING | RM_LAYER_ATTN_LINEAR | RM_LAYER_ATTN_MLA)
+#define FFN_BITS  (RM_LAYER_FFN_MOE | RM_LAYER_FFN_DENSE)
+
+static int32_t hp_int(const rm_hparams * hp, uint16_t off) {
+    int32_t v;
+    memcpy(&v, (const char *) hp + off, sizeof(v));
+    return v;
+}
+
+/* The kind of a layer no rule picks: the row's bits, and those its flags imply. */
+static uint32_t plain_kind(const rm_arch * a) {
+    uint32_t k = a->layer_kind;
+    k |= a->qk_norm == RM_QK_NORM_PER_HEAD ? RM_LAYER_QK_NORM_HEAD : a->qk_norm == RM_QK_NORM_FULL ? RM_LAYER_QK_NORM_FULL : 0;
+    k |= a->shared_expert != RM_SHEXP_NONE ? RM_LAYER_SHEXP : 0;
+    return k;
+}
+
+uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il) {
+    uint32_t k = plain_kind(a);
+    for (int32_t r = 0; r < a->n_rules; r++) {
+        const rm_kind_rule * rule = &a->rules[r];
+        const int32_t n = hp_int(hp, rule->n_off);
+        const int picked = rule->form == RM_RULE_FIRST_N ? il < n : n > 1 && il % n != n - 1;
+        if (picked) {
+            k = (k & ~rule->clear) | rule->set;
+        }
+    }
+    return k;
+}
+
+int rm_layer_kind_has(uint32_t k, uint32_t when) {
+    const uint32_t features = when & ~(ATTN_BITS | FFN_BITS);
+    return (k & features) == features && (!(when & ATTN_BITS) || (k & when & ATTN_BITS)) &&
+           (!(when & FFN_BITS) || (k & when & FFN_BITS));
+}
+
+void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap) {
+    static const struct { uint32_t bit; const char * words; } NAMES[] = {
+        {RM_LAYER_ATTN_SLIDING, "sliding-window attention"}, {RM_LAYER_ATTN_LINEAR, "linear attention"},
+        {RM_LAYER_ATTN_MLA, "multi-head latent attention"}, {RM_LAYER_FFN_DENSE, "dense FFN"},
+        {RM_LAYER_SINKS, "attention sinks"},
+    };
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof(NAMES) / sizeof(NAMES[0]) && at < cap; i++) {
+        if (k & NAMES[i].bit & ~(uint32_t) RM_LAYER_RUNS) {
+            at += (size_t) snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", NAMES[i].words);
+        }
+    }
+    if (at == 0) {
+        snprintf(buf, cap, "kind 0x%x", (unsigned) (k & ~(uint32_t) RM_LAYER_RUNS));
+    }
+}
+
+/* ---- values --------------------------------------------------------------------------------- */
+
+double rm_expr_eval(const rm_expr * e, const rm_hparams * hp) {
+    switch (e->op) {
+    case RM_EXPR_FIELD: return hp_int(hp, e->a);
+    case RM_EXPR_RATIO: return hp_int(hp, e->a) / hp_int(hp, e->b);
+    default: return e->k;
+    }
+}
+
+int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
+    switch (d) {
+    case RM_DIM_ONE: return 1;
+    case RM_DIM_EMBD: return hp->n_embd;
+    case RM_DIM_Q: return (int64_t) hp->n_head * hp->head_dim;
+    case RM_DIM_KV: return (int64_t) hp->n_head_kv * hp->head_dim;
+    case RM_DIM_HEAD: return hp->head_dim;
+    case RM_DIM_FF_EXP: return hp->n_ff_exp;
+    case RM_DIM_FF_SHEXP: return hp->n_ff_shexp;
+    case RM_DIM_EXPERT: return hp->n_expert;
+    default: return 0;   /* RM_DIM_ANY */
+    }
+}
+
+/* ---- the public description ----------------------------------------------------------------- */
+
+static const char * const DIM_NAMES[RM_DIM_COUNT] = {
+    "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
+};
+
+int32_t rm_arch_count(void) { return COUNT(ARCHS); }
+
+static const rm_arch * arch_at(const char * fn, int32_t i, const void * out) {
+    if (!out) {
+        rm_fail(RM_E_INVALID_ARG, "%s: out is NULL", fn);
+        return NULL;
+    }
+    if (i < 0 || i >= COUNT(ARCHS)) {
+        rm_fail(RM_E_INVALID_ARG, "%s: arch %d is outside [0, %d)", fn, i, COUNT(ARCHS));
+        return NULL;
+    }
+    return &ARCHS[i];
+}
+
+/* The tensor rows a layer of the arch's plain kind holds (rules aside): the i-th of them. */
+static const rm_tensor_row * tensor_of_kind(const rm_arch * a, uint32_t k, int32_t i) {
+    for (int32_t t = 0; t < a->n_tensors; t++) {
+        if (rm_layer_kind_has(k, a->tensors[t].when) && i-- == 0) {
+            return &a->tensors[t];
+        }
+    }
+    return NULL;
+}
+
+rm_status rm_arch_describe(int32_t arch, rm_arch_info * out) {
+    rm_clear_error();
+    const rm_arch * a = arch_at("rm_arch_describe", arch, out);
+    if (!a) {
+        return RM_E_INVALID_ARG;
+    }
+    const uint32_t k = plain_kind(a);
+    int32_t n = 0;
+    while (tensor_of_kind(a, k, n)) {
+        n++;
+    }
+    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, k, a->n_hparams, n, a->n_rules};
+    return RM_OK;
+}
+
+static void expr_text(const rm_expr * e, char * buf, size_t cap) {
+    if (e->op == RM_EXPR_NONE) {
+        buf[0] = '\0';
+    } else if (e->op == RM_EXPR_CONST) {
+        snprintf(buf, cap, "%.9g", e->k);
+    } else {
+        snprintf(buf, cap, "%s", e->text);
+    }
+}
+
+rm_status rm_arch_hparam_describe(int32_t arch, int32_t i, rm_arch_hparam_info * out) {
+    rm_clear_error();
+    const rm_arch * a = arch_at("rm_arch_hparam_describe", arch, out);
+    if (!a) {
+        return RM_E_INVALID_ARG;
+    }
+    if (i < 0 || i >= a->n_hparams) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_arch_hparam_describe: %s has %d hparams, not %d", a->name, a->n_hparams, i + 1);
+    }
+    const rm_hparam_row * h = &a->hparams[i];
+    memset(out, 0, sizeof(*out));
+    out->key = h->key;
+    out->field = h->field;
+    out->kind = h->kind;
+    out->required = h->dflt.op == RM_EXPR_NONE;
+    expr_text(&h->dflt, out->dflt, sizeof(out->dflt));
+    expr_text(&h->min, out->min, sizeof(out->min));
+    expr_text(&h->max, out->max, sizeof(out->max));
+    expr_text(&h->run_min, out->run_min, sizeof(out->run_min));
+    expr_text(&h->run_max, out->run_max, sizeof(out->run_max));
+    return RM_OK;
+}
+
+rm_status rm_arch_tensor_describe(int32_t arch, int32_t i, rm_arch_tensor_info * out) {
+    rm_clear_error();
+    const rm_arch * a = arch_at("rm_arch_tensor_describe", arch, out);
+    if (!a) {
+        return RM_E_INVALID_ARG;
+    }
+    const uint32_t k = plain_kind(a);
+    const rm_tensor_row * t = i >= 0 ? tensor_of_kind(a, k, i) : NULL;
+    if (!t) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_arch_tensor_describe: %s has no tensor template %d", a->name, i);
+    }
+    *out = (rm_arch_tensor_info) {t->name, t->field, t->residual,
+                                  t->presence == RM_TENSOR_REQUIRED ||
+                                      (t->presence == RM_TENSOR_REQUIRED_WHEN && rm_layer_kind_has(k, t->required_when)),
+                                  t->f32, t->expert, t->when, {DIM_NAMES[t->ne[0]], DIM_NAMES[t->ne[1]], DIM_NAMES[t->ne[2]]}};
+    return RM_OK;
 }

@@ -1,38 +1,123 @@
-/* arch.h - the architectures the runtime runs, as rows of a table.
+/* arch.h - the architectures the runtime runs, as rows of a table (arch.c).
  *
- * One generic forward pass (model.c) reads these flags at a few marked points; an architecture
- * whose math differs more than a flag can say gets its own function, not more flags. */
+ * A row holds what the loader reads (hyperparameter keys with defaults and ranges), what each
+ * layer holds (tensor templates with symbolic shapes), and the few behaviour flags the one
+ * generic forward pass (session.c, moe.c) reads at marked points. The loader (model.c) has no
+ * per-architecture code: it walks the row. An architecture whose math differs more than a flag
+ * can say gets a new layer kind and its own function, not more flags. */
 #ifndef RM_ARCH_H
 #define RM_ARCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-typedef enum rm_qk_norm {
-    RM_QK_NORM_NONE     = 0,
-    RM_QK_NORM_PER_HEAD = 1,   /* RMSNorm over each head, weight ne = {head_dim} (Qwen3) */
-    RM_QK_NORM_FULL     = 2,   /* RMSNorm over all of q (resp. k), weight ne = {n_head*head_dim} (OLMoE) */
-} rm_qk_norm;
+#include "rapidmoe.h"
+#include "weights.h"
 
-typedef enum rm_rope_kind {
-    RM_ROPE_NORM = 0,          /* rotate pairs (x[2i], x[2i+1]): llama.cpp's llama arch, q/k rows permuted at conversion */
-    RM_ROPE_NEOX = 1,          /* rotate pairs (x[i], x[i + n_rot/2]) */
-} rm_rope_kind;
+/* A value computed from the hyperparameters read so far. */
+typedef enum rm_expr_op {
+    RM_EXPR_NONE  = 0,            /* not given: a required key, an unbounded range */
+    RM_EXPR_CONST = 1,            /* k */
+    RM_EXPR_FIELD = 2,            /* the int32 field at a */
+    RM_EXPR_RATIO = 3             /* field a / field b, integer division */
+} rm_expr_op;
 
-typedef enum rm_shared_expert {
-    RM_SHEXP_NONE  = 0,
-    RM_SHEXP_GATED = 1,        /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
-} rm_shared_expert;
+typedef struct rm_expr {
+    uint8_t      op;              /* rm_expr_op */
+    double       k;
+    uint16_t     a, b;            /* offsetof(rm_hparams, ...) */
+    const char * text;            /* the fields as written: "n_embd/n_head" */
+} rm_expr;
+
+typedef struct rm_hparam_row {
+    const char * key;             /* after "{arch}." */
+    const char * field;           /* the rm_hparams field's name */
+    uint16_t     off;             /* offsetof(rm_hparams, field): int32_t, or float for RM_HPARAM_FLOAT */
+    uint8_t      kind;            /* rm_hparam_kind */
+    rm_expr      dflt;            /* NONE: required */
+    rm_expr      min, max;        /* ints: accepted, else RM_E_FORMAT; NONE: unbounded */
+    rm_expr      run_min, run_max;/* ints: what the forward pass runs, else RM_E_UNSUPPORTED_ARCH */
+    const char * run_why;         /* said with that error */
+} rm_hparam_row;
+
+/* Symbolic tensor dimensions, from the hyperparameters. */
+typedef enum rm_dim {
+    RM_DIM_ONE = 0,               /* the dimension is 1 (absent) */
+    RM_DIM_ANY,                   /* any size */
+    RM_DIM_EMBD,                  /* n_embd */
+    RM_DIM_Q,                     /* n_head * head_dim */
+    RM_DIM_KV,                    /* n_head_kv * head_dim */
+    RM_DIM_HEAD,                  /* head_dim */
+    RM_DIM_FF_EXP,                /* n_ff_exp */
+    RM_DIM_FF_SHEXP,              /* n_ff_shexp */
+    RM_DIM_EXPERT,                /* n_expert */
+    RM_DIM_COUNT
+} rm_dim;
+
+typedef enum rm_presence {
+    RM_TENSOR_REQUIRED      = 0,
+    RM_TENSOR_OPTIONAL      = 1,
+    RM_TENSOR_REQUIRED_WHEN = 2   /* required when the layer has the bits required_when, else optional */
+} rm_presence;
+
+typedef struct rm_tensor_row {
+    const char * name;            /* printf pattern over the layer */
+    const char * field;           /* the rm_layer field's name */
+    uint16_t     off;             /* offsetof(rm_layer, field) */
+    uint8_t      residual;        /* in the residual sidecar; bound only when one is loaded */
+    uint8_t      presence;        /* rm_presence */
+    uint32_t     required_when;
+    uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it (rm_layer_kind_has) */
+    uint8_t      f32;             /* read as floats by the forward pass */
+    uint8_t      expert;          /* a routed expert's base or residual: ne[2] = n_expert */
+    uint8_t      ne[3];           /* rm_dim */
+} rm_tensor_row;
+
+/* How the layers' kinds vary with a hyperparameter n (the int32 field at n_off): the layers the
+ * rule picks lose the bits clear and gain the bits set. */
+typedef enum rm_rule_form {
+    RM_RULE_FIRST_N     = 0,      /* layers il < n (leading dense layers) */
+    RM_RULE_NOT_EVERY_N = 1       /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
+} rm_rule_form;
+
+typedef struct rm_kind_rule {
+    uint8_t  form;                /* rm_rule_form */
+    uint16_t n_off;
+    uint32_t clear, set;
+} rm_kind_rule;
 
 typedef struct rm_arch {
-    const char *     name;          /* general.architecture */
-    rm_qk_norm       qk_norm;
-    rm_rope_kind     rope;
-    rm_shared_expert shared_expert;
-    int              norm_topk;     /* renormalise the top-k weights, unless {arch}.expert_weights_norm says otherwise */
-    const char *     ff_exp_key;    /* key suffix holding the experts' FFN width */
+    const char *           name;          /* general.architecture */
+    const char *           family;        /* "Mixtral"; "" when the name says it */
+    rm_qk_norm             qk_norm;
+    rm_rope_kind           rope;
+    rm_shared_expert       shared_expert;
+    uint32_t               layer_kind;    /* attention and FFN kind bits, and BIAS/SINKS; the flags add the rest */
+    const rm_hparam_row *  hparams;
+    int32_t                n_hparams;
+    const rm_tensor_row *  tensors;
+    int32_t                n_tensors;
+    const rm_kind_rule *   rules;
+    int32_t                n_rules;
 } rm_arch;
 
 /* NULL when the architecture is not supported. */
 const rm_arch * rm_arch_find(const char * name, size_t len);
+
+/* "llama (Mixtral), qwen2moe, ...", for the error that refuses an architecture. */
+void rm_arch_supported_list(char * buf, size_t cap);
+
+/* The kind of layer il, from the row, its flags and its kind rules over hp. */
+uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il);
+
+/* Whether a layer of kind k holds a tensor whose row says `when`: the layer has every feature
+ * bit of when, and its attention (FFN) kind is one of those when names, if it names any. */
+int rm_layer_kind_has(uint32_t k, uint32_t when);
+
+/* "sliding-window attention, dense FFN": the bits of k outside RM_LAYER_RUNS, in words. */
+void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap);
+
+double  rm_expr_eval(const rm_expr * e, const rm_hparams * hp);
+int64_t rm_dim_value(rm_dim d, const rm_hparams * hp);   /* RM_DIM_ANY: 0 */
 
 #endif

@@ -1,4 +1,5 @@
-/* model.c - loading a model: hyperparameters from the keys, weights from the tensors.
+/* model.c - loading a model: hyperparameters from the keys, weights from the tensors, both by
+ * walking the architecture's rows (arch.c); nothing here is written per architecture.
  *
  * Nothing in the file is trusted: every tensor the forward pass touches is checked for presence,
  * type and shape here, so the forward pass itself needs no checks. */
@@ -15,16 +16,18 @@
 #include "status.h"
 #include "types.h"
 
+/* Reading one file's keys: for rm_model_load and rm_arch_read_hparams, whose names the messages carry. */
 typedef struct loader {
-    const char * path;
-    rm_gguf *    g;
-    char         arch[32];
+    const char *    fn;
+    const char *    path;
+    const rm_gguf * g;
+    const rm_arch * arch;
 } loader;
 
 /* Reads an integer (or bool) key {arch}.{suffix}: 1 found, 0 absent, -1 unusable (error set). */
 static int get_int(const loader * ld, const char * suffix, int64_t * out) {
     char key[128];
-    snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, suffix);
     rm_status st = rm_gguf_get_i64(ld->g, key, out);
     if (st == RM_E_FORMAT && rm_gguf_kv_type(ld->g, rm_gguf_find_kv(ld->g, key)) == RM_GGUF_BOOL) {
         bool b;
@@ -36,43 +39,51 @@ static int get_int(const loader * ld, const char * suffix, int64_t * out) {
 
 static int get_float(const loader * ld, const char * suffix, float * out) {
     char key[128];
-    snprintf(key, sizeof(key), "%s.%s", ld->arch, suffix);
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, suffix);
     rm_status st = rm_gguf_get_f32(ld->g, key, out);
     return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
-/* An integer hyperparameter in [lo, hi]; required unless a default >= 0 is given. */
-static rm_status hparam(const loader * ld, const char * suffix, int64_t dflt, int64_t lo, int64_t hi,
-                        int32_t * out) {
-    int64_t v = dflt;
-    int r = get_int(ld, suffix, &v);
+/* Reads one hyperparameter row into its field of hp. Integers must lie in the row's range
+ * (RM_E_FORMAT) and in what the forward pass runs (RM_E_UNSUPPORTED_ARCH); floats must be finite
+ * and positive (a NaN or infinite epsilon or RoPE base would turn every logit into NaN). */
+static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hparams * hp) {
+    char * field = (char *) hp + h->off;
+    if (h->kind == RM_HPARAM_FLOAT) {
+        float v = (float) rm_expr_eval(&h->dflt, hp);
+        if (get_float(ld, h->key, &v) < 0) {
+            return RM_E_FORMAT;
+        }
+        if (!isfinite(v) || !(v > 0.0f)) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: key '%s.%s' = %g is not a finite positive number",
+                           ld->fn, ld->path, ld->arch->name, h->key, (double) v);
+        }
+        memcpy(field, &v, sizeof(v));
+        return RM_OK;
+    }
+    int64_t v = (int64_t) rm_expr_eval(&h->dflt, hp);
+    int r = get_int(ld, h->key, &v);
     if (r < 0) {
         return RM_E_FORMAT;
     }
-    if (r == 0 && dflt < 0) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: required key '%s.%s' is missing", ld->path,
-                       ld->arch, suffix);
+    if (r == 0 && h->dflt.op == RM_EXPR_NONE) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: required key '%s.%s' is missing", ld->fn, ld->path, ld->arch->name, h->key);
     }
+    const int64_t lo = h->min.op ? (int64_t) rm_expr_eval(&h->min, hp) : INT64_MIN;
+    const int64_t hi = h->max.op ? (int64_t) rm_expr_eval(&h->max, hp) : INT64_MAX;
     if (v < lo || v > hi) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s.%s' = %lld is outside [%lld, %lld]",
-                       ld->path, ld->arch, suffix, (long long) v, (long long) lo, (long long) hi);
+        return rm_fail(RM_E_FORMAT, "%s: %s: key '%s.%s' = %lld is outside [%lld, %lld]",
+                       ld->fn, ld->path, ld->arch->name, h->key, (long long) v, (long long) lo, (long long) hi);
     }
-    *out = (int32_t) v;
-    return RM_OK;
-}
-
-/* A float hyperparameter, kept at *out's default when absent; it must be finite and positive
- * (a NaN or infinite epsilon or RoPE base would turn every logit into NaN). */
-static rm_status fparam(const loader * ld, const char * suffix, float * out) {
-    float v = *out;
-    if (get_float(ld, suffix, &v) < 0) {
-        return RM_E_FORMAT;
+    const int64_t run_lo = h->run_min.op ? (int64_t) rm_expr_eval(&h->run_min, hp) : INT32_MIN;
+    const int64_t run_hi = h->run_max.op ? (int64_t) rm_expr_eval(&h->run_max, hp) : INT32_MAX;
+    if (v < run_lo || v > run_hi) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: key '%s.%s' = %lld is not supported: the forward "
+                       "pass runs [%lld, %lld] (%s)", ld->fn, ld->path, ld->arch->name, h->key, (long long) v, (long long) run_lo,
+                       (long long) run_hi, h->run_why ? h->run_why : "");
     }
-    if (!isfinite(v) || !(v > 0.0f)) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: key '%s.%s' = %g is not a finite positive number",
-                       ld->path, ld->arch, suffix, (double) v);
-    }
-    *out = v;
+    const int32_t v32 = (int32_t) v;
+    memcpy(field, &v32, sizeof(v32));
     return RM_OK;
 }
 
@@ -116,107 +127,94 @@ static rm_status bind(rm_gguf * g, const char * path, const char * name, int req
     return RM_OK;
 }
 
-#define BIND(g, req, field, ne0, ne1, ne2, ...)                                     \
-    do {                                                                            \
-        char name_[96];                                                             \
-        snprintf(name_, sizeof(name_), __VA_ARGS__);                                \
-        rm_status st_ = bind(g, g == m->base ? path : params->residual_path, name_, \
-                             req, ne0, ne1, ne2, field);                            \
-        if (st_ != RM_OK) return st_;                                               \
-    } while (0)
+/* The row of the file's general.architecture. */
+static rm_status find_arch(loader * ld) {
+    const int64_t ia = rm_gguf_find_kv(ld->g, "general.architecture");
+    if (ia < 0 || rm_gguf_kv_type(ld->g, ia) != RM_GGUF_STRING) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: 'general.architecture' is missing or not a string", ld->fn, ld->path);
+    }
+    const rm_str an = rm_gguf_kv_str(ld->g, ia);
+    ld->arch = rm_arch_find(an.ptr, an.len);
+    if (!ld->arch) {
+        char supported[256];
+        rm_arch_supported_list(supported, sizeof(supported));
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: architecture '%.*s' is not supported (supported: %s)", ld->fn,
+                       ld->path, (int) (an.len > 64 ? 64 : an.len), an.ptr, supported);
+    }
+    return RM_OK;
+}
 
-static rm_status load_hparams(const loader * ld, rm_model * m) {
-    rm_hparams * hp = &m->hp;
-    rm_status st;
-    if ((st = hparam(ld, "embedding_length", -1, 1, 1 << 20, &hp->n_embd)) ||
-        (st = hparam(ld, "block_count", -1, 1, 4096, &hp->n_layer)) ||
-        (st = hparam(ld, "attention.head_count", -1, 1, 4096, &hp->n_head)) ||
-        (st = hparam(ld, "attention.head_count_kv", hp->n_head, 1, hp->n_head, &hp->n_head_kv)) ||
-        (st = hparam(ld, "attention.key_length", hp->n_embd / hp->n_head, 1, 1 << 16, &hp->head_dim)) ||
-        (st = hparam(ld, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot)) ||
-        (st = hparam(ld, "expert_count", -1, 1, 512, &hp->n_expert)) ||
-        (st = hparam(ld, "expert_used_count", -1, 1, hp->n_expert, &hp->n_expert_used)) ||
-        (st = hparam(ld, m->arch->ff_exp_key, -1, 1, 1 << 20, &hp->n_ff_exp)) ||
-        (st = hparam(ld, "context_length", 4096, 1, 1 << 24, &hp->n_ctx_train)) ||
-        (st = hparam(ld, "expert_weights_norm", m->arch->norm_topk, 0, 1, &hp->norm_topk))) {
-        return st;
+/* The rows in the table's order, then the checks that tie several values together. */
+static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
+    for (int32_t i = 0; i < ld->arch->n_hparams; i++) {
+        rm_status st = read_hparam(ld, &ld->arch->hparams[i], hp);
+        if (st != RM_OK) {
+            return st;
+        }
     }
     if (hp->n_head % hp->n_head_kv != 0) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: head_count %d is not a multiple of head_count_kv %d",
-                       ld->path, hp->n_head, hp->n_head_kv);
+        return rm_fail(RM_E_FORMAT, "%s: %s: head_count %d is not a multiple of head_count_kv %d",
+                       ld->fn, ld->path, hp->n_head, hp->n_head_kv);
     }
     if (hp->n_rot % 2 != 0) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: rope.dimension_count %d is odd", ld->path, hp->n_rot);
-    }
-    int64_t vlen;
-    int r = get_int(ld, "attention.value_length", &vlen);
-    if (r < 0) {
-        return RM_E_FORMAT;
-    }
-    if (r == 1 && vlen != hp->head_dim) {
-        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: value_length %lld != key_length %d is not supported",
-                       ld->path, (long long) vlen, hp->head_dim);
-    }
-    hp->rms_eps = 1e-5f;
-    hp->rope_base = 10000.0f;
-    if ((st = fparam(ld, "attention.layer_norm_rms_epsilon", &hp->rms_eps)) ||
-        (st = fparam(ld, "rope.freq_base", &hp->rope_base))) {
-        return st;
+        return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d is odd", ld->fn, ld->path, hp->n_rot);
     }
     return RM_OK;
 }
 
-static rm_status load_layer(rm_model * m, int il, const char * path, const rm_model_params * params) {
-    const rm_hparams * hp = &m->hp;
+/* Every layer's kind, refused when the forward pass does not run it. */
+static rm_status check_layer_kinds(const loader * ld, const rm_hparams * hp) {
+    for (int il = 0; il < hp->n_layer; il++) {
+        const uint32_t k = rm_arch_layer_kind(ld->arch, hp, il);
+        if (k & ~(uint32_t) RM_LAYER_RUNS) {
+            char what[160];
+            rm_layer_kind_unsupported(k, what, sizeof(what));
+            return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: layer %d has %s, which the forward pass does not run "
+                           "yet", ld->fn, ld->path, il, what);
+        }
+    }
+    return RM_OK;
+}
+
+static rm_weight * layer_field(rm_layer * L, const rm_tensor_row * t) {
+    return (rm_weight *) ((char *) L + t->off);
+}
+
+/* Binds the tensors the arch's rows give a layer of this kind, in the rows' order. */
+static rm_status load_layer(rm_model * m, int il, const char * path, const char * res_path) {
     rm_layer * L = &m->layers[il];
-    rm_gguf * g = m->base;
-    const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
-    const int64_t F = hp->n_ff_exp, X = hp->n_expert;
-    BIND(g, 1, &L->attn_norm, E, -1, -1, "blk.%d.attn_norm.weight", il);
-    BIND(g, 1, &L->wq, E, Q, -1, "blk.%d.attn_q.weight", il);
-    BIND(g, 1, &L->wk, E, KV, -1, "blk.%d.attn_k.weight", il);
-    BIND(g, 1, &L->wv, E, KV, -1, "blk.%d.attn_v.weight", il);
-    BIND(g, 0, &L->bq, Q, -1, -1, "blk.%d.attn_q.bias", il);
-    BIND(g, 0, &L->bk, KV, -1, -1, "blk.%d.attn_k.bias", il);
-    BIND(g, 0, &L->bv, KV, -1, -1, "blk.%d.attn_v.bias", il);
-    BIND(g, 1, &L->wo, Q, E, -1, "blk.%d.attn_output.weight", il);
-    if (m->arch->qk_norm != RM_QK_NORM_NONE) {
-        const int full = m->arch->qk_norm == RM_QK_NORM_FULL;
-        BIND(g, 1, &L->q_norm, full ? Q : hp->head_dim, -1, -1, "blk.%d.attn_q_norm.weight", il);
-        BIND(g, 1, &L->k_norm, full ? KV : hp->head_dim, -1, -1, "blk.%d.attn_k_norm.weight", il);
-    }
-    BIND(g, 1, &L->ffn_norm, E, -1, -1, "blk.%d.ffn_norm.weight", il);
-    BIND(g, 1, &L->router, E, X, -1, "blk.%d.ffn_gate_inp.weight", il);
-    BIND(g, 1, &L->gate_exps, E, F, X, "blk.%d.ffn_gate_exps.weight", il);
-    BIND(g, 1, &L->up_exps, E, F, X, "blk.%d.ffn_up_exps.weight", il);
-    BIND(g, 1, &L->down_exps, F, E, X, "blk.%d.ffn_down_exps.weight", il);
-    if (m->arch->shared_expert == RM_SHEXP_GATED) {
-        const int64_t S = hp->n_ff_shexp;
-        BIND(g, 1, &L->gate_shexp, E, S, -1, "blk.%d.ffn_gate_shexp.weight", il);
-        BIND(g, 1, &L->up_shexp, E, S, -1, "blk.%d.ffn_up_shexp.weight", il);
-        BIND(g, 1, &L->down_shexp, S, E, -1, "blk.%d.ffn_down_shexp.weight", il);
-        BIND(g, 1, &L->gate_inp_shexp, E, -1, -1, "blk.%d.ffn_gate_inp_shexp.weight", il);
-    }
-    if (m->residual) {
-        g = m->residual;
-        BIND(g, 1, &L->gate_res, E, F, X, "blk.%d.ffn_gate_exps.residual", il);
-        BIND(g, 1, &L->up_res, E, F, X, "blk.%d.ffn_up_exps.residual", il);
-        BIND(g, 1, &L->down_res, F, E, X, "blk.%d.ffn_down_exps.residual", il);
+    L->kind = rm_arch_layer_kind(m->arch, &m->hp, il);
+    for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+        const rm_tensor_row * t = &m->arch->tensors[i];
+        if (!rm_layer_kind_has(L->kind, t->when) || (t->residual && !m->residual)) {
+            continue;
+        }
+        char name[96];
+        snprintf(name, sizeof(name), t->name, il);
+        const int required = t->presence == RM_TENSOR_REQUIRED ||
+                             (t->presence == RM_TENSOR_REQUIRED_WHEN && rm_layer_kind_has(L->kind, t->required_when));
+        rm_status st = bind(t->residual ? m->residual : m->base, t->residual ? res_path : path, name, required,
+                            rm_dim_value(t->ne[0], &m->hp), rm_dim_value(t->ne[1], &m->hp),
+                            rm_dim_value(t->ne[2], &m->hp), layer_field(L, t));
+        if (st != RM_OK) {
+            return st;
+        }
     }
     return RM_OK;
 }
 
-/* Norms, biases and the router are read as floats by the forward pass. */
-static rm_status check_float_types(const rm_model * m, const char * path) {
+/* Norms, biases and the shared expert's gate are read as floats by the forward pass (the rows
+ * marked f32). Checked once every layer is bound, so a shape error anywhere comes first. */
+static rm_status check_float_types(rm_model * m, const char * path) {
     for (int il = 0; il < m->hp.n_layer; il++) {
-        const rm_layer * L = &m->layers[il];
-        const rm_weight * f32s[] = {&L->attn_norm, &L->ffn_norm, &L->q_norm, &L->k_norm, &L->bq, &L->bk,
-                                    &L->bv, &L->gate_inp_shexp};
-        for (size_t k = 0; k < sizeof(f32s) / sizeof(f32s[0]); k++) {
-            if (f32s[k]->data && f32s[k]->type != RM_TYPE_F32) {
+        rm_layer * L = &m->layers[il];
+        for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+            const rm_tensor_row * t = &m->arch->tensors[i];
+            const rm_weight * w = layer_field(L, t);
+            if (t->f32 && rm_layer_kind_has(L->kind, t->when) && w->data && w->type != RM_TYPE_F32) {
                 return rm_fail(RM_E_UNSUPPORTED_TYPE,
                                "rm_model_load: %s: layer %d: norm/bias tensors must be F32, found type %d",
-                               path, il, f32s[k]->type);
+                               path, il, w->type);
             }
         }
     }
@@ -230,10 +228,9 @@ static uint64_t weight_bytes(const rm_weight * w) {
     return w->data ? w->row_bytes * (uint64_t) w->ne[1] * (uint64_t) w->ne[2] : 0;
 }
 
-static void fill_info(rm_model * m) {
-    rm_model_info * in = &m->info;
-    const rm_hparams * hp = &m->hp;
-    snprintf(in->arch, sizeof(in->arch), "%s", m->arch->name);
+/* The hyperparameters rm_model_info shows. */
+static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hparams * hp) {
+    snprintf(in->arch, sizeof(in->arch), "%s", arch->name);
     in->n_vocab = hp->n_vocab;
     in->n_embd = hp->n_embd;
     in->n_layer = hp->n_layer;
@@ -246,17 +243,29 @@ static void fill_info(rm_model * m) {
     in->n_ff_shexp = hp->n_ff_shexp;
     in->n_ctx_train = hp->n_ctx_train;
     in->norm_topk = hp->norm_topk;
+}
+
+static void fill_info(rm_model * m) {
+    rm_model_info * in = &m->info;
+    const rm_hparams * hp = &m->hp;
+    info_hparams(in, m->arch, hp);
     in->has_residual = m->residual != NULL;
     in->n_threads = rm_pool_size(m->pool);
     for (int il = 0; il < hp->n_layer; il++) {
-        const rm_layer * L = &m->layers[il];
-        in->base_expert_bytes += weight_bytes(&L->gate_exps) + weight_bytes(&L->up_exps) + weight_bytes(&L->down_exps);
-        in->residual_expert_bytes += weight_bytes(&L->gate_res) + weight_bytes(&L->up_res) + weight_bytes(&L->down_res);
-        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
-                                     &L->k_norm, &L->wo, &L->ffn_norm, &L->router, &L->gate_shexp, &L->up_shexp,
-                                     &L->down_shexp, &L->gate_inp_shexp};
-        for (size_t k = 0; k < sizeof(dense) / sizeof(dense[0]); k++) {
-            in->dense_bytes += weight_bytes(dense[k]);
+        rm_layer * L = &m->layers[il];
+        for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+            const rm_tensor_row * t = &m->arch->tensors[i];
+            if (!rm_layer_kind_has(L->kind, t->when)) {
+                continue;   /* two rows may fill one field for different kinds: count it once */
+            }
+            const uint64_t b = weight_bytes(layer_field(L, t));
+            if (t->residual) {
+                in->residual_expert_bytes += b;
+            } else if (t->expert) {
+                in->base_expert_bytes += b;
+            } else {
+                in->dense_bytes += b;
+            }
         }
     }
     in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output);
@@ -383,23 +392,12 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     if (st != RM_OK) {
         return st;
     }
-    loader ld = {path, m->base, {0}};
-    int64_t ia = rm_gguf_find_kv(m->base, "general.architecture");
-    if (ia < 0 || rm_gguf_kv_type(m->base, ia) != RM_GGUF_STRING) {
-        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: 'general.architecture' is missing or not a string", path);
-    }
-    rm_str an = rm_gguf_kv_str(m->base, ia);
-    m->arch = rm_arch_find(an.ptr, an.len);
-    if (!m->arch) {
-        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: architecture '%.*s' is not supported "
-                       "(supported: llama (Mixtral), qwen2moe, qwen3moe, olmoe)", path, (int) (an.len > 64 ? 64 : an.len), an.ptr);
-    }
-    snprintf(ld.arch, sizeof(ld.arch), "%s", m->arch->name);
-    if ((st = load_hparams(&ld, m)) != RM_OK) {
+    loader ld = {"rm_model_load", path, m->base, NULL};
+    if ((st = find_arch(&ld)) != RM_OK) {
         return st;
     }
-    if (m->arch->shared_expert != RM_SHEXP_NONE &&
-        (st = hparam(&ld, "expert_shared_feed_forward_length", -1, 1, 1 << 20, &m->hp.n_ff_shexp)) != RM_OK) {
+    m->arch = ld.arch;
+    if ((st = load_hparams(&ld, &m->hp)) != RM_OK || (st = check_layer_kinds(&ld, &m->hp)) != RM_OK) {
         return st;
     }
     if (params->residual_path) {
@@ -408,11 +406,16 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
             return st;
         }
     }
-    rm_gguf * g = m->base;
-    BIND(g, 1, &m->tok_embd, m->hp.n_embd, 0, -1, "token_embd.weight");
+    /* The tensors outside the layers are the same for every architecture; n_vocab is the
+     * embedding table's height. */
+    if ((st = bind(m->base, path, "token_embd.weight", 1, m->hp.n_embd, 0, 1, &m->tok_embd)) != RM_OK) {
+        return st;
+    }
     m->hp.n_vocab = (int32_t) m->tok_embd.ne[1];
-    BIND(g, 1, &m->output_norm, m->hp.n_embd, -1, -1, "output_norm.weight");
-    BIND(g, 0, &m->output, m->hp.n_embd, m->hp.n_vocab, -1, "output.weight");
+    if ((st = bind(m->base, path, "output_norm.weight", 1, m->hp.n_embd, 1, 1, &m->output_norm)) != RM_OK ||
+        (st = bind(m->base, path, "output.weight", 0, m->hp.n_embd, m->hp.n_vocab, 1, &m->output)) != RM_OK) {
+        return st;
+    }
     if (!m->output.data) {
         m->output = m->tok_embd;   /* tied embeddings */
     }
@@ -421,7 +424,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
     }
     for (int il = 0; il < m->hp.n_layer; il++) {
-        if ((st = load_layer(m, il, path, params)) != RM_OK) {
+        if ((st = load_layer(m, il, path, params->residual_path)) != RM_OK) {
             return st;
         }
     }
@@ -484,6 +487,25 @@ void rm_model_free(rm_model * m) {
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
     free(m);
+}
+
+/* The planner's way to a file's hyperparameters: the loader's own reading, without the tensors. */
+rm_status rm_arch_read_hparams(const rm_gguf * g, const char * path, rm_model_info * out) {
+    rm_clear_error();
+    if (!g || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_arch_read_hparams: g and out must not be NULL");
+    }
+    memset(out, 0, sizeof(*out));
+    loader ld = {"rm_arch_read_hparams", path ? path : "", g, NULL};
+    rm_hparams hp = {0};
+    rm_status st;
+    if ((st = find_arch(&ld)) != RM_OK || (st = load_hparams(&ld, &hp)) != RM_OK ||
+        (st = check_layer_kinds(&ld, &hp)) != RM_OK) {
+        return st;
+    }
+    info_hparams(out, ld.arch, &hp);
+    rm_clear_error();   /* optional keys that were absent left their messages behind */
+    return RM_OK;
 }
 
 rm_status rm_model_info_get(const rm_model * m, rm_model_info * out) {

@@ -1,0 +1,52 @@
+/* weights.h - internal: what a loaded model holds, as plain data: a weight tensor, one layer's
+ * weights and the hyperparameters. The architecture table (arch.h) names these fields, the
+ * loader (model.c) fills them, the forward pass reads them. */
+#ifndef RM_WEIGHTS_H
+#define RM_WEIGHTS_H
+
+#include <stdint.h>
+
+/* A weight tensor inside a mapped file. A 3-D expert tensor holds ne[2] matrices of ne[1] rows. */
+typedef struct rm_weight {
+    int32_t         type;
+    int64_t         ne[4];
+    const uint8_t * data;         /* NULL when the tensor is absent */
+    uint64_t        row_bytes;    /* bytes of one row of ne[0] elements */
+} rm_weight;
+
+static inline const uint8_t * rm_weight_matrix(const rm_weight * w, int64_t i) {
+    return w->data + (uint64_t) i * (uint64_t) w->ne[1] * w->row_bytes;
+}
+
+typedef struct rm_layer {
+    uint32_t  kind;                      /* RM_LAYER_* bits (rapidmoe.h): what this layer is */
+    rm_weight attn_norm;                 /* ne = {n_embd} */
+    rm_weight wq, wk, wv;                /* ne = {n_embd, n_head*head_dim}, {n_embd, n_head_kv*head_dim} */
+    rm_weight bq, bk, bv;                /* optional biases, ne = {n_out} */
+    rm_weight q_norm, k_norm;            /* ne = {head_dim} (per head) or {n_head*head_dim} (full) */
+    rm_weight wo;                        /* ne = {n_head*head_dim, n_embd} */
+    rm_weight ffn_norm;                  /* ne = {n_embd} */
+    rm_weight router;                    /* ne = {n_embd, n_expert} */
+    rm_weight gate_exps, up_exps;        /* ne = {n_embd, n_ff_exp, n_expert} */
+    rm_weight down_exps;                 /* ne = {n_ff_exp, n_embd, n_expert} */
+    rm_weight gate_res, up_res, down_res;/* residuals, same shapes as their bases; absent without sidecar */
+    rm_weight gate_shexp, up_shexp;      /* ne = {n_embd, n_ff_shexp} */
+    rm_weight down_shexp;                /* ne = {n_ff_shexp, n_embd} */
+    rm_weight gate_inp_shexp;            /* ne = {n_embd} */
+} rm_layer;
+
+/* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
+ * the rows give; fields no row names stay 0. */
+typedef struct rm_hparams {
+    int32_t n_vocab, n_embd, n_layer;
+    int32_t n_head, n_head_kv, head_dim, n_rot;
+    int32_t head_dim_v;                  /* value_length; the forward pass runs only head_dim_v == head_dim */
+    int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    int32_t n_ctx_train;
+    int32_t norm_topk;
+    int32_t n_layer_dense_lead;          /* leading layers with a dense FFN (DeepSeek/GLM rows); 0: none */
+    float   rms_eps;
+    float   rope_base;
+} rm_hparams;
+
+#endif

@@ -77,11 +77,11 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
     int ok = push_dense(w, &cap, &m->output_norm, supports) && push_dense(w, &cap, &m->output, supports);
     for (int il = 0; ok && il < hp->n_layer; il++) {
         const rm_layer * L = &m->layers[il];
-        const rm_weight * dense[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
-                                     &L->k_norm, &L->wo, &L->ffn_norm, &L->router, &L->gate_shexp, &L->up_shexp,
-                                     &L->down_shexp, &L->gate_inp_shexp};
-        for (size_t k = 0; ok && k < sizeof(dense) / sizeof(dense[0]); k++) {
-            ok = push_dense(w, &cap, dense[k], supports);
+        for (int32_t i = 0; ok && i < m->arch->n_tensors; i++) {   /* every tensor of the layer but the experts' */
+            const rm_tensor_row * t = &m->arch->tensors[i];
+            if (!t->expert && rm_layer_kind_has(L->kind, t->when)) {
+                ok = push_dense(w, &cap, (const rm_weight *) ((const char *) L + t->off), supports);
+            }
         }
         const rm_weight * exps[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};
         int types_ok = 1;

@@ -3,8 +3,6 @@
 #ifndef RM_SESSION_H
 #define RM_SESSION_H
 
-#include <time.h>
-
 #include "backend.h"
 #include "model.h"
 #include "policy.h"

@@ -1,8 +1,9 @@
 """Quant types: the native reference kernels against gguf-py, which is bit-exact with ggml.
 
 gguf-py quantizes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16 and BF16 and dequantizes those plus the
-K-quants; where it has no kernel (K-quant quantizers, Q8_1/Q8_K) the tests state error budgets
-or use a numpy formula.
+K-quants and the IQ types; where it has no kernel (K-quant quantizers, Q8_1/Q8_K) the tests state
+error budgets or use a numpy formula. The IQ types have no quantizer here: their tests take random
+blocks (random bytes with a finite fp16 scale).
 """
 
 import numpy as np
@@ -17,7 +18,8 @@ from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 K_QUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 GGUF_DEQUANTIZES = ["F32"] + GGUF_QUANTIZES + K_QUANTS
-ALL_TYPES = list(quants.TYPES)
+IQ_TYPES = ["IQ2_XXS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
+QUANTIZABLE = [name for name, t in quants.TYPES.items() if t.can_quantize]
 
 
 def gtype(name):
@@ -93,6 +95,7 @@ def test_quants_dequantize_matches_gguf_on_gguf_data(name):
 SCALE_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ4_NL": [0], "IQ4_XS": [0],
 }
 
 
@@ -157,11 +160,11 @@ def test_quants_k_roundtrip_rmse_within_budget(name):
 # vec_dot: the error |got - dot(dequant(w), x)| relative to |w| |x|, on n = 4096 N(0, 1) values.
 # With Q8 activations it is the activation rounding: measured up to 3.7e-4 over 200 rows of
 # every type; with F32 activations (F32/F16/BF16 weights) it is float rounding, ~2e-9.
-VEC_DOT_TOL = {name: 1e-3 for name in ALL_TYPES}
+VEC_DOT_TOL = {name: 1e-3 for name in QUANTIZABLE}
 VEC_DOT_TOL.update({"F32": 1e-6, "F16": 1e-6, "BF16": 1e-6})
 
 
-@pytest.mark.parametrize("name", ALL_TYPES)
+@pytest.mark.parametrize("name", QUANTIZABLE)
 def test_quants_vec_dot_matches_float64_dot(name):
     r = rng(31)
     n = 4096
@@ -176,7 +179,7 @@ def test_quants_vec_dot_matches_float64_dot(name):
         assert err < VEC_DOT_TOL[name], f"{name}: error {err:.2e}"
 
 
-@pytest.mark.parametrize("name", ALL_TYPES)
+@pytest.mark.parametrize("name", QUANTIZABLE)
 def test_quants_vec_dot_kernel_is_exact_on_quantized_activations(name):
     """Against the activations as the kernel sees them, only float32 accumulation error is left."""
     r = rng(41)
@@ -200,7 +203,7 @@ def test_quants_vec_dot_kernel_is_exact_on_quantized_activations(name):
 
 def test_quants_table_agrees_with_gguf_sizes():
     assert set(quants.TYPES) == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-                                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"}
+                                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", *IQ_TYPES}
     for name, t in quants.TYPES.items():
         assert t.id == gtype(name).value
         if name == "Q8_1":
@@ -213,7 +216,7 @@ def test_quants_table_agrees_with_gguf_sizes():
         assert (t.block_elems, t.block_bytes) == GGML_QUANT_SIZES[gtype(name)], name
     for name, t in quants.TYPES.items():
         assert t.is_quantized == (t.block_elems > 1)
-        assert t.can_quantize
+        assert t.can_quantize == (name not in IQ_TYPES)
         assert quants.type_info(t.id) is t
         assert quants.type_info(gtype(name)) is t
         assert quants.type_info(name.lower()) is t
@@ -224,6 +227,7 @@ def test_quants_table_agrees_with_gguf_sizes():
         "F32": "F32", "F16": "F32", "BF16": "F32",
         "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q8_1": "Q8_1",
         "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": "Q8_K",
+        "IQ2_XXS": "Q8_K", "IQ3_XXS": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K",
     }
 
 
@@ -249,10 +253,12 @@ def test_quants_unknown_type_name_raises():
     x = np.zeros(32, np.float32)
     with pytest.raises(UnsupportedError, match="'Q9_K'"):
         quants.quantize("Q9_K", x)
-    with pytest.raises(UnsupportedError, match="IQ2_XXS"):
-        quants.type_info("IQ2_XXS")
-    with pytest.raises(UnsupportedError, match="type 16 is not supported"):
-        quants.type_info(16)
+    with pytest.raises(UnsupportedError, match="MXFP4"):
+        quants.type_info("MXFP4")
+    with pytest.raises(UnsupportedError, match="type 39 is not supported"):
+        quants.type_info(39)
+    with pytest.raises(UnsupportedError, match="rm_quantize: type IQ4_XS has no quantizer"):
+        quants.quantize("IQ4_XS", np.zeros(256, np.float32))
     with pytest.raises(UnsupportedError, match="type 999 is not supported"):
         quants.type_info(999)
     with pytest.raises(UnsupportedError, match="type -1"):
@@ -297,6 +303,74 @@ def test_quants_null_pointers_raise():
         check(lib.rm_dequantize(lib.RM_TYPE_Q8_0, b"\0" * 34, 34, ffi.NULL, 32))
     with pytest.raises(InvalidArgumentError, match="out is NULL"):
         check(lib.rm_type_describe(lib.RM_TYPE_Q8_0, ffi.NULL))
+
+
+def random_iq_blocks(name, n_blocks, seed):
+    """Random bytes with a small finite fp16 scale d (the first field of every IQ block): every
+    index, sign and sub-block scale, not just what a quantizer would write."""
+    t = quants.TYPES[name]
+    r = rng(seed)
+    raw = r.integers(0, 256, (n_blocks, t.block_bytes), dtype=np.uint8)
+    raw[:, 0:2] = (r.uniform(0.5, 2, (n_blocks, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return raw
+
+
+def test_quants_iq_types_are_the_ones_without_a_quantizer():
+    assert [name for name, t in quants.TYPES.items() if not t.can_quantize] == IQ_TYPES
+
+
+@pytest.mark.parametrize("name", IQ_TYPES)
+def test_quants_iq_dequantize_matches_gguf_on_every_shape(name):
+    """One block, a few rows and a long row: gguf-py's numpy dequantizer gives the same floats."""
+    t = quants.TYPES[name]
+    for n_rows, blocks_per_row in [(1, 1), (3, 2), (2, 4096 // t.block_elems)]:
+        raw = random_iq_blocks(name, n_rows * blocks_per_row, seed=n_rows)
+        shape = (n_rows, blocks_per_row * t.block_elems)
+        got = quants.dequantize(name, raw.tobytes(), shape)
+        want = gq.dequantize(raw.reshape(n_rows, -1), gtype(name))
+        assert got.shape == shape and np.any(got != 0)
+        assert got.tobytes() == want.tobytes()
+
+
+# IQ vec_dot: random blocks against N(0, 3) activations with outliers. Against the activations
+# as the kernel sees them (dequantized Q8_0/Q8_K) only float32 rounding is left: measured up to
+# 2e-8 of |w| |x| (IQ4_NL; its Q8_0 activations carry fp16 scales), budget 1e-5 as for the other types. Against the float activations the Q8
+# rounding adds at most |w| |x - x_q| (Cauchy-Schwarz), large here because outliers set the step.
+@pytest.mark.parametrize("name", IQ_TYPES)
+def test_quants_iq_vec_dot_matches_float64_dot(name):
+    t = quants.TYPES[name]
+    r = rng(71)
+    for n in (t.block_elems, 2048, 4096 + 256):
+        for k in range(4):
+            w = random_iq_blocks(name, n // t.block_elems, seed=100 * k + n).tobytes()
+            wd = quants.dequantize(name, w, n).astype(np.float64)
+            x = (r.standard_normal(n) * 3).astype(np.float32)
+            x[r.random(n) < 0.02] *= 20
+            xd = quants.dequantize(t.vec_dot_type, quants.quantize(t.vec_dot_type, x), n).astype(np.float64)
+            got = quants.vec_dot(name, w, x)
+            scale = np.linalg.norm(wd) * np.linalg.norm(xd)
+            assert abs(got - wd @ xd) <= 1e-5 * scale, f"{name} n={n}"
+            rounding = np.linalg.norm(wd) * np.linalg.norm(x.astype(np.float64) - xd)
+            assert abs(got - wd @ x.astype(np.float64)) <= rounding + 1e-5 * scale
+
+
+def test_quants_iq_grids_are_gguf_pys():
+    """The codebooks in native/src/iq_grids.h are what tools/gen_iq_grids.py makes of the installed
+    gguf package's tables today: regenerate the header when this fails."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("gen_iq_grids", root / "tools" / "gen_iq_grids.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    header = (root / "native" / "src" / "iq_grids.h").read_text()
+    assert header == gen.render()
+    # and the library's 16 IQ4 levels are gguf-py's: one IQ4_NL block with d = 1 and indices 0..15
+    block = np.concatenate([np.array([1.0], np.float16).view(np.uint8),
+                            np.arange(16, dtype=np.uint8)])  # low nibbles 0..15, high nibbles 0
+    levels = quants.dequantize("IQ4_NL", block.tobytes(), 32)
+    assert tuple(levels[:16].astype(int)) == gq.IQ4_NL.kvalues
 
 
 def test_quants_the_librarys_whole_type_table_agrees_with_gguf_py():

@@ -85,6 +85,10 @@ typedef enum rm_type {
     RM_TYPE_Q5_K = 13,
     RM_TYPE_Q6_K = 14,
     RM_TYPE_Q8_K = 15,
+    RM_TYPE_IQ2_XXS = 16,
+    RM_TYPE_IQ3_XXS = 18,
+    RM_TYPE_IQ4_NL  = 20,
+    RM_TYPE_IQ4_XS  = 23,
     RM_TYPE_BF16 = 30,
     RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
 } rm_type;

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "iq_grids.h"
 #include "types.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -958,6 +959,168 @@ void rm_q8_K_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
         int sumi = 0;
         for (int e = 0; e < RM_QK_K; ++e) sumi += b[i].qs[e] * a[i].qs[e];
         sum += b[i].d * a[i].d * (float)sumi;
+    }
+    *out = sum;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The IQ types: levels from codebooks (iq_grids.h, generated from gguf-py), no quantizers.
+ * ------------------------------------------------------------------------------------------- */
+
+/* IQ4_NL: Q4_0's layout with a non-linear level table in place of q - 8. */
+void rm_iq4_nl_to_float(const void * src, float * y, int64_t n) {
+    const rm_block_iq4_nl * b = src;
+    for (int64_t i = 0; i < n / RM_QK; ++i, y += RM_QK) {
+        const float d = rm_fp16_to_fp32(b[i].d);
+        int q[RM_QK];
+        unpack_4bit(b[i].qs, q);
+        for (int j = 0; j < RM_QK; ++j) y[j] = d * (float)rm_iq4nl_values[q[j]];
+    }
+}
+
+void rm_iq4_nl_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_iq4_nl * b = w;
+    const rm_block_q8_0 * a = x_q;
+    float sum = 0;
+    for (int64_t i = 0; i < n / RM_QK; ++i) {
+        int q[RM_QK], sumi = 0;
+        unpack_4bit(b[i].qs, q);
+        for (int j = 0; j < RM_QK; ++j) sumi += rm_iq4nl_values[q[j]] * a[i].qs[j];
+        sum += (float)sumi * (rm_fp16_to_fp32(b[i].d) * rm_fp16_to_fp32(a[i].d));
+    }
+    *out = sum;
+}
+
+/* IQ4_XS: the 6-bit scale of sub-block j, biased by 32 */
+static int iq4_xs_scale(const rm_block_iq4_xs * b, int j) {
+    const int lo = (b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF, hi = (b->scales_h >> (2 * j)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+void rm_iq4_xs_to_float(const void * src, float * y, int64_t n) {
+    const rm_block_iq4_xs * b = src;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
+        const float d = rm_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < RM_QK_K / 32; ++j, y += 32) {
+            const float dl = d * (float)iq4_xs_scale(&b[i], j);
+            int q[32];
+            unpack_4bit(b[i].qs + 16 * j, q);
+            for (int l = 0; l < 32; ++l) y[l] = dl * (float)rm_iq4nl_values[q[l]];
+        }
+    }
+}
+
+void rm_iq4_xs_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_iq4_xs * b = w;
+    const rm_block_q8_K * a = x_q;
+    float sum = 0;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
+        int sumi = 0;
+        for (int j = 0; j < RM_QK_K / 32; ++j) {
+            int q[32], dot = 0;
+            unpack_4bit(b[i].qs + 16 * j, q);
+            for (int l = 0; l < 32; ++l) dot += rm_iq4nl_values[q[l]] * a[i].qs[32 * j + l];
+            sumi += iq4_xs_scale(&b[i], j) * dot;
+        }
+        sum += a[i].d * rm_fp16_to_fp32(b[i].d) * (float)sumi;
+    }
+    *out = sum;
+}
+
+/* IQ2_XXS and IQ3_XXS share a shape: per sub-block of 32, a 32-bit word with 4 x 7 sign bits and
+ * a 4-bit scale s on top, and grid indices for the 32 levels. The sub-block's levels are the grid
+ * entries with their signs applied; its scale is d * (0.5 + s) * step, step 0.25 or 0.5. */
+static uint32_t load_u32(const uint8_t * p) { uint32_t v; memcpy(&v, p, sizeof(v)); return v; }
+
+/* Levels of one sub-block, from grid entries `idx` of `width` (8 or 4) values each. */
+static void iq_xxs_levels(const uint8_t * grid, int width, const uint8_t * idx, uint32_t signs_scale, int lv[32]) {
+    for (int e = 0; e < 32; ++e) {
+        const int v = grid[width * idx[e / width] + e % width];
+        const uint8_t s = rm_iq_ksigns[(signs_scale >> (7 * (e / 8))) & 127];
+        lv[e] = (s >> (e % 8)) & 1 ? -v : v;
+    }
+}
+
+/* The sub-block words of both types: IQ2_XXS interleaves them with the indices, IQ3_XXS puts them
+ * after the indices. */
+static void iq2_xxs_sub(const rm_block_iq2_xxs * b, int j, int lv[32], uint32_t * ss) {
+    const uint8_t * p = (const uint8_t *)b->qs + 8 * j;
+    *ss = load_u32(p + 4);
+    iq_xxs_levels(&rm_iq2xxs_grid[0][0], 8, p, *ss, lv);
+}
+
+static void iq3_xxs_sub(const rm_block_iq3_xxs * b, int j, int lv[32], uint32_t * ss) {
+    *ss = load_u32(b->qs + RM_QK_K / 4 + 4 * j);
+    iq_xxs_levels(&rm_iq3xxs_grid[0][0], 4, b->qs + 8 * j, *ss, lv);
+}
+
+/* One sub-block's 32 floats: gguf-py's (d * (0.5 + s)) * step, times each level. A level's sign
+ * may be applied before the multiply: rounding is symmetric, so db * -v is -(db * v). */
+static void iq_xxs_sub_to_float(const int lv[32], uint32_t ss, float d, float step, float * y) {
+    const float db = d * (0.5f + (float)(ss >> 28)) * step;
+    for (int l = 0; l < 32; ++l) y[l] = db * (float)lv[l];
+}
+
+/* The sub-block's integer dot, times 2s + 1: the scale (0.5 + s) * step is (2s + 1) * step / 2,
+ * an integer until the block's last multiply. */
+static int iq_xxs_sub_dot(const int lv[32], uint32_t ss, const int8_t * a) {
+    int dot = 0;
+    for (int l = 0; l < 32; ++l) dot += lv[l] * a[l];
+    return (int)(2 * (ss >> 28) + 1) * dot;
+}
+
+void rm_iq2_xxs_to_float(const void * src, float * y, int64_t n) {
+    const rm_block_iq2_xxs * b = src;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i)
+        for (int j = 0; j < RM_QK_K / 32; ++j, y += 32) {
+            int lv[32];
+            uint32_t ss;
+            iq2_xxs_sub(&b[i], j, lv, &ss);
+            iq_xxs_sub_to_float(lv, ss, rm_fp16_to_fp32(b[i].d), 0.25f, y);
+        }
+}
+
+void rm_iq2_xxs_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_iq2_xxs * b = w;
+    const rm_block_q8_K * a = x_q;
+    float sum = 0;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
+        int sumi = 0;
+        for (int j = 0; j < RM_QK_K / 32; ++j) {
+            int lv[32];
+            uint32_t ss;
+            iq2_xxs_sub(&b[i], j, lv, &ss);
+            sumi += iq_xxs_sub_dot(lv, ss, a[i].qs + 32 * j);
+        }
+        sum += a[i].d * rm_fp16_to_fp32(b[i].d) * (float)sumi * 0.125f;
+    }
+    *out = sum;
+}
+
+void rm_iq3_xxs_to_float(const void * src, float * y, int64_t n) {
+    const rm_block_iq3_xxs * b = src;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i)
+        for (int j = 0; j < RM_QK_K / 32; ++j, y += 32) {
+            int lv[32];
+            uint32_t ss;
+            iq3_xxs_sub(&b[i], j, lv, &ss);
+            iq_xxs_sub_to_float(lv, ss, rm_fp16_to_fp32(b[i].d), 0.5f, y);
+        }
+}
+
+void rm_iq3_xxs_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_iq3_xxs * b = w;
+    const rm_block_q8_K * a = x_q;
+    float sum = 0;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
+        int sumi = 0;
+        for (int j = 0; j < RM_QK_K / 32; ++j) {
+            int lv[32];
+            uint32_t ss;
+            iq3_xxs_sub(&b[i], j, lv, &ss);
+            sumi += iq_xxs_sub_dot(lv, ss, a[i].qs + 32 * j);
+        }
+        sum += a[i].d * rm_fp16_to_fp32(b[i].d) * (float)sumi * 0.25f;
     }
     *out = sum;
 }

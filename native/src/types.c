@@ -8,6 +8,7 @@
 #include "status.h"
 
 #define REF_KERNELS(t) rm_##t##_to_float, rm_##t##_from_float, rm_##t##_vec_dot
+#define DECODERS(t) rm_##t##_to_float, NULL, rm_##t##_vec_dot
 #define QK_K RM_QK_K
 
 /* The one type table: every ggml type id, keyed by id. Block geometry is ggml's (its block
@@ -16,6 +17,8 @@
  * dropped when its d and s became halves (ggml static_asserts 36). Rows without kernels are
  * types this build reads the size of but does not compute with (the GGUF reader needs them to
  * walk a file); rows with block_elems 0 are ids ggml has removed.
+ *
+ * The IQ rows' CUDA chunk is 0: the GPU does not take them yet, so the planner keeps them on the host.
  *
  * name, block elems, block bytes, quantized, vec_dot type, CUDA chunk, to_float, from_float, vec_dot */
 static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
@@ -34,17 +37,18 @@ static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
     [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q5_K) },
     [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q6_K) },
     [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q8_K) },
+    /* read and computed, not written: no quantizer */
+    [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K, sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xxs) },
+    [RM_TYPE_IQ3_XXS] = { "IQ3_XXS", QK_K, sizeof(rm_block_iq3_xxs), 1, RM_TYPE_Q8_K, 0, DECODERS(iq3_xxs) },
+    [RM_TYPE_IQ4_NL]  = { "IQ4_NL",  RM_QK, sizeof(rm_block_iq4_nl), 1, RM_TYPE_Q8_0, 0, DECODERS(iq4_nl)  },
+    [RM_TYPE_IQ4_XS]  = { "IQ4_XS",  QK_K, sizeof(rm_block_iq4_xs),  1, RM_TYPE_Q8_K, 0, DECODERS(iq4_xs)  },
     /* read, not computed: sizes only */
     [4]  = { "Q4_2" },
     [5]  = { "Q4_3" },
-    [16] = { "IQ2_XXS", QK_K, 2 + QK_K/4,                           1 },
     [17] = { "IQ2_XS",  QK_K, 2 + QK_K/4 + QK_K/32,                 1 },
-    [18] = { "IQ3_XXS", QK_K, 2 + QK_K/4 + QK_K/8,                  1 },
     [19] = { "IQ1_S",   QK_K, 2 + QK_K/8 + QK_K/16,                 1 },
-    [20] = { "IQ4_NL",  32,   2 + 16,                               1 },
     [21] = { "IQ3_S",   QK_K, 2 + QK_K/4 + QK_K/8 + QK_K/32 + 4,    1 },
     [22] = { "IQ2_S",   QK_K, 2 + QK_K/4 + QK_K/16,                 1 },
-    [23] = { "IQ4_XS",  QK_K, 2 + 2 + QK_K/2 + QK_K/64,             1 },
     [24] = { "I8",      1,    1 },
     [25] = { "I16",     1,    2 },
     [26] = { "I32",     1,    4 },

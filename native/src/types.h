@@ -79,6 +79,33 @@ typedef struct {
     int16_t bsums[RM_QK_K / 16];
 } rm_block_q8_K;
 
+/* The IQ types. Their levels come from codebooks (iq_grids.h, generated from gguf-py) rather
+ * than from a linear formula: an index picks one non-linear level (IQ4) or a whole group of 4 or
+ * 8 levels (IQ2/IQ3), and 7 stored sign bits per 8 weights give the signs (rm_iq_ksigns). */
+
+/* x = d * values[q], values the 16 levels rm_iq4nl_values; nibbles as in Q4_0 */
+typedef struct { rm_fp16 d; uint8_t qs[RM_QK / 2]; } rm_block_iq4_nl;
+
+/* 8 sub-blocks of 32: x = d * (sc - 32) * values[q], sc 6 bits = the sub-block's nibble of
+ * scales_l plus 2 bits of scales_h (bits 2j..2j+1); qs[16*j + l] holds element 32*j + l in its
+ * low nibble and 32*j + 16 + l in its high one */
+typedef struct {
+    rm_fp16  d;
+    uint16_t scales_h;
+    uint8_t  scales_l[RM_QK_K / 64];
+    uint8_t  qs[RM_QK_K / 2];
+} rm_block_iq4_xs;
+
+/* 8 sub-blocks of 32, each two uint32 words: the first holds 4 byte indices into
+ * rm_iq2xxs_grid (8 levels each), the second 4 x 7 sign bits (rm_iq_ksigns) and in its top 4 bits
+ * a scale s: x = d * (0.5 + s) * 0.25 * grid * sign */
+typedef struct { rm_fp16 d; uint16_t qs[RM_QK_K / 8]; } rm_block_iq2_xxs;
+
+/* 8 sub-blocks of 32: qs[8*j .. 8*j + 7] index rm_iq3xxs_grid (4 levels each); the uint32
+ * scales_signs[j] (stored unaligned after qs) holds 4 x 7 sign bits and a 4-bit scale s on top:
+ * x = d * (0.5 + s) * 0.5 * grid * sign */
+typedef struct { rm_fp16 d; uint8_t qs[3 * RM_QK_K / 8]; } rm_block_iq3_xxs;
+
 _Static_assert(sizeof(rm_block_q4_0) == 2 + 16, "Q4_0 block size");
 _Static_assert(sizeof(rm_block_q4_1) == 2 + 2 + 16, "Q4_1 block size");
 _Static_assert(sizeof(rm_block_q5_0) == 2 + 4 + 16, "Q5_0 block size");
@@ -91,6 +118,10 @@ _Static_assert(sizeof(rm_block_q4_K) == 2 + 2 + 12 + 128, "Q4_K block size");
 _Static_assert(sizeof(rm_block_q5_K) == 2 + 2 + 12 + 32 + 128, "Q5_K block size");
 _Static_assert(sizeof(rm_block_q6_K) == 128 + 64 + 16 + 2, "Q6_K block size");
 _Static_assert(sizeof(rm_block_q8_K) == 4 + 256 + 2 * 16, "Q8_K block size");
+_Static_assert(sizeof(rm_block_iq4_nl) == 2 + 16, "IQ4_NL block size");
+_Static_assert(sizeof(rm_block_iq4_xs) == 2 + 2 + 4 + 128, "IQ4_XS block size");
+_Static_assert(sizeof(rm_block_iq2_xxs) == 2 + 64, "IQ2_XXS block size");
+_Static_assert(sizeof(rm_block_iq3_xxs) == 2 + 64 + 32, "IQ3_XXS block size");
 
 /* ---------------------------------------------------------------------------------------------
  * 16-bit floats. Portable bit manipulation, so that files come out the same on every machine
@@ -144,8 +175,8 @@ static inline rm_bf16 rm_fp32_to_bf16(float f) {
 /* ---------------------------------------------------------------------------------------------
  * The traits table, keyed by ggml type id.
  *
- * Activation types (vec_dot_type): Q4_0/Q5_0/Q8_0 dot against Q8_0, Q4_1/Q5_1 against Q8_1 and
- * the K-quants against Q8_K, as in ggml. F32, F16 and BF16 weights dot against F32 activations:
+ * Activation types (vec_dot_type): Q4_0/Q5_0/Q8_0/IQ4_NL dot against Q8_0, Q4_1/Q5_1 against
+ * Q8_1 and the K-quants and the other IQ types against Q8_K, as in ggml. F32, F16 and BF16 weights dot against F32 activations:
  * ggml rounds activations to F16/BF16 first, which buys SIMD speed with extra error; here the
  * reference converts the weight instead, which is exact.
  * ------------------------------------------------------------------------------------------- */
@@ -206,5 +237,16 @@ RM_DECLARE_REF_KERNELS(q4_K);
 RM_DECLARE_REF_KERNELS(q5_K);
 RM_DECLARE_REF_KERNELS(q6_K);
 RM_DECLARE_REF_KERNELS(q8_K);
+
+/* The IQ types: dequantize and dot only (no quantizer: ggml's needs a search, and for the
+ * 2- and 3-bit ones an importance matrix). */
+#define RM_DECLARE_REF_DECODERS(t)                                                  \
+    void rm_##t##_to_float(const void * src, float * dst, int64_t n);              \
+    void rm_##t##_vec_dot(int64_t n, float * out, const void * w, const void * x_q)
+
+RM_DECLARE_REF_DECODERS(iq4_nl);
+RM_DECLARE_REF_DECODERS(iq4_xs);
+RM_DECLARE_REF_DECODERS(iq2_xxs);
+RM_DECLARE_REF_DECODERS(iq3_xxs);
 
 #endif

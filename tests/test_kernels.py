@@ -123,6 +123,31 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
+# Types with no SIMD kernel: every set falls through to the scalar reference.
+SCALAR_ONLY_TYPES = ["IQ2_XXS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
+
+
+@pytest.mark.parametrize("isa", kernels.supported_isas())
+@pytest.mark.parametrize("name", SCALAR_ONLY_TYPES)
+def test_kernels_types_without_simd_kernels_fall_back_to_the_reference(name, isa):
+    """Random blocks with a finite scale through every set, one token at a time and batched: the
+    reference's floats bit for bit, and the same as rm_vec_dot (the kernel the table names)."""
+    t = quants.TYPES[name]
+    r = rng(9)
+    n = 2048
+    nb = 5 * n // t.block_elems
+    raw = r.integers(0, 256, (nb, t.block_bytes), dtype=np.uint8)
+    raw[:, 0:2] = (r.uniform(0.5, 2, (nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    w = raw.tobytes()
+    x, x_q = activations(name, n, seed=3, n_tok=9)
+    want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
+    assert want.shape == (9, 5) and np.all(np.isfinite(want)) and np.all(want != 0)
+    for batched in (False, True):
+        assert kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=batched).tobytes() == want.tobytes()
+    row = quants.row_bytes(name, n)
+    assert quants.vec_dot(name, w[:row], x[0]) == want[0, 0]
+
+
 @needs_simd
 @pytest.mark.parametrize("isa", SIMD_ISAS)
 def test_kernels_vec_dot_in_use_is_the_best_set(isa):

@@ -334,8 +334,9 @@ def test_quants_iq_dequantize_matches_gguf_on_every_shape(name):
 
 # IQ vec_dot: random blocks against N(0, 3) activations with outliers. Against the activations
 # as the kernel sees them (dequantized Q8_0/Q8_K) only float32 rounding is left: measured up to
-# 2e-8 of |w| |x| (IQ4_NL; its Q8_0 activations carry fp16 scales), budget 1e-5 as for the other types. Against the float activations the Q8
-# rounding adds at most |w| |x - x_q| (Cauchy-Schwarz), large here because outliers set the step.
+# 2e-8 of |w| |x| (IQ4_NL, whose 32-element blocks add up the most float terms), budget 1e-5 as
+# for the other types. Against the float activations the Q8 rounding adds at most |w| |x - x_q|
+# (Cauchy-Schwarz), large here because the outliers set the step.
 @pytest.mark.parametrize("name", IQ_TYPES)
 def test_quants_iq_vec_dot_matches_float64_dot(name):
     t = quants.TYPES[name]

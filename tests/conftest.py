@@ -143,3 +143,26 @@ def tiny_hf(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+def random_iq_blocks(name: str, n_blocks: int, seed: int, d_scale: float = 0.01):
+    """``n_blocks`` random blocks of IQ type ``name`` as a (n_blocks, block_bytes) uint8 array:
+    random bytes (every index, sign and sub-block scale) with a finite fp16 super-block scale d
+    drawn from d_scale * [0.5, 2). d is the first field, but for IQ1_M, which spreads it over the
+    top nibbles of its four scale words (the last 8 bytes)."""
+    import numpy as np
+
+    from rapidmoe_gguf import quants
+
+    t = quants.TYPES[name]
+    r = np.random.default_rng(seed)
+    raw = r.integers(0, 256, (n_blocks, t.block_bytes), dtype=np.uint8)
+    d = (r.uniform(0.5, 2, n_blocks) * d_scale).astype(np.float16).view(np.uint16)
+    if name == "IQ1_M":
+        sc = raw[:, -8:].copy().view(np.uint16)
+        for k in range(4):
+            sc[:, k] = (sc[:, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
+        raw[:, -8:] = sc.view(np.uint8)
+    else:
+        raw[:, 0:2] = d.reshape(-1, 1).view(np.uint8)
+    return raw

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
-from conftest import TINY_ARCHS, VOCAB
+from conftest import TINY_ARCHS, VOCAB, random_iq_blocks
 
 N_PROMPT, N_DECODE = 48, 16
 _SOURCES = {}  # converted file -> its checkpoint
@@ -186,22 +186,21 @@ def _write_like(src, dst, tensors, kv=None):
 
 def _random_iq_weights(name, shape, seed):
     """Random valid blocks of IQ type `name` for a float tensor of numpy shape `shape` (rows of
-    shape[-1]): random bytes, the fp16 scale d of each block chosen so the weights have a std of
-    about 0.02, as the float model's."""
+    shape[-1]), their scales chosen so the weights have a std of about 0.02, as the float
+    model's; returns the blocks and gguf-py's dequantization of them."""
     from gguf import GGMLQuantizationType
     from gguf import quants as gq
 
     from rapidmoe_gguf import quants
 
-    t = quants.TYPES[name]
-    r = np.random.default_rng(seed)
-    n_blocks = int(np.prod(shape)) // t.block_elems
-    raw = r.integers(0, 256, (n_blocks, t.block_bytes), dtype=np.uint8)
-    raw[:, 0:2] = np.array([1.0], np.float16).view(np.uint8)
-    std1 = float(gq.dequantize(raw[:64], GGMLQuantizationType[name]).std())
-    raw[:, 0:2] = (0.02 / std1 * r.uniform(0.5, 1.5, (n_blocks, 1))).astype(np.float16).view(np.uint8)
+    n_blocks = int(np.prod(shape)) // quants.TYPES[name].block_elems
+    qtype = GGMLQuantizationType[name]
+    unit = float(gq.dequantize(random_iq_blocks(name, 64, seed, d_scale=1.0), qtype).std())
+    raw = random_iq_blocks(name, n_blocks, seed, d_scale=0.02 / unit)
+    if name == "IQ1_M":
+        raw[:, 32:48] |= 0x88  # every delta -1/8: gguf-py 0.19.0 reads no other (test_quants.py)
     data = raw.reshape(*shape[:-1], -1)
-    return data, gq.dequantize(data, GGMLQuantizationType[name])
+    return data, gq.dequantize(data, qtype)
 
 
 # Experts in an IQ type against the same model with those experts as float32 holding the very
@@ -209,9 +208,9 @@ def _random_iq_weights(name, shape, seed):
 # activations (the float model dots float activations). Every token uses all 4 experts: with
 # top-2 on random weights the router's margins are so thin that this rounding flips a choice now
 # and then (one position in 64 off by 18% with IQ2_XXS), which would measure the router, not the
-# kernels. Measured: worst position's logits within 0.4% (IQ4_NL) to 1.1% (IQ3_XXS) of its largest
+# kernels. Measured: worst position's logits within 0.4% (IQ4_NL) to 1.1% (IQ2_XS) of its largest
 # logit, mean KL up to 3e-5; budgets 3e-2 and 3e-4.
-@pytest.mark.parametrize("iq_type", ["IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ2_XXS"])
+@pytest.mark.parametrize("iq_type", ["IQ4_XS", "IQ4_NL", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"])
 def test_forward_iq_experts_match_their_dequantized_weights(converted, tmp_path, iq_type):
     import gguf
 

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import random_iq_blocks
 from rapidmoe_gguf import kernels, quants
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
@@ -124,7 +125,7 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
 
 
 # Types with no SIMD kernel: every set falls through to the scalar reference.
-SCALAR_ONLY_TYPES = ["IQ2_XXS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
+SCALAR_ONLY_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M"]
 
 
 @pytest.mark.parametrize("isa", kernels.supported_isas())
@@ -132,13 +133,8 @@ SCALAR_ONLY_TYPES = ["IQ2_XXS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
 def test_kernels_types_without_simd_kernels_fall_back_to_the_reference(name, isa):
     """Random blocks with a finite scale through every set, one token at a time and batched: the
     reference's floats bit for bit, and the same as rm_vec_dot (the kernel the table names)."""
-    t = quants.TYPES[name]
-    r = rng(9)
     n = 2048
-    nb = 5 * n // t.block_elems
-    raw = r.integers(0, 256, (nb, t.block_bytes), dtype=np.uint8)
-    raw[:, 0:2] = (r.uniform(0.5, 2, (nb, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    w = raw.tobytes()
+    w = random_iq_blocks(name, 5 * n // quants.TYPES[name].block_elems, seed=9).tobytes()
     x, x_q = activations(name, n, seed=3, n_tok=9)
     want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
     assert want.shape == (9, 5) and np.all(np.isfinite(want)) and np.all(want != 0)

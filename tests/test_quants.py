@@ -11,6 +11,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gq
 
+from conftest import random_iq_blocks
 from rapidmoe_gguf import planner, quants
 from rapidmoe_gguf._native import check, ffi, lib
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
@@ -18,7 +19,7 @@ from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
 K_QUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 GGUF_DEQUANTIZES = ["F32"] + GGUF_QUANTIZES + K_QUANTS
-IQ_TYPES = ["IQ2_XXS", "IQ3_XXS", "IQ4_NL", "IQ4_XS"]
+IQ_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M"]  # by id
 QUANTIZABLE = [name for name, t in quants.TYPES.items() if t.can_quantize]
 
 
@@ -95,7 +96,6 @@ def test_quants_dequantize_matches_gguf_on_gguf_data(name):
 SCALE_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ4_NL": [0], "IQ4_XS": [0],
 }
 
 
@@ -227,7 +227,8 @@ def test_quants_table_agrees_with_gguf_sizes():
         "F32": "F32", "F16": "F32", "BF16": "F32",
         "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q8_1": "Q8_1",
         "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": "Q8_K",
-        "IQ2_XXS": "Q8_K", "IQ3_XXS": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K",
+        "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K", "IQ2_S": "Q8_K", "IQ3_XXS": "Q8_K", "IQ3_S": "Q8_K",
+        "IQ1_S": "Q8_K", "IQ1_M": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K",
     }
 
 
@@ -305,31 +306,50 @@ def test_quants_null_pointers_raise():
         check(lib.rm_type_describe(lib.RM_TYPE_Q8_0, ffi.NULL))
 
 
-def random_iq_blocks(name, n_blocks, seed):
-    """Random bytes with a small finite fp16 scale d (the first field of every IQ block): every
-    index, sign and sub-block scale, not just what a quantizer would write."""
-    t = quants.TYPES[name]
-    r = rng(seed)
-    raw = r.integers(0, 256, (n_blocks, t.block_bytes), dtype=np.uint8)
-    raw[:, 0:2] = (r.uniform(0.5, 2, (n_blocks, 1)) * 0.01).astype(np.float16).view(np.uint8)
-    return raw
-
-
 def test_quants_iq_types_are_the_ones_without_a_quantizer():
     assert [name for name, t in quants.TYPES.items() if not t.can_quantize] == IQ_TYPES
 
 
+def iq1_m_deltas(raw, negative):
+    """IQ1_M blocks with every group's delta sign bit (bit 3 of its qh nibble) set or clear."""
+    raw = raw.copy()
+    raw[:, 32:48] = raw[:, 32:48] | 0x88 if negative else raw[:, 32:48] & 0x77
+    return raw
+
+
 @pytest.mark.parametrize("name", IQ_TYPES)
 def test_quants_iq_dequantize_matches_gguf_on_every_shape(name):
-    """One block, a few rows and a long row: gguf-py's numpy dequantizer gives the same floats."""
+    """One block, a few rows and a long row: gguf-py's numpy dequantizer gives the same floats.
+    gguf-py 0.19.0 reads IQ1_M's delta as -1/8 whatever its sign bit (`qh & 0x08 == 0` parses as
+    `qh & False`); ggml takes a clear bit as +1/8, as IQ1_S does. Here IQ1_M is compared on blocks
+    whose bits are all set, where the two agree; the next test covers clear bits."""
     t = quants.TYPES[name]
     for n_rows, blocks_per_row in [(1, 1), (3, 2), (2, 4096 // t.block_elems)]:
         raw = random_iq_blocks(name, n_rows * blocks_per_row, seed=n_rows)
+        if name == "IQ1_M":
+            raw = iq1_m_deltas(raw, negative=True)
         shape = (n_rows, blocks_per_row * t.block_elems)
         got = quants.dequantize(name, raw.tobytes(), shape)
         want = gq.dequantize(raw.reshape(n_rows, -1), gtype(name))
         assert got.shape == shape and np.any(got != 0)
         assert got.tobytes() == want.tobytes()
+
+
+def test_quants_iq1_m_clear_delta_bit_is_plus_one_eighth():
+    """With the bits clear every value is larger by the same 2/8 of its sub-block scale, the scale
+    itself read from gguf-py on the all-set blocks: level g - 1/8 becomes g + 1/8."""
+    raw = random_iq_blocks("IQ1_M", 16, seed=5)
+    neg = quants.dequantize("IQ1_M", iq1_m_deltas(raw, True).tobytes(), (16, 256)).astype(np.float64)
+    pos = quants.dequantize("IQ1_M", iq1_m_deltas(raw, False).tobytes(), (16, 256)).astype(np.float64)
+    # the sub-block scale dl from the set-bit values, where grid levels are -1, 0, 1: v = dl * (g - 1/8)
+    gq.IQ1_M.init_grid()
+    q = iq1_m_deltas(raw, True)
+    idx = q[:, :32].astype(np.int64) | ((q[:, 32:48, None] >> np.array([0, 4])) & 7).reshape(16, 32) << 8
+    g = gq.IQ1_M.grid.reshape(-1, 8)[idx].reshape(16, 256).astype(np.float64)
+    assert np.array_equal(neg, gq.dequantize(q, gtype("IQ1_M")).astype(np.float64))
+    dl = neg / (g - 0.125)
+    np.testing.assert_allclose(pos, dl * (g + 0.125), rtol=1e-6, atol=0)
+    assert np.all(pos - neg > 0)
 
 
 # IQ vec_dot: random blocks against N(0, 3) activations with outliers. Against the activations

@@ -86,9 +86,14 @@ typedef enum rm_type {
     RM_TYPE_Q6_K = 14,
     RM_TYPE_Q8_K = 15,
     RM_TYPE_IQ2_XXS = 16,
+    RM_TYPE_IQ2_XS  = 17,
     RM_TYPE_IQ3_XXS = 18,
+    RM_TYPE_IQ1_S   = 19,
     RM_TYPE_IQ4_NL  = 20,
+    RM_TYPE_IQ3_S   = 21,
+    RM_TYPE_IQ2_S   = 22,
     RM_TYPE_IQ4_XS  = 23,
+    RM_TYPE_IQ1_M   = 29,
     RM_TYPE_BF16 = 30,
     RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
 } rm_type;

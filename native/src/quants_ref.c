@@ -991,136 +991,175 @@ void rm_iq4_nl_vec_dot(int64_t n, float * out, const void * w, const void * x_q)
     *out = sum;
 }
 
-/* IQ4_XS: the 6-bit scale of sub-block j, biased by 32 */
-static int iq4_xs_scale(const rm_block_iq4_xs * b, int j) {
-    const int lo = (b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF, hi = (b->scales_h >> (2 * j)) & 3;
-    return (lo | (hi << 4)) - 32;
-}
+/* The super-block IQ types all come down to one form: x[e] = d * mul[e / 16] * step * lv[e], with
+ * mul and lv integers (lv the signed codebook level, mul the sub-block's scale) and step a power of
+ * two per type. Each type's decoder only unpacks its bits into that form; one to_float and one dot
+ * serve them all. The dot stays in integers up to the block's last multiply.
+ *
+ * gguf-py's float order, for the byte-exact dequantize: it computes the sub-block scale first
+ * (d * (0.5 + s) * 0.25 for IQ2_XXS, d * (1 + 2s) for IQ3_S, ...) and multiplies the level last.
+ * (d * mul) * step is that same float: mul is its (0.5 + s) / step written as an odd integer, and
+ * scaling by a power of two commutes with rounding (no float32 underflow from fp16 scales). The
+ * IQ1 types' level g + delta (delta = +-1/8) is lv / 8, with lv = 8g +- 1: exact. */
+typedef float (*iq_decode_fn)(const void * block, int mul[RM_QK_K / 16], int lv[RM_QK_K]);
 
-void rm_iq4_xs_to_float(const void * src, float * y, int64_t n) {
-    const rm_block_iq4_xs * b = src;
-    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
-        const float d = rm_fp16_to_fp32(b[i].d);
-        for (int j = 0; j < RM_QK_K / 32; ++j, y += 32) {
-            const float dl = d * (float)iq4_xs_scale(&b[i], j);
-            int q[32];
-            unpack_4bit(b[i].qs + 16 * j, q);
-            for (int l = 0; l < 32; ++l) y[l] = dl * (float)rm_iq4nl_values[q[l]];
-        }
+static void iq_to_float(iq_decode_fn decode, size_t block_bytes, float step, const void * src, float * y, int64_t n) {
+    const uint8_t * b = src;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i, b += block_bytes, y += RM_QK_K) {
+        int mul[RM_QK_K / 16], lv[RM_QK_K];
+        const float d = decode(b, mul, lv);
+        for (int e = 0; e < RM_QK_K; ++e) y[e] = d * (float)mul[e / 16] * step * (float)lv[e];
     }
 }
 
-void rm_iq4_xs_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_iq4_xs * b = w;
+static void iq_vec_dot(iq_decode_fn decode, size_t block_bytes, float step, int64_t n, float * out,
+                       const void * w, const void * x_q) {
+    const uint8_t * b = w;
     const rm_block_q8_K * a = x_q;
     float sum = 0;
-    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
-        int sumi = 0;
-        for (int j = 0; j < RM_QK_K / 32; ++j) {
-            int q[32], dot = 0;
-            unpack_4bit(b[i].qs + 16 * j, q);
-            for (int l = 0; l < 32; ++l) dot += rm_iq4nl_values[q[l]] * a[i].qs[32 * j + l];
-            sumi += iq4_xs_scale(&b[i], j) * dot;
+    for (int64_t i = 0; i < n / RM_QK_K; ++i, b += block_bytes) {
+        int mul[RM_QK_K / 16], lv[RM_QK_K], sumi = 0;
+        const float d = decode(b, mul, lv);
+        for (int j = 0; j < RM_QK_K / 16; ++j) {
+            int dot = 0;
+            for (int l = 0; l < 16; ++l) dot += lv[16 * j + l] * a[i].qs[16 * j + l];
+            sumi += mul[j] * dot;
         }
-        sum += a[i].d * rm_fp16_to_fp32(b[i].d) * (float)sumi;
+        sum += a[i].d * d * (float)sumi * step;
     }
     *out = sum;
 }
 
-/* IQ2_XXS and IQ3_XXS share a shape: per sub-block of 32, a 32-bit word with 4 x 7 sign bits and
- * a 4-bit scale s on top, and grid indices for the 32 levels. The sub-block's levels are the grid
- * entries with their signs applied; its scale is d * (0.5 + s) * step, step 0.25 or 0.5. */
 static uint32_t load_u32(const uint8_t * p) { uint32_t v; memcpy(&v, p, sizeof(v)); return v; }
 
-/* Levels of one sub-block, from grid entries `idx` of `width` (8 or 4) values each. */
-static void iq_xxs_levels(const uint8_t * grid, int width, const uint8_t * idx, uint32_t signs_scale, int lv[32]) {
-    for (int e = 0; e < 32; ++e) {
-        const int v = grid[width * idx[e / width] + e % width];
-        const uint8_t s = rm_iq_ksigns[(signs_scale >> (7 * (e / 8))) & 127];
-        lv[e] = (s >> (e % 8)) & 1 ? -v : v;
+/* Group of 8 levels from a grid entry, signed by a bit mask (bit j set: element j negative). */
+static void signed_group(const uint8_t grid[8], uint8_t signs, int lv[8]) {
+    for (int j = 0; j < 8; ++j) lv[j] = (signs >> j) & 1 ? -grid[j] : grid[j];
+}
+
+/* IQ4_XS: mul the 6-bit scale less 32, lv the non-linear level */
+static float decode_iq4_xs(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq4_xs * b = block;
+    for (int j = 0; j < RM_QK_K / 32; ++j) {
+        const int lo = (b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF, hi = (b->scales_h >> (2 * j)) & 3;
+        mul[2 * j] = mul[2 * j + 1] = (lo | (hi << 4)) - 32;
+        int q[32];
+        unpack_4bit(b->qs + 16 * j, q);
+        for (int l = 0; l < 32; ++l) lv[32 * j + l] = rm_iq4nl_values[q[l]];
     }
+    return rm_fp16_to_fp32(b->d);
 }
 
-/* The sub-block words of both types: IQ2_XXS interleaves them with the indices, IQ3_XXS puts them
- * after the indices. */
-static void iq2_xxs_sub(const rm_block_iq2_xxs * b, int j, int lv[32], uint32_t * ss) {
-    const uint8_t * p = (const uint8_t *)b->qs + 8 * j;
-    *ss = load_u32(p + 4);
-    iq_xxs_levels(&rm_iq2xxs_grid[0][0], 8, p, *ss, lv);
-}
-
-static void iq3_xxs_sub(const rm_block_iq3_xxs * b, int j, int lv[32], uint32_t * ss) {
-    *ss = load_u32(b->qs + RM_QK_K / 4 + 4 * j);
-    iq_xxs_levels(&rm_iq3xxs_grid[0][0], 4, b->qs + 8 * j, *ss, lv);
-}
-
-/* One sub-block's 32 floats: gguf-py's (d * (0.5 + s)) * step, times each level. A level's sign
- * may be applied before the multiply: rounding is symmetric, so db * -v is -(db * v). */
-static void iq_xxs_sub_to_float(const int lv[32], uint32_t ss, float d, float step, float * y) {
-    const float db = d * (0.5f + (float)(ss >> 28)) * step;
-    for (int l = 0; l < 32; ++l) y[l] = db * (float)lv[l];
-}
-
-/* The sub-block's integer dot, times 2s + 1: the scale (0.5 + s) * step is (2s + 1) * step / 2,
- * an integer until the block's last multiply. */
-static int iq_xxs_sub_dot(const int lv[32], uint32_t ss, const int8_t * a) {
-    int dot = 0;
-    for (int l = 0; l < 32; ++l) dot += lv[l] * a[l];
-    return (int)(2 * (ss >> 28) + 1) * dot;
-}
-
-void rm_iq2_xxs_to_float(const void * src, float * y, int64_t n) {
-    const rm_block_iq2_xxs * b = src;
-    for (int64_t i = 0; i < n / RM_QK_K; ++i)
-        for (int j = 0; j < RM_QK_K / 32; ++j, y += 32) {
-            int lv[32];
-            uint32_t ss;
-            iq2_xxs_sub(&b[i], j, lv, &ss);
-            iq_xxs_sub_to_float(lv, ss, rm_fp16_to_fp32(b[i].d), 0.25f, y);
-        }
-}
-
-void rm_iq2_xxs_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_iq2_xxs * b = w;
-    const rm_block_q8_K * a = x_q;
-    float sum = 0;
-    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
-        int sumi = 0;
-        for (int j = 0; j < RM_QK_K / 32; ++j) {
-            int lv[32];
-            uint32_t ss;
-            iq2_xxs_sub(&b[i], j, lv, &ss);
-            sumi += iq_xxs_sub_dot(lv, ss, a[i].qs + 32 * j);
-        }
-        sum += a[i].d * rm_fp16_to_fp32(b[i].d) * (float)sumi * 0.125f;
+/* IQ2_XXS and IQ3_XXS: per 32 a word of 4 x 7 sign bits (rm_iq_ksigns) and a 4-bit scale s on
+ * top; mul = 2s + 1. IQ2_XXS's indices are the 4 bytes before the word, IQ3_XXS's 8 bytes of qs. */
+static float decode_iq2_xxs(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq2_xxs * b = block;
+    const uint8_t * q = (const uint8_t *)b->qs;
+    for (int j = 0; j < RM_QK_K / 32; ++j, q += 8) {
+        const uint32_t ss = load_u32(q + 4);
+        mul[2 * j] = mul[2 * j + 1] = (int)(2 * (ss >> 28) + 1);
+        for (int g = 0; g < 4; ++g) signed_group(rm_iq2xxs_grid[q[g]], rm_iq_ksigns[(ss >> (7 * g)) & 127], lv + 32 * j + 8 * g);
     }
-    *out = sum;
+    return rm_fp16_to_fp32(b->d);
 }
 
-void rm_iq3_xxs_to_float(const void * src, float * y, int64_t n) {
-    const rm_block_iq3_xxs * b = src;
-    for (int64_t i = 0; i < n / RM_QK_K; ++i)
-        for (int j = 0; j < RM_QK_K / 32; ++j, y += 32) {
-            int lv[32];
-            uint32_t ss;
-            iq3_xxs_sub(&b[i], j, lv, &ss);
-            iq_xxs_sub_to_float(lv, ss, rm_fp16_to_fp32(b[i].d), 0.5f, y);
+static float decode_iq3_xxs(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq3_xxs * b = block;
+    for (int j = 0; j < RM_QK_K / 32; ++j) {
+        const uint32_t ss = load_u32(b->qs + RM_QK_K / 4 + 4 * j);
+        mul[2 * j] = mul[2 * j + 1] = (int)(2 * (ss >> 28) + 1);
+        for (int g = 0; g < 4; ++g) {
+            uint8_t grid[8];   /* two entries of 4 */
+            memcpy(grid, rm_iq3xxs_grid[b->qs[8 * j + 2 * g]], 4);
+            memcpy(grid + 4, rm_iq3xxs_grid[b->qs[8 * j + 2 * g + 1]], 4);
+            signed_group(grid, rm_iq_ksigns[(ss >> (7 * g)) & 127], lv + 32 * j + 8 * g);
         }
-}
-
-void rm_iq3_xxs_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
-    const rm_block_iq3_xxs * b = w;
-    const rm_block_q8_K * a = x_q;
-    float sum = 0;
-    for (int64_t i = 0; i < n / RM_QK_K; ++i) {
-        int sumi = 0;
-        for (int j = 0; j < RM_QK_K / 32; ++j) {
-            int lv[32];
-            uint32_t ss;
-            iq3_xxs_sub(&b[i], j, lv, &ss);
-            sumi += iq_xxs_sub_dot(lv, ss, a[i].qs + 32 * j);
-        }
-        sum += a[i].d * rm_fp16_to_fp32(b[i].d) * (float)sumi * 0.25f;
     }
-    *out = sum;
+    return rm_fp16_to_fp32(b->d);
 }
+
+/* IQ2_XS: per 8 a uint16, 9 bits of index and 7 sign bits; a 4-bit scale per 16, mul = 2s + 1 */
+static float decode_iq2_xs(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq2_xs * b = block;
+    for (int k = 0; k < RM_QK_K / 16; ++k) mul[k] = 2 * ((b->scales[k / 2] >> (4 * (k % 2))) & 0xF) + 1;
+    for (int g = 0; g < RM_QK_K / 8; ++g)
+        signed_group(rm_iq2xs_grid[b->qs[g] & 511], rm_iq_ksigns[b->qs[g] >> 9], lv + 8 * g);
+    return rm_fp16_to_fp32(b->d);
+}
+
+/* IQ2_S: per 8 a 10-bit index (a byte of qs, 2 bits of qh) and a byte of plain sign bits */
+static float decode_iq2_s(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq2_s * b = block;
+    for (int k = 0; k < RM_QK_K / 16; ++k) mul[k] = 2 * ((b->scales[k / 2] >> (4 * (k % 2))) & 0xF) + 1;
+    for (int g = 0; g < RM_QK_K / 8; ++g) {
+        const int idx = b->qs[g] | (((b->qh[g / 4] >> (2 * (g % 4))) & 3) << 8);
+        signed_group(rm_iq2s_grid[idx], b->signs[g], lv + 8 * g);
+    }
+    return rm_fp16_to_fp32(b->d);
+}
+
+/* IQ3_S: per 4 a 9-bit index (a byte of qs, a bit of qh); a sign bit per element; a 4-bit scale
+ * per 32, mul = 2s + 1 */
+static float decode_iq3_s(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq3_s * b = block;
+    for (int k = 0; k < RM_QK_K / 16; ++k) mul[k] = 2 * ((b->scales[k / 4] >> (4 * ((k / 2) % 2))) & 0xF) + 1;
+    for (int g = 0; g < RM_QK_K / 8; ++g) {
+        uint8_t grid[8];
+        for (int h = 0; h < 2; ++h) {
+            const int q = 2 * g + h, idx = b->qs[q] | (((b->qh[q / 8] >> (q % 8)) & 1) << 8);
+            memcpy(grid + 4 * h, rm_iq3s_grid[idx], 4);
+        }
+        signed_group(grid, b->signs[g], lv + 8 * g);
+    }
+    return rm_fp16_to_fp32(b->d);
+}
+
+/* IQ1_S and IQ1_M: levels -1, 0, 1 shifted by delta = +-1/8 (a set sign bit means -1/8), so
+ * lv = 8 * level + (+-1); per 8 an 11-bit index. */
+static void iq1_group(int idx, int neg_delta, int lv[8]) {
+    for (int j = 0; j < 8; ++j) lv[j] = 8 * rm_iq1s_grid[idx][j] + (neg_delta ? -1 : 1);
+}
+
+/* IQ1_S: per 32 a uint16 of qh: 4 x 3 index bits, a 3-bit scale s (mul = 2s + 1), the delta sign */
+static float decode_iq1_s(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq1_s * b = block;
+    for (int j = 0; j < RM_QK_K / 32; ++j) {
+        const int qh = b->qh[j];
+        mul[2 * j] = mul[2 * j + 1] = 2 * ((qh >> 12) & 7) + 1;
+        for (int g = 0; g < 4; ++g) iq1_group(b->qs[4 * j + g] | (((qh >> (3 * g)) & 7) << 8), qh & 0x8000, lv + 32 * j + 8 * g);
+    }
+    return rm_fp16_to_fp32(b->d);
+}
+
+/* IQ1_M: per 8 a nibble of qh (3 index bits, the delta sign); a 3-bit scale per 16; the fp16 d
+ * is spread over the top nibbles of the four scale words */
+static float decode_iq1_m(const void * block, int mul[16], int lv[RM_QK_K]) {
+    const rm_block_iq1_m * b = block;
+    uint16_t sc[4];
+    memcpy(sc, b->scales, sizeof(sc));
+    for (int k = 0; k < RM_QK_K / 16; ++k) mul[k] = 2 * ((sc[k / 4] >> (3 * (k % 4))) & 7) + 1;
+    for (int g = 0; g < RM_QK_K / 8; ++g) {
+        const int nib = (b->qh[g / 2] >> (4 * (g % 2))) & 0xF;
+        iq1_group(b->qs[g] | ((nib & 7) << 8), nib & 8, lv + 8 * g);
+    }
+    const rm_fp16 d = (rm_fp16)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000));
+    return rm_fp16_to_fp32(d);
+}
+
+/* step: the power of two that turns mul * lv into the value per unit of d */
+#define IQ_KERNELS(t, step)                                                                       \
+    void rm_##t##_to_float(const void * src, float * y, int64_t n) {                              \
+        iq_to_float(decode_##t, sizeof(rm_block_##t), (step), src, y, n);                         \
+    }                                                                                             \
+    void rm_##t##_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {             \
+        iq_vec_dot(decode_##t, sizeof(rm_block_##t), (step), n, out, w, x_q);                     \
+    }
+
+IQ_KERNELS(iq4_xs, 1.0f)      /* d * (sc - 32) * value */
+IQ_KERNELS(iq2_xxs, 0.125f)   /* d * (0.5 + s) * 0.25 = d * (2s + 1) / 8 */
+IQ_KERNELS(iq3_xxs, 0.25f)    /* d * (0.5 + s) * 0.5 */
+IQ_KERNELS(iq2_xs, 0.125f)
+IQ_KERNELS(iq2_s, 0.125f)
+IQ_KERNELS(iq3_s, 1.0f)       /* d * (1 + 2s) */
+IQ_KERNELS(iq1_s, 0.125f)     /* d * (2s + 1) * (level + delta), level + delta = lv / 8 */
+IQ_KERNELS(iq1_m, 0.125f)

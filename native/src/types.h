@@ -106,6 +106,39 @@ typedef struct { rm_fp16 d; uint16_t qs[RM_QK_K / 8]; } rm_block_iq2_xxs;
  * x = d * (0.5 + s) * 0.5 * grid * sign */
 typedef struct { rm_fp16 d; uint8_t qs[3 * RM_QK_K / 8]; } rm_block_iq3_xxs;
 
+/* 16 sub-blocks of 16, a 4-bit scale s each (x = d * (0.5 + s) * 0.25 * grid * sign); qs[g]
+ * holds group g of 8: an index into rm_iq2xs_grid (9 bits) and 7 sign bits (rm_iq_ksigns) */
+typedef struct { rm_fp16 d; uint16_t qs[RM_QK_K / 8]; uint8_t scales[RM_QK_K / 32]; } rm_block_iq2_xs;
+
+/* IQ2_XS with a 1024-entry grid, rm_iq2s_grid: group g's index is qs[g] plus 2 bits of qh, and
+ * signs[g] holds its 8 sign bits as they are */
+typedef struct {
+    rm_fp16 d;
+    uint8_t qs[RM_QK_K / 8];
+    uint8_t signs[RM_QK_K / 8];
+    uint8_t qh[RM_QK_K / 32];
+    uint8_t scales[RM_QK_K / 32];
+} rm_block_iq2_s;
+
+/* 8 sub-blocks of 32, a 4-bit scale s each: x = d * (1 + 2s) * grid * sign; qs[q] and bit q of
+ * qh make a 9-bit index into rm_iq3s_grid (4 levels); signs hold one bit per element */
+typedef struct {
+    rm_fp16 d;
+    uint8_t qs[RM_QK_K / 4];
+    uint8_t qh[RM_QK_K / 32];
+    uint8_t signs[RM_QK_K / 8];
+    uint8_t scales[RM_QK_K / 64];
+} rm_block_iq3_s;
+
+/* 8 sub-blocks of 32: x = d * (2s + 1) * (grid + delta), grid levels -1, 0, 1 (rm_iq1s_grid),
+ * delta = -1/8 if bit 15 of the sub-block's qh is set, else 1/8; qh also holds s (bits 12..14)
+ * and the top 3 bits of each of its 4 group indices (bits 3g..3g+2) */
+typedef struct { rm_fp16 d; uint8_t qs[RM_QK_K / 8]; uint16_t qh[RM_QK_K / 32]; } rm_block_iq1_s;
+
+/* IQ1_S with a 3-bit scale per 16 and a delta per group of 8: qh's nibble per group holds its top
+ * 3 index bits and the delta sign (bit 3); the scale words' top nibbles hold the fp16 d */
+typedef struct { uint8_t qs[RM_QK_K / 8]; uint8_t qh[RM_QK_K / 16]; uint8_t scales[RM_QK_K / 32]; } rm_block_iq1_m;
+
 _Static_assert(sizeof(rm_block_q4_0) == 2 + 16, "Q4_0 block size");
 _Static_assert(sizeof(rm_block_q4_1) == 2 + 2 + 16, "Q4_1 block size");
 _Static_assert(sizeof(rm_block_q5_0) == 2 + 4 + 16, "Q5_0 block size");
@@ -122,6 +155,11 @@ _Static_assert(sizeof(rm_block_iq4_nl) == 2 + 16, "IQ4_NL block size");
 _Static_assert(sizeof(rm_block_iq4_xs) == 2 + 2 + 4 + 128, "IQ4_XS block size");
 _Static_assert(sizeof(rm_block_iq2_xxs) == 2 + 64, "IQ2_XXS block size");
 _Static_assert(sizeof(rm_block_iq3_xxs) == 2 + 64 + 32, "IQ3_XXS block size");
+_Static_assert(sizeof(rm_block_iq2_xs) == 2 + 64 + 8, "IQ2_XS block size");
+_Static_assert(sizeof(rm_block_iq2_s) == 2 + 32 + 32 + 8 + 8, "IQ2_S block size");
+_Static_assert(sizeof(rm_block_iq3_s) == 2 + 64 + 8 + 32 + 4, "IQ3_S block size");
+_Static_assert(sizeof(rm_block_iq1_s) == 2 + 32 + 16, "IQ1_S block size");
+_Static_assert(sizeof(rm_block_iq1_m) == 32 + 16 + 8, "IQ1_M block size");
 
 /* ---------------------------------------------------------------------------------------------
  * 16-bit floats. Portable bit manipulation, so that files come out the same on every machine
@@ -248,5 +286,10 @@ RM_DECLARE_REF_DECODERS(iq4_nl);
 RM_DECLARE_REF_DECODERS(iq4_xs);
 RM_DECLARE_REF_DECODERS(iq2_xxs);
 RM_DECLARE_REF_DECODERS(iq3_xxs);
+RM_DECLARE_REF_DECODERS(iq2_xs);
+RM_DECLARE_REF_DECODERS(iq2_s);
+RM_DECLARE_REF_DECODERS(iq3_s);
+RM_DECLARE_REF_DECODERS(iq1_s);
+RM_DECLARE_REF_DECODERS(iq1_m);
 
 #endif

@@ -276,8 +276,8 @@ RM_DECLARE_REF_KERNELS(q5_K);
 RM_DECLARE_REF_KERNELS(q6_K);
 RM_DECLARE_REF_KERNELS(q8_K);
 
-/* The IQ types: dequantize and dot only (no quantizer: ggml's needs a search, and for the
- * 2- and 3-bit ones an importance matrix). */
+/* The IQ types: dequantize and dot only (no quantizer: ggml's searches a codebook, and for the
+ * smallest types wants an importance matrix). */
 #define RM_DECLARE_REF_DECODERS(t)                                                  \
     void rm_##t##_to_float(const void * src, float * dst, int64_t n);              \
     void rm_##t##_vec_dot(int64_t n, float * out, const void * w, const void * x_q)

@@ -166,3 +166,45 @@ def random_iq_blocks(name: str, n_blocks: int, seed: int, d_scale: float = 0.01)
     else:
         raw[:, 0:2] = d.reshape(-1, 1).view(np.uint8)
     return raw
+
+
+def random_iq_weights(name: str, shape: tuple, seed: int):
+    """Random valid blocks of IQ type `name` for a float tensor of numpy shape `shape` (rows of
+    shape[-1]), their scales chosen so the weights have a std of about 0.02, as the float
+    model's; returns the blocks and gguf-py's dequantization of them."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    from rapidmoe_gguf import quants
+
+    n_blocks = int(np.prod(shape)) // quants.TYPES[name].block_elems
+    qtype = GGMLQuantizationType[name]
+    unit = float(gq.dequantize(random_iq_blocks(name, 64, seed, d_scale=1.0), qtype).std())
+    raw = random_iq_blocks(name, n_blocks, seed, d_scale=0.02 / unit)
+    if name == "IQ1_M":
+        raw[:, 32:48] |= 0x88  # every shift -1/8: gguf-py 0.19.0 reads no other (test_quants.py)
+    data = raw.reshape(*shape[:-1], -1)
+    return data, gq.dequantize(data, qtype)
+
+
+def write_gguf_like(src, dst, tensors: dict, kv: dict | None = None) -> None:
+    """Copies the GGUF file src to dst with some tensors replaced: tensors maps a name to
+    (numpy data, raw ggml type or None for a float32 array); kv maps keys to new int values."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
+        w.add_key_value(name, (kv or {}).get(name, field.contents()), vtype, sub_type=sub)
+    for t in r.tensors:
+        data, raw = tensors.get(t.name, (t.data, t.tensor_type))
+        w.add_tensor(t.name, data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

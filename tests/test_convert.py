@@ -25,7 +25,7 @@ from rapidmoe_gguf.cli import main as cli_main
 from rapidmoe_gguf.errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
 from rapidmoe_gguf.gguf_header import ggml_layout_problems, read_header
 from rapidmoe_gguf.convert.safetensors_io import SafetensorsCheckpoint, SafetensorsFile
-from conftest import GGUF_ARCH, TINY_ARCHS
+from conftest import GGUF_ARCH, TINY_ARCHS, random_iq_weights, write_gguf_like
 
 from rapidmoe_gguf import quants
 
@@ -477,6 +477,33 @@ def test_convert_gguf_input_same_base_type_copies_expert_bytes(tiny_hf, tmp_path
         assert tout[name].tensor_type == tin[name].tensor_type
         np.testing.assert_array_equal(np.asarray(tout[name].data), np.asarray(tin[name].data), err_msg=name)
     assert _kv(out)["rapidmoe.recipe"] == "q4_0-q4_0[base=Q8_0,residual=Q4_0,other=Q8_0]"
+
+
+def test_convert_gguf_input_with_iq_experts_resplits(tiny_hf, tmp_path):
+    """A llama.cpp-style file whose experts are IQ2_XXS (random valid blocks) becomes a pair
+    whose base + residual reconstruct gguf-py's dequantization of them, and the pair runs."""
+    import rapidmoe_gguf as rm
+
+    q8 = tmp_path / "q8.gguf"
+    convert(tiny_hf("qwen3_moe"), q8, "q8_0")
+    iq, want = {}, {}
+    for k, t in enumerate(gguf.GGUFReader(q8).tensors):
+        if t.name.endswith("_exps.weight"):
+            data, want[t.name] = random_iq_weights("IQ2_XXS", tuple(int(x) for x in reversed(t.shape)), seed=k)
+            iq[t.name] = (data, gguf.GGMLQuantizationType.IQ2_XXS)
+    assert len(iq) == 6
+    src = tmp_path / "iq2.gguf"
+    write_gguf_like(q8, src, iq)
+    out = tmp_path / "pair.gguf"
+    rep = convert(src, out, "q4k-q8")
+    resplit.check_pair(out, rep.residual_path)
+    tout, side = _tensors(out), _tensors(rep.residual_path)
+    for name, w in want.items():
+        assert tout[name].tensor_type.name == "Q4_K"
+        r = _f32(side[name[:-len(".weight")] + ".residual"])
+        assert _rel(_f32(tout[name]) + r, w.reshape(r.shape)) < 0.012, name
+    with rm.Model(out, n_ctx=32, n_threads=2) as m:
+        assert np.all(np.isfinite(m.eval_logits([1, 2, 3])))
 
 
 def test_convert_gguf_input_lifts_less_precise_tensors(tiny_hf, tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
-from conftest import TINY_ARCHS, VOCAB, random_iq_blocks
+from conftest import TINY_ARCHS, VOCAB, random_iq_weights, write_gguf_like
 
 N_PROMPT, N_DECODE = 48, 16
 _SOURCES = {}  # converted file -> its checkpoint
@@ -162,47 +162,6 @@ def test_forward_same_seed_same_text_and_completion_shapes(converted):
         assert chunks[-1]["choices"][0]["finish_reason"] == out["choices"][0]["finish_reason"]
 
 
-def _write_like(src, dst, tensors, kv=None):
-    """Copies the GGUF file src to dst with some tensors replaced: tensors maps a name to
-    (numpy data, raw ggml type or None for a float32 array); kv maps keys to new int values."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
-        w.add_key_value(name, (kv or {}).get(name, field.contents()), vtype, sub_type=sub)
-    for t in r.tensors:
-        data, raw = tensors.get(t.name, (t.data, t.tensor_type))
-        w.add_tensor(t.name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
-def _random_iq_weights(name, shape, seed):
-    """Random valid blocks of IQ type `name` for a float tensor of numpy shape `shape` (rows of
-    shape[-1]), their scales chosen so the weights have a std of about 0.02, as the float
-    model's; returns the blocks and gguf-py's dequantization of them."""
-    from gguf import GGMLQuantizationType
-    from gguf import quants as gq
-
-    from rapidmoe_gguf import quants
-
-    n_blocks = int(np.prod(shape)) // quants.TYPES[name].block_elems
-    qtype = GGMLQuantizationType[name]
-    unit = float(gq.dequantize(random_iq_blocks(name, 64, seed, d_scale=1.0), qtype).std())
-    raw = random_iq_blocks(name, n_blocks, seed, d_scale=0.02 / unit)
-    if name == "IQ1_M":
-        raw[:, 32:48] |= 0x88  # every delta -1/8: gguf-py 0.19.0 reads no other (test_quants.py)
-    data = raw.reshape(*shape[:-1], -1)
-    return data, gq.dequantize(data, qtype)
-
-
 # Experts in an IQ type against the same model with those experts as float32 holding the very
 # same (dequantized) weights. What differs is only the Q8_0/Q8_K rounding of the experts' input
 # activations (the float model dots float activations). Every token uses all 4 experts: with
@@ -220,12 +179,12 @@ def test_forward_iq_experts_match_their_dequantized_weights(converted, tmp_path,
     iq, f32 = {}, {}
     for k, t in enumerate(reader.tensors):
         if "_exps." in t.name:
-            data, back = _random_iq_weights(iq_type, tuple(int(v) for v in t.data.shape), seed=k)
+            data, back = random_iq_weights(iq_type, tuple(int(v) for v in t.data.shape), seed=k)
             iq[t.name] = (data, gguf.GGMLQuantizationType[iq_type])
             f32[t.name] = (back, None)
     assert len(iq) == 3 * 2  # gate, up and down experts of both layers
-    _write_like(path, tmp_path / "iq.gguf", iq, all_experts)
-    _write_like(path, tmp_path / "f32.gguf", f32, all_experts)
+    write_gguf_like(path, tmp_path / "iq.gguf", iq, all_experts)
+    write_gguf_like(path, tmp_path / "f32.gguf", f32, all_experts)
     ours = _ours_prefill_then_decode(tmp_path / "iq.gguf", ids)
     ref = _ours_prefill_then_decode(tmp_path / "f32.gguf", ids)
     assert np.all(np.isfinite(ours))

@@ -7,6 +7,9 @@ ChatML chat template). ``arch`` is a transformers model_type from ``TINY_ARCHS``
 so K-quants apply (hidden 256, expert FF 256 or 512: multiples of 256), with 2 layers, 4 experts,
 top-2 and a 320-entry vocabulary. Weights are random normal (std 0.05; norm weights 1 +- 0.1),
 never zero, so every tensor carries information.
+
+For the IQ types, which nothing here can quantize: ``random_iq_blocks`` and ``random_iq_weights``
+(random valid blocks), and ``write_gguf_like`` to put them into a copy of a converted file.
 """
 
 from __future__ import annotations

@@ -998,9 +998,10 @@ void rm_iq4_nl_vec_dot(int64_t n, float * out, const void * w, const void * x_q)
  *
  * gguf-py's float order, for the byte-exact dequantize: it computes the sub-block scale first
  * (d * (0.5 + s) * 0.25 for IQ2_XXS, d * (1 + 2s) for IQ3_S, ...) and multiplies the level last.
- * (d * mul) * step is that same float: mul is its (0.5 + s) / step written as an odd integer, and
- * scaling by a power of two commutes with rounding (no float32 underflow from fp16 scales). The
- * IQ1 types' level g + delta (delta = +-1/8) is lv / 8, with lv = 8g +- 1: exact. */
+ * (d * mul) * step is that same float: the scale is mul * step exactly ((0.5 + s) * 0.25 is
+ * (2s + 1) * 0.125), and scaling by a power of two commutes with rounding (fp16 scales never
+ * underflow a float32). The IQ1 types' level g + delta (delta = +-1/8) is lv / 8 with
+ * lv = 8g +- 1, exact too. */
 typedef float (*iq_decode_fn)(const void * block, int mul[RM_QK_K / 16], int lv[RM_QK_K]);
 
 static void iq_to_float(iq_decode_fn decode, size_t block_bytes, float step, const void * src, float * y, int64_t n) {

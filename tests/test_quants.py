@@ -310,46 +310,25 @@ def test_quants_iq_types_are_the_ones_without_a_quantizer():
     assert [name for name, t in quants.TYPES.items() if not t.can_quantize] == IQ_TYPES
 
 
-def iq1_m_deltas(raw, negative):
-    """IQ1_M blocks with every group's delta sign bit (bit 3 of its qh nibble) set or clear."""
-    raw = raw.copy()
-    raw[:, 32:48] = raw[:, 32:48] | 0x88 if negative else raw[:, 32:48] & 0x77
-    return raw
-
-
 @pytest.mark.parametrize("name", IQ_TYPES)
 def test_quants_iq_dequantize_matches_gguf_on_every_shape(name):
     """One block, a few rows and a long row: gguf-py's numpy dequantizer gives the same floats.
-    gguf-py 0.19.0 reads IQ1_M's delta as -1/8 whatever its sign bit (`qh & 0x08 == 0` parses as
-    `qh & False`); ggml takes a clear bit as +1/8, as IQ1_S does. Here IQ1_M is compared on blocks
-    whose bits are all set, where the two agree; the next test covers clear bits."""
+    IQ1_M is also compared with every delta sign bit set and every one clear (bit 3 of each qh
+    nibble: -1/8 when set, +1/8 when clear), so both shifts are checked whatever the draw."""
     t = quants.TYPES[name]
     for n_rows, blocks_per_row in [(1, 1), (3, 2), (2, 4096 // t.block_elems)]:
         raw = random_iq_blocks(name, n_rows * blocks_per_row, seed=n_rows)
-        if name == "IQ1_M":
-            raw = iq1_m_deltas(raw, negative=True)
+        variants = [raw]
+        if name == "IQ1_M":   # qs (32 bytes), then qh (16 bytes): a nibble per group of 8
+            variants += [raw.copy(), raw.copy()]
+            variants[1][:, 32:48] |= 0x88
+            variants[2][:, 32:48] &= 0x77
         shape = (n_rows, blocks_per_row * t.block_elems)
-        got = quants.dequantize(name, raw.tobytes(), shape)
-        want = gq.dequantize(raw.reshape(n_rows, -1), gtype(name))
-        assert got.shape == shape and np.any(got != 0)
-        assert got.tobytes() == want.tobytes()
-
-
-def test_quants_iq1_m_clear_delta_bit_is_plus_one_eighth():
-    """With the bits clear every value is larger by the same 2/8 of its sub-block scale, the scale
-    itself read from gguf-py on the all-set blocks: level g - 1/8 becomes g + 1/8."""
-    raw = random_iq_blocks("IQ1_M", 16, seed=5)
-    neg = quants.dequantize("IQ1_M", iq1_m_deltas(raw, True).tobytes(), (16, 256)).astype(np.float64)
-    pos = quants.dequantize("IQ1_M", iq1_m_deltas(raw, False).tobytes(), (16, 256)).astype(np.float64)
-    # the sub-block scale dl from the set-bit values, where grid levels are -1, 0, 1: v = dl * (g - 1/8)
-    gq.IQ1_M.init_grid()
-    q = iq1_m_deltas(raw, True)
-    idx = q[:, :32].astype(np.int64) | ((q[:, 32:48, None] >> np.array([0, 4])) & 7).reshape(16, 32) << 8
-    g = gq.IQ1_M.grid.reshape(-1, 8)[idx].reshape(16, 256).astype(np.float64)
-    assert np.array_equal(neg, gq.dequantize(q, gtype("IQ1_M")).astype(np.float64))
-    dl = neg / (g - 0.125)
-    np.testing.assert_allclose(pos, dl * (g + 0.125), rtol=1e-6, atol=0)
-    assert np.all(pos - neg > 0)
+        for v in variants:
+            got = quants.dequantize(name, v.tobytes(), shape)
+            want = gq.dequantize(v.reshape(n_rows, -1), gtype(name))
+            assert got.shape == shape and np.any(got != 0)
+            assert got.tobytes() == want.tobytes()
 
 
 # IQ vec_dot: random blocks against N(0, 3) activations with outliers. Against the activations

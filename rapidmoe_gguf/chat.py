@@ -28,7 +28,6 @@ import re
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime
 from typing import Any, Iterator, Sequence
 

@@ -258,7 +258,10 @@ enum {
     RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
     RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
-    RM_LAYER_RUNS         = 0x03D1    /* the bits the forward pass runs today */
+    RM_LAYER_ATTN_GATE    = 0x10000,  /* full attention whose q projection also gives a sigmoid output gate (Qwen3-Next) */
+    RM_LAYER_SSM_BA       = 0x20000,  /* linear attention: beta and alpha in one fused projection, grouped per key head (qwen3next) */
+    RM_LAYER_SSM_V_TILED  = 0x40000,  /* linear attention: value head h reads key head h % n_k, not h / (n_v/n_k) (qwen35moe) */
+    RM_LAYER_RUNS         = 0x703D5   /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -275,7 +278,7 @@ typedef struct rm_arch_info {
     int32_t      shared_expert;   /* rm_shared_expert */
     uint32_t     layer_kind;      /* RM_LAYER_* bits of a layer no kind rule changes */
     int32_t      n_hparams;
-    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind */
+    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind, and of the kinds its rules give */
     int32_t      n_kind_rules;
 } rm_arch_info;
 
@@ -438,6 +441,9 @@ typedef struct rm_size_params {
     int32_t  n_batch;             /* as given to rm_session_new (<= 0: 256; clamped to n_ctx) */
     uint64_t stage_expert_bytes;  /* one expert's three residual matrices, the largest layer's;
                                    * 0: the device stages no residuals in prefill */
+    int32_t  n_layer_linear;      /* layers with linear attention (a recurrent state each); 0: none */
+    int32_t  ssm_d_conv, ssm_conv_dim;   /* their conv kernel length and channels */
+    int32_t  ssm_n_v, ssm_d_state, ssm_head_v; /* value heads, key and value head widths */
 } rm_size_params;
 
 typedef struct rm_session_sizes {
@@ -447,6 +453,7 @@ typedef struct rm_session_sizes {
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
     uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
+    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, and their scratch (host) */
 } rm_session_sizes;
 
 /* The bytes one session allocates on its backend: on a device (CUDA or the stand-in) all five

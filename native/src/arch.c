@@ -66,6 +66,22 @@ static const rm_hparam_row HP_OLMOE[] = {
     HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(0), HP_TAIL,
 };
 
+/* Qwen3.5-MoE and Qwen3-Next: the experts and gated shared expert of qwen2moe, always renormalised
+ * (llama.cpp hard-codes it), and llama.cpp's ssm.* keys for the Gated DeltaNet layers. */
+#define HP_SSM                                                                                        \
+    INT("ssm.conv_kernel",         ssm_d_conv,    REQUIRED,          K(2), K(64)),                    \
+    INT("ssm.state_size",          ssm_d_state,   REQUIRED,          K(1), K(1 << 12)),               \
+    INT("ssm.group_count",         ssm_n_k,       REQUIRED,          K(1), K(1 << 12)),               \
+    INT("ssm.time_step_rank",      ssm_n_v,       REQUIRED,          V(ssm_n_k), K(1 << 12)),         \
+    INT("ssm.inner_size",          ssm_d_inner,   REQUIRED,          V(ssm_n_v), K(1 << 20)),         \
+    INT("full_attention_interval", full_attn_interval, K(4),         K(1), K(4096))
+
+static const rm_hparam_row HP_QWEN_HYBRID[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED, K(1), K(1 << 20)),
+    HP_TAIL, HP_SSM,
+};
+
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
 
 #define LOFF(f) ((uint16_t) offsetof(rm_layer, f))
@@ -108,6 +124,48 @@ static const rm_tensor_row MOE_LAYER[] = {
     T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
 };
 
+#define LIN RM_LAYER_ATTN_LINEAR
+
+/* The Qwen3.5/Qwen3-Next hybrid: gated full attention (q and its gate in one projection, per-head
+ * q/k norm) on every n-th layer, Gated DeltaNet on the others; the FFN norm is llama.cpp's
+ * post_attention_norm; routed experts and a gated shared expert in every layer. */
+static const rm_tensor_row HYBRID_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),
+    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE)),
+    T("blk.%d.ssm_ba.weight",      ssm_ba,    REQ, LIN | RM_LAYER_SSM_BA, 0, NE(EMBD, SSM_BA, ONE)),
+    T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),
+    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),
+    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
+    T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),
+    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+};
+
+/* all but every full_attention_interval-th layer: Gated DeltaNet instead of gated attention */
+static const rm_kind_rule HYBRID_RULES[] = {
+    {RM_RULE_NOT_EVERY_N, HPOFF(full_attn_interval), RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_GATE, RM_LAYER_ATTN_LINEAR},
+};
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ROWS(x) x, COUNT(x)
@@ -116,16 +174,26 @@ static const rm_tensor_row MOE_LAYER[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL},
+    /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
+     * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
+     * the key heads by llama.cpp's converter. */
+    {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
+    /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
+    {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -223,6 +291,13 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_FF_EXP: return hp->n_ff_exp;
     case RM_DIM_FF_SHEXP: return hp->n_ff_shexp;
     case RM_DIM_EXPERT: return hp->n_expert;
+    case RM_DIM_Q_GATE: return 2 * (int64_t) hp->n_head * hp->head_dim;
+    case RM_DIM_SSM_CONV: return 2 * (int64_t) hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner;
+    case RM_DIM_SSM_INNER: return hp->ssm_d_inner;
+    case RM_DIM_SSM_NV: return hp->ssm_n_v;
+    case RM_DIM_SSM_BA: return 2 * (int64_t) hp->ssm_n_v;
+    case RM_DIM_SSM_KERNEL: return hp->ssm_d_conv;
+    case RM_DIM_SSM_HEAD_V: return hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -231,6 +306,7 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
 
 static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
+    "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }
@@ -245,6 +321,16 @@ static const rm_arch * arch_at(const char * fn, int32_t i, const void * out) {
         return NULL;
     }
     return &ARCHS[i];
+}
+
+/* The kind bits of every layer the row can describe: the plain kind and what its rules add (a
+ * hybrid row's attention layers and linear-attention layers both). */
+static uint32_t described_kind(const rm_arch * a) {
+    uint32_t k = plain_kind(a);
+    for (int32_t r = 0; r < a->n_rules; r++) {
+        k |= a->rules[r].set;
+    }
+    return k;
 }
 
 /* The tensor rows a layer of the arch's plain kind holds (rules aside): the i-th of them. */
@@ -263,12 +349,13 @@ rm_status rm_arch_describe(int32_t arch, rm_arch_info * out) {
     if (!a) {
         return RM_E_INVALID_ARG;
     }
-    const uint32_t k = plain_kind(a);
+    const uint32_t k = described_kind(a);
     int32_t n = 0;
     while (tensor_of_kind(a, k, n)) {
         n++;
     }
-    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, k, a->n_hparams, n, a->n_rules};
+    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, plain_kind(a), a->n_hparams, n,
+                           a->n_rules};
     return RM_OK;
 }
 
@@ -311,7 +398,7 @@ rm_status rm_arch_tensor_describe(int32_t arch, int32_t i, rm_arch_tensor_info *
     if (!a) {
         return RM_E_INVALID_ARG;
     }
-    const uint32_t k = plain_kind(a);
+    const uint32_t k = described_kind(a);
     const rm_tensor_row * t = i >= 0 ? tensor_of_kind(a, k, i) : NULL;
     if (!t) {
         return rm_fail(RM_E_INVALID_ARG, "rm_arch_tensor_describe: %s has no tensor template %d", a->name, i);

@@ -33,6 +33,16 @@ typedef struct rm_layer {
     rm_weight gate_shexp, up_shexp;      /* ne = {n_embd, n_ff_shexp} */
     rm_weight down_shexp;                /* ne = {n_ff_shexp, n_embd} */
     rm_weight gate_inp_shexp;            /* ne = {n_embd} */
+    /* linear attention (Gated DeltaNet): conv_dim = 2*n_k*d_state + n_v*head_v, d_inner = n_v*head_v */
+    rm_weight wqkv;                      /* ne = {n_embd, conv_dim}: q, k (n_k heads of d_state), v (n_v heads) */
+    rm_weight wz;                        /* ne = {n_embd, d_inner}: the output gate z */
+    rm_weight ssm_beta, ssm_alpha;       /* ne = {n_embd, n_v} (qwen35moe) */
+    rm_weight ssm_ba;                    /* ne = {n_embd, 2*n_v}: per key head, its b's then its a's (qwen3next) */
+    rm_weight ssm_conv1d;                /* ne = {d_conv, conv_dim}: one causal filter per channel */
+    rm_weight ssm_dt;                    /* ne = {n_v}: bias added to alpha before softplus */
+    rm_weight ssm_a;                     /* ne = {n_v}: -exp(A_log), the decay rate */
+    rm_weight ssm_norm;                  /* ne = {head_v}: the gated RMSNorm's weight */
+    rm_weight ssm_out;                   /* ne = {d_inner, n_embd} */
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -47,6 +57,14 @@ typedef struct rm_hparams {
     int32_t n_layer_dense_lead;          /* leading layers with a dense FFN (DeepSeek/GLM rows); 0: none */
     float   rms_eps;
     float   rope_base;
+    /* linear attention (qwen35moe, qwen3next): llama.cpp's ssm.* keys */
+    int32_t ssm_d_conv;                  /* conv kernel length */
+    int32_t ssm_d_state;                 /* key head width (d_state) */
+    int32_t ssm_n_k;                     /* key heads (group_count) */
+    int32_t ssm_n_v;                     /* value heads (time_step_rank) */
+    int32_t ssm_d_inner;                 /* n_v * value head width */
+    int32_t full_attn_interval;          /* every n-th layer is full attention, the others linear */
+    int32_t n_layer_linear;              /* layers with linear attention, counted by the loader */
 } rm_hparams;
 
 #endif

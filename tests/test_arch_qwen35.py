@@ -9,7 +9,11 @@ Oracles and budgets:
 - transformers (f32): our logits within 1e-4 relative (max |diff| / max |logit| per position) over
   a 100-token prefill (two chunks of the chunked form) and 12 decode steps (the recurrent form);
 - the recurrent form against the chunked one: decoding token by token gives the logits of one
-  prefill of the same tokens within 1e-5 relative;
+  prefill of the same tokens within 3e-5 relative (measured 2.5e-6 to 7.5e-6: the two forms sum in
+  different orders, and so do the one-token and the batched matrix products); the kernels alone are
+  held to 1e-5 of a double-precision delta rule in native/tests/test_backend_gdn.c;
+- llama.cpp (llama-cpp-python, F32 KV cache) on the same files, llama.cpp's converter's and ours:
+  within 1e-4 relative, the same argmax at every position (measured 3e-6 to 8.5e-6);
 - llama.cpp's converter on the same checkpoint (when its source is at hand: LLAMA_CPP_SRC, or
   the sdist tools/make_llamacpp_files.py unpacks): its file runs in our engine with the logits of
   our own file within 1e-5 relative, so both converters write the same layout.
@@ -120,7 +124,7 @@ def test_hybrid_decode_equals_prefill(hybrid, model_type):
         m.reset()
         steps = np.stack([m.eval([t]) for t in ids])
         again = m.eval_logits(ids)   # after a reset: no state left from the run before
-    assert _rel(steps, once) < 1e-5
+    assert _rel(steps, once) < 3e-5
     np.testing.assert_array_equal(again, once)
 
 
@@ -242,3 +246,55 @@ def test_hybrid_llama_cpp_file_runs_as_ours(hybrid, model_type, tmp_path):
         b = ours.eval_logits(ids[:N_PROMPT])
     assert _rel(a, b) < 1e-5
     assert _rel(a, ref[:N_PROMPT]) < 1e-4
+
+
+# ---- llama.cpp's engine on the same files -----------------------------------------------------
+
+_LLAMA_CHILD = r"""
+import sys, json, numpy as np
+from llama_cpp import Llama
+path, ids_file, out = sys.argv[1:4]
+ids = json.load(open(ids_file))
+llm = Llama(model_path=path, n_ctx=256, n_batch=256, n_ubatch=256, logits_all=True, n_threads=2,
+            type_k=0, type_v=0, verbose=False)   # an F32 KV cache
+llm.eval(ids)
+np.save(out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
+"""
+
+
+def _llama_python():
+    """An interpreter with llama_cpp: LLAMA_CPP_PYTHON, tools/compare_llamacpp.py's venv, or this one."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    from compare_llamacpp import DEFAULT_LLAMA_PY
+
+    for py in (os.environ.get("LLAMA_CPP_PYTHON"), str(DEFAULT_LLAMA_PY), sys.executable):
+        if py and os.path.exists(py) and subprocess.run([py, "-c", "import llama_cpp"],
+                                                        capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def llama_cpp_logits(path, ids, tmp_path):
+    py = _llama_python()
+    if py is None:
+        pytest.skip("llama-cpp-python is not installed (set LLAMA_CPP_PYTHON)")
+    ids_file, out = tmp_path / "ids.json", tmp_path / "logits.npy"
+    ids_file.write_text(json.dumps(list(ids)))
+    subprocess.run([py, "-c", _LLAMA_CHILD, str(path), str(ids_file), str(out)], check=True, capture_output=True)
+    return np.load(out)
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_hybrid_logits_match_llama_cpp(hybrid, model_type, tmp_path):
+    """Same file, two engines: llama.cpp's file (its converter) and ours, each in llama.cpp and here."""
+    hf, path, ids, ref = hybrid(model_type)
+    theirs = llama_cpp_convert(hf, tmp_path / "llamacpp.gguf")
+    if theirs is None:
+        pytest.skip("llama.cpp's converter is not at hand (set LLAMA_CPP_SRC)")
+    ids = ids[:N_PROMPT]
+    for f in (theirs, path):
+        lc = llama_cpp_logits(f, ids, tmp_path)
+        with rm.Model(f, n_ctx=128, n_threads=2) as m:
+            ours = m.eval_logits(ids)
+        assert _rel(ours, lc) < 1e-4, f
+        assert (ours.argmax(-1) == lc.argmax(-1)).all(), f

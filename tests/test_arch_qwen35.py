@@ -298,3 +298,28 @@ def test_hybrid_logits_match_llama_cpp(hybrid, model_type, tmp_path):
             ours = m.eval_logits(ids)
         assert _rel(ours, lc) < 1e-4, f
         assert (ours.argmax(-1) == lc.argmax(-1)).all(), f
+
+
+def test_hybrid_session_sizes_count_the_states():
+    """rm_session_sizes_get: the KV cache of the attention layers only, and the linear layers'
+    conv and delta-rule states beside it (with their scratch)."""
+    from rapidmoe_gguf._native import check, ffi, lib
+
+    p = ffi.new("rm_size_params *")
+    p.struct_size = ffi.sizeof("rm_size_params")
+    shape = dict(n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_expert=256, n_expert_used=8,
+                 n_ff_exp=512, n_ff_shexp=512, n_vocab=248320, n_ctx=32768, n_batch=256)
+    for k, v in shape.items():
+        setattr(p, k, v)
+    out = ffi.new("rm_session_sizes *")
+    out.struct_size = ffi.sizeof("rm_session_sizes")
+    check(lib.rm_session_sizes_get(p, out))
+    all_layers, no_state = out.kv_cache, out.recurrent_state
+    assert all_layers == 2 * 4 * 40 * 32768 * 2 * 256 and no_state == 0
+    # Qwen3.5-35B-A3B: 30 Gated DeltaNet layers, 16 key and 32 value heads of 128, a 4-tap conv
+    p.n_layer_linear, p.ssm_d_conv, p.ssm_n_v, p.ssm_d_state, p.ssm_head_v = 30, 4, 32, 128, 128
+    p.ssm_conv_dim = 2 * 16 * 128 + 32 * 128
+    check(lib.rm_session_sizes_get(p, out))
+    assert out.kv_cache == all_layers // 4
+    states = 4 * 30 * (3 * p.ssm_conv_dim + 32 * 128 * 128)
+    assert states < out.recurrent_state < states + 4 * 256 * (2 * 8192 + 5 * 4096 + 4 * 32) + (64 << 20)

@@ -40,7 +40,8 @@ rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out) {
         [RM_RECURRENT_BUF_CHUNK] = &h->chunk,           [RM_RECURRENT_BUF_QG] = &h->qg,
         [RM_RECURRENT_BUF_GATE] = &h->gate,
     };
-    int failed = !(h->lin_index = calloc((size_t) m->hp.n_layer, sizeof(int32_t)));
+    int failed = !(h->lin_index = calloc((size_t) m->hp.n_layer, sizeof(int32_t))) ||
+                 !(h->kv_index = calloc((size_t) m->hp.n_layer, sizeof(int32_t)));
     for (int i = 0; i < RM_RECURRENT_BUF_COUNT && !failed; i++) {
         failed = !(*bufs[i] = calloc(bytes[i] ? bytes[i] : 1, 1));
     }
@@ -49,8 +50,10 @@ rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out) {
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory for the recurrent state of %d linear layers",
                        m->hp.n_layer_linear);
     }
-    for (int32_t il = 0, n = 0; il < m->hp.n_layer; il++) {
-        h->lin_index[il] = m->layers[il].kind & RM_LAYER_ATTN_LINEAR ? n++ : -1;
+    for (int32_t il = 0, n = 0, na = 0; il < m->hp.n_layer; il++) {
+        const int linear = (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) != 0;
+        h->lin_index[il] = linear ? n++ : -1;
+        h->kv_index[il] = linear ? -1 : na++;
     }
     *out = h;
     return RM_OK;
@@ -66,6 +69,7 @@ void rm_hybrid_free(rm_hybrid * h) {
         free(bufs[i]);
     }
     free(h->lin_index);
+    free(h->kv_index);
     free(h);
 }
 

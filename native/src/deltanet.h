@@ -13,6 +13,7 @@
 
 typedef struct rm_hybrid {
     int32_t * lin_index;          /* n_layer: the layer's index among the linear layers, or -1 */
+    int32_t * kv_index;           /* n_layer: the layer's index among the attention layers (its KV cache), or -1 */
     float *   conv_state;         /* per linear layer: d_conv - 1 rows of conv_dim */
     float *   ssm_state;          /* per linear layer: n_v matrices of d_state x head_v */
     float *   mixed;              /* n_batch rows of conv_dim: the q/k/v projection */

@@ -209,8 +209,9 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     const int neox = m->arch->rope == RM_ROPE_NEOX;
     be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
     be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
-    float * kc = s->k_cache + (int64_t) il * s->n_ctx * KV;
-    float * vc = s->v_cache + (int64_t) il * s->n_ctx * KV;
+    const int64_t slot = s->hy ? s->hy->kv_index[il] : il;   /* a hybrid caches its attention layers only */
+    float * kc = s->k_cache + slot * s->n_ctx * KV;
+    float * vc = s->v_cache + slot * s->n_ctx * KV;
     be->ops->copy(be, kc + (int64_t) s->n_past * KV, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     be->ops->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim};

@@ -48,7 +48,8 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     const uint64_t Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
     const uint64_t KV = (uint64_t) p->n_head_kv * (uint64_t) p->head_dim;
     const uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
-    const uint64_t cache = f * (uint64_t) p->n_layer * (uint64_t) p->n_ctx * KV;
+    /* linear-attention layers keep a recurrent state instead (rm_recurrent_buf_bytes) */
+    const uint64_t cache = f * (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx * KV;
     const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
         [RM_SESSION_BUF_K_CACHE] = cache,     [RM_SESSION_BUF_V_CACHE] = cache,

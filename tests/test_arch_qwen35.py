@@ -241,11 +241,16 @@ def test_hybrid_llama_cpp_file_runs_as_ours(hybrid, model_type, tmp_path):
         pytest.skip("llama.cpp's converter is not at hand (set LLAMA_CPP_SRC)")
     with rm.open_gguf(theirs) as g:
         assert g.hparams()["arch"] == KINDS[model_type]
-    with rm.Model(theirs, n_ctx=128, n_threads=2) as m, rm.Model(path, n_ctx=128, n_threads=2) as ours:
+    resplit = tmp_path / "resplit.gguf"   # llama.cpp's file through our converter (a GGUF source)
+    rm.convert(theirs, resplit, recipe="f32", progress=False)
+    with rm.Model(theirs, n_ctx=128, n_threads=2) as m, rm.Model(path, n_ctx=128, n_threads=2) as ours, \
+            rm.Model(resplit, n_ctx=128, n_threads=2) as again:
         a = m.eval_logits(ids[:N_PROMPT])
         b = ours.eval_logits(ids[:N_PROMPT])
+        c = again.eval_logits(ids[:N_PROMPT])
     assert _rel(a, b) < 1e-5
     assert _rel(a, ref[:N_PROMPT]) < 1e-4
+    np.testing.assert_array_equal(c, a)
 
 
 # ---- llama.cpp's engine on the same files -----------------------------------------------------

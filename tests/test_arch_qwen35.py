@@ -37,8 +37,10 @@ KINDS = {"qwen3_next": "qwen3next", "qwen3_5_moe": "qwen35moe"}
 N_PROMPT, N_DECODE = 100, 12
 
 
-def make_tiny_hybrid(out_dir, model_type: str, seed: int = 0, **overrides):
-    """A tiny random checkpoint of Qwen3NextForCausalLM or Qwen3_5MoeForCausalLM (f32)."""
+def make_tiny_hybrid(out_dir, model_type: str, seed: int = 0, router_std: float = 0.05, **overrides):
+    """A tiny random checkpoint of Qwen3NextForCausalLM or Qwen3_5MoeForCausalLM (f32).
+    router_std: the routers' scale; wide routing margins keep rounding from flipping a token's
+    experts, for the tests that compare quantized files."""
     import torch
     import transformers
 
@@ -69,6 +71,8 @@ def make_tiny_hybrid(out_dir, model_type: str, seed: int = 0, **overrides):
                 p.copy_(1.0 + 0.1 * noise)
             elif p.ndim == 1 and "norm" in name:            # the others by 1 + w
                 p.copy_(0.1 * noise)
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(router_std * noise)
             else:
                 p.copy_((0.1 if name.startswith("lm_head") else 0.05) * noise)
     os.makedirs(out_dir, exist_ok=True)
@@ -328,3 +332,28 @@ def test_hybrid_session_sizes_count_the_states():
     assert out.kv_cache == all_layers // 4
     states = 4 * 30 * (3 * p.ssm_conv_dim + 32 * 128 * 128)
     assert states < out.recurrent_state < states + 4 * 256 * (2 * 8192 + 5 * 4096 + 4 * 32) + (64 << 20)
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_hybrid_residual_split_acts_on_the_routed_experts(model_type, tmp_path):
+    """A RESplit pair of a hybrid (Q4_0 experts and a Q4_0 residual, everything else F32): every
+    residual brings the logits much nearer transformers' than the base alone (errors relative to
+    the largest logit of all positions). The residuals are
+    the routed experts' only; the linear layers, the attention and the shared expert are the base
+    file's."""
+    import torch
+
+    model = make_tiny_hybrid(tmp_path / "hf", model_type, router_std=1.0)
+    ids = np.random.default_rng(7).integers(3, VOCAB, 48).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].float().numpy()
+    out = tmp_path / "pair.gguf"
+    rep = rm.convert(tmp_path / "hf", out, recipe="q4_0-q4_0", other_type="F32", progress=False)   # only the experts rounded
+    with rm.open_gguf(rep.residual_path) as g:
+        assert g.tensors and all("_exps.residual" in n for n in g.tensors)
+    errs = {}
+    with rm.Model(out, n_ctx=64, n_threads=2) as m:
+        for policy in ("none", "all"):
+            m.set_residual(policy)
+            errs[policy] = np.abs(m.eval_logits(ids) - ref).max() / np.abs(ref).max()
+    assert errs["all"] < 0.5 * errs["none"], errs

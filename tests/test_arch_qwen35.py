@@ -357,3 +357,34 @@ def test_hybrid_residual_split_acts_on_the_routed_experts(model_type, tmp_path):
             m.set_residual(policy)
             errs[policy] = np.abs(m.eval_logits(ids) - ref).max() / np.abs(ref).max()
     assert errs["all"] < 0.5 * errs["none"], errs
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_hybrid_qwen35_chat_template_matches_transformers(hybrid, add_generation_prompt):
+    """Qwen3.5's own chat template (llama.cpp keeps a copy, models/templates/Qwen3.5-4B.jinja; the
+    test runs where llama.cpp's source is at hand) rendered by chat.render as transformers does."""
+    from transformers import AutoTokenizer
+
+    from rapidmoe_gguf import chat
+
+    src = _llama_src()
+    path = src and os.path.join(src, "models", "templates", "Qwen3.5-4B.jinja")
+    if not path or not os.path.exists(path):
+        pytest.skip("Qwen3.5's chat template is not at hand (llama.cpp's models/templates)")
+    template = open(path, encoding="utf-8").read()
+    hf, model_path, *_ = hybrid("qwen3_5_moe")
+    tok = AutoTokenizer.from_pretrained(hf)
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "hello experts"},
+        {"role": "assistant", "content": "<think>\nA greeting.\n</think>\n\nThe quick brown fox."},
+        {"role": "user", "content": "Ünïcödé ✓ 漢字, again"},
+    ]
+    want = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
+    with rm.Model(model_path, n_ctx=16, n_threads=1) as m:
+        t = m.tokenizer
+        got = chat.render(template, messages, add_generation_prompt, bos_token=t.token_to_piece(t.bos_id).decode(),
+                          eos_token=t.token_to_piece(t.eos_id).decode())
+    assert got == want
+    assert got.startswith("<|im_start|>system\nYou are terse.<|im_end|>") and "漢字" in got

@@ -135,11 +135,12 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
                      float * out);
 
 /* ---------------------------------------------------------------------------------------------
- * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512"
+ * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512", "amx"
+ * ("amx": AVX-512 plus AMX tiles for prefill; granted by the OS at first use)
  * ------------------------------------------------------------------------------------------- */
 
 /* The set the CPU backend uses. Chosen at first use: the best this CPU and build support, or the
- * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512 names; a set that is not
+ * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not
  * available falls back to the best one, with a warning on stderr. */
 const char * rm_cpu_isa(void);
 

@@ -275,6 +275,40 @@ static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_
     return RM_OK;
 }
 
+/* rm_vec_dot_isa in the prefill form, as the CPU backend runs it: the tokens transposed once,
+ * then each row packed and passed over by eight, four, then one token at a time. */
+static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, int64_t n, const uint8_t * w, uint64_t row,
+                               int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok, const float * info,
+                               int64_t info_stride, float * y) {
+    const uint64_t xt_stride = pk->act_bytes(n);
+    uint8_t * x_t = malloc((size_t) (xt_stride * (uint64_t) n_tok));
+    void * packed = malloc((size_t) pk->packed_bytes(n));
+    if (x_t == NULL || packed == NULL) {
+        free(x_t);
+        free(packed);
+        return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", fn, (long long) n_tok);
+    }
+    for (int64_t i = 0; i < n_tok; i++) {
+        pk->transpose_act(n, x_q + (uint64_t) i * xrow, x_t + (uint64_t) i * xt_stride);
+    }
+    for (int64_t r = 0; r < n_rows; r++) {
+        pk->pack_row(n, w + (uint64_t) r * row, packed);
+        for (int64_t i = 0; i < n_tok;) {
+            const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
+            float v[RM_MULTI_MAX];
+            pk->dot(n, nc, v, packed, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
+                    x_q + (uint64_t) i * xrow, xrow, info + i * info_stride, info_stride);
+            for (int c = 0; c < nc; c++) {
+                y[(i + c) * n_rows + r] = v[c];
+            }
+            i += nc;
+        }
+    }
+    free(x_t);
+    free(packed);
+    return RM_OK;
+}
+
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
                          const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y) {
     rm_clear_error();
@@ -325,6 +359,12 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
         for (int64_t i = 0; i < n_tok; i++) {
             rm_q8_0_act_info(xb + (uint64_t) i * xrow, n, info + i * info_stride);
         }
+    }
+    const rm_packed_kernels * pk = info ? rm_cpu_packed_isa(which, type) : NULL;
+    if (pk && n_tok >= RM_PACK_MIN_TOKENS && pk->packed_bytes(n) > 0) {
+        st = packed_matmul(__func__, pk, n, wb, row, n_rows, xb, xrow, n_tok, info, info_stride, y);
+        free(info);
+        return st;
     }
     int64_t i = 0;
     for (; multi && i < n_tok; ) {

@@ -37,6 +37,9 @@ void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 3
 typedef void (*rm_vec_dot_multi_fn)(int64_t n, int nc, float * out, const void * w, const void * x_q,
                                     uint64_t x_stride, const float * x_info, int64_t x_info_stride);
 
+/* The backend takes the prefill form below from this many tokens on. */
+#define RM_PACK_MIN_TOKENS 8
+
 /* The prefill form of a multi-token kernel, for weights that meet many tokens: each weight row
  * is packed once (pack_row) and each token's activations are transposed once per product
  * (transpose_act), after which a group of eight blocks' integer dots comes out of eight

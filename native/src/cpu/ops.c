@@ -33,7 +33,7 @@
 #define MM_TILE_BYTES (16 << 10)
 /* The prefill form (rm_packed_kernels): used from this many tokens on, each thread packing rows
  * into MM_PACK_BYTES of its own. */
-#define MM_PACK_MIN_TOKENS 8
+#define MM_PACK_MIN_TOKENS RM_PACK_MIN_TOKENS
 #define MM_PACK_BYTES (24 << 10)
 
 typedef struct cpu_ctx {

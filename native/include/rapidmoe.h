@@ -135,11 +135,12 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
                      float * out);
 
 /* ---------------------------------------------------------------------------------------------
- * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512"
+ * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512", "amx"
+ * ("amx": AVX-512 plus AMX tiles for prefill; granted by the OS at first use)
  * ------------------------------------------------------------------------------------------- */
 
 /* The set the CPU backend uses. Chosen at first use: the best this CPU and build support, or the
- * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512 names; a set that is not
+ * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not
  * available falls back to the best one, with a warning on stderr. */
 const char * rm_cpu_isa(void);
 
@@ -150,7 +151,8 @@ int32_t   rm_cpu_isa_supported(const char * isa);
  * weights of `type`, w_len bytes) with token t of x_q (n_tok rows of n activations already in the
  * type's vec_dot_type, x_len bytes), by the kernels of set isa (NULL: the set in use). batched = 1
  * computes as the CPU backend computes a matrix product (several tokens per kernel call where the
- * type has a kernel for it); batched = 0 calls the one-token kernel for each row and token.
+ * type has a kernel for it: from 8 tokens the prefill form that packs each row once, from 16 the
+ * AMX tiles); batched = 0 calls the one-token kernel for each row and token.
  * RM_E_UNSUPPORTED_TYPE when this CPU or build lacks the set. */
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
                          const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y);

@@ -242,8 +242,15 @@ typedef enum rm_rope_kind {
 
 typedef enum rm_shared_expert {
     RM_SHEXP_NONE  = 0,
-    RM_SHEXP_GATED = 1            /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+    RM_SHEXP_GATED = 1,           /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+    RM_SHEXP_PLAIN = 2            /* out += ffn_shexp(x), no gate (DeepSeek, GLM) */
 } rm_shared_expert;
+
+/* How the router's logits become scores (llama.cpp's expert_gating_func values). */
+typedef enum rm_gating {
+    RM_GATING_SOFTMAX = 1,        /* softmax over the experts (Mixtral, Qwen, OLMoE, DeepSeek-V2) */
+    RM_GATING_SIGMOID = 2         /* a sigmoid per expert (DeepSeek-V3, GLM-4.5) */
+} rm_gating;
 
 /* What one layer is: one attention kind, one FFN kind, and features. A row gives every layer
  * the same kind unless a kind rule (read from a key, e.g. leading dense layers) changes some;
@@ -260,7 +267,9 @@ enum {
     RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
     RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
-    RM_LAYER_RUNS         = 0x03D1    /* the bits the forward pass runs today */
+    RM_LAYER_MLA_Q_LORA   = 0x2000,   /* MLA's query through a low-rank q_a/q_b pair (DeepSeek-V2/V3) */
+    RM_LAYER_MLA_Q_DIRECT = 0x4000,   /* MLA's query from one projection (DeepSeek-V2-Lite) */
+    RM_LAYER_RUNS         = 0x63F9    /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -372,6 +381,12 @@ typedef struct rm_model_info {
     uint64_t base_expert_bytes;     /* bytes of all expert base tensors */
     uint64_t residual_expert_bytes; /* bytes of all expert residual tensors */
     uint64_t dense_bytes;           /* everything but experts read per token (attention, router, shared, norms, output) */
+    int32_t n_ff;                   /* the dense FFN's width (leading dense layers); 0 without */
+    int32_t n_layer_dense_lead;     /* leading layers with a dense FFN instead of experts */
+    int32_t n_rot;                  /* rotary dimensions per head */
+    int32_t head_dim_v;             /* value head width (MLA: v_head_dim) */
+    int32_t q_lora_rank;            /* MLA: the query's low rank; 0: a direct projection */
+    int32_t kv_lora_rank;           /* MLA: the latent's width; 0 without MLA */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -440,6 +455,11 @@ typedef struct rm_size_params {
     int32_t  n_batch;             /* as given to rm_session_new (<= 0: 256; clamped to n_ctx) */
     uint64_t stage_expert_bytes;  /* one expert's three residual matrices, the largest layer's;
                                    * 0: the device stages no residuals in prefill */
+    int32_t  n_ff;                /* dense FFN width; 0 without dense layers */
+    int32_t  kv_lora_rank;        /* MLA: the cache holds kv_lora_rank + n_rot floats per position and
+                                   * layer instead of K and V; 0 without MLA */
+    int32_t  n_rot;               /* MLA: the rotary part of a query/key head */
+    int32_t  head_dim_v;          /* MLA: the value head width; 0: head_dim */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

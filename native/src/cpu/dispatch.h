@@ -78,9 +78,10 @@ typedef struct rm_tile_kernels {
     void     (*put_act)(int64_t n, const void * x_q, int32_t i, int32_t n_tok, void * x_t);
     uint64_t (*room_bytes)(int64_t n);                        /* a thread's room for RM_TILE_ROWS packed rows */
     /* y[i * y_stride + r] (+)= dot(row r, token i) for rows r0..r1 (at most RM_TILE_ROWS) of w
-     * (row_bytes apart) and the n_tok tokens of x_t */
-    void     (*matmul)(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                       int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate);
+     * (row_bytes apart) and the n_tok tokens of x_t. stored: w holds the rows in the set below's
+     * stored layout (rm_packed_kernels.repack_row), which the type then has. */
+    void     (*matmul)(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                       const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate);
 } rm_tile_kernels;
 
 /* y[i] += a * x[i] for n floats */

@@ -18,7 +18,8 @@
  * the matrix zero. The activations of a product: per group of 16 tokens and per block, the
  * levels in the tile's pairing (dword j of token c at 64 j + 4 c: 512 bytes), then the 16 token
  * scales as floats (64 bytes); places past the last token are zero. Both are 576 bytes per block,
- * 18 bytes per weight or activation: made per product, nothing is kept at load.
+ * 18 bytes per weight or activation: made per product, nothing is kept at load. Q4_0 rows that
+ * the AVX-512 set keeps in its stored layout (RAPIDMOE_REPACK) are unpacked from that layout.
  *
  * Compiled with -mamx-tile -mamx-int8 and the AVX-512 flags (CMakeLists.txt), only where the
  * compiler has them (RM_AMX); chosen only where cpuid, XCR0 and the kernel's grant of the tile
@@ -81,9 +82,27 @@ static void put_act_32(int64_t n, const void * x_q, int32_t i, int32_t n_tok, vo
     }
 }
 
+/* Block k of a group of eight in the AVX-512 set's stored Q4_0 layout (vec_dot_avx512.c,
+ * repack_row_q4_0): the eight fp16 scales, then 4 x 32 bytes whose dword k holds, in its low
+ * nibbles, levels 8m..8m+3 of block k and in its high nibbles levels 8m+4..8m+7 (m = 0..3). */
+static void stored_q4_0_block(const uint8_t * g, int k, float * d, uint8_t * out) {
+    rm_fp16 h;
+    memcpy(&h, g + 2 * k, sizeof(h));
+    *d = rm_fp16_to_fp32(h);
+    int32_t u[4];
+    for (int m = 0; m < 4; m++) {
+        memcpy(&u[m], g + 16 + 32 * m + 4 * k, 4);
+    }
+    const __m128i v = _mm_loadu_si128((const __m128i *) u), m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m4), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m4), eight);
+    _mm_storeu_si128((__m128i *) out, _mm_unpacklo_epi32(lo, hi));
+    _mm_storeu_si128((__m128i *) (out + 16), _mm_unpackhi_epi32(lo, hi));
+}
+
 /* Rows r0..r1 (at most RM_TILE_ROWS) unpacked into the room, block by block. */
-static void pack_rows_32(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
-                         const int kind) {
+static void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                         uint8_t * room, const int kind) {
     const int64_t nb = n / RM_QK;
     const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
     const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
@@ -94,6 +113,11 @@ static void pack_rows_32(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
             if (r0 + r >= r1) {
                 memset(blk + 32 * r, 0, 32);
                 dw[r] = 0.0f;
+                continue;
+            }
+            if (stored) {   /* Q4_0 only: 8 blocks take 144 bytes in either layout */
+                stored_q4_0_block(w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) (b / 8) * 8 * wblock, (int) (b % 8),
+                                  &dw[r], blk + 32 * r);
                 continue;
             }
             const uint8_t * src = w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) b * wblock;
@@ -142,10 +166,11 @@ static void tile_group_32(int64_t nb, const uint8_t * room, const uint8_t * xg, 
     }
 }
 
-static void matmul_32(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                      int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int kind) {
+static void matmul_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                      const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                      const int kind) {
     const int64_t nb = n / RM_QK;
-    pack_rows_32(n, w, row_bytes, r0, r1, room, kind);
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind);
     tile_configure();
     for (int32_t i0 = 0; i0 < n_tok; i0 += TILE_TOKENS) {
         float out[RM_TILE_ROWS][TILE_TOKENS];
@@ -162,14 +187,14 @@ static void matmul_32(int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
     _tile_release();
 }
 
-static void matmul_q8_0(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                        int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
-    matmul_32(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q8_0_LEVELS);
+static void matmul_q8_0(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                        const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
+    matmul_32(n, w, 0, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q8_0_LEVELS);   /* never stored */
 }
 
-static void matmul_q4_0(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                        int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
-    matmul_32(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
+static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                        const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
+    matmul_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
 }
 
 /* From 16 tokens on: one group fills the tile's 16 columns. */

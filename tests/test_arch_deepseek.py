@@ -12,14 +12,21 @@ logits: the two forms compute the same attention.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
-from conftest import VOCAB, make_tiny_tokenizer
+from conftest import VOCAB as TINY_VOCAB, make_tiny_tokenizer
 
 N_PROMPT, N_DECODE = 24, 8
+# the tiny tokenizer and the three tokens llama.cpp's GLM vocabulary code looks up
+GLM_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
+VOCAB = TINY_VOCAB + len(GLM_TOKENS)
 
 _MLA = dict(kv_lora_rank=40, qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=20)
 _MOE = dict(n_routed_experts=6, num_experts_per_tok=3, moe_intermediate_size=52, n_shared_experts=2,
@@ -83,6 +90,12 @@ def make_checkpoint(out, name: str, seed: int = 0, **overrides):
             saved[k] = fields[k]
     cfg_path.write_text(json.dumps(saved, indent=2))
     make_tiny_tokenizer(out)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_special_tokens(GLM_TOKENS)
+    assert tok.get_vocab_size() == VOCAB
+    tok.save(str(out / "tokenizer.json"))
     return out
 
 
@@ -138,3 +151,78 @@ def test_arch_deepseek_mla_absorbed_equals_expanded(converted, name):
     absorbed, expanded = _ours(path, ids, 1), _ours(path, ids, 64)
     assert _rel(absorbed, expanded).max() <= 1e-5
     assert _rel(absorbed, ref).max() <= 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# The same checkpoints through llama.cpp's converter, run by llama.cpp and by us
+# ---------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_PY = os.environ.get("LLAMA_CPP_PYTHON",
+                          str(Path.home() / ".cache" / "rapidmoe" / "llamacpp-venv" / "bin" / "python"))
+LLAMA_SRC = os.environ.get("LLAMA_CPP_SRC", str(Path.home() / ".cache" / "rapidmoe" / "llamacpp-src" /
+                                              "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
+
+# llama.cpp's logits with an F32 KV cache, every position
+_LLAMA_CHILD = r"""
+import sys, json, numpy as np
+from llama_cpp import Llama
+path, ids, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+llm = Llama(model_path=path, n_ctx=len(ids) + 8, n_batch=len(ids), logits_all=True, n_threads=2,
+            type_k=0, type_v=0, verbose=False)
+llm.eval(ids)
+np.save(out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
+"""
+
+
+def _llama_ready() -> bool:
+    if not os.path.isfile(os.path.join(LLAMA_SRC, "convert_hf_to_gguf.py")) or not os.path.exists(LLAMA_PY):
+        return False
+    return subprocess.run([LLAMA_PY, "-c", "import llama_cpp"], capture_output=True).returncode == 0
+
+
+needs_llama = pytest.mark.skipif(not _llama_ready(), reason="llama-cpp-python (LLAMA_CPP_PYTHON) or llama.cpp's "
+                                 "converter (LLAMA_CPP_SRC) is not installed")
+
+
+def llama_convert(hf_dir, out) -> None:
+    """llama.cpp's own converter at f32; the tiny tokenizer's fingerprint is unknown to it, so its
+    pre-tokenizer name is given (tools/make_llamacpp_files.py)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_llamacpp_files import _CONVERT
+
+    r = subprocess.run([sys.executable, "-c", _CONVERT, LLAMA_SRC, "qwen2", str(hf_dir), "--outfile", str(out),
+                        "--outtype", "f32"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def llama_logits(path, ids, tmp_path):
+    npy = tmp_path / "llama.npy"
+    r = subprocess.run([LLAMA_PY, "-c", _LLAMA_CHILD, str(path), json.dumps(ids), str(npy)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return np.load(npy)
+
+
+@needs_llama
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe_lite", "glm4_moe"])
+def test_arch_deepseek_llama_cpp_file_matches_llama_cpp(converted, tmp_path, name):
+    """llama.cpp's converter's file: our logits against llama.cpp's on it, and against transformers."""
+    src, _, ids, ref = converted(name)
+    path = tmp_path / "llamacpp.gguf"
+    llama_convert(src, path)
+    theirs = llama_logits(path, ids, tmp_path)
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        ours = m.eval_logits(ids)
+    assert _rel(theirs, ref).max() <= 1e-4, "llama.cpp itself against transformers"
+    assert _rel(ours, theirs).max() <= 1e-4
+    assert _rel(ours, ref).max() <= 1e-4
+
+
+@needs_llama
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe"])
+def test_arch_deepseek_our_file_runs_in_llama_cpp(converted, tmp_path, name):
+    """Our converter's file loads in llama.cpp and gives its logits."""
+    _, path, ids, ref = converted(name)
+    theirs = llama_logits(path, ids, tmp_path)
+    assert _rel(theirs, ref).max() <= 1e-4

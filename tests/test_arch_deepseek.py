@@ -44,6 +44,14 @@ CONFIGS = {
     # DeepSeek-V2: grouped softmax routing (a group's best score), q through q_lora_rank
     "deepseek_v2_grouped": ("DeepseekV2", dict(_MLA, **_MOE, q_lora_rank=36, topk_method="group_limited_greedy",
                                                n_group=3, topk_group=2, routed_scaling_factor=1.5)),
+    # DeepSeek-V3 with YaRN: factor 4 over an original context of 16, mscale_all_dim 0.707 as V2's
+    "deepseek_v3_yarn": ("DeepseekV3", dict(_MLA, **_MOE, q_lora_rank=36, n_group=3, topk_group=2,
+                                            routed_scaling_factor=2.5, norm_topk_prob=True,
+                                            scoring_func="sigmoid", topk_method="noaux_tc",
+                                            rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                                 original_max_position_embeddings=16,
+                                                                 mscale=0.707, mscale_all_dim=0.707,
+                                                                 beta_fast=32, beta_slow=1))),
     # GLM-4.7-Flash: MLA with sigmoid routing; dense layers from mlp_layer_types
     "glm4_moe_lite": ("Glm4MoeLite", dict(_MLA, **_MOE, q_lora_rank=36, n_group=1, topk_group=1,
                                           routed_scaling_factor=1.8, norm_topk_prob=True,
@@ -144,7 +152,7 @@ def test_arch_deepseek_f32_matches_transformers(converted, name):
     assert rel.max() <= 1e-4, f"{name}: worst position {rel.argmax()} rel err {rel.max():.2e}"
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "glm4_moe_lite"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "deepseek_v3_yarn"])
 def test_arch_deepseek_mla_absorbed_equals_expanded(converted, name):
     """One token at a time (absorbed) against the prompt as one batch (expanded), and transformers."""
     _, path, ids, ref = converted(name)
@@ -205,7 +213,7 @@ def llama_logits(path, ids, tmp_path):
 
 
 @needs_llama
-@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe_lite", "glm4_moe"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_yarn", "glm4_moe_lite", "glm4_moe"])
 def test_arch_deepseek_llama_cpp_file_matches_llama_cpp(converted, tmp_path, name):
     """llama.cpp's converter's file: our logits against llama.cpp's on it, and against transformers."""
     src, _, ids, ref = converted(name)

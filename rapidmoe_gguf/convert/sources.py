@@ -100,7 +100,7 @@ class HFSource(Source):
         if not isinstance(self.config, dict):
             raise FormatError(f"{cfg_path}: not a JSON object")
         self.arch = arch_for_hf(self.config, cfg_path)
-        _check_common_config(self.config, cfg_path)
+        _check_common_config(self.config, cfg_path, self.arch.rope_scaling)
         self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
         self.ckpt = SafetensorsCheckpoint(directory)
         try:
@@ -201,7 +201,8 @@ class HFSource(Source):
 
         writer.add_name(self.name)
         for key, (value, kind) in self.hp.kv.items():
-            {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool}[kind](key, value)
+            {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
+             "str": writer.add_string}[kind](key, value)
         add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory))
 
     def close(self) -> None:
@@ -225,13 +226,13 @@ def _split_kv_b(w: np.ndarray, dims: dict, part: str) -> np.ndarray:
     return np.ascontiguousarray(kv[:, nope:, :])
 
 
-def _check_common_config(config: dict, where: str) -> None:
+def _check_common_config(config: dict, where: str, rope_scaling: tuple[str, ...] = ()) -> None:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedError(f"{where}: hidden_act '{act}' is not supported (silu only)")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in (None, "default"):
+    if rope_type not in (None, "default") + rope_scaling:
         raise UnsupportedError(f"{where}: RoPE scaling '{rope_type}' is not supported yet")
     if config.get("sliding_window") and config.get("use_sliding_window", True):
         log.warning("%s: sliding_window=%s is ignored (llama.cpp runs these models with full attention)",

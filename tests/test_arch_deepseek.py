@@ -234,3 +234,44 @@ def test_arch_deepseek_our_file_runs_in_llama_cpp(converted, tmp_path, name):
     _, path, ids, ref = converted(name)
     theirs = llama_logits(path, ids, tmp_path)
     assert _rel(theirs, ref).max() <= 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices and the planner
+# ---------------------------------------------------------------------------------------------
+
+def test_arch_deepseek_glm4moe_on_the_standin_device_equals_cpu(converted):
+    """GLM-4.5's routing (on the host), dense layer and shared experts through a device backend."""
+    from rapidmoe_gguf import planner
+
+    _, path, ids, _ = converted("glm4_moe")
+    hw = planner.Hardware(host_bw_gbps=20.0)
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=16, hardware=hw) as cpu, \
+            rm.Model(path, n_ctx=64, n_threads=2, n_batch=16, hardware=hw, gpu_memory=1 << 30,
+                     gpu_backend="standin") as dev:
+        assert dev.backend == "standin"
+        ref, got = cpu.eval_logits(ids[:N_PROMPT]), dev.eval_logits(ids[:N_PROMPT])
+        ref = np.concatenate([ref, np.stack([cpu.eval([t]) for t in ids[N_PROMPT:]])])
+        got = np.concatenate([got, np.stack([dev.eval([t]) for t in ids[N_PROMPT:]])])
+    assert _rel(got, ref).max() <= 1e-5
+
+
+def test_arch_deepseek_mla_refuses_a_device(converted):
+    _, path, _, _ = converted("deepseek_v3")
+    with pytest.raises(rm.NeedsCPUError, match="multi-head latent attention .deepseek2. runs on the CPU backend only"):
+        rm.Model(path, n_ctx=64, gpu_memory=1 << 30, gpu_backend="standin")
+
+
+def test_arch_deepseek_planner_counts_the_latent_cache(converted):
+    """The KV cache of an MLA model is one latent (kv_lora_rank + n_rot floats) per position and
+    layer; a model with the same heads caching K and V would hold n_head * (head_dim + head_dim_v)."""
+    from rapidmoe_gguf import planner
+
+    _, path, _, _ = converted("deepseek_v3")
+    sizes = planner.ModelSizes.from_files(path)
+    kv_lora, rope = _MLA["kv_lora_rank"], _MLA["qk_rope_head_dim"]
+    assert (sizes.kv_lora_rank, sizes.n_rot) == (kv_lora, rope)
+    assert sizes.kv_bytes_per_pos == 4 * 3 * (kv_lora + rope)
+    mha = planner.ModelSizes(**{**sizes.__dict__, "kv_lora_rank": 0, "n_head_kv": sizes.n_head})
+    head_k, head_v = _MLA["qk_nope_head_dim"] + rope, _MLA["v_head_dim"]
+    assert planner.session_device_bytes(mha, 1, 1, False)["kv_cache"] == 4 * 3 * 3 * (head_k + head_k)

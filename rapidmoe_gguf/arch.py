@@ -489,6 +489,9 @@ DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, GLM4MOE, DEEPSEEK2)}
 
+# The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
+PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
+
 
 # ---------------------------------------------------------------------------------------------
 # Lookups

@@ -275,3 +275,75 @@ def test_arch_deepseek_planner_counts_the_latent_cache(converted):
     mha = planner.ModelSizes(**{**sizes.__dict__, "kv_lora_rank": 0, "n_head_kv": sizes.n_head})
     head_k, head_v = _MLA["qk_nope_head_dim"] + rope, _MLA["v_head_dim"]
     assert planner.session_device_bytes(mha, 1, 1, False)["kv_cache"] == 4 * 3 * 3 * (head_k + head_k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers and chat templates of these families
+# ---------------------------------------------------------------------------------------------
+
+TOKENIZER_TEXT = ("Hello漢字World's 1234567 ÉTÉ été\nカタカナ ひらがな  x  DON'T\n\n\tend 中文，标点。 A1b2")
+
+
+@needs_llama
+@pytest.mark.parametrize("pre", ["kimi-k2", "glm4", "deepseek-v3"])
+def test_arch_deepseek_pre_tokenizer_ids_match_llama_cpp(converted, tmp_path, pre):
+    """The tiny vocabulary under each family's pre-tokenizer name: our ids are llama.cpp's."""
+    from conftest import write_gguf_like
+
+    _, path, _, _ = converted("glm4_moe")
+    named = tmp_path / f"{pre}.gguf"
+    write_gguf_like(path, named, {}, {"tokenizer.ggml.pre": pre})
+    child = (r"import sys, json; from llama_cpp import Llama; "
+             r"llm = Llama(model_path=sys.argv[1], vocab_only=True, verbose=False); "
+             r"print(json.dumps(llm.tokenize(sys.argv[2].encode(), add_bos=False, special=True)))")
+    r = subprocess.run([LLAMA_PY, "-c", child, str(named), TOKENIZER_TEXT], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with rm.Model(named, n_ctx=16, n_threads=1) as m:
+        assert m.tokenizer.encode(TOKENIZER_TEXT, add_special=False) == json.loads(r.stdout)
+
+
+def test_arch_deepseek_glm_tokenizer_gets_the_glm4_name(converted, tmp_path):
+    """GLM's split is llama3's; the converter names it as llama.cpp's GLM files do."""
+    import shutil
+
+    from rapidmoe_gguf.tokenizer import _LLAMA3, tokenizer_kv_from_hf
+
+    src, _, _, _ = converted("glm4_moe")
+    d = tmp_path / "hf"
+    shutil.copytree(src, d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": _LLAMA3}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    assert tokenizer_kv_from_hf(d)["tokenizer.ggml.pre"] == "dbrx"   # the first name with this split
+    assert tokenizer_kv_from_hf(d, ("glm4",))["tokenizer.ggml.pre"] == "glm4"
+    rm.convert(d, tmp_path / "m.gguf", recipe="f32", progress=False)
+    with rm.open_gguf(tmp_path / "m.gguf") as g:
+        assert g.metadata["tokenizer.ggml.pre"] == "glm4"
+
+
+TEMPLATES = ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "deepseek-ai-DeepSeek-V3.1.jinja", "moonshotai-Kimi-K2.jinja",
+             "Kimi-K2-Instruct.jinja"]
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there 漢字"},
+        {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Count: 1, 2, 3"}]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_arch_deepseek_chat_template_matches_transformers(converted, name, add_generation_prompt):
+    """The families' published templates (as llama.cpp ships them) rendered by us and by transformers."""
+    from transformers import AutoTokenizer
+
+    from rapidmoe_gguf import chat
+
+    path = Path(LLAMA_SRC) / "models" / "templates" / name
+    if not path.is_file():
+        pytest.skip(f"{path} is not there (LLAMA_CPP_SRC)")
+    template = path.read_text(encoding="utf-8")
+    src, _, _, _ = converted("glm4_moe")
+    tok = AutoTokenizer.from_pretrained(src)
+    want = tok.apply_chat_template(CHAT, chat_template=template, tokenize=False,
+                                   add_generation_prompt=add_generation_prompt)
+    got = chat.render(template, CHAT, add_generation_prompt, bos_token=tok.bos_token, eos_token=tok.eos_token)
+    assert got == want

@@ -99,6 +99,8 @@ class ArchSpec:
     prepare_config: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     hf_rope_interleaved: bool = False  # HF rows already hold llama.cpp's interleaved RoPE pairs (no permutation)
     drop_hf_layers_from: str | None = None  # a dim: HF layers from that index on (MTP blocks) are not converted
+    rope_scaling: tuple[str, ...] = ()  # rope types beside the default that the runtime computes
+    extra_kv: Callable[[Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None  # keys written only sometimes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,6 +329,29 @@ def _prepare_deepseek2(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return out
 
 
+def _deepseek_yarn(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """YaRN's keys as llama.cpp's deepseek2 reads them. llama.cpp takes mscale = mscale_all_dim and
+    the betas as 32 and 1; other values would run differently there, so they are refused."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in (None, "default"):
+        return {}
+    where = "config.json: rope_parameters"
+    msa = rope.get("mscale_all_dim")
+    if not msa or rope.get("mscale", msa) != msa:
+        raise UnsupportedError(f"{where}: YaRN needs mscale_all_dim, and mscale equal to it (llama.cpp's deepseek2)")
+    if rope.get("beta_fast", 32) != 32 or rope.get("beta_slow", 1) != 1 or rope.get("attention_factor") is not None:
+        raise UnsupportedError(f"{where}: YaRN with beta_fast 32, beta_slow 1 and no attention_factor only "
+                               "(llama.cpp's deepseek2)")
+    return {
+        "{arch}.rope.scaling.type": ("yarn", "str"),
+        "{arch}.rope.scaling.factor": (_coerce(rope["factor"], "f32", f"{where}.factor"), "f32"),
+        "{arch}.rope.scaling.original_context_length": (
+            _coerce(rope["original_max_position_embeddings"], "u32", f"{where}.original_max_position_embeddings"), "u32"),
+        "{arch}.rope.scaling.yarn_log_multiplier": (0.1 * float(msa), "f32"),
+    }
+
+
 def _deepseek_moe_hparams() -> tuple[HParam, ...]:
     return (
         HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
@@ -458,9 +483,14 @@ DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
     hf_rope_interleaved=True,
     prepare_config=_prepare_deepseek2,
     drop_hf_layers_from="n_layer",
+    rope_scaling=("yarn",),
+    extra_kv=_deepseek_yarn,
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, GLM4MOE, DEEPSEEK2)}
+
+# The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
+PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,6 +598,8 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
     if "kv_lora_rank" in dims:
         dims["n_nope"] = dims["head_dim"] - dims["n_rot"]
         dims["n_v"] = dims["n_head"] * dims["head_dim_v"]
+    if spec.extra_kv is not None:
+        kv.update({k.format(arch=spec.name): v for k, v in spec.extra_kv(config).items()})
     if dims.get("n_group", 1) > 1 and dims["n_expert"] % dims["n_group"]:
         raise FormatError(f"{where}: n_routed_experts ({dims['n_expert']}) is not a multiple of n_group "
                           f"({dims['n_group']})")

@@ -144,6 +144,42 @@ static rm_status find_arch(loader * ld) {
     return RM_OK;
 }
 
+/* YaRN as llama.cpp reads it for deepseek2: rope.scaling.type "yarn", its factor and original
+ * context, and yarn_log_multiplier (0.1 * DeepSeek's mscale_all_dim, which llama.cpp divides back).
+ * With the multiplier, cos/sin keep their scale (llama.cpp takes mscale = mscale_all_dim) and the
+ * attention logits get mscale(factor, mscale_all_dim)^2; without it both get mscale(factor, 1). */
+static float yarn_mscale(float factor, float m) { return factor <= 1.0f ? 1.0f : 0.1f * m * logf(factor) + 1.0f; }
+
+static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", ld->arch->name);
+    rm_str type;
+    if (rm_gguf_get_str(ld->g, key, &type) != RM_OK || (type.len == 4 && memcmp(type.ptr, "none", 4) == 0)) {
+        return RM_OK;   /* absent or none: plain RoPE */
+    }
+    if (type.len != 4 || memcmp(type.ptr, "yarn", 4) != 0 || hp->kv_lora_rank == 0) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: rope scaling '%.*s' is not supported (YaRN runs for "
+                       "deepseek2's latent attention only)", ld->fn, ld->path, (int) (type.len > 32 ? 32 : type.len), type.ptr);
+    }
+    float factor = 1.0f, log_mul = 0.0f;
+    int64_t orig = hp->n_ctx_train;
+    if (get_float(ld, "rope.scaling.factor", &factor) < 0 || get_int(ld, "rope.scaling.original_context_length", &orig) < 0 ||
+        get_float(ld, "rope.scaling.yarn_log_multiplier", &log_mul) < 0) {
+        return RM_E_FORMAT;
+    }
+    if (!isfinite(factor) || factor < 1.0f || orig < 1 || orig > (1 << 24) || !isfinite(log_mul) || log_mul < 0.0f) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: YaRN factor %g, original context %lld, log multiplier %g out of range",
+                       ld->fn, ld->path, (double) factor, (long long) orig, (double) log_mul);
+    }
+    const float mscale_all = log_mul / 0.1f;
+    const float m = mscale_all > 0.0f ? yarn_mscale(factor, mscale_all) : yarn_mscale(factor, 1.0f);
+    hp->yarn_factor = factor;
+    hp->yarn_orig_ctx = (int32_t) orig;
+    hp->yarn_rope_mult = mscale_all > 0.0f ? 1.0f : m;
+    hp->kq_scale = m * m / sqrtf((float) hp->head_dim);
+    return RM_OK;
+}
+
 /* The values the DeepSeek/GLM rows imply rather than state (0 in today's rows, which then keep
  * theirs): the shared experts' total width, the layers without the next-token-prediction ones,
  * and the checks that tie the expert groups and MLA's head split together. */
@@ -177,7 +213,7 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
         return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d leaves no part without RoPE in key_length_mla %d",
                        ld->fn, ld->path, hp->n_rot, hp->head_dim);
     }
-    return RM_OK;
+    return read_rope_scaling(ld, hp);
 }
 
 /* The rows in the table's order, then the checks that tie several values together. */

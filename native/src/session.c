@@ -28,7 +28,7 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->router_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->router_host, s->mla_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
@@ -102,6 +102,9 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
     s->router_host = xalloc(sizeof(float) * B * X, &failed);
+    if (hp->kv_lora_rank > 0) {
+        s->mla_host = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * rm_mla_thread_floats(hp, s->n_ctx), &failed);
+    }
     s->routes = xalloc(sizeof(rm_route) * B * K, &failed);
     s->exp_n = xalloc(sizeof(int32_t) * X, &failed);
     s->exp_pairs = xalloc(sizeof(int32_t) * X * B * K, &failed);

@@ -65,6 +65,12 @@ typedef struct rm_hparams {
     float   rms_eps;
     float   rope_base;
     float   expert_weights_scale;        /* routed weights times this (routed_scaling_factor); 0 read as 1 */
+    /* YaRN context extension (MLA only): 0 without; frequencies between the original context's
+     * correction range blend interpolation (pos / factor) and extrapolation */
+    float   yarn_factor;
+    int32_t yarn_orig_ctx;               /* the context the model was trained with before extension */
+    float   yarn_rope_mult;              /* cos and sin times this */
+    float   kq_scale;                    /* attention logits times this (DeepSeek's mscale^2 / sqrt(head_dim)); 0: 1/sqrt(head_dim) */
 } rm_hparams;
 
 #endif

@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .. import resplit
-from ..arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from ..arch import PREFERRED_PRE, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
 from ..errors import FormatError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
@@ -100,7 +100,7 @@ class HFSource(Source):
         if not isinstance(self.config, dict):
             raise FormatError(f"{cfg_path}: not a JSON object")
         self.arch = arch_for_hf(self.config, cfg_path)
-        _check_common_config(self.config, cfg_path)
+        _check_common_config(self.config, cfg_path, self.arch.rope_scaling)
         self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
         self.ckpt = SafetensorsCheckpoint(directory)
         try:
@@ -201,8 +201,10 @@ class HFSource(Source):
 
         writer.add_name(self.name)
         for key, (value, kind) in self.hp.kv.items():
-            {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool}[kind](key, value)
-        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory))
+            {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
+             "str": writer.add_string}[kind](key, value)
+        prefer = tuple(p for a in self.config.get("architectures") or [] for p in PREFERRED_PRE.get(a, ()))
+        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory, prefer))
 
     def close(self) -> None:
         self.ckpt.close()
@@ -225,13 +227,13 @@ def _split_kv_b(w: np.ndarray, dims: dict, part: str) -> np.ndarray:
     return np.ascontiguousarray(kv[:, nope:, :])
 
 
-def _check_common_config(config: dict, where: str) -> None:
+def _check_common_config(config: dict, where: str, rope_scaling: tuple[str, ...] = ()) -> None:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedError(f"{where}: hidden_act '{act}' is not supported (silu only)")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in (None, "default"):
+    if rope_type not in (None, "default") + rope_scaling:
         raise UnsupportedError(f"{where}: RoPE scaling '{rope_type}' is not supported yet")
     if config.get("sliding_window") and config.get("use_sliding_window", True):
         log.warning("%s: sliding_window=%s is ignored (llama.cpp runs these models with full attention)",

@@ -19,8 +19,14 @@ Then rapidmoe_gguf.convert writes OUT_DIR/bench-<name>.gguf for each --formats e
     q4_0     Q4_0 experts, no residual        q8_0     Q8_0 everywhere
     q4_k     Q4_K experts, no residual        q4k-q8   Q4_K experts + a Q8_0 residual sidecar
 
-``--check`` loads the checkpoint with transformers' Qwen3MoeForCausalLM and runs a forward pass
-(small models only: it materialises the model in float32).
+``--check`` loads the checkpoint with transformers and runs a forward pass (small models only: it
+materialises the model in float32).
+
+``--arch deepseek2`` writes a DeepSeek-V2-Lite / GLM-4.7-Flash-like checkpoint instead
+(DeepseekV3ForCausalLM, which llama.cpp converts to deepseek2): hidden 2048, 16 heads with
+multi-head latent attention (q_lora_rank 768, kv_lora_rank 512, 128 + 64 rotary query/key dims,
+value dim 128), one leading dense layer (FFN 10944), then 64 routed experts of FFN 1408, top-6
+with sigmoid scores, and 2 shared experts. The MLA options: --q-lora, --kv-lora, --nope, --rope, --v-dim.
 
 ``--arch qwen35moe`` writes a Qwen3_5MoeForCausalLM with Qwen3.5-35B-A3B's per-layer shapes instead
 (hidden 2048, 256 experts, top-8, expert and shared-expert FFN 512; gated attention with 16 query
@@ -151,8 +157,63 @@ def hf_config(a) -> dict:
     return d
 
 
+def deepseek_config(a) -> dict:
+    """config.json of the deepseek2 bench model, through transformers' DeepseekV3Config, plus the
+    fields llama.cpp's converter reads that transformers does not save."""
+    from transformers import DeepseekV3Config
+
+    cfg = DeepseekV3Config(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.dense_ff, moe_intermediate_size=a.expert_ff,
+        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.heads,
+        n_routed_experts=a.experts, num_experts_per_tok=a.experts_used, n_shared_experts=a.shared,
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
+        q_lora_rank=a.q_lora, kv_lora_rank=a.kv_lora, qk_nope_head_dim=a.nope, qk_rope_head_dim=a.rope,
+        v_head_dim=a.v_dim, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e4,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, torch_dtype="bfloat16",
+    )
+    d = cfg.to_dict()
+    d.update(architectures=["DeepseekV3ForCausalLM"], scoring_func="sigmoid", topk_method="noaux_tc",
+             first_k_dense_replace=1)
+    return d
+
+
+def deepseek_tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
+    """The deepseek2 bench model's tensors: MLA attention, a dense first layer, then MoE layers."""
+    qk = a.nope + a.rope
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p, s = f"model.layers.{b}.", f"model.layers.{b}.self_attn."
+        t += [(p + "input_layernorm.weight", (a.hidden,)),
+              (s + "q_a_proj.weight", (a.q_lora, a.hidden)),
+              (s + "q_a_layernorm.weight", (a.q_lora,)),
+              (s + "q_b_proj.weight", (a.heads * qk, a.q_lora)),
+              (s + "kv_a_proj_with_mqa.weight", (a.kv_lora + a.rope, a.hidden)),
+              (s + "kv_a_layernorm.weight", (a.kv_lora,)),
+              (s + "kv_b_proj.weight", (a.heads * (a.nope + a.v_dim), a.kv_lora)),
+              (s + "o_proj.weight", (a.hidden, a.heads * a.v_dim)),
+              (p + "post_attention_layernorm.weight", (a.hidden,))]
+        m = p + "mlp."
+        if b == 0:
+            t += [(m + "gate_proj.weight", (a.dense_ff, a.hidden)), (m + "up_proj.weight", (a.dense_ff, a.hidden)),
+                  (m + "down_proj.weight", (a.hidden, a.dense_ff))]
+            continue
+        t += [(m + "gate.weight", (a.experts, a.hidden)), (m + "gate.e_score_correction_bias", (a.experts,))]
+        for x in range(a.experts):
+            e = m + f"experts.{x}."
+            t += [(e + "gate_proj.weight", (a.expert_ff, a.hidden)),
+                  (e + "up_proj.weight", (a.expert_ff, a.hidden)),
+                  (e + "down_proj.weight", (a.hidden, a.expert_ff))]
+        sh = a.expert_ff * a.shared
+        t += [(m + "shared_experts.gate_proj.weight", (sh, a.hidden)), (m + "shared_experts.up_proj.weight", (sh, a.hidden)),
+              (m + "shared_experts.down_proj.weight", (a.hidden, sh))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
 def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor of the checkpoint, with its shape, in the original per-expert layout."""
+    if a.arch == "deepseek2":
+        return deepseek_tensor_list(a)
     if a.arch == "qwen35moe":
         return tensor_list_qwen35(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
@@ -183,11 +244,14 @@ def bf16_bytes(x: np.ndarray) -> bytes:
 
 
 def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> bytes:
-    """Norm weights 1 (0 for the Qwen3.5 norms that scale by 1 + w), every other weight N(0, 0.02)."""
+    """Norm weights 1 (0 for the Qwen3.5 norms that scale by 1 + w), selection biases 0, every other
+    weight N(0, 0.02)."""
     if name.endswith("norm.weight") and _one_plus_w(name):
         return bf16_bytes(np.zeros(shape, np.float32))
     if name.endswith("norm.weight"):
         return bf16_bytes(np.ones(shape, np.float32))
+    if name.endswith("e_score_correction_bias"):
+        return bf16_bytes(np.zeros(shape, np.float32))
     return bf16_bytes(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
 
 
@@ -273,16 +337,24 @@ def convert_all(hf: str, out: str, formats: list[str], threads: int) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="output directory (created)")
-    ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
-                    help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid)")
+    ap.add_argument("--arch", choices=["qwen3moe", "deepseek2", "qwen35moe"], default="qwen3moe",
+                    help="Qwen3-30B-A3B-like (default), DeepSeek-V2-Lite/GLM-4.7-Flash-like or Qwen3.5-35B-A3B's "
+                         "(hybrid) shapes")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--experts", type=int, default=None)
-    ap.add_argument("--experts-used", type=int, default=None)
-    ap.add_argument("--hidden", type=int, default=None)
-    ap.add_argument("--expert-ff", type=int, default=None)
-    ap.add_argument("--heads", type=int, default=None)
-    ap.add_argument("--kv-heads", type=int, default=None)
-    ap.add_argument("--head-dim", type=int, default=None)
+    ap.add_argument("--experts", type=int, default=None, help="default: 128 (qwen3moe), 64 (deepseek2)")
+    ap.add_argument("--experts-used", type=int, default=None, help="default: 8 (qwen3moe), 6 (deepseek2)")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--expert-ff", type=int, default=None, help="default: 768 (qwen3moe), 1408 (deepseek2)")
+    ap.add_argument("--shared", type=int, default=2, help="deepseek2: shared experts")
+    ap.add_argument("--dense-ff", type=int, default=10944, help="deepseek2: the leading dense layer's FFN")
+    ap.add_argument("--q-lora", type=int, default=768)
+    ap.add_argument("--kv-lora", type=int, default=512)
+    ap.add_argument("--nope", type=int, default=128)
+    ap.add_argument("--rope", type=int, default=64)
+    ap.add_argument("--v-dim", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=None, help="default: 32 (qwen3moe), 16 (deepseek2)")
+    ap.add_argument("--kv-heads", type=int, default=None, help="default: 4; 2 (qwen35moe)")
+    ap.add_argument("--head-dim", type=int, default=None, help="default: 128; 256 (qwen35moe)")
     ap.add_argument("--vocab", type=int, default=32000, help="config vocab_size (the model's rows)")
     ap.add_argument("--tokenizer-size", type=int, default=8000, help="tokens the BPE learns (<= --vocab)")
     ap.add_argument("--formats", default="q4_0,q8_0,q4_k,q4k-q8", help=f"comma-separated: {', '.join(FORMATS)}; "
@@ -293,8 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="load the checkpoint with transformers (small models)")
     ap.add_argument("--force", action="store_true", help="rewrite the checkpoint if it exists")
     a = ap.parse_args(argv)
-    for k, v in SHAPES[a.arch].items():
-        if getattr(a, k) is None:
+    ds = a.arch == "deepseek2"
+    for k, q, d in (("experts", 128, 64), ("experts_used", 8, 6), ("expert_ff", 768, 1408), ("heads", 32, 16)):
+        if getattr(a, k) is None and a.arch != "qwen35moe":
+            setattr(a, k, d if ds else q)
+    for k, v in (SHAPES[a.arch] if a.arch in SHAPES else SHAPES["qwen3moe"]).items():
+        if getattr(a, k, None) is None:
             setattr(a, k, v)
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch == "qwen35moe"
@@ -315,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{hf}: {n_params / 1e9:.3f} B parameters, {2 * n_params / 1e9:.2f} GB bf16", file=sys.stderr)
         with open(os.path.join(hf, "config.json"), "w") as f:
-            json.dump(hf_config(a), f, indent=2)
+            json.dump(deepseek_config(a) if ds else hf_config(a), f, indent=2)
         n_tok = write_tokenizer(hf, a.tokenizer_size)
         print(f"  tokenizer: {n_tok} tokens (vocab padded to {a.vocab})", file=sys.stderr)
         write_shards(hf, tensors, int(a.shard_gb * 1e9), a.seed, bench_bf16)

@@ -144,6 +144,78 @@ static rm_status find_arch(loader * ld) {
     return RM_OK;
 }
 
+/* YaRN as llama.cpp reads it for deepseek2: rope.scaling.type "yarn", its factor and original
+ * context, and yarn_log_multiplier (0.1 * DeepSeek's mscale_all_dim, which llama.cpp divides back).
+ * With the multiplier, cos/sin keep their scale (llama.cpp takes mscale = mscale_all_dim) and the
+ * attention logits get mscale(factor, mscale_all_dim)^2; without it both get mscale(factor, 1). */
+static float yarn_mscale(float factor, float m) { return factor <= 1.0f ? 1.0f : 0.1f * m * logf(factor) + 1.0f; }
+
+static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", ld->arch->name);
+    rm_str type;
+    if (rm_gguf_get_str(ld->g, key, &type) != RM_OK || (type.len == 4 && memcmp(type.ptr, "none", 4) == 0)) {
+        return RM_OK;   /* absent or none: plain RoPE */
+    }
+    if (type.len != 4 || memcmp(type.ptr, "yarn", 4) != 0 || hp->kv_lora_rank == 0) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: rope scaling '%.*s' is not supported (YaRN runs for "
+                       "deepseek2's latent attention only)", ld->fn, ld->path, (int) (type.len > 32 ? 32 : type.len), type.ptr);
+    }
+    float factor = 1.0f, log_mul = 0.0f;
+    int64_t orig = hp->n_ctx_train;
+    if (get_float(ld, "rope.scaling.factor", &factor) < 0 || get_int(ld, "rope.scaling.original_context_length", &orig) < 0 ||
+        get_float(ld, "rope.scaling.yarn_log_multiplier", &log_mul) < 0) {
+        return RM_E_FORMAT;
+    }
+    if (!isfinite(factor) || factor < 1.0f || orig < 1 || orig > (1 << 24) || !isfinite(log_mul) || log_mul < 0.0f) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: YaRN factor %g, original context %lld, log multiplier %g out of range",
+                       ld->fn, ld->path, (double) factor, (long long) orig, (double) log_mul);
+    }
+    const float mscale_all = log_mul / 0.1f;
+    const float m = mscale_all > 0.0f ? yarn_mscale(factor, mscale_all) : yarn_mscale(factor, 1.0f);
+    hp->yarn_factor = factor;
+    hp->yarn_orig_ctx = (int32_t) orig;
+    hp->yarn_rope_mult = mscale_all > 0.0f ? 1.0f : m;
+    hp->kq_scale = m * m / sqrtf((float) hp->head_dim);
+    return RM_OK;
+}
+
+/* The values the DeepSeek/GLM rows imply rather than state (0 in today's rows, which then keep
+ * theirs): the shared experts' total width, the layers without the next-token-prediction ones,
+ * and the checks that tie the expert groups and MLA's head split together. */
+static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
+    if (hp->n_expert_shared > 0) {
+        hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
+    }
+    if (hp->n_layer_nextn > 0) {
+        if (hp->n_layer_nextn >= hp->n_layer) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: nextn_predict_layers %d leaves no layer of block_count %d", ld->fn,
+                           ld->path, hp->n_layer_nextn, hp->n_layer);
+        }
+        hp->n_layer -= hp->n_layer_nextn;   /* the prediction layers come last; the forward pass skips them */
+        if (hp->n_layer_dense_lead > hp->n_layer) {
+            hp->n_layer_dense_lead = hp->n_layer;
+        }
+    }
+    if (hp->n_group > 1 && hp->n_expert % hp->n_group != 0) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: expert_count %d is not a multiple of expert_group_count %d", ld->fn,
+                       ld->path, hp->n_expert, hp->n_group);
+    }
+    if (hp->n_group > 1 && hp->n_group_used * (hp->n_expert / hp->n_group) < hp->n_expert_used) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: %d of %d expert groups hold fewer than expert_used_count %d experts",
+                       ld->fn, ld->path, hp->n_group_used, hp->n_group, hp->n_expert_used);
+    }
+    if (hp->kv_lora_rank > 0 && hp->q_lora_rank > hp->n_head * hp->kv_lora_rank) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: q_lora_rank %d above head_count * kv_lora_rank %d is not supported",
+                       ld->fn, ld->path, hp->q_lora_rank, hp->n_head * hp->kv_lora_rank);
+    }
+    if (hp->kv_lora_rank > 0 && hp->n_rot >= hp->head_dim) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d leaves no part without RoPE in key_length_mla %d",
+                       ld->fn, ld->path, hp->n_rot, hp->head_dim);
+    }
+    return read_rope_scaling(ld, hp);
+}
+
 /* Hybrid rows (linear attention): the count of linear layers, shapes that fit together, and the
  * file's per-layer list (llama.cpp's attention.recurrent_layers), where present, agreeing with
  * the rule that gives the layers their kinds. */
@@ -203,7 +275,8 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     if (hp->n_rot % 2 != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d is odd", ld->fn, ld->path, hp->n_rot);
     }
-    return linear_hparams(ld, hp);
+    const rm_status st = derive_hparams(ld, hp);
+    return st != RM_OK ? st : linear_hparams(ld, hp);
 }
 
 /* Every layer's kind, refused when the forward pass does not run it. */
@@ -287,6 +360,12 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->n_ff_shexp = hp->n_ff_shexp;
     in->n_ctx_train = hp->n_ctx_train;
     in->norm_topk = hp->norm_topk;
+    in->n_ff = hp->n_ff;
+    in->n_layer_dense_lead = hp->n_layer_dense_lead;
+    in->n_rot = hp->n_rot;
+    in->head_dim_v = hp->head_dim_v;
+    in->q_lora_rank = hp->q_lora_rank;
+    in->kv_lora_rank = hp->kv_lora_rank;
 }
 
 static void fill_info(rm_model * m) {
@@ -419,6 +498,10 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
     gi->device = params->gpu_device;
     gi->budget_bytes = params->gpu_memory_bytes;
     gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
+    if (params->use_gpu && m->hp.kv_lora_rank > 0) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: multi-head latent attention (%s) runs on the CPU backend only; "
+                       "load without use_gpu", m->arch->name);
+    }
     if (params->use_gpu) {
         if (params->gpu_device < 0) {
             return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);

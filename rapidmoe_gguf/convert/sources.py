@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .. import resplit
-from ..arch import ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from ..arch import PREFERRED_PRE, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
 from ..errors import FormatError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
@@ -157,7 +157,7 @@ class HFSource(Source):
         if not isinstance(self.config, dict):
             raise FormatError(f"{cfg_path}: not a JSON object")
         self.arch = arch_for_hf(self.config, cfg_path)
-        _check_common_config(self.config, cfg_path)
+        _check_common_config(self.config, cfg_path, self.arch.rope_scaling)
         self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
         self.ckpt = SafetensorsCheckpoint(directory)
         try:
@@ -178,7 +178,10 @@ class HFSource(Source):
         order += [(t, b) for b in range(dims["n_layer"]) for t in layer_specs]
         order += [(t, None) for t in last]
         for t, bid in order:
-            if t.layers is not None and spec.layer_kind(self.config, bid) != t.layers:
+            if t.layers in ("full", "linear"):
+                if spec.layer_kind(self.config, bid) != t.layers:
+                    continue
+            elif t.layers is not None and t.layers != _layer_kind(t.layers, bid, dims):
                 continue
             name = t.gguf.format(bid=bid)
             ne = self.hp.shape(t.ne)
@@ -203,6 +206,8 @@ class HFSource(Source):
                     raise FormatError(f"{self.directory}: checkpoint has no tensor '{hn}' "
                                       f"(needed for {name}); is config.json right for these weights?")
             want = (1, ne[0]) if t.transform == "flatten" else tuple(reversed(ne))
+            if t.transform in ("k_b", "v_b"):   # both come from kv_b_proj
+                want = (dims["n_head"] * (dims["n_nope"] + dims["head_dim_v"]), dims["kv_lora_rank"])
             if t.transform in _HF_SHAPE:
                 want = _HF_SHAPE[t.transform](ne, dims)
             self._check_shape(hn, want, tuple(reversed(t.ne)))
@@ -213,12 +218,20 @@ class HFSource(Source):
             log.info("%s: %d tensor(s) of the multi-token-prediction block (%s...) are not converted: the "
                      "runtime does not run it", self.directory, len(skipped), skipped[0])
             used.update(skipped)
-        extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)]
+        extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)
+                 and not self._dropped_layer(n)]
         if extra:
             shown = ", ".join(f"'{n}'" for n in extra[:4]) + (" ..." if len(extra) > 4 else "")
             raise FormatError(f"{self.directory}: {len(extra)} tensor(s) that the {spec.name} layout "
                               f"does not use: {shown}; is config.json right for these weights?")
         return out
+
+    def _dropped_layer(self, hf_name: str) -> bool:
+        """A layer past the decoder's (DeepSeek's and GLM's next-token-prediction blocks)."""
+        if self.arch.drop_hf_layers_from is None:
+            return False
+        m = re.match(r"model\.layers\.(\d+)\.", hf_name)
+        return m is not None and int(m.group(1)) >= self.hp.dims[self.arch.drop_hf_layers_from]
 
     def _check_shape(self, hf_name: str, want: tuple[int, ...], dim_names: tuple[str, ...]) -> None:
         if hf_name not in self.ckpt:
@@ -240,6 +253,8 @@ class HFSource(Source):
                 w = _permute_rows(w, dims["n_head_kv"])
             elif transform == "flatten":
                 w = w.reshape(ne[0])
+            elif transform in ("k_b", "v_b"):
+                w = _split_kv_b(w, dims, transform)
             elif transform is not None:
                 w = TRANSFORMS[transform](w, dims)
             return w
@@ -256,20 +271,38 @@ class HFSource(Source):
         writer.add_name(self.name)
         for key, (value, kind) in self.hp.kv.items():
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
-             "sections": writer.add_array}[kind](key, value)
-        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory))
+             "str": writer.add_string, "sections": writer.add_array}[kind](key, value)
+        prefer = tuple(p for a in self.config.get("architectures") or [] for p in PREFERRED_PRE.get(a, ()))
+        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory, prefer))
 
     def close(self) -> None:
         self.ckpt.close()
 
 
-def _check_common_config(config: dict, where: str) -> None:
+def _layer_kind(wanted: str, bid: int, dims: dict) -> str:
+    """Which of a pair of layer kinds layer bid has: dense or moe FFN, q_lora or q_direct query."""
+    if wanted in ("dense", "moe"):
+        return "dense" if bid < dims.get("n_layer_dense_lead", 0) else "moe"
+    return "q_lora" if dims.get("q_lora_rank", 0) > 0 else "q_direct"
+
+
+def _split_kv_b(w: np.ndarray, dims: dict, part: str) -> np.ndarray:
+    """MLA's kv_b_proj (n_head * (nope + v), kv_lora_rank) into llama.cpp's per-head k_b, transposed
+    to (n_head, kv_lora_rank, nope), or v_b, (n_head, v, kv_lora_rank)."""
+    nope, v = dims["n_nope"], dims["head_dim_v"]
+    kv = w.reshape(dims["n_head"], nope + v, dims["kv_lora_rank"])
+    if part == "k_b":
+        return np.ascontiguousarray(kv[:, :nope, :].transpose(0, 2, 1))
+    return np.ascontiguousarray(kv[:, nope:, :])
+
+
+def _check_common_config(config: dict, where: str, rope_scaling: tuple[str, ...] = ()) -> None:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedError(f"{where}: hidden_act '{act}' is not supported (silu only)")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in (None, "default"):
+    if rope_type not in (None, "default") + rope_scaling:
         raise UnsupportedError(f"{where}: RoPE scaling '{rope_type}' is not supported yet")
     if config.get("sliding_window") and config.get("use_sliding_window", True):
         log.warning("%s: sliding_window=%s is ignored (llama.cpp runs these models with full attention)",

@@ -95,6 +95,7 @@ typedef enum rm_type {
     RM_TYPE_IQ4_XS  = 23,
     RM_TYPE_IQ1_M   = 29,
     RM_TYPE_BF16 = 30,
+    RM_TYPE_MXFP4 = 39,
     RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
 } rm_type;
 

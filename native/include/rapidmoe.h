@@ -259,7 +259,9 @@ enum {
     RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
     RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
-    RM_LAYER_RUNS         = 0x03D1    /* the bits the forward pass runs today */
+    RM_LAYER_EXP_BIAS     = 0x0800,   /* biases on the router and on every expert's three products (gpt-oss) */
+    RM_LAYER_SWIGLU_CLAMP = 0x1000,   /* the experts' SwiGLU clamped, with (up + 1) (gpt-oss) */
+    RM_LAYER_RUNS         = 0x1FD3    /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -303,7 +305,7 @@ typedef struct rm_arch_tensor_info {
     int32_t      expert;          /* ne[2] holds one matrix per routed expert */
     uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */
     const char * ne[3];           /* "n_embd", "n_q" (n_head*head_dim), "n_kv" (n_head_kv*head_dim),
-                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "any" or "1" */
+                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "n_head", "any" or "1" */
 } rm_arch_tensor_info;
 
 int32_t   rm_arch_count(void);

@@ -159,6 +159,13 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     if (hp->n_rot % 2 != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d is odd", ld->fn, ld->path, hp->n_rot);
     }
+    /* our key: transformers' YaRN `truncate`, which GGUF has no key for; llama.cpp always rounds */
+    bool truncate = true;
+    const rm_status st = rm_gguf_get_bool(ld->g, "rapidmoe.rope.yarn_truncate", &truncate);
+    if (st != RM_OK && st != RM_GGUF_MISSING) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: key 'rapidmoe.rope.yarn_truncate' is not a bool", ld->fn, ld->path);
+    }
+    hp->yarn_truncate = truncate;
     return RM_OK;
 }
 
@@ -376,6 +383,13 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
     gi->budget_bytes = params->gpu_memory_bytes;
     gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
     if (params->use_gpu) {
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            if (m->layers[il].kind & RM_LAYER_HOST_ONLY) {
+                return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: layer %d of this %s model has biased experts with "
+                               "the clamped SwiGLU, which only the CPU backend runs; load it without a GPU "
+                               "(use_gpu = 0)", il, m->arch->name);
+            }
+        }
         if (params->gpu_device < 0) {
             return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
         }

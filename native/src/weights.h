@@ -33,6 +33,11 @@ typedef struct rm_layer {
     rm_weight gate_shexp, up_shexp;      /* ne = {n_embd, n_ff_shexp} */
     rm_weight down_shexp;                /* ne = {n_ff_shexp, n_embd} */
     rm_weight gate_inp_shexp;            /* ne = {n_embd} */
+    rm_weight bo;                        /* output projection bias, ne = {n_embd} */
+    rm_weight sinks;                     /* attention sink logits, ne = {n_head} */
+    rm_weight router_b;                  /* ne = {n_expert} */
+    rm_weight gate_exps_b, up_exps_b;    /* ne = {n_ff_exp, n_expert} */
+    rm_weight down_exps_b;               /* ne = {n_embd, n_expert} */
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -47,6 +52,12 @@ typedef struct rm_hparams {
     int32_t n_layer_dense_lead;          /* leading layers with a dense FFN (DeepSeek/GLM rows); 0: none */
     float   rms_eps;
     float   rope_base;
+    int32_t n_swa;                       /* sliding window of the sliding layers (positions a token sees, itself included) */
+    int32_t swa_pattern;                 /* every swa_pattern-th layer attends to the whole context, the others slide */
+    float   rope_yarn_factor;            /* YaRN context extension; 1: plain RoPE */
+    int32_t n_ctx_orig_yarn;             /* the context the model was trained at before YaRN */
+    float   yarn_beta_fast, yarn_beta_slow;
+    int32_t yarn_truncate;               /* round YaRN's correction range to whole dims (llama.cpp always does) */
 } rm_hparams;
 
 #endif

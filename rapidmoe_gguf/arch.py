@@ -69,7 +69,8 @@ class TensorSpec:
     ne: tuple[str, ...]
     role: str
     optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
-    transform: str | None = None    # "permute_q" | "permute_k" | "flatten", or one of FUSED
+    transform: str | None = None    # "permute_q" | "permute_k" | "flatten" | "k_b" | "v_b", or one of FUSED
+    layers: str | None = None       # only in some layers: "dense" | "moe" | "q_lora" | "q_direct"
 
     @property
     def per_layer(self) -> bool:
@@ -95,6 +96,11 @@ class ArchSpec:
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
     rope_types: tuple[str, ...] = ("default",)   # HF rope_type values the runtime computes for this arch
     sliding_window: bool = False       # the runtime honours config.json's sliding_window
+    # the config as the hparams read it: values derived from several fields, per-architecture
+    # defaults transformers does not save (DeepSeek-V3's sigmoid scores)
+    prepare_config: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    hf_rope_interleaved: bool = False  # HF rows already hold llama.cpp's interleaved RoPE pairs (no permutation)
+    drop_hf_layers_from: str | None = None  # a dim: HF layers from that index on (MTP blocks) are not converted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +262,206 @@ OLMOE = ArchSpec(
     tensors=_GLOBAL_TENSORS + _attention(qk_norm="full") + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
 )
 
+# ---------------------------------------------------------------------------------------------
+# DeepSeek and GLM: leading dense layers, ungated shared experts, sigmoid/softmax routing with a
+# selection bias, expert groups and a scale; DeepSeek's multi-head latent attention
+# ---------------------------------------------------------------------------------------------
+
+_GATING = {"softmax": 1, "sigmoid": 2}
+
+
+def _leading_dense(config: Mapping[str, Any]) -> int:
+    """first_k_dense_replace, or the leading "dense" entries of mlp_layer_types (GLM-4.7-Flash)."""
+    types = config.get("mlp_layer_types")
+    first_k = config.get("first_k_dense_replace")
+    if types is None:
+        return int(first_k or 0)
+    n = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+    if any(t == "dense" for t in types[n:]):
+        raise UnsupportedError(f"config.json: mlp_layer_types {list(types)}: only leading dense layers are "
+                               "supported (llama.cpp's leading_dense_block_count)")
+    if first_k is not None and int(first_k) != n:
+        raise FormatError(f"config.json: first_k_dense_replace {first_k} disagrees with mlp_layer_types ({n} "
+                          "leading dense layers)")
+    return n
+
+
+def _deepseek_routing(config: Mapping[str, Any], scoring: str) -> dict[str, Any]:
+    """The router's keys: scores, groups (V2 uses them only with group_limited_greedy), renormalisation."""
+    func = config.get("scoring_func") or scoring
+    if func not in _GATING:
+        raise UnsupportedError(f"config.json: scoring_func '{func}' is not supported (softmax or sigmoid)")
+    out = {"_gating": _GATING[func], "_n_dense": _leading_dense(config)}
+    method = config.get("topk_method")
+    groups = method in (None, "noaux_tc", "group_limited_greedy")
+    out["_n_group"] = int(config.get("n_group") or 1) if groups else 1
+    out["_topk_group"] = int(config.get("topk_group") or out["_n_group"]) if groups else 1
+    if method not in (None, "greedy", "noaux_tc", "group_limited_greedy"):
+        raise UnsupportedError(f"config.json: topk_method '{method}' is not supported")
+    return out
+
+
+def _check_moe_layers(config: Mapping[str, Any]) -> None:
+    if not config.get("n_shared_experts"):
+        raise UnsupportedError("config.json: n_shared_experts must be at least 1 (llama.cpp's layout has shared experts)")
+
+
+def _prepare_glm4moe(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    _check_moe_layers(config)
+    rope = config.get("rope_parameters") or {}
+    factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.5))
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return dict(config, _n_rot=int(head_dim * factor), **_deepseek_routing(config, "sigmoid"),
+                _norm_topk=bool(config.get("norm_topk_prob", True)))
+
+
+def _prepare_deepseek2(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    _check_moe_layers(config)
+    names = config.get("architectures") or []
+    v2 = "DeepseekV2ForCausalLM" in names
+    if config.get("rope_interleave") is False:
+        raise UnsupportedError("config.json: rope_interleave false is not supported (llama.cpp's deepseek2 "
+                               "rotates interleaved pairs)")
+    out = dict(config, **_deepseek_routing(config, "softmax" if v2 else "sigmoid"))
+    # DeepSeek-V2 never renormalises (transformers' DeepseekV2TopkRouter); V3 and GLM do by default
+    out["_norm_topk"] = False if v2 else bool(config.get("norm_topk_prob", True))
+    out["_q_lora_rank"] = int(config.get("q_lora_rank") or 0)
+    return out
+
+
+def _deepseek_moe_hparams() -> tuple[HParam, ...]:
+    return (
+        HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
+        HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff"),
+        HParam(Keys.LLM.EXPERT_SHARED_COUNT, ("n_shared_experts",), "u32", default=0, dim="n_expert_shared"),
+        HParam(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("_n_dense",), "u32", default=0, dim="n_layer_dense_lead"),
+        HParam(Keys.LLM.EXPERT_GATING_FUNC, ("_gating",), "u32", dim="gating"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("routed_scaling_factor",), "f32", default=1.0,
+               dim="expert_weights_scale"),
+        HParam(Keys.LLM.EXPERT_GROUP_COUNT, ("_n_group",), "u32", default=1, dim="n_group"),
+        HParam(Keys.LLM.EXPERT_GROUP_USED_COUNT, ("_topk_group",), "u32", default=lambda d: d["n_group"],
+               dim="n_group_used"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_NORM, ("_norm_topk",), "bool", default=False, dim="norm_topk"),
+        # the checkpoint's next-token-prediction layers are not converted
+        HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),
+        HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
+    )
+
+
+def _deepseek_ffn(ffn_norm: str) -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    m = p + "mlp."
+    x = m + "experts.{xid}."
+    s = m + "shared_experts."
+    return (
+        TensorSpec(ffn_norm, p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "gate.weight", ("n_embd", "n_expert"), "router", layers="moe"),
+        TensorSpec("blk.{bid}.exp_probs_b.bias", m + "gate.e_score_correction_bias", ("n_expert",), "bias",
+                   optional=True, layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + "gate_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + "up_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + "down_proj.weight", ("n_ff_exp", "n_embd", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_shexp.weight", s + "gate_proj.weight", ("n_embd", "n_ff_shexp"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_shexp.weight", s + "up_proj.weight", ("n_embd", "n_ff_shexp"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_shexp.weight", s + "down_proj.weight", ("n_ff_shexp", "n_embd"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate.weight", m + "gate_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_up.weight", m + "up_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_down.weight", m + "down_proj.weight", ("n_ff", "n_embd"), "dense", layers="dense"),
+    )
+
+
+def _glm_head_dim(d: Mapping[str, Any]) -> int:
+    return d["n_embd"] // d["n_head"]
+
+
+GLM4MOE = ArchSpec(  # GLM-4.5 / 4.6 and their Air versions
+    name="glm4moe",
+    hf_architectures=("Glm4MoeForCausalLM",),
+    hparams=(
+        HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+        HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+        HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+        HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",), "u32",
+               default=lambda d: d["n_head"], dim="n_head_kv"),
+        HParam(Keys.Attention.KEY_LENGTH, ("head_dim",), "u32", default=_glm_head_dim, dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_glm_head_dim, dim="head_dim_v"),
+        HParam(Keys.Rope.DIMENSION_COUNT, ("_n_rot",), "u32", dim="n_rot"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
+               default=10000.0, dim="rope_base"),
+    ) + _deepseek_moe_hparams(),
+    tensors=_GLOBAL_TENSORS + _attention(qk_norm="per_head", bias=True)[:-2] + (
+        TensorSpec("blk.{bid}.attn_q_norm.weight", "model.layers.{bid}.self_attn.q_norm.weight", ("head_dim",),
+                   "norm", optional=True),
+        TensorSpec("blk.{bid}.attn_k_norm.weight", "model.layers.{bid}.self_attn.k_norm.weight", ("head_dim",),
+                   "norm", optional=True),
+    ) + _deepseek_ffn("blk.{bid}.post_attention_norm.weight"),
+    output_from_embd=True,
+    prepare_config=_prepare_glm4moe,
+    drop_hf_layers_from="n_layer",
+)
+
+
+def _mla_attention() -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    a = p + "self_attn."
+    return (
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.attn_q_a.weight", a + "q_a_proj.weight", ("n_embd", "q_lora_rank"), "attn",
+                   layers="q_lora"),
+        TensorSpec("blk.{bid}.attn_q_a_norm.weight", a + "q_a_layernorm.weight", ("q_lora_rank",), "norm",
+                   layers="q_lora"),
+        TensorSpec("blk.{bid}.attn_q_b.weight", a + "q_b_proj.weight", ("q_lora_rank", "n_q"), "attn",
+                   layers="q_lora"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q"), "attn", layers="q_direct"),
+        TensorSpec("blk.{bid}.attn_kv_a_mqa.weight", a + "kv_a_proj_with_mqa.weight", ("n_embd", "n_kv_a"), "attn"),
+        TensorSpec("blk.{bid}.attn_kv_a_norm.weight", a + "kv_a_layernorm.weight", ("kv_lora_rank",), "norm"),
+        # kv_b_proj, split per head into k's up-projection (transposed) and v's, as llama.cpp stores them
+        TensorSpec("blk.{bid}.attn_k_b.weight", a + "kv_b_proj.weight", ("n_nope", "kv_lora_rank", "n_head"), "attn",
+                   transform="k_b"),
+        TensorSpec("blk.{bid}.attn_v_b.weight", a + "kv_b_proj.weight", ("kv_lora_rank", "head_dim_v", "n_head"),
+                   "attn", transform="v_b"),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_v", "n_embd"), "attn"),
+    )
+
+
+DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
+    name="deepseek2",
+    hf_architectures=("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM"),
+    hparams=(
+        HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+        HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+        HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+        HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, (), "u32", default=1, dim="n_head_kv"),   # one latent for all heads
+        HParam(Keys.Attention.Q_LORA_RANK, ("_q_lora_rank",), "u32", default=0, dim="q_lora_rank"),
+        HParam(Keys.Attention.KV_LORA_RANK, ("kv_lora_rank",), "u32", dim="kv_lora_rank"),
+        HParam(Keys.Rope.DIMENSION_COUNT, ("qk_rope_head_dim",), "u32", dim="n_rot"),
+        HParam(Keys.Attention.KEY_LENGTH_MLA, (), "u32", default=lambda d: d["n_nope"] + d["n_rot"], dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH_MLA, ("v_head_dim",), "u32", dim="head_dim_v"),
+        # llama.cpp also writes the latent's sizes as the (single) KV head's
+        HParam(Keys.Attention.KEY_LENGTH, (), "u32", default=lambda d: d["kv_lora_rank"] + d["n_rot"], dim="n_kv_a"),
+        HParam(Keys.Attention.VALUE_LENGTH, (), "u32", default=lambda d: d["kv_lora_rank"], dim="mla_value_length"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", default=1e-6, dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
+               default=10000.0, dim="rope_base"),
+    ) + _deepseek_moe_hparams(),
+    tensors=_GLOBAL_TENSORS + _mla_attention() + _deepseek_ffn("blk.{bid}.ffn_norm.weight"),
+    output_from_embd=True,
+    hf_rope_interleaved=True,
+    prepare_config=_prepare_deepseek2,
+    drop_hf_layers_from="n_layer",
+)
+
 # gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,
 # gate and up interleaved along the last (gate at even, up at odd indices) and every matrix
 # transposed against nn.Linear's (in, out): a TensorSpec with one of these transforms takes expert
@@ -344,7 +550,7 @@ GPT_OSS = ArchSpec(
     sliding_window=True,
 )
 
-ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, GPT_OSS)}
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, GLM4MOE, DEEPSEEK2, GPT_OSS)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,8 +623,12 @@ class ResolvedHParams:
 def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "config.json") -> ResolvedHParams:
     if spec.check_config is not None:
         spec.check_config(config)
+    if spec.prepare_config is not None:
+        config = spec.prepare_config(config)
     kv: dict[str, tuple[Any, str]] = {}
     dims: dict[str, Any] = {}
+    if spec.name == "deepseek2":   # key_length_mla comes from the two parts of a head
+        dims["n_nope"] = _coerce(config.get("qk_nope_head_dim"), "u32", f"{where}: qk_nope_head_dim")
     for h in spec.hparams:
         key = h.key.format(arch=spec.name) if h.key else None
         value = None
@@ -447,6 +657,14 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
                           f"num_key_value_heads ({dims['n_head_kv']})")
     dims["n_q"] = dims["n_head"] * dims["head_dim"]
     dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
+    if "n_expert_shared" in dims:   # DeepSeek/GLM: the shared experts' total width
+        dims["n_ff_shexp"] = dims["n_ff_exp"] * dims["n_expert_shared"]
+    if "kv_lora_rank" in dims:
+        dims["n_nope"] = dims["head_dim"] - dims["n_rot"]
+        dims["n_v"] = dims["n_head"] * dims["head_dim_v"]
+    if dims.get("n_group", 1) > 1 and dims["n_expert"] % dims["n_group"]:
+        raise FormatError(f"{where}: n_routed_experts ({dims['n_expert']}) is not a multiple of n_group "
+                          f"({dims['n_group']})")
     return ResolvedHParams(kv, dims)
 
 
@@ -505,7 +723,7 @@ def native_archs() -> dict[str, NativeArch]:
     text = lambda p: ffi.string(p).decode() or None  # noqa: E731
     qk = {lib.RM_QK_NORM_NONE: "none", lib.RM_QK_NORM_PER_HEAD: "per_head", lib.RM_QK_NORM_FULL: "full"}
     rope = {lib.RM_ROPE_NORM: "norm", lib.RM_ROPE_NEOX: "neox"}
-    shexp = {lib.RM_SHEXP_NONE: "none", lib.RM_SHEXP_GATED: "gated"}
+    shexp = {lib.RM_SHEXP_NONE: "none", lib.RM_SHEXP_GATED: "gated", lib.RM_SHEXP_PLAIN: "plain"}
     kinds = {lib.RM_HPARAM_INT: "int", lib.RM_HPARAM_BOOL: "bool", lib.RM_HPARAM_FLOAT: "float"}
     out = {}
     for a in range(lib.rm_arch_count()):

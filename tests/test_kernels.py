@@ -129,6 +129,34 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
+# The AMX set's tile form (prefill, from 16 tokens on, rows of whole groups of eight blocks)
+AMX_TYPES = ["Q8_0", "Q4_0"]
+needs_amx = pytest.mark.skipif("amx" not in kernels.supported_isas(), reason="this machine or build has no AMX")
+
+
+@needs_amx
+@pytest.mark.parametrize("name", AMX_TYPES)
+def test_kernels_amx_tiles_match_avx512_and_reference(name):
+    """Many tokens through the AMX tiles: the AVX-512 set's floats bit for bit (the same integers
+    and float operations), so within the AVX-512 kernels' budget of the reference (TOL). Sizes
+    cover a partial tile of rows and of tokens, one token past a tile, and a single group."""
+    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64)]:
+        _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
+        for k, w in enumerate(random_rows(name, n_rows, n, seed=n_tok)):
+            want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
+            assert want.shape == (n_tok, n_rows) and np.all(np.isfinite(want)) and np.all(want != 0)
+            got = kernels.vec_dot_rows(name, w, x_q, n, isa="amx")
+            avx512 = kernels.vec_dot_rows(name, w, x_q, n, isa="avx512")
+            assert got.tobytes() == avx512.tobytes(), f"{name} n={n} rows#{k}: not the AVX-512 floats"
+            wn, xn = norms(name, w, x_q, n)
+            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
+            assert err.max() <= TOL, f"{name} n={n} rows#{k}: error {err.max():.2e}"
+            for i in (0, n_tok - 1):   # and each token alone, through the one-token kernel
+                alone = kernels.vec_dot_rows(name, w, x_q[i * len(x_q) // n_tok:(i + 1) * len(x_q) // n_tok], n,
+                                             isa="amx", batched=False)
+                assert alone.tobytes() == got[i:i + 1].tobytes()
+
+
 # Types with no SIMD kernel: every set falls through to the scalar reference.
 SCALAR_ONLY_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M"]
 
@@ -312,6 +340,15 @@ def test_kernels_repacked_weights_give_the_same_logits(isa_logits, recipe):
     if "avx512-not-repacked" not in isa_logits:
         pytest.skip("no AVX-512 kernel set on this machine")
     np.testing.assert_array_equal(isa_logits["avx512"][recipe], isa_logits["avx512-not-repacked"][recipe])
+
+
+@pytest.mark.parametrize("recipe", list(MODEL_RECIPES))
+def test_kernels_amx_prefill_gives_the_avx512_logits(isa_logits, recipe):
+    """The AMX set changes only how prefill's Q8_0/Q4_0 products run, not their floats: the
+    AVX-512 set's logits bit for bit, prefill and decode."""
+    if "amx" not in isa_logits:
+        pytest.skip("no AMX kernel set on this machine")
+    np.testing.assert_array_equal(isa_logits["amx"][recipe], isa_logits["avx512"][recipe])
 
 
 @needs_simd

@@ -136,11 +136,12 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
                      float * out);
 
 /* ---------------------------------------------------------------------------------------------
- * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512"
+ * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512", "amx"
+ * ("amx": AVX-512 plus AMX tiles for prefill; granted by the OS at first use)
  * ------------------------------------------------------------------------------------------- */
 
 /* The set the CPU backend uses. Chosen at first use: the best this CPU and build support, or the
- * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512 names; a set that is not
+ * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not
  * available falls back to the best one, with a warning on stderr. */
 const char * rm_cpu_isa(void);
 
@@ -151,7 +152,8 @@ int32_t   rm_cpu_isa_supported(const char * isa);
  * weights of `type`, w_len bytes) with token t of x_q (n_tok rows of n activations already in the
  * type's vec_dot_type, x_len bytes), by the kernels of set isa (NULL: the set in use). batched = 1
  * computes as the CPU backend computes a matrix product (several tokens per kernel call where the
- * type has a kernel for it); batched = 0 calls the one-token kernel for each row and token.
+ * type has a kernel for it: from 8 tokens the prefill form that packs each row once, from 16 the
+ * AMX tiles); batched = 0 calls the one-token kernel for each row and token.
  * RM_E_UNSUPPORTED_TYPE when this CPU or build lacks the set. */
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
                          const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y);
@@ -241,8 +243,15 @@ typedef enum rm_rope_kind {
 
 typedef enum rm_shared_expert {
     RM_SHEXP_NONE  = 0,
-    RM_SHEXP_GATED = 1            /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+    RM_SHEXP_GATED = 1,           /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+    RM_SHEXP_PLAIN = 2            /* out += ffn_shexp(x), no gate (DeepSeek, GLM) */
 } rm_shared_expert;
+
+/* How the router's logits become scores (llama.cpp's expert_gating_func values). */
+typedef enum rm_gating {
+    RM_GATING_SOFTMAX = 1,        /* softmax over the experts (Mixtral, Qwen, OLMoE, DeepSeek-V2) */
+    RM_GATING_SIGMOID = 2         /* a sigmoid per expert (DeepSeek-V3, GLM-4.5) */
+} rm_gating;
 
 /* What one layer is: one attention kind, one FFN kind, and features. A row gives every layer
  * the same kind unless a kind rule (read from a key, e.g. leading dense layers) changes some;
@@ -261,7 +270,9 @@ enum {
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
     RM_LAYER_EXP_BIAS     = 0x0800,   /* biases on the router and on every expert's three products (gpt-oss) */
     RM_LAYER_SWIGLU_CLAMP = 0x1000,   /* the experts' SwiGLU clamped, with (up + 1) (gpt-oss) */
-    RM_LAYER_RUNS         = 0x1FD3    /* the bits the forward pass runs today */
+    RM_LAYER_MLA_Q_LORA   = 0x2000,   /* MLA's query through a low-rank q_a/q_b pair (DeepSeek-V2/V3) */
+    RM_LAYER_MLA_Q_DIRECT = 0x4000,   /* MLA's query from one projection (DeepSeek-V2-Lite) */
+    RM_LAYER_RUNS         = 0x7FFB    /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -373,6 +384,12 @@ typedef struct rm_model_info {
     uint64_t base_expert_bytes;     /* bytes of all expert base tensors */
     uint64_t residual_expert_bytes; /* bytes of all expert residual tensors */
     uint64_t dense_bytes;           /* everything but experts read per token (attention, router, shared, norms, output) */
+    int32_t n_ff;                   /* the dense FFN's width (leading dense layers); 0 without */
+    int32_t n_layer_dense_lead;     /* leading layers with a dense FFN instead of experts */
+    int32_t n_rot;                  /* rotary dimensions per head */
+    int32_t head_dim_v;             /* value head width (MLA: v_head_dim) */
+    int32_t q_lora_rank;            /* MLA: the query's low rank; 0: a direct projection */
+    int32_t kv_lora_rank;           /* MLA: the latent's width; 0 without MLA */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -441,6 +458,11 @@ typedef struct rm_size_params {
     int32_t  n_batch;             /* as given to rm_session_new (<= 0: 256; clamped to n_ctx) */
     uint64_t stage_expert_bytes;  /* one expert's three residual matrices, the largest layer's;
                                    * 0: the device stages no residuals in prefill */
+    int32_t  n_ff;                /* dense FFN width; 0 without dense layers */
+    int32_t  kv_lora_rank;        /* MLA: the cache holds kv_lora_rank + n_rot floats per position and
+                                   * layer instead of K and V; 0 without MLA */
+    int32_t  n_rot;               /* MLA: the rotary part of a query/key head */
+    int32_t  head_dim_v;          /* MLA: the value head width; 0: head_dim */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

@@ -55,7 +55,14 @@ typedef enum rm_dim {
     RM_DIM_FF_EXP,                /* n_ff_exp */
     RM_DIM_FF_SHEXP,              /* n_ff_shexp */
     RM_DIM_EXPERT,                /* n_expert */
-    RM_DIM_N_HEAD,                /* n_head */
+    RM_DIM_FF,                    /* n_ff: the dense FFN */
+    RM_DIM_Q_LORA,                /* q_lora_rank */
+    RM_DIM_KV_LORA,               /* kv_lora_rank */
+    RM_DIM_KV_A,                  /* kv_lora_rank + n_rot: the latent and the shared rotary key */
+    RM_DIM_NOPE,                  /* head_dim - n_rot: a head's part without RoPE */
+    RM_DIM_HEAD_V,                /* head_dim_v */
+    RM_DIM_V,                     /* n_head * head_dim_v */
+    RM_DIM_HEADS,                 /* n_head */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -82,7 +89,8 @@ typedef struct rm_tensor_row {
  * rule picks lose the bits clear and gain the bits set. */
 typedef enum rm_rule_form {
     RM_RULE_FIRST_N     = 0,      /* layers il < n (leading dense layers) */
-    RM_RULE_NOT_EVERY_N = 1       /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
+    RM_RULE_NOT_EVERY_N = 1,      /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
+    RM_RULE_ALL_IF_SET  = 2       /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
 } rm_rule_form;
 
 typedef struct rm_kind_rule {

@@ -144,6 +144,42 @@ static rm_status find_arch(loader * ld) {
     return RM_OK;
 }
 
+/* The values the DeepSeek/GLM rows imply rather than state (0 in today's rows, which then keep
+ * theirs): the shared experts' total width, the layers without the next-token-prediction ones,
+ * and the checks that tie the expert groups and MLA's head split together. */
+static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
+    if (hp->n_expert_shared > 0) {
+        hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
+    }
+    if (hp->n_layer_nextn > 0) {
+        if (hp->n_layer_nextn >= hp->n_layer) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: nextn_predict_layers %d leaves no layer of block_count %d", ld->fn,
+                           ld->path, hp->n_layer_nextn, hp->n_layer);
+        }
+        hp->n_layer -= hp->n_layer_nextn;   /* the prediction layers come last; the forward pass skips them */
+        if (hp->n_layer_dense_lead > hp->n_layer) {
+            hp->n_layer_dense_lead = hp->n_layer;
+        }
+    }
+    if (hp->n_group > 1 && hp->n_expert % hp->n_group != 0) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: expert_count %d is not a multiple of expert_group_count %d", ld->fn,
+                       ld->path, hp->n_expert, hp->n_group);
+    }
+    if (hp->n_group > 1 && hp->n_group_used * (hp->n_expert / hp->n_group) < hp->n_expert_used) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: %d of %d expert groups hold fewer than expert_used_count %d experts",
+                       ld->fn, ld->path, hp->n_group_used, hp->n_group, hp->n_expert_used);
+    }
+    if (hp->kv_lora_rank > 0 && hp->q_lora_rank > hp->n_head * hp->kv_lora_rank) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: q_lora_rank %d above head_count * kv_lora_rank %d is not supported",
+                       ld->fn, ld->path, hp->q_lora_rank, hp->n_head * hp->kv_lora_rank);
+    }
+    if (hp->kv_lora_rank > 0 && hp->n_rot >= hp->head_dim) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d leaves no part without RoPE in key_length_mla %d",
+                       ld->fn, ld->path, hp->n_rot, hp->head_dim);
+    }
+    return RM_OK;
+}
+
 /* The rows in the table's order, then the checks that tie several values together. */
 static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     for (int32_t i = 0; i < ld->arch->n_hparams; i++) {
@@ -166,7 +202,7 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
         return rm_fail(RM_E_FORMAT, "%s: %s: key 'rapidmoe.rope.yarn_truncate' is not a bool", ld->fn, ld->path);
     }
     hp->yarn_truncate = truncate;
-    return RM_OK;
+    return derive_hparams(ld, hp);
 }
 
 /* Every layer's kind, refused when the forward pass does not run it. */
@@ -250,6 +286,12 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->n_ff_shexp = hp->n_ff_shexp;
     in->n_ctx_train = hp->n_ctx_train;
     in->norm_topk = hp->norm_topk;
+    in->n_ff = hp->n_ff;
+    in->n_layer_dense_lead = hp->n_layer_dense_lead;
+    in->n_rot = hp->n_rot;
+    in->head_dim_v = hp->head_dim_v;
+    in->q_lora_rank = hp->q_lora_rank;
+    in->kv_lora_rank = hp->kv_lora_rank;
 }
 
 static void fill_info(rm_model * m) {
@@ -382,6 +424,10 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
     gi->device = params->gpu_device;
     gi->budget_bytes = params->gpu_memory_bytes;
     gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
+    if (params->use_gpu && m->hp.kv_lora_rank > 0) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: multi-head latent attention (%s) runs on the CPU backend only; "
+                       "load without use_gpu", m->arch->name);
+    }
     if (params->use_gpu) {
         for (int il = 0; il < m->hp.n_layer; il++) {
             if (m->layers[il].kind & RM_LAYER_HOST_ONLY) {

@@ -8,6 +8,7 @@
  * and host threads, see docs/SPLIT.md); otherwise they are composed here from its small ops. */
 #include "moe.h"
 
+#include "gating.h"
 #include "policy.h"
 #include "profile.h"
 #include "stats.h"
@@ -195,6 +196,37 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
     }
 }
 
+/* A SwiGLU FFN on xn, its down projection accumulated into y: the ungated shared experts (into
+ * the MoE output) and the leading dense layers (into the residual stream). */
+static void swiglu_ffn(rm_session * s, const rm_weight * gate, const rm_weight * up, const rm_weight * down,
+                       int32_t n, float * y) {
+    rm_backend * be = s->be;
+    const int64_t E = s->m->hp.n_embd, F = gate->ne[1];
+    expert_matmul(be, gate, 0, s->xn, E, n, s->eg, F, 0);
+    expert_matmul(be, up, 0, s->xn, E, n, s->eu, F, 0);
+    be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * F);
+    expert_matmul(be, down, 0, s->eg, F, n, y, E, 1);
+}
+
+/* The router's choices: the backend's softmax router, or, for sigmoid scores, a selection bias,
+ * expert groups or a scale, the logits brought to the host and routed there (gating.c). */
+static void route(rm_session * s, const rm_layer * L, int32_t n) {
+    const rm_hparams * hp = &s->m->hp;
+    rm_backend * be = s->be;
+    const int32_t K = hp->n_expert_used, X = hp->n_expert;
+    const rm_gating_params g = {hp->gating, hp->n_group, hp->n_group_used, hp->norm_topk,
+                                hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f};
+    const float * bias = L->exp_probs_b.data ? (const float *) L->exp_probs_b.data : NULL;
+    if (rm_gating_is_plain(&g, bias)) {
+        be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
+        return;
+    }
+    be->ops->download(be, s->router_host, s->router, sizeof(float) * (uint64_t) n * (uint64_t) X);
+    for (int32_t i = 0; i < n; i++) {
+        rm_route_token_gated(s->router_host + (int64_t) i * X, bias, &g, X, K, s->routes + (int64_t) i * K);
+    }
+}
+
 static void shared_expert(rm_session * s, const rm_layer * L, int32_t n) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
@@ -216,10 +248,15 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
 
     be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    if (L->kind & RM_LAYER_FFN_DENSE) {   /* a leading dense layer: no experts */
+        swiglu_ffn(s, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->x);
+        rm_prof_mark(s, RM_PROF_SHARED);
+        return;
+    }
     rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
     be->ops->matmul(be, &ra);
     if (L->router_b.data) be->ops->add_bias(be, s->router, &L->router_b, n, X);
-    be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
+    route(s, L, n);
     rm_policy_select(s, il, n);
 
     /* group the slots by expert, residual slots first within each group */
@@ -249,6 +286,8 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     rm_stats_record_routes(s, il, n);
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
+    } else if (m->arch->shared_expert == RM_SHEXP_PLAIN && L->gate_shexp.data) {
+        swiglu_ffn(s, &L->gate_shexp, &L->up_shexp, &L->down_shexp, n, s->moe);
     }
     be->ops->add(be, s->x, s->moe, (int64_t) n * E);
     rm_prof_mark(s, RM_PROF_SHARED);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "mla.h"
 #include "moe.h"
 #include "policy.h"
 #include "profile.h"
@@ -27,7 +28,7 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->router_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
@@ -35,7 +36,7 @@ static void session_free_buffers(rm_session * s) {
     rm_policy_state_free(&s->policy);
     if (s->be) {
         float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
-                         s->ex, s->eg, s->eu, s->ed, s->ecal, s->shgate, s->logits};
+                         s->ex, s->eg, s->eu, s->ed, s->ecal, s->shgate, s->logits, s->mla};
         for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
             if (dev[i]) {
                 s->be->ops->release(s->be, dev[i]);
@@ -56,12 +57,15 @@ static int alloc_backend_buffers(rm_session * s) {
         [RM_SESSION_BUF_EX] = &s->ex,           [RM_SESSION_BUF_EG] = &s->eg,
         [RM_SESSION_BUF_EU] = &s->eu,           [RM_SESSION_BUF_ED] = &s->ed,
         [RM_SESSION_BUF_ECAL] = &s->ecal,       [RM_SESSION_BUF_SHGATE] = &s->shgate,
-        [RM_SESSION_BUF_LOGITS] = &s->logits,
+        [RM_SESSION_BUF_LOGITS] = &s->logits,   [RM_SESSION_BUF_MLA] = &s->mla,
     };
     const rm_size_params sp = rm_size_params_of(&s->m->hp, s->n_ctx, s->n_batch, 0);
     uint64_t bytes[RM_SESSION_BUF_COUNT];
     rm_session_buf_bytes(&sp, bytes);
     for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) {
+        if (bytes[i] == 0 && i == RM_SESSION_BUF_MLA) {
+            continue;   /* no MLA: nothing to allocate */
+        }
         *bufs[i] = s->be->ops->alloc(s->be, bytes[i]);
         if (!*bufs[i]) {
             return 0;
@@ -97,6 +101,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     const size_t X = (size_t) hp->n_expert, K = (size_t) hp->n_expert_used, NL = (size_t) hp->n_layer;
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
+    s->router_host = xalloc(sizeof(float) * B * X, &failed);
     s->routes = xalloc(sizeof(rm_route) * B * K, &failed);
     s->exp_n = xalloc(sizeof(int32_t) * X, &failed);
     s->exp_pairs = xalloc(sizeof(int32_t) * X * B * K, &failed);
@@ -117,7 +122,12 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         free(s);
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory for a batch of %d tokens", nb);
     }
-    const size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
+    size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
+    const size_t mla_in[] = {(size_t) hp->n_ff, (size_t) hp->q_lora_rank, (size_t) hp->kv_lora_rank,
+                             (size_t) hp->n_head * (size_t) hp->head_dim_v};   /* dense FFN's down, MLA's inputs */
+    for (size_t i = 0; i < sizeof(mla_in) / sizeof(mla_in[0]); i++) {
+        max_in = mla_in[i] > max_in ? mla_in[i] : max_in;
+    }
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s)) {
@@ -190,7 +200,7 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     if (L->bq.data) be->ops->add_bias(be, s->q, &L->bq, n, Q);
     if (L->bk.data) be->ops->add_bias(be, s->k, &L->bk, n, KV);
     if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KV);
-    if (m->arch->qk_norm != RM_QK_NORM_NONE) {
+    if (m->arch->qk_norm != RM_QK_NORM_NONE && L->q_norm.data) {   /* GLM-4.5's are optional */
         qk_norm(s, s->q, &L->q_norm, n, hp->n_head);
         qk_norm(s, s->k, &L->k_norm, n, hp->n_head_kv);
     }
@@ -236,7 +246,11 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
-        attention_block(s, il, n);
+        if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
+            rm_mla_block(s, il, n);
+        } else {
+            attention_block(s, il, n);
+        }
         rm_moe_block(s, il, n);
     }
     if (out && first_out < n) {

@@ -31,9 +31,11 @@ struct rm_session {
     float * ecal;                 /* base-only expert outputs while calibrating, rows of n_embd */
     float * shgate;               /* shared-expert gate logits, n_batch */
     float * logits;               /* RM_LOGIT_ROWS rows of n_vocab */
+    float * mla;                  /* multi-head latent attention's scratch (mla.c); NULL without MLA */
 
     /* host memory */
     float *    embd;              /* embedded tokens before upload, rows of n_embd */
+    float *    router_host;       /* router logits brought to the host for grouped routing, rows of n_expert */
     rm_route * routes;            /* rows of n_expert_used */
     int32_t *  exp_n;             /* n_expert */
     int32_t *  exp_pairs;         /* n_expert rows of n_batch * n_expert_used */

@@ -2,6 +2,7 @@
 #include "sizes.h"
 
 #include "devweights.h"
+#include "mla.h"
 #include "split.h"
 #include "status.h"
 
@@ -17,6 +18,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .head_dim = hp->head_dim, .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used,
         .n_ff_exp = hp->n_ff_exp, .n_ff_shexp = hp->n_ff_shexp, .n_vocab = hp->n_vocab,
         .n_ctx = n_ctx, .n_batch = n_batch, .stage_expert_bytes = stage_expert_bytes,
+        .n_ff = hp->n_ff, .kv_lora_rank = hp->kv_lora_rank, .n_rot = hp->n_rot, .head_dim_v = hp->head_dim_v,
     };
 }
 
@@ -24,19 +26,25 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     const uint64_t f = sizeof(float), B = (uint64_t) p->n_batch, E = (uint64_t) p->n_embd;
     const uint64_t Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
     const uint64_t KV = (uint64_t) p->n_head_kv * (uint64_t) p->head_dim;
-    const uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
-    const uint64_t cache = f * (uint64_t) p->n_layer * (uint64_t) p->n_ctx * KV;
+    uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
+    F = (uint64_t) p->n_ff > F ? (uint64_t) p->n_ff : F;   /* leading dense layers use the same gate/up buffers */
+    /* MLA caches one latent (kv_lora_rank + n_rot) per position in the K cache and no V */
+    const uint64_t K_ROW = p->kv_lora_rank > 0 ? (uint64_t) p->kv_lora_rank + (uint64_t) p->n_rot : KV;
+    const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : KV;
+    const uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
     const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
-        [RM_SESSION_BUF_K_CACHE] = cache,     [RM_SESSION_BUF_V_CACHE] = cache,
+        [RM_SESSION_BUF_K_CACHE] = f * (uint64_t) p->n_layer * (uint64_t) p->n_ctx * K_ROW,
+        [RM_SESSION_BUF_V_CACHE] = f * (uint64_t) p->n_layer * (uint64_t) p->n_ctx * V_ROW,
         [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
         [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV,
-        [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * Q,
+        [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * ATT,
         [RM_SESSION_BUF_MOE] = f * B * E,     [RM_SESSION_BUF_ROUTER] = f * B * (uint64_t) p->n_expert,
         [RM_SESSION_BUF_EX] = f * B * E,      [RM_SESSION_BUF_EG] = f * B * F,
         [RM_SESSION_BUF_EU] = f * B * F,      [RM_SESSION_BUF_ED] = f * B * E,
         [RM_SESSION_BUF_ECAL] = f * B * E,    [RM_SESSION_BUF_SHGATE] = f * B,
         [RM_SESSION_BUF_LOGITS] = f * L * (uint64_t) p->n_vocab,
+        [RM_SESSION_BUF_MLA] = f * rm_mla_scratch_floats(p),
     };
     for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) out[i] = sizes[i];
 }

@@ -38,6 +38,17 @@ typedef struct rm_layer {
     rm_weight router_b;                  /* ne = {n_expert} */
     rm_weight gate_exps_b, up_exps_b;    /* ne = {n_ff_exp, n_expert} */
     rm_weight down_exps_b;               /* ne = {n_embd, n_expert} */
+    rm_weight exp_probs_b;               /* selection bias of the routed experts, ne = {n_expert} */
+    rm_weight ffn_gate, ffn_up;          /* dense FFN, ne = {n_embd, n_ff} */
+    rm_weight ffn_down;                  /* ne = {n_ff, n_embd} */
+    /* multi-head latent attention (mla.c); head_dim = nope + n_rot, head_dim_v the value width */
+    rm_weight wq_a;                      /* ne = {n_embd, q_lora_rank} */
+    rm_weight q_a_norm;                  /* ne = {q_lora_rank} */
+    rm_weight wq_b;                      /* ne = {q_lora_rank, n_head*head_dim} */
+    rm_weight wkv_a;                     /* ne = {n_embd, kv_lora_rank + n_rot} */
+    rm_weight kv_a_norm;                 /* ne = {kv_lora_rank} */
+    rm_weight wk_b;                      /* ne = {nope, kv_lora_rank, n_head}: per head, k's up-projection transposed */
+    rm_weight wv_b;                      /* ne = {kv_lora_rank, head_dim_v, n_head} */
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -50,6 +61,12 @@ typedef struct rm_hparams {
     int32_t n_ctx_train;
     int32_t norm_topk;
     int32_t n_layer_dense_lead;          /* leading layers with a dense FFN (DeepSeek/GLM rows); 0: none */
+    int32_t n_ff;                        /* dense FFN width */
+    int32_t n_expert_shared;             /* shared experts of n_ff_exp each (DeepSeek/GLM); n_ff_shexp is their sum */
+    int32_t gating;                      /* rm_gating; 0 read as softmax (today's rows) */
+    int32_t n_group, n_group_used;       /* group-limited top-k: keep the best n_group_used of n_group groups */
+    int32_t q_lora_rank, kv_lora_rank;   /* MLA */
+    int32_t n_layer_nextn;               /* trailing next-token-prediction layers the forward pass skips */
     float   rms_eps;
     float   rope_base;
     int32_t n_swa;                       /* sliding window of the sliding layers (positions a token sees, itself included) */
@@ -58,6 +75,7 @@ typedef struct rm_hparams {
     int32_t n_ctx_orig_yarn;             /* the context the model was trained at before YaRN */
     float   yarn_beta_fast, yarn_beta_slow;
     int32_t yarn_truncate;               /* round YaRN's correction range to whole dims (llama.cpp always does) */
+    float   expert_weights_scale;        /* routed weights times this (routed_scaling_factor); 0 read as 1 */
 } rm_hparams;
 
 #endif

@@ -121,6 +121,8 @@ class HFSource(Source):
         order += [(t, b) for b in range(dims["n_layer"]) for t in layer_specs]
         order += [(t, None) for t in last]
         for t, bid in order:
+            if t.layers is not None and t.layers != _layer_kind(t.layers, bid, dims):
+                continue
             name = t.gguf.format(bid=bid)
             ne = self.hp.shape(t.ne)
             if t.per_expert:
@@ -149,15 +151,25 @@ class HFSource(Source):
                     raise FormatError(f"{self.directory}: checkpoint has no tensor '{hn}' "
                                       f"(needed for {name}); is config.json right for these weights?")
             want = (1, ne[0]) if t.transform == "flatten" else tuple(reversed(ne))
+            if t.transform in ("k_b", "v_b"):   # both come from kv_b_proj
+                want = (dims["n_head"] * (dims["n_nope"] + dims["head_dim_v"]), dims["kv_lora_rank"])
             self._check_shape(hn, want, tuple(reversed(t.ne)))
             used.add(hn)
             out.append(SourceTensor(name, ne, _role(t.role, ne), self._reader(hn, t.transform, ne)))
-        extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)]
+        extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)
+                 and not self._dropped_layer(n)]
         if extra:
             shown = ", ".join(f"'{n}'" for n in extra[:4]) + (" ..." if len(extra) > 4 else "")
             raise FormatError(f"{self.directory}: {len(extra)} tensor(s) that the {spec.name} layout "
                               f"does not use: {shown}; is config.json right for these weights?")
         return out
+
+    def _dropped_layer(self, hf_name: str) -> bool:
+        """A layer past the decoder's (DeepSeek's and GLM's next-token-prediction blocks)."""
+        if self.arch.drop_hf_layers_from is None:
+            return False
+        m = re.match(r"model\.layers\.(\d+)\.", hf_name)
+        return m is not None and int(m.group(1)) >= self.hp.dims[self.arch.drop_hf_layers_from]
 
     def _check_shape(self, hf_name: str, want: tuple[int, ...], dim_names: tuple[str, ...]) -> None:
         if hf_name not in self.ckpt:
@@ -179,6 +191,8 @@ class HFSource(Source):
                 w = _permute_rows(w, dims["n_head_kv"])
             elif transform == "flatten":
                 w = w.reshape(ne[0])
+            elif transform in ("k_b", "v_b"):
+                w = _split_kv_b(w, dims, transform)
             return w
         return read
 
@@ -216,6 +230,23 @@ class HFSource(Source):
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+def _layer_kind(wanted: str, bid: int, dims: dict) -> str:
+    """Which of a pair of layer kinds layer bid has: dense or moe FFN, q_lora or q_direct query."""
+    if wanted in ("dense", "moe"):
+        return "dense" if bid < dims.get("n_layer_dense_lead", 0) else "moe"
+    return "q_lora" if dims.get("q_lora_rank", 0) > 0 else "q_direct"
+
+
+def _split_kv_b(w: np.ndarray, dims: dict, part: str) -> np.ndarray:
+    """MLA's kv_b_proj (n_head * (nope + v), kv_lora_rank) into llama.cpp's per-head k_b, transposed
+    to (n_head, kv_lora_rank, nope), or v_b, (n_head, v, kv_lora_rank)."""
+    nope, v = dims["n_nope"], dims["head_dim_v"]
+    kv = w.reshape(dims["n_head"], nope + v, dims["kv_lora_rank"])
+    if part == "k_b":
+        return np.ascontiguousarray(kv[:, :nope, :].transpose(0, 2, 1))
+    return np.ascontiguousarray(kv[:, nope:, :])
 
 
 def _check_common_config(config: dict, where: str, spec: ArchSpec) -> None:

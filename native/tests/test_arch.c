@@ -45,8 +45,11 @@ static void test_rules(void) {
     }
     hp.n_layer_dense_lead = 0;   /* no period: every layer as the row says */
     EXPECT(rm_arch_layer_kind(&a, &hp, 0) & RM_LAYER_ATTN_FULL, "swa off");
-    rm_layer_kind_unsupported(RM_LAYER_ATTN_SLIDING | RM_LAYER_FFN_DENSE | RM_LAYER_SINKS, what, sizeof(what));
-    EXPECT(strcmp(what, "sliding-window attention, attention sinks") == 0, "refusal words '%s'", what);
+    /* sliding windows and sinks run (gpt-oss), dense FFNs too (DeepSeek/GLM): only the rest is named */
+    const uint32_t runs = RM_LAYER_ATTN_SLIDING | RM_LAYER_FFN_DENSE | RM_LAYER_SINKS;
+    EXPECT((runs & ~(uint32_t) RM_LAYER_RUNS) == 0, "sliding windows, dense FFNs and sinks run");
+    rm_layer_kind_unsupported(runs | RM_LAYER_ATTN_LINEAR, what, sizeof(what));
+    EXPECT(strcmp(what, "linear attention") == 0, "refusal words '%s'", what);
 }
 
 static void test_kind_matching(void) {
@@ -82,7 +85,7 @@ static void test_describe_bounds(void) {
            "key_length row: %s %s %s", hi.key, hi.dflt, hi.max);
     char list[256];
     rm_arch_supported_list(list, sizeof(list));
-    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, glm4moe (GLM-4.5), deepseek2 (DeepSeek-V2/V3)") == 0,
+    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, glm4moe (GLM-4.5), deepseek2 (DeepSeek-V2/V3), gpt-oss") == 0,
            "list '%s'", list);
 }
 

@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .. import resplit
-from ..arch import PREFERRED_PRE, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from ..arch import FUSED, PREFERRED_PRE, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
 from ..errors import FormatError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
@@ -72,7 +72,7 @@ def open_source(src: str) -> Source:
 def _role(spec_role: str, ne: tuple[int, ...]) -> str:
     if spec_role in ("expert", "router"):
         return spec_role
-    return "vector" if len(ne) == 1 else "matrix"
+    return "vector" if len(ne) == 1 or spec_role == "f32" else "matrix"   # "vector": kept F32
 
 
 def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -100,7 +100,7 @@ class HFSource(Source):
         if not isinstance(self.config, dict):
             raise FormatError(f"{cfg_path}: not a JSON object")
         self.arch = arch_for_hf(self.config, cfg_path)
-        _check_common_config(self.config, cfg_path, self.arch.rope_scaling)
+        _check_common_config(self.config, cfg_path, self.arch)
         self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
         self.ckpt = SafetensorsCheckpoint(directory)
         try:
@@ -133,6 +133,11 @@ class HFSource(Source):
                 out.append(SourceTensor(name, ne, "expert", self._expert_reader(hf_names)))
                 continue
             hn = t.hf.format(bid=bid)
+            if t.transform in FUSED:
+                self._check_shape(hn, self._fused_shape(t, ne), ("n_expert",) + tuple(t.ne[:2]))
+                used.add(hn)
+                out.append(SourceTensor(name, ne, _role(t.role, ne), self._fused_reader(hn, t.transform)))
+                continue
             if hn not in self.ckpt:
                 if t.role == "output":
                     if self.config.get("tie_word_embeddings") is False:
@@ -191,6 +196,24 @@ class HFSource(Source):
             return w
         return read
 
+    @staticmethod
+    def _fused_shape(t, ne: tuple[int, ...]) -> tuple[int, ...]:
+        """The HF tensor a FUSED transform reads: (experts, in, out) matrices with gate and up
+        interleaved along out, or their (experts, out) biases."""
+        if t.transform == "fused_down":
+            return (ne[2], ne[0], ne[1])
+        if t.transform in ("fused_gate", "fused_up"):
+            return (ne[2], ne[0], 2 * ne[1])
+        return (ne[1], 2 * ne[0])
+
+    def _fused_reader(self, hf_name: str, transform: str):
+        cols, transpose = FUSED[transform]
+
+        def read(e: int | None) -> np.ndarray:
+            w = self.ckpt.read_f32(hf_name, e)[..., cols]
+            return np.ascontiguousarray(w.T if transpose else w)
+        return read
+
     def _expert_reader(self, hf_names: list[str]):
         def read(e: int | None) -> np.ndarray:
             return self.ckpt.read_f32(hf_names[e])
@@ -227,14 +250,16 @@ def _split_kv_b(w: np.ndarray, dims: dict, part: str) -> np.ndarray:
     return np.ascontiguousarray(kv[:, nope:, :])
 
 
-def _check_common_config(config: dict, where: str, rope_scaling: tuple[str, ...] = ()) -> None:
+def _check_common_config(config: dict, where: str, spec: ArchSpec) -> None:
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedError(f"{where}: hidden_act '{act}' is not supported (silu only)")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in (None, "default") + rope_scaling:
+    if rope_type not in (None, "default") + spec.rope_scaling:
         raise UnsupportedError(f"{where}: RoPE scaling '{rope_type}' is not supported yet")
+    if spec.sliding_window:
+        return
     if config.get("sliding_window") and config.get("use_sliding_window", True):
         log.warning("%s: sliding_window=%s is ignored (llama.cpp runs these models with full attention)",
                     where, config["sliding_window"])
@@ -308,8 +333,8 @@ class GGUFSource(Source):
 
     def add_metadata(self, writer: GGUFWriter) -> None:
         for key, kv in self.header.kv.items():
-            if key in _DROPPED_KEYS or key.startswith(("rapidmoe.", "split.")):
-                continue
+            if key in _DROPPED_KEYS or (key.startswith(("rapidmoe.", "split.")) and not key.startswith("rapidmoe.rope.")):
+                continue   # the model's own rapidmoe.rope.* keys stay: they change its math
             if kv.type == GGUFValueType.ARRAY:
                 if not kv.value:
                     log.warning("%s: empty array '%s' is not copied (gguf cannot write one)", self.path, key)

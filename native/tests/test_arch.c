@@ -85,8 +85,8 @@ static void test_describe_bounds(void) {
            "key_length row: %s %s %s", hi.key, hi.dflt, hi.max);
     char list[256];
     rm_arch_supported_list(list, sizeof(list));
-    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, glm4moe (GLM-4.5), deepseek2 (DeepSeek-V2/V3), gpt-oss") == 0,
-           "list '%s'", list);
+    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, glm4moe (GLM-4.5), "
+                         "deepseek2 (DeepSeek-V2/V3), gpt-oss") == 0, "list '%s'", list);
 }
 
 int main(void) {

@@ -48,7 +48,7 @@ class HParam:
 
     key: str | None
     hf: tuple[str, ...]
-    kind: str  # "u32" | "f32" | "bool" | "sections" (a list of at most 4, padded to 4)
+    kind: str  # "u32" | "f32" | "bool" | "str" | "sections" (a list of at most 4, padded to 4)
     default: Any = REQUIRED
     dim: str | None = None
 
@@ -69,9 +69,10 @@ class TensorSpec:
     ne: tuple[str, ...]
     role: str
     optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
-    transform: str | None = None    # "permute_q" | "permute_k" | "flatten" | "k_b" | "v_b", or a name in sources.TRANSFORMS
-    layers: str | None = None       # only in some layers: "dense" | "moe" | "q_lora" | "q_direct", or
-                                    # "full" | "linear" as ArchSpec.layer_kind gives them (hybrids)
+    transform: str | None = None    # "permute_q" | "permute_k" | "flatten", one of FUSED, or a name in sources.TRANSFORMS
+    # only in some layers: "dense" | "moe" | "q_lora" | "q_direct", or with ArchSpec.layer_kind
+    # (the hybrids) the kind it gives: "full" | "linear"
+    layers: str | None = None
 
     @property
     def per_layer(self) -> bool:
@@ -95,6 +96,7 @@ class ArchSpec:
     permute_qk: bool = False           # HF q/k rows are permuted to llama.cpp's interleaved RoPE
     output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
+    sliding_window: bool = False       # the runtime honours config.json's sliding_window
     # the config as the hparams read it: values derived from several fields, per-architecture
     # defaults transformers does not save (DeepSeek-V3's sigmoid scores)
     prepare_config: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
@@ -490,6 +492,95 @@ DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
     extra_kv=_deepseek_yarn,
 )
 
+# gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,
+# gate and up interleaved along the last (gate at even, up at odd indices) and every matrix
+# transposed against nn.Linear's (in, out): a TensorSpec with one of these transforms takes expert
+# e's slab of such a tensor (role "expert") or the matching half of a bias (role "f32").
+FUSED = {
+    "fused_gate": (slice(0, None, 2), True),     # gate_up_proj[e][:, 0::2].T
+    "fused_up": (slice(1, None, 2), True),       # gate_up_proj[e][:, 1::2].T
+    "fused_down": (slice(None), True),           # down_proj[e].T
+    "even": (slice(0, None, 2), False),          # gate_up_proj_bias[:, 0::2]
+    "odd": (slice(1, None, 2), False),           # gate_up_proj_bias[:, 1::2]
+}
+
+
+def _gpt_oss_layers(config: Mapping[str, Any]) -> None:
+    """llama.cpp's gpt-oss graph slides every other layer, starting with layer 0."""
+    n = config.get("num_hidden_layers") or 0
+    kinds = config.get("layer_types")
+    want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if kinds is not None and list(kinds) != want:
+        raise UnsupportedError(f"config.json: layer_types {list(kinds)} is not gpt-oss's alternation "
+                               "(sliding on even layers, full on odd ones)")
+    for key, want_v in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)):
+        if abs(float(config.get(key, want_v)) - want_v) > 1e-6:
+            raise UnsupportedError(f"config.json: {key} {config[key]} differs from the {want_v} that "
+                                   "llama.cpp (and this runtime) hard-code for gpt-oss")
+    if config.get("attention_bias") is False:
+        raise UnsupportedError("config.json: gpt-oss without attention biases is not supported")
+
+
+def _gpt_oss_tensors() -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    a, m = p + "self_attn.", p + "mlp."
+    return _GLOBAL_TENSORS + (
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q"), "attn"),
+        TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv"), "attn"),
+        TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv"), "attn"),
+        TensorSpec("blk.{bid}.attn_q.bias", a + "q_proj.bias", ("n_q",), "bias"),
+        TensorSpec("blk.{bid}.attn_k.bias", a + "k_proj.bias", ("n_kv",), "bias"),
+        TensorSpec("blk.{bid}.attn_v.bias", a + "v_proj.bias", ("n_kv",), "bias"),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q", "n_embd"), "attn"),
+        TensorSpec("blk.{bid}.attn_output.bias", a + "o_proj.bias", ("n_embd",), "bias"),
+        TensorSpec("blk.{bid}.attn_sinks.weight", a + "sinks", ("n_head",), "bias"),
+        TensorSpec("blk.{bid}.post_attention_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "router.weight", ("n_embd", "n_expert"), "router"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.bias", m + "router.bias", ("n_expert",), "bias"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", m + "experts.gate_up_proj",
+                   ("n_embd", "n_ff_exp", "n_expert"), "expert", transform="fused_gate"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", m + "experts.gate_up_proj",
+                   ("n_embd", "n_ff_exp", "n_expert"), "expert", transform="fused_up"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", m + "experts.down_proj",
+                   ("n_ff_exp", "n_embd", "n_expert"), "expert", transform="fused_down"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.bias", m + "experts.gate_up_proj_bias",
+                   ("n_ff_exp", "n_expert"), "f32", transform="even"),
+        TensorSpec("blk.{bid}.ffn_up_exps.bias", m + "experts.gate_up_proj_bias",
+                   ("n_ff_exp", "n_expert"), "f32", transform="odd"),
+        TensorSpec("blk.{bid}.ffn_down_exps.bias", m + "experts.down_proj_bias", ("n_embd", "n_expert"), "f32"),
+    )
+
+
+def _rope(name: str) -> tuple[str, str]:
+    return f"rope_parameters.{name}", f"rope_scaling.{name}"
+
+
+GPT_OSS = ArchSpec(
+    name="gpt-oss",
+    hf_architectures=("GptOssForCausalLM",),
+    hparams=_COMMON_HPARAMS + (
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff_exp"),
+        _norm_topk((), True),
+        HParam(Keys.Attention.SLIDING_WINDOW, ("sliding_window",), "u32", dim="n_swa"),
+        HParam(Keys.Attention.SLIDING_WINDOW_PATTERN, (), "u32", default=2, dim="swa_pattern"),
+        HParam(Keys.Rope.SCALING_FACTOR, _rope("factor"), "f32", default=1.0, dim="rope_yarn_factor"),
+        HParam(Keys.Rope.SCALING_TYPE, (), "str",
+               default=lambda d: "yarn" if d["rope_yarn_factor"] != 1.0 else "none", dim="rope_scaling"),
+        HParam(Keys.Rope.SCALING_ORIG_CTX_LEN, _rope("original_max_position_embeddings"), "u32",
+               default=lambda d: d["n_ctx_train"], dim="n_ctx_orig_yarn"),
+        HParam(Keys.Rope.SCALING_YARN_BETA_FAST, _rope("beta_fast"), "f32", default=32.0, dim="yarn_beta_fast"),
+        HParam(Keys.Rope.SCALING_YARN_BETA_SLOW, _rope("beta_slow"), "f32", default=1.0, dim="yarn_beta_slow"),
+        # transformers' YaRN `truncate`: GGUF has no key for it and llama.cpp always rounds (true)
+        HParam("rapidmoe.rope.yarn_truncate", _rope("truncate"), "bool", default=True, dim="yarn_truncate"),
+    ),
+    tensors=_gpt_oss_tensors(),
+    check_config=_gpt_oss_layers,
+    rope_scaling=("yarn",),
+    sliding_window=True,
+)
+
+
 # The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
 PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
 # ---- Qwen3.5-MoE and Qwen3-Next: Gated DeltaNet and gated attention ---------------------------
@@ -633,8 +724,8 @@ QWEN3NEXT = ArchSpec(
     skipped=("mtp.", "model.mtp."),
 )
 
-ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, GLM4MOE, DEEPSEEK2, QWEN35MOE,
-                                                   QWEN3NEXT)}
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
+                                                  DEEPSEEK2, GPT_OSS)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -669,6 +760,10 @@ def _config_get(config: Mapping[str, Any], path: str) -> Any:
 
 
 def _coerce(value: Any, kind: str, where: str) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise FormatError(f"{where}: {value!r} is not a string")
+        return value
     if kind == "sections":   # rope.dimension_sections: four section widths, unused ones 0
         if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
             raise FormatError(f"{where}: {value!r} is not a list of at most 4 section widths")

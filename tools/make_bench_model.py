@@ -73,6 +73,7 @@ FORMATS = {
 SHAPES = {
     "qwen3moe": dict(experts=128, experts_used=8, hidden=2048, expert_ff=768, heads=32, kv_heads=4, head_dim=128),
     "qwen35moe": dict(experts=256, experts_used=8, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
+    "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128),
 }
 # Qwen3.5-35B-A3B's linear-attention and shared-expert shapes
 QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
@@ -144,6 +145,8 @@ def hf_config(a) -> dict:
 
     if a.arch == "qwen35moe":
         return hf_config_qwen35(a)
+    if a.arch == "deepseek2":
+        return deepseek_config(a)
     cfg = Qwen3MoeConfig(
         vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=6144, moe_intermediate_size=a.expert_ff,
         num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
@@ -337,14 +340,17 @@ def convert_all(hf: str, out: str, formats: list[str], threads: int) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="output directory (created)")
-    ap.add_argument("--arch", choices=["qwen3moe", "deepseek2", "qwen35moe"], default="qwen3moe",
-                    help="Qwen3-30B-A3B-like (default), DeepSeek-V2-Lite/GLM-4.7-Flash-like or Qwen3.5-35B-A3B's "
-                         "(hybrid) shapes")
+    ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
+                    help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
+                         "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--experts", type=int, default=None, help="default: 128 (qwen3moe), 64 (deepseek2)")
-    ap.add_argument("--experts-used", type=int, default=None, help="default: 8 (qwen3moe), 6 (deepseek2)")
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--expert-ff", type=int, default=None, help="default: 768 (qwen3moe), 1408 (deepseek2)")
+    ap.add_argument("--experts", type=int, default=None)
+    ap.add_argument("--experts-used", type=int, default=None)
+    ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--expert-ff", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--head-dim", type=int, default=None)
     ap.add_argument("--shared", type=int, default=2, help="deepseek2: shared experts")
     ap.add_argument("--dense-ff", type=int, default=10944, help="deepseek2: the leading dense layer's FFN")
     ap.add_argument("--q-lora", type=int, default=768)
@@ -352,9 +358,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nope", type=int, default=128)
     ap.add_argument("--rope", type=int, default=64)
     ap.add_argument("--v-dim", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=None, help="default: 32 (qwen3moe), 16 (deepseek2)")
-    ap.add_argument("--kv-heads", type=int, default=None, help="default: 4; 2 (qwen35moe)")
-    ap.add_argument("--head-dim", type=int, default=None, help="default: 128; 256 (qwen35moe)")
     ap.add_argument("--vocab", type=int, default=32000, help="config vocab_size (the model's rows)")
     ap.add_argument("--tokenizer-size", type=int, default=8000, help="tokens the BPE learns (<= --vocab)")
     ap.add_argument("--formats", default="q4_0,q8_0,q4_k,q4k-q8", help=f"comma-separated: {', '.join(FORMATS)}; "
@@ -365,12 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="load the checkpoint with transformers (small models)")
     ap.add_argument("--force", action="store_true", help="rewrite the checkpoint if it exists")
     a = ap.parse_args(argv)
-    ds = a.arch == "deepseek2"
-    for k, q, d in (("experts", 128, 64), ("experts_used", 8, 6), ("expert_ff", 768, 1408), ("heads", 32, 16)):
-        if getattr(a, k) is None and a.arch != "qwen35moe":
-            setattr(a, k, d if ds else q)
-    for k, v in (SHAPES[a.arch] if a.arch in SHAPES else SHAPES["qwen3moe"]).items():
-        if getattr(a, k, None) is None:
+    for k, v in SHAPES[a.arch].items():
+        if getattr(a, k) is None:
             setattr(a, k, v)
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch == "qwen35moe"
@@ -391,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{hf}: {n_params / 1e9:.3f} B parameters, {2 * n_params / 1e9:.2f} GB bf16", file=sys.stderr)
         with open(os.path.join(hf, "config.json"), "w") as f:
-            json.dump(deepseek_config(a) if ds else hf_config(a), f, indent=2)
+            json.dump(hf_config(a), f, indent=2)
         n_tok = write_tokenizer(hf, a.tokenizer_size)
         print(f"  tokenizer: {n_tok} tokens (vocab padded to {a.vocab})", file=sys.stderr)
         write_shards(hf, tensors, int(a.shard_gb * 1e9), a.seed, bench_bf16)

@@ -95,6 +95,7 @@ typedef enum rm_type {
     RM_TYPE_IQ4_XS  = 23,
     RM_TYPE_IQ1_M   = 29,
     RM_TYPE_BF16 = 30,
+    RM_TYPE_MXFP4 = 39,
     RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
 } rm_type;
 
@@ -267,12 +268,14 @@ enum {
     RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
     RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
+    RM_LAYER_EXP_BIAS     = 0x0800,   /* biases on the router and on every expert's three products (gpt-oss) */
+    RM_LAYER_SWIGLU_CLAMP = 0x1000,   /* the experts' SwiGLU clamped, with (up + 1) (gpt-oss) */
     RM_LAYER_MLA_Q_LORA   = 0x2000,   /* MLA's query through a low-rank q_a/q_b pair (DeepSeek-V2/V3) */
     RM_LAYER_MLA_Q_DIRECT = 0x4000,   /* MLA's query from one projection (DeepSeek-V2-Lite) */
     RM_LAYER_ATTN_GATE    = 0x10000,  /* full attention whose q projection also gives a sigmoid output gate (Qwen3-Next) */
     RM_LAYER_SSM_BA       = 0x20000,  /* linear attention: beta and alpha in one fused projection, grouped per key head (qwen3next) */
     RM_LAYER_SSM_V_TILED  = 0x40000,  /* linear attention: value head h reads key head h % n_k, not h / (n_v/n_k) (qwen35moe) */
-    RM_LAYER_RUNS         = 0x763FD   /* the bits the forward pass runs today */
+    RM_LAYER_RUNS         = 0x77FFF   /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -316,7 +319,7 @@ typedef struct rm_arch_tensor_info {
     int32_t      expert;          /* ne[2] holds one matrix per routed expert */
     uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */
     const char * ne[3];           /* "n_embd", "n_q" (n_head*head_dim), "n_kv" (n_head_kv*head_dim),
-                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "any" or "1" */
+                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "n_head", "any" or "1" */
 } rm_arch_tensor_info;
 
 int32_t   rm_arch_count(void);

@@ -157,6 +157,9 @@ static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
     if (rm_gguf_get_str(ld->g, key, &type) != RM_OK || (type.len == 4 && memcmp(type.ptr, "none", 4) == 0)) {
         return RM_OK;   /* absent or none: plain RoPE */
     }
+    if (hp->rope_yarn_factor > 0.0f) {
+        return RM_OK;   /* the row reads YaRN's keys itself (gpt-oss) */
+    }
     if (type.len != 4 || memcmp(type.ptr, "yarn", 4) != 0 || hp->kv_lora_rank == 0) {
         return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: rope scaling '%.*s' is not supported (YaRN runs for "
                        "deepseek2's latent attention only)", ld->fn, ld->path, (int) (type.len > 32 ? 32 : type.len), type.ptr);
@@ -275,8 +278,15 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     if (hp->n_rot % 2 != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d is odd", ld->fn, ld->path, hp->n_rot);
     }
-    const rm_status st = derive_hparams(ld, hp);
-    return st != RM_OK ? st : linear_hparams(ld, hp);
+    /* our key: transformers' YaRN `truncate`, which GGUF has no key for; llama.cpp always rounds */
+    bool truncate = true;
+    const rm_status st = rm_gguf_get_bool(ld->g, "rapidmoe.rope.yarn_truncate", &truncate);
+    if (st != RM_OK && st != RM_GGUF_MISSING) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: key 'rapidmoe.rope.yarn_truncate' is not a bool", ld->fn, ld->path);
+    }
+    hp->yarn_truncate = truncate;
+    const rm_status derived = derive_hparams(ld, hp);
+    return derived != RM_OK ? derived : linear_hparams(ld, hp);
 }
 
 /* Every layer's kind, refused when the forward pass does not run it. */
@@ -503,6 +513,13 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
                        "load without use_gpu", m->arch->name);
     }
     if (params->use_gpu) {
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            if (m->layers[il].kind & RM_LAYER_HOST_ONLY) {
+                return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: layer %d of this %s model has biased experts with "
+                               "the clamped SwiGLU, which only the CPU backend runs; load it without a GPU "
+                               "(use_gpu = 0)", il, m->arch->name);
+            }
+        }
         if (params->gpu_device < 0) {
             return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
         }

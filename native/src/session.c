@@ -220,18 +220,27 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     const int neox = m->arch->rope == RM_ROPE_NEOX;
-    be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
-    be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+    if (hp->rope_yarn_factor > 0.0f) {   /* the rows that read rope.scaling.factor run YaRN */
+        rm_rope_yarn y;
+        rm_rope_yarn_of(hp, &y);
+        be->ops->rope_yarn(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, &y, neox);
+        be->ops->rope_yarn(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, &y, neox);
+    } else {
+        be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+        be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+    }
     const int64_t slot = s->hy ? s->hy->kv_index[il] : il;   /* a hybrid caches its attention layers only */
     float * kc = s->k_cache + slot * s->n_ctx * KV;
     float * vc = s->v_cache + slot * s->n_ctx * KV;
     be->ops->copy(be, kc + (int64_t) s->n_past * KV, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     be->ops->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
-    rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim};
+    rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim,
+                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL};
     be->ops->attention(be, &aa);
     if (gated) rm_attn_gate_apply(s, n);
     rm_prof_mark(s, RM_PROF_ATTN);
     matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
+    if (L->bo.data) be->ops->add_bias(be, s->x, &L->bo, n, E);
     rm_prof_mark(s, RM_PROF_ATTN_OUT);
 }
 

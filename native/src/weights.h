@@ -33,6 +33,11 @@ typedef struct rm_layer {
     rm_weight gate_shexp, up_shexp;      /* ne = {n_embd, n_ff_shexp} */
     rm_weight down_shexp;                /* ne = {n_ff_shexp, n_embd} */
     rm_weight gate_inp_shexp;            /* ne = {n_embd} */
+    rm_weight bo;                        /* output projection bias, ne = {n_embd} */
+    rm_weight sinks;                     /* attention sink logits, ne = {n_head} */
+    rm_weight router_b;                  /* ne = {n_expert} */
+    rm_weight gate_exps_b, up_exps_b;    /* ne = {n_ff_exp, n_expert} */
+    rm_weight down_exps_b;               /* ne = {n_embd, n_expert} */
     rm_weight exp_probs_b;               /* selection bias of the routed experts, ne = {n_expert} */
     rm_weight ffn_gate, ffn_up;          /* dense FFN, ne = {n_embd, n_ff} */
     rm_weight ffn_down;                  /* ne = {n_ff, n_embd} */
@@ -74,6 +79,12 @@ typedef struct rm_hparams {
     int32_t n_layer_nextn;               /* trailing next-token-prediction layers the forward pass skips */
     float   rms_eps;
     float   rope_base;
+    int32_t n_swa;                       /* sliding window of the sliding layers (positions a token sees, itself included) */
+    int32_t swa_pattern;                 /* every swa_pattern-th layer attends to the whole context, the others slide */
+    float   rope_yarn_factor;            /* YaRN context extension; 1: plain RoPE */
+    int32_t n_ctx_orig_yarn;             /* the context the model was trained at before YaRN */
+    float   yarn_beta_fast, yarn_beta_slow;
+    int32_t yarn_truncate;               /* round YaRN's correction range to whole dims (llama.cpp always does) */
     float   expert_weights_scale;        /* routed weights times this (routed_scaling_factor); 0 read as 1 */
     /* YaRN context extension (MLA only): 0 without; frequencies between the original context's
      * correction range blend interpolation (pos / factor) and extrapolation */

@@ -635,6 +635,7 @@ _HYBRID_HPARAMS = tuple(h for h in _COMMON_HPARAMS if h.key != Keys.Rope.DIMENSI
     HParam(None, (), "u32", default=lambda d: 2 * d["ssm_n_v"], dim="ssm_n_ba"),
     HParam(Keys.LLM.FULL_ATTENTION_INTERVAL, ("full_attention_interval",), "u32", default=4,
            dim="full_attn_interval"),
+    HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),   # the MTP block is not converted
 )
 
 

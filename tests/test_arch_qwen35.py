@@ -226,15 +226,35 @@ runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
 
-def llama_cpp_convert(hf_dir, out, outtype="f32"):
-    """llama.cpp's own converter (--no-mtp: transformers' checkpoints have no MTP block); None
-    when its source is not at hand."""
+def llama_cpp_convert(hf_dir, out, outtype="f32", mtp=False):
+    """llama.cpp's own converter (--no-mtp unless mtp: transformers' checkpoints have no MTP
+    block); None when its source is not at hand."""
     src = _llama_src()
     if src is None:
         return None
     subprocess.run([sys.executable, "-c", _CONVERT, src, "qwen35", str(hf_dir), "--outtype", outtype,
-                    "--no-mtp", "--outfile", str(out)], check=True, capture_output=True)
+                    "--outfile", str(out)] + ([] if mtp else ["--no-mtp"]), check=True, capture_output=True)
     return out
+
+
+def add_mtp_block(hf_dir):
+    """Gives a checkpoint an MTP block as Qwen3.5's published ones have it: mtp.fc, its norms, and
+    one decoder layer (here a copy of the last, full-attention one) under mtp.layers.0."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    n, e = cfg["num_hidden_layers"], cfg["hidden_size"]
+    w = load_file(str(hf_dir / "model.safetensors"))
+    last = f"model.layers.{n - 1}."
+    w.update({"mtp.layers.0." + k[len(last):]: v.clone() for k, v in w.items() if k.startswith(last)})
+    g = torch.Generator().manual_seed(5)
+    w["mtp.fc.weight"] = 0.05 * torch.randn(e, 2 * e, generator=g)
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        w[f"mtp.{name}.weight"] = 0.1 * torch.randn(e, generator=g)
+    save_file(w, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
+    cfg["mtp_num_hidden_layers"] = 1
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
 
 
 @pytest.mark.parametrize("model_type", KINDS)
@@ -388,3 +408,24 @@ def test_hybrid_qwen35_chat_template_matches_transformers(hybrid, add_generation
                           eos_token=t.token_to_piece(t.eos_id).decode())
     assert got == want
     assert got.startswith("<|im_start|>system\nYou are terse.<|im_end|>") and "漢字" in got
+
+
+def test_hybrid_llama_cpp_file_with_mtp_block(tmp_path):
+    """llama.cpp's file of a checkpoint with an MTP block (block_count counts it, nextn_predict_layers
+    says so): the block is skipped, the logits are those of the file without it."""
+    d = tmp_path / "hf"
+    make_tiny_hybrid(d, "qwen3_5_moe")
+    plain = llama_cpp_convert(d, tmp_path / "plain.gguf")
+    if plain is None:
+        pytest.skip("llama.cpp's converter is not at hand (set LLAMA_CPP_SRC)")
+    add_mtp_block(d)
+    with_mtp = llama_cpp_convert(d, tmp_path / "mtp.gguf", mtp=True)
+    with rm.open_gguf(with_mtp) as g:
+        assert any(n.startswith("blk.4.") for n in g.tensors)   # the MTP block is there
+    ids = np.random.default_rng(3).integers(3, VOCAB, 40).tolist()
+    with rm.Model(plain, n_ctx=64, n_threads=1) as a, rm.Model(with_mtp, n_ctx=64, n_threads=1) as b:
+        assert b.info["n_layer"] == 4
+        np.testing.assert_array_equal(b.eval_logits(ids), a.eval_logits(ids))
+    rm.convert(d, tmp_path / "ours.gguf", recipe="f32", progress=False)   # ours skips it at conversion
+    with rm.open_gguf(tmp_path / "ours.gguf") as g:
+        assert not any(n.startswith("blk.4.") for n in g.tensors)

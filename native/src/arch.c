@@ -132,6 +132,8 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
     HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
     INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED, K(1), K(1 << 20)),
     HP_TAIL, HP_SSM,
+    /* llama.cpp's files of checkpoints with an MTP block count it in block_count, last */
+    INT("nextn_predict_layers", n_layer_nextn, K(0), K(0), V(n_layer)),
 };
 
 /* ---- per-layer tensors ---------------------------------------------------------------------- */

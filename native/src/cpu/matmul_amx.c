@@ -20,8 +20,9 @@
  * the matrix zero. The activations of a product: per group of 16 tokens and per block, the
  * levels in the tile's pairing (dword j of token c at 64 j + 4 c: 512 bytes), then the 16 token
  * scales as floats (64 bytes); places past the last token are zero. Both are 576 bytes per block,
- * 18 bytes per weight or activation: made per product, nothing is kept at load. Q4_0 rows that
- * the AVX-512 set keeps in its stored layout (RAPIDMOE_REPACK) are unpacked from that layout.
+ * 1.125 bytes per weight or activation: made per product (a thread's room is 18 bytes per element
+ * of a row), nothing is kept at load. Q4_0 rows that the AVX-512 set keeps in its stored layout
+ * (RAPIDMOE_REPACK) are unpacked from that layout.
  *
  * Compiled with -mamx-tile -mamx-int8 and the AVX-512 flags (CMakeLists.txt), only where the
  * compiler has them (RM_AMX); chosen only where cpuid, XCR0 and the kernel's grant of the tile
@@ -223,7 +224,8 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
  * by sub-block, 16 rows x K bytes each (4096 bytes); the scales as int32 [sub-block][row] (1024);
  * the mins in pairs of int16 [pair][row] (256); d and dmin as floats [row] (128). Activations (per
  * group of 16 tokens): the levels, dword e of token c at 64 e + 4 c (4096 bytes); d as floats
- * (64); the 32-element sums in pairs of int16 [pair][token] (256). */
+ * (64); the 32-element sums in pairs of int16 [pair][token] (256). That is 21.5 bytes of room per
+ * element of a row, and 1.08 bytes per activation. */
 #define KQ_W_BYTES (4096 + 1024 + 256 + 128)
 #define KQ_X_BYTES (4096 + 64 + 256)
 

@@ -139,7 +139,7 @@ def test_kernels_amx_tiles_match_reference(name):
     """Many tokens through the AMX tiles, against the scalar reference (TOL), and for Q8_0/Q4_0
     against the AVX-512 set and each token alone, bit for bit. Sizes cover a partial tile of rows
     and of tokens, one token past a tile, and a single group."""
-    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64)]:
+    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64), (1024, 20, 12)]:
         _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
         for k, w in enumerate(random_rows(name, n_rows, n, seed=n_tok)):
             want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")

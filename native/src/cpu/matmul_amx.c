@@ -12,7 +12,7 @@
  * and the float operations, in the same order, of the AVX-512 set's kernels (dot_32_multi and its
  * prefill form, on rows of whole groups of eight blocks), so a token's result is bit for bit the
  * one the AVX-512 set's vec_dot gives, in prefill and in decode. Everything else in this set
- * (vec_dot, decode, fewer than 16 tokens, the other types) is the AVX-512 set's: dispatch.c
+ * (vec_dot, decode, products of too few tokens, the other types) is the AVX-512 set's: dispatch.c
  * falls through.
  *
  * Layouts. A thread's room holds RM_TILE_ROWS rows unpacked: per block, the 16 rows' 32 signed
@@ -430,12 +430,14 @@ RM_TILE_MATMUL_KQ(matmul_q4_K, KQ_Q4_K)
 RM_TILE_MATMUL_KQ(matmul_q5_K, KQ_Q5_K)
 RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
 
-/* From 16 tokens on: one group fills the tile's 16 columns. */
+/* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
+ * Q8_0/Q4_0 break even at 12 tokens and win from 16; the K-quants win from 12 (1.1 to 1.6x),
+ * not at 8 (0.7 to 1.2x). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
-static const rm_tile_kernels tile_q4_K = {16, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {16, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
-static const rm_tile_kernels tile_q6_K = {16, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
+static const rm_tile_kernels tile_q4_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
+static const rm_tile_kernels tile_q5_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q6_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

@@ -35,9 +35,23 @@ from rapidmoe_gguf import kernels, quants  # noqa: E402
 DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
+def random_blocks(name: str, n: int, n_rows: int, r) -> bytes:
+    """Random blocks for a type without a quantizer (the IQ types): random bytes with a finite
+    fp16 scale in the first field (IQ1_M, whose scale is spread over its scale words, is left out)."""
+    t = quants.TYPES[name]
+    if name == "IQ1_M":
+        sys.exit("bench_kernels: IQ1_M has no quantizer and no simple random form here")
+    raw = r.integers(0, 256, (n_rows * n // t.block_elems, t.block_bytes), dtype=np.uint8)
+    raw[:, 0:2] = (r.uniform(0.5, 2, (len(raw), 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return raw.tobytes()
+
+
 def make(name: str, n: int, n_rows: int, seed: int = 0, n_tok: int = 1):
     r = np.random.default_rng(seed)
-    w = quants.quantize(name, r.standard_normal((n_rows, n)).astype(np.float32))
+    if name.startswith("IQ"):
+        w = random_blocks(name, n, n_rows, r)
+    else:
+        w = quants.quantize(name, r.standard_normal((n_rows, n)).astype(np.float32))
     x = r.standard_normal((n_tok, n) if n_tok > 1 else n).astype(np.float32)
     act = quants.TYPES[name].vec_dot_type
     x_q = x.tobytes() if act == "F32" else quants.quantize(act, x)

@@ -12,7 +12,7 @@
  * and the float operations, in the same order, of the AVX-512 set's kernels (dot_32_multi and its
  * prefill form, on rows of whole groups of eight blocks), so a token's result is bit for bit the
  * one the AVX-512 set's vec_dot gives, in prefill and in decode. Everything else in this set
- * (vec_dot, decode, fewer than 16 tokens, the other types) is the AVX-512 set's: dispatch.c
+ * (vec_dot, decode, products of too few tokens, the other types) is the AVX-512 set's: dispatch.c
  * falls through.
  *
  * Layouts. A thread's room holds RM_TILE_ROWS rows unpacked: per block, the 16 rows' 32 signed
@@ -20,8 +20,9 @@
  * the matrix zero. The activations of a product: per group of 16 tokens and per block, the
  * levels in the tile's pairing (dword j of token c at 64 j + 4 c: 512 bytes), then the 16 token
  * scales as floats (64 bytes); places past the last token are zero. Both are 576 bytes per block,
- * 18 bytes per weight or activation: made per product, nothing is kept at load. Q4_0 rows that
- * the AVX-512 set keeps in its stored layout (RAPIDMOE_REPACK) are unpacked from that layout.
+ * 1.125 bytes per weight or activation: made per product (a thread's room is 18 bytes per element
+ * of a row), nothing is kept at load. Q4_0 rows that the AVX-512 set keeps in its stored layout
+ * (RAPIDMOE_REPACK) are unpacked from that layout.
  *
  * Compiled with -mamx-tile -mamx-int8 and the AVX-512 flags (CMakeLists.txt), only where the
  * compiler has them (RM_AMX); chosen only where cpuid, XCR0 and the kernel's grant of the tile
@@ -223,7 +224,8 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
  * by sub-block, 16 rows x K bytes each (4096 bytes); the scales as int32 [sub-block][row] (1024);
  * the mins in pairs of int16 [pair][row] (256); d and dmin as floats [row] (128). Activations (per
  * group of 16 tokens): the levels, dword e of token c at 64 e + 4 c (4096 bytes); d as floats
- * (64); the 32-element sums in pairs of int16 [pair][token] (256). */
+ * (64); the 32-element sums in pairs of int16 [pair][token] (256). That is 21.5 bytes of room per
+ * element of a row, and 1.08 bytes per activation. */
 #define KQ_W_BYTES (4096 + 1024 + 256 + 128)
 #define KQ_X_BYTES (4096 + 64 + 256)
 
@@ -428,12 +430,14 @@ RM_TILE_MATMUL_KQ(matmul_q4_K, KQ_Q4_K)
 RM_TILE_MATMUL_KQ(matmul_q5_K, KQ_Q5_K)
 RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
 
-/* From 16 tokens on: one group fills the tile's 16 columns. */
+/* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
+ * Q8_0/Q4_0 break even at 12 tokens and win from 16; the K-quants win from 12 (1.1 to 1.6x),
+ * not at 8 (0.7 to 1.2x). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
-static const rm_tile_kernels tile_q4_K = {16, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {16, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
-static const rm_tile_kernels tile_q6_K = {16, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
+static const rm_tile_kernels tile_q4_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
+static const rm_tile_kernels tile_q5_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q6_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

@@ -70,10 +70,10 @@ def make_checkpoint(out, name: str, seed: int = 0, **overrides):
     prefix, fields = CONFIGS[name]
     cfg_cls = getattr(transformers, prefix + "Config")
     model_cls = getattr(transformers, prefix + "ForCausalLM")
-    fields = dict(dict(vocab_size=VOCAB, hidden_size=72, num_hidden_layers=3, num_attention_heads=3,
-                       num_key_value_heads=3, max_position_embeddings=256, rms_norm_eps=1e-6,
-                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0),
-                  **fields, **overrides)
+    fields = {**dict(vocab_size=VOCAB, hidden_size=72, num_hidden_layers=3, num_attention_heads=3,
+                     num_key_value_heads=3, max_position_embeddings=256, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0),
+              **fields, **overrides}
     config = cfg_cls(**fields)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
@@ -347,3 +347,44 @@ def test_arch_deepseek_chat_template_matches_transformers(converted, name, add_g
                                    add_generation_prompt=add_generation_prompt)
     got = chat.render(template, CHAT, add_generation_prompt, bos_token=tok.bos_token, eos_token=tok.eos_token)
     assert got == want
+
+
+# ---------------------------------------------------------------------------------------------
+# RESplit and UMIA on the routed experts only
+# ---------------------------------------------------------------------------------------------
+
+def _kl(ref, ours):
+    p = np.exp(ref - ref.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    lq = ours - ours.max(-1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
+    return (p * (np.log(p) - lq)).sum(-1).mean()
+
+
+def test_arch_deepseek_residual_on_routed_experts_and_budget_over_their_slots(tmp_path):
+    """A Q4_0 base with a Q4_0 residual: the sidecar holds the routed experts only, the residual
+    brings the model closer to transformers, and after calibration every policy spends its budget
+    on the MoE layers' slots (the leading dense layer has none)."""
+    import gguf
+
+    from rapidmoe_gguf import evaluate
+
+    src = make_checkpoint(tmp_path / "hf", "deepseek_v3", hidden_size=64, moe_intermediate_size=64,
+                          intermediate_size=96)
+    rep = rm.convert(src, tmp_path / "m.gguf", recipe="q4_0-q4_0", progress=False)
+    names = [t.name for t in gguf.GGUFReader(rep.residual_path).tensors]
+    assert sorted(names) == sorted(f"blk.{b}.ffn_{k}_exps.residual" for b in (1, 2) for k in ("gate", "up", "down"))
+    ids = np.random.default_rng(11).integers(3, VOCAB, 40).tolist()
+    ref = reference_logits(src, ids)
+    kl = {}
+    for policy in ("all", "none"):
+        with rm.Model(tmp_path / "m.gguf", n_ctx=64, n_threads=2, residual_policy=policy) as m:
+            kl[policy] = _kl(ref, m.eval_logits(ids))
+    assert kl["all"] < 0.5 * kl["none"] and kl["all"] <= 1e-3, kl
+    evaluate.calibrate(str(tmp_path / "m.gguf"), "The quick brown fox jumps over the lazy dog. " * 20, n_ctx=128)
+    for policy in ("umia", "gate", "expert", "layer"):
+        with rm.Model(tmp_path / "m.gguf", n_ctx=64, n_threads=2, residual_policy=policy, residual_budget=0.5) as m:
+            m.eval_logits(ids)
+            stats = m.stats()
+        assert not stats["active"][0].any() and not stats["residual"][0].any(), policy   # the dense layer
+        assert abs(stats["residual_rate"] - 0.5) <= 0.05, (policy, stats["residual_rate"])

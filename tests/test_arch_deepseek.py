@@ -272,6 +272,9 @@ def test_arch_deepseek_planner_counts_the_latent_cache(converted):
     kv_lora, rope = _MLA["kv_lora_rank"], _MLA["qk_rope_head_dim"]
     assert (sizes.kv_lora_rank, sizes.n_rot) == (kv_lora, rope)
     assert sizes.kv_bytes_per_pos == 4 * 3 * (kv_lora + rope)
+    plan = planner.plan(sizes, 1 << 30, 64, hardware=planner.Hardware(host_bw_gbps=20.0))
+    assert plan.gpu_parts["kv_cache"] == 64 * sizes.kv_bytes_per_pos
+    assert any("latent attention runs on the CPU only" in m for m in plan.messages)
     mha = planner.ModelSizes(**{**sizes.__dict__, "kv_lora_rank": 0, "n_head_kv": sizes.n_head})
     head_k, head_v = _MLA["qk_nope_head_dim"] + rope, _MLA["v_head_dim"]
     assert planner.session_device_bytes(mha, 1, 1, False)["kv_cache"] == 4 * 3 * 3 * (head_k + head_k)

@@ -228,7 +228,7 @@ def test_arch_deepseek_llama_cpp_file_matches_llama_cpp(converted, tmp_path, nam
 
 
 @needs_llama
-@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe_lite", "glm4_moe"])
 def test_arch_deepseek_our_file_runs_in_llama_cpp(converted, tmp_path, name):
     """Our converter's file loads in llama.cpp and gives its logits."""
     _, path, ids, ref = converted(name)

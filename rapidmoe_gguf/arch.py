@@ -491,6 +491,10 @@ ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLM
 
 # The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
 PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
+# Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
+# user turn (eot) or a tool call's observation (eom).
+SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
+                       for a in ("Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM")}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -323,7 +323,14 @@ def test_arch_deepseek_glm_tokenizer_gets_the_glm4_name(converted, tmp_path):
     assert tokenizer_kv_from_hf(d, ("glm4",))["tokenizer.ggml.pre"] == "glm4"
     rm.convert(d, tmp_path / "m.gguf", recipe="f32", progress=False)
     with rm.open_gguf(tmp_path / "m.gguf") as g:
-        assert g.metadata["tokenizer.ggml.pre"] == "glm4"
+        md = g.metadata
+    assert md["tokenizer.ggml.pre"] == "glm4"
+    # a turn ends at the next user turn or a tool's observation, as llama.cpp's converter names them
+    tokens = list(md["tokenizer.ggml.tokens"])
+    assert (md["tokenizer.ggml.eot_token_id"], md["tokenizer.ggml.eom_token_id"]) == \
+        (tokens.index("<|user|>"), tokens.index("<|observation|>"))
+    with rm.Model(tmp_path / "m.gguf", n_ctx=16, n_threads=1) as m:
+        assert {tokens.index("<|user|>"), tokens.index("<|observation|>")} <= m.tokenizer.eog_ids
 
 
 TEMPLATES = ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "deepseek-ai-DeepSeek-V3.1.jinja", "moonshotai-Kimi-K2.jinja",

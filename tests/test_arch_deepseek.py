@@ -154,10 +154,12 @@ def test_arch_deepseek_f32_matches_transformers(converted, name):
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "deepseek_v3_yarn"])
 def test_arch_deepseek_mla_absorbed_equals_expanded(converted, name):
-    """One token at a time (absorbed) against the prompt as one batch (expanded), and transformers."""
+    """One token at a time (absorbed) against the prompt as one batch (expanded) and in batches of
+    5 (expanded over the latents already cached), and transformers."""
     _, path, ids, ref = converted(name)
     absorbed, expanded = _ours(path, ids, 1), _ours(path, ids, 64)
     assert _rel(absorbed, expanded).max() <= 1e-5
+    assert _rel(_ours(path, ids, 5), expanded).max() <= 1e-5
     assert _rel(absorbed, ref).max() <= 1e-4
 
 

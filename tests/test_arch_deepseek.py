@@ -400,3 +400,26 @@ def test_arch_deepseek_residual_on_routed_experts_and_budget_over_their_slots(tm
             stats = m.stats()
         assert not stats["active"][0].any() and not stats["residual"][0].any(), policy   # the dense layer
         assert abs(stats["residual_rate"] - 0.5) <= 0.05, (policy, stats["residual_rate"])
+
+
+def test_arch_deepseek_old_fused_kv_b_file_is_refused_by_its_missing_key(converted, tmp_path):
+    """Files from before llama.cpp split attn_kv_b have no key_length_mla: the error says why."""
+    import gguf
+
+    _, path, _, _ = converted("deepseek_v2")
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "old.gguf"), "deepseek2")
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "deepseek2.attention.key_length_mla"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(rm.FormatError, match="key_length_mla' is missing .*split attn_kv_b"):
+        rm.Model(tmp_path / "old.gguf", n_ctx=16)

@@ -386,6 +386,10 @@ def test_arch_deepseek_residual_on_routed_experts_and_budget_over_their_slots(tm
     rep = rm.convert(src, tmp_path / "m.gguf", recipe="q4_0-q4_0", progress=False)
     names = [t.name for t in gguf.GGUFReader(rep.residual_path).tensors]
     assert sorted(names) == sorted(f"blk.{b}.ffn_{k}_exps.residual" for b in (1, 2) for k in ("gate", "up", "down"))
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert types["blk.1.ffn_up_exps.weight"] == "Q4_0"   # the routed experts: the recipe's base
+    for name in ("blk.0.ffn_up.weight", "blk.1.ffn_up_shexp.weight", "blk.2.ffn_down_shexp.weight"):
+        assert types[name] == "Q8_0", name                # dense FFN and shared experts: its other type
     ids = np.random.default_rng(11).integers(3, VOCAB, 40).tolist()
     ref = reference_logits(src, ids)
     kl = {}

@@ -726,6 +726,10 @@ QWEN3NEXT = ArchSpec(
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
                                                   DEEPSEEK2, GPT_OSS)}
+# Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
+# user turn (eot) or a tool call's observation (eom).
+SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
+                       for a in ("Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM")}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -70,10 +70,10 @@ def make_checkpoint(out, name: str, seed: int = 0, **overrides):
     prefix, fields = CONFIGS[name]
     cfg_cls = getattr(transformers, prefix + "Config")
     model_cls = getattr(transformers, prefix + "ForCausalLM")
-    fields = dict(dict(vocab_size=VOCAB, hidden_size=72, num_hidden_layers=3, num_attention_heads=3,
-                       num_key_value_heads=3, max_position_embeddings=256, rms_norm_eps=1e-6,
-                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0),
-                  **fields, **overrides)
+    fields = {**dict(vocab_size=VOCAB, hidden_size=72, num_hidden_layers=3, num_attention_heads=3,
+                     num_key_value_heads=3, max_position_embeddings=256, rms_norm_eps=1e-6,
+                     tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0),
+              **fields, **overrides}
     config = cfg_cls(**fields)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
@@ -154,10 +154,12 @@ def test_arch_deepseek_f32_matches_transformers(converted, name):
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "deepseek_v3_yarn"])
 def test_arch_deepseek_mla_absorbed_equals_expanded(converted, name):
-    """One token at a time (absorbed) against the prompt as one batch (expanded), and transformers."""
+    """One token at a time (absorbed) against the prompt as one batch (expanded) and in batches of
+    5 (expanded over the latents already cached), and transformers."""
     _, path, ids, ref = converted(name)
     absorbed, expanded = _ours(path, ids, 1), _ours(path, ids, 64)
     assert _rel(absorbed, expanded).max() <= 1e-5
+    assert _rel(_ours(path, ids, 5), expanded).max() <= 1e-5
     assert _rel(absorbed, ref).max() <= 1e-4
 
 
@@ -228,7 +230,7 @@ def test_arch_deepseek_llama_cpp_file_matches_llama_cpp(converted, tmp_path, nam
 
 
 @needs_llama
-@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe_lite", "glm4_moe"])
 def test_arch_deepseek_our_file_runs_in_llama_cpp(converted, tmp_path, name):
     """Our converter's file loads in llama.cpp and gives its logits."""
     _, path, ids, ref = converted(name)
@@ -272,6 +274,9 @@ def test_arch_deepseek_planner_counts_the_latent_cache(converted):
     kv_lora, rope = _MLA["kv_lora_rank"], _MLA["qk_rope_head_dim"]
     assert (sizes.kv_lora_rank, sizes.n_rot) == (kv_lora, rope)
     assert sizes.kv_bytes_per_pos == 4 * 3 * (kv_lora + rope)
+    plan = planner.plan(sizes, 1 << 30, 64, hardware=planner.Hardware(host_bw_gbps=20.0))
+    assert plan.gpu_parts["kv_cache"] == 64 * sizes.kv_bytes_per_pos
+    assert any("latent attention runs on the CPU only" in m for m in plan.messages)
     mha = planner.ModelSizes(**{**sizes.__dict__, "kv_lora_rank": 0, "n_head_kv": sizes.n_head})
     head_k, head_v = _MLA["qk_nope_head_dim"] + rope, _MLA["v_head_dim"]
     assert planner.session_device_bytes(mha, 1, 1, False)["kv_cache"] == 4 * 3 * 3 * (head_k + head_k)
@@ -320,7 +325,14 @@ def test_arch_deepseek_glm_tokenizer_gets_the_glm4_name(converted, tmp_path):
     assert tokenizer_kv_from_hf(d, ("glm4",))["tokenizer.ggml.pre"] == "glm4"
     rm.convert(d, tmp_path / "m.gguf", recipe="f32", progress=False)
     with rm.open_gguf(tmp_path / "m.gguf") as g:
-        assert g.metadata["tokenizer.ggml.pre"] == "glm4"
+        md = g.metadata
+    assert md["tokenizer.ggml.pre"] == "glm4"
+    # a turn ends at the next user turn or a tool's observation, as llama.cpp's converter names them
+    tokens = list(md["tokenizer.ggml.tokens"])
+    assert (md["tokenizer.ggml.eot_token_id"], md["tokenizer.ggml.eom_token_id"]) == \
+        (tokens.index("<|user|>"), tokens.index("<|observation|>"))
+    with rm.Model(tmp_path / "m.gguf", n_ctx=16, n_threads=1) as m:
+        assert {tokens.index("<|user|>"), tokens.index("<|observation|>")} <= m.tokenizer.eog_ids
 
 
 TEMPLATES = ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "deepseek-ai-DeepSeek-V3.1.jinja", "moonshotai-Kimi-K2.jinja",
@@ -347,3 +359,71 @@ def test_arch_deepseek_chat_template_matches_transformers(converted, name, add_g
                                    add_generation_prompt=add_generation_prompt)
     got = chat.render(template, CHAT, add_generation_prompt, bos_token=tok.bos_token, eos_token=tok.eos_token)
     assert got == want
+
+
+# ---------------------------------------------------------------------------------------------
+# RESplit and UMIA on the routed experts only
+# ---------------------------------------------------------------------------------------------
+
+def _kl(ref, ours):
+    p = np.exp(ref - ref.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    lq = ours - ours.max(-1, keepdims=True)
+    lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
+    return (p * (np.log(p) - lq)).sum(-1).mean()
+
+
+def test_arch_deepseek_residual_on_routed_experts_and_budget_over_their_slots(tmp_path):
+    """A Q4_0 base with a Q4_0 residual: the sidecar holds the routed experts only, the residual
+    brings the model closer to transformers, and after calibration every policy spends its budget
+    on the MoE layers' slots (the leading dense layer has none)."""
+    import gguf
+
+    from rapidmoe_gguf import evaluate
+
+    src = make_checkpoint(tmp_path / "hf", "deepseek_v3", hidden_size=64, moe_intermediate_size=64,
+                          intermediate_size=96)
+    rep = rm.convert(src, tmp_path / "m.gguf", recipe="q4_0-q4_0", progress=False)
+    names = [t.name for t in gguf.GGUFReader(rep.residual_path).tensors]
+    assert sorted(names) == sorted(f"blk.{b}.ffn_{k}_exps.residual" for b in (1, 2) for k in ("gate", "up", "down"))
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert types["blk.1.ffn_up_exps.weight"] == "Q4_0"   # the routed experts: the recipe's base
+    for name in ("blk.0.ffn_up.weight", "blk.1.ffn_up_shexp.weight", "blk.2.ffn_down_shexp.weight"):
+        assert types[name] == "Q8_0", name                # dense FFN and shared experts: its other type
+    ids = np.random.default_rng(11).integers(3, VOCAB, 40).tolist()
+    ref = reference_logits(src, ids)
+    kl = {}
+    for policy in ("all", "none"):
+        with rm.Model(tmp_path / "m.gguf", n_ctx=64, n_threads=2, residual_policy=policy) as m:
+            kl[policy] = _kl(ref, m.eval_logits(ids))
+    assert kl["all"] < 0.5 * kl["none"] and kl["all"] <= 1e-3, kl
+    evaluate.calibrate(str(tmp_path / "m.gguf"), "The quick brown fox jumps over the lazy dog. " * 20, n_ctx=128)
+    for policy in ("umia", "gate", "expert", "layer"):
+        with rm.Model(tmp_path / "m.gguf", n_ctx=64, n_threads=2, residual_policy=policy, residual_budget=0.5) as m:
+            m.eval_logits(ids)
+            stats = m.stats()
+        assert not stats["active"][0].any() and not stats["residual"][0].any(), policy   # the dense layer
+        assert abs(stats["residual_rate"] - 0.5) <= 0.05, (policy, stats["residual_rate"])
+
+
+def test_arch_deepseek_old_fused_kv_b_file_is_refused_by_its_missing_key(converted, tmp_path):
+    """Files from before llama.cpp split attn_kv_b have no key_length_mla: the error says why."""
+    import gguf
+
+    _, path, _, _ = converted("deepseek_v2")
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "old.gguf"), "deepseek2")
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "deepseek2.attention.key_length_mla"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(rm.FormatError, match="key_length_mla' is missing .*split attn_kv_b"):
+        rm.Model(tmp_path / "old.gguf", n_ctx=16)

@@ -292,7 +292,8 @@ typedef struct rm_arch_info {
     int32_t      shared_expert;   /* rm_shared_expert */
     uint32_t     layer_kind;      /* RM_LAYER_* bits of a layer no kind rule changes */
     int32_t      n_hparams;
-    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind, and of the kinds its rules give */
+    int32_t      n_tensors;       /* per-layer tensor templates some layer holds: of layer_kind, or of a
+                                   * kind the kind rules give (a leading dense layer's FFN) */
     int32_t      n_kind_rules;
 } rm_arch_info;
 
@@ -314,7 +315,7 @@ typedef struct rm_arch_tensor_info {
     const char * name;            /* a printf pattern over the layer: "blk.%d.attn_q.weight" */
     const char * field;           /* the layer field it fills: "wq" */
     int32_t      residual;        /* 1: in the residual sidecar (bound only with one), 0: the base file */
-    int32_t      required;        /* for a layer of the arch's layer_kind */
+    int32_t      required;        /* for a layer of the first kind that holds it (layer_kind when it does) */
     int32_t      f32;             /* the forward pass reads it as floats: it must be F32 */
     int32_t      expert;          /* ne[2] holds one matrix per routed expert */
     uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */

@@ -41,7 +41,7 @@ typedef struct rm_hparam_row {
     rm_expr      dflt;            /* NONE: required */
     rm_expr      min, max;        /* ints: accepted, else RM_E_FORMAT; NONE: unbounded */
     rm_expr      run_min, run_max;/* ints: what the forward pass runs, else RM_E_UNSUPPORTED_ARCH */
-    const char * run_why;         /* said with that error */
+    const char * run_why;         /* said with that error, and with a missing required key's */
 } rm_hparam_row;
 
 /* Symbolic tensor dimensions, from the hyperparameters. */

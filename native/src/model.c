@@ -67,7 +67,8 @@ static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hpar
         return RM_E_FORMAT;
     }
     if (r == 0 && h->dflt.op == RM_EXPR_NONE) {
-        return rm_fail(RM_E_FORMAT, "%s: %s: required key '%s.%s' is missing", ld->fn, ld->path, ld->arch->name, h->key);
+        return rm_fail(RM_E_FORMAT, "%s: %s: required key '%s.%s' is missing%s%s%s", ld->fn, ld->path, ld->arch->name,
+                       h->key, h->run_why ? " (" : "", h->run_why ? h->run_why : "", h->run_why ? ")" : "");
     }
     const int64_t lo = h->min.op ? (int64_t) rm_expr_eval(&h->min, hp) : INT64_MIN;
     const int64_t hi = h->max.op ? (int64_t) rm_expr_eval(&h->max, hp) : INT64_MAX;

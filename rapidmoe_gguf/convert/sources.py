@@ -19,7 +19,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .. import resplit
-from ..arch import FUSED, PREFERRED_PRE, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from ..arch import (FUSED, PREFERRED_PRE, SPECIAL_TOKEN_TEXTS, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf,
+                    resolve_hparams)
 from ..errors import FormatError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
@@ -300,8 +301,13 @@ class HFSource(Source):
         for key, (value, kind) in self.hp.kv.items():
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
              "str": writer.add_string, "sections": writer.add_array}[kind](key, value)
-        prefer = tuple(p for a in self.config.get("architectures") or [] for p in PREFERRED_PRE.get(a, ()))
-        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory, prefer))
+        names = self.config.get("architectures") or []
+        kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())))
+        index = {t: i for i, t in enumerate(kv["tokenizer.ggml.tokens"])}
+        for role, text in (r for a in names for r in SPECIAL_TOKEN_TEXTS.get(a, {}).items()):
+            if text in index:
+                kv[f"tokenizer.ggml.{role}_token_id"] = index[text]
+        add_tokenizer_to_writer(writer, kv)
 
     def close(self) -> None:
         self.ckpt.close()

@@ -329,3 +329,155 @@ def test_arch_gpt_oss_llamacpp_mxfp4_file(llama, tmp_path):
     with rm.Model(path, n_ctx=128, n_threads=2) as m:
         mine = m.eval_logits(ids)
     assert rel_err(mine, _llama_logits(llama, path, ids, tmp_path)) <= 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# The harmony chat format: the template's reasoning effort, and the reply's channels
+# ---------------------------------------------------------------------------------------------
+
+HARMONY_SPECIALS = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>",
+                    "<|call|>", "<|constrain|>"]
+# A template in the harmony layout, written for these tests: the system header with the reasoning
+# effort (default medium), developer/user/assistant messages on channels, and an assistant's
+# thinking on the analysis channel for the last turn only.
+HARMONY_TEMPLATE = (
+    "{%- set effort = reasoning_effort if reasoning_effort is defined and reasoning_effort else 'medium' -%}"
+    "<|start|>system<|message|>A tiny test model.\nReasoning: {{ effort }}\n\n"
+    "# Valid channels: analysis, final.<|end|>"
+    "{%- for m in messages -%}"
+    "{%- if m.role in ('system', 'developer') -%}<|start|>developer<|message|># Instructions\n\n{{ m.content }}<|end|>"
+    "{%- elif m.role == 'user' -%}<|start|>user<|message|>{{ m.content }}<|end|>"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- if m.thinking is defined and m.thinking and loop.last -%}"
+    "<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>{%- endif -%}"
+    "<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"
+)
+MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!", "thinking": "greet back"}, {"role": "user", "content": "2+2?"}]
+
+
+def make_harmony_tokenizer(out_dir) -> None:
+    """The tiny byte-level BPE with harmony's special tokens and the template above."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=HARMONY_SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["Reasoning: low medium high. Answer briefly: 2+2 is 4. Hello!"] * 20, trainer=trainer)
+    n = tok.get_vocab_size()
+    tok.add_special_tokens([f"<|reserved_{i}|>" for i in range(VOCAB - n)])
+    out = Path(out_dir)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+        "eos_token": "<|return|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
+        "chat_template": HARMONY_TEMPLATE}))
+
+
+@pytest.mark.parametrize("effort", [None, "low", "high"])
+def test_arch_gpt_oss_chat_template_matches_transformers(tmp_path, effort):
+    import transformers
+
+    from rapidmoe_gguf import chat
+
+    make_harmony_tokenizer(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    kw = {} if effort is None else {"reasoning_effort": effort}
+    want = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True, **kw)
+    got = chat.render(HARMONY_TEMPLATE, MESSAGES, True, reasoning_effort=effort) if effort else \
+        chat.render(HARMONY_TEMPLATE, MESSAGES, True)
+    assert got == want and f"Reasoning: {effort or 'medium'}" in got
+
+
+@pytest.fixture(scope="module")
+def harmony(tiny, tmp_path_factory):
+    """The tiny model with the harmony tokenizer and template: (checkpoint, converted file)."""
+    import shutil
+
+    src = tmp_path_factory.mktemp("harmony") / "hf"
+    shutil.copytree(tiny[0], src)
+    make_harmony_tokenizer(src)
+    out = src.parent / "m.gguf"
+    rm.convert(src, out, recipe="f32", progress=False)
+    return src, out
+
+
+def test_arch_gpt_oss_chat_prompt_through_the_model(harmony):
+    """The converted model carries the template and the harmony end-of-generation rule; the chat
+    prompt takes reasoning_effort as transformers' apply_chat_template does, token for token."""
+    import transformers
+
+    from rapidmoe_gguf import chat
+
+    src, out = harmony
+    hf = transformers.AutoTokenizer.from_pretrained(src)
+    with rm.Model(out, n_ctx=256, n_threads=1) as m:
+        assert chat.is_harmony(m.tokenizer)
+        eog = {m.tokenizer.decode([i]) for i in m.tokenizer.eog_ids}
+        assert "<|return|>" in eog and "<|call|>" in eog and "<|end|>" not in eog
+        ids = chat.chat_prompt(m, MESSAGES, reasoning_effort="high")
+        assert ids == hf.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True,
+                                             reasoning_effort="high", return_dict=False)
+        reply = m.create_chat_completion(MESSAGES, max_tokens=4, temperature=0, reasoning_effort="low")
+        assert reply["choices"][0]["message"]["role"] == "assistant"
+        with pytest.raises(rm.InvalidArgumentError, match="reasoning_effort"):
+            m.create_chat_completion(MESSAGES, max_tokens=1, reasoning_effort="max")
+
+
+REPLY = ("<|channel|>analysis<|message|>The user asks 2+2. Easy.<|end|>"
+         "<|start|>assistant<|channel|>final<|message|>2+2 = 4.")
+
+
+def test_arch_gpt_oss_reply_channels_whole_and_streamed():
+    from rapidmoe_gguf import chat
+
+    assert chat.split_channels(REPLY) == {"analysis": "The user asks 2+2. Easy.", "final": "2+2 = 4."}
+    assert chat.split_channels("plain text, no channels") == {"final": "plain text, no channels"}
+    tool = "<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": 2}<|call|>"
+    assert chat.split_channels(tool) == {"commentary": "{\"a\": 2}"}
+    for step in (1, 2, 3, 7):   # tags split across pieces anywhere
+        h = chat.HarmonyChannels()
+        got: dict[str, str] = {}
+        for i in range(0, len(REPLY), step):
+            for ch, piece in h.feed(REPLY[i:i + step]):
+                got[ch] = got.get(ch, "") + piece
+        for ch, piece in h.flush():
+            got[ch] = got.get(ch, "") + piece
+        assert got == chat.split_channels(REPLY), step
+
+
+def test_arch_gpt_oss_chat_chunks_show_the_final_channel():
+    from rapidmoe_gguf import chat
+
+    def completion():
+        for i in range(0, len(REPLY), 5):
+            yield {"id": "x", "created": 0, "model": "m", "choices": [{"text": REPLY[i:i + 5], "finish_reason": None}]}
+        yield {"id": "x", "created": 0, "model": "m", "choices": [{"text": "", "finish_reason": "stop"}]}
+
+    def joined(show):
+        chunks = list(chat.as_chat_chunks(completion(), chat.HarmonyChannels(), show))
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        return ("".join(d.get("content", "") for d in deltas), "".join(d.get("reasoning_content", "") for d in deltas),
+                chunks[-1]["choices"][0]["finish_reason"])
+
+    assert joined(False) == ("2+2 = 4.", "", "stop")
+    assert joined(True) == ("2+2 = 4.", "The user asks 2+2. Easy.", "stop")
+
+
+def test_arch_gpt_oss_server_request_takes_reasoning_effort(harmony):
+    from rapidmoe_gguf import server as srv
+
+    _, out = harmony
+    with rm.Model(out, n_ctx=256, n_threads=1) as m:
+        body = {"messages": MESSAGES, "max_tokens": 2, "reasoning_effort": "high", "show_reasoning": True}
+        req = srv.parse_request("chat", body, m, {"m"})
+        assert req.harmony and req.show_reasoning
+        assert "Reasoning: high" in m.tokenizer.decode(req.prompt_ids)
+        with pytest.raises(srv.ApiError, match="reasoning_effort must be low, medium or high"):
+            srv.parse_request("chat", dict(body, reasoning_effort="max"), m, {"m"})
+        chunks = list(req.chunks(m, "m"))
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")

@@ -601,3 +601,24 @@ def test_arch_gpt_oss_mxfp4_source_split(mxfp4_form, tmp_path, recipe):
         with rm.Model(tmp_path / "m.gguf", n_ctx=128, n_threads=2, residual_policy=policy) as m:
             kl[policy] = float(_kl(ref, m.eval_logits(ids)).mean())
     assert kl["all"] <= 1e-3 and kl["none"] > 5 * kl["all"], kl
+
+
+def test_arch_gpt_oss_bench_model_writes_mxfp4(tmp_path):
+    """tools/make_bench_model.py --arch gpt-oss, at toy sizes: a GptOssForCausalLM checkpoint and
+    its mxfp4 file (MXFP4 experts, Q8_0 attention), which runs."""
+    import sys
+
+    import gguf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import make_bench_model
+
+    assert make_bench_model.main([str(tmp_path), "--arch", "gpt-oss", "--layers", "2", "--experts", "4",
+                                  "--hidden", "256", "--expert-ff", "512", "--heads", "4", "--kv-heads", "2",
+                                  "--vocab", "1000", "--tokenizer-size", "600", "--formats", "mxfp4"]) == 0
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == ["GptOssForCausalLM"] and cfg["sliding_window"] == 128
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(tmp_path / "bench-mxfp4.gguf")).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4" and types["blk.0.attn_q.weight"] == "Q8_0"
+    with rm.Model(tmp_path / "bench-mxfp4.gguf", n_ctx=64, n_threads=1) as m:
+        assert np.all(np.isfinite(m.eval_logits([1, 2, 3])))

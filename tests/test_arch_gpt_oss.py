@@ -622,3 +622,28 @@ def test_arch_gpt_oss_bench_model_writes_mxfp4(tmp_path):
     assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4" and types["blk.0.attn_q.weight"] == "Q8_0"
     with rm.Model(tmp_path / "bench-mxfp4.gguf", n_ctx=64, n_threads=1) as m:
         assert np.all(np.isfinite(m.eval_logits([1, 2, 3])))
+
+
+def test_arch_gpt_oss_mxfp4_form_repacked_as_llamacpp_does(mxfp4_form, tmp_path):
+    """The released MXFP4 form through llama.cpp's converter and through ours (recipe mxfp4): the
+    same expert bytes, so the nibble and scale repack is llama.cpp's reading of the blocks."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    src_dir = _llama_src()
+    if src_dir is None:
+        pytest.skip("llama.cpp's converter is not here: set RAPIDMOE_LLAMACPP_SRC")
+    src = mxfp4_form[0]
+    theirs = tmp_path / "ll.gguf"
+    subprocess.run([sys.executable, "-c", _CONVERT, src_dir, "gpt-4o", str(src), "--outfile", str(theirs),
+                    "--outtype", "f32"], check=True, capture_output=True)
+    rm.convert(src, tmp_path / "ours.gguf", recipe="mxfp4", progress=False)
+    a = {t.name: t for t in gguf.GGUFReader(str(theirs)).tensors}
+    b = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "ours.gguf")).tensors}
+    experts = [n for n in a if "_exps.weight" in n]
+    assert len(experts) == 6
+    for n in experts:
+        assert a[n].tensor_type == b[n].tensor_type == gguf.GGMLQuantizationType.MXFP4, n
+        assert np.array_equal(np.asarray(a[n].data), np.asarray(b[n].data)), n

@@ -13,6 +13,15 @@ a call or filter may be an integer over ``max_chars``; the render stops after ``
 checked at every line of template code. A template over a limit is an InvalidArgumentError, as is
 one that fails in any other way.
 
+Template variables beyond the messages go through as transformers passes its keyword arguments:
+gpt-oss's template reads ``reasoning_effort`` ("low", "medium", "high").
+
+gpt-oss answers in the harmony format: its reply is a sequence of messages on channels
+(``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...``).
+For a model whose vocabulary has the harmony tokens, a chat completion's content is the final
+channel's text alone; the analysis channel (the model's reasoning) is left out, or given as
+``reasoning_content`` when asked for (``show_reasoning``), as llama.cpp's server does.
+
 A model without a template cannot chat: there is no fallback format, because guessing one (ChatML,
 say) for a model trained on another gives fluent-looking nonsense. Such a model raises
 UnsupportedError; use ``create_completion`` with a prompt written in the model's own format.
@@ -298,6 +307,81 @@ def render(template: str, messages: Sequence[dict], add_generation_prompt: bool 
     return "".join(out)
 
 
+# ---------------------------------------------------------------------------------------------
+# The harmony format's channels (gpt-oss)
+# ---------------------------------------------------------------------------------------------
+
+_HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
+_HARMONY_TAG = re.compile("|".join(re.escape(t) for t in _HARMONY_TOKENS))
+
+
+def is_harmony(tokenizer) -> bool:
+    """Whether the vocabulary has the harmony format's tokens (gpt-oss's o200k_harmony)."""
+    return all(tokenizer.backend.token_to_id(t) is not None for t in ("<|channel|>", "<|message|>", "<|end|>"))
+
+
+class HarmonyChannels:
+    """Splits a streamed harmony reply into channels: ``feed(text)`` returns the (channel, text)
+    pieces that text completes, in order; a tag split between two pieces is held back until it is
+    whole. Text before any channel header (a reply that does not use the format) is channel "final"."""
+
+    def __init__(self):
+        self.channel = "final"
+        self._state = "message"      # "header": between <|channel|> and <|message|>; "message": content
+        self._header = ""
+        self._held = ""
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        text = self._held + text
+        self._held = ""
+        cut = text.rfind("<|") if not text.endswith("<") else len(text) - 1
+        if cut >= 0 and _HARMONY_TAG.match(text, cut) is None and "|>" not in text[cut:]:
+            text, self._held = text[:cut], text[cut:]   # maybe the start of a tag
+        out: list[tuple[str, str]] = []
+        pos = 0
+        for m in _HARMONY_TAG.finditer(text):
+            self._take(text[pos:m.start()], out)
+            tag = m.group()
+            if tag in ("<|channel|>", "<|start|>"):
+                self._state, self._header = "header", ""
+            elif tag == "<|message|>":
+                words = self._header.split()
+                self.channel = words[0] if words else "final"
+                self._state = "message"
+            elif tag == "<|constrain|>":
+                self._header += " "
+            else:                               # <|end|>, <|return|>, <|call|>: the message is over
+                self._state, self._header = "between", ""
+            pos = m.end()
+        self._take(text[pos:], out)
+        return out
+
+    def flush(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        self._take(self._held, out)
+        self._held = ""
+        return out
+
+    def _take(self, text: str, out: list) -> None:
+        if not text:
+            return
+        if self._state == "header":
+            if not self._header and text.startswith("assistant"):   # <|start|>assistant: the role
+                text = text[len("assistant"):]
+            self._header += text
+        elif self._state == "message":
+            out.append((self.channel, text))
+
+
+def split_channels(text: str) -> dict[str, str]:
+    """A whole harmony reply's text per channel ({"analysis": ..., "final": ...})."""
+    h = HarmonyChannels()
+    out: dict[str, str] = {}
+    for channel, piece in h.feed(text) + h.flush():
+        out[channel] = out.get(channel, "") + piece
+    return out
+
+
 def _token_text(tokenizer, token_id: int | None) -> str:
     if token_id is None or not 0 <= token_id < tokenizer.n_vocab:
         return ""
@@ -305,9 +389,10 @@ def _token_text(tokenizer, token_id: int | None) -> str:
 
 
 def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True, *,
-                max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT) -> list[int]:
+                max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT, **variables) -> list[int]:
     """Token ids of the conversation rendered with ``model``'s template (within ``render``'s
-    limits). BOS is added when the model wants one and the template did not write it already."""
+    limits; ``variables``: further template variables, e.g. reasoning_effort). BOS is added when
+    the model wants one and the template did not write it already."""
     tok = model.tokenizer
     if not tok.chat_template:
         raise UnsupportedError(
@@ -315,7 +400,7 @@ def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = T
             "in its GGUF metadata); use create_completion with a prompt in the model's own format")
     bos, eos = _token_text(tok, tok.bos_id), _token_text(tok, tok.eos_id)
     text = render(tok.chat_template, messages, add_generation_prompt, bos_token=bos, eos_token=eos,
-                  max_chars=max_chars, timeout=timeout)
+                  max_chars=max_chars, timeout=timeout, **{k: v for k, v in variables.items() if v is not None})
     ids = tok.encode(text, add_special=False)
     if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
         ids.insert(0, tok.bos_id)
@@ -327,28 +412,41 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
                            repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                            stop: str | Sequence[str] | None = None, stream: bool = False,
-                           model: str | None = None):
+                           model: str | None = None, reasoning_effort: str | None = None,
+                           show_reasoning: bool = False):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
-    result reports (default: the file's name)."""
-    prompt = chat_prompt(llm, messages)
+    result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
+    final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``."""
+    if reasoning_effort not in (None, "low", "medium", "high"):
+        raise InvalidArgumentError(f"reasoning_effort must be low, medium or high, got {reasoning_effort!r}")
+    prompt = chat_prompt(llm, messages, reasoning_effort=reasoning_effort)
+    harmony = is_harmony(llm.tokenizer)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)
     completion = llm.create_completion(
         prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model)
     if stream:
-        return as_chat_chunks(completion)
+        return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning)
     choice = completion["choices"][0]
+    message = {"role": "assistant", "content": choice["text"]}
+    if harmony:
+        parts = split_channels(choice["text"])
+        message["content"] = parts.get("final", "")
+        if show_reasoning and "analysis" in parts:
+            message["reasoning_content"] = parts["analysis"]
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": choice["text"]},
-                         "logprobs": None, "finish_reason": choice["finish_reason"]}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": choice["finish_reason"]}],
             "usage": completion["usage"]}
 
 
-def as_chat_chunks(completion: Iterator[dict]) -> Iterator[dict]:
+def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None = None,
+                   show_reasoning: bool = False) -> Iterator[dict]:
     """Text-completion chunks (a generator) as chat chunks: the role first, then content, then an
-    empty delta with the finish reason. Closing this closes ``completion``, stopping generation."""
+    empty delta with the finish reason. Closing this closes ``completion``, stopping generation.
+    With ``channels`` (a harmony model) only the final channel is content; the analysis channel
+    goes into ``reasoning_content`` deltas when ``show_reasoning``, else nowhere."""
     head = None
     with contextlib.closing(completion):
         for c in completion:
@@ -359,8 +457,19 @@ def as_chat_chunks(completion: Iterator[dict]) -> Iterator[dict]:
                                            "finish_reason": None}])
             choice = c["choices"][0]
             if choice["finish_reason"] is not None:
+                for delta in _deltas(channels, channels.flush() if channels else [], show_reasoning):
+                    yield dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
                 yield dict(head, choices=[{"index": 0, "delta": {}, "logprobs": None,
                                            "finish_reason": choice["finish_reason"]}])
             elif choice["text"]:
-                yield dict(head, choices=[{"index": 0, "delta": {"content": choice["text"]}, "logprobs": None,
-                                           "finish_reason": None}])
+                pieces = channels.feed(choice["text"]) if channels else [("final", choice["text"])]
+                for delta in _deltas(channels, pieces, show_reasoning):
+                    yield dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+
+
+def _deltas(channels, pieces: list[tuple[str, str]], show_reasoning: bool) -> Iterator[dict]:
+    for channel, text in pieces:
+        if channel == "final":
+            yield {"content": text}
+        elif channel == "analysis" and show_reasoning:
+            yield {"reasoning_content": text}

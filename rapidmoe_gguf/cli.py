@@ -359,6 +359,10 @@ def _chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", "-s", help="a system message that starts the conversation")
     p.add_argument("--n-predict", "-n", type=int, default=None,
                    help="most tokens per reply (default: up to the end of the context)")
+    p.add_argument("--reasoning-effort", choices=("low", "medium", "high"),
+                   help="gpt-oss: the reasoning effort its chat template writes (default: the template's own)")
+    p.add_argument("--show-reasoning", action="store_true",
+                   help="gpt-oss: also print the analysis channel (the model's reasoning), dimmed")
     _sampling_args(p)
 
 
@@ -389,8 +393,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
             history.append({"role": "user", "content": line})
             reply = []
             try:
-                for chunk in m.create_chat_completion(history, max_tokens=args.n_predict, stream=True, **sampling):
-                    piece = chunk["choices"][0]["delta"].get("content", "")
+                for chunk in m.create_chat_completion(history, max_tokens=args.n_predict, stream=True,
+                                                      reasoning_effort=args.reasoning_effort,
+                                                      show_reasoning=args.show_reasoning, **sampling):
+                    delta = chunk["choices"][0]["delta"]
+                    if delta.get("reasoning_content"):
+                        sys.stdout.write("\033[2m" + delta["reasoning_content"] + "\033[0m")
+                    piece = delta.get("content", "")
                     reply.append(piece)
                     sys.stdout.write(piece)
                     sys.stdout.flush()

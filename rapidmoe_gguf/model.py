@@ -531,12 +531,15 @@ class Model:
                                top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
                                repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                                stop: str | Sequence[str] | None = None, stream: bool = False,
-                               model: str | None = None):
+                               model: str | None = None, reasoning_effort: str | None = None,
+                               show_reasoning: bool = False):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
         with the model's own chat template (see ``rapidmoe_gguf.chat``). ``max_tokens`` None: up to
-        the end of the context."""
+        the end of the context. gpt-oss: ``reasoning_effort`` goes to its template, the reply is its
+        final channel, and the analysis channel comes as ``reasoning_content`` with ``show_reasoning``."""
         from . import chat
 
         return chat.create_chat_completion(
             self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-            min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model)
+            min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model,
+            reasoning_effort=reasoning_effort, show_reasoning=show_reasoning)

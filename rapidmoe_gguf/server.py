@@ -158,7 +158,8 @@ COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "residual_budget": (NUMBER, None),
 }
 COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED)}
-CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None)}
+CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None),
+               "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False)}
 MAX_STOP = 16
 # OpenAI fields this server does not implement: a request that asks for them gets 400, not a
 # quiet answer without them. field -> the values (besides null) that ask for nothing.
@@ -199,6 +200,8 @@ class GenRequest:
     include_usage: bool
     policy: str | None
     budget: float | None
+    harmony: bool = False            # a harmony model (gpt-oss): the reply is the final channel
+    show_reasoning: bool = False     # and the analysis channel comes as reasoning_content
 
     def chunks(self, slot: Model, name: str) -> Iterator[dict]:
         s = self.sampling
@@ -206,7 +209,9 @@ class GenRequest:
                                     top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                                     repeat_penalty=s.repeat_penalty, seed=s.seed, stop=self.stop,
                                     stream=True, model=name)
-        return chat.as_chat_chunks(it) if self.kind == "chat" else it
+        if self.kind != "chat":
+            return it
+        return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning)
 
 
 def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars: int = chat.MAX_TEMPLATE_CHARS,
@@ -258,7 +263,10 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars
         param = "messages"
         max_tokens = f["max_completion_tokens"] if f["max_tokens"] is None else f["max_tokens"]
         try:
-            ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout)
+            if f["reasoning_effort"] not in (None, "low", "medium", "high"):
+                raise ApiError(400, "reasoning_effort must be low, medium or high", param="reasoning_effort")
+            ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout,
+                                   reasoning_effort=f["reasoning_effort"])
         except RapidMoEError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
     else:
@@ -275,8 +283,9 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars
     if len(ids) + max(max_tokens, 1) > model.n_ctx:
         raise ApiError(400, f"the {param} has {len(ids)} tokens and max_tokens is {max_tokens}, but the context "
                        f"holds {model.n_ctx} tokens", param=param, code="context_length_exceeded")
+    harmony = kind == "chat" and chat.is_harmony(model.tokenizer)
     return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
-                      policy, budget)
+                      policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]))
 
 
 def _completion_prompt(model: Model, prompt, max_chars: int) -> list[int]:
@@ -539,7 +548,11 @@ def _fold(kind: str, chunks: list[dict], usage: dict | None) -> dict:
     out = {"id": head["id"], "object": _OBJECT[kind], "created": head["created"], "model": head["model"]}
     if kind == "chat":
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        message = {"role": "assistant", "content": text}
+        reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks)
+        if reasoning:   # a harmony model's analysis channel, when the request asked for it
+            message["reasoning_content"] = reasoning
+        choice = {"index": 0, "message": message, "logprobs": None,
                   "finish_reason": finish}
     else:
         text = "".join(c["choices"][0]["text"] for c in chunks)

@@ -11,6 +11,14 @@ on local text; the config's vocab_size pads the vocabulary to 32000.
 
     python tools/make_bench_model.py OUT_DIR                      # checkpoint + GGUF files
     python tools/make_bench_model.py OUT_DIR --layers 1 --experts 16 --check   # small, for development
+    python tools/make_bench_model.py OUT_DIR --arch gpt-oss       # gpt-oss-20b's shapes
+
+``--arch gpt-oss`` writes a GptOssForCausalLM instead, with gpt-oss-20b's per-layer shapes (hidden
+2880, 32 experts, top-4, expert FFN 2880, 64 query and 8 KV heads of 64, sliding window 128 on
+every other layer, YaRN factor 32 over 4096, attention sinks and biases), 4 layers, the same
+vocabulary: its experts fused per layer (gate_up_proj, down_proj) as transformers stores them.
+Rows of 2880 are no multiple of 256, so K-quant recipes fall back to 32-element types there; the
+gpt-oss formats are mxfp4 (llama.cpp's MXFP4_MOE layout) and q8_0.
 
 OUT_DIR/hf is the Hugging Face checkpoint (config.json, sharded model safetensors + index,
 tokenizer.json, tokenizer_config.json), written tensor by tensor so memory stays near one tensor.
@@ -66,7 +74,11 @@ FORMATS = {
     "q8_0": ("q8_0", {}),
     "q4_k": ("q4k-q8", {"residual_type": "none"}),
     "q4k-q8": ("q4k-q8", {}),
+    "mxfp4": ("mxfp4", {}),
+    "mxfp4-q8": ("mxfp4-q8", {}),
 }
+# --arch -> the formats written by default
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
@@ -74,6 +86,7 @@ SHAPES = {
     "qwen3moe": dict(experts=128, experts_used=8, hidden=2048, expert_ff=768, heads=32, kv_heads=4, head_dim=128),
     "qwen35moe": dict(experts=256, experts_used=8, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
     "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128),
+    "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
 }
 # Qwen3.5-35B-A3B's linear-attention and shared-expert shapes
 QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
@@ -139,9 +152,22 @@ def tensor_list_qwen35(a) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def hf_config(a) -> dict:
-    """config.json, through transformers' own Qwen3MoeConfig so that every field is spelled as it
-    spells it."""
-    from transformers import Qwen3MoeConfig
+    """config.json, through transformers' own Qwen3MoeConfig (or GptOssConfig) so that every field
+    is spelled as it spells it."""
+    from transformers import GptOssConfig, Qwen3MoeConfig
+
+    if a.arch == "gpt-oss":
+        cfg = GptOssConfig(
+            vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.expert_ff, num_hidden_layers=a.layers,
+            num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+            num_local_experts=a.experts, num_experts_per_tok=a.experts_used, sliding_window=128,
+            max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=0,
+            eos_token_id=2, torch_dtype="bfloat16",
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})
+        d = cfg.to_dict()
+        d["architectures"] = ["GptOssForCausalLM"]
+        return d
 
     if a.arch == "qwen35moe":
         return hf_config_qwen35(a)
@@ -219,6 +245,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return deepseek_tensor_list(a)
     if a.arch == "qwen35moe":
         return tensor_list_qwen35(a)
+    if a.arch == "gpt-oss":
+        return gpt_oss_tensor_list(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
     for b in range(a.layers):
@@ -237,6 +265,30 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
             t += [(e + "gate_proj.weight", (a.expert_ff, a.hidden)),
                   (e + "up_proj.weight", (a.expert_ff, a.hidden)),
                   (e + "down_proj.weight", (a.hidden, a.expert_ff))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
+def gpt_oss_tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
+    """gpt-oss's tensors: biased attention with sinks, a biased router, each layer's experts fused
+    (gate and up interleaved in gate_up_proj, matrices as (in, out))."""
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p = f"model.layers.{b}."
+        s, m = p + "self_attn.", p + "mlp."
+        t += [(p + "input_layernorm.weight", (a.hidden,)),
+              (s + "q_proj.weight", (q, a.hidden)), (s + "q_proj.bias", (q,)),
+              (s + "k_proj.weight", (kv, a.hidden)), (s + "k_proj.bias", (kv,)),
+              (s + "v_proj.weight", (kv, a.hidden)), (s + "v_proj.bias", (kv,)),
+              (s + "o_proj.weight", (a.hidden, q)), (s + "o_proj.bias", (a.hidden,)),
+              (s + "sinks", (a.heads,)),
+              (p + "post_attention_layernorm.weight", (a.hidden,)),
+              (m + "router.weight", (a.experts, a.hidden)), (m + "router.bias", (a.experts,)),
+              (m + "experts.gate_up_proj", (a.experts, a.hidden, 2 * a.expert_ff)),
+              (m + "experts.gate_up_proj_bias", (a.experts, 2 * a.expert_ff)),
+              (m + "experts.down_proj", (a.experts, a.expert_ff, a.hidden)),
+              (m + "experts.down_proj_bias", (a.experts, a.hidden))]
     t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
     return t
 
@@ -342,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="output directory (created)")
     ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
-                         "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like")
+                         "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--experts-used", type=int, default=None)
@@ -360,8 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--v-dim", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=32000, help="config vocab_size (the model's rows)")
     ap.add_argument("--tokenizer-size", type=int, default=8000, help="tokens the BPE learns (<= --vocab)")
-    ap.add_argument("--formats", default="q4_0,q8_0,q4_k,q4k-q8", help=f"comma-separated: {', '.join(FORMATS)}; "
-                    "empty writes only the checkpoint")
+    ap.add_argument("--formats", default=None, help=f"comma-separated: {', '.join(FORMATS)}; "
+                    "empty writes only the checkpoint (default: q4_0,q8_0,q4_k,q4k-q8; gpt-oss: mxfp4,q8_0)")
     ap.add_argument("--shard-gb", type=float, default=2.0)
     ap.add_argument("--threads", type=int, default=0, help="quantizer threads (0: all cores)")
     ap.add_argument("--seed", type=int, default=0)
@@ -373,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
             setattr(a, k, v)
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch == "qwen35moe"
-    formats = [f for f in a.formats.split(",") if f]
+    default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")
+    formats = [f for f in (default_formats if a.formats is None else a.formats).split(",") if f]
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         ap.error(f"unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")

@@ -17,11 +17,11 @@ from ..errors import InvalidArgumentError
 
 # Types the converter writes (rapidmoe_gguf.quants quantizes all of them).
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 
 FALLBACK = {
     "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
-    "Q4_0": "F16", "Q4_1": "F16", "Q5_0": "F16", "Q5_1": "F16", "Q8_0": "F16",
+    "Q4_0": "F16", "Q4_1": "F16", "Q5_0": "F16", "Q5_1": "F16", "Q8_0": "F16", "MXFP4": "F16",
 }
 
 # general.file_type describes the bulk of the weights, which in an MoE are the experts.
@@ -32,6 +32,7 @@ FILE_TYPE = {
     "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q2_K": LlamaFileType.MOSTLY_Q2_K,
     "Q3_K": LlamaFileType.MOSTLY_Q3_K_S, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
     "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
+    "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 
 
@@ -89,6 +90,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("f32", "F32", None, "F32", "exact, no residual (testing and reference)"),
     Recipe("f16", "F16", None, "F16", "half precision, no residual"),
     Recipe("q8_0", "Q8_0", None, "Q8_0", "8.5-bit, no residual"),
+    # MXFP4 (gpt-oss's released experts). From an MXFP4 source the reference is MXFP4 itself:
+    # "mxfp4" copies its experts unchanged (llama.cpp's MXFP4_MOE layout), "q3k-q8" and "q2k-q8"
+    # split them into a small base and a residual that restores them within Q8_0 error.
+    Recipe("mxfp4", "MXFP4", None, "Q8_0", "4.25-bit MXFP4 experts, no residual (an MXFP4 source is copied)"),
+    Recipe("mxfp4-q8", "MXFP4", "Q8_0", "Q8_0", "4.25-bit MXFP4 base, 8.5-bit residual"),
+    Recipe("q2k-q8", "Q2_K", "Q8_0", "Q8_0", "2.6-bit base, 8.5-bit residual (for MXFP4 sources)"),
 )}
 
 

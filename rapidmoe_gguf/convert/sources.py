@@ -196,6 +196,10 @@ class HFSource(Source):
                 out.append(SourceTensor(name, ne, "expert", self._expert_reader(hf_names)))
                 continue
             hn = t.hf.format(bid=bid)
+            if t.transform in FUSED and hn + "_blocks" in self.ckpt:   # the released MXFP4 form
+                used.update((hn + "_blocks", hn + "_scales"))
+                out.append(self._mxfp4_tensor(name, ne, hn, t.transform))
+                continue
             if t.transform in FUSED:
                 self._check_shape(hn, self._fused_shape(t, ne), ("n_expert",) + tuple(t.ne[:2]))
                 used.add(hn)
@@ -281,6 +285,30 @@ class HFSource(Source):
             return (ne[2], ne[0], 2 * ne[1])
         return (ne[1], 2 * ne[0])
 
+    def _mxfp4_tensor(self, name: str, ne: tuple[int, ...], hf_name: str, transform: str) -> SourceTensor:
+        """An expert tensor stored as MXFP4 blocks and scales (gpt-oss's released checkpoints):
+        per expert, rows of (out) in nn.Linear's orientation, each row ``in / 32`` blocks of 16
+        bytes with one E8M0 scale byte each; gate and up rows interleaved. ``raw(e)`` gives expert
+        e's matrix as ggml MXFP4 bytes (a lossless repack), ``read(e)`` its floats: one expert at a
+        time, never the whole tensor in full precision."""
+        from .. import quants
+
+        rows = FUSED[transform][0]
+        n_rows = ne[1] * (2 if transform in ("fused_gate", "fused_up") else 1)
+        blocks, scales = hf_name + "_blocks", hf_name + "_scales"
+        self._check_shape(blocks, (ne[2], n_rows, ne[0] // 32, 16), ("n_expert", "rows", "blocks", "16"))
+        self._check_shape(scales, (ne[2], n_rows, ne[0] // 32), ("n_expert", "rows", "blocks"))
+
+        def raw(e: int | None) -> np.ndarray:
+            b = self.ckpt.read_u8(blocks, e)[rows]
+            s = self.ckpt.read_u8(scales, e)[rows]
+            return mxfp4_from_hf(b, s).reshape(-1)
+
+        def read(e: int | None) -> np.ndarray:
+            return quants.dequantize("MXFP4", raw(e), (ne[1], ne[0]))
+
+        return SourceTensor(name, ne, "expert", read, "MXFP4", raw)
+
     def _fused_reader(self, hf_name: str, transform: str):
         cols, transpose = FUSED[transform]
 
@@ -328,6 +356,17 @@ def _split_kv_b(w: np.ndarray, dims: dict, part: str) -> np.ndarray:
     if part == "k_b":
         return np.ascontiguousarray(kv[:, :nope, :].transpose(0, 2, 1))
     return np.ascontiguousarray(kv[:, nope:, :])
+
+
+def mxfp4_from_hf(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """HF's MXFP4 (blocks (..., 16) with elements 2k and 2k + 1 in byte k's low and high nibble,
+    scales (...) as E8M0 bytes) as ggml's block_mxfp4 bytes (..., 17): the scale byte unchanged
+    (both read it as 2^(e - 127) times the E2M1 value), then element j in byte j's low nibble and
+    element j + 16 in its high one."""
+    lo, hi = blocks & 0x0F, blocks >> 4
+    elems = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)      # element order
+    qs = elems[..., :16] | (elems[..., 16:] << 4)
+    return np.concatenate([scales[..., None], qs], axis=-1).astype(np.uint8)
 
 
 def _check_common_config(config: dict, where: str, spec: ArchSpec) -> None:

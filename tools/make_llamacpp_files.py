@@ -3,6 +3,7 @@
 Hugging Face checkpoint (e.g. the benchmark model of tools/make_bench_model.py).
 
     python tools/make_llamacpp_files.py HF_DIR OUT_DIR [--types Q4_K_M,Q5_K_M,Q6_K,Q8_0,Q4_0]
+    python tools/make_llamacpp_files.py --src-only     # just download and unpack the converter
 
 Steps, each skipped when its output exists:
 
@@ -98,14 +99,20 @@ def _atomic(run, out: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("hf", help="Hugging Face checkpoint directory")
-    ap.add_argument("out", help="output directory")
+    ap.add_argument("hf", nargs="?", help="Hugging Face checkpoint directory")
+    ap.add_argument("out", nargs="?", help="output directory")
+    ap.add_argument("--src-only", action="store_true", help="download and unpack llama.cpp's converter into --src, then exit")
     ap.add_argument("--types", default="Q4_K_M,Q5_K_M,Q6_K", help=f"comma-separated: {', '.join(FTYPES)}")
     ap.add_argument("--pre", default="qwen2", help="tokenizer.ggml.pre for a tokenizer the converter does not know")
     ap.add_argument("--src", default=DEFAULT_SRC, help="where the llama-cpp-python sdist is unpacked")
     ap.add_argument("--llama-venv", default=DEFAULT_VENV, help="bench_vs_llamacpp.py's environment")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
+    if a.src_only:
+        print(llama_src(a.src))
+        return 0
+    if not a.hf or not a.out:
+        ap.error("give the checkpoint directory and the output directory")
     types = [t for t in a.types.split(",") if t]
     unknown = [t for t in types if t not in FTYPES]
     if unknown:

@@ -429,3 +429,23 @@ def test_hybrid_llama_cpp_file_with_mtp_block(tmp_path):
     rm.convert(d, tmp_path / "ours.gguf", recipe="f32", progress=False)   # ours skips it at conversion
     with rm.open_gguf(tmp_path / "ours.gguf") as g:
         assert not any(n.startswith("blk.4.") for n in g.tensors)
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_hybrid_other_head_shapes_match_transformers(model_type, tmp_path):
+    """One key head serving four value heads twice its width (which llama.cpp's loader refuses,
+    and transformers and this runtime run), with every second layer full attention."""
+    import torch
+
+    model = make_tiny_hybrid(tmp_path / "hf", model_type, linear_num_key_heads=1, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=32, full_attention_interval=2,
+                             layer_types=["linear_attention", "full_attention"] * 2)
+    rm.convert(tmp_path / "hf", tmp_path / "m.gguf", recipe="f32", progress=False)
+    ids = np.random.default_rng(11).integers(3, VOCAB, 70).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].float().numpy()
+    with rm.Model(tmp_path / "m.gguf", n_ctx=96, n_threads=2) as m:
+        first = m.eval_logits(ids[:66])
+        rest = np.stack([m.eval([t]) for t in ids[66:]])
+    assert _rel(first, ref[:66]) < 1e-4
+    assert _rel(rest, ref[66:]) < 1e-4

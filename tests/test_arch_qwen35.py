@@ -429,3 +429,70 @@ def test_hybrid_llama_cpp_file_with_mtp_block(tmp_path):
     rm.convert(d, tmp_path / "ours.gguf", recipe="f32", progress=False)   # ours skips it at conversion
     with rm.open_gguf(tmp_path / "ours.gguf") as g:
         assert not any(n.startswith("blk.4.") for n in g.tensors)
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_hybrid_other_head_shapes_match_transformers(model_type, tmp_path):
+    """One key head serving four value heads twice its width (which llama.cpp's loader refuses,
+    and transformers and this runtime run), with every second layer full attention."""
+    import torch
+
+    model = make_tiny_hybrid(tmp_path / "hf", model_type, linear_num_key_heads=1, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=32, full_attention_interval=2,
+                             layer_types=["linear_attention", "full_attention"] * 2)
+    rm.convert(tmp_path / "hf", tmp_path / "m.gguf", recipe="f32", progress=False)
+    ids = np.random.default_rng(11).integers(3, VOCAB, 70).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].float().numpy()
+    with rm.Model(tmp_path / "m.gguf", n_ctx=96, n_threads=2) as m:
+        first = m.eval_logits(ids[:66])
+        rest = np.stack([m.eval([t]) for t in ids[66:]])
+    assert _rel(first, ref[:66]) < 1e-4
+    assert _rel(rest, ref[66:]) < 1e-4
+
+
+def _copy_with(src, dst, kv: dict):
+    """src's GGUF with keys replaced or added: kv maps a key to an int or a list of bools."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for name, value in kv.items():
+        if isinstance(value, list):
+            w.add_array(name, value)
+        else:
+            w.add_uint32(name, value)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_hybrid_bad_files_are_refused_by_name(hybrid, tmp_path):
+    from rapidmoe_gguf.errors import FormatError
+
+    _, path, *_ = hybrid("qwen3_5_moe")
+    cases = [
+        ({"qwen35moe.ssm.time_step_rank": 3}, FormatError,
+         r"ssm.time_step_rank 3 must be a multiple of ssm.group_count 2"),
+        ({"qwen35moe.attention.recurrent_layers": [True, False, True, False]}, UnsupportedError,
+         r"'qwen35moe.attention.recurrent_layers' makes layer 1 full attention, but the forward pass runs only "
+         r"the pattern of full_attention_interval = 4"),
+        ({"qwen35moe.full_attention_interval": 2}, FormatError, r"tensor 'blk.1.attn_q.weight' is missing"),
+    ]
+    for i, (kv, exc, msg) in enumerate(cases):
+        bad = _copy_with(path, tmp_path / f"bad{i}.gguf", kv)
+        with pytest.raises(exc, match=msg):
+            rm.Model(bad, n_ctx=16, n_threads=1)
+    same = _copy_with(path, tmp_path / "same.gguf", {"qwen35moe.attention.recurrent_layers": [True, True, True, False]})
+    with rm.Model(same, n_ctx=16, n_threads=1) as m:   # a list that agrees with the pattern loads
+        assert m.info["n_layer"] == 4

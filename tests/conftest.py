@@ -16,9 +16,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _restore_sys_path():
+    """The tools a test imports may put the source tree on sys.path; later tests, and the
+    subprocesses they start with this process's path, must not see it (in an installed run the
+    tree has no native library)."""
+    saved = sys.path[:]
+    yield
+    sys.path[:] = saved
 
 TINY_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 

@@ -1,8 +1,9 @@
 """The CPU kernel sets: which one the runtime uses, and each set's kernels on their own.
 
-The native library carries a scalar reference set and, on x86-64, AVX2 and AVX-512 sets; the best
+The native library carries a scalar reference set and, on x86-64, AVX2, AVX-512 and AMX sets (AMX:
+the AVX-512 set with prefill's Q8_0, Q4_0 and Q4_K/Q5_K/Q6_K products on the tile registers); the best
 one the CPU supports is chosen when first needed, or the one named by the environment variable
-``RAPIDMOE_ISA`` (``scalar``, ``avx2``, ``avx512``; set it before the first model is loaded).
+``RAPIDMOE_ISA`` (``scalar``, ``avx2``, ``avx512``, ``amx``; set it before the first model is loaded).
 
     >>> kernels.cpu_isa()
     'avx512'
@@ -19,7 +20,7 @@ from .quants import type_info
 
 __all__ = ["ISAS", "cpu_isa", "quantize_activations", "supported_isas", "vec_dot_rows"]
 
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "amx")
 """Every kernel set a build can have, worst to best."""
 
 

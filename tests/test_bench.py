@@ -44,7 +44,7 @@ def test_bench_cli_reports_medians_and_the_profile(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["runs"] == 2 and len(r["decode_tok_s_all"]) == 2 and len(r["prefill_tok_s_all"]) == 2
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
-    assert r["cpu_kernels"] == rm.cpu_isa() and r["cpu_kernels"] in ("scalar", "avx2", "avx512")
+    assert r["cpu_kernels"] == rm.cpu_isa() and r["cpu_kernels"] in ("scalar", "avx2", "avx512", "amx")
     assert 0 < r["decode_p50_ms"] <= r["decode_p99_ms"]
     assert sorted(r["decode_tok_s_all"])[0] <= r["decode_tok_s"] <= sorted(r["decode_tok_s_all"])[1]
     assert set(r["profile"]["decode_ms_per_token"]) == set(bench.PARTS_DOC)

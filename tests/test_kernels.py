@@ -19,12 +19,15 @@ from conftest import random_iq_blocks
 from rapidmoe_gguf import kernels, quants
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
-SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 TOL = 1e-6
 SIMD_ISAS = [isa for isa in kernels.supported_isas() if isa != "scalar"]
 
 # Byte offsets of the fp16 scale fields in each block: random bytes there could be inf/nan.
-SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+                "MXFP4": []}
+# Byte offsets of E8M0 exponents: random ones reach 2^127, whose products overflow float.
+E8M0_FIELDS = {"MXFP4": 0}
 
 needs_simd = pytest.mark.skipif(not SIMD_ISAS, reason="this machine runs no SIMD kernel set")
 
@@ -50,6 +53,8 @@ def random_rows(name, n_rows, n, seed):
         scales = (r.uniform(0.5, 2, nb * 2) * 0.01).astype(np.float16).view(np.uint8).reshape(nb, 4)
         for k, off in enumerate(SCALE_FIELDS[name]):
             raw[:, off:off + 2] = scales[:, 2 * k:2 * k + 2]
+        if name in E8M0_FIELDS:
+            raw[:, E8M0_FIELDS[name]] = r.integers(110, 140, nb)
         rows.append(raw.tobytes())
     return rows
 
@@ -122,6 +127,40 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
             for i in range(n_tok):
                 alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa)
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
+
+
+# The AMX set's tile form (prefill, from 16 tokens on; Q8_0/Q4_0 rows of whole groups of eight
+# blocks, K-quant rows of whole super-blocks). Q8_0 and Q4_0 give the AVX-512 set's floats bit for
+# bit; the K-quants the same integers with other float steps (measured: within 5.1e-8 of the
+# reference, against the AVX-512 kernels' 8.7e-8, over the cases below; budget TOL).
+AMX_EXACT_TYPES = ["Q8_0", "Q4_0"]
+AMX_TYPES = AMX_EXACT_TYPES + ["Q4_K", "Q5_K", "Q6_K"]
+needs_amx = pytest.mark.skipif("amx" not in kernels.supported_isas(), reason="this machine or build has no AMX")
+
+
+@needs_amx
+@pytest.mark.parametrize("name", AMX_TYPES)
+def test_kernels_amx_tiles_match_reference(name):
+    """Many tokens through the AMX tiles, against the scalar reference (TOL), and for Q8_0/Q4_0
+    against the AVX-512 set and each token alone, bit for bit. Sizes cover a partial tile of rows
+    and of tokens, one token past a tile, and a single group."""
+    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64)]:
+        _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
+        for k, w in enumerate(random_rows(name, n_rows, n, seed=n_tok)):
+            want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
+            assert want.shape == (n_tok, n_rows) and np.all(np.isfinite(want)) and np.all(want != 0)
+            got = kernels.vec_dot_rows(name, w, x_q, n, isa="amx")
+            wn, xn = norms(name, w, x_q, n)
+            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
+            assert err.max() <= TOL, f"{name} n={n} rows#{k}: error {err.max():.2e}"
+            if name not in AMX_EXACT_TYPES:
+                continue
+            avx512 = kernels.vec_dot_rows(name, w, x_q, n, isa="avx512")
+            assert got.tobytes() == avx512.tobytes(), f"{name} n={n} rows#{k}: not the AVX-512 floats"
+            for i in (0, n_tok - 1):   # and each token alone, through the one-token kernel
+                alone = kernels.vec_dot_rows(name, w, x_q[i * len(x_q) // n_tok:(i + 1) * len(x_q) // n_tok], n,
+                                             isa="amx", batched=False)
+                assert alone.tobytes() == got[i:i + 1].tobytes()
 
 
 # Types with no SIMD kernel: every set falls through to the scalar reference.
@@ -307,6 +346,49 @@ def test_kernels_repacked_weights_give_the_same_logits(isa_logits, recipe):
     if "avx512-not-repacked" not in isa_logits:
         pytest.skip("no AVX-512 kernel set on this machine")
     np.testing.assert_array_equal(isa_logits["avx512"][recipe], isa_logits["avx512-not-repacked"][recipe])
+
+
+@pytest.mark.parametrize("recipe", [r for r, types in MODEL_RECIPES.items() if "_K" not in types or "Q2_K" in types
+                                    or "Q3_K" in types])
+def test_kernels_amx_prefill_gives_the_avx512_logits(isa_logits, recipe):
+    """On the types without K-quant tiles, the AMX set changes only how prefill's Q8_0/Q4_0
+    products run, not their floats: the AVX-512 set's logits bit for bit, prefill and decode."""
+    if "amx" not in isa_logits:
+        pytest.skip("no AMX kernel set on this machine")
+    np.testing.assert_array_equal(isa_logits["amx"][recipe], isa_logits["avx512"][recipe])
+
+
+_PREFILL_SCRIPT = """
+import sys, numpy as np
+import rapidmoe_gguf as rm
+ids = [int(t) for t in sys.argv[2].split(",")]
+with rm.Model(sys.argv[3], n_ctx=128, n_threads=2, n_batch=64) as m:
+    np.save(sys.argv[1] + ".npy", m.eval_logits(ids))
+assert rm.cpu_isa() == sys.argv[1], rm.cpu_isa()
+"""
+
+
+@needs_amx
+def test_kernels_amx_k_quant_prefill_logits(tiny_hf, tmp_path):
+    """A 64-token prefill of a Q4_K model in one batch, where the experts' products take the
+    K-quant tiles: within test_kernels_model_logits_match_scalar_set's budget of the scalar set's
+    logits (measured: median 9.5e-8, worst 2.0e-7; the AVX-512 set on the same run: median 9.5e-8,
+    worst 1.4e-3, one position whose Q8 activations round the other way)."""
+    import rapidmoe_gguf as rm
+
+    path = str(tmp_path / "q4k-q8.gguf")
+    rm.convert(tiny_hf("qwen3_moe", weight_std=0.02, head_std=0.1), path, recipe="q4k-q8", progress=False)
+    ids = ",".join(str(t) for t in rng(9).integers(3, 300, 64))
+    logits = {}
+    for isa in ("scalar", "amx"):
+        p = subprocess.run([sys.executable, "-c", _PREFILL_SCRIPT, isa, ids, path], cwd=tmp_path,
+                           env=package_env(RAPIDMOE_ISA=isa), capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        logits[isa] = np.load(tmp_path / f"{isa}.npy")
+    ref, got = logits["scalar"], logits["amx"]
+    assert got.shape == (64, ref.shape[1]) and np.all(np.isfinite(got))
+    rel = np.abs(got - ref).max(-1) / np.abs(ref).max(-1)
+    assert np.median(rel) <= 1e-5 and rel.max() <= 1e-2, f"median {np.median(rel):.2e}, worst {rel.max():.2e}"
 
 
 @needs_simd

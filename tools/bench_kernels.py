@@ -9,8 +9,14 @@ matrix, as the CPU backend runs a product of many tokens, in picoseconds per wei
 Each figure is the best of repeated calls, so another process taking the core mostly shows as
 spread between runs, not as a slower figure.
 
+With --compare A,B (and --tokens) it times two sets on the same matrices instead, alternating
+A and B call by call --repeats times, and prints each set's median, the ratio of the medians and
+the largest difference of their results (relative to the largest result; 0: the same floats):
+the form for a machine shared with other work, where a burst of load then hits both sets alike.
+
     python tools/bench_kernels.py [--types Q4_0,Q4_K] [--json out.json]
     python tools/bench_kernels.py --tokens 64 --types Q4_K,Q5_K,Q6_K
+    python tools/bench_kernels.py --tokens 128 --compare avx512,amx --types Q8_0,Q4_0 --n 2048,768
 """
 
 from __future__ import annotations
@@ -57,13 +63,18 @@ def time_it(fn, min_s: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
-    ap.add_argument("--n", type=int, default=2048, help="row length (elements)")
+    ap.add_argument("--n", default="2048", help="row length (elements); with --compare, a list: 2048,768")
     ap.add_argument("--cache-kib", type=int, default=256, help="weight bytes of the in-cache case")
     ap.add_argument("--mem-mib", type=int, default=256, help="weight bytes of the streaming case")
     ap.add_argument("--min-s", type=float, default=0.2)
     ap.add_argument("--tokens", type=int, default=1, help="activation rows: > 1 times the prefill form")
+    ap.add_argument("--compare", help="two kernel sets, A,B: alternate them (with --tokens)")
+    ap.add_argument("--repeats", type=int, default=21, help="calls of each set with --compare")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
+    if args.compare:
+        return compare(args)
+    args.n = int(args.n)
     if args.tokens > 1:
         return prefill(args)
 
@@ -117,6 +128,36 @@ def prefill(args) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"isas": isas, "results": results}, f, indent=1)
+
+
+def compare(args) -> None:
+    a, b = args.compare.split(",")
+    for isa in (a, b):
+        if isa not in kernels.supported_isas():
+            sys.exit(f"bench_kernels: kernel set {isa} is not available here ({', '.join(kernels.supported_isas())})")
+    results = []
+    print(f"{a} against {b}, alternating, median of {args.repeats} calls each; one thread, {args.tokens} tokens, "
+          f"{args.cache_kib} KiB of weights")
+    print(f"{'type':6} {'n':>6} {a + ' ps/w/tok':>16} {b + ' ps/w/tok':>16} {a + '/' + b:>12} {'max rel diff':>14}")
+    for name in args.types.split(","):
+        for n in (int(v) for v in args.n.split(",")):
+            n_rows = max(16, (args.cache_kib << 10) // quants.row_bytes(name, n))
+            w, x_q = make(name, n, n_rows, n_tok=args.tokens)
+            ya, yb = (kernels.vec_dot_rows(name, w, x_q, n, isa=isa).astype(np.float64) for isa in (a, b))
+            differ = float(np.abs(ya - yb).max() / np.abs(yb).max())   # 0: the same floats
+            times = {a: [], b: []}
+            for _ in range(args.repeats):
+                for isa in (a, b):
+                    t0 = time.perf_counter()
+                    kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+                    times[isa].append(time.perf_counter() - t0)
+            ps = {isa: 1e12 * float(np.median(times[isa])) / (n_rows * n * args.tokens) for isa in (a, b)}
+            results.append({"type": name, "n": n, "rows": n_rows, "tokens": args.tokens, "ps_per_weight_token": ps,
+                            "ratio": ps[a] / ps[b], "max_rel_difference": differ})
+            print(f"{name:6} {n:6} {ps[a]:16.2f} {ps[b]:16.2f} {ps[a] / ps[b]:12.2f} {differ:14.1e}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"compare": [a, b], "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ typedef enum rm_type {
     RM_TYPE_IQ4_XS  = 23,
     RM_TYPE_IQ1_M   = 29,
     RM_TYPE_BF16 = 30,
+    RM_TYPE_MXFP4 = 39,
     RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
 } rm_type;
 
@@ -135,11 +136,12 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
                      float * out);
 
 /* ---------------------------------------------------------------------------------------------
- * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512"
+ * CPU kernel sets ("isa"): "scalar" (the reference, always there), "avx2", "avx512", "amx"
+ * ("amx": AVX-512 plus AMX tiles for prefill; granted by the OS at first use)
  * ------------------------------------------------------------------------------------------- */
 
 /* The set the CPU backend uses. Chosen at first use: the best this CPU and build support, or the
- * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512 names; a set that is not
+ * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not
  * available falls back to the best one, with a warning on stderr. */
 const char * rm_cpu_isa(void);
 
@@ -150,7 +152,8 @@ int32_t   rm_cpu_isa_supported(const char * isa);
  * weights of `type`, w_len bytes) with token t of x_q (n_tok rows of n activations already in the
  * type's vec_dot_type, x_len bytes), by the kernels of set isa (NULL: the set in use). batched = 1
  * computes as the CPU backend computes a matrix product (several tokens per kernel call where the
- * type has a kernel for it); batched = 0 calls the one-token kernel for each row and token.
+ * type has a kernel for it: from 8 tokens the prefill form that packs each row once, from 16 the
+ * AMX tiles); batched = 0 calls the one-token kernel for each row and token.
  * RM_E_UNSUPPORTED_TYPE when this CPU or build lacks the set. */
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
                          const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y);
@@ -265,9 +268,14 @@ enum {
     RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
     RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
+    RM_LAYER_EXP_BIAS     = 0x0800,   /* biases on the router and on every expert's three products (gpt-oss) */
+    RM_LAYER_SWIGLU_CLAMP = 0x1000,   /* the experts' SwiGLU clamped, with (up + 1) (gpt-oss) */
     RM_LAYER_MLA_Q_LORA   = 0x2000,   /* MLA's query through a low-rank q_a/q_b pair (DeepSeek-V2/V3) */
     RM_LAYER_MLA_Q_DIRECT = 0x4000,   /* MLA's query from one projection (DeepSeek-V2-Lite) */
-    RM_LAYER_RUNS         = 0x63F9    /* the bits the forward pass runs today */
+    RM_LAYER_ATTN_GATE    = 0x10000,  /* full attention whose q projection also gives a sigmoid output gate (Qwen3-Next) */
+    RM_LAYER_SSM_BA       = 0x20000,  /* linear attention: beta and alpha in one fused projection, grouped per key head (qwen3next) */
+    RM_LAYER_SSM_V_TILED  = 0x40000,  /* linear attention: value head h reads key head h % n_k, not h / (n_v/n_k) (qwen35moe) */
+    RM_LAYER_RUNS         = 0x77FFF   /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -284,8 +292,7 @@ typedef struct rm_arch_info {
     int32_t      shared_expert;   /* rm_shared_expert */
     uint32_t     layer_kind;      /* RM_LAYER_* bits of a layer no kind rule changes */
     int32_t      n_hparams;
-    int32_t      n_tensors;       /* per-layer tensor templates some layer holds: of layer_kind, or of a
-                                   * kind the kind rules give (a leading dense layer's FFN) */
+    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind, and of the kinds its rules give */
     int32_t      n_kind_rules;
 } rm_arch_info;
 
@@ -312,7 +319,7 @@ typedef struct rm_arch_tensor_info {
     int32_t      expert;          /* ne[2] holds one matrix per routed expert */
     uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */
     const char * ne[3];           /* "n_embd", "n_q" (n_head*head_dim), "n_kv" (n_head_kv*head_dim),
-                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "any" or "1" */
+                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "n_head", "any" or "1" */
 } rm_arch_tensor_info;
 
 int32_t   rm_arch_count(void);
@@ -459,6 +466,9 @@ typedef struct rm_size_params {
                                    * layer instead of K and V; 0 without MLA */
     int32_t  n_rot;               /* MLA: the rotary part of a query/key head */
     int32_t  head_dim_v;          /* MLA: the value head width; 0: head_dim */
+    int32_t  n_layer_linear;      /* layers with linear attention (a recurrent state each); 0: none */
+    int32_t  ssm_d_conv, ssm_conv_dim;   /* their conv kernel length and channels */
+    int32_t  ssm_n_v, ssm_d_state, ssm_head_v; /* value heads, key and value head widths */
 } rm_size_params;
 
 typedef struct rm_session_sizes {
@@ -468,6 +478,7 @@ typedef struct rm_session_sizes {
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
     uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
+    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, and their scratch (host) */
 } rm_session_sizes;
 
 /* The bytes one session allocates on its backend: on a device (CUDA or the stand-in) all five

@@ -14,6 +14,10 @@
 #include "rapidmoe.h"
 #include "weights.h"
 
+/* Layer kinds only the CPU backend runs: the device backends' expert path (the split) has no
+ * expert biases and no clamped SwiGLU yet, so a model with such layers refuses a device. */
+#define RM_LAYER_HOST_ONLY (RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP)
+
 /* A value computed from the hyperparameters read so far. */
 typedef enum rm_expr_op {
     RM_EXPR_NONE  = 0,            /* not given: a required key, an unbounded range */
@@ -59,6 +63,13 @@ typedef enum rm_dim {
     RM_DIM_HEAD_V,                /* head_dim_v */
     RM_DIM_V,                     /* n_head * head_dim_v */
     RM_DIM_HEADS,                 /* n_head */
+    RM_DIM_Q_GATE,                /* 2 * n_head * head_dim: q and its output gate, per head */
+    RM_DIM_SSM_CONV,              /* 2 * ssm_n_k * ssm_d_state + ssm_d_inner: the conv's channels */
+    RM_DIM_SSM_INNER,             /* ssm_d_inner */
+    RM_DIM_SSM_NV,                /* ssm_n_v */
+    RM_DIM_SSM_BA,                /* 2 * ssm_n_v */
+    RM_DIM_SSM_KERNEL,            /* ssm_d_conv */
+    RM_DIM_SSM_HEAD_V,            /* ssm_d_inner / ssm_n_v */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -108,6 +119,9 @@ typedef struct rm_arch {
     int32_t                n_tensors;
     const rm_kind_rule *   rules;
     int32_t                n_rules;
+    /* an array key of per-layer flags (after "{arch}.") that, when present, must agree with the
+     * rules about which layers have linear attention; NULL: none */
+    const char *           linear_layers_key;
 } rm_arch;
 
 /* NULL when the architecture is not supported. */

@@ -51,6 +51,8 @@ struct rm_session {
 
     rm_policy_state policy;       /* which slots get their residual (policy.c) */
 
+    struct rm_hybrid * hy;        /* hybrid models: recurrent states and scratch (deltanet.h); else NULL */
+
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;
     double *   cal_delta;         /* n_layer * n_expert: sum of |delta| */

@@ -71,7 +71,9 @@ const char * rm_build_info(void) {
         "off"
 #endif
         "; cpu kernels "
-#if defined(RM_X86)
+#if defined(RM_AMX)
+        "scalar avx2 avx512 amx"
+#elif defined(RM_X86)
         "scalar avx2 avx512"
 #else
         "scalar"

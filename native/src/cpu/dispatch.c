@@ -3,6 +3,7 @@
 #include "dispatch.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,13 @@
 #if defined(RM_X86)
 #include <cpuid.h>
 #endif
+#if defined(RM_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
-static const char * const isa_names[RM_ISA_COUNT] = {"scalar", "avx2", "avx512"};
+static const char * const isa_names[RM_ISA_COUNT] = {"scalar", "avx2", "avx512", "amx"};
+#define ISA_LIST "scalar, avx2, avx512, amx"
 
 const char * rm_isa_name(rm_isa isa) {
     return isa >= 0 && isa < RM_ISA_COUNT ? isa_names[isa] : "unknown";
@@ -36,6 +42,18 @@ static uint64_t xcr0(void) {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t) hi << 32) | lo;
+}
+
+/* Linux hands out the AMX tile registers only to a process that asks (arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); without the grant the first tile instruction
+ * faults. The grant holds for every thread of the process. Asked once, from probe(). */
+static int amx_granted(void) {
+#if defined(RM_AMX) && defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;   /* built without the AMX set, or not Linux */
+#endif
 }
 
 static rm_isa probe(void) {
@@ -61,7 +79,12 @@ static rm_isa probe(void) {
     const int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
     const int vnni = (c >> 11) & 1;
     const int zmm_state = (xcr & 0xe0) == 0xe0;   /* opmask, upper ZMM0-15, ZMM16-31 */
-    return f && dq && bw && vl && vnni && zmm_state ? RM_ISA_AVX512 : RM_ISA_AVX2;
+    if (!(f && dq && bw && vl && vnni && zmm_state)) {
+        return RM_ISA_AVX2;
+    }
+    const int amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    const int tile_state = (xcr & 0x60000) == 0x60000;   /* XTILECFG, XTILEDATA */
+    return amx_tile && amx_int8 && tile_state && amx_granted() ? RM_ISA_AMX : RM_ISA_AVX512;
 }
 #else
 static rm_isa probe(void) { return RM_ISA_SCALAR; }
@@ -80,7 +103,7 @@ static void choose(void) {
     }
     rm_isa isa;
     if (!rm_isa_parse(want, &isa)) {
-        fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s is not one of scalar, avx2, avx512; using %s\n",
+        fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s is not one of " ISA_LIST "; using %s\n",
                 want, rm_isa_name(best_isa));
     } else if (isa > best_isa) {
         fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s: this CPU or build does not have it; using %s\n",
@@ -104,6 +127,9 @@ static const rm_cpu_kernels * kernels_of(rm_isa isa) {
 #if defined(RM_X86)
     if (isa == RM_ISA_AVX2) return &rm_cpu_kernels_avx2;
     if (isa == RM_ISA_AVX512) return &rm_cpu_kernels_avx512;
+#endif
+#if defined(RM_AMX)
+    if (isa == RM_ISA_AMX) return &rm_cpu_kernels_amx;
 #endif
     (void) isa;
     return NULL;
@@ -146,6 +172,20 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type) {
         if (k && k->vec_dot[type]) return k->packed[type];   /* the set whose vec_dot runs */
     }
     return NULL;
+}
+
+const rm_tile_kernels * rm_cpu_tile_isa(rm_isa isa, int32_t type) {
+    const rm_cpu_kernels * k = kernels_of(isa);
+    return k && type >= 0 && type < RM_TYPE_COUNT ? k->tile[type] : NULL;
+}
+
+uint64_t rm_cpu_tile_room_isa(rm_isa isa, int64_t n) {
+    uint64_t most = 0;
+    for (int32_t type = 0; type < RM_TYPE_COUNT; type++) {
+        const rm_tile_kernels * tk = rm_cpu_tile_isa(isa, type);
+        if (tk && tk->room_bytes(n) > most) most = tk->room_bytes(n);
+    }
+    return most;
 }
 
 void rm_q8_0_act_info(const void * x_q, int64_t n, float * info) {
@@ -203,12 +243,69 @@ static rm_status isa_arg(const char * fn, const char * isa, rm_isa * out) {
         return RM_OK;
     }
     if (!rm_isa_parse(isa, out)) {
-        return rm_fail(RM_E_INVALID_ARG, "%s: isa '%s' is not one of scalar, avx2, avx512", fn, isa);
+        return rm_fail(RM_E_INVALID_ARG, "%s: isa '%s' is not one of " ISA_LIST, fn, isa);
     }
     if (*out > rm_isa_best()) {
         return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: isa '%s' is not available on this CPU or build (best: %s)",
                        fn, isa, rm_isa_name(rm_isa_best()));
     }
+    return RM_OK;
+}
+
+/* rm_vec_dot_isa in the tile form, as the CPU backend runs it: the tokens laid out once, then
+ * the rows RM_TILE_ROWS at a time. */
+static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_t n, const uint8_t * w, uint64_t row,
+                             int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok, float * y) {
+    void * x_t = malloc((size_t) tk->act_bytes(n, (int32_t) n_tok));
+    void * room = malloc((size_t) tk->room_bytes(n));
+    if (x_t == NULL || room == NULL) {
+        free(x_t);
+        free(room);
+        return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", fn, (long long) n_tok);
+    }
+    for (int64_t i = 0; i < n_tok; i++) {
+        tk->put_act(n, x_q + (uint64_t) i * xrow, (int32_t) i, (int32_t) n_tok, x_t);
+    }
+    for (int64_t r0 = 0; r0 < n_rows; r0 += RM_TILE_ROWS) {
+        const int64_t r1 = r0 + RM_TILE_ROWS < n_rows ? r0 + RM_TILE_ROWS : n_rows;
+        tk->matmul(n, w, 0, row, r0, r1, x_t, (int32_t) n_tok, room, y, n_rows, 0);
+    }
+    free(x_t);
+    free(room);
+    return RM_OK;
+}
+
+/* rm_vec_dot_isa in the prefill form, as the CPU backend runs it: the tokens transposed once,
+ * then each row packed and passed over by eight, four, then one token at a time. */
+static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, int64_t n, const uint8_t * w, uint64_t row,
+                               int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok, const float * info,
+                               int64_t info_stride, float * y) {
+    const uint64_t xt_stride = pk->act_bytes(n);
+    uint8_t * x_t = malloc((size_t) (xt_stride * (uint64_t) n_tok));
+    void * packed = malloc((size_t) pk->packed_bytes(n));
+    if (x_t == NULL || packed == NULL) {
+        free(x_t);
+        free(packed);
+        return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", fn, (long long) n_tok);
+    }
+    for (int64_t i = 0; i < n_tok; i++) {
+        pk->transpose_act(n, x_q + (uint64_t) i * xrow, x_t + (uint64_t) i * xt_stride);
+    }
+    for (int64_t r = 0; r < n_rows; r++) {
+        pk->pack_row(n, w + (uint64_t) r * row, packed);
+        for (int64_t i = 0; i < n_tok;) {
+            const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
+            float v[RM_MULTI_MAX];
+            pk->dot(n, nc, v, packed, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
+                    x_q + (uint64_t) i * xrow, xrow, info + i * info_stride, info_stride);
+            for (int c = 0; c < nc; c++) {
+                y[(i + c) * n_rows + r] = v[c];
+            }
+            i += nc;
+        }
+    }
+    free(x_t);
+    free(packed);
     return RM_OK;
 }
 
@@ -244,6 +341,10 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
                        __func__, t->name, (long long) n_tok, (long long) n, xt->name,
                        (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
     }
+    const rm_tile_kernels * tk = batched ? rm_cpu_tile_isa(which, type) : NULL;
+    if (tk && n_tok >= tk->min_tokens && n_tok <= INT32_MAX && tk->usable(n)) {
+        return tile_matmul(__func__, tk, n, w, row, n_rows, x_q, xrow, n_tok, y);
+    }
     /* as the CPU backend's matmul_tile: eight, four, then the rest at a time where there is a kernel for it,
      * with the activations' block scales and sums worked out once */
     const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
@@ -258,6 +359,12 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
         for (int64_t i = 0; i < n_tok; i++) {
             rm_q8_0_act_info(xb + (uint64_t) i * xrow, n, info + i * info_stride);
         }
+    }
+    const rm_packed_kernels * pk = info ? rm_cpu_packed_isa(which, type) : NULL;
+    if (pk && n_tok >= RM_PACK_MIN_TOKENS && pk->packed_bytes(n) > 0) {
+        st = packed_matmul(__func__, pk, n, wb, row, n_rows, xb, xrow, n_tok, info, info_stride, y);
+        free(info);
+        return st;
     }
     int64_t i = 0;
     for (; multi && i < n_tok; ) {

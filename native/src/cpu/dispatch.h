@@ -1,10 +1,11 @@
 /* dispatch.h - internal: which SIMD kernel set the CPU backend runs, chosen once per process.
  *
  * Each instruction set has its own source file (cpu/vec_dot_avx2.c, cpu/vec_dot_avx512.c, which
- * share cpu/simd_x86.h), compiled with that set's flags and exporting one table of kernels by ggml
- * type id. At first use the CPU is
- * probed (cpuid, and xgetbv for the register state the OS saves) and the best set this build and
- * this CPU both have is chosen; RAPIDMOE_ISA=scalar|avx2|avx512 asks for another. A lookup falls
+ * share cpu/simd_x86.h, and cpu/matmul_amx.c), compiled with that set's flags and exporting one
+ * table of kernels by ggml type id. At first use the CPU is
+ * probed (cpuid, and xgetbv for the register state the OS saves; for AMX, the kernel's grant of
+ * the tile state) and the best set this build and this CPU both have is chosen;
+ * RAPIDMOE_ISA=scalar|avx2|avx512|amx asks for another. A lookup falls
  * through to the next set down when a set lacks a kernel, ending at the scalar reference, which
  * always exists. */
 #ifndef RM_CPU_DISPATCH_H
@@ -16,6 +17,7 @@ typedef enum rm_isa {
     RM_ISA_SCALAR = 0,            /* the reference kernels of quants_ref.c */
     RM_ISA_AVX2   = 1,            /* AVX2 + FMA + F16C */
     RM_ISA_AVX512 = 2,            /* AVX-512 F/BW/VL/DQ + VNNI, on top of AVX2 */
+    RM_ISA_AMX    = 3,            /* AMX-TILE + AMX-INT8 prefill tiles, on top of AVX-512 */
     RM_ISA_COUNT
 } rm_isa;
 
@@ -34,6 +36,9 @@ void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 3
  * types ignore it). Each out[c] is bit for bit what vec_dot gives for that token alone. */
 typedef void (*rm_vec_dot_multi_fn)(int64_t n, int nc, float * out, const void * w, const void * x_q,
                                     uint64_t x_stride, const float * x_info, int64_t x_info_stride);
+
+/* The backend takes the prefill form below from this many tokens on. */
+#define RM_PACK_MIN_TOKENS 8
 
 /* The prefill form of a multi-token kernel, for weights that meet many tokens: each weight row
  * is packed once (pack_row) and each token's activations are transposed once per product
@@ -58,6 +63,29 @@ typedef struct rm_packed_kernels {
                        const float * x_info, int64_t x_info_stride);
 } rm_packed_kernels;
 
+/* The tile form of a matrix product (AMX): weights RM_TILE_ROWS rows at a time against every
+ * token of the product, the tokens in groups of RM_TILE_ROWS laid out once per product
+ * (put_act, token by token, as they are quantized). With `exact`, each output is bit for bit
+ * what the set below's vec_dot gives for that row and token, so prefill and decode see the same
+ * numbers; without, they agree to float rounding (the same integers, other float steps).
+ * Used for rows of n with usable(n) and from min_tokens tokens on. */
+#define RM_TILE_ROWS 16
+typedef struct rm_tile_kernels {
+    int32_t  min_tokens;
+    int32_t  exact;
+    int      (*usable)(int64_t n);
+    uint64_t (*act_bytes)(int64_t n, int32_t n_tok);          /* the product's activations, laid out */
+    /* token i of n_tok (its quantized row x_q) into the layout at x_t; the last token also clears
+     * the unused places of its group */
+    void     (*put_act)(int64_t n, const void * x_q, int32_t i, int32_t n_tok, void * x_t);
+    uint64_t (*room_bytes)(int64_t n);                        /* a thread's room for RM_TILE_ROWS packed rows */
+    /* y[i * y_stride + r] (+)= dot(row r, token i) for rows r0..r1 (at most RM_TILE_ROWS) of w
+     * (row_bytes apart) and the n_tok tokens of x_t. stored: w holds the rows in the set below's
+     * stored layout (rm_packed_kernels.repack_row), which the type then has. */
+    void     (*matmul)(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                       const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate);
+} rm_tile_kernels;
+
 /* y[i] += a * x[i] for n floats */
 typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
 
@@ -78,11 +106,15 @@ typedef struct rm_cpu_kernels {
     rm_attn_scores_fn   attn_scores;
     rm_attn_values_fn   attn_values;
     const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
+    const rm_tile_kernels *   tile[RM_TYPE_COUNT];     /* optional: the tile form (AMX) */
 } rm_cpu_kernels;
 
 #if defined(RM_X86)
 extern const rm_cpu_kernels rm_cpu_kernels_avx2;
 extern const rm_cpu_kernels rm_cpu_kernels_avx512;
+#endif
+#if defined(RM_AMX)
+extern const rm_cpu_kernels rm_cpu_kernels_amx;
 #endif
 
 const char * rm_isa_name(rm_isa isa);
@@ -104,6 +136,10 @@ void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float *
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
+/* The tile form of `isa`'s own set for a type (no fall-through); NULL: none. */
+const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);
+/* The most room one thread needs for any tile kernel of `isa` on rows of up to n (0: none). */
+uint64_t                  rm_cpu_tile_room_isa(rm_isa isa, int64_t n);
 
 /* The same for the set in use: what the CPU backend calls. */
 static inline rm_vec_dot_fn       rm_cpu_vec_dot(int32_t t)       { return rm_cpu_vec_dot_isa(rm_isa_active(), t); }
@@ -113,5 +149,6 @@ static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cp
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
+static inline const rm_tile_kernels *   rm_cpu_tile(int32_t t)    { return rm_cpu_tile_isa(rm_isa_active(), t); }
 
 #endif

@@ -33,7 +33,7 @@
 #define MM_TILE_BYTES (16 << 10)
 /* The prefill form (rm_packed_kernels): used from this many tokens on, each thread packing rows
  * into MM_PACK_BYTES of its own. */
-#define MM_PACK_MIN_TOKENS 8
+#define MM_PACK_MIN_TOKENS RM_PACK_MIN_TOKENS
 #define MM_PACK_BYTES (24 << 10)
 
 typedef struct cpu_ctx {
@@ -46,7 +46,8 @@ typedef struct cpu_ctx {
     int32_t   n_ctx;
     uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
     uint64_t  xt_cap;
-    uint8_t * pack;               /* each thread's packed rows: MM_PACK_BYTES apiece */
+    uint8_t * pack;               /* each thread's packed rows: pack_stride bytes apiece */
+    uint64_t  pack_stride;        /* MM_PACK_BYTES, or more where a tile kernel needs it */
     const rm_dev_weights * repacked;   /* the model's weights in the kernels' stored layout, or NULL */
     struct many_task * many;      /* matmul_many's state */
     uint8_t * xq_many;            /* its quantized activations: two types of n_batch rows */
@@ -71,6 +72,8 @@ typedef struct mm_task {
     uint8_t *              xt;         /* the transposed activations it needs */
     uint64_t               xt_stride;
     uint8_t *              pack;       /* the threads' packing room */
+    uint64_t               pack_stride;
+    const rm_tile_kernels * tk;        /* the tile form (AMX), when this product uses it: xt is its layout */
     const uint8_t *        stored;     /* the matrix in the stored layout (repack.h), or NULL */
     int64_t                chunk_rows;
     int64_t                tile_rows;
@@ -86,7 +89,9 @@ static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
         if (t->x_info) {
             rm_q8_0_act_info(xq, t->a->w->ne[0], (float *) t->x_info + i * t->x_info_stride);
         }
-        if (t->xt) {
+        if (t->tk) {
+            t->tk->put_act(t->a->w->ne[0], xq, (int32_t) i, t->a->n_tok, t->xt);
+        } else if (t->xt) {
             t->pk->transpose_act(t->a->w->ne[0], xq, t->xt + i * t->xt_stride);
         }
     }
@@ -116,7 +121,7 @@ static void matmul_tile_packed(const mm_task * t, int ith, int64_t r0, int64_t r
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes, pb = t->pk->packed_bytes(n_in);
-    uint8_t * room = t->pack + (uint64_t) ith * MM_PACK_BYTES;
+    uint8_t * room = t->pack + (uint64_t) ith * t->pack_stride;
     const int64_t fit = (int64_t) (MM_PACK_BYTES / pb) > 0 ? (int64_t) (MM_PACK_BYTES / pb) : 1;
     for (int64_t s0 = r0; s0 < r1; s0 += fit) {
         const int64_t s1 = s0 + fit < r1 ? s0 + fit : r1;
@@ -168,6 +173,14 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
+    if (t->tk) {   /* the tile form: RM_TILE_ROWS rows at a time against every token */
+        for (int64_t s0 = r0; s0 < r1; s0 += RM_TILE_ROWS) {
+            t->tk->matmul(n_in, t->stored ? t->stored : t->wdata, t->stored != NULL, rb, s0,
+                          s0 + RM_TILE_ROWS < r1 ? s0 + RM_TILE_ROWS : r1, t->xt, a->n_tok,
+                          t->pack + (uint64_t) ith * t->pack_stride, a->y, a->y_stride, a->accumulate);
+        }
+        return;
+    }
     if (t->stored && t->xt && a->n_tok < MM_PACK_MIN_TOKENS) {
         matmul_tile_stored(t, r0, r1);
         return;
@@ -279,11 +292,31 @@ static int wants_packed(const mm_task * t) {
     return pk && t->x_info && pk->packed_bytes(t->a->w->ne[0]) > 0 && (t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS);
 }
 
+/* The tile form's kernels for t, when its rows suit them and it has enough tokens (any number
+ * where the activations are laid out already: `shared`); NULL: none. */
+static const rm_tile_kernels * tile_for(const mm_task * t, int shared) {
+    const rm_tile_kernels * tk = rm_cpu_tile(t->a->w->type);
+    return tk && t->xq && tk->usable(t->a->w->ne[0]) && (shared || t->a->n_tok >= tk->min_tokens) ? tk : NULL;
+}
+
+/* t in the tile form on activations laid out at xt: chunks of whole tiles of rows. */
+static void mm_set_tile(mm_task * t, const cpu_ctx * c, const rm_tile_kernels * tk, uint8_t * xt) {
+    const int64_t n_rows = t->a->w->ne[1];
+    t->tk = tk;
+    t->xt = xt;
+    t->pack = c->pack;
+    t->pack_stride = c->pack_stride;
+    t->chunk_rows = (t->chunk_rows + RM_TILE_ROWS - 1) / RM_TILE_ROWS * RM_TILE_ROWS;
+    t->tile_rows = t->chunk_rows;
+    t->n_chunks = (n_rows + t->chunk_rows - 1) / t->chunk_rows;
+}
+
 static void mm_set_packed(mm_task * t, const cpu_ctx * c, uint8_t * xt) {
     t->pk = rm_cpu_packed(t->a->w->type);
     t->xt = xt;
     t->xt_stride = t->pk->act_bytes(t->a->w->ne[0]);
     t->pack = c->pack;
+    t->pack_stride = c->pack_stride;
     if (!t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS) {   /* tiles packed per product */
         const int64_t rows = (int64_t) (MM_PACK_BYTES / t->pk->packed_bytes(t->a->w->ne[0]));
         t->tile_rows = clamp_rows(rows, 1, t->chunk_rows);
@@ -299,7 +332,10 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     if (t.xq == c->xq) {
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
         RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
-        if (wants_packed(&t) && rm_cpu_packed(a->w->type)->act_bytes(a->w->ne[0]) * (uint64_t) a->n_tok <= c->xt_cap) {
+        const rm_tile_kernels * tk = tile_for(&t, 0);
+        if (tk && tk->act_bytes(a->w->ne[0], a->n_tok) <= c->xt_cap) {
+            mm_set_tile(&t, c, tk, c->xt);
+        } else if (wants_packed(&t) && rm_cpu_packed(a->w->type)->act_bytes(a->w->ne[0]) * (uint64_t) a->n_tok <= c->xt_cap) {
             mm_set_packed(&t, c, c->xt);
         }
         if (a->n_tok == 1) {
@@ -393,7 +429,10 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
         if (o->a->x == a->x && o->a->x_stride == a->x_stride && o->a->n_tok >= a->n_tok && o->a->w->ne[0] == a->w->ne[0] &&
             rm_type_traits_get(o->a->w->type)->vec_dot_type == vt && (o->x_info != NULL) == (act_info_floats(a->w->type, a->w->ne[0]) > 0)) {
             mm_set_acts(t, (uint8_t *) o->xq, (float *) o->x_info);
-            if (o->xt && wants_packed(t)) {
+            const rm_tile_kernels * tk = o->tk ? tile_for(t, 1) : NULL;
+            if (tk && tk->put_act == o->tk->put_act) {   /* the same layout */
+                mm_set_tile(t, c, tk, o->xt);
+            } else if (o->xt && !o->tk && wants_packed(t)) {
                 mm_set_packed(t, c, o->xt);
             }
             return 1;
@@ -407,7 +446,11 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
     mm_set_acts(t, c->xq_many + used->xq, c->x_info_many + used->info);
     used->xq += (bytes + 63) / 64 * 64;
     used->info += floats;
-    if (wants_packed(t)) {
+    const rm_tile_kernels * tk = tile_for(t, 0);
+    if (tk && used->xt + tk->act_bytes(a->w->ne[0], a->n_tok) <= c->xt_many_cap) {
+        mm_set_tile(t, c, tk, c->xt_many + used->xt);
+        used->xt += (tk->act_bytes(a->w->ne[0], a->n_tok) + 63) / 64 * 64;
+    } else if (wants_packed(t)) {
         const uint64_t tb = rm_cpu_packed(a->w->type)->act_bytes(a->w->ne[0]) * (uint64_t) a->n_tok;
         if (used->xt + tb <= c->xt_many_cap) {
             mm_set_packed(t, c, c->xt_many + used->xt);
@@ -498,11 +541,17 @@ static void attn_task_fn(void * p, int ith, int nth) {
             break;
         }
         const int32_t i = (int32_t) (job / a->n_head), h = (int32_t) (job % a->n_head);
-        const int32_t n_kv = a->pos0 + i + 1;
+        const int32_t n_all = a->pos0 + i + 1;
+        const int32_t p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
+        const int32_t n_kv = n_all - p0;
         const float * q = a->q + i * q_stride + (int64_t) h * D;
-        const int64_t kv_off = (int64_t) (h / group) * D;
+        const int64_t kv_off = (int64_t) p0 * kv_stride + (int64_t) (h / group) * D;
         t->scores(D, n_kv, q, a->k_cache + kv_off, kv_stride, scale, scores);
-        rm_softmax(scores, n_kv);
+        if (a->sinks) {
+            rm_softmax_sink(scores, n_kv, ((const float *) a->sinks->data)[h]);
+        } else {
+            rm_softmax(scores, n_kv);
+        }
         t->values(D, n_kv, scores, a->v_cache + kv_off, kv_stride, a->out + i * q_stride + (int64_t) h * D);
     }
     (void) nth;
@@ -580,6 +629,17 @@ static void cpu_swiglu(rm_backend * be, float * g, const float * u, int64_t n) {
     }
 }
 
+static void cpu_rope_yarn(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                          int32_t pos0, const rm_rope_yarn * y, int neox) {
+    for (int32_t i = 0; i < n_tok; i++) {
+        rm_rope_yarn_row(x + (int64_t) i * n_head * head_dim, n_head, head_dim, n_rot, pos0 + i, y, neox);
+    }
+}
+
+static void cpu_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit) {
+    rm_swiglu_clamp_ref(g, u, n, alpha, limit);
+}
+
 static void cpu_gather_rows(rm_backend * be, float * dst, const float * src, const int32_t * rows, int32_t n,
                             int64_t width) {
     for (int32_t j = 0; j < n; j++) {
@@ -646,6 +706,8 @@ static const rm_backend_ops CPU_OPS = {
     .add_bias    = cpu_add_bias,
     .add_gated   = cpu_add_gated,
     .swiglu      = cpu_swiglu,
+    .rope_yarn   = cpu_rope_yarn,
+    .swiglu_clamp = cpu_swiglu_clamp,
     .gather_rows = cpu_gather_rows,
     .scatter_add = cpu_scatter_add,
     .route       = cpu_route,
@@ -678,7 +740,9 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->xt = malloc(c->xt_cap);
     c->xt_many_cap = c->xq_many_cap;
     c->xt_many = malloc(c->xt_many_cap);
-    c->pack = malloc((size_t) MM_PACK_BYTES * (size_t) rm_pool_size(pool));
+    const uint64_t tile_room = rm_cpu_tile_room_isa(rm_isa_active(), max_in);
+    c->pack_stride = tile_room > MM_PACK_BYTES ? (tile_room + 63) / 64 * 64 : MM_PACK_BYTES;
+    c->pack = malloc((size_t) c->pack_stride * (size_t) rm_pool_size(pool));
     if (!c->xq || !c->x_info || !c->scores || !c->xq_many || !c->x_info_many || !c->many || !c->xt || !c->xt_many ||
         !c->pack) {
         be->ctx = c;

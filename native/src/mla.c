@@ -211,37 +211,6 @@ static void attend(rm_session * s, const rm_layer * L, const float * cache, int3
     mm_heads(s, &L->wv_b, t.olat, C, H * C, n, s->attn, DV, H * DV);        /* attn[h] = Vb_h olat[h] */
 }
 
-/* YaRN's RoPE on interleaved pairs (rm_rope's NORM layout) of n rows: per row n_head heads of
- * `stride` floats, the first n_rot of each rotated. Pair i's angle blends pos * f_i (extrapolation)
- * and pos * f_i / factor (interpolation) by a ramp over the pairs between the correction dims,
- * those that complete beta_fast (32) and beta_slow (1) turns in the original context. */
-#define YARN_BETA_FAST 32.0f
-#define YARN_BETA_SLOW 1.0f
-
-static float yarn_corr_dim(int32_t n_rot, int32_t orig_ctx, float turns, float base) {
-    return (float) n_rot * logf((float) orig_ctx / (turns * 2.0f * 3.14159265358979f)) / (2.0f * logf(base));
-}
-
-static void rope_yarn(float * x, int32_t n, int32_t n_head, int64_t stride, int64_t row, int32_t n_rot, int32_t pos0,
-                      const rm_hparams * hp) {
-    const float lo = fmaxf(0.0f, floorf(yarn_corr_dim(n_rot, hp->yarn_orig_ctx, YARN_BETA_FAST, hp->rope_base)));
-    const float hi = fminf((float) (n_rot - 1), ceilf(yarn_corr_dim(n_rot, hp->yarn_orig_ctx, YARN_BETA_SLOW, hp->rope_base)));
-    for (int32_t t = 0; t < n; t++) {
-        for (int32_t i = 0; i < n_rot / 2; i++) {
-            const float extrap = (float) (pos0 + t) / powf(hp->rope_base, (float) (2 * i) / (float) n_rot);
-            const float ramp = fminf(1.0f, fmaxf(0.0f, ((float) i - lo) / fmaxf(0.001f, hi - lo)));
-            const float angle = extrap / hp->yarn_factor * ramp + extrap * (1.0f - ramp);
-            const float c = cosf(angle) * hp->yarn_rope_mult, sn = sinf(angle) * hp->yarn_rope_mult;
-            for (int32_t h = 0; h < n_head; h++) {
-                float * v = x + t * row + h * stride;
-                const float x0 = v[2 * i], x1 = v[2 * i + 1];
-                v[2 * i] = x0 * c - x1 * sn;
-                v[2 * i + 1] = x0 * sn + x1 * c;
-            }
-        }
-    }
-}
-
 void rm_mla_block(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
@@ -268,9 +237,12 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     /* RoPE on each head's last n_rot dims, and on the shared rotary key after the latent */
-    if (hp->yarn_factor > 0.0f) {
-        rope_yarn(s->q + (D - R), n, (int32_t) H, D, H * D, (int32_t) R, s->n_past, hp);
-        rope_yarn(lat + C, n, 1, LA, LA, (int32_t) R, s->n_past, hp);
+    if (hp->rope_yarn_factor > 0.0f) {   /* YaRN with DeepSeek's scale of cos and sin (model.c) */
+        rm_rope_yarn y;
+        rm_rope_yarn_of(hp, &y);
+        y.mscale = hp->yarn_rope_mult;
+        be->ops->rope_yarn(be, s->q + (D - R), n, (int32_t) H, (int32_t) D, (int32_t) R, s->n_past, &y, neox);
+        be->ops->rope_yarn(be, lat + C, n, 1, (int32_t) LA, (int32_t) R, s->n_past, &y, neox);
     } else {
         be->ops->rope(be, s->q + (D - R), n, (int32_t) H, (int32_t) D, (int32_t) R, s->n_past, hp->rope_base, neox);
         be->ops->rope(be, lat + C, n, 1, (int32_t) LA, (int32_t) R, s->n_past, hp->rope_base, neox);

@@ -177,8 +177,10 @@ static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
     }
     const float mscale_all = log_mul / 0.1f;
     const float m = mscale_all > 0.0f ? yarn_mscale(factor, mscale_all) : yarn_mscale(factor, 1.0f);
-    hp->yarn_factor = factor;
-    hp->yarn_orig_ctx = (int32_t) orig;
+    hp->rope_yarn_factor = factor;
+    hp->n_ctx_orig_yarn = (int32_t) orig;
+    hp->yarn_beta_fast = 32.0f;   /* llama.cpp's deepseek2 takes these, whatever the file says */
+    hp->yarn_beta_slow = 1.0f;
     hp->yarn_rope_mult = mscale_all > 0.0f ? 1.0f : m;
     hp->kq_scale = m * m / sqrtf((float) hp->head_dim);
     return RM_OK;

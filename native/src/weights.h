@@ -86,11 +86,7 @@ typedef struct rm_hparams {
     float   yarn_beta_fast, yarn_beta_slow;
     int32_t yarn_truncate;               /* round YaRN's correction range to whole dims (llama.cpp always does) */
     float   expert_weights_scale;        /* routed weights times this (routed_scaling_factor); 0 read as 1 */
-    /* YaRN context extension (MLA only): 0 without; frequencies between the original context's
-     * correction range blend interpolation (pos / factor) and extrapolation */
-    float   yarn_factor;
-    int32_t yarn_orig_ctx;               /* the context the model was trained with before extension */
-    float   yarn_rope_mult;              /* cos and sin times this */
+    float   yarn_rope_mult;              /* MLA's YaRN: cos and sin times this (DeepSeek's mscale ratio) */
     float   kq_scale;                    /* attention logits times this (DeepSeek's mscale^2 / sqrt(head_dim)); 0: 1/sqrt(head_dim) */
     /* linear attention (qwen35moe, qwen3next): llama.cpp's ssm.* keys */
     int32_t ssm_d_conv;                  /* conv kernel length */

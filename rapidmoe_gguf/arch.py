@@ -48,7 +48,7 @@ class HParam:
 
     key: str | None
     hf: tuple[str, ...]
-    kind: str  # "u32" | "f32" | "bool"
+    kind: str  # "u32" | "f32" | "bool" | "str" | "sections" (a list of at most 4, padded to 4)
     default: Any = REQUIRED
     dim: str | None = None
 
@@ -69,7 +69,10 @@ class TensorSpec:
     ne: tuple[str, ...]
     role: str
     optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
-    transform: str | None = None    # "permute_q" | "permute_k" | "flatten"
+    transform: str | None = None    # "permute_q" | "permute_k" | "flatten", one of FUSED, or a name in sources.TRANSFORMS
+    # only in some layers: "dense" | "moe" | "q_lora" | "q_direct", or with ArchSpec.layer_kind
+    # (the hybrids) the kind it gives: "full" | "linear"
+    layers: str | None = None
 
     @property
     def per_layer(self) -> bool:
@@ -93,6 +96,16 @@ class ArchSpec:
     permute_qk: bool = False           # HF q/k rows are permuted to llama.cpp's interleaved RoPE
     output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
+    sliding_window: bool = False       # the runtime honours config.json's sliding_window
+    # the config as the hparams read it: values derived from several fields, per-architecture
+    # defaults transformers does not save (DeepSeek-V3's sigmoid scores)
+    prepare_config: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    hf_rope_interleaved: bool = False  # HF rows already hold llama.cpp's interleaved RoPE pairs (no permutation)
+    drop_hf_layers_from: str | None = None  # a dim: HF layers from that index on (MTP blocks) are not converted
+    rope_scaling: tuple[str, ...] = ()  # rope types beside the default that the runtime computes
+    extra_kv: Callable[[Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None  # keys written only sometimes
+    layer_kind: Callable[[Mapping[str, Any], int], str] | None = None  # hybrids: "full" | "linear" per layer
+    skipped: tuple[str, ...] = ()      # HF tensor name prefixes not converted (logged): an MTP block
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,7 +267,464 @@ OLMOE = ArchSpec(
     tensors=_GLOBAL_TENSORS + _attention(qk_norm="full") + _moe("mlp", "gate_proj", "up_proj", "down_proj"),
 )
 
-ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE)}
+# ---------------------------------------------------------------------------------------------
+# DeepSeek and GLM: leading dense layers, ungated shared experts, sigmoid/softmax routing with a
+# selection bias, expert groups and a scale; DeepSeek's multi-head latent attention
+# ---------------------------------------------------------------------------------------------
+
+_GATING = {"softmax": 1, "sigmoid": 2}
+
+
+def _leading_dense(config: Mapping[str, Any]) -> int:
+    """first_k_dense_replace, or the leading "dense" entries of mlp_layer_types (GLM-4.7-Flash)."""
+    types = config.get("mlp_layer_types")
+    first_k = config.get("first_k_dense_replace")
+    if types is None:
+        return int(first_k or 0)
+    n = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+    if any(t == "dense" for t in types[n:]):
+        raise UnsupportedError(f"config.json: mlp_layer_types {list(types)}: only leading dense layers are "
+                               "supported (llama.cpp's leading_dense_block_count)")
+    if first_k is not None and int(first_k) != n:
+        raise FormatError(f"config.json: first_k_dense_replace {first_k} disagrees with mlp_layer_types ({n} "
+                          "leading dense layers)")
+    return n
+
+
+def _deepseek_routing(config: Mapping[str, Any], scoring: str) -> dict[str, Any]:
+    """The router's keys: scores, groups (V2 uses them only with group_limited_greedy), renormalisation."""
+    func = config.get("scoring_func") or scoring
+    if func not in _GATING:
+        raise UnsupportedError(f"config.json: scoring_func '{func}' is not supported (softmax or sigmoid)")
+    out = {"_gating": _GATING[func], "_n_dense": _leading_dense(config)}
+    method = config.get("topk_method")
+    groups = method in (None, "noaux_tc", "group_limited_greedy")
+    out["_n_group"] = int(config.get("n_group") or 1) if groups else 1
+    out["_topk_group"] = int(config.get("topk_group") or out["_n_group"]) if groups else 1
+    if method not in (None, "greedy", "noaux_tc", "group_limited_greedy"):
+        raise UnsupportedError(f"config.json: topk_method '{method}' is not supported")
+    return out
+
+
+def _check_moe_layers(config: Mapping[str, Any]) -> None:
+    if not config.get("n_shared_experts"):
+        raise UnsupportedError("config.json: n_shared_experts must be at least 1 (llama.cpp's layout has shared experts)")
+
+
+def _prepare_glm4moe(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    _check_moe_layers(config)
+    rope = config.get("rope_parameters") or {}
+    factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.5))
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return dict(config, _n_rot=int(head_dim * factor), **_deepseek_routing(config, "sigmoid"),
+                _norm_topk=bool(config.get("norm_topk_prob", True)))
+
+
+def _prepare_deepseek2(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    _check_moe_layers(config)
+    names = config.get("architectures") or []
+    v2 = "DeepseekV2ForCausalLM" in names
+    if config.get("rope_interleave") is False:
+        raise UnsupportedError("config.json: rope_interleave false is not supported (llama.cpp's deepseek2 "
+                               "rotates interleaved pairs)")
+    out = dict(config, **_deepseek_routing(config, "softmax" if v2 else "sigmoid"))
+    # DeepSeek-V2 never renormalises (transformers' DeepseekV2TopkRouter); V3 and GLM do by default
+    out["_norm_topk"] = False if v2 else bool(config.get("norm_topk_prob", True))
+    out["_q_lora_rank"] = int(config.get("q_lora_rank") or 0)
+    return out
+
+
+def _deepseek_yarn(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """YaRN's keys as llama.cpp's deepseek2 reads them. llama.cpp takes mscale = mscale_all_dim and
+    the betas as 32 and 1; other values would run differently there, so they are refused."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in (None, "default"):
+        return {}
+    where = "config.json: rope_parameters"
+    msa = rope.get("mscale_all_dim")
+    if not msa or rope.get("mscale", msa) != msa:
+        raise UnsupportedError(f"{where}: YaRN needs mscale_all_dim, and mscale equal to it (llama.cpp's deepseek2)")
+    if rope.get("beta_fast", 32) != 32 or rope.get("beta_slow", 1) != 1 or rope.get("attention_factor") is not None:
+        raise UnsupportedError(f"{where}: YaRN with beta_fast 32, beta_slow 1 and no attention_factor only "
+                               "(llama.cpp's deepseek2)")
+    return {
+        "{arch}.rope.scaling.type": ("yarn", "str"),
+        "{arch}.rope.scaling.factor": (_coerce(rope["factor"], "f32", f"{where}.factor"), "f32"),
+        "{arch}.rope.scaling.original_context_length": (
+            _coerce(rope["original_max_position_embeddings"], "u32", f"{where}.original_max_position_embeddings"), "u32"),
+        "{arch}.rope.scaling.yarn_log_multiplier": (0.1 * float(msa), "f32"),
+    }
+
+
+def _deepseek_moe_hparams() -> tuple[HParam, ...]:
+    return (
+        HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
+        HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff"),
+        HParam(Keys.LLM.EXPERT_SHARED_COUNT, ("n_shared_experts",), "u32", default=0, dim="n_expert_shared"),
+        HParam(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("_n_dense",), "u32", default=0, dim="n_layer_dense_lead"),
+        HParam(Keys.LLM.EXPERT_GATING_FUNC, ("_gating",), "u32", dim="gating"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("routed_scaling_factor",), "f32", default=1.0,
+               dim="expert_weights_scale"),
+        HParam(Keys.LLM.EXPERT_GROUP_COUNT, ("_n_group",), "u32", default=1, dim="n_group"),
+        HParam(Keys.LLM.EXPERT_GROUP_USED_COUNT, ("_topk_group",), "u32", default=lambda d: d["n_group"],
+               dim="n_group_used"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_NORM, ("_norm_topk",), "bool", default=False, dim="norm_topk"),
+        # the checkpoint's next-token-prediction layers are not converted
+        HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),
+        HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
+    )
+
+
+def _deepseek_ffn(ffn_norm: str) -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    m = p + "mlp."
+    x = m + "experts.{xid}."
+    s = m + "shared_experts."
+    return (
+        TensorSpec(ffn_norm, p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "gate.weight", ("n_embd", "n_expert"), "router", layers="moe"),
+        TensorSpec("blk.{bid}.exp_probs_b.bias", m + "gate.e_score_correction_bias", ("n_expert",), "bias",
+                   optional=True, layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + "gate_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + "up_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + "down_proj.weight", ("n_ff_exp", "n_embd", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_shexp.weight", s + "gate_proj.weight", ("n_embd", "n_ff_shexp"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_shexp.weight", s + "up_proj.weight", ("n_embd", "n_ff_shexp"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_shexp.weight", s + "down_proj.weight", ("n_ff_shexp", "n_embd"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate.weight", m + "gate_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_up.weight", m + "up_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_down.weight", m + "down_proj.weight", ("n_ff", "n_embd"), "dense", layers="dense"),
+    )
+
+
+def _glm_head_dim(d: Mapping[str, Any]) -> int:
+    return d["n_embd"] // d["n_head"]
+
+
+GLM4MOE = ArchSpec(  # GLM-4.5 / 4.6 and their Air versions
+    name="glm4moe",
+    hf_architectures=("Glm4MoeForCausalLM",),
+    hparams=(
+        HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+        HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+        HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+        HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",), "u32",
+               default=lambda d: d["n_head"], dim="n_head_kv"),
+        HParam(Keys.Attention.KEY_LENGTH, ("head_dim",), "u32", default=_glm_head_dim, dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=_glm_head_dim, dim="head_dim_v"),
+        HParam(Keys.Rope.DIMENSION_COUNT, ("_n_rot",), "u32", dim="n_rot"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
+               default=10000.0, dim="rope_base"),
+    ) + _deepseek_moe_hparams(),
+    tensors=_GLOBAL_TENSORS + _attention(qk_norm="per_head", bias=True)[:-2] + (
+        TensorSpec("blk.{bid}.attn_q_norm.weight", "model.layers.{bid}.self_attn.q_norm.weight", ("head_dim",),
+                   "norm", optional=True),
+        TensorSpec("blk.{bid}.attn_k_norm.weight", "model.layers.{bid}.self_attn.k_norm.weight", ("head_dim",),
+                   "norm", optional=True),
+    ) + _deepseek_ffn("blk.{bid}.post_attention_norm.weight"),
+    output_from_embd=True,
+    prepare_config=_prepare_glm4moe,
+    drop_hf_layers_from="n_layer",
+)
+
+
+def _mla_attention() -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    a = p + "self_attn."
+    return (
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.attn_q_a.weight", a + "q_a_proj.weight", ("n_embd", "q_lora_rank"), "attn",
+                   layers="q_lora"),
+        TensorSpec("blk.{bid}.attn_q_a_norm.weight", a + "q_a_layernorm.weight", ("q_lora_rank",), "norm",
+                   layers="q_lora"),
+        TensorSpec("blk.{bid}.attn_q_b.weight", a + "q_b_proj.weight", ("q_lora_rank", "n_q"), "attn",
+                   layers="q_lora"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q"), "attn", layers="q_direct"),
+        TensorSpec("blk.{bid}.attn_kv_a_mqa.weight", a + "kv_a_proj_with_mqa.weight", ("n_embd", "n_kv_a"), "attn"),
+        TensorSpec("blk.{bid}.attn_kv_a_norm.weight", a + "kv_a_layernorm.weight", ("kv_lora_rank",), "norm"),
+        # kv_b_proj, split per head into k's up-projection (transposed) and v's, as llama.cpp stores them
+        TensorSpec("blk.{bid}.attn_k_b.weight", a + "kv_b_proj.weight", ("n_nope", "kv_lora_rank", "n_head"), "attn",
+                   transform="k_b"),
+        TensorSpec("blk.{bid}.attn_v_b.weight", a + "kv_b_proj.weight", ("kv_lora_rank", "head_dim_v", "n_head"),
+                   "attn", transform="v_b"),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_v", "n_embd"), "attn"),
+    )
+
+
+DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
+    name="deepseek2",
+    hf_architectures=("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM"),
+    hparams=(
+        HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+        HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+        HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+        HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, (), "u32", default=1, dim="n_head_kv"),   # one latent for all heads
+        HParam(Keys.Attention.Q_LORA_RANK, ("_q_lora_rank",), "u32", default=0, dim="q_lora_rank"),
+        HParam(Keys.Attention.KV_LORA_RANK, ("kv_lora_rank",), "u32", dim="kv_lora_rank"),
+        HParam(Keys.Rope.DIMENSION_COUNT, ("qk_rope_head_dim",), "u32", dim="n_rot"),
+        HParam(Keys.Attention.KEY_LENGTH_MLA, (), "u32", default=lambda d: d["n_nope"] + d["n_rot"], dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH_MLA, ("v_head_dim",), "u32", dim="head_dim_v"),
+        # llama.cpp also writes the latent's sizes as the (single) KV head's
+        HParam(Keys.Attention.KEY_LENGTH, (), "u32", default=lambda d: d["kv_lora_rank"] + d["n_rot"], dim="n_kv_a"),
+        HParam(Keys.Attention.VALUE_LENGTH, (), "u32", default=lambda d: d["kv_lora_rank"], dim="mla_value_length"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", default=1e-6, dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("rope_parameters.rope_theta", "rope_theta"), "f32",
+               default=10000.0, dim="rope_base"),
+    ) + _deepseek_moe_hparams(),
+    tensors=_GLOBAL_TENSORS + _mla_attention() + _deepseek_ffn("blk.{bid}.ffn_norm.weight"),
+    output_from_embd=True,
+    hf_rope_interleaved=True,
+    prepare_config=_prepare_deepseek2,
+    drop_hf_layers_from="n_layer",
+    rope_scaling=("yarn",),
+    extra_kv=_deepseek_yarn,
+)
+
+# gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,
+# gate and up interleaved along the last (gate at even, up at odd indices) and every matrix
+# transposed against nn.Linear's (in, out): a TensorSpec with one of these transforms takes expert
+# e's slab of such a tensor (role "expert") or the matching half of a bias (role "f32").
+FUSED = {
+    "fused_gate": (slice(0, None, 2), True),     # gate_up_proj[e][:, 0::2].T
+    "fused_up": (slice(1, None, 2), True),       # gate_up_proj[e][:, 1::2].T
+    "fused_down": (slice(None), True),           # down_proj[e].T
+    "even": (slice(0, None, 2), False),          # gate_up_proj_bias[:, 0::2]
+    "odd": (slice(1, None, 2), False),           # gate_up_proj_bias[:, 1::2]
+}
+
+
+def _gpt_oss_layers(config: Mapping[str, Any]) -> None:
+    """llama.cpp's gpt-oss graph slides every other layer, starting with layer 0."""
+    n = config.get("num_hidden_layers") or 0
+    kinds = config.get("layer_types")
+    want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if kinds is not None and list(kinds) != want:
+        raise UnsupportedError(f"config.json: layer_types {list(kinds)} is not gpt-oss's alternation "
+                               "(sliding on even layers, full on odd ones)")
+    for key, want_v in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)):
+        if abs(float(config.get(key, want_v)) - want_v) > 1e-6:
+            raise UnsupportedError(f"config.json: {key} {config[key]} differs from the {want_v} that "
+                                   "llama.cpp (and this runtime) hard-code for gpt-oss")
+    if config.get("attention_bias") is False:
+        raise UnsupportedError("config.json: gpt-oss without attention biases is not supported")
+
+
+def _gpt_oss_tensors() -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    a, m = p + "self_attn.", p + "mlp."
+    return _GLOBAL_TENSORS + (
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q"), "attn"),
+        TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv"), "attn"),
+        TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv"), "attn"),
+        TensorSpec("blk.{bid}.attn_q.bias", a + "q_proj.bias", ("n_q",), "bias"),
+        TensorSpec("blk.{bid}.attn_k.bias", a + "k_proj.bias", ("n_kv",), "bias"),
+        TensorSpec("blk.{bid}.attn_v.bias", a + "v_proj.bias", ("n_kv",), "bias"),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q", "n_embd"), "attn"),
+        TensorSpec("blk.{bid}.attn_output.bias", a + "o_proj.bias", ("n_embd",), "bias"),
+        TensorSpec("blk.{bid}.attn_sinks.weight", a + "sinks", ("n_head",), "bias"),
+        TensorSpec("blk.{bid}.post_attention_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "router.weight", ("n_embd", "n_expert"), "router"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.bias", m + "router.bias", ("n_expert",), "bias"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", m + "experts.gate_up_proj",
+                   ("n_embd", "n_ff_exp", "n_expert"), "expert", transform="fused_gate"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", m + "experts.gate_up_proj",
+                   ("n_embd", "n_ff_exp", "n_expert"), "expert", transform="fused_up"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", m + "experts.down_proj",
+                   ("n_ff_exp", "n_embd", "n_expert"), "expert", transform="fused_down"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.bias", m + "experts.gate_up_proj_bias",
+                   ("n_ff_exp", "n_expert"), "f32", transform="even"),
+        TensorSpec("blk.{bid}.ffn_up_exps.bias", m + "experts.gate_up_proj_bias",
+                   ("n_ff_exp", "n_expert"), "f32", transform="odd"),
+        TensorSpec("blk.{bid}.ffn_down_exps.bias", m + "experts.down_proj_bias", ("n_embd", "n_expert"), "f32"),
+    )
+
+
+def _rope(name: str) -> tuple[str, str]:
+    return f"rope_parameters.{name}", f"rope_scaling.{name}"
+
+
+GPT_OSS = ArchSpec(
+    name="gpt-oss",
+    hf_architectures=("GptOssForCausalLM",),
+    hparams=_COMMON_HPARAMS + (
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff_exp"),
+        _norm_topk((), True),
+        HParam(Keys.Attention.SLIDING_WINDOW, ("sliding_window",), "u32", dim="n_swa"),
+        HParam(Keys.Attention.SLIDING_WINDOW_PATTERN, (), "u32", default=2, dim="swa_pattern"),
+        HParam(Keys.Rope.SCALING_FACTOR, _rope("factor"), "f32", default=1.0, dim="rope_yarn_factor"),
+        HParam(Keys.Rope.SCALING_TYPE, (), "str",
+               default=lambda d: "yarn" if d["rope_yarn_factor"] != 1.0 else "none", dim="rope_scaling"),
+        HParam(Keys.Rope.SCALING_ORIG_CTX_LEN, _rope("original_max_position_embeddings"), "u32",
+               default=lambda d: d["n_ctx_train"], dim="n_ctx_orig_yarn"),
+        HParam(Keys.Rope.SCALING_YARN_BETA_FAST, _rope("beta_fast"), "f32", default=32.0, dim="yarn_beta_fast"),
+        HParam(Keys.Rope.SCALING_YARN_BETA_SLOW, _rope("beta_slow"), "f32", default=1.0, dim="yarn_beta_slow"),
+        # transformers' YaRN `truncate`: GGUF has no key for it and llama.cpp always rounds (true)
+        HParam("rapidmoe.rope.yarn_truncate", _rope("truncate"), "bool", default=True, dim="yarn_truncate"),
+    ),
+    tensors=_gpt_oss_tensors(),
+    check_config=_gpt_oss_layers,
+    rope_scaling=("yarn",),
+    sliding_window=True,
+)
+
+
+# The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
+PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
+# ---- Qwen3.5-MoE and Qwen3-Next: Gated DeltaNet and gated attention ---------------------------
+
+def _layer_types(config: Mapping[str, Any]) -> list[str]:
+    """transformers' layer_types, or its default: every full_attention_interval-th layer full."""
+    n, every = config["num_hidden_layers"], config.get("full_attention_interval") or 4
+    default = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    return list(config.get("layer_types") or default)
+
+
+def _check_hybrid(config: Mapping[str, Any]) -> None:
+    _all_layers_moe(config)
+    types, n = _layer_types(config), config.get("num_hidden_layers")
+    every = config.get("full_attention_interval") or 4
+    want = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(len(types))]
+    if len(types) != n or types != want:
+        raise UnsupportedError(
+            f"config.json: layer_types {types} is not the pattern of full_attention_interval={every} "
+            "(every n-th layer full attention), the only one the runtime runs")
+    if config.get("attention_bias"):
+        raise UnsupportedError("config.json: attention_bias is not supported for this architecture")
+    nk, nv = config.get("linear_num_key_heads") or 0, config.get("linear_num_value_heads") or 0
+    if nk <= 0 or nv % nk:
+        raise FormatError(f"config.json: linear_num_value_heads ({nv}) must be a positive multiple of "
+                          f"linear_num_key_heads ({nk})")
+
+
+def _hybrid_layer_kind(config: Mapping[str, Any], bid: int) -> str:
+    return "linear" if _layer_types(config)[bid] == "linear_attention" else "full"
+
+
+_HYBRID_HPARAMS = tuple(h for h in _COMMON_HPARAMS if h.key != Keys.Rope.DIMENSION_COUNT) + (
+    HParam(None, ("rope_parameters.partial_rotary_factor", "partial_rotary_factor"), "f32", default=0.25,
+           dim="partial_rotary_factor"),
+    HParam(Keys.Rope.DIMENSION_COUNT, (), "u32",
+           default=lambda d: int(d["head_dim"] * d.get("partial_rotary_factor", 1.0)), dim="n_rot"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["n_head"] * d["head_dim"], dim="n_q_gate"),
+    HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+    HParam(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, ("shared_expert_intermediate_size",), "u32",
+           dim="n_ff_shexp"),
+    _norm_topk(("norm_topk_prob",), True),
+    HParam(Keys.SSM.CONV_KERNEL, ("linear_conv_kernel_dim",), "u32", dim="ssm_d_conv"),
+    HParam(Keys.SSM.STATE_SIZE, ("linear_key_head_dim",), "u32", dim="ssm_d_state"),
+    HParam(Keys.SSM.GROUP_COUNT, ("linear_num_key_heads",), "u32", dim="ssm_n_k"),
+    HParam(Keys.SSM.TIME_STEP_RANK, ("linear_num_value_heads",), "u32", dim="ssm_n_v"),
+    HParam(None, ("linear_value_head_dim",), "u32", dim="ssm_head_v"),
+    HParam(Keys.SSM.INNER_SIZE, (), "u32", default=lambda d: d.get("ssm_head_v", 0) * d.get("ssm_n_v", 0),
+           dim="ssm_d_inner"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["ssm_n_k"] * d["ssm_d_state"] + d["ssm_d_inner"],
+           dim="ssm_conv_dim"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["ssm_n_v"], dim="ssm_n_ba"),
+    HParam(Keys.LLM.FULL_ATTENTION_INTERVAL, ("full_attention_interval",), "u32", default=4,
+           dim="full_attn_interval"),
+)
+
+
+def _hybrid_tensors(qwen35: bool) -> tuple[TensorSpec, ...]:
+    """Both layer kinds. Norms whose HF weight w scales by (1 + w) are written as 1 + w, as
+    llama.cpp's converter does (the gated norm of the linear layers scales by w). Qwen3.5's value
+    heads are reordered from grouped to tiled over the key heads, as llama.cpp's converter does."""
+    p = "model.layers.{bid}."
+    a, lin = p + "self_attn.", p + "linear_attn."
+    full = dict(layers="full")
+    t = [
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm",
+                   transform="plus_one"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q_gate"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q", "n_embd"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_q_norm.weight", a + "q_norm.weight", ("head_dim",), "norm",
+                   transform="plus_one", **full),
+        TensorSpec("blk.{bid}.attn_k_norm.weight", a + "k_norm.weight", ("head_dim",), "norm",
+                   transform="plus_one", **full),
+    ]
+    ln = dict(layers="linear")
+    if qwen35:
+        t += [
+            TensorSpec("blk.{bid}.attn_qkv.weight", lin + "in_proj_qkv.weight", ("n_embd", "ssm_conv_dim"), "attn",
+                       transform="tiled_qkv", **ln),
+            TensorSpec("blk.{bid}.attn_gate.weight", lin + "in_proj_z.weight", ("n_embd", "ssm_d_inner"), "attn",
+                       transform="tiled_rows", **ln),
+            TensorSpec("blk.{bid}.ssm_beta.weight", lin + "in_proj_b.weight", ("n_embd", "ssm_n_v"), "attn",
+                       transform="tiled_heads", **ln),
+            TensorSpec("blk.{bid}.ssm_alpha.weight", lin + "in_proj_a.weight", ("n_embd", "ssm_n_v"), "attn",
+                       transform="tiled_heads", **ln),
+        ]
+    else:
+        t += [
+            TensorSpec("blk.{bid}.attn_qkv.weight", lin + "in_proj_qkvz.weight", ("n_embd", "ssm_conv_dim"),
+                       "attn", transform="qkvz_qkv", **ln),
+            TensorSpec("blk.{bid}.attn_gate.weight", lin + "in_proj_qkvz.weight", ("n_embd", "ssm_d_inner"),
+                       "attn", transform="qkvz_z", **ln),
+            TensorSpec("blk.{bid}.ssm_ba.weight", lin + "in_proj_ba.weight", ("n_embd", "ssm_n_ba"), "attn", **ln),
+        ]
+    tiled = "_tiled" if qwen35 else ""
+    t += [
+        TensorSpec("blk.{bid}.ssm_conv1d.weight", lin + "conv1d.weight", ("ssm_d_conv", "ssm_conv_dim"), "f32",
+                   transform="conv" + tiled, **ln),
+        TensorSpec("blk.{bid}.ssm_dt.bias", lin + "dt_bias", ("ssm_n_v",), "norm",
+                   transform="tiled_heads" if qwen35 else None, **ln),
+        TensorSpec("blk.{bid}.ssm_a", lin + "A_log", ("ssm_n_v",), "norm", transform="neg_exp" + tiled, **ln),
+        TensorSpec("blk.{bid}.ssm_norm.weight", lin + "norm.weight", ("ssm_head_v",), "norm", **ln),
+        TensorSpec("blk.{bid}.ssm_out.weight", lin + "out_proj.weight", ("ssm_d_inner", "n_embd"), "attn",
+                   transform="tiled_cols" if qwen35 else None, **ln),
+        TensorSpec("blk.{bid}.post_attention_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",),
+                   "norm", transform="plus_one"),
+    ]
+    moe = _moe("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=True)[1:]   # its norm is above
+    out_norm = dataclasses.replace(_GLOBAL_TENSORS[1], transform="plus_one")
+    return (_GLOBAL_TENSORS[0], out_norm, _GLOBAL_TENSORS[2]) + tuple(t) + moe
+
+
+def _qwen35_hparams() -> tuple[HParam, ...]:
+    return _HYBRID_HPARAMS + (
+        HParam(Keys.Rope.DIMENSION_SECTIONS, ("rope_parameters.mrope_section",), "sections", default=[11, 11, 10]),
+    )
+
+
+QWEN35MOE = ArchSpec(
+    name="qwen35moe",
+    hf_architectures=("Qwen3_5MoeForCausalLM",),
+    hparams=_qwen35_hparams(),
+    tensors=_hybrid_tensors(qwen35=True),
+    output_from_embd=True,
+    check_config=_check_hybrid,
+    layer_kind=_hybrid_layer_kind,
+    skipped=("mtp.", "model.mtp."),
+)
+
+QWEN3NEXT = ArchSpec(
+    name="qwen3next",
+    hf_architectures=("Qwen3NextForCausalLM",),
+    hparams=_HYBRID_HPARAMS,
+    tensors=_hybrid_tensors(qwen35=False),
+    output_from_embd=True,
+    check_config=_check_hybrid,
+    layer_kind=_hybrid_layer_kind,
+    skipped=("mtp.", "model.mtp."),
+)
+
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
+                                                  DEEPSEEK2, GPT_OSS)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +759,14 @@ def _config_get(config: Mapping[str, Any], path: str) -> Any:
 
 
 def _coerce(value: Any, kind: str, where: str) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise FormatError(f"{where}: {value!r} is not a string")
+        return value
+    if kind == "sections":   # rope.dimension_sections: four section widths, unused ones 0
+        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
+            raise FormatError(f"{where}: {value!r} is not a list of at most 4 section widths")
+        return [int(v) for v in value] + [0] * (4 - len(value))
     try:
         if kind == "bool":
             if not isinstance(value, (bool, int)):
@@ -323,8 +801,12 @@ class ResolvedHParams:
 def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "config.json") -> ResolvedHParams:
     if spec.check_config is not None:
         spec.check_config(config)
+    if spec.prepare_config is not None:
+        config = spec.prepare_config(config)
     kv: dict[str, tuple[Any, str]] = {}
     dims: dict[str, Any] = {}
+    if spec.name == "deepseek2":   # key_length_mla comes from the two parts of a head
+        dims["n_nope"] = _coerce(config.get("qk_nope_head_dim"), "u32", f"{where}: qk_nope_head_dim")
     for h in spec.hparams:
         key = h.key.format(arch=spec.name) if h.key else None
         value = None
@@ -353,6 +835,16 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
                           f"num_key_value_heads ({dims['n_head_kv']})")
     dims["n_q"] = dims["n_head"] * dims["head_dim"]
     dims["n_kv"] = dims["n_head_kv"] * dims["head_dim"]
+    if "n_expert_shared" in dims:   # DeepSeek/GLM: the shared experts' total width
+        dims["n_ff_shexp"] = dims["n_ff_exp"] * dims["n_expert_shared"]
+    if "kv_lora_rank" in dims:
+        dims["n_nope"] = dims["head_dim"] - dims["n_rot"]
+        dims["n_v"] = dims["n_head"] * dims["head_dim_v"]
+    if spec.extra_kv is not None:
+        kv.update({k.format(arch=spec.name): v for k, v in spec.extra_kv(config).items()})
+    if dims.get("n_group", 1) > 1 and dims["n_expert"] % dims["n_group"]:
+        raise FormatError(f"{where}: n_routed_experts ({dims['n_expert']}) is not a multiple of n_group "
+                          f"({dims['n_group']})")
     return ResolvedHParams(kv, dims)
 
 
@@ -411,7 +903,7 @@ def native_archs() -> dict[str, NativeArch]:
     text = lambda p: ffi.string(p).decode() or None  # noqa: E731
     qk = {lib.RM_QK_NORM_NONE: "none", lib.RM_QK_NORM_PER_HEAD: "per_head", lib.RM_QK_NORM_FULL: "full"}
     rope = {lib.RM_ROPE_NORM: "norm", lib.RM_ROPE_NEOX: "neox"}
-    shexp = {lib.RM_SHEXP_NONE: "none", lib.RM_SHEXP_GATED: "gated"}
+    shexp = {lib.RM_SHEXP_NONE: "none", lib.RM_SHEXP_GATED: "gated", lib.RM_SHEXP_PLAIN: "plain"}
     kinds = {lib.RM_HPARAM_INT: "int", lib.RM_HPARAM_BOOL: "bool", lib.RM_HPARAM_FLOAT: "float"}
     out = {}
     for a in range(lib.rm_arch_count()):

@@ -31,8 +31,9 @@ def test_arch_table_flags_agree(name):
     """The converter's rows hold no behaviour flags; what they write must fit the C row's."""
     c, py = A.native_archs()[name], A.ARCHS[name]
     written = {t.gguf: t for t in py.tensors}
-    # interleaved RoPE runs on q/k rows the converter permuted (llama.cpp's llama arch)
-    assert py.permute_qk == (c.rope == "norm")
+    # interleaved RoPE runs on q/k rows the converter permuted (llama.cpp's llama arch), unless the
+    # checkpoint's rows hold interleaved pairs already (DeepSeek's MLA)
+    assert py.permute_qk == (c.rope == "norm" and not py.hf_rope_interleaved)
     assert (c.shared_expert == "gated") == ("blk.{bid}.ffn_gate_inp_shexp.weight" in written)
     q_norm = written.get("blk.{bid}.attn_q_norm.weight")
     assert c.qk_norm == {None: "none", ("head_dim",): "per_head", ("n_q",): "full"}[q_norm and q_norm.ne]
@@ -58,7 +59,8 @@ def test_arch_table_hparams_agree(name):
     written = {h.key.format(arch=name): h for h in py.hparams if h.key}
     # a model whose config gives nothing optional: every default then comes into play
     dims = {"n_embd": 256, "n_head": 8, "n_head_kv": 8, "head_dim": 32, "n_rot": 32, "n_expert": 4,
-            "n_expert_used": 2, "n_ff_exp": 512, "n_layer": 2, "n_ctx_train": 4096}
+            "n_expert_used": 2, "n_ff_exp": 512, "n_layer": 2, "n_ctx_train": 4096,
+            "n_nope": 24, "kv_lora_rank": 64}   # MLA's required sizes
     for h in c.hparams:
         p = written.get(f"{name}.{h.key}")
         assert p is not None, f"the loader reads {name}.{h.key}, which the converter does not write"
@@ -66,6 +68,8 @@ def test_arch_table_hparams_agree(name):
         py_default = _py_default(p, dims)
         if h.default is not None and py_default is not None:
             assert _c_value(h.default, dims) == pytest.approx(float(py_default), rel=1e-6), h.key
+        if h.field not in dims and py_default is not None:
+            dims[h.field] = py_default   # rows read later may default to it
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,7 +85,8 @@ def test_arch_table_tensors_agree(name):
         assert bound[n].expert == (t.role == "expert"), n
     for n, t in bound.items():
         assert not t.required or n in written, f"the loader requires {n}, which the converter does not write"
-        assert not t.f32 or len(t.ne) == 1, f"{n} is read as floats but is not 1-D (the recipes write 1-D as F32)"
+        # the recipes write 1-D tensors and role "f32" ones (gpt-oss's expert biases) as F32
+        assert not t.f32 or len(t.ne) == 1 or written[n].role == "f32", f"{n} is read as floats but not written F32"
     sidecar = {t.name: t for t in c.tensors if t.residual}
     assert sidecar.keys() == {n.replace(".weight", ".residual") for n, t in written.items() if t.role == "expert"}
     assert all(sidecar[n.replace(".weight", ".residual")].ne == t.ne for n, t in written.items() if t.role == "expert")

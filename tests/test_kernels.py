@@ -19,12 +19,15 @@ from conftest import random_iq_blocks
 from rapidmoe_gguf import kernels, quants
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
-SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 TOL = 1e-6
 SIMD_ISAS = [isa for isa in kernels.supported_isas() if isa != "scalar"]
 
 # Byte offsets of the fp16 scale fields in each block: random bytes there could be inf/nan.
-SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+                "MXFP4": []}
+# Byte offsets of E8M0 exponents: random ones reach 2^127, whose products overflow float.
+E8M0_FIELDS = {"MXFP4": 0}
 
 needs_simd = pytest.mark.skipif(not SIMD_ISAS, reason="this machine runs no SIMD kernel set")
 
@@ -50,6 +53,8 @@ def random_rows(name, n_rows, n, seed):
         scales = (r.uniform(0.5, 2, nb * 2) * 0.01).astype(np.float16).view(np.uint8).reshape(nb, 4)
         for k, off in enumerate(SCALE_FIELDS[name]):
             raw[:, off:off + 2] = scales[:, 2 * k:2 * k + 2]
+        if name in E8M0_FIELDS:
+            raw[:, E8M0_FIELDS[name]] = r.integers(110, 140, nb)
         rows.append(raw.tobytes())
     return rows
 

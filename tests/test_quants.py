@@ -16,7 +16,7 @@ from rapidmoe_gguf import planner, quants
 from rapidmoe_gguf._native import check, ffi, lib
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
-GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"]
 K_QUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 GGUF_DEQUANTIZES = ["F32"] + GGUF_QUANTIZES + K_QUANTS
 IQ_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M"]  # by id
@@ -96,6 +96,7 @@ def test_quants_dequantize_matches_gguf_on_gguf_data(name):
 SCALE_FIELDS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "MXFP4": [],  # its E8M0 scale has no inf or nan: every byte is compared as it comes
 }
 
 
@@ -203,7 +204,7 @@ def test_quants_vec_dot_kernel_is_exact_on_quantized_activations(name):
 
 def test_quants_table_agrees_with_gguf_sizes():
     assert set(quants.TYPES) == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1",
-                                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", *IQ_TYPES}
+                                 "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4", *IQ_TYPES}
     for name, t in quants.TYPES.items():
         assert t.id == gtype(name).value
         if name == "Q8_1":
@@ -228,7 +229,7 @@ def test_quants_table_agrees_with_gguf_sizes():
         "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q8_1": "Q8_1",
         "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K", "Q8_K": "Q8_K",
         "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K", "IQ2_S": "Q8_K", "IQ3_XXS": "Q8_K", "IQ3_S": "Q8_K",
-        "IQ1_S": "Q8_K", "IQ1_M": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K",
+        "IQ1_S": "Q8_K", "IQ1_M": "Q8_K", "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K", "MXFP4": "Q8_0",
     }
 
 
@@ -254,10 +255,10 @@ def test_quants_unknown_type_name_raises():
     x = np.zeros(32, np.float32)
     with pytest.raises(UnsupportedError, match="'Q9_K'"):
         quants.quantize("Q9_K", x)
-    with pytest.raises(UnsupportedError, match="MXFP4"):
-        quants.type_info("MXFP4")
-    with pytest.raises(UnsupportedError, match="type 39 is not supported"):
-        quants.type_info(39)
+    with pytest.raises(UnsupportedError, match="NVFP4"):
+        quants.type_info("NVFP4")
+    with pytest.raises(UnsupportedError, match="type 40 is not supported"):
+        quants.type_info(40)
     with pytest.raises(UnsupportedError, match="rm_quantize: type IQ4_XS has no quantizer"):
         quants.quantize("IQ4_XS", np.zeros(256, np.float32))
     with pytest.raises(UnsupportedError, match="type 999 is not supported"):
@@ -388,5 +389,5 @@ def test_quants_the_librarys_whole_type_table_agrees_with_gguf_py():
             assert (t.id, t.block_elems, t.block_bytes) == (type_id, elems, nbytes)
     removed = {i for i, (_, elems, _) in quants.GGML_BLOCKS.items() if elems == 0}
     assert removed == {4, 5, 31, 32, 33, 36, 37, 38}
-    assert quants.CUDA_MATMUL_TYPES == {"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K"}
+    assert quants.CUDA_MATMUL_TYPES == {"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "MXFP4"}
     assert planner.GPU_MATMUL_TYPES is quants.CUDA_MATMUL_TYPES

@@ -73,6 +73,16 @@ def llama_src(cache: str) -> str:
     return root
 
 
+def _has_mtp_option(hf: str) -> bool:
+    """Qwen3.5-MoE and Qwen3-Next: llama.cpp's converter wants an MTP block unless told --no-mtp,
+    and a checkpoint made by transformers (the benchmark model's) has none."""
+    import json
+
+    with open(os.path.join(hf, "config.json"), encoding="utf-8") as f:
+        archs = json.load(f).get("architectures") or []
+    return any(n in ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") for n in archs)
+
+
 def _atomic(run, out: str) -> None:
     """run(tmp) writes tmp; tmp becomes out only when run succeeds."""
     fd, tmp = tempfile.mkstemp(prefix=".part-", suffix=".gguf", dir=os.path.dirname(out) or ".")
@@ -105,8 +115,9 @@ def main(argv=None) -> int:
     if not os.path.exists(f16):
         src = llama_src(a.src)
         print(f"converting {a.hf} with llama.cpp's converter -> {f16}", file=sys.stderr)
+        extra = ["--no-mtp"] if _has_mtp_option(a.hf) else []
         _atomic(lambda tmp: subprocess.run([sys.executable, "-c", _CONVERT, src, a.pre, a.hf, "--outtype", "f16",
-                                            "--outfile", tmp], check=True), f16)
+                                            "--outfile", tmp] + extra, check=True), f16)
     py = llama_python(a.llama_venv)
     if not os.path.exists(py):
         raise SystemExit(f"no llama-cpp-python at {a.llama_venv}: run tools/bench_vs_llamacpp.py --install-only")

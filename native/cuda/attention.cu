@@ -13,7 +13,7 @@ template <int DPL>   /* head dims per lane: ceil(head_dim / 32) */
 __global__ void __launch_bounds__(RM_ATTN_WARPS * RM_WARP)
 k_attention(const float * __restrict__ q, const float * __restrict__ kc, const float * __restrict__ vc,
             float * __restrict__ out, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int32_t D,
-            float scale) {
+            float scale, int32_t window, const float * __restrict__ sinks) {
     const int64_t job = (int64_t) blockIdx.x * RM_ATTN_WARPS + threadIdx.x / RM_WARP;
     const int lane = threadIdx.x % RM_WARP;
     if (job >= (int64_t) n_tok * n_head) {
@@ -21,6 +21,7 @@ k_attention(const float * __restrict__ q, const float * __restrict__ kc, const f
     }
     const int32_t i = (int32_t) (job / n_head), h = (int32_t) (job % n_head);
     const int32_t n_kv = pos0 + i + 1;
+    const int32_t p_first = window > 0 && n_kv > window ? n_kv - window : 0;
     const int64_t q_stride = (int64_t) n_head * D, kv_stride = (int64_t) n_head_kv * D;
     const int64_t kv_off = (int64_t) (h / (n_head / n_head_kv)) * D;
     const float * qh = q + i * q_stride + (int64_t) h * D;
@@ -31,8 +32,9 @@ k_attention(const float * __restrict__ q, const float * __restrict__ kc, const f
         qv[k] = d < D ? qh[d] : 0.0f;
         acc[k] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
-    for (int32_t p = 0; p < n_kv; p++) {
+    /* a sink starts the softmax as a score with no value */
+    float m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f;
+    for (int32_t p = p_first; p < n_kv; p++) {
         const float * kr = kc + p * kv_stride + kv_off;
         float s = 0.0f;
 #pragma unroll
@@ -63,7 +65,7 @@ k_attention(const float * __restrict__ q, const float * __restrict__ kc, const f
     }
 }
 
-cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a) {
+cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a, const float * sinks_dev) {
     const int64_t jobs = (int64_t) a->n_tok * a->n_head;
     if (jobs <= 0) {
         return cudaSuccess;
@@ -77,7 +79,8 @@ cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a) {
     const int dpl = (a->head_dim + RM_WARP - 1) / RM_WARP;
 #define RM_ATTN_CASE(n)                                                                                   \
     case n: k_attention<n><<<blocks, threads, 0, st>>>(a->q, a->k_cache, a->v_cache, a->out, a->n_tok,     \
-                                                       a->pos0, a->n_head, a->n_head_kv, a->head_dim, scale); \
+                                                       a->pos0, a->n_head, a->n_head_kv, a->head_dim, scale,  \
+                                                       a->window, sinks_dev);                                 \
         break
     switch (dpl) {
         RM_ATTN_CASE(1);

@@ -195,10 +195,13 @@ static void cu_matmul(rm_backend * be, const rm_matmul_args * a) {
                                   a->n_tok, a->x, a->x_stride, a->y, a->y_stride, a->accumulate), "matmul");
 }
 
+static const float * dev_vector(cuda_be * c, const rm_weight * w, const char * what);
+
 static void cu_attention(rm_backend * be, const rm_attn_args * a) {
     cuda_be * c = ctx_of(be);
-    if (c->err) return;
-    rm_cuda_check(c, rm_cu_attention(c->st, a), "attention");
+    const float * sinks = NULL;
+    if (c->err || (a->sinks && !(sinks = dev_vector(c, a->sinks, "attention sink")))) return;
+    rm_cuda_check(c, rm_cu_attention(c->st, a, sinks), "attention");
 }
 
 /* ---- small ops ---------------------------------------------------------------------------- */
@@ -226,6 +229,19 @@ static void cu_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, i
     cuda_be * c = ctx_of(be);
     if (c->err) return;
     rm_cuda_check(c, rm_cu_rope(c->st, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox), "rope");
+}
+
+static void cu_rope_yarn(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                         int32_t pos0, const rm_rope_yarn * y, int neox) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_rope_yarn(c->st, x, n_tok, n_head, head_dim, n_rot, pos0, *y, neox), "rope_yarn");
+}
+
+static void cu_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_swiglu_clamp(c->st, g, u, n, alpha, limit), "swiglu_clamp");
 }
 
 static void cu_add(rm_backend * be, float * y, const float * x, int64_t n) {
@@ -348,6 +364,8 @@ static const rm_backend_ops CUDA_OPS = {
     .add_bias    = cu_add_bias,
     .add_gated   = cu_add_gated,
     .swiglu      = cu_swiglu,
+    .rope_yarn   = cu_rope_yarn,
+    .swiglu_clamp = cu_swiglu_clamp,
     .gather_rows = cu_gather_rows,
     .scatter_add = cu_scatter_add,
     .route       = cu_route,

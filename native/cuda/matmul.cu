@@ -91,6 +91,7 @@ cudaError_t rm_cu_matmul(cudaStream_t st, int32_t type, int64_t n_in, int64_t n_
         RM_MM_CASE(RM_TYPE_Q2_K);
         RM_MM_CASE(RM_TYPE_Q3_K);
         RM_MM_CASE(RM_TYPE_Q4_K);
+        RM_MM_CASE(RM_TYPE_MXFP4);
         default: return cudaErrorInvalidValue;
     }
 #undef RM_MM_CASE

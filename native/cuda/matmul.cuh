@@ -28,6 +28,7 @@ template <> struct rm_cu_chunk<RM_TYPE_Q8_0> { static constexpr int n = RM_CUDA_
 template <> struct rm_cu_chunk<RM_TYPE_Q2_K> { static constexpr int n = RM_CUDA_CHUNK_Q2_K; };
 template <> struct rm_cu_chunk<RM_TYPE_Q3_K> { static constexpr int n = RM_CUDA_CHUNK_Q3_K; };
 template <> struct rm_cu_chunk<RM_TYPE_Q4_K> { static constexpr int n = RM_CUDA_CHUNK_Q4_K; };
+template <> struct rm_cu_chunk<RM_TYPE_MXFP4> { static constexpr int n = RM_CUDA_CHUNK_MXFP4; };
 
 /* Elements [c * n, (c + 1) * n) of a row, n = rm_cu_chunk<T>::n. */
 template <int T>
@@ -113,6 +114,29 @@ __host__ __device__ inline void rm_cu_dequant_chunk<RM_TYPE_Q4_K>(const uint8_t 
     const uint8_t * q = b->qs + 32 * (j / 2);
     const int shift = (j % 2) * 4;
     for (int l = 0; l < 32; l++) out[l] = dl * (float) ((q[l] >> shift) & 0xF) - ml;
+}
+
+/* MXFP4: x = d * v(q), d = 2^(e - 128) (half the E8M0 scale) and v the E2M1 value of nibble q
+ * doubled (sign bit 3, then 2 exponent bits and 1 mantissa bit: 0, 1, 2, 3, 4, 6, 8, 12), worked
+ * out from its bits rather than read from a host table the device cannot see. */
+__host__ __device__ static inline float rm_cu_e2m1x2(int q) {
+    const int m = q & 7;
+    const int v = m < 4 ? m : (2 + (m & 1)) << ((m >> 1) - 1);
+    return (float) (q & 8 ? -v : v);
+}
+
+template <>
+__host__ __device__ inline void rm_cu_dequant_chunk<RM_TYPE_MXFP4>(const uint8_t * row, int64_t c, float * out) {
+    const rm_block_mxfp4 * b = (const rm_block_mxfp4 *) row + c;
+#ifdef __CUDA_ARCH__
+    const float d = __uint_as_float(b->e < 2 ? 0x00200000u << b->e : (uint32_t) (b->e - 1) << 23);
+#else
+    const float d = rm_e8m0_to_fp32_half(b->e);
+#endif
+    for (int j = 0; j < RM_QK / 2; j++) {
+        out[j] = d * rm_cu_e2m1x2(b->qs[j] & 0xF);
+        out[j + RM_QK / 2] = d * rm_cu_e2m1x2(b->qs[j] >> 4);
+    }
 }
 
 /* ---- launchers ------------------------------------------------------------------------------ */

@@ -9,4 +9,8 @@
 cudaError_t rm_cu_rope(cudaStream_t st, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                        int32_t pos0, float base, int neox);
 
+/* The same with YaRN (rm_rope_yarn, backend.h; host math rm_rope_yarn_row in yarn.c). */
+cudaError_t rm_cu_rope_yarn(cudaStream_t st, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                            int32_t pos0, rm_rope_yarn y, int neox);
+
 #endif

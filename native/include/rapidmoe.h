@@ -95,6 +95,7 @@ typedef enum rm_type {
     RM_TYPE_IQ4_XS  = 23,
     RM_TYPE_IQ1_M   = 29,
     RM_TYPE_BF16 = 30,
+    RM_TYPE_MXFP4 = 39,
     RM_TYPE_COUNT = 43            /* one past the largest id ggml knows */
 } rm_type;
 
@@ -242,8 +243,15 @@ typedef enum rm_rope_kind {
 
 typedef enum rm_shared_expert {
     RM_SHEXP_NONE  = 0,
-    RM_SHEXP_GATED = 1            /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+    RM_SHEXP_GATED = 1,           /* out += sigmoid(gate_inp_shexp . x) * ffn_shexp(x) (Qwen2-MoE) */
+    RM_SHEXP_PLAIN = 2            /* out += ffn_shexp(x), no gate (DeepSeek, GLM) */
 } rm_shared_expert;
+
+/* How the router's logits become scores (llama.cpp's expert_gating_func values). */
+typedef enum rm_gating {
+    RM_GATING_SOFTMAX = 1,        /* softmax over the experts (Mixtral, Qwen, OLMoE, DeepSeek-V2) */
+    RM_GATING_SIGMOID = 2         /* a sigmoid per expert (DeepSeek-V3, GLM-4.5) */
+} rm_gating;
 
 /* What one layer is: one attention kind, one FFN kind, and features. A row gives every layer
  * the same kind unless a kind rule (read from a key, e.g. leading dense layers) changes some;
@@ -260,7 +268,14 @@ enum {
     RM_LAYER_QK_NORM_FULL = 0x0100,   /* q/k RMSNorm over the whole projection */
     RM_LAYER_BIAS         = 0x0200,   /* the q/k/v projections must carry biases (else they may) */
     RM_LAYER_SINKS        = 0x0400,   /* attention sinks: a learned logit per head */
-    RM_LAYER_RUNS         = 0x03D1    /* the bits the forward pass runs today */
+    RM_LAYER_EXP_BIAS     = 0x0800,   /* biases on the router and on every expert's three products (gpt-oss) */
+    RM_LAYER_SWIGLU_CLAMP = 0x1000,   /* the experts' SwiGLU clamped, with (up + 1) (gpt-oss) */
+    RM_LAYER_MLA_Q_LORA   = 0x2000,   /* MLA's query through a low-rank q_a/q_b pair (DeepSeek-V2/V3) */
+    RM_LAYER_MLA_Q_DIRECT = 0x4000,   /* MLA's query from one projection (DeepSeek-V2-Lite) */
+    RM_LAYER_ATTN_GATE    = 0x10000,  /* full attention whose q projection also gives a sigmoid output gate (Qwen3-Next) */
+    RM_LAYER_SSM_BA       = 0x20000,  /* linear attention: beta and alpha in one fused projection, grouped per key head (qwen3next) */
+    RM_LAYER_SSM_V_TILED  = 0x40000,  /* linear attention: value head h reads key head h % n_k, not h / (n_v/n_k) (qwen35moe) */
+    RM_LAYER_RUNS         = 0x77FFF   /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -277,7 +292,7 @@ typedef struct rm_arch_info {
     int32_t      shared_expert;   /* rm_shared_expert */
     uint32_t     layer_kind;      /* RM_LAYER_* bits of a layer no kind rule changes */
     int32_t      n_hparams;
-    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind */
+    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind, and of the kinds its rules give */
     int32_t      n_kind_rules;
 } rm_arch_info;
 
@@ -304,7 +319,7 @@ typedef struct rm_arch_tensor_info {
     int32_t      expert;          /* ne[2] holds one matrix per routed expert */
     uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */
     const char * ne[3];           /* "n_embd", "n_q" (n_head*head_dim), "n_kv" (n_head_kv*head_dim),
-                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "any" or "1" */
+                                     "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert", "n_head", "any" or "1" */
 } rm_arch_tensor_info;
 
 int32_t   rm_arch_count(void);
@@ -372,6 +387,12 @@ typedef struct rm_model_info {
     uint64_t base_expert_bytes;     /* bytes of all expert base tensors */
     uint64_t residual_expert_bytes; /* bytes of all expert residual tensors */
     uint64_t dense_bytes;           /* everything but experts read per token (attention, router, shared, norms, output) */
+    int32_t n_ff;                   /* the dense FFN's width (leading dense layers); 0 without */
+    int32_t n_layer_dense_lead;     /* leading layers with a dense FFN instead of experts */
+    int32_t n_rot;                  /* rotary dimensions per head */
+    int32_t head_dim_v;             /* value head width (MLA: v_head_dim) */
+    int32_t q_lora_rank;            /* MLA: the query's low rank; 0: a direct projection */
+    int32_t kv_lora_rank;           /* MLA: the latent's width; 0 without MLA */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -440,6 +461,14 @@ typedef struct rm_size_params {
     int32_t  n_batch;             /* as given to rm_session_new (<= 0: 256; clamped to n_ctx) */
     uint64_t stage_expert_bytes;  /* one expert's three residual matrices, the largest layer's;
                                    * 0: the device stages no residuals in prefill */
+    int32_t  n_ff;                /* dense FFN width; 0 without dense layers */
+    int32_t  kv_lora_rank;        /* MLA: the cache holds kv_lora_rank + n_rot floats per position and
+                                   * layer instead of K and V; 0 without MLA */
+    int32_t  n_rot;               /* MLA: the rotary part of a query/key head */
+    int32_t  head_dim_v;          /* MLA: the value head width; 0: head_dim */
+    int32_t  n_layer_linear;      /* layers with linear attention (a recurrent state each); 0: none */
+    int32_t  ssm_d_conv, ssm_conv_dim;   /* their conv kernel length and channels */
+    int32_t  ssm_n_v, ssm_d_state, ssm_head_v; /* value heads, key and value head widths */
 } rm_size_params;
 
 typedef struct rm_session_sizes {
@@ -449,6 +478,7 @@ typedef struct rm_session_sizes {
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
     uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
+    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, and their scratch (host) */
 } rm_session_sizes;
 
 /* The bytes one session allocates on its backend: on a device (CUDA or the stand-in) all five

@@ -65,6 +65,74 @@ static const rm_hparam_row HP_QWEN3MOE[] = {
 static const rm_hparam_row HP_OLMOE[] = {
     HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(0), HP_TAIL,
 };
+/* gpt-oss: the chosen experts are weighted by a softmax over their logits, which is the
+ * renormalised top-k of a softmax over all; llama.cpp does so whatever expert_weights_norm says.
+ * YaRN from the rope.scaling keys; llama.cpp's gpt-oss loader takes beta 32/1 (the released
+ * models' values) where the file is silent. */
+static const rm_hparam_row HP_GPT_OSS[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT,
+    {"expert_weights_norm", "norm_topk", HPOFF(norm_topk), RM_HPARAM_BOOL, K(1), K(0), K(1), K(1), K(1),
+     "gpt-oss weights the chosen experts by a softmax over their logits"},
+    INT("attention.sliding_window",         n_swa,           REQUIRED,       K(1), K(1 << 24)),
+    INT("attention.sliding_window_pattern", swa_pattern,     K(2),           K(1), K(4096)),
+    FLOAT("rope.scaling.factor",            rope_yarn_factor, K(1.0f)),
+    INT("rope.scaling.original_context_length", n_ctx_orig_yarn, V(n_ctx_train), K(1), K(1 << 24)),
+    FLOAT("rope.scaling.yarn_beta_fast",    yarn_beta_fast,  K(32.0f)),
+    FLOAT("rope.scaling.yarn_beta_slow",    yarn_beta_slow,  K(1.0f)),
+    HP_TAIL,
+};
+
+/* DeepSeek-V2/V3 and GLM: leading dense layers, shared experts of n_ff_exp each, sigmoid or
+ * softmax scores with a selection bias, group-limited top-k and a scale on the routed weights. */
+#define HP_DEEPSEEK_MOE(gating_dflt)                                                                  \
+    HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(0),                 \
+    INT("feed_forward_length",       n_ff,               REQUIRED, K(1), K(1 << 20)),                \
+    INT("expert_shared_count",       n_expert_shared,    K(0),     K(0), K(64)),                     \
+    INT("leading_dense_block_count", n_layer_dense_lead, K(0),     K(0), V(n_layer)),                \
+    {"expert_gating_func", "gating", HPOFF(gating), RM_HPARAM_INT, K(gating_dflt), K(0), K(16), K(1), K(2), \
+     "softmax (1) or sigmoid (2)"},                                                                   \
+    FLOAT("expert_weights_scale",    expert_weights_scale, K(1.0f)),                                 \
+    INT("expert_group_count",        n_group,            K(1),     K(1), V(n_expert)),               \
+    INT("expert_group_used_count",   n_group_used,       V(n_group), K(1), V(n_group)),              \
+    INT("nextn_predict_layers",      n_layer_nextn,      K(0),     K(0), V(n_layer))
+
+static const rm_hparam_row HP_GLM4MOE[] = {
+    HP_ATTENTION, HP_DEEPSEEK_MOE(RM_GATING_SIGMOID), HP_TAIL,
+};
+
+/* MLA: one latent of kv_lora_rank (+ the shared rotary key) per position; llama.cpp writes the
+ * latent's sizes under key_length/value_length and the per-head sizes under the _mla keys. */
+static const rm_hparam_row HP_DEEPSEEK2[] = {
+    INT("embedding_length",         n_embd,       REQUIRED, K(1), K(1 << 20)),
+    INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),
+    INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
+    {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1),
+     "MLA shares one latent between all heads"},
+    INT("attention.key_length_mla", head_dim,     REQUIRED, K(2), K(1 << 16)),
+    INT("attention.value_length_mla", head_dim_v, REQUIRED, K(1), K(1 << 16)),
+    INT("rope.dimension_count",     n_rot,        REQUIRED, K(2), V(head_dim)),
+    INT("attention.q_lora_rank",    q_lora_rank,  K(0),     K(0), K(1 << 16)),
+    INT("attention.kv_lora_rank",   kv_lora_rank, REQUIRED, K(1), K(1 << 16)),
+    HP_DEEPSEEK_MOE(RM_GATING_SOFTMAX),
+    FLOAT("attention.layer_norm_rms_epsilon", rms_eps,   K(1e-6f)),
+    FLOAT("rope.freq_base",                   rope_base, K(10000.0f)),
+};
+
+/* Qwen3.5-MoE and Qwen3-Next: the experts and gated shared expert of qwen2moe, always renormalised
+ * (llama.cpp hard-codes it), and llama.cpp's ssm.* keys for the Gated DeltaNet layers. */
+#define HP_SSM                                                                                        \
+    INT("ssm.conv_kernel",         ssm_d_conv,    REQUIRED,          K(2), K(64)),                    \
+    INT("ssm.state_size",          ssm_d_state,   REQUIRED,          K(1), K(1 << 12)),               \
+    INT("ssm.group_count",         ssm_n_k,       REQUIRED,          K(1), K(1 << 12)),               \
+    INT("ssm.time_step_rank",      ssm_n_v,       REQUIRED,          V(ssm_n_k), K(1 << 12)),         \
+    INT("ssm.inner_size",          ssm_d_inner,   REQUIRED,          V(ssm_n_v), K(1 << 20)),         \
+    INT("full_attention_interval", full_attn_interval, K(4),         K(1), K(4096))
+
+static const rm_hparam_row HP_QWEN_HYBRID[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED, K(1), K(1 << 20)),
+    HP_TAIL, HP_SSM,
+};
 
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
 
@@ -108,6 +176,144 @@ static const rm_tensor_row MOE_LAYER[] = {
     T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
 };
 
+/* The FFN side of DeepSeek and GLM layers: routed experts with a selection bias and ungated
+ * shared experts, or (leading layers) one dense FFN. */
+#define DEEPSEEK_FFN(ffn_norm_name)                                                                    \
+    T(ffn_norm_name,                  ffn_norm,  REQ, 0, 1, NE(EMBD, ONE, ONE)),                        \
+    T("blk.%d.ffn_gate_inp.weight",   router,    REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),      \
+    T("blk.%d.exp_probs_b.bias",      exp_probs_b, RM_TENSOR_OPTIONAL, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)), \
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),                        \
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),                        \
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),                        \
+    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),      \
+    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),      \
+    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),      \
+    T("blk.%d.ffn_gate.weight",       ffn_gate,  REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),          \
+    T("blk.%d.ffn_up.weight",         ffn_up,    REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),          \
+    T("blk.%d.ffn_down.weight",       ffn_down,  REQ, RM_LAYER_FFN_DENSE, 0, NE(FF, EMBD, ONE)),          \
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),                       \
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),                       \
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT))
+
+/* GLM-4.5: plain attention with q/k/v biases and optional per-head q/k norms; llama.cpp names the
+ * FFN's input norm post_attention_norm. */
+static const rm_tensor_row GLM4MOE_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
+    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),
+    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),
+    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    RM_TENSOR_OPTIONAL, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    RM_TENSOR_OPTIONAL, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    DEEPSEEK_FFN("blk.%d.post_attention_norm.weight"),
+};
+
+#define MLA RM_LAYER_ATTN_MLA
+
+/* DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash: multi-head latent attention (mla.c). */
+static const rm_tensor_row DEEPSEEK2_LAYER[] = {
+    T("blk.%d.attn_norm.weight",      attn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q_a.weight",       wq_a,      REQ, MLA | RM_LAYER_MLA_Q_LORA, 0, NE(EMBD, Q_LORA, ONE)),
+    T("blk.%d.attn_q_a_norm.weight",  q_a_norm,  REQ, MLA | RM_LAYER_MLA_Q_LORA, 1, NE(Q_LORA, ONE, ONE)),
+    T("blk.%d.attn_q_b.weight",       wq_b,      REQ, MLA | RM_LAYER_MLA_Q_LORA, 0, NE(Q_LORA, Q, ONE)),
+    T("blk.%d.attn_q.weight",         wq,        REQ, MLA | RM_LAYER_MLA_Q_DIRECT, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_kv_a_mqa.weight",  wkv_a,     REQ, MLA, 0, NE(EMBD, KV_A, ONE)),
+    T("blk.%d.attn_kv_a_norm.weight", kv_a_norm, REQ, MLA, 1, NE(KV_LORA, ONE, ONE)),
+    T("blk.%d.attn_k_b.weight",       wk_b,      REQ, MLA, 0, NE(NOPE, KV_LORA, HEADS)),
+    T("blk.%d.attn_v_b.weight",       wv_b,      REQ, MLA, 0, NE(KV_LORA, HEAD_V, HEADS)),
+    T("blk.%d.attn_output.weight",    wo,        REQ, MLA, 0, NE(V, EMBD, ONE)),
+    DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
+};
+
+#define HPOFF_RULE(f) ((uint16_t) offsetof(rm_hparams, f))
+
+/* The first leading_dense_block_count layers have a dense FFN and no experts. */
+static const rm_kind_rule GLM4MOE_RULES[] = {
+    {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
+};
+static const rm_kind_rule DEEPSEEK2_RULES[] = {
+    {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
+    {RM_RULE_ALL_IF_SET, HPOFF_RULE(q_lora_rank), RM_LAYER_MLA_Q_DIRECT, RM_LAYER_MLA_Q_LORA},
+};
+
+/* gpt-oss: biased q/k/v/o projections, per-head sinks, the norm before the experts named
+ * post_attention_norm, a biased router and experts with a bias on each of their three products. */
+#define T_F32(name, f, when, ne) {name, #f, LOFF(f), 0, REQ, 0, when, 1, 0, ne}
+static const rm_tensor_row GPT_OSS_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
+    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),
+    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),
+    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE)),
+    T_BIAS("blk.%d.attn_output.bias", bo,                        NE(EMBD, ONE, ONE)),
+    T_F32("blk.%d.attn_sinks.weight", sinks, RM_LAYER_SINKS,     NE(HEADS, ONE, ONE)),
+    T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T_F32("blk.%d.ffn_gate_inp.bias", router_b, RM_LAYER_EXP_BIAS, NE(EXPERT, ONE, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    T_F32("blk.%d.ffn_gate_exps.bias", gate_exps_b, RM_LAYER_EXP_BIAS, NE(FF_EXP, EXPERT, ONE)),
+    T_F32("blk.%d.ffn_up_exps.bias",   up_exps_b,   RM_LAYER_EXP_BIAS, NE(FF_EXP, EXPERT, ONE)),
+    T_F32("blk.%d.ffn_down_exps.bias", down_exps_b, RM_LAYER_EXP_BIAS, NE(EMBD, EXPERT, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+};
+
+#define LIN RM_LAYER_ATTN_LINEAR
+
+/* The Qwen3.5/Qwen3-Next hybrid: gated full attention (q and its gate in one projection, per-head
+ * q/k norm) on every n-th layer, Gated DeltaNet on the others; the FFN norm is llama.cpp's
+ * post_attention_norm; routed experts and a gated shared expert in every layer. */
+static const rm_tensor_row HYBRID_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),
+    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE)),
+    T("blk.%d.ssm_ba.weight",      ssm_ba,    REQ, LIN | RM_LAYER_SSM_BA, 0, NE(EMBD, SSM_BA, ONE)),
+    T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),
+    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),
+    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
+    T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),
+    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+};
+
+/* gpt-oss: all but every swa_pattern-th layer slide (layers 0, 2, 4, ... with the pattern 2) */
+static const rm_kind_rule GPT_OSS_RULES[] = {
+    {RM_RULE_NOT_EVERY_N, HPOFF_RULE(swa_pattern), RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
+};
+
+/* all but every full_attention_interval-th layer: Gated DeltaNet instead of gated attention */
+static const rm_kind_rule HYBRID_RULES[] = {
+    {RM_RULE_NOT_EVERY_N, HPOFF(full_attn_interval), RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_GATE, RM_LAYER_ATTN_LINEAR},
+};
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ROWS(x) x, COUNT(x)
@@ -116,16 +322,39 @@ static const rm_tensor_row MOE_LAYER[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL},
+    /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
+     * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
+     * the key heads by llama.cpp's converter. */
+    {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
+    /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
+    {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
+    /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
+     * a selection bias, an ungated shared expert, leading dense layers. */
+    {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
+     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL},
+    /* DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash: MLA with interleaved RoPE on the rotary part,
+     * softmax (V2) or sigmoid (V3) routing, ungated shared experts, leading dense layers. */
+    {"deepseek2", "DeepSeek-V2/V3", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
+     RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_DIRECT | RM_LAYER_FFN_MOE,
+     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL},
+    /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
+    {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
+     FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
+     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -171,7 +400,8 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
     for (int32_t r = 0; r < a->n_rules; r++) {
         const rm_kind_rule * rule = &a->rules[r];
         const int32_t n = hp_int(hp, rule->n_off);
-        const int picked = rule->form == RM_RULE_FIRST_N ? il < n : n > 1 && il % n != n - 1;
+        const int picked = rule->form == RM_RULE_FIRST_N ? il < n : rule->form == RM_RULE_ALL_IF_SET ? n > 0
+                                                                   : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
         }
@@ -223,6 +453,21 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_FF_EXP: return hp->n_ff_exp;
     case RM_DIM_FF_SHEXP: return hp->n_ff_shexp;
     case RM_DIM_EXPERT: return hp->n_expert;
+    case RM_DIM_FF: return hp->n_ff;
+    case RM_DIM_Q_LORA: return hp->q_lora_rank;
+    case RM_DIM_KV_LORA: return hp->kv_lora_rank;
+    case RM_DIM_KV_A: return (int64_t) hp->kv_lora_rank + hp->n_rot;
+    case RM_DIM_NOPE: return hp->head_dim - hp->n_rot;
+    case RM_DIM_HEAD_V: return hp->head_dim_v;
+    case RM_DIM_V: return (int64_t) hp->n_head * hp->head_dim_v;
+    case RM_DIM_HEADS: return hp->n_head;
+    case RM_DIM_Q_GATE: return 2 * (int64_t) hp->n_head * hp->head_dim;
+    case RM_DIM_SSM_CONV: return 2 * (int64_t) hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner;
+    case RM_DIM_SSM_INNER: return hp->ssm_d_inner;
+    case RM_DIM_SSM_NV: return hp->ssm_n_v;
+    case RM_DIM_SSM_BA: return 2 * (int64_t) hp->ssm_n_v;
+    case RM_DIM_SSM_KERNEL: return hp->ssm_d_conv;
+    case RM_DIM_SSM_HEAD_V: return hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -231,6 +476,8 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
 
 static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
+    "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
+    "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }
@@ -247,10 +494,42 @@ static const rm_arch * arch_at(const char * fn, int32_t i, const void * out) {
     return &ARCHS[i];
 }
 
-/* The tensor rows a layer of the arch's plain kind holds (rules aside): the i-th of them. */
-static const rm_tensor_row * tensor_of_kind(const rm_arch * a, uint32_t k, int32_t i) {
+/* The kinds a layer of the arch can have: the plain kind with any subset of the rules applied
+ * (at most 2^RULES_MAX); the first is the plain kind. */
+#define RULES_MAX 4
+
+static int32_t arch_kinds(const rm_arch * a, uint32_t kinds[1 << RULES_MAX]) {
+    const int32_t nr = a->n_rules < RULES_MAX ? a->n_rules : RULES_MAX;
+    for (int32_t m = 0; m < (1 << nr); m++) {
+        uint32_t k = plain_kind(a);
+        for (int32_t r = 0; r < nr; r++) {
+            if (m & (1 << r)) {
+                k = (k & ~a->rules[r].clear) | a->rules[r].set;
+            }
+        }
+        kinds[m] = k;
+    }
+    return 1 << nr;
+}
+
+/* The first kind that holds row t; 0 when none does. */
+static uint32_t kind_holding(const uint32_t * kinds, int32_t n_kinds, const rm_tensor_row * t) {
+    for (int32_t j = 0; j < n_kinds; j++) {
+        if (rm_layer_kind_has(kinds[j], t->when)) {
+            return kinds[j];
+        }
+    }
+    return 0;
+}
+
+/* The tensor rows some layer of the arch can hold: the i-th of them. */
+static const rm_tensor_row * tensor_of_kind(const rm_arch * a, int32_t i, uint32_t * k) {
+    uint32_t kinds[1 << RULES_MAX];
+    const int32_t nk = arch_kinds(a, kinds);
     for (int32_t t = 0; t < a->n_tensors; t++) {
-        if (rm_layer_kind_has(k, a->tensors[t].when) && i-- == 0) {
+        const uint32_t kt = kind_holding(kinds, nk, &a->tensors[t]);
+        if (kt && i-- == 0) {
+            *k = kt;
             return &a->tensors[t];
         }
     }
@@ -263,12 +542,13 @@ rm_status rm_arch_describe(int32_t arch, rm_arch_info * out) {
     if (!a) {
         return RM_E_INVALID_ARG;
     }
-    const uint32_t k = plain_kind(a);
+    uint32_t kt;
     int32_t n = 0;
-    while (tensor_of_kind(a, k, n)) {
+    while (tensor_of_kind(a, n, &kt)) {
         n++;
     }
-    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, k, a->n_hparams, n, a->n_rules};
+    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, plain_kind(a), a->n_hparams, n,
+                           a->n_rules};
     return RM_OK;
 }
 
@@ -311,8 +591,8 @@ rm_status rm_arch_tensor_describe(int32_t arch, int32_t i, rm_arch_tensor_info *
     if (!a) {
         return RM_E_INVALID_ARG;
     }
-    const uint32_t k = plain_kind(a);
-    const rm_tensor_row * t = i >= 0 ? tensor_of_kind(a, k, i) : NULL;
+    uint32_t k = 0;
+    const rm_tensor_row * t = i >= 0 ? tensor_of_kind(a, i, &k) : NULL;
     if (!t) {
         return rm_fail(RM_E_INVALID_ARG, "rm_arch_tensor_describe: %s has no tensor template %d", a->name, i);
     }

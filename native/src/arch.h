@@ -14,6 +14,10 @@
 #include "rapidmoe.h"
 #include "weights.h"
 
+/* Layer kinds only the CPU backend runs: the device backends' expert path (the split) has no
+ * expert biases and no clamped SwiGLU yet, so a model with such layers refuses a device. */
+#define RM_LAYER_HOST_ONLY (RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP)
+
 /* A value computed from the hyperparameters read so far. */
 typedef enum rm_expr_op {
     RM_EXPR_NONE  = 0,            /* not given: a required key, an unbounded range */
@@ -51,6 +55,21 @@ typedef enum rm_dim {
     RM_DIM_FF_EXP,                /* n_ff_exp */
     RM_DIM_FF_SHEXP,              /* n_ff_shexp */
     RM_DIM_EXPERT,                /* n_expert */
+    RM_DIM_FF,                    /* n_ff: the dense FFN */
+    RM_DIM_Q_LORA,                /* q_lora_rank */
+    RM_DIM_KV_LORA,               /* kv_lora_rank */
+    RM_DIM_KV_A,                  /* kv_lora_rank + n_rot: the latent and the shared rotary key */
+    RM_DIM_NOPE,                  /* head_dim - n_rot: a head's part without RoPE */
+    RM_DIM_HEAD_V,                /* head_dim_v */
+    RM_DIM_V,                     /* n_head * head_dim_v */
+    RM_DIM_HEADS,                 /* n_head */
+    RM_DIM_Q_GATE,                /* 2 * n_head * head_dim: q and its output gate, per head */
+    RM_DIM_SSM_CONV,              /* 2 * ssm_n_k * ssm_d_state + ssm_d_inner: the conv's channels */
+    RM_DIM_SSM_INNER,             /* ssm_d_inner */
+    RM_DIM_SSM_NV,                /* ssm_n_v */
+    RM_DIM_SSM_BA,                /* 2 * ssm_n_v */
+    RM_DIM_SSM_KERNEL,            /* ssm_d_conv */
+    RM_DIM_SSM_HEAD_V,            /* ssm_d_inner / ssm_n_v */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -77,7 +96,8 @@ typedef struct rm_tensor_row {
  * rule picks lose the bits clear and gain the bits set. */
 typedef enum rm_rule_form {
     RM_RULE_FIRST_N     = 0,      /* layers il < n (leading dense layers) */
-    RM_RULE_NOT_EVERY_N = 1       /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
+    RM_RULE_NOT_EVERY_N = 1,      /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
+    RM_RULE_ALL_IF_SET  = 2       /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
 } rm_rule_form;
 
 typedef struct rm_kind_rule {
@@ -99,6 +119,9 @@ typedef struct rm_arch {
     int32_t                n_tensors;
     const rm_kind_rule *   rules;
     int32_t                n_rules;
+    /* an array key of per-layer flags (after "{arch}.") that, when present, must agree with the
+     * rules about which layers have linear attention; NULL: none */
+    const char *           linear_layers_key;
 } rm_arch;
 
 /* NULL when the architecture is not supported. */

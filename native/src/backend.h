@@ -54,7 +54,25 @@ typedef struct rm_attn_args {
     int32_t       n_tok;
     int32_t       pos0;           /* position of the first token; token t sees positions [0, pos0 + t] */
     int32_t       n_head, n_head_kv, head_dim;
+    int32_t       window;         /* > 0: token t sees only the last `window` of those positions */
+    const rm_weight * sinks;      /* NULL, or F32 ne = {n_head}: a logit per head that joins each
+                                     softmax and takes its share of the weight, with no value */
 } rm_attn_args;
+
+/* RoPE with YaRN's context extension (rm_rope_yarn_of, yarn.c): frequency i blends the
+ * interpolated (inv_freq * freq_scale) and the original one (inv_freq) by a ramp over the dims
+ * [corr_lo, corr_hi], and cos and sin are scaled by mscale. freq_scale 1 is plain RoPE. */
+typedef struct rm_rope_yarn {
+    float base;
+    float freq_scale;             /* 1 / factor */
+    float corr_lo, corr_hi;       /* dims below corr_lo keep their frequency, above corr_hi are interpolated */
+    float mscale;
+} rm_rope_yarn;
+
+/* The clamped SwiGLU of gpt-oss's experts: g = min(g, limit) sigmoid(alpha min(g, limit)) *
+ * (clamp(u, -limit, limit) + 1). llama.cpp hard-codes alpha 1.702 and limit 7 for gpt-oss. */
+#define RM_SWIGLU_OAI_ALPHA 1.702f
+#define RM_SWIGLU_OAI_LIMIT 7.0f
 
 /* The routed experts of one MoE block: out[i] += sum over token i's slots of weight * f_e(xn[i]),
  * with f_e the expert's base, plus its residual on the slots marked residual. The slots routed to
@@ -108,6 +126,11 @@ typedef struct rm_backend_ops {
     /* y[i] += sigmoid(gate[i]) * x[i] for n_rows rows of n */
     void (*add_gated)(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_rows, int64_t n);
     void (*swiglu)(rm_backend * be, float * g, const float * u, int64_t n);                     /* g = silu(g) u */
+    /* rope with YaRN (rm_rope_yarn), in place on n_tok rows of n_head*head_dim at positions pos0.. */
+    void (*rope_yarn)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                      int32_t pos0, const rm_rope_yarn * y, int neox);
+    /* the clamped SwiGLU (RM_SWIGLU_OAI_*) over n floats: g = f(g, u) */
+    void (*swiglu_clamp)(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit);
     /* dst[j] = src[rows[j]], j < n (rows of width floats) */
     void (*gather_rows)(rm_backend * be, float * dst, const float * src, const int32_t * rows_host, int32_t n,
                         int64_t width);
@@ -149,6 +172,14 @@ void rm_backend_cpu_use_repacked(rm_backend * be, const struct rm_dev_weights * 
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps);
 void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox);
 void rm_softmax(float * x, int64_t n);
+/* yarn.c: YaRN's parameters from the hyperparameters, as llama.cpp and transformers compute them,
+ * and the host math of the two new ops */
+void rm_rope_yarn_of(const rm_hparams * hp, rm_rope_yarn * out);
+void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, const rm_rope_yarn * y,
+                      int neox);
+void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, float limit);
+/* softmax of n scores joined by a sink logit that takes a share but is not returned */
+void rm_softmax_sink(float * x, int64_t n, float sink);
 void rm_route_token(const float * logits, int32_t n_expert, int32_t k, int norm, rm_route * out);
 
 #endif

@@ -8,6 +8,7 @@
  * and host threads, see docs/SPLIT.md); otherwise they are composed here from its small ops. */
 #include "moe.h"
 
+#include "gating.h"
 #include "policy.h"
 #include "profile.h"
 #include "stats.h"
@@ -21,6 +22,27 @@ static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const
     be->ops->matmul(be, &a);
 }
 
+/* y (c rows of b's ne[0] floats) += row e of the per-expert bias b (ne = {width, n_expert}), a
+ * gpt-oss layer's; nothing when the layer has none. A bias is added once, after base + residual. */
+static void expert_bias(rm_backend * be, const rm_weight * b, int32_t e, float * y, int32_t c) {
+    if (!b->data || c <= 0) {
+        return;
+    }
+    rm_weight row = *b;
+    row.data = b->data + (uint64_t) e * b->row_bytes;
+    row.ne[1] = 1;
+    be->ops->add_bias(be, y, &row, c, b->ne[0]);
+}
+
+/* The experts' activation: gpt-oss's clamped SwiGLU where the layer has it. */
+static void expert_act(rm_backend * be, const rm_layer * L, float * g, const float * u, int64_t n) {
+    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
+        be->ops->swiglu_clamp(be, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
+    } else {
+        be->ops->swiglu(be, g, u, n);
+    }
+}
+
 /* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
  * the results land in s->ed. */
 static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c, int32_t c_res) {
@@ -31,8 +53,11 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         /* the base-only output of the residual rows, to measure what the residual changes */
         expert_matmul(be, &L->gate_exps, e, s->ex, E, c_res, s->eg, F, 0);
         expert_matmul(be, &L->up_exps, e, s->ex, E, c_res, s->eu, F, 0);
-        be->ops->swiglu(be, s->eg, s->eu, (int64_t) c_res * F);
+        expert_bias(be, &L->gate_exps_b, e, s->eg, c_res);
+        expert_bias(be, &L->up_exps_b, e, s->eu, c_res);
+        expert_act(be, L, s->eg, s->eu, (int64_t) c_res * F);
         expert_matmul(be, &L->down_exps, e, s->eg, F, c_res, s->ecal, E, 0);
+        expert_bias(be, &L->down_exps_b, e, s->ecal, c_res);
     }
     expert_matmul(be, &L->gate_exps, e, s->ex, E, c, s->eg, F, 0);
     expert_matmul(be, &L->up_exps, e, s->ex, E, c, s->eu, F, 0);
@@ -40,11 +65,14 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         expert_matmul(be, &L->gate_res, e, s->ex, E, c_res, s->eg, F, 1);
         expert_matmul(be, &L->up_res, e, s->ex, E, c_res, s->eu, F, 1);
     }
-    be->ops->swiglu(be, s->eg, s->eu, (int64_t) c * F);
+    expert_bias(be, &L->gate_exps_b, e, s->eg, c);
+    expert_bias(be, &L->up_exps_b, e, s->eu, c);
+    expert_act(be, L, s->eg, s->eu, (int64_t) c * F);
     expert_matmul(be, &L->down_exps, e, s->eg, F, c, s->ed, E, 0);
     if (c_res > 0) {
         expert_matmul(be, &L->down_res, e, s->eg, F, c_res, s->ed, E, 1);
     }
+    expert_bias(be, &L->down_exps_b, e, s->ed, c);
 }
 
 /* |f_{B+R}(x) - f_B(x)| of the c_res residual rows just computed, summed per (layer, expert). */
@@ -146,8 +174,12 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
             items[2 * g + 1] = (rm_mm_item) {{&L->up_exps, x, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, &L->up_res, c_res};
         }
         be->ops->matmul_many(be, items, 2 * ng);
+        for (int32_t g = 0; g < ng; g++) {
+            expert_bias(be, &L->gate_exps_b, grp[g][0], s->eg + (int64_t) grp[g][1] * F, grp[g][2]);
+            expert_bias(be, &L->up_exps_b, grp[g][0], s->eu + (int64_t) grp[g][1] * F, grp[g][2]);
+        }
         rm_prof_mark(s, RM_PROF_EXPERTS_IN);
-        be->ops->swiglu(be, s->eg, s->eu, (int64_t) rows * F);
+        expert_act(be, L, s->eg, s->eu, (int64_t) rows * F);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
@@ -155,9 +187,43 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
                                      &L->down_res, c_res};
         }
         be->ops->matmul_many(be, items, ng);
+        for (int32_t g = 0; g < ng; g++) {
+            expert_bias(be, &L->down_exps_b, grp[g][0], s->ed + (int64_t) grp[g][1] * E, grp[g][2]);
+        }
         rm_prof_mark(s, RM_PROF_EXPERTS_OUT);
         be->ops->scatter_add(be, s->moe, s->ed, s->rows, s->scale, rows, E);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
+    }
+}
+
+/* A SwiGLU FFN on xn, its down projection accumulated into y: the ungated shared experts (into
+ * the MoE output) and the leading dense layers (into the residual stream). */
+static void swiglu_ffn(rm_session * s, const rm_weight * gate, const rm_weight * up, const rm_weight * down,
+                       int32_t n, float * y) {
+    rm_backend * be = s->be;
+    const int64_t E = s->m->hp.n_embd, F = gate->ne[1];
+    expert_matmul(be, gate, 0, s->xn, E, n, s->eg, F, 0);
+    expert_matmul(be, up, 0, s->xn, E, n, s->eu, F, 0);
+    be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * F);
+    expert_matmul(be, down, 0, s->eg, F, n, y, E, 1);
+}
+
+/* The router's choices: the backend's softmax router, or, for sigmoid scores, a selection bias,
+ * expert groups or a scale, the logits brought to the host and routed there (gating.c). */
+static void route(rm_session * s, const rm_layer * L, int32_t n) {
+    const rm_hparams * hp = &s->m->hp;
+    rm_backend * be = s->be;
+    const int32_t K = hp->n_expert_used, X = hp->n_expert;
+    const rm_gating_params g = {hp->gating, hp->n_group, hp->n_group_used, hp->norm_topk,
+                                hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f};
+    const float * bias = L->exp_probs_b.data ? (const float *) L->exp_probs_b.data : NULL;
+    if (rm_gating_is_plain(&g, bias)) {
+        be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
+        return;
+    }
+    be->ops->download(be, s->router_host, s->router, sizeof(float) * (uint64_t) n * (uint64_t) X);
+    for (int32_t i = 0; i < n; i++) {
+        rm_route_token_gated(s->router_host + (int64_t) i * X, bias, &g, X, K, s->routes + (int64_t) i * K);
     }
 }
 
@@ -182,9 +248,15 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
 
     be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    if (L->kind & RM_LAYER_FFN_DENSE) {   /* a leading dense layer: no experts */
+        swiglu_ffn(s, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->x);
+        rm_prof_mark(s, RM_PROF_SHARED);
+        return;
+    }
     rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
     be->ops->matmul(be, &ra);
-    be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
+    if (L->router_b.data) be->ops->add_bias(be, s->router, &L->router_b, n, X);
+    route(s, L, n);
     rm_policy_select(s, il, n);
 
     /* group the slots by expert, residual slots first within each group */
@@ -214,6 +286,8 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     rm_stats_record_routes(s, il, n);
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
+    } else if (m->arch->shared_expert == RM_SHEXP_PLAIN && L->gate_shexp.data) {
+        swiglu_ffn(s, &L->gate_shexp, &L->up_shexp, &L->down_shexp, n, s->moe);
     }
     be->ops->add(be, s->x, s->moe, (int64_t) n * E);
     rm_prof_mark(s, RM_PROF_SHARED);

@@ -964,6 +964,65 @@ void rm_q8_K_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * MXFP4: 32 E2M1 levels and one E8M0 exponent per block.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The level nearest x / d; ties go to the lower index (so +0 before -0), as ggml's search does. */
+static int mxfp4_best_index(float x, float d) {
+    int best = 0;
+    float best_err = fabsf((float)rm_mxfp4_values[0] * d - x);
+    for (int k = 1; k < 16; ++k) {
+        const float err = fabsf((float)rm_mxfp4_values[k] * d - x);
+        if (err < best_err) {
+            best = k;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+/* The exponent puts the block's largest magnitude among the top levels: e = floor(log2(amax)) - 2
+ * + 127, so amax / 2^(e - 127) lies in [4, 8) and the largest level, 6, stands for it or near it.
+ * ggml computes it with log2f and casts the float to uint8_t; out of that range (amax below 2^-125
+ * or inf) the cast is undefined, and here it takes the low byte of what x86 gives, as numpy does. */
+void rm_mxfp4_from_float(const float * x, void * dst, int64_t n) {
+    rm_block_mxfp4 * y = dst;
+    for (int64_t i = 0; i < n / RM_QK; ++i, x += RM_QK) {
+        float amax = 0;   /* a nan element is skipped, as in ggml */
+        for (int j = 0; j < RM_QK; ++j)
+            if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+        const uint8_t e = amax > 0 ? (uint8_t)trunc_int(floorf(log2f(amax)) - 2 + 127) : 0;
+        const float d = rm_e8m0_to_fp32_half(e);
+        y[i].e = e;
+        for (int j = 0; j < RM_QK / 2; ++j)
+            y[i].qs[j] = (uint8_t)(mxfp4_best_index(x[j], d) | (mxfp4_best_index(x[j + RM_QK / 2], d) << 4));
+    }
+}
+
+void rm_mxfp4_to_float(const void * src, float * y, int64_t n) {
+    const rm_block_mxfp4 * b = src;
+    for (int64_t i = 0; i < n / RM_QK; ++i, y += RM_QK) {
+        const float d = rm_e8m0_to_fp32_half(b[i].e);
+        int q[RM_QK];
+        unpack_4bit(b[i].qs, q);
+        for (int j = 0; j < RM_QK; ++j) y[j] = d * (float)rm_mxfp4_values[q[j]];
+    }
+}
+
+void rm_mxfp4_vec_dot(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_mxfp4 * b = w;
+    const rm_block_q8_0 * a = x_q;
+    float sum = 0;
+    for (int64_t i = 0; i < n / RM_QK; ++i) {
+        int q[RM_QK], sumi = 0;
+        unpack_4bit(b[i].qs, q);
+        for (int j = 0; j < RM_QK; ++j) sumi += rm_mxfp4_values[q[j]] * a[i].qs[j];
+        sum += (float)sumi * (rm_e8m0_to_fp32_half(b[i].e) * rm_fp16_to_fp32(a[i].d));
+    }
+    *out = sum;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The IQ types: levels from codebooks (iq_grids.h, generated from gguf-py), no quantizers.
  * ------------------------------------------------------------------------------------------- */
 

@@ -29,7 +29,7 @@ enum {
     RM_SESSION_BUF_X, RM_SESSION_BUF_XN, RM_SESSION_BUF_Q, RM_SESSION_BUF_K, RM_SESSION_BUF_V,
     RM_SESSION_BUF_ATTN, RM_SESSION_BUF_MOE, RM_SESSION_BUF_ROUTER, RM_SESSION_BUF_EX,
     RM_SESSION_BUF_EG, RM_SESSION_BUF_EU, RM_SESSION_BUF_ED, RM_SESSION_BUF_ECAL,
-    RM_SESSION_BUF_SHGATE, RM_SESSION_BUF_LOGITS,
+    RM_SESSION_BUF_SHGATE, RM_SESSION_BUF_LOGITS, RM_SESSION_BUF_MLA,
     RM_SESSION_BUF_COUNT
 };
 void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]);
@@ -44,6 +44,18 @@ enum {
     RM_SPLIT_BUF_COUNT
 };
 void rm_split_buf_bytes(const rm_size_params * p, uint64_t out[RM_SPLIT_BUF_COUNT]);
+
+/* A hybrid model's host buffers (deltanet.c), present when the model has linear-attention keys
+ * (ssm_n_v > 0): the recurrent states of its linear layers, their scratch for a step of n_batch
+ * tokens, and the gated attention's q-and-gate rows. */
+enum {
+    RM_RECURRENT_BUF_CONV_STATE, RM_RECURRENT_BUF_SSM_STATE,
+    RM_RECURRENT_BUF_MIXED, RM_RECURRENT_BUF_CONV_OUT, RM_RECURRENT_BUF_Z, RM_RECURRENT_BUF_BA,
+    RM_RECURRENT_BUF_G, RM_RECURRENT_BUF_BETA, RM_RECURRENT_BUF_CORE, RM_RECURRENT_BUF_CONV_W,
+    RM_RECURRENT_BUF_CHUNK, RM_RECURRENT_BUF_QG, RM_RECURRENT_BUF_GATE,
+    RM_RECURRENT_BUF_COUNT
+};
+void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_BUF_COUNT]);
 
 /* The prefill staging buffer: RM_SPLIT_STAGE_MAX experts' residuals; 0 without staging. */
 uint64_t rm_split_stage_buf_bytes(const rm_size_params * p);

@@ -229,7 +229,11 @@ static void sb_matmul(rm_backend * be, const rm_matmul_args * a) {
 
 static void sb_attention(rm_backend * be, const rm_attn_args * a) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->ops->attention(c->dev, a);
+    rm_attn_args da = *a;
+    rm_weight ds;
+    if (a->sinks && (c->err || !dev_weight(c, a->sinks, 0, &ds))) return;
+    da.sinks = a->sinks ? &ds : NULL;
+    if (!c->err) c->dev->ops->attention(c->dev, &da);
 }
 
 static void sb_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,
@@ -243,6 +247,17 @@ static void sb_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, i
                     int32_t pos0, float base, int neox) {
     sb_ctx * c = ctx_of(be);
     if (!c->err) c->dev->ops->rope(c->dev, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox);
+}
+
+static void sb_rope_yarn(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                         int32_t pos0, const rm_rope_yarn * y, int neox) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->rope_yarn(c->dev, x, n_tok, n_head, head_dim, n_rot, pos0, y, neox);
+}
+
+static void sb_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->swiglu_clamp(c->dev, g, u, n, alpha, limit);
 }
 
 static void sb_add(rm_backend * be, float * y, const float * x, int64_t n) {
@@ -455,6 +470,8 @@ static const rm_backend_ops STANDIN_OPS = {
     .add_bias    = sb_add_bias,
     .add_gated   = sb_add_gated,
     .swiglu      = sb_swiglu,
+    .rope_yarn   = sb_rope_yarn,
+    .swiglu_clamp = sb_swiglu_clamp,
     .gather_rows = sb_gather_rows,
     .scatter_add = sb_scatter_add,
     .route       = sb_route,

@@ -37,6 +37,7 @@ static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
     [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q5_K) },
     [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q6_K) },
     [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q8_K) },
+    [RM_TYPE_MXFP4] = { "MXFP4", RM_QK, sizeof(rm_block_mxfp4), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_MXFP4, REF_KERNELS(mxfp4) },
     /* read and computed, not written: no quantizer */
     [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K,  sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xxs) },
     [RM_TYPE_IQ2_XS]  = { "IQ2_XS",  QK_K,  sizeof(rm_block_iq2_xs),  1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xs)  },
@@ -63,7 +64,6 @@ static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
     [36] = { "IQ4_NL_4_4" },
     [37] = { "IQ4_NL_4_8" },
     [38] = { "IQ4_NL_8_8" },
-    [39] = { "MXFP4",   32,   1 + 16,                               1 },
     [40] = { "NVFP4",   64,   4 + 32,                               1 },
     [41] = { "Q1_0",    128,  2 + 16,                               1 },
     [42] = { "Q2_0",    64,   2 + 16,                               1 },

@@ -139,6 +139,12 @@ typedef struct { rm_fp16 d; uint8_t qs[RM_QK_K / 8]; uint16_t qh[RM_QK_K / 32]; 
  * 3 index bits and the delta sign (bit 3); the scale words' top nibbles hold the fp16 d */
 typedef struct { uint8_t qs[RM_QK_K / 8]; uint8_t qh[RM_QK_K / 16]; uint8_t scales[RM_QK_K / 32]; } rm_block_iq1_m;
 
+/* MXFP4 (OCP microscaling): 32 E2M1 values sharing one E8M0 scale. x = d * values[q], with d =
+ * 2^(e - 128) (rm_e8m0_to_fp32_half: half the E8M0 scale 2^(e - 127)) and values the E2M1 levels
+ * 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, doubled to integers (rm_mxfp4_values); nibbles as
+ * in Q4_0: low nibbles hold elements 0..15, high nibbles 16..31 */
+typedef struct { uint8_t e; uint8_t qs[RM_QK / 2]; } rm_block_mxfp4;
+
 _Static_assert(sizeof(rm_block_q4_0) == 2 + 16, "Q4_0 block size");
 _Static_assert(sizeof(rm_block_q4_1) == 2 + 2 + 16, "Q4_1 block size");
 _Static_assert(sizeof(rm_block_q5_0) == 2 + 4 + 16, "Q5_0 block size");
@@ -160,6 +166,7 @@ _Static_assert(sizeof(rm_block_iq2_s) == 2 + 32 + 32 + 8 + 8, "IQ2_S block size"
 _Static_assert(sizeof(rm_block_iq3_s) == 2 + 64 + 8 + 32 + 4, "IQ3_S block size");
 _Static_assert(sizeof(rm_block_iq1_s) == 2 + 32 + 16, "IQ1_S block size");
 _Static_assert(sizeof(rm_block_iq1_m) == 32 + 16 + 8, "IQ1_M block size");
+_Static_assert(sizeof(rm_block_mxfp4) == 1 + 16, "MXFP4 block size");
 
 /* ---------------------------------------------------------------------------------------------
  * 16-bit floats. Portable bit manipulation, so that files come out the same on every machine
@@ -210,6 +217,15 @@ static inline rm_bf16 rm_fp32_to_bf16(float f) {
     return (rm_bf16)((u + 0x7fff + ((u >> 16) & 1)) >> 16);                 /* no overflow: nans are out */
 }
 
+/* MXFP4's levels: the E2M1 values times two (index 8 is -0), so that a dot stays in integers. */
+static const int8_t rm_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Half of the E8M0 scale 2^(e - 127), exactly: the levels above are doubled. e = 0 and 1 give the
+ * subnormals 2^-128 and 2^-127; e = 255, which E8M0 reserves for nan, gives 2^127 as in ggml. */
+static inline float rm_e8m0_to_fp32_half(uint8_t e) {
+    return rm_bits_f32(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The traits table, keyed by ggml type id.
  *
@@ -253,6 +269,7 @@ const rm_type_traits * rm_type_traits_any(int32_t type);
 #define RM_CUDA_CHUNK_Q2_K  16
 #define RM_CUDA_CHUNK_Q3_K  16
 #define RM_CUDA_CHUNK_Q4_K  32
+#define RM_CUDA_CHUNK_MXFP4 RM_QK
 
 /* quants_ref.c: the scalar reference kernels, three per type. */
 #define RM_DECLARE_REF_KERNELS(t)                                                   \
@@ -275,6 +292,7 @@ RM_DECLARE_REF_KERNELS(q4_K);
 RM_DECLARE_REF_KERNELS(q5_K);
 RM_DECLARE_REF_KERNELS(q6_K);
 RM_DECLARE_REF_KERNELS(q8_K);
+RM_DECLARE_REF_KERNELS(mxfp4);
 
 /* The IQ types: dequantize and dot only (no quantizer: ggml's searches a codebook, and for the
  * smallest types wants an importance matrix). */

@@ -5,9 +5,9 @@
  * Error budgets, relative to the size of the quantity (for a product, sum |w_k x_k|):
  *   matmul    CUDA 2e-5 for every type (weights dequantized exactly, fp32 activations and sums);
  *             CPU 2e-5 for F32/F16 weights, 1e-2 for quantized ones (activations rounded to Q8)
- *   attention 2e-5 of max |v|; rmsnorm, adds, swiglu, rows 1e-5; rope 2e-3 at position ~1000
- *             (both compute the angle in float, as llama.cpp does); route: the same experts,
- *             weights within 1e-5
+ *   attention 2e-5 of max |v| (also with a sliding window and sinks); rmsnorm, adds, swiglu,
+ *             swiglu_clamp, rows 1e-5; rope and rope_yarn 2e-3 at position ~1000 (both compute the
+ *             angle in float, as llama.cpp does); route: the same experts, weights within 1e-5
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -193,6 +193,93 @@ static void test_attention(rm_backend * be) {
         snprintf(what, sizeof(what), "head_dim %d", D);
         record(be->ops->name, "attention", what, worst / 4.0, 2e-5);   /* |v| <~ 4 */
     }
+}
+
+/* gpt-oss's attention: a window of 5 positions and a sink logit per head. The sinks are the
+ * model's first F32 vector (attn_norm, values near 1), which every backend holds. */
+static void test_attention_window_sinks(rm_backend * be, const rm_model * m) {
+    const int D = 64, H = 4, HKV = 2, N_CTX = 48, W = 5, pos0 = 17, n_tok = 6;
+    const rm_weight * sinks = &m->layers[0].attn_norm;
+    const float * sk = (const float *) sinks->data;
+    float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
+    float * qd = put(be, q, n_tok * H * D), * kd = put(be, k, N_CTX * HKV * D), * vd = put(be, v, N_CTX * HKV * D);
+    float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+    rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks};
+    be->ops->attention(be, &a);
+    float * o = get(be, od, n_tok * H * D);
+    double worst = 0;
+    for (int i = 0; i < n_tok; i++) {
+        for (int h = 0; h < H; h++) {
+            const int n_kv = pos0 + i + 1, p0 = n_kv - W, kh = h / (H / HKV);
+            double s[W], mx = sk[h], z;
+            for (int p = p0; p < n_kv; p++) {
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double) q[(i * H + h) * D + c] * k[(p * HKV + kh) * D + c];
+                s[p - p0] = d / sqrt((double) D);
+                mx = fmax(mx, s[p - p0]);
+            }
+            z = exp(sk[h] - mx);
+            for (int p = 0; p < W; p++) z += exp(s[p] - mx);
+            for (int c = 0; c < D; c++) {
+                double ref = 0;
+                for (int p = p0; p < n_kv; p++) ref += exp(s[p - p0] - mx) / z * v[(p * HKV + kh) * D + c];
+                worst = fmax(worst, fabs(o[(i * H + h) * D + c] - ref));
+            }
+        }
+    }
+    record(be->ops->name, "attention", "window 5, sinks", worst / 4.0, 2e-5);
+    be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
+    free(q), free(k), free(v), free(o);
+}
+
+/* gpt-oss's clamped SwiGLU on values that reach past the limit, and YaRN RoPE (factor 32). */
+static void test_gpt_oss_ops(rm_backend * be) {
+    const int64_t n = 300;
+    float * g = randn(n, 6.0f), * u = randn(n, 6.0f);
+    float * gd = put(be, g, n), * ud = put(be, u, n);
+    be->ops->swiglu_clamp(be, gd, ud, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
+    float * y = get(be, gd, n);
+    double e = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const double x = fmin(g[j], 7.0), up = fmax(-7.0, fmin(u[j], 7.0));
+        const double ref = x / (1.0 + exp(-1.702 * x)) * (up + 1.0);
+        e = fmax(e, fabs(y[j] - ref) / (1.0 + fabs(ref)));
+    }
+    record(be->ops->name, "swiglu_clamp", "|x| up to ~20", e, 1e-5);
+    be->ops->release(be, gd), be->ops->release(be, ud);
+    free(g), free(u), free(y);
+
+    const int n_tok = 3, H = 4, D = 64, n_rot = 64, pos0 = 1000;
+    rm_hparams hp = {0};
+    hp.n_rot = n_rot, hp.rope_base = 150000.0f, hp.rope_yarn_factor = 32.0f, hp.n_ctx_orig_yarn = 4096;
+    hp.yarn_beta_fast = 32.0f, hp.yarn_beta_slow = 1.0f, hp.yarn_truncate = 1;
+    rm_rope_yarn yp;
+    rm_rope_yarn_of(&hp, &yp);
+    /* the released gpt-oss's correction range, as llama.cpp computes it */
+    EXPECT(yp.corr_lo == 8.0f && yp.corr_hi == 18.0f && fabsf(yp.mscale - 1.34657359f) < 1e-6f,
+           "yarn range [%g, %g], mscale %g", yp.corr_lo, yp.corr_hi, yp.mscale);
+    float * x = randn(n_tok * H * D, 1.0f);
+    float * xd = put(be, x, n_tok * H * D);
+    be->ops->rope_yarn(be, xd, n_tok, H, D, n_rot, pos0, &yp, 1);
+    float * o = get(be, xd, n_tok * H * D);
+    e = 0;
+    for (int t = 0; t < n_tok; t++) {
+        for (int h = 0; h < H; h++) {
+            const float * vv = x + (t * H + h) * D, * oo = o + (t * H + h) * D;
+            for (int i = 0; i < n_rot / 2; i++) {
+                const double inv = pow(150000.0, -2.0 * i / n_rot);
+                const double keep = 1.0 - fmin(1.0, fmax(0.0, (i - 8.0) / 10.0));
+                const double ang = (double) (pos0 + t) * (inv / 32.0 * (1.0 - keep) + inv * keep);
+                const double ms = 1.0 + 0.1 * log(32.0);
+                const int a = i, b = i + n_rot / 2;
+                e = fmax(e, fabs(oo[a] - ms * (vv[a] * cos(ang) - vv[b] * sin(ang))));
+                e = fmax(e, fabs(oo[b] - ms * (vv[a] * sin(ang) + vv[b] * cos(ang))));
+            }
+        }
+    }
+    record(be->ops->name, "rope_yarn", "factor 32", e, 2e-3);
+    be->ops->release(be, xd);
+    free(x), free(o);
 }
 
 static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
@@ -409,6 +496,8 @@ int main(int argc, char ** argv) {
             test_rows_and_adds(cpu, m);
             test_rope(cpu);
             test_route(cpu);
+            test_attention_window_sinks(cpu, m);   /* after the others: their random inputs stay as they were */
+            test_gpt_oss_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);
@@ -432,6 +521,8 @@ int main(int argc, char ** argv) {
                     test_rows_and_adds(gpu, mg);
                     test_rope(gpu);
                     test_route(gpu);
+                    test_attention_window_sinks(gpu, mg);
+                    test_gpt_oss_ops(gpu);
                 }
                 EXPECT(gpu->ops->status(gpu) == RM_OK, "CUDA backend status: %s", rm_last_error());
                 gpu->ops->free(gpu);

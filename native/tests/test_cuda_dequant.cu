@@ -56,6 +56,7 @@ int main(void) {
         check<RM_TYPE_Q2_K>("Q2_K", n, &rng);
         check<RM_TYPE_Q3_K>("Q3_K", n, &rng);
         check<RM_TYPE_Q4_K>("Q4_K", n, &rng);
+        check<RM_TYPE_MXFP4>("MXFP4", n, &rng);
     }
     printf("test_cuda_dequant: %d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

@@ -77,24 +77,44 @@ class SafetensorsFile:
         except KeyError:
             raise FormatError(f"{self.path}: no tensor '{name}'") from None
 
-    def read_f32(self, name: str) -> np.ndarray:
-        """The tensor as a new float32 array of its shape (F32, F16 and BF16 are read)."""
-        if self._map is None:
-            raise ValueError(f"{self.path}: file is closed")
+    def read_f32(self, name: str, index: int | None = None) -> np.ndarray:
+        """The tensor as a new float32 array of its shape (F32, F16 and BF16 are read); with
+        ``index``, only the slab ``tensor[index]`` (one expert of a stacked expert tensor)."""
         e = self.entry(name)
         if e.dtype not in _READABLE:
             raise UnsupportedError(f"{self.path}: tensor '{name}' has dtype {e.dtype}; only "
                                    f"{', '.join(_READABLE)} can be converted")
-        n = e.n_elements
+        begin, n, shape = self._slab(e, index)
         if e.dtype == "F32":
-            out = np.frombuffer(self._map, dtype="<f4", count=n, offset=e.begin).astype(np.float32)
+            out = np.frombuffer(self._map, dtype="<f4", count=n, offset=begin).astype(np.float32)
         elif e.dtype == "F16":
-            out = np.frombuffer(self._map, dtype="<f2", count=n, offset=e.begin).astype(np.float32)
+            out = np.frombuffer(self._map, dtype="<f2", count=n, offset=begin).astype(np.float32)
         else:  # BF16 is the top half of an IEEE float32
-            raw = np.frombuffer(self._map, dtype="<u2", count=n, offset=e.begin)
+            raw = np.frombuffer(self._map, dtype="<u2", count=n, offset=begin)
             out = (raw.astype(np.uint32) << 16).view(np.float32)
-        self._drop_pages(e.begin, e.end)
-        return out.reshape(e.shape)
+        self._drop_pages(begin, begin + n * _DTYPES[e.dtype])
+        return out.reshape(shape)
+
+    def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
+        """A U8 tensor (MXFP4 blocks and scales) as a new uint8 array, or its slab ``index``."""
+        e = self.entry(name)
+        if e.dtype != "U8":
+            raise FormatError(f"{self.path}: tensor '{name}' has dtype {e.dtype}, expected U8")
+        begin, n, shape = self._slab(e, index)
+        out = np.frombuffer(self._map, dtype=np.uint8, count=n, offset=begin).copy()
+        self._drop_pages(begin, begin + n)
+        return out.reshape(shape)
+
+    def _slab(self, e: TensorEntry, index: int | None) -> tuple[int, int, tuple[int, ...]]:
+        """(absolute offset, elements, shape) of the tensor or of its slab along dimension 0."""
+        if self._map is None:
+            raise ValueError(f"{self.path}: file is closed")
+        if index is None:
+            return e.begin, e.n_elements, e.shape
+        if not e.shape or not 0 <= index < e.shape[0]:
+            raise FormatError(f"{self.path}: tensor '{e.name}' of shape {list(e.shape)} has no slab {index}")
+        n = math.prod(e.shape[1:])
+        return e.begin + index * n * _DTYPES[e.dtype], n, e.shape[1:]
 
     def _drop_pages(self, begin: int, end: int) -> None:
         # Mapped file pages count towards our RSS until released; a converter reads each tensor
@@ -241,8 +261,11 @@ class SafetensorsCheckpoint:
     def file_of(self, name: str) -> str:
         return self._file(name).path
 
-    def read_f32(self, name: str) -> np.ndarray:
-        return self._file(name).read_f32(name)
+    def read_f32(self, name: str, index: int | None = None) -> np.ndarray:
+        return self._file(name).read_f32(name, index)
+
+    def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
+        return self._file(name).read_u8(name, index)
 
     def _file(self, name: str) -> SafetensorsFile:
         try:

@@ -541,11 +541,17 @@ static void attn_task_fn(void * p, int ith, int nth) {
             break;
         }
         const int32_t i = (int32_t) (job / a->n_head), h = (int32_t) (job % a->n_head);
-        const int32_t n_kv = a->pos0 + i + 1;
+        const int32_t n_all = a->pos0 + i + 1;
+        const int32_t p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
+        const int32_t n_kv = n_all - p0;
         const float * q = a->q + i * q_stride + (int64_t) h * D;
-        const int64_t kv_off = (int64_t) (h / group) * D;
+        const int64_t kv_off = (int64_t) p0 * kv_stride + (int64_t) (h / group) * D;
         t->scores(D, n_kv, q, a->k_cache + kv_off, kv_stride, scale, scores);
-        rm_softmax(scores, n_kv);
+        if (a->sinks) {
+            rm_softmax_sink(scores, n_kv, ((const float *) a->sinks->data)[h]);
+        } else {
+            rm_softmax(scores, n_kv);
+        }
         t->values(D, n_kv, scores, a->v_cache + kv_off, kv_stride, a->out + i * q_stride + (int64_t) h * D);
     }
     (void) nth;
@@ -623,6 +629,17 @@ static void cpu_swiglu(rm_backend * be, float * g, const float * u, int64_t n) {
     }
 }
 
+static void cpu_rope_yarn(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                          int32_t pos0, const rm_rope_yarn * y, int neox) {
+    for (int32_t i = 0; i < n_tok; i++) {
+        rm_rope_yarn_row(x + (int64_t) i * n_head * head_dim, n_head, head_dim, n_rot, pos0 + i, y, neox);
+    }
+}
+
+static void cpu_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit) {
+    rm_swiglu_clamp_ref(g, u, n, alpha, limit);
+}
+
 static void cpu_gather_rows(rm_backend * be, float * dst, const float * src, const int32_t * rows, int32_t n,
                             int64_t width) {
     for (int32_t j = 0; j < n; j++) {
@@ -689,6 +706,8 @@ static const rm_backend_ops CPU_OPS = {
     .add_bias    = cpu_add_bias,
     .add_gated   = cpu_add_gated,
     .swiglu      = cpu_swiglu,
+    .rope_yarn   = cpu_rope_yarn,
+    .swiglu_clamp = cpu_swiglu_clamp,
     .gather_rows = cpu_gather_rows,
     .scatter_add = cpu_scatter_add,
     .route       = cpu_route,

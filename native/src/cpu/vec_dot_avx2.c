@@ -20,6 +20,7 @@
 /* pair products times scales, added into int32 lanes */
 #define RM_KQ_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
 #include "simd_x86.h"
+#include "mxfp4_x86.h"
 
 /* ---------------------------------------------------------------------------------------------
  * F32 and F16 weights against F32 activations (n is any positive count)
@@ -286,6 +287,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
+        [RM_TYPE_MXFP4] = vec_dot_mxfp4,
     },
     .quantize = {
         [RM_TYPE_Q8_0] = quantize_q8_0,
@@ -299,6 +301,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
         [RM_TYPE_Q5_K] = vec_dot_q5_K_multi,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
+        [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
     },
     .axpy = axpy,
     .attn_scores = attn_scores,

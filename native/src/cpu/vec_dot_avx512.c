@@ -20,6 +20,7 @@
 /* Q4_K's levels against its activations 512 bits at a time (see dot_q4_K_multi) */
 #define RM_KQ_512 1
 #include "simd_x86.h"
+#include "mxfp4_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
     const float * a = w;
@@ -445,6 +446,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
+        [RM_TYPE_MXFP4] = vec_dot_mxfp4,
     },
     .vec_dot_multi = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_multi,
@@ -454,6 +456,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
         [RM_TYPE_Q5_K] = vec_dot_q5_K_multi,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
+        [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
     },
     .attn_scores = attn_scores,
     .attn_values = attn_values,

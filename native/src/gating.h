@@ -1,0 +1,26 @@
+/* gating.h - internal: the DeepSeek/GLM router (gating.c) on one token's logits, on the host. */
+#ifndef RM_GATING_H
+#define RM_GATING_H
+
+#include <stdint.h>
+
+#include "rapidmoe.h"
+
+struct rm_route;
+
+typedef struct rm_gating_params {
+    int32_t gating;               /* rm_gating */
+    int32_t n_group, n_group_used;/* group-limited top-k when n_group > 1 */
+    int32_t norm;                 /* divide the k weights by their sum */
+    float   scale;                /* then multiply them by this */
+} rm_gating_params;
+
+/* k routes of one token from its n_expert router logits; bias (n_expert, may be NULL) counts for
+ * the choice only. n_expert <= 512. */
+void rm_route_token_gated(const float * logits, const float * bias, const rm_gating_params * g, int32_t n_expert,
+                          int32_t k, struct rm_route * out);
+
+/* 1 when the parameters describe the softmax router every backend runs (backend.h's route). */
+int rm_gating_is_plain(const rm_gating_params * g, const float * bias);
+
+#endif

@@ -1,0 +1,25 @@
+/* mla.h - internal: multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash).
+ *
+ * The cache holds one latent row per position and layer: the normalised compressed KV
+ * (kv_lora_rank floats) and the rotary key shared by all heads (n_rot floats), instead of every
+ * head's K and V. Decode reads it in the absorbed form (each head's key up-projection folded
+ * into its query, the value up-projection applied after attention); prefill expands the latent
+ * into per-head keys and values. Both compute the same attention: tests/test_arch_deepseek.py runs a prompt one token
+ * at a time (absorbed) and as one batch (expanded). */
+#ifndef RM_MLA_H
+#define RM_MLA_H
+
+#include "session.h"
+
+/* Floats of the session's MLA scratch (RM_SESSION_BUF_MLA); 0 without MLA. */
+uint64_t rm_mla_scratch_floats(const rm_size_params * p);
+
+/* Floats of one thread's host scratch (rm_session's mla_host holds one per pool thread): a
+ * head's up-projections as floats, its expanded keys and values, and the scores. */
+uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
+
+/* The attention of layer il for n tokens at positions n_past..: x += Wo attn(x). CPU backend
+ * only (the loader refuses a device for MLA models). */
+void rm_mla_block(rm_session * s, int il, int32_t n);
+
+#endif

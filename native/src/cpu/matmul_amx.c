@@ -1,5 +1,5 @@
 /* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8),
- * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K (further down).
+ * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K and IQ4_XS (further down).
  *
  * One tdpbssd multiplies a tile of 16 weight rows x 32 int8 levels by a tile of 32 levels x 16
  * tokens into 16 x 16 int32 sums: one 32-element block of 16 rows against 16 tokens, 8192
@@ -33,6 +33,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "../iq_grids.h"
 #include "dispatch.h"
 
 #define RM_AMX_INLINE static inline __attribute__((always_inline))
@@ -207,14 +208,15 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
     matmul_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
 }
 
-/* ---- the K-quants (Q4_K, Q5_K, Q6_K against Q8_K) -------------------------------------------- *
+/* ---- the K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS, against Q8_K ------------------------------ *
  *
  * One tdpbssd per sub-block (Q4_K/Q5_K: 8 of 32 elements, K = 32; Q6_K: 16 of 16, K = 16) gives
  * its 16 x 16 integer dots; they are weighted by the rows' integer sub-block scales in int32
  * lanes (exact, as the reference's sumi), then each super-block adds in float
  * (d_w d_x) sumi, less (dmin_w d_x) summ for the mins of Q4_K/Q5_K, whose integer part
  * summ = sum_s m_s (bsums of sub-block s) comes from vpmaddwd on pairs of sub-blocks. Q6_K's
- * levels are stored less 32 (signed), so it needs no offset term.
+ * levels are stored less 32 (signed), so it needs no offset term; IQ4_XS is Q4_K's shape with
+ * its table's signed levels and signed scales (sc - 32), and no mins.
  *
  * These are the reference's integers, but not the AVX-512 kernels' float steps (those keep eight
  * partial sums per super-block, which a tile cannot give): results agree with the one-token
@@ -229,7 +231,7 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
 #define KQ_W_BYTES (4096 + 1024 + 256 + 128)
 #define KQ_X_BYTES (4096 + 64 + 256)
 
-enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K };
+enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_IQ4_XS };
 
 static int usable_kq(int64_t n) { return n > 0 && n % RM_QK_K == 0; }
 
@@ -278,6 +280,19 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
     int32_t * sc = (int32_t *) (wb + 4096), * mins = (int32_t *) (wb + 5120);
     float * d = (float *) (wb + 5376);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (kind == KQ_IQ4_XS) {   /* sub-block j: the table's levels of 16 qs bytes' low, then high nibbles */
+        const rm_block_iq4_xs * b = (const rm_block_iq4_xs *) src;
+        const __m128i table = _mm_loadu_si128((const __m128i *) rm_iq4nl_values), m4l = _mm_set1_epi8(0x0f);
+        for (int j = 0; j < 8; j++) {
+            const __m128i q = _mm_loadu_si128((const __m128i *) (b->qs + 16 * j));
+            _mm_storeu_si128((__m128i *) (wb + 512 * j + 32 * r), _mm_shuffle_epi8(table, _mm_and_si128(q, m4l)));
+            _mm_storeu_si128((__m128i *) (wb + 512 * j + 32 * r + 16),
+                             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4l)));
+            sc[16 * j + r] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
+        }
+        d[r] = rm_fp16_to_fp32(b->d);
+        return;
+    }
     if (kind == KQ_Q6_K) {   /* element 128h + 32g + l: levels into sub-blocks of 16 */
         const rm_block_q6_K * b = (const rm_block_q6_K *) src;
         const __m256i m2h = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
@@ -333,7 +348,7 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
 static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
                          const int kind) {
     const size_t bsize = kind == KQ_Q6_K ? sizeof(rm_block_q6_K) : kind == KQ_Q5_K ? sizeof(rm_block_q5_K)
-                                                                                    : sizeof(rm_block_q4_K);
+                       : kind == KQ_IQ4_XS ? sizeof(rm_block_iq4_xs) : sizeof(rm_block_q4_K);
     for (int64_t b = 0; b < n / RM_QK_K; b++) {
         uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
         if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
@@ -343,6 +358,7 @@ static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
             switch (kind) {   /* one inlined copy per type */
             case KQ_Q4_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q4_K); break;
             case KQ_Q5_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q5_K); break;
+            case KQ_IQ4_XS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ4_XS); break;
             default:      pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q6_K); break;
             }
         }
@@ -391,7 +407,7 @@ RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_
         for (int r = 0; r < RM_TILE_ROWS; r++) {
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), dx), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
         }
-        if (kind != KQ_Q6_K) {
+        if (kind == KQ_Q4_K || kind == KQ_Q5_K) {   /* the mins */
             for (int r = 0; r < RM_TILE_ROWS; r++) {
                 __m512i summ = _mm512_setzero_si512();
                 for (int p = 0; p < 4; p++) {
@@ -429,6 +445,7 @@ RM_AMX_INLINE void matmul_kq(int64_t n, const void * w, uint64_t row_bytes, int6
 RM_TILE_MATMUL_KQ(matmul_q4_K, KQ_Q4_K)
 RM_TILE_MATMUL_KQ(matmul_q5_K, KQ_Q5_K)
 RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
+RM_TILE_MATMUL_KQ(matmul_iq4_xs, KQ_IQ4_XS)
 
 /* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
  * Q8_0/Q4_0 break even at 12 tokens and win from 16; the K-quants win from 12 (1.1 to 1.6x),
@@ -438,6 +455,7 @@ static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_ac
 static const rm_tile_kernels tile_q4_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
 static const rm_tile_kernels tile_q5_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
 static const rm_tile_kernels tile_q6_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
+static const rm_tile_kernels tile_iq4_xs = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {
@@ -446,6 +464,7 @@ const rm_cpu_kernels rm_cpu_kernels_amx = {
         [RM_TYPE_Q4_K] = &tile_q4_K,
         [RM_TYPE_Q5_K] = &tile_q5_K,
         [RM_TYPE_Q6_K] = &tile_q6_K,
+        [RM_TYPE_IQ4_XS] = &tile_iq4_xs,
     },
 };
 

@@ -652,32 +652,67 @@ RM_KQ_ENTRY_POINTS(q5_K, 0)
 RM_KQ_ENTRY_POINTS(q6_K, 32)
 
 /* ---------------------------------------------------------------------------------------------
- * IQ4_XS against Q8_K, one token: a sub-block's 32 indices (the low nibbles of 16 qs bytes, then
+ * IQ4_XS against Q8_K, for nc tokens: a sub-block's 32 indices (the low nibbles of 16 qs bytes, then
  * the high ones) look their levels up in the 16-entry table with one byte shuffle; |level| times
  * the activations signed like the level, in int16 pairs (at most 2 * 127 * 127, no saturation),
  * weighted by the sub-block's 6-bit scale less 32 into int32 lanes; one float multiply-add per
  * super-block. The same integers as quants_ref.c's; the floats are summed in eight lanes.
  * ------------------------------------------------------------------------------------------- */
-static void vec_dot_iq4_xs(int64_t n, float * out, const void * w, const void * x_q) {
+RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_iq4_xs * b = w;
-    const rm_block_q8_K * a = x_q;
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) rm_iq4nl_values));
     const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[RM_MULTI_MAX];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < RM_QK_K / 32; j++) {
+        const rm_block_q8_K * a[RM_MULTI_MAX];
+        __m256i sumi[RM_MULTI_MAX];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block's levels once, for every token */
             const __m128i q = _mm_loadu_si128((const __m128i *) (b[i].qs + 16 * j));
             const __m256i lv = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
                                                                             _mm_and_si128(q, m4)));
-            const __m256i x = _mm256_loadu_si256((const __m256i *) (a[i].qs + 32 * j));
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(lv, lv), _mm256_sign_epi8(x, lv));
+            const __m256i alv = _mm256_sign_epi8(lv, lv);
             const int mul = (((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b[i].scales_h >> (2 * j)) & 3) << 4)) - 32;
-            sumi = RM_KQ_ACC(sumi, p, _mm256_set1_epi16((short) mul));
+            const __m256i s = _mm256_set1_epi16((short) mul);
+            for (int c = 0; c < nc; c++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));
+                sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(alv, _mm256_sign_epi8(x, lv)), s);
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(b[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+        const float dw = fp16(b[i].d);
+        for (int c = 0; c < nc; c++) {
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
     }
-    *out = hsum_ps(acc);
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+static void vec_dot_iq4_xs(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_iq4_xs_multi(n, out, w, x_q, 0, 1);
+}
+
+/* Several tokens: the same operations per token as vec_dot_iq4_xs, so the same floats. */
+static void vec_dot_iq4_xs_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                                 const float * x_info, int64_t x_info_stride) {
+    (void) x_info;
+    (void) x_info_stride;
+    if (nc == 8) {
+        dot_iq4_xs_multi(n, out, w, x_q, x_stride, 8);
+    } else if (nc == 4) {
+        dot_iq4_xs_multi(n, out, w, x_q, x_stride, 4);
+    } else {
+        for (int c = 0; c < nc; c++) {
+            dot_iq4_xs_multi(n, out + c, w, (const uint8_t *) x_q + (uint64_t) c * x_stride, x_stride, 1);
+        }
+    }
 }
 
 /* IQ2_XXS and IQ3_XXS against Q8_K, one token. Per sub-block of 32: the codebook magnitudes

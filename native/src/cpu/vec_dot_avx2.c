@@ -301,6 +301,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q4_K] = vec_dot_q4_K_multi,
         [RM_TYPE_Q5_K] = vec_dot_q5_K_multi,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
+        [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs_multi,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
     },
     .axpy = axpy,

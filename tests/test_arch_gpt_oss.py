@@ -647,3 +647,26 @@ def test_arch_gpt_oss_mxfp4_form_repacked_as_llamacpp_does(mxfp4_form, tmp_path)
     for n in experts:
         assert a[n].tensor_type == b[n].tensor_type == gguf.GGMLQuantizationType.MXFP4, n
         assert np.array_equal(np.asarray(a[n].data), np.asarray(b[n].data)), n
+
+
+def test_arch_gpt_oss_sliding_layers_keep_a_ring():
+    """A sliding layer's KV cache holds its window plus one step of tokens, not the context: with
+    gpt-oss's window of 128, a step of 512 and a context of 32768, half the layers keep 640
+    positions. (The logits tests above run rings of 9, 13 and 72 positions, wrapping in decode.)"""
+    from rapidmoe_gguf._native import check, ffi, lib
+
+    def kv(n_layer_swa):
+        p = ffi.new("rm_size_params *")
+        p.struct_size = ffi.sizeof("rm_size_params")
+        for k, v in dict(n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_expert=32, n_expert_used=4,
+                         n_ff_exp=2880, n_vocab=201088, n_ctx=32768, n_batch=512, n_swa=128,
+                         n_layer_swa=n_layer_swa).items():
+            setattr(p, k, v)
+        out = ffi.new("rm_session_sizes *")
+        out.struct_size = ffi.sizeof("rm_session_sizes")
+        check(lib.rm_session_sizes_get(p, out))
+        return out.kv_cache
+
+    per_pos = 2 * 4 * 8 * 64   # K and V floats of one position and layer
+    assert kv(0) == 24 * 32768 * per_pos
+    assert kv(12) == (12 * 32768 + 12 * (128 + 512)) * per_pos

@@ -463,11 +463,14 @@ typedef struct rm_size_params {
                                    * layer instead of K and V; 0 without MLA */
     int32_t  n_rot;               /* MLA: the rotary part of a query/key head */
     int32_t  head_dim_v;          /* MLA: the value head width; 0: head_dim */
+    int32_t  n_swa;               /* sliding-window layers (gpt-oss): their window; 0 without */
+    int32_t  n_layer_swa;         /* how many layers slide: each keeps a ring of n_swa + n_batch
+                                   * positions (at most n_ctx) instead of n_ctx */
 } rm_size_params;
 
 typedef struct rm_session_sizes {
     uint32_t struct_size;         /* sizeof(rm_session_sizes) */
-    uint64_t kv_cache;            /* K and V of every layer for n_ctx positions */
+    uint64_t kv_cache;            /* K and V of every layer for n_ctx positions (a sliding layer: its ring) */
     uint64_t activations;         /* the forward pass's buffers for a step of n_batch tokens */
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */

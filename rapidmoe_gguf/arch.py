@@ -48,7 +48,7 @@ class HParam:
 
     key: str | None
     hf: tuple[str, ...]
-    kind: str  # "u32" | "f32" | "bool" | "str"
+    kind: str  # "u32" | "f32" | "bool" | "str" | "sections" (a list of at most 4, padded to 4)
     default: Any = REQUIRED
     dim: str | None = None
 
@@ -69,8 +69,10 @@ class TensorSpec:
     ne: tuple[str, ...]
     role: str
     optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
-    transform: str | None = None    # "permute_q" | "permute_k" | "flatten" | "k_b" | "v_b", or one of FUSED
-    layers: str | None = None       # only in some layers: "dense" | "moe" | "q_lora" | "q_direct"
+    transform: str | None = None    # "permute_q" | "permute_k" | "flatten", one of FUSED, or a name in sources.TRANSFORMS
+    # only in some layers: "dense" | "moe" | "q_lora" | "q_direct", or with ArchSpec.layer_kind
+    # (the hybrids) the kind it gives: "full" | "linear"
+    layers: str | None = None
 
     @property
     def per_layer(self) -> bool:
@@ -94,13 +96,16 @@ class ArchSpec:
     permute_qk: bool = False           # HF q/k rows are permuted to llama.cpp's interleaved RoPE
     output_from_embd: bool = False     # llama.cpp falls back to token_embd when output is absent
     check_config: Callable[[Mapping[str, Any]], None] | None = None  # refuse configs we cannot express
-    rope_types: tuple[str, ...] = ("default",)   # HF rope_type values the runtime computes for this arch
     sliding_window: bool = False       # the runtime honours config.json's sliding_window
     # the config as the hparams read it: values derived from several fields, per-architecture
     # defaults transformers does not save (DeepSeek-V3's sigmoid scores)
     prepare_config: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     hf_rope_interleaved: bool = False  # HF rows already hold llama.cpp's interleaved RoPE pairs (no permutation)
     drop_hf_layers_from: str | None = None  # a dim: HF layers from that index on (MTP blocks) are not converted
+    rope_scaling: tuple[str, ...] = ()  # rope types beside the default that the runtime computes
+    extra_kv: Callable[[Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None  # keys written only sometimes
+    layer_kind: Callable[[Mapping[str, Any], int], str] | None = None  # hybrids: "full" | "linear" per layer
+    skipped: tuple[str, ...] = ()      # HF tensor name prefixes not converted (logged): an MTP block
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,6 +334,29 @@ def _prepare_deepseek2(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return out
 
 
+def _deepseek_yarn(config: Mapping[str, Any]) -> dict[str, tuple[Any, str]]:
+    """YaRN's keys as llama.cpp's deepseek2 reads them. llama.cpp takes mscale = mscale_all_dim and
+    the betas as 32 and 1; other values would run differently there, so they are refused."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in (None, "default"):
+        return {}
+    where = "config.json: rope_parameters"
+    msa = rope.get("mscale_all_dim")
+    if not msa or rope.get("mscale", msa) != msa:
+        raise UnsupportedError(f"{where}: YaRN needs mscale_all_dim, and mscale equal to it (llama.cpp's deepseek2)")
+    if rope.get("beta_fast", 32) != 32 or rope.get("beta_slow", 1) != 1 or rope.get("attention_factor") is not None:
+        raise UnsupportedError(f"{where}: YaRN with beta_fast 32, beta_slow 1 and no attention_factor only "
+                               "(llama.cpp's deepseek2)")
+    return {
+        "{arch}.rope.scaling.type": ("yarn", "str"),
+        "{arch}.rope.scaling.factor": (_coerce(rope["factor"], "f32", f"{where}.factor"), "f32"),
+        "{arch}.rope.scaling.original_context_length": (
+            _coerce(rope["original_max_position_embeddings"], "u32", f"{where}.original_max_position_embeddings"), "u32"),
+        "{arch}.rope.scaling.yarn_log_multiplier": (0.1 * float(msa), "f32"),
+    }
+
+
 def _deepseek_moe_hparams() -> tuple[HParam, ...]:
     return (
         HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
@@ -460,6 +488,8 @@ DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
     hf_rope_interleaved=True,
     prepare_config=_prepare_deepseek2,
     drop_hf_layers_from="n_layer",
+    rope_scaling=("yarn",),
+    extra_kv=_deepseek_yarn,
 )
 
 # gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,
@@ -546,11 +576,160 @@ GPT_OSS = ArchSpec(
     ),
     tensors=_gpt_oss_tensors(),
     check_config=_gpt_oss_layers,
-    rope_types=("default", "yarn"),
+    rope_scaling=("yarn",),
     sliding_window=True,
 )
 
-ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, GLM4MOE, DEEPSEEK2, GPT_OSS)}
+
+# The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
+PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
+# ---- Qwen3.5-MoE and Qwen3-Next: Gated DeltaNet and gated attention ---------------------------
+
+def _layer_types(config: Mapping[str, Any]) -> list[str]:
+    """transformers' layer_types, or its default: every full_attention_interval-th layer full."""
+    n, every = config["num_hidden_layers"], config.get("full_attention_interval") or 4
+    default = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    return list(config.get("layer_types") or default)
+
+
+def _check_hybrid(config: Mapping[str, Any]) -> None:
+    _all_layers_moe(config)
+    types, n = _layer_types(config), config.get("num_hidden_layers")
+    every = config.get("full_attention_interval") or 4
+    want = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(len(types))]
+    if len(types) != n or types != want:
+        raise UnsupportedError(
+            f"config.json: layer_types {types} is not the pattern of full_attention_interval={every} "
+            "(every n-th layer full attention), the only one the runtime runs")
+    if config.get("attention_bias"):
+        raise UnsupportedError("config.json: attention_bias is not supported for this architecture")
+    nk, nv = config.get("linear_num_key_heads") or 0, config.get("linear_num_value_heads") or 0
+    if nk <= 0 or nv % nk:
+        raise FormatError(f"config.json: linear_num_value_heads ({nv}) must be a positive multiple of "
+                          f"linear_num_key_heads ({nk})")
+
+
+def _hybrid_layer_kind(config: Mapping[str, Any], bid: int) -> str:
+    return "linear" if _layer_types(config)[bid] == "linear_attention" else "full"
+
+
+_HYBRID_HPARAMS = tuple(h for h in _COMMON_HPARAMS if h.key != Keys.Rope.DIMENSION_COUNT) + (
+    HParam(None, ("rope_parameters.partial_rotary_factor", "partial_rotary_factor"), "f32", default=0.25,
+           dim="partial_rotary_factor"),
+    HParam(Keys.Rope.DIMENSION_COUNT, (), "u32",
+           default=lambda d: int(d["head_dim"] * d.get("partial_rotary_factor", 1.0)), dim="n_rot"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["n_head"] * d["head_dim"], dim="n_q_gate"),
+    HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+    HParam(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, ("shared_expert_intermediate_size",), "u32",
+           dim="n_ff_shexp"),
+    _norm_topk(("norm_topk_prob",), True),
+    HParam(Keys.SSM.CONV_KERNEL, ("linear_conv_kernel_dim",), "u32", dim="ssm_d_conv"),
+    HParam(Keys.SSM.STATE_SIZE, ("linear_key_head_dim",), "u32", dim="ssm_d_state"),
+    HParam(Keys.SSM.GROUP_COUNT, ("linear_num_key_heads",), "u32", dim="ssm_n_k"),
+    HParam(Keys.SSM.TIME_STEP_RANK, ("linear_num_value_heads",), "u32", dim="ssm_n_v"),
+    HParam(None, ("linear_value_head_dim",), "u32", dim="ssm_head_v"),
+    HParam(Keys.SSM.INNER_SIZE, (), "u32", default=lambda d: d.get("ssm_head_v", 0) * d.get("ssm_n_v", 0),
+           dim="ssm_d_inner"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["ssm_n_k"] * d["ssm_d_state"] + d["ssm_d_inner"],
+           dim="ssm_conv_dim"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["ssm_n_v"], dim="ssm_n_ba"),
+    HParam(Keys.LLM.FULL_ATTENTION_INTERVAL, ("full_attention_interval",), "u32", default=4,
+           dim="full_attn_interval"),
+    HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),   # the MTP block is not converted
+)
+
+
+def _hybrid_tensors(qwen35: bool) -> tuple[TensorSpec, ...]:
+    """Both layer kinds. Norms whose HF weight w scales by (1 + w) are written as 1 + w, as
+    llama.cpp's converter does (the gated norm of the linear layers scales by w). Qwen3.5's value
+    heads are reordered from grouped to tiled over the key heads, as llama.cpp's converter does."""
+    p = "model.layers.{bid}."
+    a, lin = p + "self_attn.", p + "linear_attn."
+    full = dict(layers="full")
+    t = [
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm",
+                   transform="plus_one"),
+        TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q_gate"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q", "n_embd"), "attn", **full),
+        TensorSpec("blk.{bid}.attn_q_norm.weight", a + "q_norm.weight", ("head_dim",), "norm",
+                   transform="plus_one", **full),
+        TensorSpec("blk.{bid}.attn_k_norm.weight", a + "k_norm.weight", ("head_dim",), "norm",
+                   transform="plus_one", **full),
+    ]
+    ln = dict(layers="linear")
+    if qwen35:
+        t += [
+            TensorSpec("blk.{bid}.attn_qkv.weight", lin + "in_proj_qkv.weight", ("n_embd", "ssm_conv_dim"), "attn",
+                       transform="tiled_qkv", **ln),
+            TensorSpec("blk.{bid}.attn_gate.weight", lin + "in_proj_z.weight", ("n_embd", "ssm_d_inner"), "attn",
+                       transform="tiled_rows", **ln),
+            TensorSpec("blk.{bid}.ssm_beta.weight", lin + "in_proj_b.weight", ("n_embd", "ssm_n_v"), "attn",
+                       transform="tiled_heads", **ln),
+            TensorSpec("blk.{bid}.ssm_alpha.weight", lin + "in_proj_a.weight", ("n_embd", "ssm_n_v"), "attn",
+                       transform="tiled_heads", **ln),
+        ]
+    else:
+        t += [
+            TensorSpec("blk.{bid}.attn_qkv.weight", lin + "in_proj_qkvz.weight", ("n_embd", "ssm_conv_dim"),
+                       "attn", transform="qkvz_qkv", **ln),
+            TensorSpec("blk.{bid}.attn_gate.weight", lin + "in_proj_qkvz.weight", ("n_embd", "ssm_d_inner"),
+                       "attn", transform="qkvz_z", **ln),
+            TensorSpec("blk.{bid}.ssm_ba.weight", lin + "in_proj_ba.weight", ("n_embd", "ssm_n_ba"), "attn", **ln),
+        ]
+    tiled = "_tiled" if qwen35 else ""
+    t += [
+        TensorSpec("blk.{bid}.ssm_conv1d.weight", lin + "conv1d.weight", ("ssm_d_conv", "ssm_conv_dim"), "f32",
+                   transform="conv" + tiled, **ln),
+        TensorSpec("blk.{bid}.ssm_dt.bias", lin + "dt_bias", ("ssm_n_v",), "norm",
+                   transform="tiled_heads" if qwen35 else None, **ln),
+        TensorSpec("blk.{bid}.ssm_a", lin + "A_log", ("ssm_n_v",), "norm", transform="neg_exp" + tiled, **ln),
+        TensorSpec("blk.{bid}.ssm_norm.weight", lin + "norm.weight", ("ssm_head_v",), "norm", **ln),
+        TensorSpec("blk.{bid}.ssm_out.weight", lin + "out_proj.weight", ("ssm_d_inner", "n_embd"), "attn",
+                   transform="tiled_cols" if qwen35 else None, **ln),
+        TensorSpec("blk.{bid}.post_attention_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",),
+                   "norm", transform="plus_one"),
+    ]
+    moe = _moe("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=True)[1:]   # its norm is above
+    out_norm = dataclasses.replace(_GLOBAL_TENSORS[1], transform="plus_one")
+    return (_GLOBAL_TENSORS[0], out_norm, _GLOBAL_TENSORS[2]) + tuple(t) + moe
+
+
+def _qwen35_hparams() -> tuple[HParam, ...]:
+    return _HYBRID_HPARAMS + (
+        HParam(Keys.Rope.DIMENSION_SECTIONS, ("rope_parameters.mrope_section",), "sections", default=[11, 11, 10]),
+    )
+
+
+QWEN35MOE = ArchSpec(
+    name="qwen35moe",
+    hf_architectures=("Qwen3_5MoeForCausalLM",),
+    hparams=_qwen35_hparams(),
+    tensors=_hybrid_tensors(qwen35=True),
+    output_from_embd=True,
+    check_config=_check_hybrid,
+    layer_kind=_hybrid_layer_kind,
+    skipped=("mtp.", "model.mtp."),
+)
+
+QWEN3NEXT = ArchSpec(
+    name="qwen3next",
+    hf_architectures=("Qwen3NextForCausalLM",),
+    hparams=_HYBRID_HPARAMS,
+    tensors=_hybrid_tensors(qwen35=False),
+    output_from_embd=True,
+    check_config=_check_hybrid,
+    layer_kind=_hybrid_layer_kind,
+    skipped=("mtp.", "model.mtp."),
+)
+
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
+                                                  DEEPSEEK2, GPT_OSS)}
+# Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
+# user turn (eot) or a tool call's observation (eom).
+SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
+                       for a in ("Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,6 +768,10 @@ def _coerce(value: Any, kind: str, where: str) -> Any:
         if not isinstance(value, str):
             raise FormatError(f"{where}: {value!r} is not a string")
         return value
+    if kind == "sections":   # rope.dimension_sections: four section widths, unused ones 0
+        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
+            raise FormatError(f"{where}: {value!r} is not a list of at most 4 section widths")
+        return [int(v) for v in value] + [0] * (4 - len(value))
     try:
         if kind == "bool":
             if not isinstance(value, (bool, int)):
@@ -662,6 +845,8 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
     if "kv_lora_rank" in dims:
         dims["n_nope"] = dims["head_dim"] - dims["n_rot"]
         dims["n_v"] = dims["n_head"] * dims["head_dim_v"]
+    if spec.extra_kv is not None:
+        kv.update({k.format(arch=spec.name): v for k, v in spec.extra_kv(config).items()})
     if dims.get("n_group", 1) > 1 and dims["n_expert"] % dims["n_group"]:
         raise FormatError(f"{where}: n_routed_experts ({dims['n_expert']}) is not a multiple of n_group "
                           f"({dims['n_group']})")

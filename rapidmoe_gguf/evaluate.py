@@ -95,6 +95,7 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     if model.residual_path is None:
         raise RapidMoEError("calibration needs the residual sidecar beside the base file")
     L, X = model.info["n_layer"], model.info["n_expert"]
+    moe = umia.moe_layers(model.info)   # leading dense layers have no slots: their rows stay neutral
     ids = ids[:max_tokens]
     chunks = _chunks(ids, n_ctx, None)
 
@@ -121,7 +122,8 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
         row[np.isnan(row)] = np.nanmean(row) if np.isfinite(row).any() else 1.0
     se = np.concatenate(slots_e)    # (tokens, layer, slot)
     sg = np.concatenate(slots_g)
-    for layer in range(L):  # normalise: gate^a * s_e averages 1 over the layer's slots
+    sens[~moe] = 1.0
+    for layer in np.flatnonzero(moe):  # normalise: gate^a * s_e averages 1 over the layer's slots
         m = np.mean(sg[:, layer] ** gate_power * sens[layer][se[:, layer]])
         sens[layer] /= max(m, 1e-30)
     sens = np.maximum(sens, 1e-12)
@@ -130,7 +132,7 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     # 2. layer level: KL of the output when only that layer runs base only
     ref = [_log_softmax(model.eval_logits(c).astype(np.float64)) for c in chunks]
     layer_kl = np.zeros(L)
-    for layer in range(L):
+    for layer in np.flatnonzero(moe):
         mask = np.ones(L, np.uint8)
         mask[layer] = 0
         model.set_layer_mask("all", mask)
@@ -145,6 +147,9 @@ def measure_tables(model: Model, ids: list[int], n_ctx: int = 256, max_tokens: i
     for policy in umia.SCORED:
         rows = []
         for layer in range(L):
+            if not moe[layer]:
+                rows.append(np.zeros_like(qs))
+                continue
             sc = umia.slot_log_scores(policy, tables, layer, se[:, layer].ravel(), sg[:, layer].ravel(),
                                       gate_power)
             rows.append(np.quantile(sc, qs))

@@ -1,7 +1,7 @@
 """The CPU kernel sets: which one the runtime uses, and each set's kernels on their own.
 
 The native library carries a scalar reference set and, on x86-64, AVX2, AVX-512 and AMX sets (AMX:
-the AVX-512 set with prefill's Q8_0/Q4_0 products on the tile registers, the same floats); the best
+the AVX-512 set with prefill's Q8_0, Q4_0 and Q4_K/Q5_K/Q6_K products on the tile registers); the best
 one the CPU supports is chosen when first needed, or the one named by the environment variable
 ``RAPIDMOE_ISA`` (``scalar``, ``avx2``, ``avx512``, ``amx``; set it before the first model is loaded).
 

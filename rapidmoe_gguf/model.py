@@ -295,7 +295,8 @@ class Model:
         start = AUTO_BUDGET["start"] if auto else budget
         if policy != "none" and self.residual_path is None:
             raise NoResidualError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
-        self._apply_policy(umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"]))
+        self._apply_policy(umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"],
+                                      umia.moe_layers(self.info)))
         if auto:
             ab = ffi.new("rm_auto_budget *")
             ab.struct_size = ffi.sizeof("rm_auto_budget")

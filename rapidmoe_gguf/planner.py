@@ -365,6 +365,9 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     if not sizes.base_gpu_ok.all():
         messages.append(f"{int((~sizes.base_gpu_ok).sum())} layers have expert types the CUDA kernels lack; "
                         "their experts run on the CPU")
+    if sizes.kv_lora_rank > 0:
+        messages.append("multi-head latent attention runs on the CPU only: the library refuses a GPU for this "
+                        "model until it has a device kernel (the plan is what a GPU would hold)")
     if n_cpu == 0:
         messages.append("every expert base fits on the GPU; the CPU computes only the selected residual products")
     else:

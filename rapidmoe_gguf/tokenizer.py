@@ -64,6 +64,12 @@ _DEEPSEEK3 = (
     r"[!" '"' r"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
+# Kimi-K2 (tiktoken): Han runs apart from other letters; class intersections (&&) as Oniguruma spells them.
+_NOT_HAN_UPPER, _NOT_HAN_LOWER = (r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]",
+                                  r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]")
+_KIMI_K2 = (rf"[\p{{Han}}]+|[^\r\n\p{{L}}\p{{N}}]?{_NOT_HAN_UPPER}*{_NOT_HAN_LOWER}+{_CONTRACTION}"
+            rf"|[^\r\n\p{{L}}\p{{N}}]?{_NOT_HAN_UPPER}+{_NOT_HAN_LOWER}*{_CONTRACTION}"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # What llama.cpp falls back to for a byte-level vocabulary without a pre name.
 _LLAMACPP_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+",
                      r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
@@ -80,13 +86,15 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-4o": PreTokenizer((_GPT4O,)),
     "tekken": PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
     "deepseek-v3": PreTokenizer(_DEEPSEEK3),
+    "glm4": PreTokenizer((_LLAMA3,), ignore_merges=True),   # GLM-4.5/4.6/4.7: llama3's split, no BOS
+    "kimi-k2": PreTokenizer((_KIMI_K2,)),
     "default": PreTokenizer(_LLAMACPP_DEFAULT),
 }
 # Other names llama.cpp gives the same splitting (read only; the writer uses the names above).
 PRE_ALIASES = {
     "llama3": "llama-bpe", "llama-v3": "llama-bpe", "falcon3": "llama-bpe", "pixtral": "llama-bpe",
     "smaug-bpe": "dbrx", "deepseek-r1-qwen": "qwen2", "megrez": "qwen2",
-    "llama4": "gpt-4o", "minimax-m2": "gpt-4o",
+    "llama4": "gpt-4o", "minimax-m2": "gpt-4o", "glm5": "glm4",
 }
 
 # llama.cpp's end-of-generation rule (llama-vocab.cpp, llama_vocab::impl::load): the eos/eot/eom
@@ -141,8 +149,9 @@ def _steps(component: dict | None, list_key: str) -> list[dict]:
     return [component]
 
 
-def _byte_level_pre_name(tj: dict) -> str:
-    """The `tokenizer.ggml.pre` name that splits text as this tokenizer.json does."""
+def _byte_level_pre_name(tj: dict, prefer: tuple[str, ...] = ()) -> str:
+    """The `tokenizer.ggml.pre` name that splits text as this tokenizer.json does; among names that
+    split alike, one of `prefer` (the model family's own name, e.g. glm4 over llama-bpe)."""
     regexes = []
     for step in _steps(tj.get("pre_tokenizer"), "pretokenizers"):
         if step["type"] == "Split" and "Regex" in step["pattern"] and step.get("behavior") == "Isolated" \
@@ -163,6 +172,9 @@ def _byte_level_pre_name(tj: dict) -> str:
         raise UnsupportedError(
             f"tokenizer.json: pre-tokenizer regex {regexes!r} (NFC={nfc}) matches no known llama.cpp "
             f"pre-tokenizer (known: {', '.join(PRE_TOKENIZERS)})")
+    for name in prefer:
+        if name in names:
+            return name
     # ignore_merges rarely changes a result (tiktoken-made vocabularies): prefer, do not require, a match.
     ignore = bool(tj["model"].get("ignore_merges"))
     return next((n for n in names if PRE_TOKENIZERS[n].ignore_merges == ignore), names[0])
@@ -196,8 +208,9 @@ def _first_id(value: Any) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def tokenizer_kv_from_hf(hf_dir: str | Path) -> dict[str, Any]:
-    """The llama.cpp `tokenizer.*` keys for a Hugging Face checkpoint (needs tokenizer.json)."""
+def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The llama.cpp `tokenizer.*` keys for a Hugging Face checkpoint (needs tokenizer.json);
+    `prefer_pre`: pre-tokenizer names to give when they split as the tokenizer does."""
     hf_dir = Path(hf_dir)
     tj = _read_json(hf_dir / "tokenizer.json")
     if not tj:
@@ -212,7 +225,7 @@ def tokenizer_kv_from_hf(hf_dir: str | Path) -> dict[str, Any]:
     byte_level = any(s["type"] == "ByteLevel" for s in _steps(tj.get("pre_tokenizer"), "pretokenizers")) \
         or (tj.get("decoder") or {}).get("type") == "ByteLevel"
     if byte_level:
-        kind, pre = "gpt2", _byte_level_pre_name(tj)
+        kind, pre = "gpt2", _byte_level_pre_name(tj, prefer_pre)
     elif model.get("byte_fallback"):
         kind, pre = "llama", "default"
     else:

@@ -69,6 +69,13 @@ class Tables:
     quantiles: dict[str, np.ndarray]  # policy -> (n_layer, N_QUANTILES) of log scores
     n_tokens: int
 
+    def layers(self, keep: np.ndarray) -> "Tables":
+        """The tables of the layers keep marks."""
+        return dataclasses.replace(
+            self, n_layer=int(keep.sum()), expert_sensitivity=self.expert_sensitivity[keep],
+            layer_sensitivity=self.layer_sensitivity[keep], expert_frequency=self.expert_frequency[keep],
+            quantiles={k: q[keep] for k, q in self.quantiles.items()})
+
     def to_kv(self) -> dict[str, object]:
         kv: dict[str, object] = {
             KEY + "n_tokens": int(self.n_tokens),
@@ -169,6 +176,23 @@ class PolicyArrays:
     gate_power: float = 1.0
     gain: float = DEFAULT_GAIN
 
+    def spread(self, moe: np.ndarray) -> "PolicyArrays":
+        """These arrays, computed for the layers moe marks, over every layer: the others get no
+        budget and no residual (they have no slots)."""
+        mask = moe.astype(np.uint8) if self.layer_mask is None else _spread(self.layer_mask, moe, 0)
+        return dataclasses.replace(
+            self, layer_budget=_spread(self.layer_budget, moe, 0.0), threshold0=_spread(self.threshold0, moe, 0.0),
+            expert_score=_spread(self.expert_score, moe, 1.0), layer_score=_spread(self.layer_score, moe, 1.0),
+            layer_mask=mask)
+
+
+def _spread(values: np.ndarray | None, moe: np.ndarray, fill: float) -> np.ndarray | None:
+    if values is None:
+        return None
+    out = np.full((moe.size,) + values.shape[1:], fill, dtype=values.dtype)
+    out[moe] = values
+    return out
+
 
 def check_policy(policy: str) -> str:
     if policy not in KIND:
@@ -176,9 +200,21 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def build(policy: str, budget: float, tables: Tables | None, n_layer: int, n_expert: int) -> PolicyArrays:
-    """The arrays of a policy at a budget already checked by ``check_budget``."""
+def moe_layers(info: dict) -> np.ndarray:
+    """Which layers have routed experts (the rest, DeepSeek's and GLM's leading dense layers, have
+    no slots): a bool per layer, from ``Model.info``."""
+    return np.arange(info["n_layer"]) >= info.get("n_layer_dense_lead", 0)
+
+
+def build(policy: str, budget: float, tables: Tables | None, n_layer: int, n_expert: int,
+          moe: np.ndarray | None = None) -> PolicyArrays:
+    """The arrays of a policy at a budget already checked by ``check_budget``. ``moe`` (a bool
+    per layer, default all) marks the layers with routed experts: the budget is the share of
+    their slots, and a layer without experts gets none."""
     check_policy(policy)
+    if moe is not None and not moe.all() and policy not in ("none", "all", "random"):
+        sub = build(policy, budget, tables and tables.layers(moe), int(moe.sum()), n_expert)
+        return sub.spread(moe)
     if policy in ("none", "all"):
         return PolicyArrays(KIND[policy])
     if policy == "random":

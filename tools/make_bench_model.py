@@ -27,8 +27,22 @@ Then rapidmoe_gguf.convert writes OUT_DIR/bench-<name>.gguf for each --formats e
     q4_0     Q4_0 experts, no residual        q8_0     Q8_0 everywhere
     q4_k     Q4_K experts, no residual        q4k-q8   Q4_K experts + a Q8_0 residual sidecar
 
-``--check`` loads the checkpoint with transformers' Qwen3MoeForCausalLM and runs a forward pass
-(small models only: it materialises the model in float32).
+``--check`` loads the checkpoint with transformers and runs a forward pass (small models only: it
+materialises the model in float32).
+
+``--arch deepseek2`` writes a DeepSeek-V2-Lite / GLM-4.7-Flash-like checkpoint instead
+(DeepseekV3ForCausalLM, which llama.cpp converts to deepseek2): hidden 2048, 16 heads with
+multi-head latent attention (q_lora_rank 768, kv_lora_rank 512, 128 + 64 rotary query/key dims,
+value dim 128), one leading dense layer (FFN 10944), then 64 routed experts of FFN 1408, top-6
+with sigmoid scores, and 2 shared experts. The MLA options: --q-lora, --kv-lora, --nope, --rope, --v-dim.
+
+``--arch qwen35moe`` writes a Qwen3_5MoeForCausalLM with Qwen3.5-35B-A3B's per-layer shapes instead
+(hidden 2048, 256 experts, top-8, expert and shared-expert FFN 512; gated attention with 16 query
+and 2 KV heads of dim 256, RoPE on a quarter of each head; Gated DeltaNet with 16 key and 32
+value heads of dim 128 and a 4-tap conv; every 4th layer full attention): with 4 layers, three
+Gated DeltaNet layers and one gated-attention layer. llama.cpp's converter makes its qwen35moe
+files (tools/make_llamacpp_files.py HF_DIR OUT --pre qwen35; it needs --no-mtp for a checkpoint
+without an MTP block, which that tool passes for this architecture).
 """
 
 from __future__ import annotations
@@ -63,12 +77,78 @@ FORMATS = {
     "mxfp4": ("mxfp4", {}),
     "mxfp4-q8": ("mxfp4-q8", {}),
 }
-# --arch: (the defaults it changes, the formats written by default)
-ARCH_DEFAULTS = {
-    "qwen3moe": ({}, "q4_0,q8_0,q4_k,q4k-q8"),
-    "gpt-oss": (dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
-                "mxfp4,q8_0"),
+# --arch -> the formats written by default
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0"}
+
+
+# --arch -> the per-layer shapes its defaults take (flags given on the command line win)
+SHAPES = {
+    "qwen3moe": dict(experts=128, experts_used=8, hidden=2048, expert_ff=768, heads=32, kv_heads=4, head_dim=128),
+    "qwen35moe": dict(experts=256, experts_used=8, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
+    "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128),
+    "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
 }
+# Qwen3.5-35B-A3B's linear-attention and shared-expert shapes
+QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                     linear_value_head_dim=128, linear_conv_kernel_dim=4, shared_expert_intermediate_size=512)
+
+
+def hf_config_qwen35(a) -> dict:
+    from transformers import Qwen3_5MoeTextConfig
+
+    n = a.layers
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=n, num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads, head_dim=a.head_dim, num_experts=a.experts,
+        num_experts_per_tok=a.experts_used, moe_intermediate_size=a.expert_ff, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+        **QWEN35_LINEAR,
+    )
+    d = cfg.to_dict()
+    d["architectures"] = ["Qwen3_5MoeForCausalLM"]
+    d["full_attention_interval"] = 4
+    d["torch_dtype"] = "bfloat16"
+    return d
+
+
+def tensor_list_qwen35(a) -> list[tuple[str, tuple[int, ...]]]:
+    L = QWEN35_LINEAR
+    nk, nv, dk, dv = (L["linear_num_key_heads"], L["linear_num_value_heads"], L["linear_key_head_dim"],
+                      L["linear_value_head_dim"])
+    q, kv, conv = a.heads * a.head_dim, a.kv_heads * a.head_dim, 2 * nk * dk + nv * dv
+    sh = L["shared_expert_intermediate_size"]
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p = f"model.layers.{b}."
+        t += [(p + "input_layernorm.weight", (a.hidden,))]
+        if (b + 1) % 4 == 0:
+            t += [(p + "self_attn.q_proj.weight", (2 * q, a.hidden)),
+                  (p + "self_attn.k_proj.weight", (kv, a.hidden)),
+                  (p + "self_attn.v_proj.weight", (kv, a.hidden)),
+                  (p + "self_attn.o_proj.weight", (a.hidden, q)),
+                  (p + "self_attn.q_norm.weight", (a.head_dim,)),
+                  (p + "self_attn.k_norm.weight", (a.head_dim,))]
+        else:
+            la = p + "linear_attn."
+            t += [(la + "in_proj_qkv.weight", (conv, a.hidden)), (la + "in_proj_z.weight", (nv * dv, a.hidden)),
+                  (la + "in_proj_b.weight", (nv, a.hidden)), (la + "in_proj_a.weight", (nv, a.hidden)),
+                  (la + "conv1d.weight", (conv, 1, L["linear_conv_kernel_dim"])),
+                  (la + "dt_bias", (nv,)), (la + "A_log", (nv,)), (la + "norm.weight", (dv,)),
+                  (la + "out_proj.weight", (a.hidden, nv * dv))]
+        t += [(p + "post_attention_layernorm.weight", (a.hidden,)), (p + "mlp.gate.weight", (a.experts, a.hidden)),
+              (p + "mlp.shared_expert.gate_proj.weight", (sh, a.hidden)),
+              (p + "mlp.shared_expert.up_proj.weight", (sh, a.hidden)),
+              (p + "mlp.shared_expert.down_proj.weight", (a.hidden, sh)),
+              (p + "mlp.shared_expert_gate.weight", (1, a.hidden))]
+        for x in range(a.experts):
+            e = p + f"mlp.experts.{x}."
+            t += [(e + "gate_proj.weight", (a.expert_ff, a.hidden)),
+                  (e + "up_proj.weight", (a.expert_ff, a.hidden)),
+                  (e + "down_proj.weight", (a.hidden, a.expert_ff))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
 
 
 def hf_config(a) -> dict:
@@ -89,6 +169,10 @@ def hf_config(a) -> dict:
         d["architectures"] = ["GptOssForCausalLM"]
         return d
 
+    if a.arch == "qwen35moe":
+        return hf_config_qwen35(a)
+    if a.arch == "deepseek2":
+        return deepseek_config(a)
     cfg = Qwen3MoeConfig(
         vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=6144, moe_intermediate_size=a.expert_ff,
         num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
@@ -102,8 +186,65 @@ def hf_config(a) -> dict:
     return d
 
 
+def deepseek_config(a) -> dict:
+    """config.json of the deepseek2 bench model, through transformers' DeepseekV3Config, plus the
+    fields llama.cpp's converter reads that transformers does not save."""
+    from transformers import DeepseekV3Config
+
+    cfg = DeepseekV3Config(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.dense_ff, moe_intermediate_size=a.expert_ff,
+        num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.heads,
+        n_routed_experts=a.experts, num_experts_per_tok=a.experts_used, n_shared_experts=a.shared,
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
+        q_lora_rank=a.q_lora, kv_lora_rank=a.kv_lora, qk_nope_head_dim=a.nope, qk_rope_head_dim=a.rope,
+        v_head_dim=a.v_dim, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e4,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, torch_dtype="bfloat16",
+    )
+    d = cfg.to_dict()
+    d.update(architectures=["DeepseekV3ForCausalLM"], scoring_func="sigmoid", topk_method="noaux_tc",
+             first_k_dense_replace=1)
+    return d
+
+
+def deepseek_tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
+    """The deepseek2 bench model's tensors: MLA attention, a dense first layer, then MoE layers."""
+    qk = a.nope + a.rope
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p, s = f"model.layers.{b}.", f"model.layers.{b}.self_attn."
+        t += [(p + "input_layernorm.weight", (a.hidden,)),
+              (s + "q_a_proj.weight", (a.q_lora, a.hidden)),
+              (s + "q_a_layernorm.weight", (a.q_lora,)),
+              (s + "q_b_proj.weight", (a.heads * qk, a.q_lora)),
+              (s + "kv_a_proj_with_mqa.weight", (a.kv_lora + a.rope, a.hidden)),
+              (s + "kv_a_layernorm.weight", (a.kv_lora,)),
+              (s + "kv_b_proj.weight", (a.heads * (a.nope + a.v_dim), a.kv_lora)),
+              (s + "o_proj.weight", (a.hidden, a.heads * a.v_dim)),
+              (p + "post_attention_layernorm.weight", (a.hidden,))]
+        m = p + "mlp."
+        if b == 0:
+            t += [(m + "gate_proj.weight", (a.dense_ff, a.hidden)), (m + "up_proj.weight", (a.dense_ff, a.hidden)),
+                  (m + "down_proj.weight", (a.hidden, a.dense_ff))]
+            continue
+        t += [(m + "gate.weight", (a.experts, a.hidden)), (m + "gate.e_score_correction_bias", (a.experts,))]
+        for x in range(a.experts):
+            e = m + f"experts.{x}."
+            t += [(e + "gate_proj.weight", (a.expert_ff, a.hidden)),
+                  (e + "up_proj.weight", (a.expert_ff, a.hidden)),
+                  (e + "down_proj.weight", (a.hidden, a.expert_ff))]
+        sh = a.expert_ff * a.shared
+        t += [(m + "shared_experts.gate_proj.weight", (sh, a.hidden)), (m + "shared_experts.up_proj.weight", (sh, a.hidden)),
+              (m + "shared_experts.down_proj.weight", (a.hidden, sh))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
 def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor of the checkpoint, with its shape, in the original per-expert layout."""
+    if a.arch == "deepseek2":
+        return deepseek_tensor_list(a)
+    if a.arch == "qwen35moe":
+        return tensor_list_qwen35(a)
     if a.arch == "gpt-oss":
         return gpt_oss_tensor_list(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
@@ -158,10 +299,22 @@ def bf16_bytes(x: np.ndarray) -> bytes:
 
 
 def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> bytes:
-    """Norm weights 1, every other weight N(0, 0.02)."""
+    """Norm weights 1 (0 for the Qwen3.5 norms that scale by 1 + w), selection biases 0, every other
+    weight N(0, 0.02)."""
+    if name.endswith("norm.weight") and _one_plus_w(name):
+        return bf16_bytes(np.zeros(shape, np.float32))
     if name.endswith("norm.weight"):
         return bf16_bytes(np.ones(shape, np.float32))
+    if name.endswith("e_score_correction_bias"):
+        return bf16_bytes(np.zeros(shape, np.float32))
     return bf16_bytes(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
+
+
+_PLUS_ONE_NORMS = False   # set by main for --arch qwen35moe
+
+
+def _one_plus_w(name: str) -> bool:
+    return _PLUS_ONE_NORMS and not name.endswith("linear_attn.norm.weight")
 
 
 def corpus(max_bytes: int = 8 << 20):
@@ -239,16 +392,24 @@ def convert_all(hf: str, out: str, formats: list[str], threads: int) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="output directory (created)")
-    ap.add_argument("--arch", choices=sorted(ARCH_DEFAULTS), default="qwen3moe",
-                    help="the architecture and its default shapes (default: %(default)s)")
+    ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
+                    help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
+                         "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--experts", type=int, default=128)
-    ap.add_argument("--experts-used", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--expert-ff", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--experts", type=int, default=None)
+    ap.add_argument("--experts-used", type=int, default=None)
+    ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--expert-ff", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--head-dim", type=int, default=None)
+    ap.add_argument("--shared", type=int, default=2, help="deepseek2: shared experts")
+    ap.add_argument("--dense-ff", type=int, default=10944, help="deepseek2: the leading dense layer's FFN")
+    ap.add_argument("--q-lora", type=int, default=768)
+    ap.add_argument("--kv-lora", type=int, default=512)
+    ap.add_argument("--nope", type=int, default=128)
+    ap.add_argument("--rope", type=int, default=64)
+    ap.add_argument("--v-dim", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=32000, help="config vocab_size (the model's rows)")
     ap.add_argument("--tokenizer-size", type=int, default=8000, help="tokens the BPE learns (<= --vocab)")
     ap.add_argument("--formats", default=None, help=f"comma-separated: {', '.join(FORMATS)}; "
@@ -258,10 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="load the checkpoint with transformers (small models)")
     ap.add_argument("--force", action="store_true", help="rewrite the checkpoint if it exists")
-    pre = ap.parse_known_args(argv)[0]
-    shapes, default_formats = ARCH_DEFAULTS[pre.arch]
-    ap.set_defaults(**shapes)                       # the arch's shapes unless given on the command line
     a = ap.parse_args(argv)
+    for k, v in SHAPES[a.arch].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    global _PLUS_ONE_NORMS
+    _PLUS_ONE_NORMS = a.arch == "qwen35moe"
+    default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")
     formats = [f for f in (default_formats if a.formats is None else a.formats).split(",") if f]
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:

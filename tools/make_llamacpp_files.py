@@ -3,6 +3,7 @@
 Hugging Face checkpoint (e.g. the benchmark model of tools/make_bench_model.py).
 
     python tools/make_llamacpp_files.py HF_DIR OUT_DIR [--types Q4_K_M,Q5_K_M,Q6_K,Q8_0,Q4_0]
+    python tools/make_llamacpp_files.py --src-only     # just download and unpack the converter
 
 Steps, each skipped when its output exists:
 
@@ -73,6 +74,16 @@ def llama_src(cache: str) -> str:
     return root
 
 
+def _has_mtp_option(hf: str) -> bool:
+    """Qwen3.5-MoE and Qwen3-Next: llama.cpp's converter wants an MTP block unless told --no-mtp,
+    and a checkpoint made by transformers (the benchmark model's) has none."""
+    import json
+
+    with open(os.path.join(hf, "config.json"), encoding="utf-8") as f:
+        archs = json.load(f).get("architectures") or []
+    return any(n in ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") for n in archs)
+
+
 def _atomic(run, out: str) -> None:
     """run(tmp) writes tmp; tmp becomes out only when run succeeds."""
     fd, tmp = tempfile.mkstemp(prefix=".part-", suffix=".gguf", dir=os.path.dirname(out) or ".")
@@ -88,14 +99,20 @@ def _atomic(run, out: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("hf", help="Hugging Face checkpoint directory")
-    ap.add_argument("out", help="output directory")
+    ap.add_argument("hf", nargs="?", help="Hugging Face checkpoint directory")
+    ap.add_argument("out", nargs="?", help="output directory")
+    ap.add_argument("--src-only", action="store_true", help="download and unpack llama.cpp's converter into --src, then exit")
     ap.add_argument("--types", default="Q4_K_M,Q5_K_M,Q6_K", help=f"comma-separated: {', '.join(FTYPES)}")
     ap.add_argument("--pre", default="qwen2", help="tokenizer.ggml.pre for a tokenizer the converter does not know")
     ap.add_argument("--src", default=DEFAULT_SRC, help="where the llama-cpp-python sdist is unpacked")
     ap.add_argument("--llama-venv", default=DEFAULT_VENV, help="bench_vs_llamacpp.py's environment")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
+    if a.src_only:
+        print(llama_src(a.src))
+        return 0
+    if not a.hf or not a.out:
+        ap.error("give the checkpoint directory and the output directory")
     types = [t for t in a.types.split(",") if t]
     unknown = [t for t in types if t not in FTYPES]
     if unknown:
@@ -105,8 +122,9 @@ def main(argv=None) -> int:
     if not os.path.exists(f16):
         src = llama_src(a.src)
         print(f"converting {a.hf} with llama.cpp's converter -> {f16}", file=sys.stderr)
+        extra = ["--no-mtp"] if _has_mtp_option(a.hf) else []
         _atomic(lambda tmp: subprocess.run([sys.executable, "-c", _CONVERT, src, a.pre, a.hf, "--outtype", "f16",
-                                            "--outfile", tmp], check=True), f16)
+                                            "--outfile", tmp] + extra, check=True), f16)
     py = llama_python(a.llama_venv)
     if not os.path.exists(py):
         raise SystemExit(f"no llama-cpp-python at {a.llama_venv}: run tools/bench_vs_llamacpp.py --install-only")

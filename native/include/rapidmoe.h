@@ -272,7 +272,10 @@ enum {
     RM_LAYER_SWIGLU_CLAMP = 0x1000,   /* the experts' SwiGLU clamped, with (up + 1) (gpt-oss) */
     RM_LAYER_MLA_Q_LORA   = 0x2000,   /* MLA's query through a low-rank q_a/q_b pair (DeepSeek-V2/V3) */
     RM_LAYER_MLA_Q_DIRECT = 0x4000,   /* MLA's query from one projection (DeepSeek-V2-Lite) */
-    RM_LAYER_RUNS         = 0x7FFB    /* the bits the forward pass runs today */
+    RM_LAYER_ATTN_GATE    = 0x10000,  /* full attention whose q projection also gives a sigmoid output gate (Qwen3-Next) */
+    RM_LAYER_SSM_BA       = 0x20000,  /* linear attention: beta and alpha in one fused projection, grouped per key head (qwen3next) */
+    RM_LAYER_SSM_V_TILED  = 0x40000,  /* linear attention: value head h reads key head h % n_k, not h / (n_v/n_k) (qwen35moe) */
+    RM_LAYER_RUNS         = 0x77FFF   /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -289,7 +292,8 @@ typedef struct rm_arch_info {
     int32_t      shared_expert;   /* rm_shared_expert */
     uint32_t     layer_kind;      /* RM_LAYER_* bits of a layer no kind rule changes */
     int32_t      n_hparams;
-    int32_t      n_tensors;       /* per-layer tensor templates of a layer of layer_kind */
+    int32_t      n_tensors;       /* per-layer tensor templates some layer holds: of layer_kind, or of a
+                                   * kind the kind rules give (a leading dense layer's FFN) */
     int32_t      n_kind_rules;
 } rm_arch_info;
 
@@ -311,7 +315,7 @@ typedef struct rm_arch_tensor_info {
     const char * name;            /* a printf pattern over the layer: "blk.%d.attn_q.weight" */
     const char * field;           /* the layer field it fills: "wq" */
     int32_t      residual;        /* 1: in the residual sidecar (bound only with one), 0: the base file */
-    int32_t      required;        /* for a layer of the arch's layer_kind */
+    int32_t      required;        /* for a layer of the first kind that holds it (layer_kind when it does) */
     int32_t      f32;             /* the forward pass reads it as floats: it must be F32 */
     int32_t      expert;          /* ne[2] holds one matrix per routed expert */
     uint32_t     when;            /* the RM_LAYER_* bits a layer needs to hold it */
@@ -463,6 +467,9 @@ typedef struct rm_size_params {
                                    * layer instead of K and V; 0 without MLA */
     int32_t  n_rot;               /* MLA: the rotary part of a query/key head */
     int32_t  head_dim_v;          /* MLA: the value head width; 0: head_dim */
+    int32_t  n_layer_linear;      /* layers with linear attention (a recurrent state each); 0: none */
+    int32_t  ssm_d_conv, ssm_conv_dim;   /* their conv kernel length and channels */
+    int32_t  ssm_n_v, ssm_d_state, ssm_head_v; /* value heads, key and value head widths */
     int32_t  n_swa;               /* sliding-window layers (gpt-oss): their window; 0 without */
     int32_t  n_layer_swa;         /* how many layers slide: each keeps a ring of n_swa + n_batch
                                    * positions (at most n_ctx) instead of n_ctx */
@@ -475,6 +482,7 @@ typedef struct rm_session_sizes {
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
     uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
+    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, and their scratch (host) */
 } rm_session_sizes;
 
 /* The bytes one session allocates on its backend: on a device (CUDA or the stand-in) all five

@@ -108,7 +108,8 @@ static const rm_hparam_row HP_DEEPSEEK2[] = {
     INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
     {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1),
      "MLA shares one latent between all heads"},
-    INT("attention.key_length_mla", head_dim,     REQUIRED, K(2), K(1 << 16)),
+    {"attention.key_length_mla", "head_dim", HPOFF(head_dim), RM_HPARAM_INT, REQUIRED, K(2), K(1 << 16), ANY, ANY,
+     "files made before llama.cpp split attn_kv_b into attn_k_b and attn_v_b lack it: convert the model again"},
     INT("attention.value_length_mla", head_dim_v, REQUIRED, K(1), K(1 << 16)),
     INT("rope.dimension_count",     n_rot,        REQUIRED, K(2), V(head_dim)),
     INT("attention.q_lora_rank",    q_lora_rank,  K(0),     K(0), K(1 << 16)),
@@ -116,6 +117,24 @@ static const rm_hparam_row HP_DEEPSEEK2[] = {
     HP_DEEPSEEK_MOE(RM_GATING_SOFTMAX),
     FLOAT("attention.layer_norm_rms_epsilon", rms_eps,   K(1e-6f)),
     FLOAT("rope.freq_base",                   rope_base, K(10000.0f)),
+};
+
+/* Qwen3.5-MoE and Qwen3-Next: the experts and gated shared expert of qwen2moe, always renormalised
+ * (llama.cpp hard-codes it), and llama.cpp's ssm.* keys for the Gated DeltaNet layers. */
+#define HP_SSM                                                                                        \
+    INT("ssm.conv_kernel",         ssm_d_conv,    REQUIRED,          K(2), K(64)),                    \
+    INT("ssm.state_size",          ssm_d_state,   REQUIRED,          K(1), K(1 << 12)),               \
+    INT("ssm.group_count",         ssm_n_k,       REQUIRED,          K(1), K(1 << 12)),               \
+    INT("ssm.time_step_rank",      ssm_n_v,       REQUIRED,          V(ssm_n_k), K(1 << 12)),         \
+    INT("ssm.inner_size",          ssm_d_inner,   REQUIRED,          V(ssm_n_v), K(1 << 20)),         \
+    INT("full_attention_interval", full_attn_interval, K(4),         K(1), K(4096))
+
+static const rm_hparam_row HP_QWEN_HYBRID[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED, K(1), K(1 << 20)),
+    HP_TAIL, HP_SSM,
+    /* llama.cpp's files of checkpoints with an MTP block count it in block_count, last */
+    INT("nextn_predict_layers", n_layer_nextn, K(0), K(0), V(n_layer)),
 };
 
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
@@ -251,9 +270,51 @@ static const rm_tensor_row GPT_OSS_LAYER[] = {
     T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
 };
 
+#define LIN RM_LAYER_ATTN_LINEAR
+
+/* The Qwen3.5/Qwen3-Next hybrid: gated full attention (q and its gate in one projection, per-head
+ * q/k norm) on every n-th layer, Gated DeltaNet on the others; the FFN norm is llama.cpp's
+ * post_attention_norm; routed experts and a gated shared expert in every layer. */
+static const rm_tensor_row HYBRID_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),
+    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE)),
+    T("blk.%d.ssm_ba.weight",      ssm_ba,    REQ, LIN | RM_LAYER_SSM_BA, 0, NE(EMBD, SSM_BA, ONE)),
+    T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),
+    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),
+    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
+    T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
+    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),
+    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+};
+
 /* gpt-oss: all but every swa_pattern-th layer slide (layers 0, 2, 4, ... with the pattern 2) */
 static const rm_kind_rule GPT_OSS_RULES[] = {
     {RM_RULE_NOT_EVERY_N, HPOFF_RULE(swa_pattern), RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
+};
+
+/* all but every full_attention_interval-th layer: Gated DeltaNet instead of gated attention */
+static const rm_kind_rule HYBRID_RULES[] = {
+    {RM_RULE_NOT_EVERY_N, HPOFF(full_attn_interval), RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_GATE, RM_LAYER_ATTN_LINEAR},
 };
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -264,29 +325,39 @@ static const rm_kind_rule GPT_OSS_RULES[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL},
+    /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
+     * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
+     * the key heads by llama.cpp's converter. */
+    {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
+    /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
+    {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
-     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES)},
+     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL},
     /* DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash: MLA with interleaved RoPE on the rotary part,
      * softmax (V2) or sigmoid (V3) routing, ungated shared experts, leading dense layers. */
     {"deepseek2", "DeepSeek-V2/V3", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_DIRECT | RM_LAYER_FFN_MOE,
-     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES)},
+     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL},
     /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
-     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES)},
+     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -393,6 +464,13 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_HEAD_V: return hp->head_dim_v;
     case RM_DIM_V: return (int64_t) hp->n_head * hp->head_dim_v;
     case RM_DIM_HEADS: return hp->n_head;
+    case RM_DIM_Q_GATE: return 2 * (int64_t) hp->n_head * hp->head_dim;
+    case RM_DIM_SSM_CONV: return 2 * (int64_t) hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner;
+    case RM_DIM_SSM_INNER: return hp->ssm_d_inner;
+    case RM_DIM_SSM_NV: return hp->ssm_n_v;
+    case RM_DIM_SSM_BA: return 2 * (int64_t) hp->ssm_n_v;
+    case RM_DIM_SSM_KERNEL: return hp->ssm_d_conv;
+    case RM_DIM_SSM_HEAD_V: return hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -402,6 +480,7 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
 static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
     "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
+    "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }
@@ -466,13 +545,13 @@ rm_status rm_arch_describe(int32_t arch, rm_arch_info * out) {
     if (!a) {
         return RM_E_INVALID_ARG;
     }
-    const uint32_t k = plain_kind(a);
     uint32_t kt;
     int32_t n = 0;
     while (tensor_of_kind(a, n, &kt)) {
         n++;
     }
-    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, k, a->n_hparams, n, a->n_rules};
+    *out = (rm_arch_info) {a->name, a->family, a->qk_norm, a->rope, a->shared_expert, plain_kind(a), a->n_hparams, n,
+                           a->n_rules};
     return RM_OK;
 }
 

@@ -41,7 +41,7 @@ typedef struct rm_hparam_row {
     rm_expr      dflt;            /* NONE: required */
     rm_expr      min, max;        /* ints: accepted, else RM_E_FORMAT; NONE: unbounded */
     rm_expr      run_min, run_max;/* ints: what the forward pass runs, else RM_E_UNSUPPORTED_ARCH */
-    const char * run_why;         /* said with that error */
+    const char * run_why;         /* said with that error, and with a missing required key's */
 } rm_hparam_row;
 
 /* Symbolic tensor dimensions, from the hyperparameters. */
@@ -63,6 +63,13 @@ typedef enum rm_dim {
     RM_DIM_HEAD_V,                /* head_dim_v */
     RM_DIM_V,                     /* n_head * head_dim_v */
     RM_DIM_HEADS,                 /* n_head */
+    RM_DIM_Q_GATE,                /* 2 * n_head * head_dim: q and its output gate, per head */
+    RM_DIM_SSM_CONV,              /* 2 * ssm_n_k * ssm_d_state + ssm_d_inner: the conv's channels */
+    RM_DIM_SSM_INNER,             /* ssm_d_inner */
+    RM_DIM_SSM_NV,                /* ssm_n_v */
+    RM_DIM_SSM_BA,                /* 2 * ssm_n_v */
+    RM_DIM_SSM_KERNEL,            /* ssm_d_conv */
+    RM_DIM_SSM_HEAD_V,            /* ssm_d_inner / ssm_n_v */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -112,6 +119,9 @@ typedef struct rm_arch {
     int32_t                n_tensors;
     const rm_kind_rule *   rules;
     int32_t                n_rules;
+    /* an array key of per-layer flags (after "{arch}.") that, when present, must agree with the
+     * rules about which layers have linear attention; NULL: none */
+    const char *           linear_layers_key;
 } rm_arch;
 
 /* NULL when the architecture is not supported. */

@@ -5,7 +5,8 @@
  *   p = softmax(logits) or sigmoid(logits)       the scores; the weights come from these
  *   s = p + bias                                 what the choice ranks (bias: e_score_correction_bias)
  *   with n_group > 1: a group's score is the sum of its two best s (sigmoid, DeepSeek-V3), or its
- *   best s (softmax, DeepSeek-V2's group_limited_greedy); the best n_group_used groups stay
+ *   best s (softmax, DeepSeek-V2's group_limited_greedy, as transformers and DeepSeek's code have
+ *   it; llama.cpp takes the two best for both); the best n_group_used groups stay
  *   the top k of s among the groups kept; weight = p of each
  *   weights / their sum when norm; times scale
  * Ties go to the lower index, as in the softmax router (cpu/ops.c). */

@@ -18,30 +18,23 @@
 #include <string.h>
 
 #include "profile.h"
+#include "threads.h"
 #include "types.h"
 
-/* The scratch, in floats, laid out in this order. */
+/* The scratch on the session's backend, in floats, laid out in this order. */
 typedef struct mla_layout {
-    uint64_t lat;     /* n_batch rows of kv_lora_rank + n_rot: the new tokens' latents; later the q low rank */
+    uint64_t lat;     /* n_batch rows of kv_lora_rank + n_rot: the new tokens' latents */
     uint64_t qlat;    /* n_batch rows of n_head * kv_lora_rank: absorbed queries */
-    uint64_t olat;    /* n_batch rows of n_head * kv_lora_rank: weighted latent sums; also the q low rank */
-    uint64_t kb;      /* kv_lora_rank rows of nope: one head's Kb_h^T as floats */
-    uint64_t kexp;    /* n_ctx rows of nope: one head's expanded keys */
-    uint64_t vexp;    /* n_ctx rows of head_dim_v: one head's expanded values */
-    uint64_t scores;  /* n_ctx */
+    uint64_t olat;    /* n_batch rows of n_head * kv_lora_rank: weighted latent sums; before them the q low rank */
     uint64_t end;
 } mla_layout;
 
-static mla_layout layout_of(int64_t B, int64_t n_ctx, int64_t H, int64_t D, int64_t R, int64_t DV, int64_t C) {
+static mla_layout layout_of(int64_t B, int64_t H, int64_t R, int64_t C) {
     mla_layout l;
     l.lat = 0;
     l.qlat = l.lat + (uint64_t) (B * (C + R));
     l.olat = l.qlat + (uint64_t) (B * H * C);
-    l.kb = l.olat + (uint64_t) (B * H * C);
-    l.kexp = l.kb + (uint64_t) (C * (D - R));
-    l.vexp = l.kexp + (uint64_t) (n_ctx * (D - R));
-    l.scores = l.vexp + (uint64_t) (n_ctx * DV);
-    l.end = l.scores + (uint64_t) n_ctx;
+    l.end = l.olat + (uint64_t) (B * H * C);
     return l;
 }
 
@@ -49,7 +42,7 @@ uint64_t rm_mla_scratch_floats(const rm_size_params * p) {
     if (p->kv_lora_rank <= 0) {
         return 0;
     }
-    return layout_of(p->n_batch, p->n_ctx, p->n_head, p->head_dim, p->n_rot, p->head_dim_v, p->kv_lora_rank).end;
+    return layout_of(p->n_batch, p->n_head, p->n_rot, p->kv_lora_rank).end;
 }
 
 static void mm(rm_session * s, const rm_weight * w, int64_t mat, const float * x, int64_t x_stride, int32_t n,
@@ -58,12 +51,42 @@ static void mm(rm_session * s, const rm_weight * w, int64_t mat, const float * x
     s->be->ops->matmul(s->be, &a);
 }
 
-static float dot(const float * a, const float * b, int64_t n) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        acc += a[i] * b[i];
+/* y[h] = W_h x[h] for every head h of a 3-D weight (one matrix per head), in one dispatch when
+ * the backend batches products. */
+static void mm_heads(rm_session * s, const rm_weight * w, const float * x, int64_t x_head, int64_t x_stride,
+                     int32_t n, float * y, int64_t y_head, int64_t y_stride) {
+    const int64_t H = w->ne[2];
+    rm_mm_item items[256];
+    for (int64_t h0 = 0; h0 < H; h0 += 256) {
+        const int32_t c = (int32_t) (H - h0 < 256 ? H - h0 : 256);
+        for (int32_t i = 0; i < c; i++) {
+            items[i] = (rm_mm_item) {{w, h0 + i, x + (h0 + i) * x_head, x_stride, n, y + (h0 + i) * y_head, y_stride, 0},
+                                     NULL, 0};
+        }
+        if (s->be->ops->matmul_many) {
+            s->be->ops->matmul_many(s->be, items, c);
+        } else {
+            for (int32_t i = 0; i < c; i++) {
+                s->be->ops->matmul(s->be, &items[i].a);
+            }
+        }
     }
-    return acc;
+}
+
+/* Eight partial sums, so the compiler can keep them in one vector register. */
+static float dot(const float * a, const float * b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; k++) {
+            acc[k] += a[i + k] * b[i + k];
+        }
+    }
+    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) {
+        sum += a[i] * b[i];
+    }
+    return sum;
 }
 
 /* out = sum_j softmax(scores)_j v_j over m positions (v rows of width w, stride v_stride). */
@@ -79,69 +102,142 @@ static void weighted_sum(float * scores, int32_t m, const float * v, int64_t v_s
     }
 }
 
-/* Absorbed: head h's query as a latent, attention over the cached latents, then Vb_h. */
-static void attend_absorbed(rm_session * s, const rm_layer * L, const float * q, const float * cache, int32_t n,
-                            float * scratch, const mla_layout * l, float scale) {
-    const rm_hparams * hp = &s->m->hp;
-    const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, DV = hp->head_dim_v;
-    const int64_t C = hp->kv_lora_rank, LA = C + R;
-    float * qlat = scratch + l->qlat, * olat = scratch + l->olat, * sc = scratch + l->scores;
-    for (int64_t h = 0; h < H; h++) {   /* qlat[t, h] = Kb_h^T q_nope[t, h] */
-        mm(s, &L->wk_b, h, q + h * D, H * D, n, qlat + h * C, H * C, 0);
-    }
-    for (int32_t t = 0; t < n; t++) {
-        const int32_t m = s->n_past + t + 1;   /* causal: positions [0, n_past + t] */
-        for (int64_t h = 0; h < H; h++) {
-            const float * ql = qlat + ((int64_t) t * H + h) * C, * qr = q + ((int64_t) t * H + h) * D + NP;
+/* One step's attention, split over the pool's threads by head. */
+typedef struct mla_task {
+    const rm_session * s;
+    const rm_layer *   L;
+    const float *      q;        /* n rows of n_head * head_dim */
+    const float *      cache;    /* this layer's latents, rows of kv_lora_rank + n_rot */
+    const float *      qlat;     /* absorbed: n rows of n_head * kv_lora_rank */
+    float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
+    float *            thread;   /* rm_mla_thread_floats floats per thread */
+    uint64_t           per_thread;
+    int32_t            n;
+    float              scale;
+} mla_task;
+
+/* Absorbed: scores against the cached latents with head h's query folded into latent space;
+ * the weighted latent sums go to olat (Vb_h is applied after, for all heads at once). */
+static void absorbed_task(void * ctx, int ith, int nth) {
+    const mla_task * t = ctx;
+    const rm_hparams * hp = &t->s->m->hp;
+    const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, C = hp->kv_lora_rank, LA = C + R;
+    float * sc = t->thread + (uint64_t) ith * t->per_thread;
+    int64_t h0, h1;
+    rm_split(H, ith, nth, &h0, &h1);
+    for (int32_t i = 0; i < t->n; i++) {
+        const int32_t m = t->s->n_past + i + 1;   /* causal: positions [0, n_past + i] */
+        for (int64_t h = h0; h < h1; h++) {
+            const float * ql = t->qlat + ((int64_t) i * H + h) * C, * qr = t->q + ((int64_t) i * H + h) * D + NP;
             for (int32_t j = 0; j < m; j++) {
-                const float * cj = cache + (int64_t) j * LA;
-                sc[j] = (dot(ql, cj, C) + dot(qr, cj + C, R)) * scale;
+                const float * cj = t->cache + (int64_t) j * LA;
+                sc[j] = (dot(ql, cj, C) + dot(qr, cj + C, R)) * t->scale;
             }
-            weighted_sum(sc, m, cache, LA, C, olat + ((int64_t) t * H + h) * C);
+            weighted_sum(sc, m, t->cache, LA, C, t->olat + ((int64_t) i * H + h) * C);
         }
-    }
-    for (int64_t h = 0; h < H; h++) {   /* attn[t, h] = Vb_h olat[t, h] */
-        mm(s, &L->wv_b, h, olat + h * C, H * C, n, s->attn + h * DV, H * DV, 0);
     }
 }
 
-/* Expanded: each head's keys and values for every cached position, then plain attention. */
-static void attend_expanded(rm_session * s, const rm_layer * L, const float * q, const float * cache, int32_t n,
-                            float * scratch, const mla_layout * l, float scale) {
+/* Expanded: head h's keys Kb_h c_j and values Vb_h c_j for every cached position, then plain
+ * attention into the session's attn rows. */
+static void expanded_task(void * ctx, int ith, int nth) {
+    const mla_task * t = ctx;
+    const rm_session * s = t->s;
     const rm_hparams * hp = &s->m->hp;
+    const rm_layer * L = t->L;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, DV = hp->head_dim_v;
     const int64_t C = hp->kv_lora_rank, LA = C + R;
-    const int32_t P = s->n_past + n;
-    float * kb = scratch + l->kb, * kexp = scratch + l->kexp, * vexp = scratch + l->vexp, * sc = scratch + l->scores;
-    const rm_type_traits * tt = rm_type_traits_get(L->wk_b.type);
-    for (int64_t h = 0; h < H; h++) {
-        const uint8_t * kbh = rm_weight_matrix(&L->wk_b, h);
-        for (int64_t r = 0; r < C; r++) {   /* Kb_h^T: row r holds the nope weights of latent dim r */
-            tt->to_float(kbh + (uint64_t) r * L->wk_b.row_bytes, kb + r * NP, NP);
+    const int32_t P = s->n_past + t->n;
+    float * kb = t->thread + (uint64_t) ith * t->per_thread;   /* C rows of NP: Kb_h^T */
+    float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
+    float * kexp = vb + DV * C, * vexp = kexp + (int64_t) s->n_ctx * NP, * sc = vexp + (int64_t) s->n_ctx * DV;
+    const rm_type_traits * tk = rm_type_traits_get(L->wk_b.type), * tv = rm_type_traits_get(L->wv_b.type);
+    int64_t h0, h1;
+    rm_split(H, ith, nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) {
+        const uint8_t * kbh = rm_weight_matrix(&L->wk_b, h), * vbh = rm_weight_matrix(&L->wv_b, h);
+        for (int64_t r = 0; r < C; r++) {
+            tk->to_float(kbh + (uint64_t) r * L->wk_b.row_bytes, kb + r * NP, NP);
         }
-        for (int32_t j = 0; j < P; j++) {   /* k_nope[j] = Kb_h c_j */
-            const float * cj = cache + (int64_t) j * LA;
+        for (int64_t d = 0; d < DV; d++) {
+            tv->to_float(vbh + (uint64_t) d * L->wv_b.row_bytes, vb + d * C, C);
+        }
+        for (int32_t j = 0; j < P; j++) {
+            const float * cj = t->cache + (int64_t) j * LA;
             float * kj = kexp + (int64_t) j * NP;
             memset(kj, 0, sizeof(float) * (size_t) NP);
-            for (int64_t r = 0; r < C; r++) {
+            for (int64_t r = 0; r < C; r++) {   /* k_nope[j] = sum_r c_j[r] Kb_h^T[r] */
                 const float c = cj[r];
                 const float * kr = kb + r * NP;
                 for (int64_t d = 0; d < NP; d++) {
                     kj[d] += c * kr[d];
                 }
             }
-        }
-        for (int32_t j = 0; j < P; j += s->n_batch) {   /* v[j] = Vb_h c_j, n_batch rows at a time */
-            const int32_t c = P - j < s->n_batch ? P - j : s->n_batch;
-            mm(s, &L->wv_b, h, cache + (int64_t) j * LA, LA, c, vexp + (int64_t) j * DV, DV, 0);
-        }
-        for (int32_t t = 0; t < n; t++) {
-            const int32_t m = s->n_past + t + 1;
-            const float * qt = q + ((int64_t) t * H + h) * D;
-            for (int32_t j = 0; j < m; j++) {
-                sc[j] = (dot(qt, kexp + (int64_t) j * NP, NP) + dot(qt + NP, cache + (int64_t) j * LA + C, R)) * scale;
+            for (int64_t d = 0; d < DV; d++) {
+                vexp[(int64_t) j * DV + d] = dot(vb + d * C, cj, C);
             }
-            weighted_sum(sc, m, vexp, DV, DV, s->attn + ((int64_t) t * H + h) * DV);
+        }
+        for (int32_t i = 0; i < t->n; i++) {
+            const int32_t m = s->n_past + i + 1;
+            const float * qi = t->q + ((int64_t) i * H + h) * D;
+            for (int32_t j = 0; j < m; j++) {
+                sc[j] = (dot(qi, kexp + (int64_t) j * NP, NP) + dot(qi + NP, t->cache + (int64_t) j * LA + C, R)) * t->scale;
+            }
+            weighted_sum(sc, m, vexp, DV, DV, s->attn + ((int64_t) i * H + h) * DV);
+        }
+    }
+}
+
+uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
+    if (hp->kv_lora_rank <= 0) {
+        return 0;
+    }
+    const uint64_t C = (uint64_t) hp->kv_lora_rank, NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
+    return C * NP + DV * C + (uint64_t) n_ctx * (NP + DV + 1);
+}
+
+static void attend(rm_session * s, const rm_layer * L, const float * cache, int32_t n, float * scratch,
+                   const mla_layout * l, float scale) {
+    const rm_hparams * hp = &s->m->hp;
+    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank;
+    mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host,
+                  rm_mla_thread_floats(hp, s->n_ctx), n, scale};
+    if (n > 1) {
+        rm_pool_run(s->m->pool, expanded_task, &t);
+        return;
+    }
+    mm_heads(s, &L->wk_b, s->q, D, H * D, n, scratch + l->qlat, C, H * C);   /* qlat[h] = Kb_h^T q_nope[h] */
+    rm_pool_run(s->m->pool, absorbed_task, &t);
+    mm_heads(s, &L->wv_b, t.olat, C, H * C, n, s->attn, DV, H * DV);        /* attn[h] = Vb_h olat[h] */
+}
+
+/* YaRN's RoPE on interleaved pairs (rm_rope's NORM layout) of n rows: per row n_head heads of
+ * `stride` floats, the first n_rot of each rotated. Pair i's angle blends pos * f_i (extrapolation)
+ * and pos * f_i / factor (interpolation) by a ramp over the pairs between the correction dims,
+ * those that complete beta_fast (32) and beta_slow (1) turns in the original context. */
+#define YARN_BETA_FAST 32.0f
+#define YARN_BETA_SLOW 1.0f
+
+static float yarn_corr_dim(int32_t n_rot, int32_t orig_ctx, float turns, float base) {
+    return (float) n_rot * logf((float) orig_ctx / (turns * 2.0f * 3.14159265358979f)) / (2.0f * logf(base));
+}
+
+static void rope_yarn(float * x, int32_t n, int32_t n_head, int64_t stride, int64_t row, int32_t n_rot, int32_t pos0,
+                      const rm_hparams * hp) {
+    const float lo = fmaxf(0.0f, floorf(yarn_corr_dim(n_rot, hp->yarn_orig_ctx, YARN_BETA_FAST, hp->rope_base)));
+    const float hi = fminf((float) (n_rot - 1), ceilf(yarn_corr_dim(n_rot, hp->yarn_orig_ctx, YARN_BETA_SLOW, hp->rope_base)));
+    for (int32_t t = 0; t < n; t++) {
+        for (int32_t i = 0; i < n_rot / 2; i++) {
+            const float extrap = (float) (pos0 + t) / powf(hp->rope_base, (float) (2 * i) / (float) n_rot);
+            const float ramp = fminf(1.0f, fmaxf(0.0f, ((float) i - lo) / fmaxf(0.001f, hi - lo)));
+            const float angle = extrap / hp->yarn_factor * ramp + extrap * (1.0f - ramp);
+            const float c = cosf(angle) * hp->yarn_rope_mult, sn = sinf(angle) * hp->yarn_rope_mult;
+            for (int32_t h = 0; h < n_head; h++) {
+                float * v = x + t * row + h * stride;
+                const float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * c - x1 * sn;
+                v[2 * i + 1] = x0 * sn + x1 * c;
+            }
         }
     }
 }
@@ -153,7 +249,7 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd, H = hp->n_head, D = hp->head_dim, R = hp->n_rot, DV = hp->head_dim_v;
     const int64_t C = hp->kv_lora_rank, LA = C + R, QL = hp->q_lora_rank;
-    const mla_layout l = layout_of(s->n_batch, s->n_ctx, H, D, R, DV, C);
+    const mla_layout l = layout_of(s->n_batch, H, R, C);
     float * scratch = s->mla, * lat = scratch + l.lat;
     const int neox = m->arch->rope == RM_ROPE_NEOX;
 
@@ -172,16 +268,17 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     /* RoPE on each head's last n_rot dims, and on the shared rotary key after the latent */
-    be->ops->rope(be, s->q + (D - R), n, (int32_t) H, (int32_t) D, (int32_t) R, s->n_past, hp->rope_base, neox);
-    be->ops->rope(be, lat + C, n, 1, (int32_t) LA, (int32_t) R, s->n_past, hp->rope_base, neox);
+    if (hp->yarn_factor > 0.0f) {
+        rope_yarn(s->q + (D - R), n, (int32_t) H, D, H * D, (int32_t) R, s->n_past, hp);
+        rope_yarn(lat + C, n, 1, LA, LA, (int32_t) R, s->n_past, hp);
+    } else {
+        be->ops->rope(be, s->q + (D - R), n, (int32_t) H, (int32_t) D, (int32_t) R, s->n_past, hp->rope_base, neox);
+        be->ops->rope(be, lat + C, n, 1, (int32_t) LA, (int32_t) R, s->n_past, hp->rope_base, neox);
+    }
     float * cache = s->k_cache + (int64_t) il * s->n_ctx * LA;
     be->ops->copy(be, cache + (int64_t) s->n_past * LA, lat, sizeof(float) * (uint64_t) n * (uint64_t) LA);
-    const float scale = 1.0f / sqrtf((float) D);
-    if (n == 1) {
-        attend_absorbed(s, L, s->q, cache, n, scratch, &l, scale);
-    } else {
-        attend_expanded(s, L, s->q, cache, n, scratch, &l, scale);
-    }
+    const float scale = hp->kq_scale > 0.0f ? hp->kq_scale : 1.0f / sqrtf((float) D);
+    attend(s, L, cache, n, scratch, &l, scale);
     rm_prof_mark(s, RM_PROF_ATTN);
     mm(s, &L->wo, 0, s->attn, H * DV, n, s->x, E, 1);   /* x += Wo attn */
     rm_prof_mark(s, RM_PROF_ATTN_OUT);

@@ -14,6 +14,10 @@
 /* Floats of the session's MLA scratch (RM_SESSION_BUF_MLA); 0 without MLA. */
 uint64_t rm_mla_scratch_floats(const rm_size_params * p);
 
+/* Floats of one thread's host scratch (rm_session's mla_host holds one per pool thread): a
+ * head's up-projections as floats, its expanded keys and values, and the scores. */
+uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
+
 /* The attention of layer il for n tokens at positions n_past..: x += Wo attn(x). CPU backend
  * only (the loader refuses a device for MLA models). */
 void rm_mla_block(rm_session * s, int il, int32_t n);

@@ -67,7 +67,8 @@ static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hpar
         return RM_E_FORMAT;
     }
     if (r == 0 && h->dflt.op == RM_EXPR_NONE) {
-        return rm_fail(RM_E_FORMAT, "%s: %s: required key '%s.%s' is missing", ld->fn, ld->path, ld->arch->name, h->key);
+        return rm_fail(RM_E_FORMAT, "%s: %s: required key '%s.%s' is missing%s%s%s", ld->fn, ld->path, ld->arch->name,
+                       h->key, h->run_why ? " (" : "", h->run_why ? h->run_why : "", h->run_why ? ")" : "");
     }
     const int64_t lo = h->min.op ? (int64_t) rm_expr_eval(&h->min, hp) : INT64_MIN;
     const int64_t hi = h->max.op ? (int64_t) rm_expr_eval(&h->max, hp) : INT64_MAX;
@@ -144,6 +145,45 @@ static rm_status find_arch(loader * ld) {
     return RM_OK;
 }
 
+/* YaRN as llama.cpp reads it for deepseek2: rope.scaling.type "yarn", its factor and original
+ * context, and yarn_log_multiplier (0.1 * DeepSeek's mscale_all_dim, which llama.cpp divides back).
+ * With the multiplier, cos/sin keep their scale (llama.cpp takes mscale = mscale_all_dim) and the
+ * attention logits get mscale(factor, mscale_all_dim)^2; without it both get mscale(factor, 1). */
+static float yarn_mscale(float factor, float m) { return factor <= 1.0f ? 1.0f : 0.1f * m * logf(factor) + 1.0f; }
+
+static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", ld->arch->name);
+    rm_str type;
+    if (rm_gguf_get_str(ld->g, key, &type) != RM_OK || (type.len == 4 && memcmp(type.ptr, "none", 4) == 0)) {
+        return RM_OK;   /* absent or none: plain RoPE */
+    }
+    if (hp->rope_yarn_factor > 0.0f) {
+        return RM_OK;   /* the row reads YaRN's keys itself (gpt-oss) */
+    }
+    if (type.len != 4 || memcmp(type.ptr, "yarn", 4) != 0 || hp->kv_lora_rank == 0) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: rope scaling '%.*s' is not supported (YaRN runs for "
+                       "deepseek2's latent attention only)", ld->fn, ld->path, (int) (type.len > 32 ? 32 : type.len), type.ptr);
+    }
+    float factor = 1.0f, log_mul = 0.0f;
+    int64_t orig = hp->n_ctx_train;
+    if (get_float(ld, "rope.scaling.factor", &factor) < 0 || get_int(ld, "rope.scaling.original_context_length", &orig) < 0 ||
+        get_float(ld, "rope.scaling.yarn_log_multiplier", &log_mul) < 0) {
+        return RM_E_FORMAT;
+    }
+    if (!isfinite(factor) || factor < 1.0f || orig < 1 || orig > (1 << 24) || !isfinite(log_mul) || log_mul < 0.0f) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: YaRN factor %g, original context %lld, log multiplier %g out of range",
+                       ld->fn, ld->path, (double) factor, (long long) orig, (double) log_mul);
+    }
+    const float mscale_all = log_mul / 0.1f;
+    const float m = mscale_all > 0.0f ? yarn_mscale(factor, mscale_all) : yarn_mscale(factor, 1.0f);
+    hp->yarn_factor = factor;
+    hp->yarn_orig_ctx = (int32_t) orig;
+    hp->yarn_rope_mult = mscale_all > 0.0f ? 1.0f : m;
+    hp->kq_scale = m * m / sqrtf((float) hp->head_dim);
+    return RM_OK;
+}
+
 /* The values the DeepSeek/GLM rows imply rather than state (0 in today's rows, which then keep
  * theirs): the shared experts' total width, the layers without the next-token-prediction ones,
  * and the checks that tie the expert groups and MLA's head split together. */
@@ -177,6 +217,50 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
         return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d leaves no part without RoPE in key_length_mla %d",
                        ld->fn, ld->path, hp->n_rot, hp->head_dim);
     }
+    return read_rope_scaling(ld, hp);
+}
+
+/* Hybrid rows (linear attention): the count of linear layers, shapes that fit together, and the
+ * file's per-layer list (llama.cpp's attention.recurrent_layers), where present, agreeing with
+ * the rule that gives the layers their kinds. */
+static rm_status linear_hparams(const loader * ld, rm_hparams * hp) {
+    hp->n_layer_linear = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        hp->n_layer_linear += (rm_arch_layer_kind(ld->arch, hp, il) & RM_LAYER_ATTN_LINEAR) != 0;
+    }
+    if (hp->ssm_n_v > 0 && (hp->ssm_n_v % hp->ssm_n_k != 0 || hp->ssm_d_inner % hp->ssm_n_v != 0)) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: ssm.time_step_rank %d must be a multiple of ssm.group_count %d, and "
+                       "ssm.inner_size %d of ssm.time_step_rank", ld->fn, ld->path, hp->ssm_n_v, hp->ssm_n_k,
+                       hp->ssm_d_inner);
+    }
+    if (hp->ssm_n_v > 0 && (hp->ssm_d_inner / hp->ssm_n_v > 1024 || hp->ssm_d_state > 1024)) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: linear-attention heads of %d keys and %d values: the "
+                       "delta rule runs heads of at most 1024", ld->fn, ld->path, hp->ssm_d_state,
+                       hp->ssm_d_inner / hp->ssm_n_v);
+    }
+    if (!ld->arch->linear_layers_key) {
+        return RM_OK;
+    }
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, ld->arch->linear_layers_key);
+    rm_gguf_arr arr;
+    rm_status st = rm_gguf_get_arr(ld->g, key, RM_GGUF_BOOL, &arr);
+    if (st == RM_GGUF_MISSING) {
+        return RM_OK;
+    }
+    if (st != RM_OK || arr.n < (uint64_t) hp->n_layer) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a bool array of at least %d entries", ld->fn, ld->path, key,
+                       hp->n_layer);
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        const int in_file = ((const uint8_t *) arr.data)[il] != 0;
+        const int in_rule = (rm_arch_layer_kind(ld->arch, hp, il) & RM_LAYER_ATTN_LINEAR) != 0;
+        if (in_file != in_rule) {
+            return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: '%s' makes layer %d %s, but the forward pass runs only "
+                           "the pattern of full_attention_interval = %d (every n-th layer full attention)", ld->fn,
+                           ld->path, key, il, in_file ? "linear" : "full attention", hp->full_attn_interval);
+        }
+    }
     return RM_OK;
 }
 
@@ -202,7 +286,8 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
         return rm_fail(RM_E_FORMAT, "%s: %s: key 'rapidmoe.rope.yarn_truncate' is not a bool", ld->fn, ld->path);
     }
     hp->yarn_truncate = truncate;
-    return derive_hparams(ld, hp);
+    const rm_status derived = derive_hparams(ld, hp);
+    return derived != RM_OK ? derived : linear_hparams(ld, hp);
 }
 
 /* Every layer's kind, refused when the forward pass does not run it. */
@@ -497,6 +582,13 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     pthread_mutex_init(&m->lock, NULL);
     fill_info(m);
+    for (int il = 0; il < m->hp.n_layer && params->use_gpu; il++) {
+        if (m->layers[il].kind & (RM_LAYER_ATTN_LINEAR | RM_LAYER_ATTN_GATE)) {
+            return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: %s: layer %d has %s, which runs on the CPU backend "
+                           "only; load the model without a GPU", path, il, m->layers[il].kind & RM_LAYER_ATTN_LINEAR ?
+                           "linear attention (Gated DeltaNet)" : "gated attention");
+        }
+    }
     return open_device(m, params);
 }
 

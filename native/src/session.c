@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deltanet.h"
 #include "device.h"
 #include "mla.h"
 #include "moe.h"
@@ -28,12 +29,13 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->router_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->router_host, s->mla_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
     }
     rm_policy_state_free(&s->policy);
+    rm_hybrid_free(s->hy);
     if (s->be) {
         float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
                          s->ex, s->eg, s->eu, s->ed, s->ecal, s->shgate, s->logits, s->mla};
@@ -102,6 +104,9 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
     s->router_host = xalloc(sizeof(float) * B * X, &failed);
+    if (hp->kv_lora_rank > 0) {
+        s->mla_host = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * rm_mla_thread_floats(hp, s->n_ctx), &failed);
+    }
     s->routes = xalloc(sizeof(rm_route) * B * K, &failed);
     s->exp_n = xalloc(sizeof(int32_t) * X, &failed);
     s->exp_pairs = xalloc(sizeof(int32_t) * X * B * K, &failed);
@@ -116,6 +121,9 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     if (!rm_policy_state_init(&s->policy, hp->n_layer, hp->n_expert, m->residual != NULL)) {
         failed = 1;
     }
+    if (rm_hybrid_new(m, s->n_batch, &s->hy) != RM_OK) {
+        failed = 1;
+    }
     if (failed) {
         const int32_t nb = s->n_batch;
         session_free_buffers(s);
@@ -128,6 +136,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     for (size_t i = 0; i < sizeof(mla_in) / sizeof(mla_in[0]); i++) {
         max_in = mla_in[i] > max_in ? mla_in[i] : max_in;
     }
+    max_in = (size_t) hp->ssm_d_inner > max_in ? (size_t) hp->ssm_d_inner : max_in;   /* ssm_out's input */
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s)) {
@@ -157,6 +166,7 @@ rm_status rm_session_reset(rm_session * s) {
         return rm_fail(RM_E_INVALID_ARG, "rm_session_reset: NULL session");
     }
     s->n_past = 0;
+    rm_hybrid_reset(s->hy, s->m);
     return RM_OK;
 }
 
@@ -216,17 +226,21 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
+    const int gated = (L->kind & RM_LAYER_ATTN_GATE) != 0;   /* wq gives q and its output gate */
+    float * qy = gated ? s->hy->qg : s->q;
+    const int64_t QY = gated ? 2 * Q : Q;
     be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
     if (be->ops->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
-        const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, s->q, Q, 0}, NULL, 0},
+        const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, qy, QY, 0}, NULL, 0},
                                    {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},
                                    {{&L->wv, 0, s->xn, E, n, s->v, KV, 0}, NULL, 0}};
         be->ops->matmul_many(be, qkv, 3);
     } else {
-        matmul(s, &L->wq, s->xn, E, n, s->q, Q, 0);
+        matmul(s, &L->wq, s->xn, E, n, qy, QY, 0);
         matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
         matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
     }
+    if (gated) rm_attn_gate_split(s, n);
     if (L->bq.data) be->ops->add_bias(be, s->q, &L->bq, n, Q);
     if (L->bk.data) be->ops->add_bias(be, s->k, &L->bk, n, KV);
     if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KV);
@@ -245,8 +259,9 @@ static void attention_block(rm_session * s, int il, int32_t n) {
         be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
         be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
     }
-    int32_t ring;
-    const int64_t row0 = kv_place(s, il, &ring);
+    int32_t ring = 0;
+    /* a hybrid caches its attention layers only; a sliding-window layer keeps a ring */
+    const int64_t row0 = s->hy ? (int64_t) s->hy->kv_index[il] * s->n_ctx : kv_place(s, il, &ring);
     float * kc = s->k_cache + row0 * KV;
     float * vc = s->v_cache + row0 * KV;
     cache_append(s, kc, s->k, n, KV, ring);
@@ -254,6 +269,7 @@ static void attention_block(rm_session * s, int il, int32_t n) {
     rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim,
                        L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring};
     be->ops->attention(be, &aa);
+    if (gated) rm_attn_gate_apply(s, n);
     rm_prof_mark(s, RM_PROF_ATTN);
     matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
     if (L->bo.data) be->ops->add_bias(be, s->x, &L->bo, n, E);
@@ -280,6 +296,8 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
     for (int il = 0; il < m->hp.n_layer; il++) {
         if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
             rm_mla_block(s, il, n);
+        } else if (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) {
+            rm_deltanet_block(s, il, n);
         } else {
             attention_block(s, il, n);
         }

@@ -36,6 +36,7 @@ struct rm_session {
     /* host memory */
     float *    embd;              /* embedded tokens before upload, rows of n_embd */
     float *    router_host;       /* router logits brought to the host for grouped routing, rows of n_expert */
+    float *    mla_host;          /* MLA's per-thread scratch (rm_mla_thread_floats each); NULL without MLA */
     rm_route * routes;            /* rows of n_expert_used */
     int32_t *  exp_n;             /* n_expert */
     int32_t *  exp_pairs;         /* n_expert rows of n_batch * n_expert_used */
@@ -49,6 +50,8 @@ struct rm_session {
     rm_route * last_routes;       /* n_layer rows of n_expert_used: the last token's routing */
 
     rm_policy_state policy;       /* which slots get their residual (policy.c) */
+
+    struct rm_hybrid * hy;        /* hybrid models: recurrent states and scratch (deltanet.h); else NULL */
 
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;

@@ -1,6 +1,7 @@
 /* sizes.c - the bytes of every buffer a session allocates (sizes.h), and rm_session_sizes_get. */
 #include "sizes.h"
 
+#include "cpu/gdn.h"
 #include "devweights.h"
 #include "mla.h"
 #include "split.h"
@@ -32,8 +33,30 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .n_ff_exp = hp->n_ff_exp, .n_ff_shexp = hp->n_ff_shexp, .n_vocab = hp->n_vocab,
         .n_ctx = n_ctx, .n_batch = n_batch, .stage_expert_bytes = stage_expert_bytes,
         .n_ff = hp->n_ff, .kv_lora_rank = hp->kv_lora_rank, .n_rot = hp->n_rot, .head_dim_v = hp->head_dim_v,
+        .n_layer_linear = hp->n_layer_linear, .ssm_d_conv = hp->ssm_d_conv,
+        .ssm_conv_dim = 2 * hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner, .ssm_n_v = hp->ssm_n_v,
+        .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
         .n_swa = hp->n_swa, .n_layer_swa = n_layer_sliding(hp),
     };
+}
+
+void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_BUF_COUNT]) {
+    for (int i = 0; i < RM_RECURRENT_BUF_COUNT; i++) out[i] = 0;
+    if (p->ssm_n_v <= 0) return;
+    const uint64_t f = sizeof(float), B = (uint64_t) p->n_batch, NL = (uint64_t) p->n_layer_linear;
+    const uint64_t C = (uint64_t) p->ssm_conv_dim, NV = (uint64_t) p->ssm_n_v;
+    const uint64_t DI = NV * (uint64_t) p->ssm_head_v, Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
+    const uint64_t sizes[RM_RECURRENT_BUF_COUNT] = {
+        [RM_RECURRENT_BUF_CONV_STATE] = f * NL * (uint64_t) (p->ssm_d_conv - 1) * C,
+        [RM_RECURRENT_BUF_SSM_STATE] = f * NL * NV * (uint64_t) p->ssm_d_state * (uint64_t) p->ssm_head_v,
+        [RM_RECURRENT_BUF_MIXED] = f * B * C,  [RM_RECURRENT_BUF_CONV_OUT] = f * B * C,
+        [RM_RECURRENT_BUF_Z] = f * B * DI,     [RM_RECURRENT_BUF_BA] = f * B * 2 * NV,
+        [RM_RECURRENT_BUF_G] = f * B * NV,     [RM_RECURRENT_BUF_BETA] = f * B * NV,
+        [RM_RECURRENT_BUF_CORE] = f * B * DI,  [RM_RECURRENT_BUF_CONV_W] = f * C * (uint64_t) p->ssm_d_conv,
+        [RM_RECURRENT_BUF_CHUNK] = f * NV * (uint64_t) rm_gdn_chunk_scratch(p->ssm_d_state, p->ssm_head_v),
+        [RM_RECURRENT_BUF_QG] = f * B * 2 * Q, [RM_RECURRENT_BUF_GATE] = f * B * Q,
+    };
+    for (int i = 0; i < RM_RECURRENT_BUF_COUNT; i++) out[i] = sizes[i];
 }
 
 void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]) {
@@ -46,13 +69,14 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     const uint64_t K_ROW = p->kv_lora_rank > 0 ? (uint64_t) p->kv_lora_rank + (uint64_t) p->n_rot : KV;
     const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : KV;
     const uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
+    /* linear-attention layers keep a recurrent state instead (rm_recurrent_buf_bytes) */
+    const uint64_t cached = (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx;
     const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
     const int32_t n_swa_layers = p->n_swa > 0 && p->n_layer_swa > 0 ? p->n_layer_swa : 0;
-    const uint64_t POS = (uint64_t) (p->n_layer - n_swa_layers) * (uint64_t) p->n_ctx +
+    const uint64_t POS = cached - (uint64_t) n_swa_layers * (uint64_t) p->n_ctx +
                          (uint64_t) n_swa_layers * (uint64_t) rm_kv_ring_rows(p->n_ctx, p->n_batch, p->n_swa);
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
-        [RM_SESSION_BUF_K_CACHE] = f * POS * K_ROW,
-        [RM_SESSION_BUF_V_CACHE] = f * POS * V_ROW,
+        [RM_SESSION_BUF_K_CACHE] = f * POS * K_ROW, [RM_SESSION_BUF_V_CACHE] = f * POS * V_ROW,
         [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
         [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV,
         [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * ATT,
@@ -115,5 +139,8 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
     for (int i = RM_SPLIT_BUF_ROUTES; i <= RM_SPLIT_BUF_SCALE; i++) out->split_routing += d[i];
     for (int i = RM_SPLIT_BUF_SCALE + 1; i < RM_SPLIT_BUF_COUNT; i++) out->split_scratch += d[i];
     out->split_stage = rm_split_stage_buf_bytes(&q);
+    uint64_t r[RM_RECURRENT_BUF_COUNT];
+    rm_recurrent_buf_bytes(&q, r);
+    for (int i = 0; i < RM_RECURRENT_BUF_COUNT; i++) out->recurrent_state += r[i];
     return RM_OK;
 }

@@ -50,6 +50,18 @@ enum {
 };
 void rm_split_buf_bytes(const rm_size_params * p, uint64_t out[RM_SPLIT_BUF_COUNT]);
 
+/* A hybrid model's host buffers (deltanet.c), present when the model has linear-attention keys
+ * (ssm_n_v > 0): the recurrent states of its linear layers, their scratch for a step of n_batch
+ * tokens, and the gated attention's q-and-gate rows. */
+enum {
+    RM_RECURRENT_BUF_CONV_STATE, RM_RECURRENT_BUF_SSM_STATE,
+    RM_RECURRENT_BUF_MIXED, RM_RECURRENT_BUF_CONV_OUT, RM_RECURRENT_BUF_Z, RM_RECURRENT_BUF_BA,
+    RM_RECURRENT_BUF_G, RM_RECURRENT_BUF_BETA, RM_RECURRENT_BUF_CORE, RM_RECURRENT_BUF_CONV_W,
+    RM_RECURRENT_BUF_CHUNK, RM_RECURRENT_BUF_QG, RM_RECURRENT_BUF_GATE,
+    RM_RECURRENT_BUF_COUNT
+};
+void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_BUF_COUNT]);
+
 /* The prefill staging buffer: RM_SPLIT_STAGE_MAX experts' residuals; 0 without staging. */
 uint64_t rm_split_stage_buf_bytes(const rm_size_params * p);
 

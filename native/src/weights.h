@@ -49,6 +49,16 @@ typedef struct rm_layer {
     rm_weight kv_a_norm;                 /* ne = {kv_lora_rank} */
     rm_weight wk_b;                      /* ne = {nope, kv_lora_rank, n_head}: per head, k's up-projection transposed */
     rm_weight wv_b;                      /* ne = {kv_lora_rank, head_dim_v, n_head} */
+    /* linear attention (Gated DeltaNet): conv_dim = 2*n_k*d_state + n_v*head_v, d_inner = n_v*head_v */
+    rm_weight wqkv;                      /* ne = {n_embd, conv_dim}: q, k (n_k heads of d_state), v (n_v heads) */
+    rm_weight wz;                        /* ne = {n_embd, d_inner}: the output gate z */
+    rm_weight ssm_beta, ssm_alpha;       /* ne = {n_embd, n_v} (qwen35moe) */
+    rm_weight ssm_ba;                    /* ne = {n_embd, 2*n_v}: per key head, its b's then its a's (qwen3next) */
+    rm_weight ssm_conv1d;                /* ne = {d_conv, conv_dim}: one causal filter per channel */
+    rm_weight ssm_dt;                    /* ne = {n_v}: bias added to alpha before softplus */
+    rm_weight ssm_a;                     /* ne = {n_v}: -exp(A_log), the decay rate */
+    rm_weight ssm_norm;                  /* ne = {head_v}: the gated RMSNorm's weight */
+    rm_weight ssm_out;                   /* ne = {d_inner, n_embd} */
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -76,6 +86,20 @@ typedef struct rm_hparams {
     float   yarn_beta_fast, yarn_beta_slow;
     int32_t yarn_truncate;               /* round YaRN's correction range to whole dims (llama.cpp always does) */
     float   expert_weights_scale;        /* routed weights times this (routed_scaling_factor); 0 read as 1 */
+    /* YaRN context extension (MLA only): 0 without; frequencies between the original context's
+     * correction range blend interpolation (pos / factor) and extrapolation */
+    float   yarn_factor;
+    int32_t yarn_orig_ctx;               /* the context the model was trained with before extension */
+    float   yarn_rope_mult;              /* cos and sin times this */
+    float   kq_scale;                    /* attention logits times this (DeepSeek's mscale^2 / sqrt(head_dim)); 0: 1/sqrt(head_dim) */
+    /* linear attention (qwen35moe, qwen3next): llama.cpp's ssm.* keys */
+    int32_t ssm_d_conv;                  /* conv kernel length */
+    int32_t ssm_d_state;                 /* key head width (d_state) */
+    int32_t ssm_n_k;                     /* key heads (group_count) */
+    int32_t ssm_n_v;                     /* value heads (time_step_rank) */
+    int32_t ssm_d_inner;                 /* n_v * value head width */
+    int32_t full_attn_interval;          /* every n-th layer is full attention, the others linear */
+    int32_t n_layer_linear;              /* layers with linear attention, counted by the loader */
 } rm_hparams;
 
 #endif

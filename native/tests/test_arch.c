@@ -30,9 +30,11 @@ static void test_rules(void) {
         EXPECT(rm_layer_kind_has(k, RM_LAYER_FFN_MOE) == (il >= 2), "layer %d: routed experts", il);
     }
     char what[128];
-    /* dense FFNs run; a kind the forward pass lacks is named */
-    rm_layer_kind_unsupported(rm_arch_layer_kind(&a, &hp, 0) | RM_LAYER_ATTN_LINEAR, what, sizeof(what));
-    EXPECT(strcmp(what, "linear attention") == 0, "refusal words '%s'", what);
+    /* dense FFNs run; a kind the forward pass lacks is named (every named kind runs today, so by its bit) */
+    const uint32_t unknown = 0x8000u;
+    EXPECT((unknown & (uint32_t) RM_LAYER_RUNS) == 0, "bit 0x8000 is no kind the forward pass runs");
+    rm_layer_kind_unsupported(rm_arch_layer_kind(&a, &hp, 0) | unknown, what, sizeof(what));
+    EXPECT(strcmp(what, "kind 0x8000") == 0, "refusal words '%s'", what);
 
     a.rules = SWA_PATTERN;
     hp.n_layer_dense_lead = 2;   /* the pattern's period here: even layers slide */
@@ -45,11 +47,13 @@ static void test_rules(void) {
     }
     hp.n_layer_dense_lead = 0;   /* no period: every layer as the row says */
     EXPECT(rm_arch_layer_kind(&a, &hp, 0) & RM_LAYER_ATTN_FULL, "swa off");
-    /* sliding windows and sinks run (gpt-oss), dense FFNs too (DeepSeek/GLM): only the rest is named */
-    const uint32_t runs = RM_LAYER_ATTN_SLIDING | RM_LAYER_FFN_DENSE | RM_LAYER_SINKS;
-    EXPECT((runs & ~(uint32_t) RM_LAYER_RUNS) == 0, "sliding windows, dense FFNs and sinks run");
-    rm_layer_kind_unsupported(runs | RM_LAYER_ATTN_LINEAR, what, sizeof(what));
-    EXPECT(strcmp(what, "linear attention") == 0, "refusal words '%s'", what);
+    /* sliding windows and sinks run (gpt-oss), dense FFNs and MLA too (DeepSeek/GLM), linear
+     * attention (the Qwen3.5 hybrids): only the rest is named */
+    const uint32_t runs = RM_LAYER_ATTN_SLIDING | RM_LAYER_FFN_DENSE | RM_LAYER_SINKS | RM_LAYER_ATTN_MLA |
+                          RM_LAYER_ATTN_LINEAR;
+    EXPECT((runs & ~(uint32_t) RM_LAYER_RUNS) == 0, "sliding windows, dense FFNs, sinks, MLA and linear attention run");
+    rm_layer_kind_unsupported(runs | unknown, what, sizeof(what));
+    EXPECT(strcmp(what, "kind 0x8000") == 0, "refusal words '%s'", what);
 }
 
 static void test_kind_matching(void) {
@@ -85,8 +89,8 @@ static void test_describe_bounds(void) {
            "key_length row: %s %s %s", hi.key, hi.dflt, hi.max);
     char list[256];
     rm_arch_supported_list(list, sizeof(list));
-    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, glm4moe (GLM-4.5), deepseek2 (DeepSeek-V2/V3), gpt-oss") == 0,
-           "list '%s'", list);
+    EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, glm4moe (GLM-4.5), "
+                         "deepseek2 (DeepSeek-V2/V3), gpt-oss") == 0, "list '%s'", list);
 }
 
 int main(void) {

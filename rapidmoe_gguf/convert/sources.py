@@ -19,7 +19,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .. import resplit
-from ..arch import FUSED, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf, resolve_hparams
+from ..arch import (FUSED, PREFERRED_PRE, SPECIAL_TOKEN_TEXTS, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf,
+                    resolve_hparams)
 from ..errors import FormatError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
@@ -72,7 +73,69 @@ def open_source(src: str) -> Source:
 def _role(spec_role: str, ne: tuple[int, ...]) -> str:
     if spec_role in ("expert", "router"):
         return spec_role
-    return "vector" if len(ne) == 1 or spec_role == "f32" else "matrix"   # "vector": kept F32
+    if spec_role == "f32":   # small matrices the runtime reads as floats (a conv's filters): F32 as 1-D
+        return "vector"
+    return "vector" if len(ne) == 1 else "matrix"
+
+
+# ---- transforms of the Qwen3.5/Qwen3-Next linear-attention tensors (as llama.cpp's converter) ----
+
+def _tiled(w: np.ndarray, d: dict, head: int, axis: int = 0) -> np.ndarray:
+    """Value heads from grouped order (per key head, its n_v/n_k heads) to tiled order (head h
+    after the key heads' h-th ones), along axis; head: the rows of one value head."""
+    nk, r = d["ssm_n_k"], d["ssm_n_v"] // d["ssm_n_k"]
+    w = np.moveaxis(w, axis, 0)
+    rest = w.shape[1:]
+    w = w.reshape(nk, r, head, *rest).swapaxes(0, 1).reshape(nk * r * head, *rest)
+    return np.ascontiguousarray(np.moveaxis(w, 0, axis))
+
+
+def _tiled_qkv(w: np.ndarray, d: dict) -> np.ndarray:
+    kd2 = 2 * d["ssm_n_k"] * d["ssm_d_state"]   # q and k rows stay, v rows are reordered
+    return np.concatenate([w[:kd2], _tiled(w[kd2:], d, d["ssm_head_v"])])
+
+
+def _qkvz(w: np.ndarray, d: dict, part: str) -> np.ndarray:
+    """Qwen3-Next's in_proj_qkvz, per key head [q, k, v, z], into llama.cpp's [q.., k.., v..] or z."""
+    nk, dk = d["ssm_n_k"], d["ssm_d_state"]
+    rv = d["ssm_n_v"] // nk * d["ssm_head_v"]
+    g = w.reshape(nk, 2 * dk + 2 * rv, w.shape[-1])
+    if part == "z":
+        return np.ascontiguousarray(g[:, 2 * dk + rv:].reshape(-1, w.shape[-1]))
+    q, k, v = g[:, :dk], g[:, dk:2 * dk], g[:, 2 * dk:2 * dk + rv]
+    return np.concatenate([x.reshape(-1, w.shape[-1]) for x in (q, k, v)])
+
+
+def _conv(w: np.ndarray, d: dict) -> np.ndarray:   # HF (channels, 1, kernel) -> ne {kernel, channels}
+    return np.ascontiguousarray(w.reshape(w.shape[0], w.shape[-1]))
+
+
+TRANSFORMS: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {
+    "plus_one": lambda w, d: w + np.float32(1.0),
+    "neg_exp": lambda w, d: -np.exp(w),
+    "neg_exp_tiled": lambda w, d: _tiled(-np.exp(w), d, 1),
+    "conv": _conv,
+    "conv_tiled": lambda w, d: _tiled_qkv(_conv(w, d), d),
+    "qkvz_qkv": lambda w, d: _qkvz(w, d, "qkv"),
+    "qkvz_z": lambda w, d: _qkvz(w, d, "z"),
+    "tiled_qkv": _tiled_qkv,
+    "tiled_rows": lambda w, d: _tiled(w, d, d["ssm_head_v"]),
+    "tiled_heads": lambda w, d: _tiled(w, d, 1),
+    "tiled_cols": lambda w, d: _tiled(w, d, d["ssm_head_v"], axis=1),
+    "k_b": lambda w, d: _split_kv_b(w, d, "k_b"),
+    "v_b": lambda w, d: _split_kv_b(w, d, "v_b"),
+}
+
+# The HF shape a transform reads, where it is not the output's (ne reversed).
+_HF_SHAPE: dict[str, Callable[[tuple[int, ...], dict], tuple[int, ...]]] = {
+    "conv": lambda ne, d: (ne[1], 1, ne[0]),
+    "conv_tiled": lambda ne, d: (ne[1], 1, ne[0]),
+    "qkvz_qkv": lambda ne, d: (d["ssm_conv_dim"] + d["ssm_d_inner"], ne[0]),
+    "qkvz_z": lambda ne, d: (d["ssm_conv_dim"] + d["ssm_d_inner"], ne[0]),
+    # both halves of MLA's kv_b_proj
+    "k_b": lambda ne, d: (d["n_head"] * (d["n_nope"] + d["head_dim_v"]), d["kv_lora_rank"]),
+    "v_b": lambda ne, d: (d["n_head"] * (d["n_nope"] + d["head_dim_v"]), d["kv_lora_rank"]),
+}
 
 
 def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -121,7 +184,7 @@ class HFSource(Source):
         order += [(t, b) for b in range(dims["n_layer"]) for t in layer_specs]
         order += [(t, None) for t in last]
         for t, bid in order:
-            if t.layers is not None and t.layers != _layer_kind(t.layers, bid, dims):
+            if t.layers is not None and t.layers != self._layer_kind(t.layers, bid):
                 continue
             name = t.gguf.format(bid=bid)
             ne = self.hp.shape(t.ne)
@@ -155,11 +218,16 @@ class HFSource(Source):
                     raise FormatError(f"{self.directory}: checkpoint has no tensor '{hn}' "
                                       f"(needed for {name}); is config.json right for these weights?")
             want = (1, ne[0]) if t.transform == "flatten" else tuple(reversed(ne))
-            if t.transform in ("k_b", "v_b"):   # both come from kv_b_proj
-                want = (dims["n_head"] * (dims["n_nope"] + dims["head_dim_v"]), dims["kv_lora_rank"])
+            if t.transform in _HF_SHAPE:
+                want = _HF_SHAPE[t.transform](ne, dims)
             self._check_shape(hn, want, tuple(reversed(t.ne)))
             used.add(hn)
             out.append(SourceTensor(name, ne, _role(t.role, ne), self._reader(hn, t.transform, ne)))
+        skipped = [n for n in self.ckpt.names if spec.skipped and n.startswith(spec.skipped)]
+        if skipped:
+            log.info("%s: %d tensor(s) of the multi-token-prediction block (%s...) are not converted: the "
+                     "runtime does not run it", self.directory, len(skipped), skipped[0])
+            used.update(skipped)
         extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)
                  and not self._dropped_layer(n)]
         if extra:
@@ -167,6 +235,13 @@ class HFSource(Source):
             raise FormatError(f"{self.directory}: {len(extra)} tensor(s) that the {spec.name} layout "
                               f"does not use: {shown}; is config.json right for these weights?")
         return out
+
+    def _layer_kind(self, wanted: str, bid: int) -> str:
+        """The kind layer bid has among those a tensor may be limited to: the hybrids' "full" or
+        "linear" attention from the config; else dense or moe FFN, q_lora or q_direct query."""
+        if self.arch.layer_kind is not None:
+            return self.arch.layer_kind(self.config, bid)
+        return _layer_kind(wanted, bid, self.hp.dims)
 
     def _dropped_layer(self, hf_name: str) -> bool:
         """A layer past the decoder's (DeepSeek's and GLM's next-token-prediction blocks)."""
@@ -195,8 +270,8 @@ class HFSource(Source):
                 w = _permute_rows(w, dims["n_head_kv"])
             elif transform == "flatten":
                 w = w.reshape(ne[0])
-            elif transform in ("k_b", "v_b"):
-                w = _split_kv_b(w, dims, transform)
+            elif transform is not None:
+                w = TRANSFORMS[transform](w, dims)
             return w
         return read
 
@@ -253,8 +328,14 @@ class HFSource(Source):
         writer.add_name(self.name)
         for key, (value, kind) in self.hp.kv.items():
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
-             "str": writer.add_string}[kind](key, value)
-        add_tokenizer_to_writer(writer, tokenizer_kv_from_hf(self.directory))
+             "str": writer.add_string, "sections": writer.add_array}[kind](key, value)
+        names = self.config.get("architectures") or []
+        kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())))
+        index = {t: i for i, t in enumerate(kv["tokenizer.ggml.tokens"])}
+        for role, text in (r for a in names for r in SPECIAL_TOKEN_TEXTS.get(a, {}).items()):
+            if text in index:
+                kv[f"tokenizer.ggml.{role}_token_id"] = index[text]
+        add_tokenizer_to_writer(writer, kv)
 
     def close(self) -> None:
         self.ckpt.close()
@@ -294,7 +375,7 @@ def _check_common_config(config: dict, where: str, spec: ArchSpec) -> None:
         raise UnsupportedError(f"{where}: hidden_act '{act}' is not supported (silu only)")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in (None,) + spec.rope_types:
+    if rope_type not in (None, "default") + spec.rope_scaling:
         raise UnsupportedError(f"{where}: RoPE scaling '{rope_type}' is not supported yet")
     if spec.sliding_window:
         return

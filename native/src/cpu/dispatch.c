@@ -268,7 +268,7 @@ static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_
     }
     for (int64_t r0 = 0; r0 < n_rows; r0 += RM_TILE_ROWS) {
         const int64_t r1 = r0 + RM_TILE_ROWS < n_rows ? r0 + RM_TILE_ROWS : n_rows;
-        tk->matmul(n, w, row, r0, r1, x_t, (int32_t) n_tok, room, y, n_rows, 0);
+        tk->matmul(n, w, 0, row, r0, r1, x_t, (int32_t) n_tok, room, y, n_rows, 0);
     }
     free(x_t);
     free(room);

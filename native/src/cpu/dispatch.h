@@ -65,12 +65,14 @@ typedef struct rm_packed_kernels {
 
 /* The tile form of a matrix product (AMX): weights RM_TILE_ROWS rows at a time against every
  * token of the product, the tokens in groups of RM_TILE_ROWS laid out once per product
- * (put_act, token by token, as they are quantized). Each output is bit for bit what the set
- * below's vec_dot gives for that row and token, so prefill and decode see the same numbers.
+ * (put_act, token by token, as they are quantized). With `exact`, each output is bit for bit
+ * what the set below's vec_dot gives for that row and token, so prefill and decode see the same
+ * numbers; without, they agree to float rounding (the same integers, other float steps).
  * Used for rows of n with usable(n) and from min_tokens tokens on. */
 #define RM_TILE_ROWS 16
 typedef struct rm_tile_kernels {
     int32_t  min_tokens;
+    int32_t  exact;
     int      (*usable)(int64_t n);
     uint64_t (*act_bytes)(int64_t n, int32_t n_tok);          /* the product's activations, laid out */
     /* token i of n_tok (its quantized row x_q) into the layout at x_t; the last token also clears
@@ -78,9 +80,10 @@ typedef struct rm_tile_kernels {
     void     (*put_act)(int64_t n, const void * x_q, int32_t i, int32_t n_tok, void * x_t);
     uint64_t (*room_bytes)(int64_t n);                        /* a thread's room for RM_TILE_ROWS packed rows */
     /* y[i * y_stride + r] (+)= dot(row r, token i) for rows r0..r1 (at most RM_TILE_ROWS) of w
-     * (row_bytes apart) and the n_tok tokens of x_t */
-    void     (*matmul)(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                       int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate);
+     * (row_bytes apart) and the n_tok tokens of x_t. stored: w holds the rows in the set below's
+     * stored layout (rm_packed_kernels.repack_row), which the type then has. */
+    void     (*matmul)(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                       const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate);
 } rm_tile_kernels;
 
 /* y[i] += a * x[i] for n floats */

@@ -1,4 +1,5 @@
-/* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8).
+/* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8),
+ * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K (further down).
  *
  * One tdpbssd multiplies a tile of 16 weight rows x 32 int8 levels by a tile of 32 levels x 16
  * tokens into 16 x 16 int32 sums: one 32-element block of 16 rows against 16 tokens, 8192
@@ -11,14 +12,17 @@
  * and the float operations, in the same order, of the AVX-512 set's kernels (dot_32_multi and its
  * prefill form, on rows of whole groups of eight blocks), so a token's result is bit for bit the
  * one the AVX-512 set's vec_dot gives, in prefill and in decode. Everything else in this set
- * (vec_dot, decode, the other types) is the AVX-512 set's: dispatch.c falls through.
+ * (vec_dot, decode, products of too few tokens, the other types) is the AVX-512 set's: dispatch.c
+ * falls through.
  *
  * Layouts. A thread's room holds RM_TILE_ROWS rows unpacked: per block, the 16 rows' 32 signed
  * levels (512 bytes, Q4_0's nibbles less 8) and their 16 scales as floats (64 bytes), rows past
  * the matrix zero. The activations of a product: per group of 16 tokens and per block, the
  * levels in the tile's pairing (dword j of token c at 64 j + 4 c: 512 bytes), then the 16 token
  * scales as floats (64 bytes); places past the last token are zero. Both are 576 bytes per block,
- * 18 bytes per weight or activation: made per product, nothing is kept at load.
+ * 1.125 bytes per weight or activation: made per product (a thread's room is 18 bytes per element
+ * of a row), nothing is kept at load. Q4_0 rows that the AVX-512 set keeps in its stored layout
+ * (RAPIDMOE_REPACK) are unpacked from that layout.
  *
  * Compiled with -mamx-tile -mamx-int8 and the AVX-512 flags (CMakeLists.txt), only where the
  * compiler has them (RM_AMX); chosen only where cpuid, XCR0 and the kernel's grant of the tile
@@ -31,6 +35,7 @@
 
 #include "dispatch.h"
 
+#define RM_AMX_INLINE static inline __attribute__((always_inline))
 #define TILE_BLOCK_BYTES 576   /* one block of RM_TILE_ROWS rows or 16 tokens: 512 levels + 64 scale bytes */
 #define TILE_TOKENS 16
 
@@ -81,9 +86,27 @@ static void put_act_32(int64_t n, const void * x_q, int32_t i, int32_t n_tok, vo
     }
 }
 
+/* Block k of a group of eight in the AVX-512 set's stored Q4_0 layout (vec_dot_avx512.c,
+ * repack_row_q4_0): the eight fp16 scales, then 4 x 32 bytes whose dword k holds, in its low
+ * nibbles, levels 8m..8m+3 of block k and in its high nibbles levels 8m+4..8m+7 (m = 0..3). */
+static void stored_q4_0_block(const uint8_t * g, int k, float * d, uint8_t * out) {
+    rm_fp16 h;
+    memcpy(&h, g + 2 * k, sizeof(h));
+    *d = rm_fp16_to_fp32(h);
+    int32_t u[4];
+    for (int m = 0; m < 4; m++) {
+        memcpy(&u[m], g + 16 + 32 * m + 4 * k, 4);
+    }
+    const __m128i v = _mm_loadu_si128((const __m128i *) u), m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(v, m4), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m4), eight);
+    _mm_storeu_si128((__m128i *) out, _mm_unpacklo_epi32(lo, hi));
+    _mm_storeu_si128((__m128i *) (out + 16), _mm_unpackhi_epi32(lo, hi));
+}
+
 /* Rows r0..r1 (at most RM_TILE_ROWS) unpacked into the room, block by block. */
-static void pack_rows_32(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
-                         const int kind) {
+static void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                         uint8_t * room, const int kind) {
     const int64_t nb = n / RM_QK;
     const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
     const __m128i m4 = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
@@ -94,6 +117,11 @@ static void pack_rows_32(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
             if (r0 + r >= r1) {
                 memset(blk + 32 * r, 0, 32);
                 dw[r] = 0.0f;
+                continue;
+            }
+            if (stored) {   /* Q4_0 only: 8 blocks take 144 bytes in either layout */
+                stored_q4_0_block(w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) (b / 8) * 8 * wblock, (int) (b % 8),
+                                  &dw[r], blk + 32 * r);
                 continue;
             }
             const uint8_t * src = w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) b * wblock;
@@ -142,44 +170,282 @@ static void tile_group_32(int64_t nb, const uint8_t * room, const uint8_t * xg, 
     }
 }
 
-static void matmul_32(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                      int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int kind) {
+/* y[(i0 + c) * y_stride + r] (+)= out[r - r0][c] for the group's tokens */
+static void store_tile(float out[RM_TILE_ROWS][TILE_TOKENS], int32_t i0, int32_t n_tok, int64_t r0, int64_t r1, float * y,
+                       int64_t y_stride, int accumulate) {
+    const int nc = n_tok - i0 < TILE_TOKENS ? n_tok - i0 : TILE_TOKENS;
+    for (int c = 0; c < nc; c++) {
+        float * yc = y + (int64_t) (i0 + c) * y_stride;
+        for (int64_t r = r0; r < r1; r++) {
+            yc[r] = accumulate ? yc[r] + out[r - r0][c] : out[r - r0][c];
+        }
+    }
+}
+
+static void matmul_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                      const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                      const int kind) {
     const int64_t nb = n / RM_QK;
-    pack_rows_32(n, w, row_bytes, r0, r1, room, kind);
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind);
     tile_configure();
     for (int32_t i0 = 0; i0 < n_tok; i0 += TILE_TOKENS) {
         float out[RM_TILE_ROWS][TILE_TOKENS];
         tile_group_32(nb, room, (const uint8_t *) x_t + (uint64_t) (i0 / TILE_TOKENS) * (uint64_t) nb * TILE_BLOCK_BYTES,
                       out);
-        const int nc = n_tok - i0 < TILE_TOKENS ? n_tok - i0 : TILE_TOKENS;
-        for (int c = 0; c < nc; c++) {
-            float * yc = y + (int64_t) (i0 + c) * y_stride;
-            for (int64_t r = r0; r < r1; r++) {
-                yc[r] = accumulate ? yc[r] + out[r - r0][c] : out[r - r0][c];
-            }
-        }
+        store_tile(out, i0, n_tok, r0, r1, y, y_stride, accumulate);
     }
     _tile_release();
 }
 
-static void matmul_q8_0(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                        int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
-    matmul_32(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q8_0_LEVELS);
+static void matmul_q8_0(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                        const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
+    matmul_32(n, w, 0, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q8_0_LEVELS);   /* never stored */
 }
 
-static void matmul_q4_0(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                        int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
-    matmul_32(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
+static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                        const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
+    matmul_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
 }
 
-/* From 16 tokens on: one group fills the tile's 16 columns. */
-static const rm_tile_kernels tile_q8_0 = {16, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
-static const rm_tile_kernels tile_q4_0 = {16, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
+/* ---- the K-quants (Q4_K, Q5_K, Q6_K against Q8_K) -------------------------------------------- *
+ *
+ * One tdpbssd per sub-block (Q4_K/Q5_K: 8 of 32 elements, K = 32; Q6_K: 16 of 16, K = 16) gives
+ * its 16 x 16 integer dots; they are weighted by the rows' integer sub-block scales in int32
+ * lanes (exact, as the reference's sumi), then each super-block adds in float
+ * (d_w d_x) sumi, less (dmin_w d_x) summ for the mins of Q4_K/Q5_K, whose integer part
+ * summ = sum_s m_s (bsums of sub-block s) comes from vpmaddwd on pairs of sub-blocks. Q6_K's
+ * levels are stored less 32 (signed), so it needs no offset term.
+ *
+ * These are the reference's integers, but not the AVX-512 kernels' float steps (those keep eight
+ * partial sums per super-block, which a tile cannot give): results agree with the one-token
+ * kernels to float rounding, not bit for bit (rm_tile_kernels.exact = 0).
+ *
+ * Layouts, per super-block. Weights (a thread's room, RM_TILE_ROWS rows): the levels, sub-block
+ * by sub-block, 16 rows x K bytes each (4096 bytes); the scales as int32 [sub-block][row] (1024);
+ * the mins in pairs of int16 [pair][row] (256); d and dmin as floats [row] (128). Activations (per
+ * group of 16 tokens): the levels, dword e of token c at 64 e + 4 c (4096 bytes); d as floats
+ * (64); the 32-element sums in pairs of int16 [pair][token] (256). That is 21.5 bytes of room per
+ * element of a row, and 1.08 bytes per activation. */
+#define KQ_W_BYTES (4096 + 1024 + 256 + 128)
+#define KQ_X_BYTES (4096 + 64 + 256)
+
+enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K };
+
+static int usable_kq(int64_t n) { return n > 0 && n % RM_QK_K == 0; }
+
+static uint64_t act_bytes_kq(int64_t n, int32_t n_tok) {
+    return (uint64_t) ((n_tok + TILE_TOKENS - 1) / TILE_TOKENS) * (uint64_t) (n / RM_QK_K) * KQ_X_BYTES;
+}
+
+static uint64_t room_bytes_kq(int64_t n) { return (uint64_t) (n / RM_QK_K) * KQ_W_BYTES; }
+
+static void put_act_kq(int64_t n, const void * x_q, int32_t i, int32_t n_tok, void * x_t) {
+    const int64_t nsb = n / RM_QK_K;
+    const rm_block_q8_K * x = x_q;
+    uint8_t * g = (uint8_t *) x_t + (uint64_t) (i / TILE_TOKENS) * (uint64_t) nsb * KQ_X_BYTES;
+    const int c = i % TILE_TOKENS;
+    const size_t clear = i == n_tok - 1 ? (size_t) (4 * (TILE_TOKENS - 1 - c)) : 0;   /* places after the last token */
+    for (int64_t b = 0; b < nsb; b++) {
+        uint8_t * blk = g + (uint64_t) b * KQ_X_BYTES;
+        for (int e = 0; e < RM_QK_K / 4; e++) {
+            memcpy(blk + 64 * e + 4 * c, x[b].qs + 4 * e, 4);
+            memset(blk + 64 * e + 4 * (c + 1), 0, clear);
+        }
+        memcpy(blk + 4096 + 4 * c, &x[b].d, 4);
+        memset(blk + 4096 + 4 * (c + 1), 0, clear);
+        for (int p = 0; p < 4; p++) {   /* sub-blocks 2p and 2p + 1: 32-element sums, at most 4064 */
+            const int16_t pair[2] = {(int16_t) (x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]),
+                                     (int16_t) (x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3])};
+            memcpy(blk + 4160 + 64 * p + 4 * c, pair, 4);
+            memset(blk + 4160 + 64 * p + 4 * (c + 1), 0, clear);
+        }
+    }
+}
+
+/* Q4_K/Q5_K's sub-block scale and min j of 12 packed bytes (as quants_ref.c unpacks them) */
+static void scale_min_k4(const uint8_t q[12], int j, int32_t * sc, int32_t * mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Row r of super-block b into its places in the room block wb. */
+RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const int kind) {
+    int32_t * sc = (int32_t *) (wb + 4096), * mins = (int32_t *) (wb + 5120);
+    float * d = (float *) (wb + 5376);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (kind == KQ_Q6_K) {   /* element 128h + 32g + l: levels into sub-blocks of 16 */
+        const rm_block_q6_K * b = (const rm_block_q6_K *) src;
+        const __m256i m2h = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *) (b->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *) (b->qh + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2h));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2h));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
+            for (int g = 0; g < 4; g++) {   /* sub-blocks 8h + 2g and 8h + 2g + 1 */
+                const __m256i v = _mm256_sub_epi8(q[g], k32);
+                const int j = 8 * h + 2 * g;
+                _mm_storeu_si128((__m128i *) (wb + 256 * j + 16 * r), _mm256_castsi256_si128(v));
+                _mm_storeu_si128((__m128i *) (wb + 256 * (j + 1) + 16 * r), _mm256_extracti128_si256(v, 1));
+            }
+        }
+        for (int j = 0; j < 16; j++) {
+            sc[16 * j + r] = b->scales[j];
+        }
+        d[r] = rm_fp16_to_fp32(b->d);
+        return;
+    }
+    const rm_block_q4_K * b = (const rm_block_q4_K *) src;   /* d, dmin, scales: the same places in Q5_K */
+    const uint8_t * qs = kind == KQ_Q5_K ? ((const rm_block_q5_K *) src)->qs : b->qs;
+    const __m256i qh = kind == KQ_Q5_K ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) src)->qh)
+                                       : _mm256_setzero_si256();
+    for (int p = 0; p < 4; p++) {   /* sub-block 2p in the low nibbles of qs[32p..], 2p + 1 in the high */
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (kind == KQ_Q5_K) {   /* qh bit 2p of byte l: element 64p + l's fifth bit; 2p + 1: 64p + 32 + l's */
+            const __m256i b4 = _mm256_set1_epi8(0x10), h = _mm256_srli_epi16(qh, 2 * p);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+        }
+        _mm256_storeu_si256((__m256i *) (wb + 512 * (2 * p) + 32 * r), lo);
+        _mm256_storeu_si256((__m256i *) (wb + 512 * (2 * p + 1) + 32 * r), hi);
+    }
+    int32_t m[8];
+    for (int j = 0; j < 8; j++) {
+        scale_min_k4(b->scales, j, &sc[16 * j + r], &m[j]);
+    }
+    for (int p = 0; p < 4; p++) {
+        mins[16 * p + r] = (int32_t) ((uint32_t) m[2 * p] | ((uint32_t) m[2 * p + 1] << 16));
+    }
+    d[r] = rm_fp16_to_fp32(b->d);
+    d[16 + r] = rm_fp16_to_fp32(b->dmin);
+}
+
+static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
+                         const int kind) {
+    const size_t bsize = kind == KQ_Q6_K ? sizeof(rm_block_q6_K) : kind == KQ_Q5_K ? sizeof(rm_block_q5_K)
+                                                                                    : sizeof(rm_block_q4_K);
+    for (int64_t b = 0; b < n / RM_QK_K; b++) {
+        uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
+        if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
+            memset(wb, 0, KQ_W_BYTES);
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            switch (kind) {   /* one inlined copy per type */
+            case KQ_Q4_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q4_K); break;
+            case KQ_Q5_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q5_K); break;
+            default:      pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q6_K); break;
+            }
+        }
+    }
+}
+
+static void tile_configure_k(int k) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    cfg.rows[0] = RM_TILE_ROWS, cfg.colsb[0] = TILE_TOKENS * 4;
+    cfg.rows[1] = RM_TILE_ROWS, cfg.colsb[1] = (uint16_t) k;
+    cfg.rows[2] = (uint8_t) (k / 4), cfg.colsb[2] = TILE_TOKENS * 4;
+    _tile_loadconfig(&cfg);
+}
+
+/* One group of 16 tokens against the packed rows: out[r][c] */
+RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_t * xg,
+                                 float out[RM_TILE_ROWS][TILE_TOKENS], const int kind) {
+    const int k = kind == KQ_Q6_K ? 16 : 32, n_sub = RM_QK_K / k;
+    __m512 acc[RM_TILE_ROWS], acc_m[RM_TILE_ROWS];
+    int32_t sums[RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
+    for (int r = 0; r < RM_TILE_ROWS; r++) {
+        acc[r] = acc_m[r] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES, * xb = xg + (uint64_t) b * KQ_X_BYTES;
+        const int32_t * sc = (const int32_t *) (wb + 4096), * mins = (const int32_t *) (wb + 5120);
+        const float * d = (const float *) (wb + 5376);
+        __m512i sumi[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            sumi[r] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < n_sub; j++) {
+            _tile_zero(0);
+            _tile_loadd(1, wb + 16 * k * j, k);
+            _tile_loadd(2, xb + 16 * k * j, TILE_TOKENS * 4);
+            _tile_dpbssd(0, 1, 2);
+            _tile_stored(0, sums, TILE_TOKENS * 4);
+            for (int r = 0; r < RM_TILE_ROWS; r++) {
+                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(_mm512_set1_epi32(sc[16 * j + r]),
+                                                                       _mm512_load_si512(sums[r])));
+            }
+        }
+        const __m512 dx = _mm512_loadu_ps(xb + 4096);
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), dx), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
+        }
+        if (kind != KQ_Q6_K) {
+            for (int r = 0; r < RM_TILE_ROWS; r++) {
+                __m512i summ = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) {
+                    summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_set1_epi32(mins[16 * p + r]),
+                                                                    _mm512_loadu_si512(xb + 4160 + 64 * p)));
+                }
+                acc_m[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + r]), dx), _mm512_cvtepi32_ps(summ), acc_m[r]);
+            }
+        }
+    }
+    for (int r = 0; r < RM_TILE_ROWS; r++) {
+        _mm512_storeu_ps(out[r], _mm512_sub_ps(acc[r], acc_m[r]));
+    }
+}
+
+RM_AMX_INLINE void matmul_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                             int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int kind) {
+    const int64_t nsb = n / RM_QK_K;
+    pack_rows_kq(n, w, row_bytes, r0, r1, room, kind);
+    tile_configure_k(kind == KQ_Q6_K ? 16 : 32);
+    for (int32_t i0 = 0; i0 < n_tok; i0 += TILE_TOKENS) {
+        float out[RM_TILE_ROWS][TILE_TOKENS];
+        tile_group_kq(nsb, room, (const uint8_t *) x_t + (uint64_t) (i0 / TILE_TOKENS) * (uint64_t) nsb * KQ_X_BYTES,
+                      out, kind);
+        store_tile(out, i0, n_tok, r0, r1, y, y_stride, accumulate);
+    }
+    _tile_release();
+}
+
+#define RM_TILE_MATMUL_KQ(name, kind)                                                                              \
+    static void name(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,            \
+                     const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {  \
+        matmul_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, kind);                      \
+    }
+RM_TILE_MATMUL_KQ(matmul_q4_K, KQ_Q4_K)
+RM_TILE_MATMUL_KQ(matmul_q5_K, KQ_Q5_K)
+RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
+
+/* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
+ * Q8_0/Q4_0 break even at 12 tokens and win from 16; the K-quants win from 12 (1.1 to 1.6x),
+ * not at 8 (0.7 to 1.2x). */
+static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
+static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
+static const rm_tile_kernels tile_q4_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
+static const rm_tile_kernels tile_q5_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q6_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {
         [RM_TYPE_Q4_0] = &tile_q4_0,
         [RM_TYPE_Q8_0] = &tile_q8_0,
+        [RM_TYPE_Q4_K] = &tile_q4_K,
+        [RM_TYPE_Q5_K] = &tile_q5_K,
+        [RM_TYPE_Q6_K] = &tile_q6_K,
     },
 };
 

@@ -175,7 +175,8 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
     const uint64_t rb = a->w->row_bytes;
     if (t->tk) {   /* the tile form: RM_TILE_ROWS rows at a time against every token */
         for (int64_t s0 = r0; s0 < r1; s0 += RM_TILE_ROWS) {
-            t->tk->matmul(n_in, t->wdata, rb, s0, s0 + RM_TILE_ROWS < r1 ? s0 + RM_TILE_ROWS : r1, t->xt, a->n_tok,
+            t->tk->matmul(n_in, t->stored ? t->stored : t->wdata, t->stored != NULL, rb, s0,
+                          s0 + RM_TILE_ROWS < r1 ? s0 + RM_TILE_ROWS : r1, t->xt, a->n_tok,
                           t->pack + (uint64_t) ith * t->pack_stride, a->y, a->y_stride, a->accumulate);
         }
         return;

@@ -9,6 +9,8 @@
 
 #include <immintrin.h>
 
+#include "../iq_grids.h"
+
 #include "dispatch.h"
 #include <stddef.h>
 #include <string.h>
@@ -648,5 +650,94 @@ RM_KQ_ENTRY_POINTS(q3_K, 4)
 RM_KQ_ENTRY_POINTS(q4_K, 0)
 RM_KQ_ENTRY_POINTS(q5_K, 0)
 RM_KQ_ENTRY_POINTS(q6_K, 32)
+
+/* ---------------------------------------------------------------------------------------------
+ * IQ4_XS against Q8_K, one token: a sub-block's 32 indices (the low nibbles of 16 qs bytes, then
+ * the high ones) look their levels up in the 16-entry table with one byte shuffle; |level| times
+ * the activations signed like the level, in int16 pairs (at most 2 * 127 * 127, no saturation),
+ * weighted by the sub-block's 6-bit scale less 32 into int32 lanes; one float multiply-add per
+ * super-block. The same integers as quants_ref.c's; the floats are summed in eight lanes.
+ * ------------------------------------------------------------------------------------------- */
+static void vec_dot_iq4_xs(int64_t n, float * out, const void * w, const void * x_q) {
+    const rm_block_iq4_xs * b = w;
+    const rm_block_q8_K * a = x_q;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) rm_iq4nl_values));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < RM_QK_K / 32; j++) {
+            const __m128i q = _mm_loadu_si128((const __m128i *) (b[i].qs + 16 * j));
+            const __m256i lv = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
+                                                                            _mm_and_si128(q, m4)));
+            const __m256i x = _mm256_loadu_si256((const __m256i *) (a[i].qs + 32 * j));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(lv, lv), _mm256_sign_epi8(x, lv));
+            const int mul = (((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b[i].scales_h >> (2 * j)) & 3) << 4)) - 32;
+            sumi = RM_KQ_ACC(sumi, p, _mm256_set1_epi16((short) mul));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(b[i].d)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *out = hsum_ps(acc);
+}
+
+/* IQ2_XXS and IQ3_XXS against Q8_K, one token. Per sub-block of 32: the codebook magnitudes
+ * (four 8-level IQ2_XXS entries, or eight 4-level IQ3_XXS ones), and a word of four 7-bit sign
+ * indices (rm_iq_ksigns: one byte of signs per 8 levels) with the 4-bit scale s on top, mul =
+ * 2s + 1. The signs go onto the activations (each sign byte spread over its 8 lanes, bit j of
+ * lane j tested), the magnitudes stay unsigned for vpmaddubsw; the rest is vec_dot_iq4_xs's.
+ * step: the power of two of the type's scale (quants_ref.c's IQ_KERNELS). */
+enum { IQ_GRID_2XXS, IQ_GRID_3XXS };
+
+RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * x_q, const int kind) {
+    const size_t bsize = kind == IQ_GRID_2XXS ? sizeof(rm_block_iq2_xxs) : sizeof(rm_block_iq3_xxs);
+    const float step = kind == IQ_GRID_2XXS ? 0.125f : 0.25f;
+    const rm_block_q8_K * a = x_q;
+    const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        const uint8_t * blk = (const uint8_t *) w + (uint64_t) i * bsize;
+        const uint8_t * qs = blk + sizeof(rm_fp16);
+        rm_fp16 d;
+        memcpy(&d, blk, sizeof(d));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < RM_QK_K / 32; j++) {
+            uint32_t ss;
+            __m256i mag;
+            if (kind == IQ_GRID_2XXS) {   /* 4 index bytes, then the word */
+                const uint8_t * q = qs + 8 * j;
+                memcpy(&ss, q + 4, 4);
+                uint64_t g[4];
+                for (int k = 0; k < 4; k++) memcpy(&g[k], rm_iq2xxs_grid[q[k]], 8);
+                mag = _mm256_setr_epi64x((long long) g[0], (long long) g[1], (long long) g[2], (long long) g[3]);
+            } else {   /* 8 index bytes of qs; the words after all the indices */
+                const uint8_t * q = qs + 8 * j;
+                memcpy(&ss, qs + RM_QK_K / 4 + 4 * j, 4);
+                uint32_t g[8];
+                for (int k = 0; k < 8; k++) memcpy(&g[k], rm_iq3xxs_grid[q[k]], 4);
+                mag = _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6],
+                                        (int) g[7]);
+            }
+            const __m256i sb = _mm256_setr_epi64x(
+                (long long) (rm_iq_ksigns[ss & 127] * 0x0101010101010101ULL),
+                (long long) (rm_iq_ksigns[(ss >> 7) & 127] * 0x0101010101010101ULL),
+                (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
+                (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
+            const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);   /* 0xff: this level is negative */
+            const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) (a[i].qs + 32 * j)), _mm256_or_si256(neg, one));
+            const __m256i p = _mm256_maddubs_epi16(mag, x);
+            sumi = RM_KQ_ACC(sumi, p, _mm256_set1_epi16((short) (2 * (ss >> 28) + 1)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(d) * step), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *out = hsum_ps(acc);
+}
+
+static void vec_dot_iq2_xxs(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_iq_grid(n, out, w, x_q, IQ_GRID_2XXS);
+}
+
+static void vec_dot_iq3_xxs(int64_t n, float * out, const void * w, const void * x_q) {
+    dot_iq_grid(n, out, w, x_q, IQ_GRID_3XXS);
+}
 
 #endif

@@ -285,6 +285,9 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q5_K] = vec_dot_q5_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4,
+        [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
+        [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
+        [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
     },
     .quantize = {
         [RM_TYPE_Q8_0] = quantize_q8_0,

@@ -444,6 +444,9 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_K] = vec_dot_q5_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4,
+        [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
+        [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
+        [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
     },
     .vec_dot_multi = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_multi,

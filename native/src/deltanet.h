@@ -1,0 +1,45 @@
+/* deltanet.h - internal: the Qwen3.5/Qwen3-Next hybrid layers: Gated DeltaNet (linear attention
+ * with a recurrent state) and the sigmoid output gate of their full-attention layers.
+ *
+ * A session of a hybrid model holds, beside its KV cache, each linear layer's conv state (the
+ * last d_conv - 1 inputs of its convolution) and delta-rule state (n_v matrices d_state x
+ * head_v). Together with the KV cache they are the whole context: a cache entry alone no longer
+ * describes it, so anything that reuses or rewinds a context must snapshot these states too.
+ * These layers run on the CPU backend only (the loader refuses a device for them). */
+#ifndef RM_DELTANET_H
+#define RM_DELTANET_H
+
+#include "session.h"
+
+typedef struct rm_hybrid {
+    int32_t * lin_index;          /* n_layer: the layer's index among the linear layers, or -1 */
+    int32_t * kv_index;           /* n_layer: the layer's index among the attention layers (its KV cache), or -1 */
+    float *   conv_state;         /* per linear layer: d_conv - 1 rows of conv_dim */
+    float *   ssm_state;          /* per linear layer: n_v matrices of d_state x head_v */
+    float *   mixed;              /* n_batch rows of conv_dim: the q/k/v projection */
+    float *   conv_out;           /* n_batch rows of conv_dim: after the convolution */
+    float *   z;                  /* n_batch rows of d_inner: the output gate */
+    float *   ba;                 /* n_batch rows of 2*n_v: b and a as projected */
+    float *   g, * beta;          /* n_batch rows of n_v: log-decay and write strength */
+    float *   core;               /* n_batch rows of d_inner: the delta rule's output */
+    float *   conv_w;             /* conv_dim rows of d_conv: the layer's filters as floats */
+    float *   chunk;              /* n_v chunk scratches (rm_gdn_chunk_scratch) */
+    float *   qg;                 /* n_batch rows of 2*n_head*head_dim: q and gate, per head */
+    float *   gate;               /* n_batch rows of n_head*head_dim */
+} rm_hybrid;
+
+/* The session's hybrid state, zeroed; *out = NULL for a model without hybrid layers. */
+rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out);
+void      rm_hybrid_free(rm_hybrid * h);
+void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);
+
+/* x += the Gated DeltaNet of layer il over the n tokens of s->x (decode: the recurrent form;
+ * prefill: the chunked one). */
+void rm_deltanet_block(rm_session * s, int il, int32_t n);
+
+/* Gated attention: the q projection's rows (n rows of n_head heads of [q, gate]) into s->q and
+ * h->gate; after attention, attn *= sigmoid(gate). */
+void rm_attn_gate_split(rm_session * s, int32_t n);
+void rm_attn_gate_apply(rm_session * s, int32_t n);
+
+#endif

@@ -318,7 +318,8 @@ def test_arch_gpt_oss_llamacpp_mxfp4_file(llama, tmp_path):
     """llama.cpp's MXFP4_MOE file (MXFP4 experts, Q8_0 attention and embeddings) in both engines.
     Every token uses all 4 experts: with top-2 the two engines' float sums, equal to ~1e-6
     elsewhere, pick different experts at a few near-tied positions (measured up to 0.9% on 5 of
-    40 positions). Measured: 1.6e-7."""
+    40 positions). Measured: 1.6e-7. Re-split by our converter: the copy (recipe mxfp4) 1.6e-7; a
+    Q3_K base alone mean KL 3.5e-2, with every Q8_0 residual 2.5e-4, against llama.cpp's logits."""
     src = make_tiny_gpt_oss(tmp_path / "hf", truncate=True, num_experts_per_tok=4)
     path = _llama_file(llama, src, tmp_path / "mxfp4.gguf", MXFP4_MOE)
     import gguf
@@ -328,7 +329,25 @@ def test_arch_gpt_oss_llamacpp_mxfp4_file(llama, tmp_path):
     ids = np.random.default_rng(7).integers(3, VOCAB, 40).tolist()
     with rm.Model(path, n_ctx=128, n_threads=2) as m:
         mine = m.eval_logits(ids)
-    assert rel_err(mine, _llama_logits(llama, path, ids, tmp_path)) <= 1e-4
+    theirs = _llama_logits(llama, path, ids, tmp_path)
+    assert rel_err(mine, theirs) <= 1e-4
+
+    # the same file re-split: its MXFP4 experts copied (recipe mxfp4), or a Q3_K base with a
+    # residual that restores them (q3k-q8), against llama.cpp on the MXFP4 file
+    rep = rm.convert(path, tmp_path / "copy.gguf", recipe="mxfp4", progress=False)
+    assert rep.residual_path is None
+    copied = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "copy.gguf")).tensors}
+    for t in gguf.GGUFReader(path).tensors:
+        if "_exps.weight" in t.name:
+            assert np.array_equal(np.asarray(copied[t.name].data), np.asarray(t.data)), t.name
+    with rm.Model(tmp_path / "copy.gguf", n_ctx=128, n_threads=2) as m:
+        assert rel_err(m.eval_logits(ids), theirs) <= 1e-4
+    rm.convert(path, tmp_path / "split.gguf", recipe="q3k-q8", progress=False)
+    kl = {}
+    for policy in ("none", "all"):
+        with rm.Model(tmp_path / "split.gguf", n_ctx=128, n_threads=2, residual_policy=policy) as m:
+            kl[policy] = float(_kl(theirs, m.eval_logits(ids)).mean())
+    assert kl["all"] <= 1e-3 and kl["none"] > 10 * kl["all"], kl   # measured 2.5e-4 and 3.5e-2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,3 +666,26 @@ def test_arch_gpt_oss_mxfp4_form_repacked_as_llamacpp_does(mxfp4_form, tmp_path)
     for n in experts:
         assert a[n].tensor_type == b[n].tensor_type == gguf.GGMLQuantizationType.MXFP4, n
         assert np.array_equal(np.asarray(a[n].data), np.asarray(b[n].data)), n
+
+
+def test_arch_gpt_oss_sliding_layers_keep_a_ring():
+    """A sliding layer's KV cache holds its window plus one step of tokens, not the context: with
+    gpt-oss's window of 128, a step of 512 and a context of 32768, half the layers keep 640
+    positions. (The logits tests above run rings of 9, 13 and 72 positions, wrapping in decode.)"""
+    from rapidmoe_gguf._native import check, ffi, lib
+
+    def kv(n_layer_swa):
+        p = ffi.new("rm_size_params *")
+        p.struct_size = ffi.sizeof("rm_size_params")
+        for k, v in dict(n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_expert=32, n_expert_used=4,
+                         n_ff_exp=2880, n_vocab=201088, n_ctx=32768, n_batch=512, n_swa=128,
+                         n_layer_swa=n_layer_swa).items():
+            setattr(p, k, v)
+        out = ffi.new("rm_session_sizes *")
+        out.struct_size = ffi.sizeof("rm_session_sizes")
+        check(lib.rm_session_sizes_get(p, out))
+        return out.kv_cache
+
+    per_pos = 2 * 4 * 8 * 64   # K and V floats of one position and layer
+    assert kv(0) == 24 * 32768 * per_pos
+    assert kv(12) == (12 * 32768 + 12 * (128 + 512)) * per_pos

@@ -34,7 +34,8 @@ from bench_vs_llamacpp import DEFAULT_VENV, LLAMA_CPP_VERSION, llama_python
 
 # llama.cpp's llama_ftype values (include/llama.h) for the files we benchmark
 FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
-          "Q5_K_M": 17, "Q6_K": 18, "IQ3_XXS": 23, "IQ4_NL": 25, "IQ3_S": 26, "IQ4_XS": 30}
+          "Q5_K_M": 17, "Q6_K": 18, "IQ3_XXS": 23, "IQ4_NL": 25, "IQ3_S": 26, "IQ4_XS": 30,
+          "MXFP4_MOE": 38}   # MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere (gpt-oss, make_bench_model.py --arch gpt-oss)
 DEFAULT_SRC = os.path.join(os.path.expanduser("~"), ".cache", "rapidmoe", "llamacpp-src")
 
 _CONVERT = r"""

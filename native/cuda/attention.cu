@@ -13,7 +13,7 @@ template <int DPL>   /* head dims per lane: ceil(head_dim / 32) */
 __global__ void __launch_bounds__(RM_ATTN_WARPS * RM_WARP)
 k_attention(const float * __restrict__ q, const float * __restrict__ kc, const float * __restrict__ vc,
             float * __restrict__ out, int32_t n_tok, int32_t pos0, int32_t n_head, int32_t n_head_kv, int32_t D,
-            float scale, int32_t window, const float * __restrict__ sinks) {
+            float scale, int32_t window, const float * __restrict__ sinks, int32_t ring) {
     const int64_t job = (int64_t) blockIdx.x * RM_ATTN_WARPS + threadIdx.x / RM_WARP;
     const int lane = threadIdx.x % RM_WARP;
     if (job >= (int64_t) n_tok * n_head) {
@@ -35,7 +35,8 @@ k_attention(const float * __restrict__ q, const float * __restrict__ kc, const f
     /* a sink starts the softmax as a score with no value */
     float m = sinks ? sinks[h] : -INFINITY, l = sinks ? 1.0f : 0.0f;
     for (int32_t p = p_first; p < n_kv; p++) {
-        const float * kr = kc + p * kv_stride + kv_off;
+        const int64_t row = ring > 0 ? p % ring : p;   /* a sliding layer's ring */
+        const float * kr = kc + row * kv_stride + kv_off;
         float s = 0.0f;
 #pragma unroll
         for (int k = 0; k < DPL; k++) {
@@ -46,7 +47,7 @@ k_attention(const float * __restrict__ q, const float * __restrict__ kc, const f
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), e = expf(s - m_new);
         l = l * corr + e;
-        const float * vr = vc + p * kv_stride + kv_off;
+        const float * vr = vc + row * kv_stride + kv_off;
 #pragma unroll
         for (int k = 0; k < DPL; k++) {
             const int d = lane + RM_WARP * k;
@@ -80,7 +81,7 @@ cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a, const float
 #define RM_ATTN_CASE(n)                                                                                   \
     case n: k_attention<n><<<blocks, threads, 0, st>>>(a->q, a->k_cache, a->v_cache, a->out, a->n_tok,     \
                                                        a->pos0, a->n_head, a->n_head_kv, a->head_dim, scale,  \
-                                                       a->window, sinks_dev);                                 \
+                                                       a->window, sinks_dev, a->ring);                        \
         break
     switch (dpl) {
         RM_ATTN_CASE(1);

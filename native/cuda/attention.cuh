@@ -8,7 +8,7 @@
 #define RM_CU_ATTN_MAX_HEAD_DIM 256
 
 /* As rm_attn_args (backend.h): token t attends to positions [0, pos0 + t], the last a->window of
- * them when window > 0, with sinks_dev (n_head floats in device memory, or NULL) joining each
+ * them when window > 0 (from a ring of a->ring rows when ring > 0), with sinks_dev (n_head floats in device memory, or NULL) joining each
  * softmax. head_dim <= 256. */
 cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a, const float * sinks_dev);
 

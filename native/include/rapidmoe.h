@@ -470,11 +470,14 @@ typedef struct rm_size_params {
     int32_t  n_layer_linear;      /* layers with linear attention (a recurrent state each); 0: none */
     int32_t  ssm_d_conv, ssm_conv_dim;   /* their conv kernel length and channels */
     int32_t  ssm_n_v, ssm_d_state, ssm_head_v; /* value heads, key and value head widths */
+    int32_t  n_swa;               /* sliding-window layers (gpt-oss): their window; 0 without */
+    int32_t  n_layer_swa;         /* how many layers slide: each keeps a ring of n_swa + n_batch
+                                   * positions (at most n_ctx) instead of n_ctx */
 } rm_size_params;
 
 typedef struct rm_session_sizes {
     uint32_t struct_size;         /* sizeof(rm_session_sizes) */
-    uint64_t kv_cache;            /* K and V of every layer for n_ctx positions */
+    uint64_t kv_cache;            /* K and V of every layer for n_ctx positions (a sliding layer: its ring) */
     uint64_t activations;         /* the forward pass's buffers for a step of n_batch tokens */
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */

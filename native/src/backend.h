@@ -57,6 +57,8 @@ typedef struct rm_attn_args {
     int32_t       window;         /* > 0: token t sees only the last `window` of those positions */
     const rm_weight * sinks;      /* NULL, or F32 ne = {n_head}: a logit per head that joins each
                                      softmax and takes its share of the weight, with no value */
+    int32_t       ring;           /* > 0: the cache is a ring of `ring` rows, position p in row p % ring
+                                     (a sliding layer's; rm_kv_ring_rows); 0: position p in row p */
 } rm_attn_args;
 
 /* RoPE with YaRN's context extension (rm_rope_yarn_of, yarn.c): frequency i blends the

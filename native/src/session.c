@@ -190,6 +190,36 @@ static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, i
     }
 }
 
+/* Layer il's first row in the KV cache, and its ring: a sliding-window layer keeps only the last
+ * rm_kv_ring_rows positions, position p in row p % ring; other layers keep n_ctx (ring 0). The
+ * same layout as sizes.c's byte count. */
+static int64_t kv_place(const rm_session * s, int il, int32_t * ring) {
+    const rm_model * m = s->m;
+    const int32_t r = rm_kv_ring_rows(s->n_ctx, s->n_batch, m->hp.n_swa);
+    int64_t row0 = 0;
+    *ring = 0;
+    for (int l = 0; l <= il; l++) {
+        const int slides = m->hp.n_swa > 0 && (m->layers[l].kind & RM_LAYER_ATTN_SLIDING);
+        if (l == il) {
+            *ring = slides ? r : 0;
+        } else {
+            row0 += slides ? r : s->n_ctx;
+        }
+    }
+    return row0;
+}
+
+/* The n new rows of x (width floats each) into a layer's cache at positions n_past.. (wrapping
+ * round a ring; n <= n_batch < ring, so at most once). */
+static void cache_append(rm_session * s, float * cache, const float * x, int32_t n, int64_t width, int32_t ring) {
+    const int64_t at = ring ? s->n_past % ring : s->n_past;
+    const int64_t first = ring && at + n > ring ? ring - at : n;
+    s->be->ops->copy(s->be, cache + at * width, x, sizeof(float) * (uint64_t) (first * width));
+    if (first < n) {
+        s->be->ops->copy(s->be, cache, x + first * width, sizeof(float) * (uint64_t) ((n - first) * width));
+    }
+}
+
 static void attention_block(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
@@ -229,13 +259,15 @@ static void attention_block(rm_session * s, int il, int32_t n) {
         be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
         be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
     }
-    const int64_t slot = s->hy ? s->hy->kv_index[il] : il;   /* a hybrid caches its attention layers only */
-    float * kc = s->k_cache + slot * s->n_ctx * KV;
-    float * vc = s->v_cache + slot * s->n_ctx * KV;
-    be->ops->copy(be, kc + (int64_t) s->n_past * KV, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
-    be->ops->copy(be, vc + (int64_t) s->n_past * KV, s->v, sizeof(float) * (uint64_t) n * (uint64_t) KV);
+    int32_t ring = 0;
+    /* a hybrid caches its attention layers only; a sliding-window layer keeps a ring */
+    const int64_t row0 = s->hy ? (int64_t) s->hy->kv_index[il] * s->n_ctx : kv_place(s, il, &ring);
+    float * kc = s->k_cache + row0 * KV;
+    float * vc = s->v_cache + row0 * KV;
+    cache_append(s, kc, s->k, n, KV, ring);
+    cache_append(s, vc, s->v, n, KV, ring);
     rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim,
-                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL};
+                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring};
     be->ops->attention(be, &aa);
     if (gated) rm_attn_gate_apply(s, n);
     rm_prof_mark(s, RM_PROF_ATTN);

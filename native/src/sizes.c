@@ -12,6 +12,19 @@ int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch) {
     return b < n_ctx ? b : n_ctx;
 }
 
+int32_t rm_kv_ring_rows(int32_t n_ctx, int32_t n_batch, int32_t n_swa) {
+    const int64_t r = (int64_t) n_swa + n_batch;
+    return r < n_ctx ? (int32_t) r : n_ctx;
+}
+
+/* Sliding layers, from the row's rule (layer kinds are per model; the count is all sizes need). */
+static int32_t n_layer_sliding(const rm_hparams * hp) {
+    if (hp->n_swa <= 0 || hp->swa_pattern <= 1) return 0;
+    int32_t n = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) n += il % hp->swa_pattern != hp->swa_pattern - 1;
+    return n;
+}
+
 rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes) {
     return (rm_size_params){
         .struct_size = sizeof(rm_size_params),
@@ -23,6 +36,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .n_layer_linear = hp->n_layer_linear, .ssm_d_conv = hp->ssm_d_conv,
         .ssm_conv_dim = 2 * hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner, .ssm_n_v = hp->ssm_n_v,
         .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
+        .n_swa = hp->n_swa, .n_layer_swa = n_layer_sliding(hp),
     };
 }
 
@@ -58,8 +72,11 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     /* linear-attention layers keep a recurrent state instead (rm_recurrent_buf_bytes) */
     const uint64_t cached = (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx;
     const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
+    const int32_t n_swa_layers = p->n_swa > 0 && p->n_layer_swa > 0 ? p->n_layer_swa : 0;
+    const uint64_t POS = cached - (uint64_t) n_swa_layers * (uint64_t) p->n_ctx +
+                         (uint64_t) n_swa_layers * (uint64_t) rm_kv_ring_rows(p->n_ctx, p->n_batch, p->n_swa);
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
-        [RM_SESSION_BUF_K_CACHE] = f * cached * K_ROW, [RM_SESSION_BUF_V_CACHE] = f * cached * V_ROW,
+        [RM_SESSION_BUF_K_CACHE] = f * POS * K_ROW, [RM_SESSION_BUF_V_CACHE] = f * POS * V_ROW,
         [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
         [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV,
         [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * ATT,

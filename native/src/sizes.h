@@ -19,6 +19,11 @@ extern "C" {
 /* The session's tokens per step: n_batch (<= 0: 256), at most n_ctx. */
 int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch);
 
+/* The positions a sliding-window layer's cache keeps: the window plus one step of tokens, so that
+ * every token of a step still finds its whole window after the step's keys are written (at most
+ * n_ctx). Position p lives in row p % rows. */
+int32_t rm_kv_ring_rows(int32_t n_ctx, int32_t n_batch, int32_t n_swa);
+
 /* The size parameters of a session of model hp, n_ctx positions and n_batch (as clamped) tokens
  * per step; stage_expert_bytes: rm_split_stage_bytes, or 0 when the device stages no residuals. */
 rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes);

@@ -195,18 +195,27 @@ static void test_attention(rm_backend * be) {
     }
 }
 
-/* gpt-oss's attention: a window of 5 positions and a sink logit per head. The sinks are the
- * model's first F32 vector (attn_norm, values near 1), which every backend holds. */
-static void test_attention_window_sinks(rm_backend * be, const rm_model * m) {
+/* gpt-oss's attention: a window of 5 positions and a sink logit per head, the cache laid out
+ * by position or (ring > 0) as a sliding layer's ring of `ring` rows, position p in row p % ring,
+ * which wraps inside some tokens' windows. The sinks are the model's first F32 vector (attn_norm,
+ * values near 1), which every backend holds. */
+static void test_attention_window_sinks(rm_backend * be, const rm_model * m, int ring) {
     const int D = 64, H = 4, HKV = 2, N_CTX = 48, W = 5, pos0 = 17, n_tok = 6;
     const rm_weight * sinks = &m->layers[0].attn_norm;
     const float * sk = (const float *) sinks->data;
     float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
-    float * qd = put(be, q, n_tok * H * D), * kd = put(be, k, N_CTX * HKV * D), * vd = put(be, v, N_CTX * HKV * D);
+    const int rows = ring > 0 ? ring : N_CTX;
+    float * kr = malloc(sizeof(float) * (size_t) (rows * HKV * D)), * vr = malloc(sizeof(float) * (size_t) (rows * HKV * D));
+    for (int p = 0; p < pos0 + n_tok; p++) {   /* a ring keeps the last `ring` positions written */
+        memcpy(kr + (p % rows) * HKV * D, k + p * HKV * D, sizeof(float) * (size_t) (HKV * D));
+        memcpy(vr + (p % rows) * HKV * D, v + p * HKV * D, sizeof(float) * (size_t) (HKV * D));
+    }
+    float * qd = put(be, q, n_tok * H * D), * kd = put(be, kr, rows * HKV * D), * vd = put(be, vr, rows * HKV * D);
     float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
-    rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks};
+    rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks, ring};
     be->ops->attention(be, &a);
     float * o = get(be, od, n_tok * H * D);
+    free(kr), free(vr);
     double worst = 0;
     for (int i = 0; i < n_tok; i++) {
         for (int h = 0; h < H; h++) {
@@ -227,7 +236,7 @@ static void test_attention_window_sinks(rm_backend * be, const rm_model * m) {
             }
         }
     }
-    record(be->ops->name, "attention", "window 5, sinks", worst / 4.0, 2e-5);
+    record(be->ops->name, "attention", ring ? "window 5, sinks, ring of 11" : "window 5, sinks", worst / 4.0, 2e-5);
     be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
     free(q), free(k), free(v), free(o);
 }
@@ -496,7 +505,8 @@ int main(int argc, char ** argv) {
             test_rows_and_adds(cpu, m);
             test_rope(cpu);
             test_route(cpu);
-            test_attention_window_sinks(cpu, m);   /* after the others: their random inputs stay as they were */
+            test_attention_window_sinks(cpu, m, 0);   /* after the others: their random inputs stay as they were */
+            test_attention_window_sinks(cpu, m, 11);
             test_gpt_oss_ops(cpu);
         }
         cpu->ops->free(cpu);
@@ -521,7 +531,8 @@ int main(int argc, char ** argv) {
                     test_rows_and_adds(gpu, mg);
                     test_rope(gpu);
                     test_route(gpu);
-                    test_attention_window_sinks(gpu, mg);
+                    test_attention_window_sinks(gpu, mg, 0);
+                    test_attention_window_sinks(gpu, mg, 11);
                     test_gpt_oss_ops(gpu);
                 }
                 EXPECT(gpu->ops->status(gpu) == RM_OK, "CUDA backend status: %s", rm_last_error());

@@ -524,6 +524,7 @@ typedef struct attn_task {
     cpu_ctx *            c;
     rm_attn_scores_fn    scores;
     rm_attn_values_fn    values;
+    rm_axpy_fn           axpy;
     atomic_llong         next_job;    /* jobs are (token, head); later tokens see more positions */
 } attn_task;
 
@@ -545,20 +546,31 @@ static void attn_task_fn(void * p, int ith, int nth) {
         const int32_t p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
         const int32_t n_kv = n_all - p0;
         const float * q = a->q + i * q_stride + (int64_t) h * D;
-        const int64_t kv_off = (int64_t) p0 * kv_stride + (int64_t) (h / group) * D;
-        t->scores(D, n_kv, q, a->k_cache + kv_off, kv_stride, scale, scores);
+        float * out = a->out + i * q_stride + (int64_t) h * D;
+        /* the positions' rows: one run, or two where a ring wraps (rows r0.. then 0..) */
+        const int32_t r0 = a->ring > 0 ? p0 % a->ring : p0;
+        const int32_t n1 = a->ring > 0 && r0 + n_kv > a->ring ? a->ring - r0 : n_kv;
+        const int64_t head = (int64_t) (h / group) * D;
+        t->scores(D, n1, q, a->k_cache + (int64_t) r0 * kv_stride + head, kv_stride, scale, scores);
+        if (n1 < n_kv) {
+            t->scores(D, n_kv - n1, q, a->k_cache + head, kv_stride, scale, scores + n1);
+        }
         if (a->sinks) {
             rm_softmax_sink(scores, n_kv, ((const float *) a->sinks->data)[h]);
         } else {
             rm_softmax(scores, n_kv);
         }
-        t->values(D, n_kv, scores, a->v_cache + kv_off, kv_stride, a->out + i * q_stride + (int64_t) h * D);
+        t->values(D, n1, scores, a->v_cache + (int64_t) r0 * kv_stride + head, kv_stride, out);
+        for (int32_t p = n1; p < n_kv; p++) {   /* the wrapped rows, added on */
+            t->axpy(D, scores[p], a->v_cache + (int64_t) (p - n1) * kv_stride + head, out);
+        }
     }
     (void) nth;
 }
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
-    attn_task t = {.a = a, .c = be->ctx, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values()};
+    attn_task t = {.a = a, .c = be->ctx, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values(),
+                   .axpy = rm_cpu_axpy()};
     atomic_init(&t.next_job, 0);
     rm_pool_run_shared(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
 }

@@ -12,15 +12,14 @@ logits: the two forms compute the same attention.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
+import llamacpp_oracle as llamacpp
 from conftest import VOCAB as TINY_VOCAB, make_tiny_tokenizer
 
 N_PROMPT, N_DECODE = 24, 8
@@ -167,61 +166,14 @@ def test_arch_deepseek_mla_absorbed_equals_expanded(converted, name):
 # The same checkpoints through llama.cpp's converter, run by llama.cpp and by us
 # ---------------------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
-LLAMA_PY = os.environ.get("LLAMA_CPP_PYTHON",
-                          str(Path.home() / ".cache" / "rapidmoe" / "llamacpp-venv" / "bin" / "python"))
-LLAMA_SRC = os.environ.get("LLAMA_CPP_SRC", str(Path.home() / ".cache" / "rapidmoe" / "llamacpp-src" /
-                                              "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"))
-
-# llama.cpp's logits with an F32 KV cache, every position
-_LLAMA_CHILD = r"""
-import sys, json, numpy as np
-from llama_cpp import Llama
-path, ids, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-llm = Llama(model_path=path, n_ctx=len(ids) + 8, n_batch=len(ids), logits_all=True, n_threads=2,
-            type_k=0, type_v=0, verbose=False)
-llm.eval(ids)
-np.save(out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
-"""
-
-
-def _llama_ready() -> bool:
-    if not os.path.isfile(os.path.join(LLAMA_SRC, "convert_hf_to_gguf.py")) or not os.path.exists(LLAMA_PY):
-        return False
-    return subprocess.run([LLAMA_PY, "-c", "import llama_cpp"], capture_output=True).returncode == 0
-
-
-needs_llama = pytest.mark.skipif(not _llama_ready(), reason="llama-cpp-python (LLAMA_CPP_PYTHON) or llama.cpp's "
-                                 "converter (LLAMA_CPP_SRC) is not installed")
-
-
-def llama_convert(hf_dir, out) -> None:
-    """llama.cpp's own converter at f32; the tiny tokenizer's fingerprint is unknown to it, so its
-    pre-tokenizer name is given (tools/make_llamacpp_files.py)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_llamacpp_files import _CONVERT
-
-    r = subprocess.run([sys.executable, "-c", _CONVERT, LLAMA_SRC, "qwen2", str(hf_dir), "--outfile", str(out),
-                        "--outtype", "f32"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-
-
-def llama_logits(path, ids, tmp_path):
-    npy = tmp_path / "llama.npy"
-    r = subprocess.run([LLAMA_PY, "-c", _LLAMA_CHILD, str(path), json.dumps(ids), str(npy)], capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return np.load(npy)
-
-
-@needs_llama
+@llamacpp.needs
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_yarn", "glm4_moe_lite", "glm4_moe"])
 def test_arch_deepseek_llama_cpp_file_matches_llama_cpp(converted, tmp_path, name):
     """llama.cpp's converter's file: our logits against llama.cpp's on it, and against transformers."""
     src, _, ids, ref = converted(name)
     path = tmp_path / "llamacpp.gguf"
-    llama_convert(src, path)
-    theirs = llama_logits(path, ids, tmp_path)
+    llamacpp.convert(src, path, "qwen2")
+    theirs = llamacpp.logits(path, ids, tmp_path)
     with rm.Model(path, n_ctx=64, n_threads=2) as m:
         ours = m.eval_logits(ids)
     assert _rel(theirs, ref).max() <= 1e-4, "llama.cpp itself against transformers"
@@ -229,12 +181,12 @@ def test_arch_deepseek_llama_cpp_file_matches_llama_cpp(converted, tmp_path, nam
     assert _rel(ours, ref).max() <= 1e-4
 
 
-@needs_llama
+@llamacpp.needs
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3_yarn", "deepseek_v2", "glm4_moe_lite", "glm4_moe"])
 def test_arch_deepseek_our_file_runs_in_llama_cpp(converted, tmp_path, name):
     """Our converter's file loads in llama.cpp and gives its logits."""
     _, path, ids, ref = converted(name)
-    theirs = llama_logits(path, ids, tmp_path)
+    theirs = llamacpp.logits(path, ids, tmp_path)
     assert _rel(theirs, ref).max() <= 1e-4
 
 
@@ -289,7 +241,7 @@ def test_arch_deepseek_planner_counts_the_latent_cache(converted):
 TOKENIZER_TEXT = ("Hello漢字World's 1234567 ÉTÉ été\nカタカナ ひらがな  x  DON'T\n\n\tend 中文，标点。 A1b2")
 
 
-@needs_llama
+@llamacpp.needs
 @pytest.mark.parametrize("pre", ["kimi-k2", "glm4", "deepseek-v3"])
 def test_arch_deepseek_pre_tokenizer_ids_match_llama_cpp(converted, tmp_path, pre):
     """The tiny vocabulary under each family's pre-tokenizer name: our ids are llama.cpp's."""
@@ -301,7 +253,7 @@ def test_arch_deepseek_pre_tokenizer_ids_match_llama_cpp(converted, tmp_path, pr
     child = (r"import sys, json; from llama_cpp import Llama; "
              r"llm = Llama(model_path=sys.argv[1], vocab_only=True, verbose=False); "
              r"print(json.dumps(llm.tokenize(sys.argv[2].encode(), add_bos=False, special=True)))")
-    r = subprocess.run([LLAMA_PY, "-c", child, str(named), TOKENIZER_TEXT], capture_output=True, text=True)
+    r = subprocess.run([llamacpp.python(), "-c", child, str(named), TOKENIZER_TEXT], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     with rm.Model(named, n_ctx=16, n_threads=1) as m:
         assert m.tokenizer.encode(TOKENIZER_TEXT, add_special=False) == json.loads(r.stdout)
@@ -349,9 +301,10 @@ def test_arch_deepseek_chat_template_matches_transformers(converted, name, add_g
 
     from rapidmoe_gguf import chat
 
-    path = Path(LLAMA_SRC) / "models" / "templates" / name
-    if not path.is_file():
-        pytest.skip(f"{path} is not there (LLAMA_CPP_SRC)")
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    path = Path(llamacpp.src()) / "models" / "templates" / name
+    assert path.is_file(), f"{path}: llama.cpp ships no such template"
     template = path.read_text(encoding="utf-8")
     src, _, _, _ = converted("glm4_moe")
     tok = AutoTokenizer.from_pretrained(src)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
+import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer, write_gguf_like
 
 N_PROMPT, N_DECODE = 48, 16
@@ -215,113 +216,36 @@ def test_arch_gpt_oss_bad_layer_pattern_is_refused(tmp_path):
 # llama.cpp: its own converter on the same kind of checkpoint, its engine on the same file
 # ---------------------------------------------------------------------------------------------
 
-LLAMA_CPP_VERSION = "0.3.36"
-MXFP4_MOE = 38   # llama_ftype LLAMA_FTYPE_MOSTLY_MXFP4_MOE: experts MXFP4, other matrices Q8_0
-
-_CONVERT = r"""
-import sys
-src, pre = sys.argv[1], sys.argv[2]
-sys.path[:0] = [src, src + "/gguf-py"]
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[3:]
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre   # a test tokenizer has no known fingerprint
-import runpy
-runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-_QUANTIZE = r"""
-import sys, llama_cpp
-p = llama_cpp.llama_model_quantize_default_params()
-p.ftype, p.nthread = int(sys.argv[3]), 2
-sys.exit(1 if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) else 0)
-"""
-
-# every position's logits, an F32 KV cache, YaRN's beta from the file (llama-cpp-python's own
-# defaults would override it)
-_LOGITS = r"""
-import sys, json, numpy as np, llama_cpp
-ids = json.loads(sys.argv[2])
-m = llama_cpp.Llama(sys.argv[1], n_ctx=128, n_batch=128, n_ubatch=128, logits_all=True, verbose=False,
-                    n_threads=2, type_k=0, type_v=0, yarn_beta_fast=-1, yarn_beta_slow=-1)
-m.eval(ids)
-np.save(sys.argv[3], np.array(m.scores[:len(ids)], dtype=np.float32))
-"""
-
-
-def _llama_python() -> str | None:
-    """llama-cpp-python's interpreter: $LLAMA_CPP_PYTHON, /work/llvenv, or tools/bench_vs_llamacpp.py's venv."""
-    import subprocess
-
-    cands = [os.environ.get("LLAMA_CPP_PYTHON"), "/work/llvenv/bin/python",
-             os.path.expanduser("~/.cache/rapidmoe/llamacpp-venv/bin/python")]
-    for py in filter(None, cands):
-        if os.path.exists(py) and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0:
-            return py
-    return None
-
-
-def _llama_src() -> str | None:
-    """llama.cpp's converter, from the llama-cpp-python sdist: $RAPIDMOE_LLAMACPP_SRC (the vendored
-    llama.cpp folder) or where tools/make_llamacpp_files.py unpacks it."""
-    cands = [os.environ.get("RAPIDMOE_LLAMACPP_SRC"),
-             os.path.expanduser(f"~/.cache/rapidmoe/llamacpp-src/llama_cpp_python-{LLAMA_CPP_VERSION}/vendor/llama.cpp")]
-    return next((c for c in filter(None, cands) if os.path.exists(os.path.join(c, "convert_hf_to_gguf.py"))), None)
-
-
-@pytest.fixture(scope="module")
-def llama():
-    py, src = _llama_python(), _llama_src()
-    if py is None or src is None:
-        pytest.skip("llama.cpp is not here: set LLAMA_CPP_PYTHON and RAPIDMOE_LLAMACPP_SRC "
-                    "(tools/make_llamacpp_files.py fetches the sdist)")
-    return py, src
-
-
-def _llama_file(llama, hf_dir, out, ftype=None):
+def _llama_file(hf_dir, out, ftype=None):
     """llama.cpp's converter writes F32; with ftype, llama.cpp's quantizer then makes that file type."""
-    import subprocess
-    import sys
-
-    py, src = llama
-    f32 = str(out) + ".f32.gguf"
-    subprocess.run([sys.executable, "-c", _CONVERT, src, "gpt-4o", str(hf_dir), "--outfile", f32, "--outtype", "f32"],
-                   check=True, capture_output=True)
-    if ftype is None:
-        return f32
-    subprocess.run([py, "-c", _QUANTIZE, f32, str(out), str(ftype)], check=True, capture_output=True)
-    return str(out)
+    f32 = llamacpp.convert(hf_dir, str(out) + ".f32.gguf", "gpt-4o")
+    return str(f32 if ftype is None else llamacpp.quantize(f32, out, ftype))
 
 
-def _llama_logits(llama, path, ids, tmp_path):
-    import subprocess
-
-    npy = tmp_path / "llama.npy"
-    subprocess.run([llama[0], "-c", _LOGITS, str(path), json.dumps(ids), str(npy)], check=True, capture_output=True)
-    return np.load(npy)
-
-
-def test_arch_gpt_oss_llamacpp_file_matches_both_oracles(llama, tmp_path):
+@llamacpp.needs
+def test_arch_gpt_oss_llamacpp_file_matches_both_oracles(tmp_path):
     """llama.cpp's converter on a checkpoint with truncate true (llama.cpp's only reading; GGUF has
     no key for it): our engine on that file against llama.cpp on it and against transformers.
     Measured: 4.6e-7 and 1.0e-6 (llama.cpp against transformers: 1.0e-6)."""
     src = make_tiny_gpt_oss(tmp_path / "hf", truncate=True)
-    path = _llama_file(llama, src, tmp_path / "ll.gguf")
+    path = _llama_file(src, tmp_path / "ll.gguf")
     ids = np.random.default_rng(7).integers(3, VOCAB, 40).tolist()
     with rm.Model(path, n_ctx=128, n_threads=2) as m:
         mine = m.eval_logits(ids)
-    theirs = _llama_logits(llama, path, ids, tmp_path)
+    theirs = llamacpp.logits(path, ids, tmp_path, n_ctx=128)
     assert rel_err(mine, theirs) <= 1e-4, f"against llama.cpp: {rel_err(mine, theirs):.2e}"
     assert rel_err(mine, reference_logits(src, ids)) <= 1e-4
 
 
-def test_arch_gpt_oss_llamacpp_mxfp4_file(llama, tmp_path):
+@llamacpp.needs
+def test_arch_gpt_oss_llamacpp_mxfp4_file(tmp_path):
     """llama.cpp's MXFP4_MOE file (MXFP4 experts, Q8_0 attention and embeddings) in both engines.
     Every token uses all 4 experts: with top-2 the two engines' float sums, equal to ~1e-6
     elsewhere, pick different experts at a few near-tied positions (measured up to 0.9% on 5 of
     40 positions). Measured: 1.6e-7. Re-split by our converter: the copy (recipe mxfp4) 1.6e-7; a
     Q3_K base alone mean KL 3.5e-2, with every Q8_0 residual 2.5e-4, against llama.cpp's logits."""
     src = make_tiny_gpt_oss(tmp_path / "hf", truncate=True, num_experts_per_tok=4)
-    path = _llama_file(llama, src, tmp_path / "mxfp4.gguf", MXFP4_MOE)
+    path = _llama_file(src, tmp_path / "mxfp4.gguf", "MXFP4_MOE")
     import gguf
 
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
@@ -329,7 +253,7 @@ def test_arch_gpt_oss_llamacpp_mxfp4_file(llama, tmp_path):
     ids = np.random.default_rng(7).integers(3, VOCAB, 40).tolist()
     with rm.Model(path, n_ctx=128, n_threads=2) as m:
         mine = m.eval_logits(ids)
-    theirs = _llama_logits(llama, path, ids, tmp_path)
+    theirs = llamacpp.logits(path, ids, tmp_path, n_ctx=128)
     assert rel_err(mine, theirs) <= 1e-4
 
     # the same file re-split: its MXFP4 experts copied (recipe mxfp4), or a Q3_K base with a
@@ -646,18 +570,12 @@ def test_arch_gpt_oss_bench_model_writes_mxfp4(tmp_path):
 def test_arch_gpt_oss_mxfp4_form_repacked_as_llamacpp_does(mxfp4_form, tmp_path):
     """The released MXFP4 form through llama.cpp's converter and through ours (recipe mxfp4): the
     same expert bytes, so the nibble and scale repack is llama.cpp's reading of the blocks."""
-    import subprocess
-    import sys
-
     import gguf
 
-    src_dir = _llama_src()
-    if src_dir is None:
-        pytest.skip("llama.cpp's converter is not here: set RAPIDMOE_LLAMACPP_SRC")
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's converter is not at hand (LLAMA_CPP_SRC)")
     src = mxfp4_form[0]
-    theirs = tmp_path / "ll.gguf"
-    subprocess.run([sys.executable, "-c", _CONVERT, src_dir, "gpt-4o", str(src), "--outfile", str(theirs),
-                    "--outtype", "f32"], check=True, capture_output=True)
+    theirs = llamacpp.convert(src, tmp_path / "ll.gguf", "gpt-4o")
     rm.convert(src, tmp_path / "ours.gguf", recipe="mxfp4", progress=False)
     a = {t.name: t for t in gguf.GGUFReader(str(theirs)).tensors}
     b = {t.name: t for t in gguf.GGUFReader(str(tmp_path / "ours.gguf")).tensors}

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
 from rapidmoe_gguf.errors import NeedsCPUError, UnsupportedError
+import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer
 
 KINDS = {"qwen3_next": "qwen3next", "qwen3_5_moe": "qwen35moe"}
@@ -204,37 +203,12 @@ def test_hybrid_mtp_block_is_skipped(tmp_path, caplog):
 
 # ---- llama.cpp's converter on the same checkpoints --------------------------------------------
 
-def _llama_src():
-    src = os.environ.get("LLAMA_CPP_SRC")
-    if not src:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-        from make_llamacpp_files import DEFAULT_SRC, LLAMA_CPP_VERSION
-
-        src = os.path.join(DEFAULT_SRC, f"llama_cpp_python-{LLAMA_CPP_VERSION}", "vendor", "llama.cpp")
-    return src if os.path.exists(os.path.join(src, "convert_hf_to_gguf.py")) else None
-
-
-_CONVERT = r"""
-import sys
-src, pre = sys.argv[1], sys.argv[2]
-sys.path[:0] = [src, src + "/gguf-py"]
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[3:]
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
-import runpy
-runpy.run_path(src + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
-def llama_cpp_convert(hf_dir, out, outtype="f32", mtp=False):
+def llama_cpp_convert(hf_dir, out, mtp=False):
     """llama.cpp's own converter (--no-mtp unless mtp: transformers' checkpoints have no MTP
-    block); None when its source is not at hand."""
-    src = _llama_src()
-    if src is None:
-        return None
-    subprocess.run([sys.executable, "-c", _CONVERT, src, "qwen35", str(hf_dir), "--outtype", outtype,
-                    "--outfile", str(out)] + ([] if mtp else ["--no-mtp"]), check=True, capture_output=True)
-    return out
+    block); the test skips where its source is not at hand."""
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's converter is not at hand (LLAMA_CPP_SRC)")
+    return llamacpp.convert(hf_dir, out, "qwen35", extra=() if mtp else ("--no-mtp",))
 
 
 def add_mtp_block(hf_dir):
@@ -261,8 +235,6 @@ def add_mtp_block(hf_dir):
 def test_hybrid_llama_cpp_file_runs_as_ours(hybrid, model_type, tmp_path):
     hf, path, ids, ref = hybrid(model_type)
     theirs = llama_cpp_convert(hf, tmp_path / "llamacpp.gguf")
-    if theirs is None:
-        pytest.skip("llama.cpp's converter is not at hand (set LLAMA_CPP_SRC)")
     with rm.open_gguf(theirs) as g:
         assert g.hparams()["arch"] == KINDS[model_type]
     resplit = tmp_path / "resplit.gguf"   # llama.cpp's file through our converter (a GGUF source)
@@ -279,38 +251,10 @@ def test_hybrid_llama_cpp_file_runs_as_ours(hybrid, model_type, tmp_path):
 
 # ---- llama.cpp's engine on the same files -----------------------------------------------------
 
-_LLAMA_CHILD = r"""
-import sys, json, numpy as np
-from llama_cpp import Llama
-path, ids_file, out = sys.argv[1:4]
-ids = json.load(open(ids_file))
-llm = Llama(model_path=path, n_ctx=256, n_batch=256, n_ubatch=256, logits_all=True, n_threads=2,
-            type_k=0, type_v=0, verbose=False)   # an F32 KV cache
-llm.eval(ids)
-np.save(out, np.asarray(llm.scores[:len(ids)], dtype=np.float32))
-"""
-
-
-def _llama_python():
-    """An interpreter with llama_cpp: LLAMA_CPP_PYTHON, tools/compare_llamacpp.py's venv, or this one."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-    from compare_llamacpp import DEFAULT_LLAMA_PY
-
-    for py in (os.environ.get("LLAMA_CPP_PYTHON"), str(DEFAULT_LLAMA_PY), sys.executable):
-        if py and os.path.exists(py) and subprocess.run([py, "-c", "import llama_cpp"],
-                                                        capture_output=True).returncode == 0:
-            return py
-    return None
-
-
 def llama_cpp_logits(path, ids, tmp_path):
-    py = _llama_python()
-    if py is None:
-        pytest.skip("llama-cpp-python is not installed (set LLAMA_CPP_PYTHON)")
-    ids_file, out = tmp_path / "ids.json", tmp_path / "logits.npy"
-    ids_file.write_text(json.dumps(list(ids)))
-    subprocess.run([py, "-c", _LLAMA_CHILD, str(path), str(ids_file), str(out)], check=True, capture_output=True)
-    return np.load(out)
+    if llamacpp.python() is None:
+        pytest.skip("llama-cpp-python is not installed (LLAMA_CPP_PYTHON)")
+    return llamacpp.logits(path, ids, tmp_path)
 
 
 @pytest.mark.parametrize("model_type", KINDS)
@@ -318,8 +262,6 @@ def test_hybrid_logits_match_llama_cpp(hybrid, model_type, tmp_path):
     """Same file, two engines: llama.cpp's file (its converter) and ours, each in llama.cpp and here."""
     hf, path, ids, ref = hybrid(model_type)
     theirs = llama_cpp_convert(hf, tmp_path / "llamacpp.gguf")
-    if theirs is None:
-        pytest.skip("llama.cpp's converter is not at hand (set LLAMA_CPP_SRC)")
     ids = ids[:N_PROMPT]
     for f in (theirs, path):
         lc = llama_cpp_logits(f, ids, tmp_path)
@@ -387,10 +329,9 @@ def test_hybrid_qwen35_chat_template_matches_transformers(hybrid, add_generation
 
     from rapidmoe_gguf import chat
 
-    src = _llama_src()
-    path = src and os.path.join(src, "models", "templates", "Qwen3.5-4B.jinja")
-    if not path or not os.path.exists(path):
-        pytest.skip("Qwen3.5's chat template is not at hand (llama.cpp's models/templates)")
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships Qwen3.5's template, is not at hand (LLAMA_CPP_SRC)")
+    path = os.path.join(llamacpp.src(), "models", "templates", "Qwen3.5-4B.jinja")
     template = open(path, encoding="utf-8").read()
     hf, model_path, *_ = hybrid("qwen3_5_moe")
     tok = AutoTokenizer.from_pretrained(hf)
@@ -416,8 +357,6 @@ def test_hybrid_llama_cpp_file_with_mtp_block(tmp_path):
     d = tmp_path / "hf"
     make_tiny_hybrid(d, "qwen3_5_moe")
     plain = llama_cpp_convert(d, tmp_path / "plain.gguf")
-    if plain is None:
-        pytest.skip("llama.cpp's converter is not at hand (set LLAMA_CPP_SRC)")
     add_mtp_block(d)
     with_mtp = llama_cpp_convert(d, tmp_path / "mtp.gguf", mtp=True)
     with rm.open_gguf(with_mtp) as g:

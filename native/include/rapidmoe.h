@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 4
+#define RM_ABI_VERSION 5
 
 typedef enum rm_status {
     RM_OK                  =  0,

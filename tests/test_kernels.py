@@ -165,7 +165,7 @@ def test_kernels_amx_tiles_match_reference(name):
                 assert alone.tobytes() == got[i:i + 1].tobytes()
 
 
-# IQ types with SIMD kernels (IQ4_XS also for several tokens at once; the others token by token)
+# IQ types with SIMD kernels (one token and several at once)
 IQ_SIMD_TYPES = ["IQ4_XS", "IQ2_XXS", "IQ3_XXS"]
 
 

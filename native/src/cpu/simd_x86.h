@@ -715,7 +715,7 @@ static void vec_dot_iq4_xs_multi(int64_t n, int nc, float * out, const void * w,
     }
 }
 
-/* IQ2_XXS and IQ3_XXS against Q8_K, one token. Per sub-block of 32: the codebook magnitudes
+/* IQ2_XXS and IQ3_XXS against Q8_K, for nc tokens. Per sub-block of 32: the codebook magnitudes
  * (four 8-level IQ2_XXS entries, or eight 4-level IQ3_XXS ones), and a word of four 7-bit sign
  * indices (rm_iq_ksigns: one byte of signs per 8 levels) with the 4-bit scale s on top, mul =
  * 2s + 1. The signs go onto the activations (each sign byte spread over its 8 lanes, bit j of
@@ -723,19 +723,27 @@ static void vec_dot_iq4_xs_multi(int64_t n, int nc, float * out, const void * w,
  * step: the power of two of the type's scale (quants_ref.c's IQ_KERNELS). */
 enum { IQ_GRID_2XXS, IQ_GRID_3XXS };
 
-RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * x_q, const int kind) {
+RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
+                            const int kind) {
     const size_t bsize = kind == IQ_GRID_2XXS ? sizeof(rm_block_iq2_xxs) : sizeof(rm_block_iq3_xxs);
     const float step = kind == IQ_GRID_2XXS ? 0.125f : 0.25f;
-    const rm_block_q8_K * a = x_q;
     const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[RM_MULTI_MAX];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
     for (int64_t i = 0; i < n / RM_QK_K; i++) {
         const uint8_t * blk = (const uint8_t *) w + (uint64_t) i * bsize;
         const uint8_t * qs = blk + sizeof(rm_fp16);
         rm_fp16 d;
         memcpy(&d, blk, sizeof(d));
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < RM_QK_K / 32; j++) {
+        const rm_block_q8_K * a[RM_MULTI_MAX];
+        __m256i sumi[RM_MULTI_MAX];
+        for (int c = 0; c < nc; c++) {
+            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+            sumi[c] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block decoded once, for every token */
             uint32_t ss;
             __m256i mag;
             if (kind == IQ_GRID_2XXS) {   /* 4 index bytes, then the word */
@@ -758,21 +766,43 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
                 (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
                 (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
             const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);   /* 0xff: this level is negative */
-            const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) (a[i].qs + 32 * j)), _mm256_or_si256(neg, one));
-            const __m256i p = _mm256_maddubs_epi16(mag, x);
-            sumi = RM_KQ_ACC(sumi, p, _mm256_set1_epi16((short) (2 * (ss >> 28) + 1)));
+            const __m256i sgn = _mm256_or_si256(neg, one), mul = _mm256_set1_epi16((short) (2 * (ss >> 28) + 1));
+            for (int c = 0; c < nc; c++) {
+                const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j)), sgn);
+                sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(mag, x), mul);
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[i].d * fp16(d) * step), _mm256_cvtepi32_ps(sumi), acc);
+        const float dw = fp16(d);
+        for (int c = 0; c < nc; c++) {
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw * step), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
     }
-    *out = hsum_ps(acc);
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
 }
 
-static void vec_dot_iq2_xxs(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_iq_grid(n, out, w, x_q, IQ_GRID_2XXS);
-}
+/* The table entries: one token, and several (the same operations per token, so the same floats) */
+#define RM_IQ_GRID_ENTRY_POINTS(t, kind)                                                               \
+    static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
+        dot_iq_grid(n, out, w, x_q, 0, 1, kind);                                                         \
+    }                                                                                                    \
+    static void vec_dot_##t##_multi(int64_t n, int nc, float * out, const void * w, const void * x_q,    \
+                                    uint64_t x_stride, const float * x_info, int64_t x_info_stride) {    \
+        (void) x_info;                                                                                   \
+        (void) x_info_stride;                                                                            \
+        if (nc == 8) {                                                                                   \
+            dot_iq_grid(n, out, w, x_q, x_stride, 8, kind);                                              \
+        } else if (nc == 4) {                                                                            \
+            dot_iq_grid(n, out, w, x_q, x_stride, 4, kind);                                              \
+        } else {                                                                                         \
+            for (int c = 0; c < nc; c++) {                                                               \
+                dot_iq_grid(n, out + c, w, (const uint8_t *) x_q + (uint64_t) c * x_stride, x_stride, 1, kind); \
+            }                                                                                            \
+        }                                                                                                \
+    }
 
-static void vec_dot_iq3_xxs(int64_t n, float * out, const void * w, const void * x_q) {
-    dot_iq_grid(n, out, w, x_q, IQ_GRID_3XXS);
-}
+RM_IQ_GRID_ENTRY_POINTS(iq2_xxs, IQ_GRID_2XXS)
+RM_IQ_GRID_ENTRY_POINTS(iq3_xxs, IQ_GRID_3XXS)
 
 #endif

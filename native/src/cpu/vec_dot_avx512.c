@@ -457,6 +457,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_K] = vec_dot_q5_K_multi,
         [RM_TYPE_Q6_K] = vec_dot_q6_K_multi,
         [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs_multi,
+        [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs_multi,
+        [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs_multi,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
     },
     .attn_scores = attn_scores,

@@ -150,6 +150,21 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
 #define ATTN_QKV (RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_SLIDING)   /* plain multi-head attention */
 #define REQ RM_TENSOR_REQUIRED
 
+/* Rows every MoE layer shares: the routed experts, their residuals (bound only with a sidecar) and
+ * an ungated shared expert's three products (a gated one adds ffn_gate_inp_shexp). */
+#define ROUTED_EXPERTS                                                                              \
+    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),                    \
+    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),                    \
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT))
+#define EXPERT_RESIDUALS                                                                            \
+    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),                   \
+    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),                   \
+    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT))
+#define SHARED_EXPERT                                                                               \
+    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),  \
+    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),  \
+    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE))
+
 /* The layers of today's rows: attention with optional biases and q/k norms, routed experts with
  * their residuals, an optional gated shared expert. In the order the loader binds them. */
 static const rm_tensor_row MOE_LAYER[] = {
@@ -167,16 +182,10 @@ static const rm_tensor_row MOE_LAYER[] = {
     T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_QK_NORM_FULL, 1, NE(KV, ONE, ONE)),
     T("blk.%d.ffn_norm.weight",    ffn_norm,  REQ, 0,        1, NE(EMBD, ONE, ONE)),
     T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
-    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
-    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
-    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
-    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),
+    ROUTED_EXPERTS,
+    SHARED_EXPERT,
     T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
-    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+    EXPERT_RESIDUALS,
 };
 
 /* The FFN side of DeepSeek and GLM layers: routed experts with a selection bias and ungated
@@ -185,18 +194,12 @@ static const rm_tensor_row MOE_LAYER[] = {
     T(ffn_norm_name,                  ffn_norm,  REQ, 0, 1, NE(EMBD, ONE, ONE)),                        \
     T("blk.%d.ffn_gate_inp.weight",   router,    REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),      \
     T("blk.%d.exp_probs_b.bias",      exp_probs_b, RM_TENSOR_OPTIONAL, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)), \
-    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),                        \
-    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),                        \
-    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),                        \
-    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),      \
-    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),      \
-    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),      \
+    ROUTED_EXPERTS,                                                                                   \
+    SHARED_EXPERT,                                                                                    \
     T("blk.%d.ffn_gate.weight",       ffn_gate,  REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),          \
     T("blk.%d.ffn_up.weight",         ffn_up,    REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),          \
     T("blk.%d.ffn_down.weight",       ffn_down,  REQ, RM_LAYER_FFN_DENSE, 0, NE(FF, EMBD, ONE)),          \
-    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),                       \
-    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),                       \
-    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT))
+    EXPERT_RESIDUALS
 
 /* GLM-4.5: plain attention with q/k/v biases and optional per-head q/k norms; llama.cpp names the
  * FFN's input norm post_attention_norm. */
@@ -259,15 +262,11 @@ static const rm_tensor_row GPT_OSS_LAYER[] = {
     T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
     T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
     T_F32("blk.%d.ffn_gate_inp.bias", router_b, RM_LAYER_EXP_BIAS, NE(EXPERT, ONE, ONE)),
-    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    ROUTED_EXPERTS,
     T_F32("blk.%d.ffn_gate_exps.bias", gate_exps_b, RM_LAYER_EXP_BIAS, NE(FF_EXP, EXPERT, ONE)),
     T_F32("blk.%d.ffn_up_exps.bias",   up_exps_b,   RM_LAYER_EXP_BIAS, NE(FF_EXP, EXPERT, ONE)),
     T_F32("blk.%d.ffn_down_exps.bias", down_exps_b, RM_LAYER_EXP_BIAS, NE(EMBD, EXPERT, ONE)),
-    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+    EXPERT_RESIDUALS,
 };
 
 #define LIN RM_LAYER_ATTN_LINEAR
@@ -295,16 +294,10 @@ static const rm_tensor_row HYBRID_LAYER[] = {
     T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
     T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
     T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
-    T_EXP("blk.%d.ffn_gate_exps.weight", gate_exps, 0, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_up_exps.weight",   up_exps,   0, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
-    T("blk.%d.ffn_gate_shexp.weight", gate_shexp, REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
-    T("blk.%d.ffn_up_shexp.weight",   up_shexp,   REQ, RM_LAYER_SHEXP, 0, NE(EMBD, FF_SHEXP, ONE)),
-    T("blk.%d.ffn_down_shexp.weight", down_shexp, REQ, RM_LAYER_SHEXP, 0, NE(FF_SHEXP, EMBD, ONE)),
+    ROUTED_EXPERTS,
+    SHARED_EXPERT,
     T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
-    T_EXP("blk.%d.ffn_gate_exps.residual", gate_res, 1, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_up_exps.residual",   up_res,   1, NE(EMBD, FF_EXP, EXPERT)),
-    T_EXP("blk.%d.ffn_down_exps.residual", down_res, 1, NE(FF_EXP, EMBD, EXPERT)),
+    EXPERT_RESIDUALS,
 };
 
 /* gpt-oss: all but every swa_pattern-th layer slide (layers 0, 2, 4, ... with the pattern 2) */

@@ -9,6 +9,7 @@
  * a shared counter rather than fixed shares, and the pool's shared runs (threads.c) let a core
  * busy with other work miss a product instead of holding it up. */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -292,11 +293,28 @@ static int wants_packed(const mm_task * t) {
     return pk && t->x_info && pk->packed_bytes(t->a->w->ne[0]) > 0 && (t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS);
 }
 
+/* Tile kernels that are not bit for bit the one-token kernels (AMX on the K-quants and IQ4_XS: the
+ * same integers, other float steps) would make a token's numbers depend on its batch, so prefill
+ * and decode would disagree in the last bits. They run only where RAPIDMOE_AMX_ROUNDING=1 asks
+ * for their speed; by default those types keep the AVX-512 prefill form. */
+static pthread_once_t inexact_once = PTHREAD_ONCE_INIT;
+static int            inexact_allowed;
+
+static void read_inexact_env(void) {
+    const char * e = getenv("RAPIDMOE_AMX_ROUNDING");
+    inexact_allowed = e && strcmp(e, "1") == 0;
+}
+
+static int inexact_tiles_allowed(void) {
+    pthread_once(&inexact_once, read_inexact_env);
+    return inexact_allowed;
+}
+
 /* The tile form's kernels for t, when its rows suit them and it has enough tokens (any number
  * where the activations are laid out already: `shared`); NULL: none. */
 static const rm_tile_kernels * tile_for(const mm_task * t, int shared) {
     const rm_tile_kernels * tk = rm_cpu_tile(t->a->w->type);
-    return tk && t->xq && tk->usable(t->a->w->ne[0]) && (shared || t->a->n_tok >= tk->min_tokens) ? tk : NULL;
+    return tk && (tk->exact || inexact_tiles_allowed()) && t->xq && tk->usable(t->a->w->ne[0]) && (shared || t->a->n_tok >= tk->min_tokens) ? tk : NULL;
 }
 
 /* t in the tile form on activations laid out at xt: chunks of whole tiles of rows. */
@@ -795,21 +813,7 @@ void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t
     }
 }
 
-void rm_softmax(float * x, int64_t n) {
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    const float inv = (float) (1.0 / sum);
-    for (int64_t i = 0; i < n; i++) {
-        x[i] *= inv;
-    }
-}
+void rm_softmax(float * x, int64_t n) { rm_softmax_sink(x, n, -INFINITY); }   /* no sink: exp(-inf) adds 0 */
 
 /* softmax over the router logits, top-k, optional renormalisation (gguf-facts §3 pipeline). */
 void rm_route_token(const float * logits, int32_t n_expert, int32_t k, int norm, rm_route * r) {

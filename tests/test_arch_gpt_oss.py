@@ -336,6 +336,31 @@ def test_arch_gpt_oss_chat_template_matches_transformers(tmp_path, effort):
     assert got == want and f"Reasoning: {effort or 'medium'}" in got
 
 
+@pytest.mark.parametrize("effort", [None, "low", "high"])
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_arch_gpt_oss_published_template_matches_transformers(tmp_path, effort, add_generation_prompt):
+    """gpt-oss's own chat template (llama.cpp ships a copy, models/templates/openai-gpt-oss-120b.jinja;
+    the test runs where llama.cpp's source is at hand), with the reasoning effort, a developer
+    message and an assistant's thinking, rendered by chat.render as transformers renders it."""
+    import transformers
+
+    from rapidmoe_gguf import chat
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships gpt-oss's template, is not at hand (LLAMA_CPP_SRC)")
+    path = Path(llamacpp.src()) / "models" / "templates" / "openai-gpt-oss-120b.jinja"
+    assert path.is_file(), f"{path}: llama.cpp ships no such template"
+    template = path.read_text(encoding="utf-8")
+    make_harmony_tokenizer(tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    kw = {} if effort is None else {"reasoning_effort": effort}
+    want = hf.apply_chat_template(MESSAGES, chat_template=template, tokenize=False,
+                                  add_generation_prompt=add_generation_prompt, **kw)
+    got = chat.render(template, MESSAGES, add_generation_prompt, **kw)
+    assert got == want
+    assert f"Reasoning: {effort or 'medium'}" in got and "<|channel|>final<|message|>Hello!" in got
+
+
 @pytest.fixture(scope="module")
 def harmony(tiny, tmp_path_factory):
     """The tiny model with the harmony tokenizer and template: (checkpoint, converted file)."""

@@ -88,7 +88,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "closed: 1 − KLD / KLD(none); share: a policy's closure over the oracle's at that budget. The",
         "oracle knows the reference's outputs and the whole text (not deployable); it spends the budget",
         "exactly, in the context half and the scored half of each chunk alike. "
-        f"The run took {meta['seconds']} s on {meta['threads']} thread(s).",
+        f"The run took {meta['seconds']} s on {meta['threads']} thread(s). Unlike the tables above (which",
+        "need the training run, `tools/quality_study.py --run`), this one runs on the shipped pair.",
         "",
         "| policy | budget | rate | PPL | KLD | closed | share of oracle | KLD p99 | top-1 | MiB/token |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -57,12 +57,15 @@ class PerplexityResult:
 
 
 def perplexity(model: Model, ids: list[int], n_ctx: int, reference: Model | None = None,
-               max_chunks: int | None = None) -> PerplexityResult:
+               max_chunks: int | None = None, masks: np.ndarray | None = None) -> PerplexityResult:
     """Perplexity of ``model`` (with its current residual policy) over ids, and divergence from
-    ``reference`` when given."""
+    ``reference`` when given. ``masks`` (n_chunk, n_ctx, n_layer, n_expert_used): a given
+    selection per chunk instead of the policy (``Model.set_residual_mask``; the oracle's)."""
     nll, kls, agree = [], [], []
     model.clear_stats()
-    for chunk in _chunks(ids, n_ctx, max_chunks):
+    for i, chunk in enumerate(_chunks(ids, n_ctx, max_chunks)):
+        if masks is not None:
+            model.set_residual_mask(masks[i])
         first = n_ctx // 2
         lp = _log_softmax(model.eval_logits(chunk)[first - 1:-1].astype(np.float64))
         targets = np.asarray(chunk[first:])
@@ -71,6 +74,8 @@ def perplexity(model: Model, ids: list[int], n_ctx: int, reference: Model | None
             lr = _log_softmax(reference.eval_logits(chunk)[first - 1:-1].astype(np.float64))
             kls.append((np.exp(lr) * (lr - lp)).sum(-1))
             agree.append(lr.argmax(-1) == lp.argmax(-1))
+    if masks is not None:
+        model.set_residual_mask(None)
     nll = np.concatenate(nll)
     rate = model.stats()["residual_rate"]
     kl = np.concatenate(kls) if kls else None

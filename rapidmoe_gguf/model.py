@@ -336,6 +336,23 @@ class Model:
             raise InvalidArgumentError(f"a layer mask goes with policy none or all, not {policy!r}")
         self._set_policy_raw(umia.KIND[policy], np.asarray(layer_mask, dtype=np.uint8))
 
+    def set_residual_mask(self, mask: np.ndarray | None) -> None:
+        """A given selection instead of the policy (offline studies: tools/umia_oracle.py): slot k
+        of the token at cache position p in layer l gets its residual iff ``mask[p, l, k]``; mask
+        has shape (n_pos, n_layer, n_expert_used), positions from n_pos on get none. None returns
+        to the policy set before (``residual_policy`` keeps naming it); ``set_residual`` replaces
+        both."""
+        if mask is None:
+            _native.check(lib.rm_session_set_residual_mask(self._live(), ffi.NULL, 0))
+            return
+        m = np.ascontiguousarray(mask, dtype=np.uint8)
+        want = (self.info["n_layer"], self.info["n_expert_used"])
+        if m.ndim != 3 or m.shape[1:] != want:
+            raise InvalidArgumentError(f"residual mask: expected shape (n_pos, {want[0]}, {want[1]}), got {m.shape}")
+        if self.residual_path is None:
+            raise NoResidualError("a residual mask needs a residual sidecar, and this model was loaded without one")
+        _native.check(lib.rm_session_set_residual_mask(self._live(), ffi.from_buffer("uint8_t[]", m), m.shape[0]))
+
     # -- calibration (rm_session_set_calibration and its records) ---------------------------------
 
     def set_calibration(self, on: bool) -> None:

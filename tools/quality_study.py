@@ -129,6 +129,10 @@ def write_markdown(rows: list[dict], meta: dict, path: Path, png: str) -> None:
               f"at power {umia.LAYER_POWER} (docs/UMIA.md: with power 1 it overspent on the most sensitive",
               "layer at budget 0.5 and lost to the router weight alone there).",
               "", f"![KLD against bytes per token]({png})", ""]
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    begin, end = "<!-- umia_oracle: begin -->", "<!-- umia_oracle: end -->"
+    if begin in old and end in old:   # tools/umia_oracle.py's section stays until that tool rewrites it
+        lines += [old[old.index(begin):old.index(end) + len(end)], ""]
     path.write_text("\n".join(lines))
 
 

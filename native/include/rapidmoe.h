@@ -566,6 +566,13 @@ typedef struct rm_residual_policy {
  * sidecar unless kind is NONE. Resets the controllers. */
 rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * policy);
 
+/* A given selection instead of the policy, for offline studies (the oracle of tools/umia_oracle.py):
+ * slot k of the token at cache position p in layer l gets its residual iff
+ * mask[(p * n_layer + l) * n_expert_used + k] != 0 (ne {n_expert_used, n_layer, n_pos}); positions
+ * >= n_pos get none. The mask is copied. mask NULL (n_pos 0) or rm_session_set_policy returns to the
+ * policy. RM_E_NO_RESIDUAL without a sidecar. */
+rm_status rm_session_set_residual_mask(rm_session * s, const uint8_t * mask, int64_t n_pos);
+
 /* ---------------------------------------------------------------------------------------------
  * The CPU/GPU split (docs/SPLIT.md)
  *

@@ -91,6 +91,7 @@ void rm_policy_state_free(rm_policy_state * p) {
     free(p->budget_ref);
     free(p->threshold);
     free(p->layer_mask);
+    free(p->mask);
     memset(p, 0, sizeof(*p));
 }
 
@@ -99,6 +100,16 @@ void rm_policy_state_free(rm_policy_state * p) {
 void rm_policy_select(rm_session * s, int il, int32_t n) {
     rm_policy_state * p = &s->policy;
     const int32_t K = s->m->hp.n_expert_used;
+    if (s->m->residual && p->mask) {   /* a given selection, by cache position */
+        const int64_t NL = s->m->hp.n_layer;
+        for (int32_t i = 0; i < n; i++) {
+            const int64_t pos = (int64_t) s->n_past + i;
+            for (int32_t k = 0; k < K; k++) {
+                s->routes[(int64_t) i * K + k].residual = pos < p->mask_pos && p->mask[(pos * NL + il) * K + k];
+            }
+        }
+        return;
+    }
     if (!s->m->residual || p->kind == RM_POLICY_NONE || !p->layer_mask[il]) {
         return;
     }
@@ -171,6 +182,9 @@ rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * pol) 
                        pol->gate_power);
     }
     rm_policy_state * p = &s->policy;
+    free(p->mask);
+    p->mask = NULL;
+    p->mask_pos = 0;
     p->kind = pol->kind;
     p->rng = rm_rng_seed(pol->seed);
     p->gate_power = pol->gate_power;
@@ -184,6 +198,33 @@ rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * pol) 
     }
     memcpy(p->budget_ref, p->layer_budget, sizeof(float) * (size_t) NL);
     p->auto_on = 0;
+    return RM_OK;
+}
+
+rm_status rm_session_set_residual_mask(rm_session * s, const uint8_t * mask, int64_t n_pos) {
+    rm_clear_error();
+    if (!s || n_pos < 0 || (n_pos > 0 && !mask)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_residual_mask: NULL argument or n_pos = %lld",
+                       (long long) n_pos);
+    }
+    if (n_pos > 0 && !s->m->residual) {
+        return rm_fail(RM_E_NO_RESIDUAL, "rm_session_set_residual_mask: the model was loaded without a "
+                       "residual sidecar");
+    }
+    rm_policy_state * p = &s->policy;
+    free(p->mask);
+    p->mask = NULL;
+    p->mask_pos = 0;
+    if (!mask || n_pos == 0) {
+        return RM_OK;
+    }
+    const size_t n = (size_t) n_pos * (size_t) s->m->hp.n_layer * (size_t) s->m->hp.n_expert_used;
+    p->mask = malloc(n);
+    if (!p->mask) {
+        return rm_fail(RM_E_OOM, "rm_session_set_residual_mask: out of memory for %zu bytes", n);
+    }
+    memcpy(p->mask, mask, n);
+    p->mask_pos = n_pos;
     return RM_OK;
 }
 

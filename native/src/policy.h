@@ -20,6 +20,10 @@ typedef struct rm_policy_state {
     int32_t        auto_on;
     rm_auto_budget auto_ctl;
     float *        budget_ref;    /* n_layer: layer_budget as rm_session_set_policy set it */
+
+    /* rm_session_set_residual_mask: when mask is set it decides instead of the kind */
+    uint8_t *      mask;          /* n_pos * n_layer * n_expert_used */
+    int64_t        mask_pos;      /* n_pos */
 } rm_policy_state;
 
 /* Allocates the arrays for n_layer layers of n_expert experts, kind ALL with a sidecar, else

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -54,7 +56,9 @@ def run(args) -> tuple[list[dict], dict]:
 
         def row(name, budget, masks=None, **extra):
             r = perplexity(m, ids, args.ctx, reference=ref, max_chunks=args.chunks, masks=masks)
-            rows.append(dict(r.as_dict(), policy=name, budget=budget, **extra))
+            st = m.stats()
+            layer_rate = st["residual"].sum(1) / np.maximum(st["active"].sum(1), 1)
+            rows.append(dict(r.as_dict(), policy=name, budget=budget, layer_rate=layer_rate.round(3).tolist(), **extra))
             print(f"{name:7s} b={budget:<5g} kld {r.kld_mean:.6f} p99 {r.kld_p99:.5f} top1 {r.top1:.4f} "
                   f"rate {r.residual_rate:.4f} [{time.time() - t0:.0f}s]", flush=True)
 
@@ -66,7 +70,7 @@ def run(args) -> tuple[list[dict], dict]:
                 m.set_residual(policy, b)
                 row(policy, b)
             m.set_residual("none")
-            res = oracle.search(m, pair, problem, b, log=print if args.verbose else None)
+            res = oracle.search(m, pair, problem, b, polish=args.polish, log=print if args.verbose else None)
             row("oracle", b, masks=res.selection, gradients=res.n_gradients, measurements=res.n_measurements,
                 search_kl=res.kl)
         meta = dict(model=os.path.basename(model_path), recipe=m.metadata.get("rapidmoe.recipe", "?"), reference=os.path.basename(args.reference) if args.reference
@@ -101,6 +105,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {r['policy']} | {r['budget']:g} | {r['residual_rate']:.3f} | {r['ppl']:.3f} | "
                      f"{r['kld_mean']:.6f} | {closed:.0%} | {share} | {r['kld_p99']:.5f} | {r['top1']:.4f} | "
                      f"{r['bytes_per_token'] / 2**20:.3f} |")
+    if all("layer_rate" in r for r in rows):
+        lines += ["", "Share of each layer's slots that got the residual (realised):", ""]
+        for b in meta["budgets"]:
+            lines.append(f"- budget {b:g}: " + ", ".join(
+                f"{r['policy']} {r['layer_rate']}" for r in rows if r["budget"] == b and r["policy"] in ("umia", "gate", "oracle")))
     lines += ["", "UMIA's share of the oracle's closure: " + "; ".join(
         f"budget {b:g}: {_share(rows, b, none):.0%}" for b in meta["budgets"]) + ".", END]
     return "\n".join(lines)
@@ -129,6 +138,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--budgets", default="0.05,0.1,0.25")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--polish", type=int, default=300, help="chunk evaluations for the oracle's single swaps")
     ap.add_argument("--markdown", help="file whose oracle section is (re)written")
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--verbose", action="store_true", help="print every candidate the search measures")

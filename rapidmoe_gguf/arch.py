@@ -105,7 +105,10 @@ class ArchSpec:
     rope_scaling: tuple[str, ...] = ()  # rope types beside the default that the runtime computes
     extra_kv: Callable[[Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None  # keys written only sometimes
     layer_kind: Callable[[Mapping[str, Any], int], str] | None = None  # hybrids: "full" | "linear" per layer
-    skipped: tuple[str, ...] = ()      # HF tensor name prefixes not converted (logged): an MTP block
+    skipped: tuple[tuple[str, str], ...] = ()  # HF tensor name prefixes not converted (logged), with what they hold
+    # a multimodal checkpoint (config.json with a text_config): the prefix its text model's tensors
+    # have, and the text-only model's prefix they are read under
+    text_model: tuple[str, str] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,6 +507,16 @@ FUSED = {
     "odd": (slice(1, None, 2), False),           # gate_up_proj_bias[:, 1::2]
 }
 
+# The per-expert matrices that transformers' fused expert classes (Qwen3.5-MoE's, Qwen3-Next's) keep
+# stacked in one tensor per layer, as published checkpoints may store them: per-expert HF name ->
+# (the stacked tensor beside "experts.", which part of its rows). gate_up_proj is (n_expert,
+# 2 * n_ff_exp, n_embd) with the gate rows first; down_proj is (n_expert, n_embd, n_ff_exp).
+STACKED_EXPERTS = {
+    "gate_proj.weight": ("gate_up_proj", 0),
+    "up_proj.weight": ("gate_up_proj", 1),
+    "down_proj.weight": ("down_proj", None),
+}
+
 
 def _gpt_oss_layers(config: Mapping[str, Any]) -> None:
     """llama.cpp's gpt-oss graph slides every other layer, starting with layer 0."""
@@ -696,6 +709,9 @@ def _hybrid_tensors(qwen35: bool) -> tuple[TensorSpec, ...]:
     return (_GLOBAL_TENSORS[0], out_norm, _GLOBAL_TENSORS[2]) + tuple(t) + moe
 
 
+_MTP = (("mtp.", "multi-token-prediction block"), ("model.mtp.", "multi-token-prediction block"))
+
+
 def _qwen35_hparams() -> tuple[HParam, ...]:
     return _HYBRID_HPARAMS + (
         HParam(Keys.Rope.DIMENSION_SECTIONS, ("rope_parameters.mrope_section",), "sections", default=[11, 11, 10]),
@@ -704,13 +720,14 @@ def _qwen35_hparams() -> tuple[HParam, ...]:
 
 QWEN35MOE = ArchSpec(
     name="qwen35moe",
-    hf_architectures=("Qwen3_5MoeForCausalLM",),
+    hf_architectures=("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
     hparams=_qwen35_hparams(),
     tensors=_hybrid_tensors(qwen35=True),
     output_from_embd=True,
     check_config=_check_hybrid,
     layer_kind=_hybrid_layer_kind,
-    skipped=("mtp.", "model.mtp."),
+    skipped=_MTP + (("model.visual.", "vision tower"),),
+    text_model=("model.language_model.", "model."),
 )
 
 QWEN3NEXT = ArchSpec(
@@ -721,7 +738,7 @@ QWEN3NEXT = ArchSpec(
     output_from_embd=True,
     check_config=_check_hybrid,
     layer_kind=_hybrid_layer_kind,
-    skipped=("mtp.", "model.mtp."),
+    skipped=_MTP,
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,

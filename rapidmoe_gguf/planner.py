@@ -10,7 +10,8 @@ memory and the CPU computes those experts at base precision; residuals always st
 Device bytes are the native library's own: the weight arena's rounding (RM_DEVICE_ALIGN), a
 session's buffers (rm_session_sizes_get, the function the sessions allocate by) and the types the
 CUDA kernels take (the library's type table, in every build); the library enforces the same
-budget as a hard cap, so a plan that fits here fits there.
+budget as a hard cap, so a plan that fits here fits there. Linear-attention layers (the hybrids'
+Gated DeltaNet) keep a recurrent state in host memory instead of a KV cache: ``host_parts``.
 
     sizes = ModelSizes.from_files("m.gguf", "m.residual.gguf")
     p = plan(sizes, "8GiB", n_ctx=4096)
@@ -71,6 +72,10 @@ def _align(n: int) -> int:
 # the model's sizes
 # ---------------------------------------------------------------------------------------------
 
+# the linear-attention fields of rm_size_params (and of ModelSizes and GGUFFile.hparams)
+_LINEAR_SIZES = ("n_layer_linear", "ssm_d_conv", "ssm_conv_dim", "ssm_n_v", "ssm_d_state", "ssm_head_v")
+
+
 @dataclasses.dataclass
 class ModelSizes:
     """What the planner needs from a model, in bytes as the GPU would hold them."""
@@ -97,6 +102,13 @@ class ModelSizes:
     kv_lora_rank: int = 0            # MLA: the cache holds kv_lora_rank + n_rot floats per position and layer
     n_rot: int = 0
     head_dim_v: int = 0
+    # linear-attention layers (a recurrent state each, on the host), as rm_size_params takes them
+    n_layer_linear: int = 0
+    ssm_d_conv: int = 0
+    ssm_conv_dim: int = 0
+    ssm_n_v: int = 0
+    ssm_d_state: int = 0
+    ssm_head_v: int = 0
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -130,7 +142,8 @@ class ModelSizes:
         hp = g.hparams()   # the keys as the loader reads them
         n_layer, n_expert = hp["n_layer"], hp["n_expert"]
         sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
-                                    "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v")}
+                                    "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v",
+                                    *_LINEAR_SIZES)}
         sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
@@ -237,13 +250,12 @@ def crossover_tokens(sizes: ModelSizes, hw: Hardware, host_bw_gbps: float, max_t
 # the plan
 # ---------------------------------------------------------------------------------------------
 
-def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool) -> dict[str, int]:
-    """Device bytes of one session, from the library (rm_session_sizes_get): the numbers the
-    session's backend then allocates."""
+def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool):
+    """rm_session_sizes_get for one session of this model: the numbers its backend allocates."""
     p = ffi.new("rm_size_params *")
     p.struct_size = ffi.sizeof("rm_size_params")
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
-              "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v"):
+              "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v") + _LINEAR_SIZES:
         setattr(p, k, getattr(s, k))
     p.n_ctx, p.n_batch = n_ctx, n_batch
     if upload_residuals and s.expert_residual.size:
@@ -251,8 +263,22 @@ def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residua
     out = ffi.new("rm_session_sizes *")
     out.struct_size = ffi.sizeof("rm_session_sizes")
     _native.check(lib.rm_session_sizes_get(p, out))
+    return out
+
+
+def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool) -> dict[str, int]:
+    """Device bytes of one session, from the library (rm_session_sizes_get): the numbers the
+    session's backend then allocates."""
+    out = _session_sizes(s, n_ctx, n_batch, upload_residuals)
     return {"kv_cache": out.kv_cache, "activations": out.activations + out.split_routing,
             "split_scratch": out.split_scratch + out.split_stage}
+
+
+def session_host_bytes(s: ModelSizes, n_ctx: int, n_batch: int) -> dict[str, int]:
+    """Host bytes of one session beside the device's: the linear-attention layers' conv and
+    delta-rule states with their scratch (rm_session_sizes_get's recurrent_state); empty without."""
+    out = _session_sizes(s, n_ctx, n_batch, False)
+    return {"recurrent_state": out.recurrent_state} if out.recurrent_state else {}
 
 
 @dataclasses.dataclass
@@ -269,6 +295,7 @@ class Plan:
     messages: list[str]
     n_ctx: int
     n_batch: int
+    host_parts: dict[str, int] = dataclasses.field(default_factory=dict)   # host bytes by kind, all sessions
 
     @property
     def gpu_bytes(self) -> int:
@@ -296,6 +323,7 @@ class Plan:
             "per_token_bytes": {k: float(v) for k, v in self.per_token.items()},
             "crossover_tokens": self.crossover_tokens, "host_bw_gbps": self.host_bw_gbps,
             "hardware": dataclasses.asdict(self.hardware), "messages": list(self.messages),
+            "host_parts": {k: int(v) for k, v in self.host_parts.items()},
         }
 
     def to_json(self) -> str:
@@ -308,6 +336,8 @@ class Plan:
                  f"(context reserve {gib(self.budget - self.cap)} included)"]
         for k, v in self.gpu_parts.items():
             lines.append(f"  {k:22s} {gib(v):>12s}")
+        for k, v in self.host_parts.items():
+            lines.append(f"  {k:22s} {gib(v):>12s}  (host memory)")
         lines.append(f"expert bases on the GPU: {self.n_experts_gpu} of {self.n_experts}")
         t = self.per_token
         lines.append(f"predicted per decoded token (residual budget {self.residual_budget:g}):")
@@ -368,6 +398,13 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     if sizes.kv_lora_rank > 0:
         messages.append("multi-head latent attention runs on the CPU only: the library refuses a GPU for this "
                         "model until it has a device kernel (the plan is what a GPU would hold)")
+    host_parts = {k: n_sessions * v for k, v in session_host_bytes(sizes, n_ctx, n_batch).items()}
+    if host_parts:
+        messages.append(f"{sizes.n_layer_linear} of {sizes.n_layer} layers have linear attention (Gated DeltaNet): "
+                        f"their recurrent state ({_size(host_parts['recurrent_state'])}"
+                        f"{'' if n_sessions == 1 else f' for {n_sessions} sessions'}, host memory) stands in for "
+                        "their KV cache, and they run on the CPU only: the library refuses a GPU for this model "
+                        "until they have a device kernel (the plan is what a GPU would hold)")
     if n_cpu == 0:
         messages.append("every expert base fits on the GPU; the CPU computes only the selected residual products")
     else:
@@ -381,7 +418,7 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     per_token = _per_token(sizes, on, residual_budget, n_ctx, host_bw, hw)
     return Plan(budget=budget, cap=cap, gpu_parts=parts, expert_on_gpu=on, residual_budget=residual_budget,
                 per_token=per_token, crossover_tokens=cross, host_bw_gbps=host_bw, hardware=hw,
-                messages=messages, n_ctx=n_ctx, n_batch=n_batch)
+                messages=messages, n_ctx=n_ctx, n_batch=n_batch, host_parts=host_parts)
 
 
 def _per_token(s: ModelSizes, on: np.ndarray, b: float, n_ctx: int, host_bw: float, hw: Hardware) -> dict[str, float]:

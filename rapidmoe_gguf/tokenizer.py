@@ -217,6 +217,8 @@ def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = ()) -
         raise UnsupportedError(f"{hf_dir}: no tokenizer.json (a tokenizer.model alone is not supported)")
     tc = _read_json(hf_dir / "tokenizer_config.json")
     config = _read_json(hf_dir / "config.json")
+    if isinstance(config.get("text_config"), dict):   # a multimodal config: the text model's ids beneath the top level's
+        config = {**config["text_config"], **{k: v for k, v in config.items() if v is not None}}
     gen_config = _read_json(hf_dir / "generation_config.json")
     model = tj["model"]
     if model.get("type", "BPE") != "BPE":

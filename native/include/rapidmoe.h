@@ -394,6 +394,10 @@ typedef struct rm_model_info {
     int32_t head_dim_v;             /* value head width (MLA: v_head_dim) */
     int32_t q_lora_rank;            /* MLA: the query's low rank; 0: a direct projection */
     int32_t kv_lora_rank;           /* MLA: the latent's width; 0 without MLA */
+    /* linear-attention layers as rm_size_params takes them (their recurrent state); 0 without */
+    int32_t n_layer_linear;
+    int32_t ssm_d_conv, ssm_conv_dim;
+    int32_t ssm_n_v, ssm_d_state, ssm_head_v;
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);

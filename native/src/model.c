@@ -13,6 +13,7 @@
 
 #include "device.h"
 #include "gguf.h"
+#include "sizes.h"
 #include "status.h"
 #include "types.h"
 
@@ -379,6 +380,13 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->head_dim_v = hp->head_dim_v;
     in->q_lora_rank = hp->q_lora_rank;
     in->kv_lora_rank = hp->kv_lora_rank;
+    const rm_size_params sp = rm_size_params_of(hp, 1, 1, 0);   /* the sizes' own reading of the linear layers */
+    in->n_layer_linear = sp.n_layer_linear;
+    in->ssm_d_conv = sp.ssm_d_conv;
+    in->ssm_conv_dim = sp.ssm_conv_dim;
+    in->ssm_n_v = sp.ssm_n_v;
+    in->ssm_d_state = sp.ssm_d_state;
+    in->ssm_head_v = sp.ssm_head_v;
 }
 
 static void fill_info(rm_model * m) {

@@ -199,6 +199,7 @@ class SafetensorsCheckpoint:
         self.directory = os.fspath(directory)
         self._files: dict[str, SafetensorsFile] = {}
         self._where: dict[str, str] = {}
+        self._stored: dict[str, str] = {}   # a name read under another (rename_prefix) -> its name in the file
         try:
             self._open()
         except BaseException:
@@ -245,6 +246,16 @@ class SafetensorsCheckpoint:
         st = self._files[fname] = SafetensorsFile(path)
         return st
 
+    def rename_prefix(self, old: str, new: str) -> None:
+        """Presents the tensors stored as ``old + rest`` as ``new + rest`` (a multimodal checkpoint's
+        text model under the names of the text-only model)."""
+        for name in [n for n in self._where if n.startswith(old)]:
+            renamed = new + name[len(old):]
+            if renamed in self._where:
+                raise FormatError(f"{self.directory}: tensors '{name}' and '{renamed}' both give '{renamed}'")
+            self._where[renamed] = self._where.pop(name)
+            self._stored[renamed] = self._stored.pop(name, name)
+
     @property
     def names(self) -> list[str]:
         return list(self._where)
@@ -256,16 +267,16 @@ class SafetensorsCheckpoint:
         return iter(self._where)
 
     def entry(self, name: str) -> TensorEntry:
-        return self._file(name).entry(name)
+        return self._file(name).entry(self._stored.get(name, name))
 
     def file_of(self, name: str) -> str:
         return self._file(name).path
 
     def read_f32(self, name: str, index: int | None = None) -> np.ndarray:
-        return self._file(name).read_f32(name, index)
+        return self._file(name).read_f32(self._stored.get(name, name), index)
 
     def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
-        return self._file(name).read_u8(name, index)
+        return self._file(name).read_u8(self._stored.get(name, name), index)
 
     def _file(self, name: str) -> SafetensorsFile:
         try:

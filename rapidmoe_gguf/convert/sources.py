@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .. import resplit
-from ..arch import (FUSED, PREFERRED_PRE, SPECIAL_TOKEN_TEXTS, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf,
+from ..arch import (FUSED, PREFERRED_PRE, SPECIAL_TOKEN_TEXTS, STACKED_EXPERTS, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf,
                     resolve_hparams)
 from ..errors import FormatError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
@@ -163,10 +163,14 @@ class HFSource(Source):
         if not isinstance(self.config, dict):
             raise FormatError(f"{cfg_path}: not a JSON object")
         self.arch = arch_for_hf(self.config, cfg_path)
+        multimodal = "text_config" in self.config
+        self.config = _text_config(self.config, self.arch, cfg_path)
         _check_common_config(self.config, cfg_path, self.arch)
         self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
         self.ckpt = SafetensorsCheckpoint(directory)
         try:
+            if multimodal:
+                self.ckpt.rename_prefix(*self.arch.text_model)
             self.tensors = self._plan()
         except BaseException:
             self.ckpt.close()
@@ -190,6 +194,11 @@ class HFSource(Source):
             ne = self.hp.shape(t.ne)
             if t.per_expert:
                 hf_names = [t.hf.format(bid=bid, xid=x) for x in range(dims["n_expert"])]
+                stacked = None if hf_names[0] in self.ckpt else self._stacked_experts(t, bid, name, ne)
+                if stacked is not None:
+                    used.add(stacked[0])
+                    out.append(stacked[1])
+                    continue
                 for hn in hf_names:
                     self._check_shape(hn, (ne[1], ne[0]), t.ne[1::-1])
                 used.update(hf_names)
@@ -223,11 +232,12 @@ class HFSource(Source):
             self._check_shape(hn, want, tuple(reversed(t.ne)))
             used.add(hn)
             out.append(SourceTensor(name, ne, _role(t.role, ne), self._reader(hn, t.transform, ne)))
-        skipped = [n for n in self.ckpt.names if spec.skipped and n.startswith(spec.skipped)]
-        if skipped:
-            log.info("%s: %d tensor(s) of the multi-token-prediction block (%s...) are not converted: the "
-                     "runtime does not run it", self.directory, len(skipped), skipped[0])
-            used.update(skipped)
+        for prefix, what in spec.skipped:
+            skipped = [n for n in self.ckpt.names if n.startswith(prefix)]
+            if skipped:
+                log.info("%s: %d tensor(s) of the %s (%s...) are not converted: the runtime does not run it",
+                         self.directory, len(skipped), what, skipped[0])
+                used.update(skipped)
         extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)
                  and not self._dropped_layer(n)]
         if extra:
@@ -235,6 +245,24 @@ class HFSource(Source):
             raise FormatError(f"{self.directory}: {len(extra)} tensor(s) that the {spec.name} layout "
                               f"does not use: {shown}; is config.json right for these weights?")
         return out
+
+    def _stacked_experts(self, t, bid: int, name: str, ne: tuple[int, ...]) -> tuple[str, SourceTensor] | None:
+        """An expert tensor whose experts the checkpoint keeps stacked in one tensor (STACKED_EXPERTS),
+        as (that tensor's name, the SourceTensor reading expert e's rows of it); None if it has none."""
+        head, _, tail = t.hf.partition("{xid}.")
+        if tail not in STACKED_EXPERTS:
+            return None
+        part, half = STACKED_EXPERTS[tail]
+        hn = head.format(bid=bid) + part
+        if hn not in self.ckpt:
+            return None
+        n_rows = ne[1] if half is None else 2 * ne[1]
+        self._check_shape(hn, (ne[2], n_rows, ne[0]), ("n_expert", t.ne[1] if half is None else f"2*{t.ne[1]}", t.ne[0]))
+        rows = slice(None) if half is None else slice(half * ne[1], (half + 1) * ne[1])
+
+        def read(e: int | None) -> np.ndarray:
+            return np.ascontiguousarray(self.ckpt.read_f32(hn, e)[rows])
+        return hn, SourceTensor(name, ne, "expert", read)
 
     def _layer_kind(self, wanted: str, bid: int) -> str:
         """The kind layer bid has among those a tensor may be limited to: the hybrids' "full" or
@@ -367,6 +395,22 @@ def mxfp4_from_hf(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     elems = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)      # element order
     qs = elems[..., :16] | (elems[..., 16:] << 4)
     return np.concatenate([scales[..., None], qs], axis=-1).astype(np.uint8)
+
+
+def _text_config(config: dict, spec: ArchSpec, where: str) -> dict:
+    """A multimodal config.json (its text model's settings under text_config) as the text-only
+    model's: the text_config with the top level's architectures and tied-embedding flag."""
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if spec.text_model is None:
+        raise UnsupportedError(f"{where}: a text_config (a multimodal checkpoint) is not supported for {spec.name}")
+    if not isinstance(text, dict):
+        raise FormatError(f"{where}: text_config is not a JSON object")
+    out = dict(text, architectures=config.get("architectures"))
+    if "tie_word_embeddings" in config:   # transformers ties the lm_head by the top level's flag
+        out["tie_word_embeddings"] = config["tie_word_embeddings"]
+    return out
 
 
 def _check_common_config(config: dict, where: str, spec: ArchSpec) -> None:

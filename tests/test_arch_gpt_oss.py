@@ -195,11 +195,71 @@ def test_arch_gpt_oss_split_recipe_runs(tmp_path):
     assert kl["all"] <= 1e-3 and kl["none"] > 5 * kl["all"], kl
 
 
-def test_arch_gpt_oss_refuses_a_device(tiny):
-    _, path, _, _ = tiny
-    with pytest.raises(rm.NeedsCPUError, match="layer 0 of this gpt-oss model has biased experts with the "
-                       "clamped SwiGLU, which only the CPU backend runs"):
-        rm.Model(path, n_ctx=64, n_threads=1, gpu_memory="1GB", gpu_backend="standin")
+@pytest.fixture(scope="module")
+def split_pair(tmp_path_factory):
+    """An F16 base + F32 residual pair (other matrices F32) of a tiny gpt-oss with 8 experts,
+    top-4: enough experts per token that a device holding half the bases splits a token's work.
+    Float types, so no product quantizes its activations: with a q4k-q8 pair, a sum taken in
+    another order (the split adds a token's experts in slot order, the CPU in expert order) now
+    and then lands a Q8 rounding on the other side, one step on one token (measured 3e-4 of the
+    largest logit on 1 of 45 tokens), which would test the rounding, not the split."""
+    src = make_tiny_gpt_oss(tmp_path_factory.mktemp("gpt-oss-split-hf"), num_local_experts=8,
+                            num_experts_per_tok=4, seed=4)
+    out = tmp_path_factory.mktemp("gpt-oss-split") / "m.gguf"
+    rm.convert(src, out, recipe="q4k-q8", base_type="F16", residual_type="F32", other_type="F32", progress=False)
+    return out
+
+
+def _split_logits(m, ids):
+    """A 40-token prompt (two batches of 32, past the window of 8), then five decode steps."""
+    return np.concatenate([m.eval_logits(ids)] + [m.eval([t])[None] for t in (5, 17, 29, 41, 53)])
+
+
+@pytest.mark.parametrize("placement", ["half", "all"])
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_arch_gpt_oss_standin_split_equals_cpu(split_pair, placement, policy):
+    """The CPU/device split with gpt-oss's router bias, expert biases and clamped SwiGLU (device
+    experts, fix slots and host experts) gives the CPU's logits, to the stand-in tests' tolerance
+    (1e-4 of the largest logit, the same argmax). Measured: 2.1e-7 for every case."""
+    from rapidmoe_gguf import planner
+
+    hw = planner.Hardware(host_bw_gbps=50.0, context_reserve=0)
+    kw = dict(n_ctx=96, n_batch=32, n_threads=2, hardware=hw, residual_policy=policy)
+    full = planner.plan_files(split_pair, 1 << 34, 96, n_batch=32, hardware=hw)
+    bases = full.gpu_parts["expert_bases"]
+    budget = full.gpu_bytes - bases + (bases // 2 if placement == "half" else bases)
+    ids = np.random.default_rng(11).integers(3, VOCAB, 40).tolist()
+    with rm.Model(split_pair, **kw) as cpu, rm.Model(split_pair, gpu_memory=budget, gpu_backend="standin", **kw) as dev:
+        assert dev.backend == "standin"
+        n_on, total = dev.gpu_info["n_experts_on_gpu"], dev.gpu_info["n_experts_total"]
+        assert (0 < n_on < total) if placement == "half" else n_on == total
+        got, ref = _split_logits(dev, ids), _split_logits(cpu, ids)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
+        assert (got.argmax(-1) == ref.argmax(-1)).all()
+        np.testing.assert_array_equal(dev.stats()["residual"], cpu.stats()["residual"])
+        assert dev.stats()["residual"].sum() > 0 if policy == "all" else dev.stats()["residual"].sum() == 0
+
+
+def test_arch_gpt_oss_split_pair_biases_and_residual_matter(split_pair, tmp_path):
+    """The agreement above is not that of terms that do nothing: without the expert biases the
+    logits move by more than 1e-2 of the largest logit, and every residual (policy all against
+    none) by more than 1e-5 (F16's rounding; the split's own error is 100 times smaller)."""
+    import gguf
+    import shutil
+
+    ids = np.random.default_rng(11).integers(3, VOCAB, 40).tolist()
+    r = gguf.GGUFReader(str(split_pair))
+    zero = {x.name: (np.zeros(x.data.shape, np.float32), None) for x in r.tensors if x.name.endswith("_exps.bias")}
+    assert len(zero) == 6
+    write_gguf_like(split_pair, tmp_path / "x.gguf", zero, {})
+    shutil.copy(str(split_pair).replace(".gguf", ".residual.gguf"), tmp_path / "x.residual.gguf")
+    out = {}
+    for name, path, policy in (("ref", split_pair, "all"), ("none", split_pair, "none"), ("nobias", tmp_path / "x.gguf", "all")):
+        with rm.Model(path, n_ctx=96, n_batch=32, n_threads=2, residual_policy=policy) as m:
+            out[name] = _split_logits(m, ids)
+    scale = float(np.abs(out["ref"]).max())
+    assert float(np.abs(out["nobias"] - out["ref"]).max()) > 1e-2 * scale
+    assert float(np.abs(out["none"] - out["ref"]).max()) > 1e-5 * scale
 
 
 def test_arch_gpt_oss_bad_layer_pattern_is_refused(tmp_path):

@@ -22,6 +22,7 @@
 extern "C" {
 #include "split.h"
 }
+#include "add.cuh"
 #include "rows.cuh"
 #include "swiglu.cuh"
 
@@ -106,6 +107,25 @@ static int cs_swiglu(rm_backend * be, float * g, const float * u, int64_t n, con
     return rm_cuda_check(c, rm_cu_swiglu(c->st, g, u, n), what);
 }
 
+static int cs_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit,
+                           const char * what) {
+    cuda_be * c = ctx_of(be);
+    return rm_cuda_check(c, rm_cu_swiglu_clamp(c->st, g, u, n, alpha, limit), what);
+}
+
+/* The bias tensor (ne = {width, n_expert}, F32) is a dense weight: the device holds all of it. */
+static int cs_experts_bias(rm_backend * be, const rm_weight * b, const rm_split_group * groups, int32_t n_groups,
+                           int32_t max_rows, float * y, int64_t ys, const char * what) {
+    cuda_be * c = ctx_of(be);
+    const float * bd = (const float *) rm_gpu_weight(c->g, b->data);
+    if (!bd) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "cuda backend: %s: the expert biases are not on the device", what);
+        return cs_fail(be, RM_E_INTERNAL, msg);
+    }
+    return rm_cuda_check(c, rm_cu_add_expert_bias(c->st, y, ys, bd, b->ne[0], groups, n_groups, max_rows), what);
+}
+
 static int cs_combine(rm_backend * be, float * out, const float * src, const int32_t * row, const float * w, int32_t n_tok,
                       int32_t K, int64_t E, const char * what) {
     cuda_be * c = ctx_of(be);
@@ -137,6 +157,7 @@ static void cs_layer_timed(rm_backend * be, int il, double host_us) { ctx_of(be)
 
 extern const rm_split_device_ops rm_cuda_split_ops = {
     cs_dev_alloc, cs_dev_free, cs_host_alloc, cs_host_free, cs_fail, cs_has_error, cs_can_stage,
-    cs_upload, cs_download, cs_gather, cs_experts_matmul, cs_staged_matmul, cs_swiglu, cs_combine,
+    cs_upload, cs_download, cs_gather, cs_experts_matmul, cs_staged_matmul, cs_swiglu, cs_swiglu_clamp,
+    cs_experts_bias, cs_combine,
     cs_record, cs_wait, cs_layer_timed,
 };

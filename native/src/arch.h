@@ -14,10 +14,6 @@
 #include "rapidmoe.h"
 #include "weights.h"
 
-/* Layer kinds only the CPU backend runs: the device backends' expert path (the split) has no
- * expert biases and no clamped SwiGLU yet, so a model with such layers refuses a device. */
-#define RM_LAYER_HOST_ONLY (RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP)
-
 /* A value computed from the hyperparameters read so far. */
 typedef enum rm_expr_op {
     RM_EXPR_NONE  = 0,            /* not given: a required key, an unbounded range */

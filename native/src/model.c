@@ -524,13 +524,6 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
                        "load without use_gpu", m->arch->name);
     }
     if (params->use_gpu) {
-        for (int il = 0; il < m->hp.n_layer; il++) {
-            if (m->layers[il].kind & RM_LAYER_HOST_ONLY) {
-                return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: layer %d of this %s model has biased experts with "
-                               "the clamped SwiGLU, which only the CPU backend runs; load it without a GPU "
-                               "(use_gpu = 0)", il, m->arch->name);
-            }
-        }
         if (params->gpu_device < 0) {
             return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);
         }

@@ -103,6 +103,25 @@ void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, 
     }
 }
 
+/* y (c rows of b's width) += row e of the per-expert bias b, on the host; nothing without one. */
+static void host_bias(rm_backend * cpu, const rm_weight * b, int32_t e, float * y, int32_t c) {
+    if (!b->data || c <= 0) {
+        return;
+    }
+    rm_weight row = *b;
+    row.data = b->data + (uint64_t) e * b->row_bytes;
+    row.ne[1] = 1;
+    cpu->ops->add_bias(cpu, y, &row, c, b->ne[0]);
+}
+
+static void host_act(rm_backend * cpu, const rm_layer * L, float * g, const float * u, int64_t n) {
+    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
+        cpu->ops->swiglu_clamp(cpu, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
+    } else {
+        cpu->ops->swiglu(cpu, g, u, n);
+    }
+}
+
 static void host_mm(rm_backend * cpu, const rm_weight * w, int32_t e, const float * x, int64_t xs, int32_t n, float * y,
                     int64_t ys, int acc) {
     rm_matmul_args m = {w, e, x, xs, n, y, ys, acc};
@@ -134,20 +153,31 @@ void rm_split_host_first(const rm_split_host * h, const rm_moe_args * a, const r
             host_mm(h->cpu, &L->gate_res, e, x, E, c_res, gg, F, 1);
             host_mm(h->cpu, &L->up_res, e, x, E, c_res, uu, F, 1);
         }
-        h->cpu->ops->swiglu(h->cpu, gg, uu, (int64_t) cnt * F);
+        host_bias(h->cpu, &L->gate_exps_b, e, gg, cnt);
+        host_bias(h->cpu, &L->up_exps_b, e, uu, cnt);
+        host_act(h->cpu, L, gg, uu, (int64_t) cnt * F);
         host_mm(h->cpu, &L->down_exps, e, gg, F, cnt, d, E, 0);
         if (c_res > 0) {
             host_mm(h->cpu, &L->down_res, e, gg, F, c_res, d, E, 1);
         }
+        host_bias(h->cpu, &L->down_exps_b, e, d, cnt);
         r += cnt;
     }
 }
 
 void rm_split_host_second(const rm_split_host * h, const rm_moe_args * a, const rm_split_plan * p) {
     const int64_t E = a->n_embd, F = a->n_ff;
-    for (int64_t j = 0; j < (int64_t) p->n_fix * F; j++) {
-        const float gv = h->gf[j] + h->gs[j], uv = h->uf[j] + h->us[j];
-        h->hf[j] = gv / (1.0f + expf(-gv)) * uv;
+    if (a->L->kind & RM_LAYER_SWIGLU_CLAMP) {   /* g_B and u_B came down with their biases */
+        for (int64_t j = 0; j < (int64_t) p->n_fix * F; j++) {
+            h->hf[j] = h->gf[j] + h->gs[j];
+            h->us[j] += h->uf[j];
+        }
+        host_act(h->cpu, a->L, h->hf, h->us, (int64_t) p->n_fix * F);
+    } else {
+        for (int64_t j = 0; j < (int64_t) p->n_fix * F; j++) {
+            const float gv = h->gf[j] + h->gs[j], uv = h->uf[j] + h->us[j];
+            h->hf[j] = gv / (1.0f + expf(-gv)) * uv;
+        }
     }
     for (int32_t k = 0; k < p->n_fix_groups; k++) {
         const rm_split_group * fg = &p->fix_groups[k];
@@ -284,6 +314,10 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
         RM_STEP(d->staged_matmul(be, &L->up_res, staged[k][1], E, F, p.stage[k].n, sp->xc + r0 * E, E,
                                  sp->uc + r0 * F, F, "split: staged up residual"));
     }
+    if (p.n_groups && L->gate_exps_b.data) {   /* gpt-oss: once, after base + staged residual */
+        RM_STEP(d->experts_bias(be, &L->gate_exps_b, groups_d, p.n_groups, p.max_c, sp->gc, F, "split: gate bias"));
+        RM_STEP(d->experts_bias(be, &L->up_exps_b, groups_d, p.n_groups, p.max_c, sp->uc, F, "split: up bias"));
+    }
     if (p.n_fix) {
         const int32_t * fix_rows = (const int32_t *) (td + p.lay.fix_rows);
         const uint64_t bytes = f * (uint64_t) p.n_fix * (uint64_t) F;
@@ -294,7 +328,12 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
         RM_STEP(d->record(be, RM_SPLIT_EV_FIX, il, "split: event"));
         be->stats.d2h_bytes += 2 * bytes;
     }
-    RM_STEP(d->swiglu(be, sp->gc, sp->uc, (int64_t) S * F, "split: swiglu"));
+    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
+        RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT,
+                                "split: swiglu"));
+    } else {
+        RM_STEP(d->swiglu(be, sp->gc, sp->uc, (int64_t) S * F, "split: swiglu"));
+    }
     if (p.n_groups) {
         RM_STEP(d->experts_matmul(be, &L->down_exps, il, RM_EXP_DOWN, F, E, groups_d, p.n_groups, p.max_c, sp->gc, F,
                                   sp->dc, E, "split: down"));
@@ -303,6 +342,9 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
         const int64_t r0 = p.stage[k].row0;
         RM_STEP(d->staged_matmul(be, &L->down_res, staged[k][2], F, E, p.stage[k].n, sp->gc + r0 * F, F,
                                  sp->dc + r0 * E, E, "split: staged down residual"));
+    }
+    if (p.n_groups && L->down_exps_b.data) {
+        RM_STEP(d->experts_bias(be, &L->down_exps_b, groups_d, p.n_groups, p.max_c, sp->dc, E, "split: down bias"));
     }
     RM_STEP(d->combine(be, a->out, sp->dc, (const int32_t *) (td + p.lay.slot_row), (const float *) (td + p.lay.w_gpu),
                        a->n_tok, K, E, "split: combine"));
@@ -338,6 +380,10 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
         RM_STEP(d->experts_matmul(be, &L->down_exps, il, RM_EXP_DOWN, F, E,
                                   (const rm_split_group *) (td + p.lay.fix_groups), p.n_fix_groups, p.max_fix, sp->hf, F,
                                   sp->df, E, "split: fix down"));
+        if (L->down_exps_b.data) {
+            RM_STEP(d->experts_bias(be, &L->down_exps_b, (const rm_split_group *) (td + p.lay.fix_groups),
+                                    p.n_fix_groups, p.max_fix, sp->df, E, "split: fix down bias"));
+        }
         RM_STEP(d->combine(be, a->out, sp->df, (const int32_t *) (td + p.lay.fix_of_slot),
                            (const float *) (td + p.lay.w_fix), a->n_tok, K, E, "split: combine fix rows"));
     }

@@ -17,7 +17,10 @@
  *   - in prefill, an expert whose residual at least upload_min_tokens rows need has its residual
  *     copied to the device for the batch (at most RM_SPLIT_STAGE_MAX experts per block): its
  *     slots then run on the device whole;
- *   - the expert's base is in host memory: the host, whole (base, and residual where selected). */
+ *   - the expert's base is in host memory: the host, whole (base, and residual where selected).
+ * gpt-oss's expert biases are added where the base product lands (the device's gate/up before the
+ * fix rows go down, so h' sees them; its down, and the fix rows' h'.B_d, once), or by the host for
+ * the experts it computes whole; its clamped SwiGLU replaces silu on both sides. */
 #ifndef RM_SPLIT_H
 #define RM_SPLIT_H
 
@@ -161,6 +164,13 @@ typedef struct rm_split_device_ops {
                          const char * what);
     /* g = silu(g) u over n floats */
     int (*swiglu)(rm_backend * be, float * g_d, const float * u_d, int64_t n, const char * what);
+    /* gpt-oss's clamped form of swiglu (rm_swiglu_clamp_ref) */
+    int (*swiglu_clamp)(rm_backend * be, float * g_d, const float * u_d, int64_t n, float alpha, float limit,
+                        const char * what);
+    /* y[row] += row `mat` of the per-expert bias b (ne = {width, n_expert}) for each row of each
+     * group of groups_d (n_groups, the largest of max_rows rows) */
+    int (*experts_bias)(rm_backend * be, const rm_weight * b, const rm_split_group * groups_d, int32_t n_groups,
+                        int32_t max_rows, float * y_d, int64_t y_stride, const char * what);
     /* out[t] += sum over t's slots s (t * K + k, k < K) with row_d[s] >= 0 of w_d[s] * src[row_d[s]] */
     int (*combine)(rm_backend * be, float * out_d, const float * src_d, const int32_t * row_d, const float * w_d,
                    int32_t n_tok, int32_t K, int64_t E, const char * what);

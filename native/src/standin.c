@@ -375,6 +375,30 @@ static int sd_swiglu(rm_backend * be, float * g, const float * u, int64_t n, con
     return !c->err;
 }
 
+static int sd_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit,
+                           const char * what) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->swiglu_clamp(c->dev, g, u, n, alpha, limit);
+    return !c->err;
+}
+
+/* Each group's rows get their expert's bias row, read from the device's copy of b. */
+static int sd_experts_bias(rm_backend * be, const rm_weight * b, const rm_split_group * g, int32_t n_groups,
+                           int32_t max_rows, float * y, int64_t ys, const char * what) {
+    sb_ctx * c = ctx_of(be);
+    rm_weight db;
+    if (c->err || !dev_weight(c, b, 0, &db)) return 0;
+    for (int32_t k = 0; k < n_groups; k++) {
+        rm_weight row = db;
+        row.data = db.data + (uint64_t) g[k].mat * db.row_bytes;
+        row.ne[1] = 1;
+        for (int32_t j = 0; j < g[k].n; j++) {
+            c->dev->ops->add_bias(c->dev, y + (g[k].row0 + j) * ys, &row, 1, db.ne[0]);
+        }
+    }
+    return !c->err;
+}
+
 /* The GPU's k_combine, a token's slots in order. */
 static int sd_combine(rm_backend * be, float * out, const float * src, const int32_t * row, const float * w,
                       int32_t n_tok, int32_t K, int64_t E, const char * what) {
@@ -423,6 +447,8 @@ static const rm_split_device_ops STANDIN_SPLIT_OPS = {
     .experts_matmul = sd_experts_matmul,
     .staged_matmul  = sd_staged_matmul,
     .swiglu         = sd_swiglu,
+    .swiglu_clamp   = sd_swiglu_clamp,
+    .experts_bias   = sd_experts_bias,
     .combine        = sd_combine,
     .record         = sd_record,
     .wait           = sd_wait,

@@ -235,3 +235,25 @@ def test_prefix_server_picks_the_slot_with_the_longest_prefix(pair):
             assert srv._free.empty()
         finally:
             srv.close()
+
+
+def test_prefix_hybrid_reuses_nothing_and_batches_are_refused(tmp_path):
+    """Qwen3-Next: the linear layers' recurrent state describes the whole cache, so truncation
+    back into it is refused, generation evaluates from an empty cache, and rm_batch_eval refuses."""
+    from test_arch_qwen35 import make_tiny_hybrid
+
+    make_tiny_hybrid(tmp_path / "hf", "qwen3_next")
+    out = tmp_path / "h.gguf"
+    rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
+    ids = prompts((12,), seed=11)[0]
+    with rm.Model(out, n_ctx=64, n_threads=2) as m:
+        m.eval(ids)
+        with pytest.raises(rm.StateError, match="recurrent state"):
+            m.truncate(6)
+        m.truncate(len(ids))   # keeping everything is allowed
+        assert m._keep_prefix(ids[:6] + [3]) == 0 and m.n_past == 0
+        warm = m.eval(ids[:6] + [3])
+        m.reset()
+        np.testing.assert_array_equal(warm, m.eval(ids[:6] + [3]))
+        with pytest.raises(rm.UnsupportedError, match="linear-attention"):
+            rm.eval_batch([(m, [1]), (m.fork_session(), [2])])

@@ -257,3 +257,21 @@ def test_prefix_hybrid_reuses_nothing_and_batches_are_refused(tmp_path):
         np.testing.assert_array_equal(warm, m.eval(ids[:6] + [3]))
         with pytest.raises(rm.UnsupportedError, match="linear-attention"):
             rm.eval_batch([(m, [1]), (m.fork_session(), [2])])
+
+
+def test_batch_one_forward_pass_per_step(pair):
+    """A decode step of three sequences is one forward pass of three rows on the first session
+    (its profile counts one batch of 3 tokens; the others run none of their own), so each
+    matrix, and each routed expert for all the rows routed to it, is read once per step; every
+    session still counts its own token's expert activations."""
+    ps = prompts((4, 5, 6), seed=12)
+    with rm.Model(pair, n_ctx=32, n_threads=2, residual_policy="none") as m:
+        seqs = sessions(m, 3)
+        rm.eval_batch(list(zip(seqs, ps)))
+        for s in seqs:
+            s.clear_stats()
+        rm.eval_batch([(s, [7]) for s in seqs])
+        tokens = [s.profile()["tokens"] for s in seqs]
+        assert tokens == [{"decode": 0, "prefill": 3}, {"decode": 0, "prefill": 0}, {"decode": 0, "prefill": 0}]
+        k = m.info["n_expert_used"]
+        assert all(int(s.stats()["active"].sum(axis=1).max()) == k for s in seqs)

@@ -275,3 +275,19 @@ def test_batch_one_forward_pass_per_step(pair):
         assert tokens == [{"decode": 0, "prefill": 3}, {"decode": 0, "prefill": 0}, {"decode": 0, "prefill": 0}]
         k = m.info["n_expert_used"]
         assert all(int(s.stats()["active"].sum(axis=1).max()) == k for s in seqs)
+
+
+def test_prefix_second_chat_turn_evaluates_only_the_new_tokens(pair):
+    """Chat (create_chat_completion, as `rapidmoe chat` calls it): the second turn keeps the first
+    turn's prompt in the cache and replies as a cold prefill does."""
+    turn1 = [{"role": "user", "content": "the quick brown fox"}]
+    with rm.Model(pair, n_ctx=192, n_threads=2, residual_policy="all") as m:
+        r1 = m.create_chat_completion(turn1, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        n1 = m.last_timings["prompt_tokens"]
+        turn2 = turn1 + [{"role": "assistant", "content": r1}, {"role": "user", "content": "and then?"}]
+        warm = m.create_chat_completion(turn2, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        assert m.last_timings["prompt_reused"] >= n1 - 1
+        m.reuse_prefix = False
+        cold = m.create_chat_completion(turn2, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        assert m.last_timings["prompt_reused"] == 0
+    assert warm == cold

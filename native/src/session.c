@@ -231,7 +231,7 @@ rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
     for (int il = 0; il < s->m->hp.n_layer; il++) {
         int32_t ring = 0;
         kv_place(s, il, &ring);
-        if (ring && s->n_past - n_keep > ring - s->m->hp.n_swa) {   /* the ring no longer holds n_keep's window */
+        if (ring && ring < s->n_ctx && s->n_past - n_keep > ring - s->m->hp.n_swa) {   /* it lost n_keep's window */
             return rm_fail(RM_E_STATE, "rm_session_truncate: layer %d's sliding window ring of %d positions cannot go back "
                            "from %d to %d", il, ring, s->n_past, n_keep);
         }

@@ -165,6 +165,7 @@ class Model:
         self._cached: list[int] = []        # the tokens whose keys and values the cache holds, in order
         self.reuse_prefix = True            # generation keeps the cache's common prefix with a new prompt
         self._batch_forks: list[Model] = []  # generate_many's sessions beside this one
+        self.cancel = None                  # an object with is_set() (threading.Event): generation stops when set
         self.last_timings: dict[str, float] = {}
         self.finish_reason = "stop"
 
@@ -465,7 +466,9 @@ class Model:
 
         Only the prompt's tokens after its common prefix with the cache are evaluated (the rest
         is kept; ``reuse_prefix = False`` evaluates all from an empty cache), as llama-cpp-python
-        does; ``last_timings["prompt_reused"]`` says how many were kept."""
+        does; ``last_timings["prompt_reused"]`` says how many were kept. The prompt goes in steps
+        of n_batch tokens; when ``cancel`` (e.g. a threading.Event) is set, generation stops between
+        them or before the next token."""
         prompt = self._as_tokens(prompt_ids)
         if prompt.size == 0:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
@@ -480,10 +483,15 @@ class Model:
         history = prompt.tolist()
         t0 = time.perf_counter()
         keep = self._keep_prefix(history)
-        logits = self.eval(prompt[keep:])
-        t1 = time.perf_counter()
-        self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_reused": keep, "prompt_s": t1 - t0,
+        self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_reused": keep, "prompt_s": 0.0,
                              "gen_tokens": 0, "gen_s": 0.0}
+        rest = prompt[keep:]
+        for i in range(0, rest.size, self.n_batch):   # the steps rm_session_eval would take, cancellable between
+            if self.cancel is not None and self.cancel.is_set():
+                return
+            logits = self.eval(rest[i:i + self.n_batch])
+        t1 = time.perf_counter()
+        self.last_timings["prompt_s"] = t1 - t0
         for _ in range(max_tokens):
             t = sampler.sample(logits, history)
             if t in stop:
@@ -491,7 +499,7 @@ class Model:
             history.append(t)
             self.last_timings["gen_tokens"] += 1
             yield t
-            if self.n_past >= self.n_ctx:
+            if self.n_past >= self.n_ctx or (self.cancel is not None and self.cancel.is_set()):
                 break
             logits = self.eval([t])
             self.last_timings["gen_s"] = time.perf_counter() - t1

@@ -21,7 +21,8 @@ holds the longest prefix of its prompt (which it then does not evaluate again, s
 and generates in a worker thread (the native calls release the GIL, and the native model runs one
 evaluation at a time, so slots interleave token by token). Up to ``queue`` further requests wait for a slot; beyond
 that the answer is 503. A client that goes away, while waiting or while streaming, cancels its
-generation at the next token, and its slot is handed on.
+generation at the next token (or, in a long prompt, between its steps of n_batch tokens), and its
+slot is handed on.
 
 Admission comes before work: a request the slots and the queue cannot take gets 503 before its
 prompt is rendered or tokenized, and what one request may cost before it holds a slot is bounded
@@ -469,6 +470,7 @@ class Server:
                 slot.set_residual(req.policy or self.policy, self.budget if req.budget is None else req.budget)
             slot.clear_stats()
             slot.last_timings = {}
+            slot.cancel = job.cancel        # a long prompt stops between its steps
             it = req.chunks(slot, self.name)
             try:
                 for chunk in it:
@@ -478,6 +480,8 @@ class Server:
                         break
             finally:
                 it.close()
+                slot.cancel = None
+            end.cancelled = end.cancelled or job.cancel.is_set()
             n_gen = slot.last_timings.get("gen_tokens", 0)
             end.usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n_gen,
                          "total_tokens": len(req.prompt_ids) + n_gen}

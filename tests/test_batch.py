@@ -291,3 +291,29 @@ def test_prefix_second_chat_turn_evaluates_only_the_new_tokens(pair):
         cold = m.create_chat_completion(turn2, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
         assert m.last_timings["prompt_reused"] == 0
     assert warm == cold
+
+
+class _SetAfter:
+    """A cancel flag that reads unset n times, then set."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def is_set(self):
+        self.n -= 1
+        return self.n < 0
+
+
+def test_prefill_stops_between_steps_when_cancelled(pair):
+    """A 30-token prompt in steps of 8: cancelled after the first step, generation yields nothing
+    and the cache holds that step, which the next generation of the prompt keeps."""
+    ids = prompts((30,), seed=13)[0]
+    greedy = rm.SamplingParams(temperature=0)
+    with rm.Model(pair, n_ctx=96, n_threads=2, n_batch=8, residual_policy="all") as m:
+        m.cancel = _SetAfter(1)
+        assert list(m.generate_tokens(ids, 5, greedy)) == [] and m.n_past == 8
+        m.cancel = None
+        warm = list(m.generate_tokens(ids, 5, greedy))
+        assert m.last_timings["prompt_reused"] == 8
+        m.reuse_prefix = False
+        assert list(m.generate_tokens(ids, 5, greedy)) == warm and len(warm) > 0

@@ -15,7 +15,7 @@ from .errors import (
 )
 from .gguf_file import GGUFFile, open_gguf
 from .kernels import cpu_isa
-from .model import Model, SamplingParams
+from .model import Model, SamplingParams, eval_batch
 from .planner import Hardware, Plan, PlanError
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -44,5 +44,6 @@ __all__ = [
     "__version__",
     "convert",
     "cpu_isa",
+    "eval_batch",
     "open_gguf",
 ]

@@ -21,7 +21,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from . import planner, umia
-from .errors import InvalidArgumentError, NoResidualError, RapidMoEError
+from .errors import InvalidArgumentError, NoResidualError, RapidMoEError, StateError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
 from .sampling import SAMPLING_DEFAULTS as _SD, Sampler, SamplingParams
@@ -162,6 +162,10 @@ class Model:
                 residual_policy = "all"
             self.set_residual(residual_policy, residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
+        self._cached: list[int] = []        # the tokens whose keys and values the cache holds, in order
+        self.reuse_prefix = True            # generation keeps the cache's common prefix with a new prompt
+        self._batch_forks: list[Model] = []  # generate_many's sessions beside this one
+        self.cancel = None                  # an object with is_set() (threading.Event): generation stops when set
         self.last_timings: dict[str, float] = {}
         self.finish_reason = "stop"
 
@@ -174,7 +178,7 @@ class Model:
         if n_ctx is not None and n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
         fork = copy.copy(self)              # shares the tokenizer, metadata and the native model
-        fork._parent, fork._forks, fork._session = self, weakref.WeakSet(), None
+        fork._parent, fork._forks, fork._session, fork._batch_forks = self, weakref.WeakSet(), None, []
         fork._open_session(self.n_ctx if n_ctx is None else n_ctx, self.n_batch,
                            self.residual_policy, self.residual_budget)
         self._forks.add(fork)
@@ -246,6 +250,39 @@ class Model:
     def reset(self) -> None:
         """Empties the KV cache."""
         _native.check(lib.rm_session_reset(self._live()))
+        self._cached = []
+
+    def truncate(self, n_keep: int) -> None:
+        """Keeps the first n_keep positions of the cache (rm_session_truncate). StateError where the
+        cache cannot go back that far: the recurrent layers of the hybrid architectures, or a
+        sliding-window layer asked to go back more than n_batch positions."""
+        _native.check(lib.rm_session_truncate(self._live(), int(n_keep)))
+        self._cached = self._cached[:int(n_keep)]
+
+    def _reusable(self, prompt: Sequence[int]) -> int:
+        """How many leading positions of the cache a prompt can keep: its common prefix with the
+        cached tokens, less one, so that at least one token is evaluated and gives logits."""
+        if not self.reuse_prefix or len(self._cached) != self.n_past:
+            return 0
+        n = 0
+        for a, b in zip(self._cached, prompt[:-1]):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def _keep_prefix(self, prompt: Sequence[int]) -> int:
+        """Truncates the cache to the longest part of it that prompt repeats (or empties it where
+        the cache cannot go back; see truncate) and returns how many tokens were kept."""
+        keep = self._reusable(prompt)
+        if keep > 0:
+            try:
+                self.truncate(keep)
+                return keep
+            except StateError:
+                pass
+        self.reset()
+        return 0
 
     def _as_tokens(self, ids: Sequence[int]) -> np.ndarray:
         arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
@@ -261,9 +298,12 @@ class Model:
         toks = self._as_tokens(ids)
         if toks.size == 0:
             raise InvalidArgumentError("eval needs at least one token")
-        _native.check(lib.rm_session_eval(
-            self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 0,
-            ffi.from_buffer("float[]", self._logits), self._logits.size))
+        try:
+            _native.check(lib.rm_session_eval(
+                self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 0,
+                ffi.from_buffer("float[]", self._logits), self._logits.size))
+        finally:
+            self._cached = (self._cached + toks.tolist())[:self.n_past]
         return self._logits.copy()
 
     def eval_logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -273,9 +313,12 @@ class Model:
             raise InvalidArgumentError("eval_logits needs at least one token")
         out = np.empty((toks.size, self.n_vocab), dtype=np.float32)
         self.reset()
-        _native.check(lib.rm_session_eval(
-            self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 1,
-            ffi.from_buffer("float[]", out), out.size))
+        try:
+            _native.check(lib.rm_session_eval(
+                self._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 1,
+                ffi.from_buffer("float[]", out), out.size))
+        finally:
+            self._cached = toks.tolist()[:self.n_past]
         return out
 
     # -- residuals and statistics ---------------------------------------------------------------
@@ -438,7 +481,11 @@ class Model:
                         stop_ids: set[int] | None = None) -> Iterator[int]:
         """Yields generated token ids until an end-of-generation token or max_tokens.
 
-        The prompt is evaluated from an empty cache."""
+        Only the prompt's tokens after its common prefix with the cache are evaluated (the rest
+        is kept; ``reuse_prefix = False`` evaluates all from an empty cache), as llama-cpp-python
+        does; ``last_timings["prompt_reused"]`` says how many were kept. The prompt goes in steps
+        of n_batch tokens; when ``cancel`` (e.g. a threading.Event) is set, generation stops between
+        them or before the next token."""
         prompt = self._as_tokens(prompt_ids)
         if prompt.size == 0:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
@@ -452,11 +499,16 @@ class Model:
         stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
         history = prompt.tolist()
         t0 = time.perf_counter()
-        self.reset()
-        logits = self.eval(prompt)
-        t1 = time.perf_counter()
-        self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_s": t1 - t0,
+        keep = self._keep_prefix(history)
+        self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_reused": keep, "prompt_s": 0.0,
                              "gen_tokens": 0, "gen_s": 0.0}
+        rest = prompt[keep:]
+        for i in range(0, rest.size, self.n_batch):   # the steps rm_session_eval would take, cancellable between
+            if self.cancel is not None and self.cancel.is_set():
+                return
+            logits = self.eval(rest[i:i + self.n_batch])
+        t1 = time.perf_counter()
+        self.last_timings["prompt_s"] = t1 - t0
         for _ in range(max_tokens):
             t = sampler.sample(logits, history)
             if t in stop:
@@ -464,7 +516,7 @@ class Model:
             history.append(t)
             self.last_timings["gen_tokens"] += 1
             yield t
-            if self.n_past >= self.n_ctx:
+            if self.n_past >= self.n_ctx or (self.cancel is not None and self.cancel.is_set()):
                 break
             logits = self.eval([t])
             self.last_timings["gen_s"] = time.perf_counter() - t1
@@ -560,3 +612,105 @@ class Model:
             self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model,
             reasoning_effort=reasoning_effort, show_reasoning=show_reasoning)
+
+    # -- several sequences at once --------------------------------------------------------------
+
+    def generate_many(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, *,
+                      stop: str | Sequence[str] = (), sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                      **params) -> list[str]:
+        """Generates a continuation of each prompt (text or token ids) at once: every step is one
+        evaluation (``eval_batch``) of one token of each unfinished sequence, so the weights are
+        read once per step for all of them. This Model's session runs the first prompt, and
+        sessions of its own (kept for the next call, which reuses their common prefixes as
+        ``generate`` does) the others. ``sampling``: one SamplingParams for all, or one each;
+        ``stop`` strings end a sequence (not included). ``finish_reasons`` then holds "stop" or
+        "length" per prompt."""
+        if sampling is None:
+            sampling = SamplingParams(**params)
+        elif params:
+            raise InvalidArgumentError(f"generate_many: give sampling or {', '.join(params)}, not both")
+        if max_tokens < 0:
+            raise InvalidArgumentError(f"max_tokens must be >= 0, got {max_tokens}")
+        samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        if len(samplings) != len(prompts):
+            raise InvalidArgumentError(f"generate_many: {len(samplings)} sampling settings for {len(prompts)} prompts")
+        stops = [stop] if isinstance(stop, str) else [s for s in stop if s]
+        ids = [self._as_tokens(self.tokenize(p) if isinstance(p, str) else p).tolist() for p in prompts]
+        for i, p in enumerate(ids):
+            if not p:
+                raise InvalidArgumentError(f"prompt {i} is empty: give at least one token")
+            if len(p) + max(max_tokens, 1) > self.n_ctx:
+                raise InvalidArgumentError(f"prompt {i} has {len(p)} tokens and {max_tokens} more were asked for, "
+                                           f"but the context holds {self.n_ctx} (raise n_ctx)")
+        while len(self._batch_forks) < len(ids) - 1:
+            self._batch_forks.append(self.fork_session())
+        seqs = [self] + self._batch_forks[:len(ids) - 1]
+        keep = [m._keep_prefix(p) for m, p in zip(seqs, ids)]
+        logits = eval_batch([(m, p[k:]) for m, p, k in zip(seqs, ids, keep)])
+        samplers = [Sampler(sp) for sp in samplings]
+        history = [list(p) for p in ids]
+        out: list[list[int]] = [[] for _ in ids]
+        self.finish_reasons = ["length"] * len(ids)
+        live = list(range(len(ids)))
+        for _ in range(max_tokens):
+            step = []
+            for i, lg in zip(live, logits):
+                t = samplers[i].sample(lg, history[i])
+                history[i].append(t)
+                if t in self.tokenizer.eog_ids:
+                    self.finish_reasons[i] = "stop"
+                    continue
+                out[i].append(t)
+                if stops and any(s in self.detokenize(out[i]) for s in stops):
+                    self.finish_reasons[i] = "stop"
+                    continue
+                step.append(i)
+            live = [i for i in step if len(out[i]) < max_tokens]
+            if not live:
+                break
+            logits = eval_batch([(seqs[i], [out[i][-1]]) for i in live])
+        texts = [self.detokenize(o) for o in out]
+        for i, text in enumerate(texts):
+            cut = [text.find(s) for s in stops if s in text]
+            texts[i] = text[:min(cut)] if cut else text
+        return texts
+
+
+def eval_batch(seqs: Sequence[tuple[Model, Sequence[int]]], all_logits: bool = False) -> list[np.ndarray]:
+    """Feeds each Model's tokens after those already in its cache, all in one evaluation
+    (rm_batch_eval): the Models are sessions of one loaded model (a Model and its forks), each
+    at most once. Returns per sequence its last position's logits (n_vocab), or with all_logits
+    every position's (n_tokens, n_vocab). Runs on the CPU backend, for the architectures without
+    multi-head latent attention or linear layers."""
+    if not seqs:
+        raise InvalidArgumentError("eval_batch needs at least one sequence")
+    models = [m for m, _ in seqs]
+    if len({id(m) for m in models}) != len(models):
+        raise InvalidArgumentError("eval_batch: a Model appears twice; give each sequence its own (fork_session)")
+    toks = [m._as_tokens(t) for m, t in seqs]
+    for i, t in enumerate(toks):
+        if t.size == 0:
+            raise InvalidArgumentError(f"eval_batch: sequence {i} has no tokens")
+    tokens = np.concatenate(toks).astype(np.int32)
+    seq = np.concatenate([np.full(t.size, i, np.int32) for i, t in enumerate(toks)])
+    want = np.concatenate([np.ones(t.size, np.int8) if all_logits else np.eye(1, t.size, t.size - 1, np.int8)[0]
+                           for t in toks])
+    n_vocab = models[0].n_vocab
+    out = np.empty((int(want.sum()), n_vocab), np.float32)
+    sessions = ffi.new("rm_session *[]", [m._live() for m in models])
+    b = ffi.new("rm_batch *")
+    b.struct_size = ffi.sizeof("rm_batch")
+    b.n_tokens, b.n_sessions = int(tokens.size), len(models)
+    b.tokens = ffi.from_buffer("int32_t[]", tokens)
+    b.seq = ffi.from_buffer("int32_t[]", seq)
+    b.logits = ffi.from_buffer("int8_t[]", want)
+    b.sessions = sessions
+    b.out, b.out_cap = ffi.from_buffer("float[]", out), out.size
+    try:
+        _native.check(lib.rm_batch_eval(b))
+    finally:
+        for m, t in zip(models, toks):
+            m._cached = (m._cached + t.tolist())[:m.n_past]
+    if all_logits:
+        return np.split(out, np.cumsum([t.size for t in toks])[:-1])
+    return list(out)

@@ -16,11 +16,13 @@ server does not implement (``n`` > 1, logprobs, tools, ...; see UNSUPPORTED) are
 rather than ignored; fields it does not know at all are ignored.
 
 Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
-(``Model.fork_session``), each with its own KV cache. A request takes a free slot and generates in
-a worker thread (the native calls release the GIL, and the native model runs one evaluation at a
-time, so slots interleave token by token). Up to ``queue`` further requests wait for a slot; beyond
+(``Model.fork_session``), each with its own KV cache. A request takes the free slot whose cache
+holds the longest prefix of its prompt (which it then does not evaluate again, see Model.generate)
+and generates in a worker thread (the native calls release the GIL, and the native model runs one
+evaluation at a time, so slots interleave token by token). Up to ``queue`` further requests wait for a slot; beyond
 that the answer is 503. A client that goes away, while waiting or while streaming, cancels its
-generation at the next token, and its slot is handed on.
+generation at the next token (or, in a long prompt, between its steps of n_batch tokens), and its
+slot is handed on.
 
 Admission comes before work: a request the slots and the queue cannot take gets 503 before its
 prompt is rendered or tokenized, and what one request may cost before it holds a slot is bounded
@@ -416,7 +418,7 @@ class Server:
         loop = asyncio.get_running_loop()
         watch = asyncio.create_task(self._watch(request, job, asyncio.current_task()))
         try:
-            job.slot = await self._free.get()
+            job.slot = self._pick_slot(job.req.prompt_ids, await self._free.get())
             fut = loop.run_in_executor(self._executor, self._work, job,
                                        lambda item: loop.call_soon_threadsafe(job.events.put_nowait, item))
             try:
@@ -433,6 +435,19 @@ class Server:
             if job.slot is not None:
                 self._free.put_nowait(job.slot)
             self._admitted -= 1
+
+    def _pick_slot(self, prompt_ids: list[int], first: int) -> int:
+        """Of the free slots (first, just taken, and any others free now), the one whose cache
+        holds the longest prefix of the prompt (the earliest freed among equals); the others go
+        back in their order."""
+        free = [first]
+        while not self._free.empty():
+            free.append(self._free.get_nowait())
+        best = max(free, key=lambda i: (self.slots[i]._reusable(prompt_ids), -free.index(i)))
+        for i in free:
+            if i != best:
+                self._free.put_nowait(i)
+        return best
 
     async def _watch(self, request: Request, job: _Job, runner: asyncio.Task) -> None:
         """Cancels the job when its client disconnects."""
@@ -455,6 +470,7 @@ class Server:
                 slot.set_residual(req.policy or self.policy, self.budget if req.budget is None else req.budget)
             slot.clear_stats()
             slot.last_timings = {}
+            slot.cancel = job.cancel        # a long prompt stops between its steps
             it = req.chunks(slot, self.name)
             try:
                 for chunk in it:
@@ -464,6 +480,8 @@ class Server:
                         break
             finally:
                 it.close()
+                slot.cancel = None
+            end.cancelled = end.cancelled or job.cancel.is_set()
             n_gen = slot.last_timings.get("gen_tokens", 0)
             end.usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n_gen,
                          "total_tokens": len(req.prompt_ids) + n_gen}

@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 5
+#define RM_ABI_VERSION 6
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -446,6 +446,38 @@ int32_t   rm_session_n_ctx(const rm_session * s);
  * then unchanged. */
 rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,
                           float * logits, uint64_t logits_cap);
+
+/* Keeps the first n_keep positions of the cache and drops the rest, so that the next tokens
+ * follow them (a prompt that shares a prefix with what the cache holds evaluates only the rest).
+ * RM_E_INVALID_ARG outside [0, n_past]; RM_E_STATE where the cache cannot go back that far: a
+ * hybrid model's recurrent state describes all n_past positions (only n_keep = 0 or n_past), and
+ * a sliding-window layer's ring keeps n_batch positions beyond its window. */
+rm_status rm_session_truncate(rm_session * s, int32_t n_keep);
+
+/* Several sequences in one evaluation: token i belongs to sessions[seq[i]] (sessions of one model,
+ * each at most once) at position pos[i], which must follow that session's cache and its previous
+ * token in the batch (pos NULL: so implied). The tokens of all sequences go through each layer
+ * together: one product per weight matrix, and in the MoE block one per routed expert for all the
+ * tokens routed to it; attention runs per sequence over its session's cache, and each token's
+ * residual choices follow its session's policy. Token i's logits go to out when logits[i] is
+ * nonzero, one row of n_vocab floats per such token, in batch order (logits NULL: none). More
+ * tokens than sessions[0]'s n_batch run in several steps. The CPU backend only (RM_E_NEEDS_CPU);
+ * architectures with multi-head latent attention or linear layers are refused
+ * (RM_E_UNSUPPORTED_ARCH), as is a calibrating session (RM_E_STATE). On any error no cache changed. */
+typedef struct rm_batch {
+    uint32_t              struct_size;   /* sizeof(rm_batch) */
+    int32_t               n_tokens;
+    const int32_t *       tokens;        /* n_tokens */
+    const int32_t *       seq;           /* n_tokens: indices into sessions */
+    const int32_t *       pos;           /* n_tokens, or NULL */
+    const int8_t *        logits;        /* n_tokens, or NULL */
+    rm_session * const *  sessions;      /* n_sessions */
+    int32_t               n_sessions;
+    float *               out;           /* n_vocab floats per token with logits[i] != 0 */
+    uint64_t              out_cap;       /* floats */
+} rm_batch;
+
+rm_status rm_batch_eval(const rm_batch * batch);
 
 /* ---------------------------------------------------------------------------------------------
  * Memory sizes

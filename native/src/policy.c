@@ -97,32 +97,33 @@ void rm_policy_state_free(rm_policy_state * p) {
 
 /* ---- select ------------------------------------------------------------------------------- */
 
-void rm_policy_select(rm_session * s, int il, int32_t n) {
-    rm_policy_state * p = &s->policy;
-    const int32_t K = s->m->hp.n_expert_used;
-    if (s->m->residual && p->mask) {   /* a given selection, by cache position */
-        const int64_t NL = s->m->hp.n_layer;
+/* Marks the n tokens' slots at routes, the first at cache position pos0, with the policy p (of a
+ * session of model m). */
+static void select_rows(rm_policy_state * p, const rm_model * m, rm_route * routes, int il, int32_t n, int32_t pos0) {
+    const int32_t K = m->hp.n_expert_used;
+    if (m->residual && p->mask) {   /* a given selection, by cache position */
+        const int64_t NL = m->hp.n_layer;
         for (int32_t i = 0; i < n; i++) {
-            const int64_t pos = (int64_t) s->n_past + i;
+            const int64_t pos = (int64_t) pos0 + i;
             for (int32_t k = 0; k < K; k++) {
-                s->routes[(int64_t) i * K + k].residual = pos < p->mask_pos && p->mask[(pos * NL + il) * K + k];
+                routes[(int64_t) i * K + k].residual = pos < p->mask_pos && p->mask[(pos * NL + il) * K + k];
             }
         }
         return;
     }
-    if (!s->m->residual || p->kind == RM_POLICY_NONE || !p->layer_mask[il]) {
+    if (!m->residual || p->kind == RM_POLICY_NONE || !p->layer_mask[il]) {
         return;
     }
     if (p->kind == RM_POLICY_ALL) {
         for (int64_t j = 0; j < (int64_t) n * K; j++) {
-            s->routes[j].residual = 1;
+            routes[j].residual = 1;
         }
         return;
     }
-    const float * se = p->expert_score + (int64_t) il * s->m->hp.n_expert;
+    const float * se = p->expert_score + (int64_t) il * m->hp.n_expert;
     const float target = p->layer_budget[il] * (float) K;
     for (int32_t i = 0; i < n; i++) {
-        rm_route * r = s->routes + (int64_t) i * K;
+        rm_route * r = routes + (int64_t) i * K;
         int32_t selected = 0;
         for (int32_t k = 0; k < K; k++) {
             const float score = log_score(p->kind, p->gate_power, r[k].weight, se[r[k].expert], p->layer_score[il], &p->rng);
@@ -130,6 +131,19 @@ void rm_policy_select(rm_session * s, int il, int32_t n) {
             selected += r[k].residual;
         }
         p->threshold[il] += p->gain * ((float) selected - target);
+    }
+}
+
+/* Each sequence of the batch by its own session's policy. */
+void rm_policy_select(rm_session * s, int il, int32_t n) {
+    if (s->n_runs == 0) {
+        select_rows(&s->policy, s->m, s->routes, il, n, s->n_past);
+        return;
+    }
+    const int64_t K = s->m->hp.n_expert_used;
+    for (int32_t r = 0; r < s->n_runs; r++) {
+        const rm_seq_run * run = &s->runs[r];
+        select_rows(&run->s->policy, s->m, s->routes + run->row0 * K, il, run->n, run->pos);
     }
 }
 

@@ -209,15 +209,81 @@ static int64_t kv_place(const rm_session * s, int il, int32_t * ring) {
     return row0;
 }
 
-/* The n new rows of x (width floats each) into a layer's cache at positions n_past.. (wrapping
+rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_truncate: NULL session");
+    }
+    if (n_keep < 0 || n_keep > s->n_past) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_truncate: n_keep %d outside [0, %d] (the positions in the cache)",
+                       n_keep, s->n_past);
+    }
+    if (n_keep == s->n_past) {
+        return RM_OK;
+    }
+    if (n_keep == 0) {
+        return rm_session_reset(s);
+    }
+    if (s->hy) {
+        return rm_fail(RM_E_STATE, "rm_session_truncate: %s: the recurrent state of the linear layers describes all %d "
+                       "positions and cannot go back to %d", s->m->arch->name, s->n_past, n_keep);
+    }
+    for (int il = 0; il < s->m->hp.n_layer; il++) {
+        int32_t ring = 0;
+        kv_place(s, il, &ring);
+        if (ring && ring < s->n_ctx && s->n_past - n_keep > ring - s->m->hp.n_swa) {   /* it lost n_keep's window */
+            return rm_fail(RM_E_STATE, "rm_session_truncate: layer %d's sliding window ring of %d positions cannot go back "
+                           "from %d to %d", il, ring, s->n_past, n_keep);
+        }
+    }
+    s->n_past = n_keep;
+    return RM_OK;
+}
+
+/* The n new rows of x (width floats each) into a layer's cache at positions pos.. (wrapping
  * round a ring; n <= n_batch < ring, so at most once). */
-static void cache_append(rm_session * s, float * cache, const float * x, int32_t n, int64_t width, int32_t ring) {
-    const int64_t at = ring ? s->n_past % ring : s->n_past;
+static void cache_append(rm_session * s, float * cache, const float * x, int32_t n, int64_t width, int32_t ring,
+                         int32_t pos) {
+    const int64_t at = ring ? pos % ring : pos;
     const int64_t first = ring && at + n > ring ? ring - at : n;
     s->be->ops->copy(s->be, cache + at * width, x, sizeof(float) * (uint64_t) (first * width));
     if (first < n) {
         s->be->ops->copy(s->be, cache, x + first * width, sizeof(float) * (uint64_t) ((n - first) * width));
     }
+}
+
+/* RoPE, cache append and attention for one sequence's rows of the batch (q, k, v already
+ * projected), over its own session's cache. */
+static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
+    const rm_model * m = s->m;
+    const rm_hparams * hp = &m->hp;
+    const rm_layer * L = &m->layers[il];
+    rm_backend * be = s->be;
+    rm_session * o = run->s;   /* whose cache */
+    const int64_t Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
+    const int32_t n = run->n, pos = run->pos;
+    float * q = s->q + (int64_t) run->row0 * Q, * k = s->k + (int64_t) run->row0 * KV;
+    const float * v = s->v + (int64_t) run->row0 * KV;
+    const int neox = m->arch->rope == RM_ROPE_NEOX;
+    if (hp->rope_yarn_factor > 0.0f) {   /* the rows that read rope.scaling.factor run YaRN */
+        rm_rope_yarn y;
+        rm_rope_yarn_of(hp, &y);
+        be->ops->rope_yarn(be, q, n, hp->n_head, hp->head_dim, hp->n_rot, pos, &y, neox);
+        be->ops->rope_yarn(be, k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, pos, &y, neox);
+    } else {
+        be->ops->rope(be, q, n, hp->n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, neox);
+        be->ops->rope(be, k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, pos, hp->rope_base, neox);
+    }
+    int32_t ring = 0;
+    /* a hybrid caches its attention layers only; a sliding-window layer keeps a ring */
+    const int64_t row0 = o->hy ? (int64_t) o->hy->kv_index[il] * o->n_ctx : kv_place(o, il, &ring);
+    float * kc = o->k_cache + row0 * KV;
+    float * vc = o->v_cache + row0 * KV;
+    cache_append(s, kc, k, n, KV, ring, pos);
+    cache_append(s, vc, v, n, KV, ring, pos);
+    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * Q, n, pos, hp->n_head, hp->n_head_kv, hp->head_dim,
+                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring};
+    be->ops->attention(be, &aa);
 }
 
 static void attention_block(rm_session * s, int il, int32_t n) {
@@ -249,26 +315,9 @@ static void attention_block(rm_session * s, int il, int32_t n) {
         qk_norm(s, s->k, &L->k_norm, n, hp->n_head_kv);
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
-    const int neox = m->arch->rope == RM_ROPE_NEOX;
-    if (hp->rope_yarn_factor > 0.0f) {   /* the rows that read rope.scaling.factor run YaRN */
-        rm_rope_yarn y;
-        rm_rope_yarn_of(hp, &y);
-        be->ops->rope_yarn(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, &y, neox);
-        be->ops->rope_yarn(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, &y, neox);
-    } else {
-        be->ops->rope(be, s->q, n, hp->n_head, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
-        be->ops->rope(be, s->k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, s->n_past, hp->rope_base, neox);
+    for (int32_t r = 0; r < s->n_runs; r++) {
+        attention_run(s, il, &s->runs[r]);
     }
-    int32_t ring = 0;
-    /* a hybrid caches its attention layers only; a sliding-window layer keeps a ring */
-    const int64_t row0 = s->hy ? (int64_t) s->hy->kv_index[il] * s->n_ctx : kv_place(s, il, &ring);
-    float * kc = s->k_cache + row0 * KV;
-    float * vc = s->v_cache + row0 * KV;
-    cache_append(s, kc, s->k, n, KV, ring);
-    cache_append(s, vc, s->v, n, KV, ring);
-    rm_attn_args aa = {s->q, kc, vc, s->attn, n, s->n_past, hp->n_head, hp->n_head_kv, hp->head_dim,
-                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring};
-    be->ops->attention(be, &aa);
     if (gated) rm_attn_gate_apply(s, n);
     rm_prof_mark(s, RM_PROF_ATTN);
     matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
@@ -286,10 +335,29 @@ static void embed(rm_session * s, const int32_t * tokens, int32_t n) {
     s->be->ops->upload(s->be, s->x, s->embd, sizeof(float) * (uint64_t) n * (uint64_t) w->ne[0]);
 }
 
-/* Runs n <= n_batch tokens through every layer; the logits of rows [first_out, n) go to out. */
-static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t first_out, float * out) {
+/* The logits of n_rows rows of the normalised output into out: rows[0 .. n_rows) (ascending;
+ * gathered first), or with rows NULL the range from row first, read in place. */
+static void logits_out(rm_session * s, int32_t first, const int32_t * rows, int32_t n_rows, float * out) {
     const rm_model * m = s->m;
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    const float * src = s->xn + (int64_t) first * E;
+    if (rows) {
+        s->be->ops->gather_rows(s->be, s->ex, s->xn, rows, n_rows, E);
+        src = s->ex;
+    }
+    const int32_t chunk = s->n_batch < RM_LOGIT_ROWS ? s->n_batch : RM_LOGIT_ROWS;
+    for (int32_t i = 0; i < n_rows; i += chunk) {
+        const int32_t c = n_rows - i < chunk ? n_rows - i : chunk;
+        matmul(s, &m->output, src + (int64_t) i * E, E, c, s->logits, V, 0);
+        s->be->ops->download(s->be, out + (int64_t) i * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
+    }
+}
+
+void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs, const int32_t * tokens, int32_t n,
+                        const int32_t * out_rows, int32_t n_out, float * out) {
+    const rm_model * m = s->m;
+    const int64_t E = m->hp.n_embd;
+    s->runs = runs, s->n_runs = n_runs;
     rm_prof_begin(s, n);
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
@@ -303,17 +371,21 @@ static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t f
         }
         rm_moe_block(s, il, n);
     }
-    if (out && first_out < n) {
+    if (out && n_out > 0) {
         s->be->ops->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
-        const int32_t chunk = s->n_batch < RM_LOGIT_ROWS ? s->n_batch : RM_LOGIT_ROWS;
-        for (int32_t i = first_out; i < n; i += chunk) {
-            const int32_t c = n - i < chunk ? n - i : chunk;
-            matmul(s, &m->output, s->xn + (int64_t) i * E, E, c, s->logits, V, 0);
-            s->be->ops->download(s->be, out + (int64_t) (i - first_out) * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
-        }
+        logits_out(s, n - n_out, out_rows, n_out, out);
         rm_prof_mark(s, RM_PROF_OUTPUT);
     }
-    s->n_past += n;
+    for (int32_t r = 0; r < n_runs; r++) {
+        runs[r].s->n_past += runs[r].n;
+    }
+    s->runs = NULL, s->n_runs = 0;
+}
+
+/* Runs n <= n_batch tokens of s alone; the logits of rows [first_out, n) go to out. */
+static void forward(rm_session * s, const int32_t * tokens, int32_t n, int32_t first_out, float * out) {
+    const rm_seq_run run = {s, 0, n, s->n_past};
+    rm_session_forward(s, &run, 1, tokens, n, NULL, out && first_out < n ? n - first_out : 0, out);
 }
 
 rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int32_t all_logits,

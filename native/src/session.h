@@ -9,10 +9,22 @@
 #include "profile.h"
 #include "sizes.h"
 
+/* One sequence's rows in a batch: the session whose KV cache and residual policy they use, and
+ * the position of the first (rows row0 .. row0 + n - 1 are its positions pos ..). */
+typedef struct rm_seq_run {
+    struct rm_session * s;
+    int32_t             row0, n, pos;
+} rm_seq_run;
+
 struct rm_session {
     rm_model *   m;
     rm_backend * be;
     int32_t      n_ctx, n_batch, n_past;
+
+    /* the sequences of the batch in the forward pass now (set by rm_session_forward on the session
+     * whose scratch runs it; each run's rows use its own session's cache and policy) */
+    const rm_seq_run * runs;
+    int32_t            n_runs;
 
     rm_profile   prof;            /* where evaluation time goes (profile.c) */
 
@@ -59,5 +71,12 @@ struct rm_session {
     uint64_t * cal_n;             /* n_layer * n_expert */
     rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
 };
+
+/* Runs n <= n_batch tokens of the sequences in runs (ordered by row, covering rows 0 .. n - 1)
+ * through every layer on s's scratch, and advances each run's session. Logits: the rows
+ * out_rows[0 .. n_out) (ascending; NULL: the last n_out rows) into out, n_vocab floats each. A run of another session needs
+ * attention layers of the plain kinds (no MLA, no linear layers) and at most its own n_batch rows. */
+void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs, const int32_t * tokens, int32_t n,
+                        const int32_t * out_rows, int32_t n_out, float * out);
 
 #endif

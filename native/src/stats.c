@@ -10,18 +10,38 @@
 #include "session.h"
 #include "status.h"
 
-void rm_stats_count(rm_session * s, int il, int32_t n) {
-    const int32_t K = s->m->hp.n_expert_used, X = s->m->hp.n_expert;
-    uint64_t * active = s->stat_active + (int64_t) il * X;
-    uint64_t * resid = s->stat_residual + (int64_t) il * X;
+/* Into o's counters: the n tokens' slots at routes. */
+static void count_rows(rm_session * o, const rm_route * routes, int il, int32_t n) {
+    const int32_t K = o->m->hp.n_expert_used, X = o->m->hp.n_expert;
+    uint64_t * active = o->stat_active + (int64_t) il * X;
+    uint64_t * resid = o->stat_residual + (int64_t) il * X;
     for (int64_t j = 0; j < (int64_t) n * K; j++) {
-        active[s->routes[j].expert]++;
-        resid[s->routes[j].expert] += s->routes[j].residual;
+        active[routes[j].expert]++;
+        resid[routes[j].expert] += routes[j].residual;
+    }
+}
+
+void rm_stats_count(rm_session * s, int il, int32_t n) {
+    if (s->n_runs == 0) {
+        count_rows(s, s->routes, il, n);
+        return;
+    }
+    const int64_t K = s->m->hp.n_expert_used;
+    for (int32_t r = 0; r < s->n_runs; r++) {   /* each sequence into its own session's counters */
+        count_rows(s->runs[r].s, s->routes + s->runs[r].row0 * K, il, s->runs[r].n);
     }
 }
 
 void rm_stats_record_routes(rm_session * s, int il, int32_t n) {
     const int32_t K = s->m->hp.n_expert_used;
+    if (s->n_runs > 1 || (s->n_runs == 1 && s->runs[0].s != s)) {   /* a batch of sequences: each session keeps its last row's (no calibration here) */
+        for (int32_t r = 0; r < s->n_runs; r++) {
+            const rm_seq_run * run = &s->runs[r];
+            memcpy(run->s->last_routes + (int64_t) il * K, s->routes + (int64_t) (run->row0 + run->n - 1) * K,
+                   sizeof(rm_route) * (size_t) K);
+        }
+        return;
+    }
     memcpy(s->last_routes + (int64_t) il * K, s->routes + (int64_t) (n - 1) * K, sizeof(rm_route) * (size_t) K);
     if (s->route_log) {
         for (int32_t i = 0; i < n; i++) {

@@ -1,0 +1,319 @@
+"""Several sequences in one evaluation (rm_batch_eval, eval_batch, Model.generate_many) and
+prompt-prefix reuse (rm_session_truncate, Model.generate).
+
+Oracle: the same sequence run alone on its own session (rm_session_eval), which the forward tests
+hold to transformers. A sequence's logits in a mixed batch must equal its logits alone within 1e-5
+relative (max |diff| over the position's max |logit|); the runtime keeps a token's arithmetic
+independent of the batch it is in, so the measured difference is 0. Each session keeps its own
+residual policy (all, none and a budgeted gate policy side by side) and its own counters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rapidmoe_gguf as rm
+from rapidmoe_gguf import evaluate
+from rapidmoe_gguf._native import ffi, lib
+from conftest import _CORPUS, VOCAB
+
+REL = 1e-5
+POLICIES = (("all", None), ("none", None), ("gate", 0.3))
+
+
+def rel_err(a, ref):
+    a, ref = np.atleast_2d(a), np.atleast_2d(ref)
+    return float((np.abs(a - ref).max(-1) / np.abs(ref).max(-1)).max())
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_hf, tmp_path_factory):
+    """A calibrated q2k-q4 RESplit pair of the tiny Qwen2-MoE (routed experts and a gated shared
+    expert)."""
+    out = tmp_path_factory.mktemp("batch") / "m.gguf"
+    rm.convert(tiny_hf("qwen2_moe"), out, recipe="q2k-q4", progress=False)
+    evaluate.calibrate(str(out), " ".join(_CORPUS), n_ctx=64, max_tokens=128, n_threads=2)
+    return out
+
+
+def prompts(lengths, seed=3):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB, n).tolist() for n in lengths]
+
+
+def alone(path, policy, budget, prompt, decode, **kw):
+    """All logits of prompt, then of each decode token, on a session of its own; and its stats."""
+    with rm.Model(path, n_ctx=96, n_threads=2, residual_policy=policy, residual_budget=budget or 0.1, **kw) as m:
+        rows = list(m.eval_logits(prompt)) + [m.eval([t]) for t in decode]
+        return np.stack(rows), m.stats()
+
+
+def sessions(m, n):
+    forks = [m.fork_session() for _ in range(n - 1)]
+    for f, (policy, budget) in zip([m] + forks, POLICIES):
+        f.set_residual(policy, budget or 0.1)
+    return [m] + forks
+
+
+@pytest.mark.parametrize("n_batch", [256, 8])
+def test_batch_sequences_match_each_alone(pair, n_batch):
+    """Three prompts of 7, 19 and 1 tokens in one evaluation (in several steps with n_batch 8),
+    then three decode steps of one token each, each session with another residual policy."""
+    ps, decode = prompts((7, 19, 1)), prompts((3, 3, 3), seed=4)
+    with rm.Model(pair, n_ctx=96, n_threads=2, n_batch=n_batch) as m:
+        seqs = sessions(m, 3)
+        got = [list(x) for x in rm.eval_batch(list(zip(seqs, ps)), all_logits=True)]
+        for step in range(3):
+            for g, x in zip(got, rm.eval_batch([(s, [d[step]]) for s, d in zip(seqs, decode)])):
+                g.append(x)
+        stats = [s.stats() for s in seqs]
+        assert [s.n_past for s in seqs] == [10, 22, 4]
+    for (policy, budget), p, d, g, st in zip(POLICIES, ps, decode, got, stats):
+        ref, ref_stats = alone(pair, policy, budget, p, d, n_batch=n_batch)
+        err = rel_err(np.stack(g), ref)
+        assert err <= REL, f"{policy}: rel err {err:.2e}"
+        np.testing.assert_array_equal(st["active"], ref_stats["active"])
+        np.testing.assert_array_equal(st["residual"], ref_stats["residual"])
+    assert stats[0]["residual_rate"] == 1.0 and stats[1]["residual_rate"] == 0.0
+    assert 0.0 < stats[2]["residual_rate"] < 1.0
+
+
+def raw_batch(seqs, tokens, seq, pos=None, want=None, out_rows=None):
+    """rm_batch_eval through the binding, tokens in the order given (the library groups them)."""
+    n_vocab = seqs[0].n_vocab
+    keep = [np.asarray(tokens, np.int32), np.asarray(seq, np.int32)]
+    b = ffi.new("rm_batch *")
+    b.struct_size = ffi.sizeof("rm_batch")
+    b.n_tokens, b.n_sessions = len(tokens), len(seqs)
+    b.tokens, b.seq = ffi.from_buffer("int32_t[]", keep[0]), ffi.from_buffer("int32_t[]", keep[1])
+    if pos is not None:
+        keep.append(np.asarray(pos, np.int32))
+        b.pos = ffi.from_buffer("int32_t[]", keep[-1])
+    out = np.zeros((out_rows if out_rows is not None else int(np.sum(want or 0)), n_vocab), np.float32)
+    if want is not None:
+        keep.append(np.asarray(want, np.int8))
+        b.logits = ffi.from_buffer("int8_t[]", keep[-1])
+        b.out, b.out_cap = ffi.from_buffer("float[]", out), out.size
+    handles = ffi.new("rm_session *[]", [s._live() for s in seqs])
+    b.sessions = handles
+    rm._native.check(lib.rm_batch_eval(b))
+    return out
+
+
+def test_batch_interleaved_tokens_and_chosen_logits(pair):
+    """Tokens of two sequences interleaved in the batch, with positions, and logits for some."""
+    a, b = prompts((6, 9), seed=5)
+    order = [(0, 0), (1, 0), (1, 1), (0, 1), (1, 2), (0, 2), (0, 3), (1, 3), (1, 4), (1, 5), (0, 4), (0, 5),
+             (1, 6), (1, 7), (1, 8)]
+    tokens = [(a, b)[j][i] for j, i in order]
+    want = [int((j, i) in ((1, 2), (0, 5), (1, 8), (0, 0))) for j, i in order]
+    with rm.Model(pair, n_ctx=64, n_threads=2, residual_policy="none") as m:
+        f = m.fork_session()
+        out = raw_batch([m, f], tokens, [j for j, _ in order], [i for _, i in order], want)
+    ref_a, _ = alone(pair, "none", None, a, [])
+    ref_b, _ = alone(pair, "none", None, b, [])
+    expect = np.stack([ref_a[0], ref_b[2], ref_a[5], ref_b[8]])   # batch order
+    assert rel_err(out, expect) <= REL
+
+
+def test_batch_bad_input_is_refused_and_leaves_caches(pair):
+    with rm.Model(pair, n_ctx=16, n_threads=2, residual_policy="none") as m:
+        f = m.fork_session()
+        m.eval([5, 6])
+        with pytest.raises(rm.InvalidArgumentError, match="position 0; its next position is 2"):
+            raw_batch([m, f], [7, 8], [0, 1], pos=[0, 0])
+        with pytest.raises(rm.InvalidArgumentError, match="the same session"):
+            raw_batch([m, m], [7, 8], [0, 1])
+        with pytest.raises(rm.InvalidArgumentError, match="seq 2 outside"):
+            raw_batch([m, f], [7, 8], [0, 2])
+        with pytest.raises(rm.InvalidArgumentError, match="outside the vocabulary"):
+            raw_batch([m, f], [7, VOCAB], [0, 1])
+        with pytest.raises(rm.InvalidArgumentError, match="out holds"):
+            raw_batch([m, f], [7, 8], [0, 1], want=[1, 1], out_rows=1)
+        with pytest.raises(rm.ContextFullError, match="context of 16"):
+            raw_batch([m, f], [7] * 15, [0] * 15)
+        assert (m.n_past, f.n_past) == (2, 0)
+        with pytest.raises(rm.InvalidArgumentError, match="appears twice"):
+            rm.eval_batch([(m, [1]), (m, [2])])
+        m.set_calibration(True)
+        with pytest.raises(rm.StateError, match="calibrating"):
+            rm.eval_batch([(m, [1]), (f, [2])])
+
+
+def test_batch_generate_many_equals_generate(pair):
+    texts = ["the quick brown", "a b c d e f g h", "once"]
+    with rm.Model(pair, n_ctx=96, n_threads=2, residual_policy="all") as m:
+        many = m.generate_many(texts, 12, temperature=0)
+        again = m.generate_many(texts[::-1], 12, temperature=0)   # sessions reused, prefixes kept
+        each = [m.generate(t, 12, temperature=0) for t in texts]
+    assert many == each and again == each[::-1]
+    assert any(len(t) > 0 for t in many)
+
+
+def test_batch_sliding_window_and_sinks(tmp_path):
+    """gpt-oss: a sliding layer's ring (n_batch 5 over a window of 8) and sinks per sequence."""
+    from test_arch_gpt_oss import make_tiny_gpt_oss
+
+    out = tmp_path / "g.gguf"
+    rm.convert(make_tiny_gpt_oss(tmp_path / "hf"), out, recipe="f32", progress=False)
+    ps, decode = prompts((23, 11), seed=6), prompts((4, 4), seed=7)
+    with rm.Model(out, n_ctx=64, n_threads=2, n_batch=5) as m:
+        seqs = [m, m.fork_session()]
+        got = [list(x) for x in rm.eval_batch(list(zip(seqs, ps)), all_logits=True)]
+        for step in range(4):
+            for g, x in zip(got, rm.eval_batch([(s, [d[step]]) for s, d in zip(seqs, decode)])):
+                g.append(x)
+    for p, d, g in zip(ps, decode, got):
+        ref, _ = alone(out, "none", None, p, d, n_batch=5, residual=None)
+        assert rel_err(np.stack(g), ref) <= REL
+
+
+# -- prompt-prefix reuse -------------------------------------------------------------------------
+
+def test_prefix_reuse_gives_the_logits_of_a_cold_prefill(pair):
+    first, tail = prompts((30, 12), seed=8)
+    second = first[:21] + tail
+    with rm.Model(pair, n_ctx=96, n_threads=2, n_batch=16, residual_policy="all") as m:
+        m.eval(first)
+        keep = m._keep_prefix(second)
+        assert keep == 21 and m.n_past == 21
+        warm = m.eval(second[keep:])
+        m.reset()
+        cold = m.eval(second)
+    np.testing.assert_array_equal(warm, cold)
+
+
+def test_prefix_reuse_in_generate(pair):
+    with rm.Model(pair, n_ctx=96, n_threads=2, residual_policy="all") as m:
+        a = m.generate("the quick brown fox", 8, temperature=0)
+        n_first = m.n_past
+        b = m.generate("the quick brown fox jumps", 8, temperature=0)
+        assert 0 < m.last_timings["prompt_reused"] < n_first
+        m.reuse_prefix = False
+        c = m.generate("the quick brown fox jumps", 8, temperature=0)
+        assert m.last_timings["prompt_reused"] == 0
+        assert b == c
+        assert a == m.generate("the quick brown fox", 8, temperature=0)
+
+
+def test_prefix_truncate_limits(pair, tmp_path):
+    with rm.Model(pair, n_ctx=32, n_threads=2, residual_policy="none") as m:
+        m.eval([5, 6, 7])
+        with pytest.raises(rm.InvalidArgumentError, match="outside \\[0, 3\\]"):
+            m.truncate(4)
+        m.truncate(1)
+        assert m.n_past == 1
+    from test_arch_gpt_oss import make_tiny_gpt_oss
+
+    out = tmp_path / "g.gguf"
+    rm.convert(make_tiny_gpt_oss(tmp_path / "hf"), out, recipe="f32", progress=False)
+    with rm.Model(out, n_ctx=64, n_threads=2, n_batch=4) as m:
+        ids = prompts((40,), seed=9)[0]
+        m.eval(ids)
+        m.truncate(37)   # back n_batch positions: the ring still holds the window
+        warm = m.eval(ids[37:])
+        m.reset()
+        np.testing.assert_array_equal(warm, m.eval(ids))
+        with pytest.raises(rm.StateError, match="sliding window ring"):
+            m.truncate(20)
+        assert m._keep_prefix(ids[:20] + [3, 4]) == 0 and m.n_past == 0
+
+
+def test_prefix_server_picks_the_slot_with_the_longest_prefix(pair):
+    from rapidmoe_gguf import server
+
+    a, b, c = prompts((12, 9, 5), seed=10)
+    with rm.Model(pair, n_ctx=64, n_threads=2, residual_policy="none") as m:
+        srv = server.Server(m, server.ServerConfig(parallel=3))
+        try:
+            srv.slots[1].eval(a)
+            srv.slots[2].eval(b)
+            assert srv._pick_slot(b[:7] + c, srv._free.get_nowait()) == 2
+            assert srv._pick_slot(a + c, srv._free.get_nowait()) == 1
+            assert srv._pick_slot(c, srv._free.get_nowait()) == 0
+            assert srv._free.empty()
+        finally:
+            srv.close()
+
+
+def test_prefix_hybrid_reuses_nothing_and_batches_are_refused(tmp_path):
+    """Qwen3-Next: the linear layers' recurrent state describes the whole cache, so truncation
+    back into it is refused, generation evaluates from an empty cache, and rm_batch_eval refuses."""
+    from test_arch_qwen35 import make_tiny_hybrid
+
+    make_tiny_hybrid(tmp_path / "hf", "qwen3_next")
+    out = tmp_path / "h.gguf"
+    rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
+    ids = prompts((12,), seed=11)[0]
+    with rm.Model(out, n_ctx=64, n_threads=2) as m:
+        m.eval(ids)
+        with pytest.raises(rm.StateError, match="recurrent state"):
+            m.truncate(6)
+        m.truncate(len(ids))   # keeping everything is allowed
+        assert m._keep_prefix(ids[:6] + [3]) == 0 and m.n_past == 0
+        warm = m.eval(ids[:6] + [3])
+        m.reset()
+        np.testing.assert_array_equal(warm, m.eval(ids[:6] + [3]))
+        with pytest.raises(rm.UnsupportedError, match="linear-attention"):
+            rm.eval_batch([(m, [1]), (m.fork_session(), [2])])
+
+
+def test_batch_one_forward_pass_per_step(pair):
+    """A decode step of three sequences is one forward pass of three rows on the first session
+    (its profile counts one batch of 3 tokens; the others run none of their own), so each
+    matrix, and each routed expert for all the rows routed to it, is read once per step; every
+    session still counts its own token's expert activations."""
+    ps = prompts((4, 5, 6), seed=12)
+    with rm.Model(pair, n_ctx=32, n_threads=2, residual_policy="none") as m:
+        seqs = sessions(m, 3)
+        rm.eval_batch(list(zip(seqs, ps)))
+        for s in seqs:
+            s.clear_stats()
+        rm.eval_batch([(s, [7]) for s in seqs])
+        tokens = [s.profile()["tokens"] for s in seqs]
+        assert tokens == [{"decode": 0, "prefill": 3}, {"decode": 0, "prefill": 0}, {"decode": 0, "prefill": 0}]
+        k = m.info["n_expert_used"]
+        assert all(int(s.stats()["active"].sum(axis=1).max()) == k for s in seqs)
+
+
+def test_prefix_second_chat_turn_evaluates_only_the_new_tokens(pair):
+    """Chat (create_chat_completion, as `rapidmoe chat` calls it): the second turn keeps the first
+    turn's prompt in the cache and replies as a cold prefill does."""
+    turn1 = [{"role": "user", "content": "the quick brown fox"}]
+    with rm.Model(pair, n_ctx=192, n_threads=2, residual_policy="all") as m:
+        r1 = m.create_chat_completion(turn1, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        n1 = m.last_timings["prompt_tokens"]
+        turn2 = turn1 + [{"role": "assistant", "content": r1}, {"role": "user", "content": "and then?"}]
+        warm = m.create_chat_completion(turn2, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        assert m.last_timings["prompt_reused"] >= n1 - 1
+        m.reuse_prefix = False
+        cold = m.create_chat_completion(turn2, max_tokens=6, temperature=0)["choices"][0]["message"]["content"]
+        assert m.last_timings["prompt_reused"] == 0
+    assert warm == cold
+
+
+class _SetAfter:
+    """A cancel flag that reads unset n times, then set."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def is_set(self):
+        self.n -= 1
+        return self.n < 0
+
+
+def test_prefill_stops_between_steps_when_cancelled(pair):
+    """A 30-token prompt in steps of 8: cancelled after the first step, generation yields nothing
+    and the cache holds that step, which the next generation of the prompt keeps."""
+    ids = prompts((30,), seed=13)[0]
+    greedy = rm.SamplingParams(temperature=0)
+    with rm.Model(pair, n_ctx=96, n_threads=2, n_batch=8, residual_policy="all") as m:
+        m.cancel = _SetAfter(1)
+        assert list(m.generate_tokens(ids, 5, greedy)) == [] and m.n_past == 8
+        m.cancel = None
+        warm = list(m.generate_tokens(ids, 5, greedy))
+        assert m.last_timings["prompt_reused"] == 8
+        m.reuse_prefix = False
+        assert list(m.generate_tokens(ids, 5, greedy)) == warm and len(warm) > 0

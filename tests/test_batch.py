@@ -149,6 +149,11 @@ def test_batch_generate_many_equals_generate(pair):
         each = [m.generate(t, 12, temperature=0) for t in texts]
     assert many == each and again == each[::-1]
     assert any(len(t) > 0 for t in many)
+    stop = max(each, key=len)[3:5]   # a stop string that ends at least one reply early
+    with rm.Model(pair, n_ctx=96, n_threads=2, residual_policy="all") as m:
+        cut = m.generate_many(texts, 12, temperature=0, stop=[stop])
+        assert cut == [m.generate(t, 12, temperature=0, stop=[stop]) for t in texts]
+    assert cut != each
 
 
 def test_batch_sliding_window_and_sinks(tmp_path):

@@ -97,6 +97,8 @@ class ModelSizes:
     kv_lora_rank: int = 0            # MLA: the cache holds kv_lora_rank + n_rot floats per position and layer
     n_rot: int = 0
     head_dim_v: int = 0
+    n_swa: int = 0                   # sliding layers (gpt-oss) cache a ring of n_swa + n_batch positions
+    n_layer_swa: int = 0             # how many layers slide
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -130,7 +132,8 @@ class ModelSizes:
         hp = g.hparams()   # the keys as the loader reads them
         n_layer, n_expert = hp["n_layer"], hp["n_expert"]
         sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
-                                    "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v")}
+                                    "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v",
+                                    "n_swa", "n_layer_swa")}
         sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
@@ -243,7 +246,8 @@ def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residua
     p = ffi.new("rm_size_params *")
     p.struct_size = ffi.sizeof("rm_size_params")
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
-              "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v"):
+              "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v", "n_swa",
+              "n_layer_swa"):
         setattr(p, k, getattr(s, k))
     p.n_ctx, p.n_batch = n_ctx, n_batch
     if upload_residuals and s.expert_residual.size:

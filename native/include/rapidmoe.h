@@ -394,6 +394,8 @@ typedef struct rm_model_info {
     int32_t head_dim_v;             /* value head width (MLA: v_head_dim) */
     int32_t q_lora_rank;            /* MLA: the query's low rank; 0: a direct projection */
     int32_t kv_lora_rank;           /* MLA: the latent's width; 0 without MLA */
+    int32_t n_swa;                  /* sliding-window layers (gpt-oss): their window; 0 without */
+    int32_t n_layer_swa;            /* how many layers slide (each caches a ring, rm_size_params) */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);

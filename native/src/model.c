@@ -13,6 +13,7 @@
 
 #include "device.h"
 #include "gguf.h"
+#include "sizes.h"
 #include "status.h"
 #include "types.h"
 
@@ -379,6 +380,8 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->head_dim_v = hp->head_dim_v;
     in->q_lora_rank = hp->q_lora_rank;
     in->kv_lora_rank = hp->kv_lora_rank;
+    in->n_swa = hp->n_swa;
+    in->n_layer_swa = rm_size_params_of(hp, 0, 0, 0).n_layer_swa;
 }
 
 static void fill_info(rm_model * m) {

@@ -109,6 +109,8 @@ class ModelSizes:
     ssm_n_v: int = 0
     ssm_d_state: int = 0
     ssm_head_v: int = 0
+    n_swa: int = 0                   # sliding layers (gpt-oss) cache a ring of n_swa + n_batch positions
+    n_layer_swa: int = 0             # how many layers slide
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -143,7 +145,7 @@ class ModelSizes:
         n_layer, n_expert = hp["n_layer"], hp["n_expert"]
         sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
                                     "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v",
-                                    *_LINEAR_SIZES)}
+                                    *_LINEAR_SIZES, "n_swa", "n_layer_swa")}
         sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
@@ -255,7 +257,8 @@ def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bo
     p = ffi.new("rm_size_params *")
     p.struct_size = ffi.sizeof("rm_size_params")
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
-              "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v") + _LINEAR_SIZES:
+              "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v", "n_swa",
+              "n_layer_swa") + _LINEAR_SIZES:
         setattr(p, k, getattr(s, k))
     p.n_ctx, p.n_batch = n_ctx, n_batch
     if upload_residuals and s.expert_residual.size:

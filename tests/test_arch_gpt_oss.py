@@ -692,3 +692,24 @@ def test_arch_gpt_oss_sliding_layers_keep_a_ring():
     per_pos = 2 * 4 * 8 * 64   # K and V floats of one position and layer
     assert kv(0) == 24 * 32768 * per_pos
     assert kv(12) == (12 * 32768 + 12 * (128 + 512)) * per_pos
+
+
+def test_arch_gpt_oss_planner_counts_the_rings(split_pair):
+    """`rapidmoe plan` sizes a sliding layer's KV cache as the library allocates it: a ring of the
+    window plus one batch (8 + 32 positions here), the full layer at n_ctx; K and V f32 rows of
+    n_head_kv * head_dim = 128 floats. The stand-in's allocations then match the plan's sums."""
+    from rapidmoe_gguf import planner
+
+    hw = planner.Hardware(host_bw_gbps=50.0, context_reserve=0)
+    sizes = planner.ModelSizes.from_files(split_pair)
+    assert (sizes.n_swa, sizes.n_layer_swa) == (WINDOW, 1)
+    row = 2 * 4 * 2 * 64
+    for n_ctx in (96, 4096):
+        p = planner.plan_files(split_pair, 1 << 34, n_ctx, n_batch=32, hardware=hw)
+        assert p.gpu_parts["kv_cache"] == row * (n_ctx + WINDOW + 32)
+    p = planner.plan_files(split_pair, 1 << 34, 20, n_batch=32, hardware=hw)
+    assert p.gpu_parts["kv_cache"] == row * (20 + 20)        # the ring never exceeds the context
+    with rm.Model(split_pair, n_ctx=4096, n_batch=32, n_threads=2, hardware=hw, gpu_memory=1 << 34,
+                  gpu_backend="standin") as dev:
+        used, plan = dev.gpu_info["used_bytes"], dev.plan
+        assert used <= plan.gpu_bytes and plan.gpu_bytes - used < 0.01 * plan.gpu_bytes

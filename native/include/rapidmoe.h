@@ -398,6 +398,8 @@ typedef struct rm_model_info {
     int32_t n_layer_linear;
     int32_t ssm_d_conv, ssm_conv_dim;
     int32_t ssm_n_v, ssm_d_state, ssm_head_v;
+    int32_t n_swa;                  /* sliding-window layers (gpt-oss): their window; 0 without */
+    int32_t n_layer_swa;            /* how many layers slide (each caches a ring, rm_size_params) */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);

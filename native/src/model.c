@@ -387,6 +387,8 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->ssm_n_v = sp.ssm_n_v;
     in->ssm_d_state = sp.ssm_d_state;
     in->ssm_head_v = sp.ssm_head_v;
+    in->n_swa = hp->n_swa;
+    in->n_layer_swa = rm_size_params_of(hp, 0, 0, 0).n_layer_swa;
 }
 
 static void fill_info(rm_model * m) {

@@ -62,7 +62,8 @@ def gradient_tables(m, ref, pair, ids, n_ctx: int, point: float) -> umia.Tables:
     t = copy.deepcopy(m.umia_tables)
     t.expert_sensitivity, t.layer_sensitivity = d, np.ones(L)   # layer term 1: d carries the layer
     qs = np.linspace(0.0, 1.0, umia.N_QUANTILES)
-    t.quantiles["umia"] = np.stack([np.quantile(np.log(G[:, :, layer].ravel()) + np.log(d[layer][E[:, :, layer].ravel()]), qs)
+    t.quantiles["umia"] = np.stack([np.quantile(np.log(G[:, :, layer].ravel())
+                                                + np.log(d[layer][E[:, :, layer].ravel()]), qs)
                                     for layer in range(L)])
     return t
 

@@ -72,7 +72,8 @@ class TorchPair:
                 for t in reader.tensors}
 
         t, res = tensors(rb), tensors(rr)
-        self.n_layer, self.n_head, self.n_head_kv = kv("block_count"), kv("attention.head_count"), kv("attention.head_count_kv")
+        self.n_layer = kv("block_count")
+        self.n_head, self.n_head_kv = kv("attention.head_count"), kv("attention.head_count_kv")
         self.head_dim = kv("attention.key_length", t["blk.0.attn_q.weight"].shape[0] // self.n_head)
         self.n_expert, self.k = kv("expert_count"), kv("expert_used_count")
         self.eps, self.theta = kv("attention.layer_norm_rms_epsilon"), kv("rope.freq_base", 10000.0)
@@ -257,7 +258,8 @@ class SearchResult:
 
 
 def search(model, pair: TorchPair, problem: Problem, budget: float, iterations: int = 2, relaxed: int = 6,
-           polish: int = 300, groups: np.ndarray | None = None, tries: int = 4, twin_target: bool = True, log=None) -> SearchResult:
+           polish: int = 300, groups: np.ndarray | None = None, tries: int = 4, twin_target: bool = True,
+           log=None) -> SearchResult:
     """The oracle's selection at ``budget`` (see the module docstring). twin_target: the gradients
     are of the KL from the twin's own all-residual output (else from the problem's reference)."""
     if not 0.0 <= budget <= 1.0:

@@ -73,7 +73,8 @@ def run(args) -> tuple[list[dict], dict]:
             res = oracle.search(m, pair, problem, b, polish=args.polish, log=print if args.verbose else None)
             row("oracle", b, masks=res.selection, gradients=res.n_gradients, measurements=res.n_measurements,
                 search_kl=res.kl)
-        meta = dict(model=os.path.basename(model_path), recipe=m.metadata.get("rapidmoe.recipe", "?"), reference=os.path.basename(args.reference) if args.reference
+        meta = dict(model=os.path.basename(model_path), recipe=m.metadata.get("rapidmoe.recipe", "?"),
+                    reference=os.path.basename(args.reference) if args.reference
                     else "all", tokens=rows[0]["n_tokens"], chunks=len(problem.chunks), n_ctx=args.ctx,
                     seconds=round(time.time() - t0), threads=args.threads, budgets=budgets)
     return rows, meta
@@ -109,7 +110,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines += ["", "Share of each layer's slots that got the residual (realised):", ""]
         for b in meta["budgets"]:
             lines.append(f"- budget {b:g}: " + ", ".join(
-                f"{r['policy']} {r['layer_rate']}" for r in rows if r["budget"] == b and r["policy"] in ("umia", "gate", "oracle")))
+                f"{r['policy']} {r['layer_rate']}" for r in rows
+                if r["budget"] == b and r["policy"] in ("umia", "gate", "oracle")))
     lines += ["", "UMIA's share of the oracle's closure: " + "; ".join(
         f"budget {b:g}: {_share(rows, b, none):.0%}" for b in meta["budgets"]) + ".", END]
     return "\n".join(lines)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/dispatch.h"
 #include "cpu/gdn.h"
 #include "status.h"
 #include "types.h"
@@ -194,7 +195,7 @@ static void heads_run(void * ctx, int ith, int nth) {
                                   h->core + v * g->dv, g->di, task->n, (int32_t) g->dk, (int32_t) g->dv};
         float * S = g->ssm_state + v * g->dk * g->dv;
         if (task->n == 1) {
-            rm_gdn_recurrent(&head, S);
+            rm_cpu_gdn_recurrent()(&head, S);
         } else {
             rm_gdn_chunked(&head, S, h->chunk + v * chunk_floats);
         }
@@ -218,7 +219,7 @@ void rm_deltanet_block(rm_session * s, int il, int32_t n) {
     for (int64_t c = 0; c < g.cd; c++) {
         tt->to_float(cw->data + (uint64_t) c * cw->row_bytes, h->conv_w + c * hp->ssm_d_conv, hp->ssm_d_conv);
     }
-    rm_gdn_conv(h->conv_out, h->mixed, n, g.cd, g.conv_state, h->conv_w, hp->ssm_d_conv);
+    rm_cpu_gdn_conv()(h->conv_out, h->mixed, n, g.cd, g.conv_state, h->conv_w, hp->ssm_d_conv);
     for (int64_t t = 0; t < n; t++) {   /* unit q and k per key head, q scaled by 1/sqrt(d_k) */
         float * row = h->conv_out + t * g.cd;
         rm_gdn_l2norm(row, g.nk, g.dk, g.dk, RM_GDN_L2_EPS, 1.0f / sqrtf((float) g.dk));

@@ -6,12 +6,17 @@
  *                                 for lengths that end inside, at and past a chunk boundary
  *   convolution                   split into calls of 1, 2 and 5 tokens vs one call: equal within
  *                                 1e-6 (the rolling state carries the history), vs reference 1e-6
- *   gated norm                    1e-5 relative */
+ *   gated norm                    1e-5 relative
+ *   each instruction set's delta-rule step and conv (cpu/gdn_x86.h) vs their scalar twins: outputs
+ *                                 and states within 1e-5 of their max (fused multiply-adds round
+ *                                 differently), over shapes that take the vector path and ones
+ *                                 that fall back to the twin */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/dispatch.h"
 #include "cpu/gdn.h"
 #include "tiny_gguf.h"
 #include "expect.h"
@@ -152,6 +157,74 @@ static void test_gated_norm(void) {
     free(w);
 }
 
+static double max_diff(const float * a, const float * b, int64_t n, double * max_b) {
+    double e = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        e = fmax(e, fabs((double) a[i] - b[i]));
+        *max_b = fmax(*max_b, fabs((double) b[i]));
+    }
+    return e;
+}
+
+/* The delta-rule step of `isa` against the scalar twin, from the same state. */
+static void test_step_isa(rm_isa isa, int n_tok, int dk, int dv) {
+    float * q = randn((int64_t) n_tok * dk, 1.0f), * k = randn((int64_t) n_tok * dk, 1.0f);
+    float * v = randn((int64_t) n_tok * dv, 1.0f), * g = randn(n_tok, 1.0f), * beta = randn(n_tok, 1.0f);
+    rm_gdn_l2norm(q, n_tok, dk, dk, 1e-6f, 1.0f / sqrtf((float) dk));
+    rm_gdn_l2norm(k, n_tok, dk, dk, 1e-6f, 1.0f);
+    for (int t = 0; t < n_tok; t++) {
+        g[t] = -0.05f - 0.5f * fabsf(g[t]);
+        beta[t] = 1.0f / (1.0f + expf(-beta[t]));
+    }
+    const int64_t ns = (int64_t) dk * dv, no = (int64_t) n_tok * dv;
+    float * S1 = randn(ns, 0.3f), * S2 = malloc(sizeof(float) * (size_t) ns);
+    memcpy(S2, S1, sizeof(float) * (size_t) ns);
+    float * o1 = calloc((size_t) no, sizeof(float)), * o2 = calloc((size_t) no, sizeof(float));
+    rm_gdn_head h = {q, k, dk, v, dv, g, beta, 1, o1, dv, n_tok, dk, dv};
+    rm_gdn_recurrent(&h, S1);
+    h.o = o2;
+    rm_cpu_gdn_recurrent_isa(isa)(&h, S2);
+    double om = 0.0, sm = 0.0;
+    const double eo = max_diff(o2, o1, no, &om), es = max_diff(S2, S1, ns, &sm);
+    printf("%s step n=%d dk=%d dv=%d: o %.2g, state %.2g relative\n", rm_isa_name(isa), n_tok, dk, dv, eo / om, es / sm);
+    EXPECT(eo <= 1e-5 * om && es <= 1e-5 * sm, "%s step n=%d dk=%d dv=%d: o %.3g of %.3g, state %.3g of %.3g",
+           rm_isa_name(isa), n_tok, dk, dv, eo, om, es, sm);
+    float * bufs[] = {q, k, v, g, beta, S1, S2, o1, o2};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+}
+
+/* The conv of `isa` against the scalar twin, in calls of 1, 2 and 5 tokens (the state carried). */
+static void test_conv_isa(rm_isa isa, int64_t C, int K) {
+    enum { N = 8 };
+    float * x = randn(N * C, 1.0f), * w = randn(C * K, 0.5f);
+    float * st1 = calloc((size_t) ((K - 1) * C), sizeof(float)), * st2 = calloc((size_t) ((K - 1) * C), sizeof(float));
+    float * y1 = malloc(sizeof(float) * (size_t) (N * C)), * y2 = malloc(sizeof(float) * (size_t) (N * C));
+    const int steps[] = {1, 2, 5};
+    for (int i = 0, t = 0; i < 3; t += steps[i], i++) {
+        rm_gdn_conv(y1 + t * C, x + t * C, steps[i], C, st1, w, K);
+        rm_cpu_gdn_conv_isa(isa)(y2 + t * C, x + t * C, steps[i], C, st2, w, K);
+    }
+    double ym = 0.0, sm = 0.0;
+    const double ey = max_diff(y2, y1, N * C, &ym), es = max_diff(st2, st1, (K - 1) * C, &sm);
+    printf("%s conv C=%lld: %.2g relative\n", rm_isa_name(isa), (long long) C, ey / ym);
+    EXPECT(ey <= 1e-5 * ym && es == 0.0, "%s conv C=%lld K=%d: %.3g of %.3g, state %.3g", rm_isa_name(isa),
+           (long long) C, K, ey, ym, es);
+    float * bufs[] = {x, w, st1, st2, y1, y2};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+}
+
+static void test_isas(void) {
+    for (int isa = RM_ISA_SCALAR; isa <= (int) rm_isa_best(); isa++) {
+        const int shapes[][3] = {{1, 16, 16}, {5, 128, 128}, {3, 32, 8}, {4, 8, 12}};
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            test_step_isa((rm_isa) isa, shapes[i][0], shapes[i][1], shapes[i][2]);
+        }
+        test_conv_isa((rm_isa) isa, 24, 4);
+        test_conv_isa((rm_isa) isa, 12, 4);
+        test_conv_isa((rm_isa) isa, 16, 2);
+    }
+}
+
 int main(void) {
     const int lens[] = {1, 5, RM_GDN_CHUNK, RM_GDN_CHUNK + 1, 2 * RM_GDN_CHUNK + 37};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
@@ -161,6 +234,7 @@ int main(void) {
     test_delta_rule(70, 8, 48);
     test_conv();
     test_gated_norm();
+    test_isas();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

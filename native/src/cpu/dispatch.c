@@ -209,6 +209,22 @@ rm_axpy_fn rm_cpu_axpy_isa(rm_isa isa) {
     return rm_cpu_axpy_ref;
 }
 
+rm_gdn_recurrent_fn rm_cpu_gdn_recurrent_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->gdn_recurrent) return k->gdn_recurrent;
+    }
+    return rm_gdn_recurrent;
+}
+
+rm_gdn_conv_fn rm_cpu_gdn_conv_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->gdn_conv) return k->gdn_conv;
+    }
+    return rm_gdn_conv;
+}
+
 rm_attn_scores_fn rm_cpu_attn_scores_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);

@@ -22,6 +22,10 @@ void rm_gdn_conv(float * out, const float * x, int32_t n_tok, int64_t n_ch, floa
             y[c] = silu(acc);
         }
     }
+    rm_gdn_conv_keep(x, n_tok, n_ch, state, hist);
+}
+
+void rm_gdn_conv_keep(const float * x, int32_t n_tok, int64_t n_ch, float * state, int32_t hist) {
     /* the last hist inputs, from the state's tail and then x */
     if (n_tok >= hist) {
         memcpy(state, x + (int64_t) (n_tok - hist) * n_ch, sizeof(float) * (size_t) (hist * n_ch));

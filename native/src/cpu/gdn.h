@@ -32,6 +32,10 @@
 void rm_gdn_conv(float * out, const float * x, int32_t n_tok, int64_t n_ch, float * state, const float * w,
                  int32_t d_conv);
 
+/* state <- the last hist = d_conv - 1 rows of (state, then the n_tok rows of x): rm_gdn_conv's
+ * update of its state, shared with its vector forms. */
+void rm_gdn_conv_keep(const float * x, int32_t n_tok, int64_t n_ch, float * state, int32_t hist);
+
 /* x <- x / sqrt(sum x^2 + eps) * scale, for n_rows rows of n, rows stride floats apart. */
 void rm_gdn_l2norm(float * x, int64_t n_rows, int64_t stride, int64_t n, float eps, float scale);
 

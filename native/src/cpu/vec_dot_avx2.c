@@ -20,6 +20,7 @@
 /* pair products times scales, added into int32 lanes */
 #define RM_KQ_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
 #include "simd_x86.h"
+#include "gdn_x86.h"
 #include "mxfp4_x86.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -309,6 +310,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .axpy = axpy,
     .attn_scores = attn_scores,
     .attn_values = attn_values,
+    .gdn_recurrent = gdn_recurrent_x86,
+    .gdn_conv = gdn_conv_x86,
 };
 
 #endif /* RM_X86 */

@@ -20,6 +20,7 @@
 /* Q4_K's levels against its activations 512 bits at a time (see dot_q4_K_multi) */
 #define RM_KQ_512 1
 #include "simd_x86.h"
+#include "gdn_x86.h"
 #include "mxfp4_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
@@ -467,6 +468,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,
     },
+    .gdn_recurrent = gdn_recurrent_x86,
+    .gdn_conv = gdn_conv_x86,
 };
 
 #endif /* RM_X86 */

@@ -179,6 +179,7 @@ class Model:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
         fork = copy.copy(self)              # shares the tokenizer, metadata and the native model
         fork._parent, fork._forks, fork._session, fork._batch_forks = self, weakref.WeakSet(), None, []
+        fork.cancel = None                  # this one's cancel flag is not the fork's
         fork._open_session(self.n_ctx if n_ctx is None else n_ctx, self.n_batch,
                            self.residual_policy, self.residual_budget)
         self._forks.add(fork)
@@ -338,6 +339,8 @@ class Model:
         start = AUTO_BUDGET["start"] if auto else budget
         if policy != "none" and self.residual_path is None:
             raise NoResidualError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
+        if (policy, budget) != (getattr(self, "residual_policy", None), getattr(self, "residual_budget", None)):
+            self._cached = []   # the cache holds other residuals' results: no prefix of it is reused
         self._apply_policy(umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"],
                                       umia.moe_layers(self.info)))
         if auto:
@@ -370,6 +373,7 @@ class Model:
 
     def _set_policy_raw(self, kind: int, layer_mask: np.ndarray | None = None) -> None:
         """NONE or ALL with an optional per-layer mask (calibration measures layers this way)."""
+        self._cached = []   # as in set_residual: the cached prefix had other residuals
         self._apply_policy(umia.PolicyArrays(kind, layer_mask=layer_mask))
 
     def set_layer_mask(self, policy: str, layer_mask: np.ndarray) -> None:
@@ -385,6 +389,7 @@ class Model:
         has shape (n_pos, n_layer, n_expert_used), positions from n_pos on get none. None returns
         to the policy set before (``residual_policy`` keeps naming it); ``set_residual`` replaces
         both."""
+        self._cached = []   # as in set_residual: the cached prefix had other residuals
         if mask is None:
             _native.check(lib.rm_session_set_residual_mask(self._live(), ffi.NULL, 0))
             return

@@ -134,6 +134,10 @@ def test_batch_bad_input_is_refused_and_leaves_caches(pair):
         with pytest.raises(rm.ContextFullError, match="context of 16"):
             raw_batch([m, f], [7] * 15, [0] * 15)
         assert (m.n_past, f.n_past) == (2, 0)
+        big = m.fork_session(n_ctx=64)   # the batch runs on sessions[0]'s scratch, sized for its context
+        with pytest.raises(rm.InvalidArgumentError, match="context of 64, above sessions\\[0\\]'s 16"):
+            raw_batch([m, big], [7, 8], [0, 1])
+        assert (m.n_past, big.n_past) == (2, 0)
         with pytest.raises(rm.InvalidArgumentError, match="appears twice"):
             rm.eval_batch([(m, [1]), (m, [2])])
         m.set_calibration(True)
@@ -187,6 +191,22 @@ def test_prefix_reuse_gives_the_logits_of_a_cold_prefill(pair):
         m.reset()
         cold = m.eval(second)
     np.testing.assert_array_equal(warm, cold)
+
+
+def test_prefix_reuse_not_across_a_fork_or_a_new_policy(pair):
+    """A fork's fresh cache holds nothing of its parent's, and a cache computed under another
+    residual policy is not reused: both evaluate as a cold prefill does."""
+    first, = prompts((20,), seed=9)
+    with rm.Model(pair, n_ctx=64, n_threads=2, residual_policy="all") as m:
+        m.eval(first)
+        f = m.fork_session()
+        f.eval([first[0] % (VOCAB - 1) + 1])   # another token at position 0 of the fork's cache
+        assert f._keep_prefix(first) == 0
+        m.set_residual("none")
+        assert m._keep_prefix(first) == 0 and m.n_past == 0
+        warm = m.eval(first)
+        m.reset()
+        np.testing.assert_array_equal(warm, m.eval(first))
 
 
 def test_prefix_reuse_in_generate(pair):

@@ -223,13 +223,16 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
     return read_rope_scaling(ld, hp);
 }
 
-/* Hybrid rows (linear attention): the count of linear layers, shapes that fit together, and the
+/* The counts of linear-attention and sliding-window layers (the caches' sizes), then for hybrid
+ * rows (linear attention): shapes that fit together, and the
  * file's per-layer list (llama.cpp's attention.recurrent_layers), where present, agreeing with
  * the rule that gives the layers their kinds. */
 static rm_status linear_hparams(const loader * ld, rm_hparams * hp) {
-    hp->n_layer_linear = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        hp->n_layer_linear += (rm_arch_layer_kind(ld->arch, hp, il) & RM_LAYER_ATTN_LINEAR) != 0;
+    hp->n_layer_linear = hp->n_layer_swa = 0;
+    for (int il = 0; il < hp->n_layer; il++) {   /* by the layers' kinds, as the session lays out its caches */
+        const uint32_t k = rm_arch_layer_kind(ld->arch, hp, il);
+        hp->n_layer_linear += (k & RM_LAYER_ATTN_LINEAR) != 0;
+        hp->n_layer_swa += hp->n_swa > 0 && (k & RM_LAYER_ATTN_SLIDING);
     }
     if (hp->ssm_n_v > 0 && (hp->ssm_n_v % hp->ssm_n_k != 0 || hp->ssm_d_inner % hp->ssm_n_v != 0)) {
         return rm_fail(RM_E_FORMAT, "%s: %s: ssm.time_step_rank %d must be a multiple of ssm.group_count %d, and "
@@ -388,7 +391,7 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->ssm_d_state = sp.ssm_d_state;
     in->ssm_head_v = sp.ssm_head_v;
     in->n_swa = hp->n_swa;
-    in->n_layer_swa = rm_size_params_of(hp, 0, 0, 0).n_layer_swa;
+    in->n_layer_swa = sp.n_layer_swa;
 }
 
 static void fill_info(rm_model * m) {

@@ -17,14 +17,6 @@ int32_t rm_kv_ring_rows(int32_t n_ctx, int32_t n_batch, int32_t n_swa) {
     return r < n_ctx ? (int32_t) r : n_ctx;
 }
 
-/* Sliding layers, from the row's rule (layer kinds are per model; the count is all sizes need). */
-static int32_t n_layer_sliding(const rm_hparams * hp) {
-    if (hp->n_swa <= 0 || hp->swa_pattern <= 1) return 0;
-    int32_t n = 0;
-    for (int32_t il = 0; il < hp->n_layer; il++) n += il % hp->swa_pattern != hp->swa_pattern - 1;
-    return n;
-}
-
 rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes) {
     return (rm_size_params){
         .struct_size = sizeof(rm_size_params),
@@ -36,7 +28,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .n_layer_linear = hp->n_layer_linear, .ssm_d_conv = hp->ssm_d_conv,
         .ssm_conv_dim = 2 * hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner, .ssm_n_v = hp->ssm_n_v,
         .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
-        .n_swa = hp->n_swa, .n_layer_swa = n_layer_sliding(hp),
+        .n_swa = hp->n_swa, .n_layer_swa = hp->n_layer_swa,
     };
 }
 

@@ -96,6 +96,7 @@ typedef struct rm_hparams {
     int32_t ssm_d_inner;                 /* n_v * value head width */
     int32_t full_attn_interval;          /* every n-th layer is full attention, the others linear */
     int32_t n_layer_linear;              /* layers with linear attention, counted by the loader */
+    int32_t n_layer_swa;                 /* layers with a sliding window (when n_swa > 0), counted by the loader */
 } rm_hparams;
 
 #endif

@@ -182,6 +182,28 @@ void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot
 void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, float limit);
 /* softmax of n scores joined by a sink logit that takes a share but is not returned */
 void rm_softmax_sink(float * x, int64_t n, float sink);
+
+/* y (c rows of b's ne[0] floats) += row e of the per-expert bias b (ne = {width, n_expert}), a
+ * gpt-oss layer's; nothing when the layer has none. A bias is added once, after base + residual.
+ * The MoE block (moe.c) and the split's host side (split.c) both add them this way. */
+static inline void rm_expert_bias(rm_backend * be, const rm_weight * b, int32_t e, float * y, int32_t c) {
+    if (!b->data || c <= 0) {
+        return;
+    }
+    rm_weight row = *b;
+    row.data = b->data + (uint64_t) e * b->row_bytes;
+    row.ne[1] = 1;
+    be->ops->add_bias(be, y, &row, c, b->ne[0]);
+}
+
+/* The experts' activation g = act(g, u) over n floats: gpt-oss's clamped SwiGLU where the layer has it. */
+static inline void rm_expert_act(rm_backend * be, const rm_layer * L, float * g, const float * u, int64_t n) {
+    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
+        be->ops->swiglu_clamp(be, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
+    } else {
+        be->ops->swiglu(be, g, u, n);
+    }
+}
 void rm_route_token(const float * logits, int32_t n_expert, int32_t k, int norm, rm_route * out);
 
 #endif

@@ -22,27 +22,6 @@ static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const
     be->ops->matmul(be, &a);
 }
 
-/* y (c rows of b's ne[0] floats) += row e of the per-expert bias b (ne = {width, n_expert}), a
- * gpt-oss layer's; nothing when the layer has none. A bias is added once, after base + residual. */
-static void expert_bias(rm_backend * be, const rm_weight * b, int32_t e, float * y, int32_t c) {
-    if (!b->data || c <= 0) {
-        return;
-    }
-    rm_weight row = *b;
-    row.data = b->data + (uint64_t) e * b->row_bytes;
-    row.ne[1] = 1;
-    be->ops->add_bias(be, y, &row, c, b->ne[0]);
-}
-
-/* The experts' activation: gpt-oss's clamped SwiGLU where the layer has it. */
-static void expert_act(rm_backend * be, const rm_layer * L, float * g, const float * u, int64_t n) {
-    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
-        be->ops->swiglu_clamp(be, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
-    } else {
-        be->ops->swiglu(be, g, u, n);
-    }
-}
-
 /* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
  * the results land in s->ed. */
 static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c, int32_t c_res) {
@@ -53,11 +32,11 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         /* the base-only output of the residual rows, to measure what the residual changes */
         expert_matmul(be, &L->gate_exps, e, s->ex, E, c_res, s->eg, F, 0);
         expert_matmul(be, &L->up_exps, e, s->ex, E, c_res, s->eu, F, 0);
-        expert_bias(be, &L->gate_exps_b, e, s->eg, c_res);
-        expert_bias(be, &L->up_exps_b, e, s->eu, c_res);
-        expert_act(be, L, s->eg, s->eu, (int64_t) c_res * F);
+        rm_expert_bias(be, &L->gate_exps_b, e, s->eg, c_res);
+        rm_expert_bias(be, &L->up_exps_b, e, s->eu, c_res);
+        rm_expert_act(be, L, s->eg, s->eu, (int64_t) c_res * F);
         expert_matmul(be, &L->down_exps, e, s->eg, F, c_res, s->ecal, E, 0);
-        expert_bias(be, &L->down_exps_b, e, s->ecal, c_res);
+        rm_expert_bias(be, &L->down_exps_b, e, s->ecal, c_res);
     }
     expert_matmul(be, &L->gate_exps, e, s->ex, E, c, s->eg, F, 0);
     expert_matmul(be, &L->up_exps, e, s->ex, E, c, s->eu, F, 0);
@@ -65,14 +44,14 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         expert_matmul(be, &L->gate_res, e, s->ex, E, c_res, s->eg, F, 1);
         expert_matmul(be, &L->up_res, e, s->ex, E, c_res, s->eu, F, 1);
     }
-    expert_bias(be, &L->gate_exps_b, e, s->eg, c);
-    expert_bias(be, &L->up_exps_b, e, s->eu, c);
-    expert_act(be, L, s->eg, s->eu, (int64_t) c * F);
+    rm_expert_bias(be, &L->gate_exps_b, e, s->eg, c);
+    rm_expert_bias(be, &L->up_exps_b, e, s->eu, c);
+    rm_expert_act(be, L, s->eg, s->eu, (int64_t) c * F);
     expert_matmul(be, &L->down_exps, e, s->eg, F, c, s->ed, E, 0);
     if (c_res > 0) {
         expert_matmul(be, &L->down_res, e, s->eg, F, c_res, s->ed, E, 1);
     }
-    expert_bias(be, &L->down_exps_b, e, s->ed, c);
+    rm_expert_bias(be, &L->down_exps_b, e, s->ed, c);
 }
 
 /* |f_{B+R}(x) - f_B(x)| of the c_res residual rows just computed, summed per (layer, expert). */
@@ -175,11 +154,11 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
         }
         be->ops->matmul_many(be, items, 2 * ng);
         for (int32_t g = 0; g < ng; g++) {
-            expert_bias(be, &L->gate_exps_b, grp[g][0], s->eg + (int64_t) grp[g][1] * F, grp[g][2]);
-            expert_bias(be, &L->up_exps_b, grp[g][0], s->eu + (int64_t) grp[g][1] * F, grp[g][2]);
+            rm_expert_bias(be, &L->gate_exps_b, grp[g][0], s->eg + (int64_t) grp[g][1] * F, grp[g][2]);
+            rm_expert_bias(be, &L->up_exps_b, grp[g][0], s->eu + (int64_t) grp[g][1] * F, grp[g][2]);
         }
         rm_prof_mark(s, RM_PROF_EXPERTS_IN);
-        expert_act(be, L, s->eg, s->eu, (int64_t) rows * F);
+        rm_expert_act(be, L, s->eg, s->eu, (int64_t) rows * F);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
@@ -188,7 +167,7 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
         }
         be->ops->matmul_many(be, items, ng);
         for (int32_t g = 0; g < ng; g++) {
-            expert_bias(be, &L->down_exps_b, grp[g][0], s->ed + (int64_t) grp[g][1] * E, grp[g][2]);
+            rm_expert_bias(be, &L->down_exps_b, grp[g][0], s->ed + (int64_t) grp[g][1] * E, grp[g][2]);
         }
         rm_prof_mark(s, RM_PROF_EXPERTS_OUT);
         be->ops->scatter_add(be, s->moe, s->ed, s->rows, s->scale, rows, E);

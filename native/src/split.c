@@ -103,25 +103,6 @@ void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, 
     }
 }
 
-/* y (c rows of b's width) += row e of the per-expert bias b, on the host; nothing without one. */
-static void host_bias(rm_backend * cpu, const rm_weight * b, int32_t e, float * y, int32_t c) {
-    if (!b->data || c <= 0) {
-        return;
-    }
-    rm_weight row = *b;
-    row.data = b->data + (uint64_t) e * b->row_bytes;
-    row.ne[1] = 1;
-    cpu->ops->add_bias(cpu, y, &row, c, b->ne[0]);
-}
-
-static void host_act(rm_backend * cpu, const rm_layer * L, float * g, const float * u, int64_t n) {
-    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
-        cpu->ops->swiglu_clamp(cpu, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
-    } else {
-        cpu->ops->swiglu(cpu, g, u, n);
-    }
-}
-
 static void host_mm(rm_backend * cpu, const rm_weight * w, int32_t e, const float * x, int64_t xs, int32_t n, float * y,
                     int64_t ys, int acc) {
     rm_matmul_args m = {w, e, x, xs, n, y, ys, acc};
@@ -153,14 +134,14 @@ void rm_split_host_first(const rm_split_host * h, const rm_moe_args * a, const r
             host_mm(h->cpu, &L->gate_res, e, x, E, c_res, gg, F, 1);
             host_mm(h->cpu, &L->up_res, e, x, E, c_res, uu, F, 1);
         }
-        host_bias(h->cpu, &L->gate_exps_b, e, gg, cnt);
-        host_bias(h->cpu, &L->up_exps_b, e, uu, cnt);
-        host_act(h->cpu, L, gg, uu, (int64_t) cnt * F);
+        rm_expert_bias(h->cpu, &L->gate_exps_b, e, gg, cnt);
+        rm_expert_bias(h->cpu, &L->up_exps_b, e, uu, cnt);
+        rm_expert_act(h->cpu, L, gg, uu, (int64_t) cnt * F);
         host_mm(h->cpu, &L->down_exps, e, gg, F, cnt, d, E, 0);
         if (c_res > 0) {
             host_mm(h->cpu, &L->down_res, e, gg, F, c_res, d, E, 1);
         }
-        host_bias(h->cpu, &L->down_exps_b, e, d, cnt);
+        rm_expert_bias(h->cpu, &L->down_exps_b, e, d, cnt);
         r += cnt;
     }
 }
@@ -172,7 +153,7 @@ void rm_split_host_second(const rm_split_host * h, const rm_moe_args * a, const 
             h->hf[j] = h->gf[j] + h->gs[j];
             h->us[j] += h->uf[j];
         }
-        host_act(h->cpu, a->L, h->hf, h->us, (int64_t) p->n_fix * F);
+        rm_expert_act(h->cpu, a->L, h->hf, h->us, (int64_t) p->n_fix * F);
     } else {
         for (int64_t j = 0; j < (int64_t) p->n_fix * F; j++) {
             const float gv = h->gf[j] + h->gs[j], uv = h->uf[j] + h->us[j];

@@ -150,6 +150,17 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
 #define ATTN_QKV (RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_SLIDING)   /* plain multi-head attention */
 #define REQ RM_TENSOR_REQUIRED
 
+/* The attention rows of plain multi-head attention, with the q/k/v biases a row may require. */
+#define PLAIN_ATTENTION                                                                             \
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),                \
+    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),                  \
+    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),                 \
+    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),                 \
+    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),                  \
+    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),                 \
+    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),                 \
+    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE))
+
 /* Rows every MoE layer shares: the routed experts, their residuals (bound only with a sidecar) and
  * an ungated shared expert's three products (a gated one adds ffn_gate_inp_shexp). */
 #define ROUTED_EXPERTS                                                                              \
@@ -168,14 +179,7 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
 /* The layers of today's rows: attention with optional biases and q/k norms, routed experts with
  * their residuals, an optional gated shared expert. In the order the loader binds them. */
 static const rm_tensor_row MOE_LAYER[] = {
-    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),
-    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
-    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),
-    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),
-    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),
-    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE)),
+    PLAIN_ATTENTION,
     T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
     T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
     T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_QK_NORM_FULL, 1, NE(Q, ONE, ONE)),
@@ -204,14 +208,7 @@ static const rm_tensor_row MOE_LAYER[] = {
 /* GLM-4.5: plain attention with q/k/v biases and optional per-head q/k norms; llama.cpp names the
  * FFN's input norm post_attention_norm. */
 static const rm_tensor_row GLM4MOE_LAYER[] = {
-    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),
-    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
-    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),
-    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),
-    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),
-    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE)),
+    PLAIN_ATTENTION,
     T("blk.%d.attn_q_norm.weight", q_norm,    RM_TENSOR_OPTIONAL, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
     T("blk.%d.attn_k_norm.weight", k_norm,    RM_TENSOR_OPTIONAL, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
     DEEPSEEK_FFN("blk.%d.post_attention_norm.weight"),
@@ -249,14 +246,7 @@ static const rm_kind_rule DEEPSEEK2_RULES[] = {
  * post_attention_norm, a biased router and experts with a bias on each of their three products. */
 #define T_F32(name, f, when, ne) {name, #f, LOFF(f), 0, REQ, 0, when, 1, 0, ne}
 static const rm_tensor_row GPT_OSS_LAYER[] = {
-    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),
-    T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),
-    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),
-    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),
-    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),
-    T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE)),
+    PLAIN_ATTENTION,
     T_BIAS("blk.%d.attn_output.bias", bo,                        NE(EMBD, ONE, ONE)),
     T_F32("blk.%d.attn_sinks.weight", sinks, RM_LAYER_SINKS,     NE(HEADS, ONE, ONE)),
     T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),

@@ -387,6 +387,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
         const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : (int) (n_tok - i);
         for (int64_t r = 0; r < n_rows; r++) {
             float v[RM_MULTI_MAX];
+            if (n_tok < 4) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
             multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,
                   info_stride);
             for (int c = 0; c < nc; c++) {
@@ -397,6 +398,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
     }
     for (; i < n_tok; i++) {
         for (int64_t r = 0; r < n_rows; r++) {
+            if (n_tok < 4) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
             dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
         }
     }

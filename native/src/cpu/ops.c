@@ -158,6 +158,7 @@ static void matmul_tile_stored(const mm_task * t, int64_t r0, int64_t r1) {
         const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
         for (int64_t r = r0; r < r1; r++) {
             float v[RM_MULTI_MAX];
+            if (a->n_tok < 4) rm_prefetch_row_ahead(t->stored + (uint64_t) r * rb, rb);
             t->pk->dot_stored(n_in, nc, v, t->stored + (uint64_t) r * rb, t->xt + (uint64_t) i * t->xt_stride,
                               t->xt_stride, t->x_info + i * t->x_info_stride, t->x_info_stride);
             for (int c = 0; c < nc; c++) {
@@ -199,6 +200,7 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
             const float * info = t->x_info ? t->x_info + i * t->x_info_stride : NULL;
             for (int64_t r = r0; r < r1; r++) {
                 float v[RM_MULTI_MAX];
+                if (a->n_tok < 4) rm_prefetch_row_ahead(t->wdata + (uint64_t) r * rb, rb);
                 t->vec_dot_multi(n_in, nc, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride, info, t->x_info_stride);
                 for (int c = 0; c < nc; c++) {
                     store(a, i + c, r, v[c]);
@@ -212,6 +214,7 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
         const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
         for (int64_t r = r0; r < r1; r++) {
             float v;
+            if (a->n_tok < 4) rm_prefetch_row_ahead(t->wdata + (uint64_t) r * rb, rb);
             t->vec_dot(n_in, &v, t->wdata + (uint64_t) r * rb, x);
             store(a, i, r, v);
         }

@@ -174,9 +174,31 @@ static void gates(rm_session * s, const gdn_layer * g, int32_t n) {
     }
 }
 
+typedef struct conv_task {
+    const gdn_layer * g;
+    rm_hybrid *       h;
+    const float *     w;      /* the filters as floats */
+    int32_t           n, d_conv;
+} conv_task;
+
+/* The causal conv over this thread's slice of the channels (whole groups of eight). */
+static void conv_run(void * ctx, int ith, int nth) {
+    const conv_task * task = ctx;
+    const int64_t cd = task->g->cd;
+    int64_t lo, hi;
+    rm_split((cd + 7) / 8, ith, nth, &lo, &hi);
+    lo *= 8;
+    hi = hi * 8 < cd ? hi * 8 : cd;
+    if (lo < hi) {
+        rm_cpu_gdn_conv()(task->h->conv_out + lo, task->h->mixed + lo, task->n, hi - lo, cd, task->g->conv_state + lo,
+                          task->w + lo * task->d_conv, task->d_conv);
+    }
+}
+
 typedef struct heads_task {
     const gdn_layer * g;
     rm_hybrid *       h;
+    const rm_hparams * hp;
     int32_t           n;
 } heads_task;
 
@@ -184,6 +206,7 @@ typedef struct heads_task {
 static void heads_run(void * ctx, int ith, int nth) {
     const heads_task * task = ctx;
     const gdn_layer * g = task->g;
+    const rm_hparams * hp = task->hp;
     rm_hybrid * h = task->h;
     const int64_t chunk_floats = rm_gdn_chunk_scratch((int32_t) g->dk, (int32_t) g->dv);
     int64_t lo, hi;
@@ -197,8 +220,12 @@ static void heads_run(void * ctx, int ith, int nth) {
         if (task->n == 1) {
             rm_cpu_gdn_recurrent()(&head, S);
         } else {
-            rm_gdn_chunked(&head, S, h->chunk + v * chunk_floats);
+            rm_cpu_gdn_chunked()(&head, S, h->chunk + v * chunk_floats);
         }
+    }
+    for (int32_t t = 0; t < task->n && lo < hi; t++) {   /* the gated norm of these heads' outputs */
+        const int64_t at = t * g->di + lo * g->dv;
+        rm_gdn_gated_norm(h->core + at, h->z + at, (const float *) g->L->ssm_norm.data, hi - lo, g->dv, hp->rms_eps);
     }
 }
 
@@ -213,21 +240,26 @@ void rm_deltanet_block(rm_session * s, int il, int32_t n) {
     project(s, &g, n);
     gates(s, &g, n);
     rm_prof_mark(s, RM_PROF_ATTN_IN);
-    /* the filters as floats (F32 or F16 in the file), then the convolution over the state */
+    /* the filters as floats (F32 in the file: as they are; F16: converted), then the convolution
+     * over the state, the channels shared among the threads */
     const rm_weight * cw = &g.L->ssm_conv1d;
-    const rm_type_traits * tt = rm_type_traits_get(cw->type);
-    for (int64_t c = 0; c < g.cd; c++) {
-        tt->to_float(cw->data + (uint64_t) c * cw->row_bytes, h->conv_w + c * hp->ssm_d_conv, hp->ssm_d_conv);
+    const float * filters = (const float *) cw->data;
+    if (cw->type != RM_TYPE_F32 || cw->row_bytes != sizeof(float) * (uint64_t) hp->ssm_d_conv) {
+        const rm_type_traits * tt = rm_type_traits_get(cw->type);
+        for (int64_t c = 0; c < g.cd; c++) {
+            tt->to_float(cw->data + (uint64_t) c * cw->row_bytes, h->conv_w + c * hp->ssm_d_conv, hp->ssm_d_conv);
+        }
+        filters = h->conv_w;
     }
-    rm_cpu_gdn_conv()(h->conv_out, h->mixed, n, g.cd, g.conv_state, h->conv_w, hp->ssm_d_conv);
+    conv_task ct = {&g, h, filters, n, hp->ssm_d_conv};
+    rm_pool_run(m->pool, conv_run, &ct);
     for (int64_t t = 0; t < n; t++) {   /* unit q and k per key head, q scaled by 1/sqrt(d_k) */
         float * row = h->conv_out + t * g.cd;
         rm_gdn_l2norm(row, g.nk, g.dk, g.dk, RM_GDN_L2_EPS, 1.0f / sqrtf((float) g.dk));
         rm_gdn_l2norm(row + g.kd, g.nk, g.dk, g.dk, RM_GDN_L2_EPS, 1.0f);
     }
-    heads_task task = {&g, h, n};
+    heads_task task = {&g, h, hp, n};
     rm_pool_run(m->pool, heads_run, &task);
-    rm_gdn_gated_norm(h->core, h->z, (const float *) g.L->ssm_norm.data, (int64_t) n * g.nv, g.dv, hp->rms_eps);
     rm_prof_mark(s, RM_PROF_ATTN);
     rm_matmul_args out = {&g.L->ssm_out, 0, h->core, g.di, n, s->x, E, 1};   /* x += W_out o */
     be->ops->matmul(be, &out);

@@ -7,7 +7,7 @@
  *   convolution                   split into calls of 1, 2 and 5 tokens vs one call: equal within
  *                                 1e-6 (the rolling state carries the history), vs reference 1e-6
  *   gated norm                    1e-5 relative
- *   each instruction set's delta-rule step and conv (cpu/gdn_x86.h) vs their scalar twins: outputs
+ *   each instruction set's delta-rule step, chunked form and conv (cpu/gdn_x86.h) vs their scalar twins: outputs
  *                                 and states within 1e-5 of their max (fused multiply-adds round
  *                                 differently), over shapes that take the vector path and ones
  *                                 that fall back to the twin */
@@ -111,10 +111,10 @@ static void test_conv(void) {
     float * x = randn(N * C, 1.0f), * w = randn(C * K, 0.5f);
     float state1[(K - 1) * C] = {0}, state2[(K - 1) * C] = {0};
     float one[N * C], parts[N * C];
-    rm_gdn_conv(one, x, N, C, state1, w, K);
+    rm_gdn_conv(one, x, N, C, C, state1, w, K);
     const int steps[] = {1, 2, 5};
     for (int i = 0, t = 0; i < 3; t += steps[i], i++) {
-        rm_gdn_conv(parts + t * C, x + t * C, steps[i], C, state2, w, K);
+        rm_gdn_conv(parts + t * C, x + t * C, steps[i], C, C, state2, w, K);
     }
     double e = 0.0, eref = 0.0;
     for (int i = 0; i < N * C; i++) e = fmax(e, fabs(one[i] - parts[i]));
@@ -129,6 +129,12 @@ static void test_conv(void) {
             eref = fmax(eref, fabs(one[t * C + c] - acc / (1.0 + exp(-acc))));
         }
     }
+    /* two slices of the channels (rows C apart) with their own state columns: the same floats */
+    float state3[(K - 1) * C] = {0}, slices[N * C];
+    rm_gdn_conv(slices, x, N, 5, C, state3, w, K);
+    rm_gdn_conv(slices + 5, x + 5, N, C - 5, C, state3 + 5, w + 5 * K, K);
+    for (int i = 0; i < N * C; i++) e = fmax(e, fabs(one[i] - slices[i]));
+    for (int i = 0; i < (K - 1) * C; i++) e = fmax(e, fabs(state1[i] - state3[i]));
     EXPECT(e <= 1e-6, "conv in parts vs at once: %.3g", e);
     EXPECT(eref <= 1e-6, "conv vs reference: %.3g", eref);
     free(x);
@@ -193,6 +199,35 @@ static void test_step_isa(rm_isa isa, int n_tok, int dk, int dv) {
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
 }
 
+/* The chunked form of `isa` against the scalar twin, from the same state. */
+static void test_chunked_isa(rm_isa isa, int n_tok, int dk, int dv) {
+    float * q = randn((int64_t) n_tok * dk, 1.0f), * k = randn((int64_t) n_tok * dk, 1.0f);
+    float * v = randn((int64_t) n_tok * dv, 1.0f), * g = randn(n_tok, 1.0f), * beta = randn(n_tok, 1.0f);
+    rm_gdn_l2norm(q, n_tok, dk, dk, 1e-6f, 1.0f / sqrtf((float) dk));
+    rm_gdn_l2norm(k, n_tok, dk, dk, 1e-6f, 1.0f);
+    for (int t = 0; t < n_tok; t++) {
+        g[t] = -0.05f - 0.5f * fabsf(g[t]);
+        beta[t] = 1.0f / (1.0f + expf(-beta[t]));
+    }
+    const int64_t ns = (int64_t) dk * dv, no = (int64_t) n_tok * dv;
+    float * S1 = randn(ns, 0.3f), * S2 = malloc(sizeof(float) * (size_t) ns);
+    memcpy(S2, S1, sizeof(float) * (size_t) ns);
+    float * o1 = calloc((size_t) no, sizeof(float)), * o2 = calloc((size_t) no, sizeof(float));
+    float * scratch = malloc(sizeof(float) * (size_t) rm_gdn_chunk_scratch(dk, dv));
+    rm_gdn_head h = {q, k, dk, v, dv, g, beta, 1, o1, dv, n_tok, dk, dv};
+    rm_gdn_chunked(&h, S1, scratch);
+    h.o = o2;
+    rm_cpu_gdn_chunked_isa(isa)(&h, S2, scratch);
+    double om = 0.0, sm = 0.0;
+    const double eo = max_diff(o2, o1, no, &om), es = max_diff(S2, S1, ns, &sm);
+    printf("%s chunked n=%d dk=%d dv=%d: o %.2g, state %.2g relative\n", rm_isa_name(isa), n_tok, dk, dv, eo / om,
+           es / sm);
+    EXPECT(eo <= 1e-5 * om && es <= 1e-5 * sm, "%s chunked n=%d dk=%d dv=%d: o %.3g of %.3g, state %.3g of %.3g",
+           rm_isa_name(isa), n_tok, dk, dv, eo, om, es, sm);
+    float * bufs[] = {q, k, v, g, beta, S1, S2, o1, o2, scratch};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+}
+
 /* The conv of `isa` against the scalar twin, in calls of 1, 2 and 5 tokens (the state carried). */
 static void test_conv_isa(rm_isa isa, int64_t C, int K) {
     enum { N = 8 };
@@ -201,8 +236,11 @@ static void test_conv_isa(rm_isa isa, int64_t C, int K) {
     float * y1 = malloc(sizeof(float) * (size_t) (N * C)), * y2 = malloc(sizeof(float) * (size_t) (N * C));
     const int steps[] = {1, 2, 5};
     for (int i = 0, t = 0; i < 3; t += steps[i], i++) {
-        rm_gdn_conv(y1 + t * C, x + t * C, steps[i], C, st1, w, K);
-        rm_cpu_gdn_conv_isa(isa)(y2 + t * C, x + t * C, steps[i], C, st2, w, K);
+        rm_gdn_conv(y1 + t * C, x + t * C, steps[i], C, C, st1, w, K);
+        /* a slice of the channels per call, as threads take them: the same floats as the whole */
+        const int64_t c0 = C >= 16 ? 8 : 0;
+        rm_cpu_gdn_conv_isa(isa)(y2 + t * C, x + t * C, steps[i], c0, C, st2, w, K);
+        rm_cpu_gdn_conv_isa(isa)(y2 + t * C + c0, x + t * C + c0, steps[i], C - c0, C, st2 + c0, w + c0 * K, K);
     }
     double ym = 0.0, sm = 0.0;
     const double ey = max_diff(y2, y1, N * C, &ym), es = max_diff(st2, st1, (K - 1) * C, &sm);
@@ -218,6 +256,10 @@ static void test_isas(void) {
         const int shapes[][3] = {{1, 16, 16}, {5, 128, 128}, {3, 32, 8}, {4, 8, 12}};
         for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
             test_step_isa((rm_isa) isa, shapes[i][0], shapes[i][1], shapes[i][2]);
+        }
+        const int chunked[][3] = {{RM_GDN_CHUNK + 37, 128, 128}, {5, 32, 24}, {70, 16, 8}, {9, 12, 16}, {3, 16, 20}};
+        for (size_t i = 0; i < sizeof(chunked) / sizeof(chunked[0]); i++) {
+            test_chunked_isa((rm_isa) isa, chunked[i][0], chunked[i][1], chunked[i][2]);
         }
         test_conv_isa((rm_isa) isa, 24, 4);
         test_conv_isa((rm_isa) isa, 12, 4);

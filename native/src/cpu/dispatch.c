@@ -225,6 +225,14 @@ rm_gdn_conv_fn rm_cpu_gdn_conv_isa(rm_isa isa) {
     return rm_gdn_conv;
 }
 
+rm_gdn_chunked_fn rm_cpu_gdn_chunked_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->gdn_chunked) return k->gdn_chunked;
+    }
+    return rm_gdn_chunked;
+}
+
 rm_attn_scores_fn rm_cpu_attn_scores_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);

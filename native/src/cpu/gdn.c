@@ -6,32 +6,32 @@
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-void rm_gdn_conv(float * out, const float * x, int32_t n_tok, int64_t n_ch, float * state, const float * w,
-                 int32_t d_conv) {
+void rm_gdn_conv(float * out, const float * x, int32_t n_tok, int64_t n_ch, int64_t stride, float * state,
+                 const float * w, int32_t d_conv) {
     const int32_t hist = d_conv - 1;
     for (int32_t t = 0; t < n_tok; t++) {
-        float * y = out + (int64_t) t * n_ch;
+        float * y = out + (int64_t) t * stride;
         for (int64_t c = 0; c < n_ch; c++) {
             const float * wc = w + c * d_conv;
             float acc = 0.0f;
             for (int32_t i = 0; i < d_conv; i++) {
                 const int32_t src = t - hist + i;   /* < 0: from the state */
-                const float xv = src < 0 ? state[(int64_t) (hist + src) * n_ch + c] : x[(int64_t) src * n_ch + c];
+                const float xv = src < 0 ? state[(int64_t) (hist + src) * stride + c] : x[(int64_t) src * stride + c];
                 acc += wc[i] * xv;
             }
             y[c] = silu(acc);
         }
     }
-    rm_gdn_conv_keep(x, n_tok, n_ch, state, hist);
+    rm_gdn_conv_keep(x, n_tok, n_ch, stride, state, hist);
 }
 
-void rm_gdn_conv_keep(const float * x, int32_t n_tok, int64_t n_ch, float * state, int32_t hist) {
-    /* the last hist inputs, from the state's tail and then x */
-    if (n_tok >= hist) {
-        memcpy(state, x + (int64_t) (n_tok - hist) * n_ch, sizeof(float) * (size_t) (hist * n_ch));
-    } else {
-        memmove(state, state + (int64_t) n_tok * n_ch, sizeof(float) * (size_t) ((hist - n_tok) * n_ch));
-        memcpy(state + (int64_t) (hist - n_tok) * n_ch, x, sizeof(float) * (size_t) (n_tok * n_ch));
+void rm_gdn_conv_keep(const float * x, int32_t n_tok, int64_t n_ch, int64_t stride, float * state, int32_t hist) {
+    /* the last hist inputs, oldest first: the state's tail, then x */
+    const size_t row = sizeof(float) * (size_t) n_ch;
+    for (int32_t r = 0; r < hist; r++) {
+        const int32_t src = n_tok - hist + r;   /* < 0: row n_tok + r of the state */
+        memmove(state + (int64_t) r * stride, src < 0 ? state + (int64_t) (n_tok + r) * stride : x + (int64_t) src * stride,
+                row);
     }
 }
 

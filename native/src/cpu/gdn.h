@@ -27,14 +27,16 @@
 #define RM_GDN_CHUNK 64
 
 /* out[t][c] = silu(sum_i w[c][i] * x_{t - d_conv + 1 + i}[c]) for n_tok rows of n_ch channels,
- * where rows before the first come from state ((d_conv - 1) rows of n_ch, oldest first); state
- * then holds the last d_conv - 1 inputs. w: n_ch rows of d_conv taps (ne = {d_conv, n_ch}). */
-void rm_gdn_conv(float * out, const float * x, int32_t n_tok, int64_t n_ch, float * state, const float * w,
-                 int32_t d_conv);
+ * where rows before the first come from state ((d_conv - 1) rows, oldest first); state then holds
+ * the last d_conv - 1 inputs. Rows of out, x and state lie stride floats apart (stride >= n_ch: a
+ * slice of the channels, so threads can take slices). w: n_ch rows of d_conv taps
+ * (ne = {d_conv, n_ch}). */
+void rm_gdn_conv(float * out, const float * x, int32_t n_tok, int64_t n_ch, int64_t stride, float * state,
+                 const float * w, int32_t d_conv);
 
-/* state <- the last hist = d_conv - 1 rows of (state, then the n_tok rows of x): rm_gdn_conv's
- * update of its state, shared with its vector forms. */
-void rm_gdn_conv_keep(const float * x, int32_t n_tok, int64_t n_ch, float * state, int32_t hist);
+/* state <- the last hist = d_conv - 1 rows of (state, then the n_tok rows of x), n_ch channels
+ * of rows stride floats apart: rm_gdn_conv's update of its state, shared with its vector forms. */
+void rm_gdn_conv_keep(const float * x, int32_t n_tok, int64_t n_ch, int64_t stride, float * state, int32_t hist);
 
 /* x <- x / sqrt(sum x^2 + eps) * scale, for n_rows rows of n, rows stride floats apart. */
 void rm_gdn_l2norm(float * x, int64_t n_rows, int64_t stride, int64_t n, float eps, float scale);

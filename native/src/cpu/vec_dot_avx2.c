@@ -312,6 +312,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .attn_values = attn_values,
     .gdn_recurrent = gdn_recurrent_x86,
     .gdn_conv = gdn_conv_x86,
+    .gdn_chunked = gdn_chunked_x86,
 };
 
 #endif /* RM_X86 */

@@ -21,7 +21,7 @@
 #define RM_KQ_512 1
 #include "simd_x86.h"
 #include "gdn_x86.h"
-#include "mxfp4_x86.h"
+#include "block32_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
     const float * a = w;
@@ -68,29 +68,7 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
  * of eight block sums, which then takes the eight scale products d_w d_x in one multiply-add.
  * Per block and token that leaves a sign, a vpdpbusd and about one add of the tree, instead of a
  * convert, a scale broadcast and a multiply-add per block. */
-/* Eight blocks' lane vectors -> their eight sums, in block order. */
-RM_INLINE __m256i block_sums8(const __m256i p[8]) {
-    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
-    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
-    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-    /* each 128-bit half holds four blocks' partial sums: add the halves */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
-/* The fp16 scales of eight blocks, `stride` bytes apart, as floats (inserted one by one: eight
- * small stores and a wide reload would stall on store forwarding). */
-RM_INLINE __m256 scales8(const uint8_t * d, size_t stride) {
-    __m128i h = _mm_setzero_si128();
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 0 * stride), 0);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 1 * stride), 1);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 2 * stride), 2);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 3 * stride), 3);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 4 * stride), 4);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 5 * stride), 5);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 6 * stride), 6);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 7 * stride), 7);
-    return _mm256_cvtph_ps(h);
-}
+/* block_sums8 and scales8 are block32_x86.h's. */
 
 /* Block i's levels, two ways: signed (Q8_0 as stored, Q4_0's nibbles less 8) for |w| . (x signed
  * like w), and unsigned (Q8_0 plus 128, Q4_0's nibbles) for vpdpbusd straight on x, the offset
@@ -445,6 +423,10 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_K] = vec_dot_q5_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4,
+        [RM_TYPE_Q5_0] = vec_dot_q5_0,
+        [RM_TYPE_Q4_1] = vec_dot_q4_1,
+        [RM_TYPE_Q5_1] = vec_dot_q5_1,
+        [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl,
         [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
@@ -461,6 +443,10 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs_multi,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs_multi,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
+        [RM_TYPE_Q5_0] = vec_dot_q5_0_multi,
+        [RM_TYPE_Q4_1] = vec_dot_q4_1_multi,
+        [RM_TYPE_Q5_1] = vec_dot_q5_1_multi,
+        [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl_multi,
     },
     .attn_scores = attn_scores,
     .attn_values = attn_values,

@@ -327,7 +327,10 @@ def test_kernels_env_unknown_set_warns_and_uses_the_best():
 
 # recipe -> the weight types it puts on the hot path
 MODEL_RECIPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0-q4_0": "Q4_0 + Q4_0 residual",
-                 "q4k-q8": "Q4_K + Q8_0 residual", "q3k-q8": "Q3_K", "q2k-q4": "Q2_K + Q4_0 residual"}
+                 "q4k-q8": "Q4_K + Q8_0 residual", "q3k-q8": "Q3_K", "q2k-q4": "Q2_K + Q4_0 residual",
+                 "mxfp4": "MXFP4", "q5_0-q5_1": "Q5_0 + Q5_1 residual, Q4_1 for the other matrices"}
+# recipes above that are a table recipe with other types: rapidmoe_gguf.convert's arguments
+CONVERT_ARGS = {"q5_0-q5_1": dict(recipe="q4_0-q4_0", base_type="Q5_0", residual_type="Q5_1", other_type="Q4_1")}
 _LOGITS_SCRIPT = """
 import sys, numpy as np
 import rapidmoe_gguf as rm
@@ -354,7 +357,7 @@ def isa_logits(tiny_hf, tmp_path_factory):
     paths = []
     for recipe in MODEL_RECIPES:
         paths.append(str(d / f"{recipe}.gguf"))
-        rm.convert(src, paths[-1], recipe=recipe, progress=False)
+        rm.convert(src, paths[-1], **CONVERT_ARGS.get(recipe, dict(recipe=recipe)), progress=False)
     ids = ",".join(str(t) for t in rng(9).integers(3, 300, 48))
     env = package_env()
     result = {}

@@ -28,6 +28,8 @@ static const size_t b32_block_bytes[] = {sizeof(rm_block_q5_0), sizeof(rm_block_
 static const size_t b32_act_bytes[] = {sizeof(rm_block_q8_0), sizeof(rm_block_q8_0), sizeof(rm_block_q8_0),
                                        sizeof(rm_block_q8_1), sizeof(rm_block_q8_1)};
 static const int b32_signed[] = {1, 1, 1, 0, 0};
+/* The signed kinds' offset to unsigned levels (b32_levels_unsigned). */
+static const float b32_offset[] = {16.0f, 128.0f, 128.0f, 0.0f, 0.0f};
 
 /* Eight blocks' lane vectors -> their eight sums, in block order. */
 RM_INLINE __m256i block_sums8(const __m256i p[8]) {
@@ -121,6 +123,15 @@ RM_INLINE __m256i b32_levels(const void * w, int64_t i, const int kind) {
     }
 }
 
+/* The signed kinds' levels plus b32_offset: Q5_0's q, the tables' levels plus 128 (bytes 1..241). */
+RM_INLINE __m256i b32_levels_unsigned(const void * w, int64_t i, const int kind) {
+    if (kind == B32_Q5_0) {
+        const rm_block_q5_0 * b = (const rm_block_q5_0 *) w + i;
+        return levels_5bit(b->qs, b->qh, 0);
+    }
+    return _mm256_xor_si256(b32_levels(w, i, kind), _mm256_set1_epi8((char) 0x80));
+}
+
 /* Block i's scale d_w as a float. */
 RM_INLINE float b32_scale(const void * w, int64_t i, const int kind) {
     const uint8_t * b = (const uint8_t *) w + (uint64_t) i * b32_block_bytes[kind];
@@ -149,12 +160,20 @@ RM_INLINE __m256i b32_block_dot(__m256i q, __m256i aq, const int8_t * x, const i
 }
 
 /* out[c] = dot(w, token c) for nc tokens (1, 4, or with AVX-512 8), tokens x_stride bytes apart.
- * For the Q8_0 kinds the activation scales come from x_info when given (the same floats). */
+ * For the Q8_0 kinds the activation scales come from x_info when given (the same floats), and
+ * with VNNI a block's integer dot is then one vpdpbusd on the unsigned levels, less the offset
+ * times the block's activation sum (x_info's): the same integers, exact in float, so the same
+ * results either way. (AVX2's vpmaddubsw would saturate on the tables' unsigned levels.) */
 RM_INLINE void dot_b32(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
                        const float * x_info, int64_t x_info_stride, const int kind) {
     const int64_t nb = n / RM_QK;
     const size_t wbytes = b32_block_bytes[kind], xbytes = b32_act_bytes[kind];
     const int sgn = b32_signed[kind];
+#ifdef RM_KQ_512
+    const int offset_way = sgn && x_info;
+#else
+    const int offset_way = 0;
+#endif
     const uint8_t * wb = w;
     const uint8_t * x[RM_MULTI_MAX];
     __m256 acc[RM_MULTI_MAX];
@@ -172,16 +191,30 @@ RM_INLINE void dot_b32(int64_t n, float * out, const void * w, const void * x_q,
         }
         __m256i q[8], aq[8];
         for (int k = 0; k < 8; k++) {
-            q[k] = b32_levels(w, i + k, kind);
-            aq[k] = sgn ? _mm256_sign_epi8(q[k], q[k]) : q[k];
+            if (offset_way) {
+                q[k] = aq[k] = b32_levels_unsigned(w, i + k, kind);
+            } else {
+                q[k] = b32_levels(w, i + k, kind);
+                aq[k] = sgn ? _mm256_sign_epi8(q[k], q[k]) : q[k];
+            }
         }
         for (int c = 0; c < nc; c++) {
             const uint8_t * xg = x[c] + (uint64_t) i * xbytes;
             __m256i p[8];
-            for (int k = 0; k < 8; k++) {
-                p[k] = b32_block_dot(q[k], aq[k], (const int8_t *) (xg + k * xbytes + (sgn ? 2 : 4)), kind);
+            __m256 sums;
+            if (offset_way) {
+                for (int k = 0; k < 8; k++) {
+                    p[k] = dot_u8s8(q[k], _mm256_loadu_si256((const __m256i *) (xg + k * xbytes + 2)));
+                }
+                /* small integers: exact in float, the value the signed way gives */
+                sums = _mm256_fnmadd_ps(_mm256_set1_ps(b32_offset[kind]), _mm256_loadu_ps(x_info + c * x_info_stride + nb + i),
+                                        _mm256_cvtepi32_ps(block_sums8(p)));
+            } else {
+                for (int k = 0; k < 8; k++) {
+                    p[k] = b32_block_dot(q[k], aq[k], (const int8_t *) (xg + k * xbytes + (sgn ? 2 : 4)), kind);
+                }
+                sums = _mm256_cvtepi32_ps(block_sums8(p));
             }
-            const __m256 sums = _mm256_cvtepi32_ps(block_sums8(p));
             const __m256 dx = sgn && x_info ? _mm256_loadu_ps(x_info + c * x_info_stride + i) : scales8(xg, xbytes);
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), sums, acc[c]);
             if (!sgn) {   /* sum((d q + m) x) = d d_x sum(q q_x) + m s_x */

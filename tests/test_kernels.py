@@ -4,7 +4,8 @@ runs, and the choice of set (RAPIDMOE_ISA) in fresh processes.
 Error budget of the dot kernels: |simd - reference| <= TOL * |w| * |x|, with |w| and |x| the norms
 of the dequantized weight row and activations. The integer parts are exact in both, so what is
 left is float summation order: measured up to 7.2e-8 (F32/F16, whose products are float too) and
-4.3e-8 (block types) over the cases below; the budget is 1e-6. The activation quantizers must give
+4.3e-8 (block types; Q4_1 6.7e-8 and Q5_1 1.1e-7, whose blocks add two float terms, d_w d_x sum(q q_x)
+and m_w s_x) over the cases below; the budget is 1e-6. The activation quantizers must give
 the reference's bytes exactly, nan and inf included.
 """
 
@@ -19,13 +20,13 @@ from conftest import random_iq_blocks
 from rapidmoe_gguf import kernels, quants
 from rapidmoe_gguf.errors import InvalidArgumentError, UnsupportedError
 
-SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
+SIMD_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q5_0", "Q4_1", "Q5_1"]
 TOL = 1e-6
 SIMD_ISAS = [isa for isa in kernels.supported_isas() if isa != "scalar"]
 
 # Byte offsets of the fp16 scale fields in each block: random bytes there could be inf/nan.
 SCALE_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-                "MXFP4": []}
+                "MXFP4": [], "Q5_0": [0], "Q4_1": [0, 2], "Q5_1": [0, 2]}
 # Byte offsets of E8M0 exponents: random ones reach 2^127, whose products overflow float.
 E8M0_FIELDS = {"MXFP4": 0}
 
@@ -166,7 +167,10 @@ def test_kernels_amx_tiles_match_reference(name):
 
 
 # IQ types with SIMD kernels (one token and several at once)
-IQ_SIMD_TYPES = ["IQ4_XS", "IQ2_XXS", "IQ3_XXS"]
+IQ_SIMD_TYPES = ["IQ4_XS", "IQ2_XXS", "IQ3_XXS", "IQ4_NL"]
+# Row lengths: one block and more; for IQ4_NL's 32-element blocks, rows ending in blocks past the
+# last group of eight (the kernels take eight blocks at a time, then the rest one by one).
+IQ_SIZES = {"IQ4_NL": (96, 2048, 4096 + 224)}
 
 
 @needs_simd
@@ -176,7 +180,7 @@ def test_kernels_iq_vec_dot_matches_reference(name, isa):
     """Random blocks (every index and sub-block scale, a finite d) against the scalar reference
     within TOL (the same integers; measured up to 1.9e-8, IQ3_XXS), batched as one token at a time bit for
     bit (but for the AMX tiles, within TOL), and the set in use as the best set."""
-    for n in (256, 2048, 4096 + 256):
+    for n in IQ_SIZES.get(name, (256, 2048, 4096 + 256)):
         w = random_iq_blocks(name, 8 * n // quants.TYPES[name].block_elems, seed=n).tobytes()
         _, x_q = activations(name, n, seed=n + 1, n_tok=13)   # batched: 8, 4, then 1 at a time
         want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
@@ -196,7 +200,7 @@ def test_kernels_iq_vec_dot_matches_reference(name, isa):
 
 
 # Types with no SIMD kernel: every set falls through to the scalar reference.
-SCALAR_ONLY_TYPES = ["IQ2_XS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ1_M"]
+SCALAR_ONLY_TYPES = ["IQ2_XS", "IQ1_S", "IQ3_S", "IQ2_S", "IQ1_M"]
 
 
 @pytest.mark.parametrize("isa", kernels.supported_isas())
@@ -323,7 +327,10 @@ def test_kernels_env_unknown_set_warns_and_uses_the_best():
 
 # recipe -> the weight types it puts on the hot path
 MODEL_RECIPES = {"f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q4_0-q4_0": "Q4_0 + Q4_0 residual",
-                 "q4k-q8": "Q4_K + Q8_0 residual", "q3k-q8": "Q3_K", "q2k-q4": "Q2_K + Q4_0 residual"}
+                 "q4k-q8": "Q4_K + Q8_0 residual", "q3k-q8": "Q3_K", "q2k-q4": "Q2_K + Q4_0 residual",
+                 "mxfp4": "MXFP4", "q5_0-q5_1": "Q5_0 + Q5_1 residual, Q4_1 for the other matrices"}
+# recipes above that are a table recipe with other types: rapidmoe_gguf.convert's arguments
+CONVERT_ARGS = {"q5_0-q5_1": dict(recipe="q4_0-q4_0", base_type="Q5_0", residual_type="Q5_1", other_type="Q4_1")}
 _LOGITS_SCRIPT = """
 import sys, numpy as np
 import rapidmoe_gguf as rm
@@ -350,7 +357,7 @@ def isa_logits(tiny_hf, tmp_path_factory):
     paths = []
     for recipe in MODEL_RECIPES:
         paths.append(str(d / f"{recipe}.gguf"))
-        rm.convert(src, paths[-1], recipe=recipe, progress=False)
+        rm.convert(src, paths[-1], **CONVERT_ARGS.get(recipe, dict(recipe=recipe)), progress=False)
     ids = ",".join(str(t) for t in rng(9).integers(3, 300, 48))
     env = package_env()
     result = {}

@@ -21,7 +21,7 @@
 #define RM_KQ_ACC(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))
 #include "simd_x86.h"
 #include "gdn_x86.h"
-#include "mxfp4_x86.h"
+#include "block32_x86.h"
 
 /* ---------------------------------------------------------------------------------------------
  * F32 and F16 weights against F32 activations (n is any positive count)
@@ -286,6 +286,10 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q5_K] = vec_dot_q5_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4,
+        [RM_TYPE_Q5_0] = vec_dot_q5_0,
+        [RM_TYPE_Q4_1] = vec_dot_q4_1,
+        [RM_TYPE_Q5_1] = vec_dot_q5_1,
+        [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl,
         [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
@@ -306,6 +310,10 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs_multi,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs_multi,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
+        [RM_TYPE_Q5_0] = vec_dot_q5_0_multi,
+        [RM_TYPE_Q4_1] = vec_dot_q4_1_multi,
+        [RM_TYPE_Q5_1] = vec_dot_q5_1_multi,
+        [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl_multi,
     },
     .axpy = axpy,
     .attn_scores = attn_scores,

@@ -21,7 +21,7 @@
 #define RM_KQ_512 1
 #include "simd_x86.h"
 #include "gdn_x86.h"
-#include "mxfp4_x86.h"
+#include "block32_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
     const float * a = w;
@@ -68,38 +68,22 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
  * of eight block sums, which then takes the eight scale products d_w d_x in one multiply-add.
  * Per block and token that leaves a sign, a vpdpbusd and about one add of the tree, instead of a
  * convert, a scale broadcast and a multiply-add per block. */
-/* Eight blocks' lane vectors -> their eight sums, in block order. */
-RM_INLINE __m256i block_sums8(const __m256i p[8]) {
-    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
-    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
-    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-    /* each 128-bit half holds four blocks' partial sums: add the halves */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
+/* block_sums8 and scales8 are block32_x86.h's. */
 
-/* The fp16 scales of eight blocks, `stride` bytes apart, as floats (inserted one by one: eight
- * small stores and a wide reload would stall on store forwarding). */
-RM_INLINE __m256 scales8(const uint8_t * d, size_t stride) {
-    __m128i h = _mm_setzero_si128();
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 0 * stride), 0);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 1 * stride), 1);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 2 * stride), 2);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 3 * stride), 3);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 4 * stride), 4);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 5 * stride), 5);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 6 * stride), 6);
-    h = _mm_insert_epi16(h, *(const uint16_t *) (d + 7 * stride), 7);
-    return _mm256_cvtph_ps(h);
-}
-
-/* Block i's levels, two ways: signed (Q8_0 as stored, Q4_0's nibbles less 8) for |w| . (x signed
- * like w), and unsigned (Q8_0 plus 128, Q4_0's nibbles) for vpdpbusd straight on x, the offset
- * times the block's activation sum then taken back. */
-enum { Q8_0_LEVELS, Q4_0_LEVELS };
+/* Block i's levels, two ways: signed (Q8_0 as stored, Q4_0's nibbles less 8, Q5_0's q less 16)
+ * for |w| . (x signed like w), and unsigned (Q8_0 plus 128, Q4_0's nibbles, Q5_0's q) for
+ * vpdpbusd straight on x, the offset times the block's activation sum then taken back. Q5_0 runs
+ * here in the prefill form only (its other kernels are block32_x86.h's, which this form matches). */
+enum { Q8_0_LEVELS, Q4_0_LEVELS, Q5_0_LEVELS };
+static const size_t levels_block_bytes[] = {sizeof(rm_block_q8_0), sizeof(rm_block_q4_0), sizeof(rm_block_q5_0)};
+static const float levels_offset[] = {128.0f, 8.0f, 16.0f};
 
 RM_INLINE __m256i levels_unsigned(const void * w, int64_t i, const int kind) {
     if (kind == Q8_0_LEVELS) {
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs), _mm256_set1_epi8((char) 0x80));
+    }
+    if (kind == Q5_0_LEVELS) {
+        return levels_5bit(((const rm_block_q5_0 *) w + i)->qs, ((const rm_block_q5_0 *) w + i)->qh, 0);
     }
     return nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs);
 }
@@ -107,6 +91,9 @@ RM_INLINE __m256i levels_unsigned(const void * w, int64_t i, const int kind) {
 RM_INLINE __m256i levels_signed(const void * w, int64_t i, const int kind) {
     if (kind == Q8_0_LEVELS) {
         return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
+    }
+    if (kind == Q5_0_LEVELS) {
+        return levels_5bit(((const rm_block_q5_0 *) w + i)->qs, ((const rm_block_q5_0 *) w + i)->qh, 1);
     }
     return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
 }
@@ -123,8 +110,8 @@ RM_INLINE __m256i block_dot(__m256i w, __m256i aw, const rm_block_q8_0 * x) {
 RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
                             const float * x_info, int64_t x_info_stride, const int kind) {
     const int64_t nb = n / RM_QK;
-    const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
-    const float offset = kind == Q8_0_LEVELS ? 128.0f : 8.0f;
+    const size_t wblock = levels_block_bytes[kind];
+    const float offset = levels_offset[kind];
     const uint8_t * wb = w;
     const rm_block_q8_0 * x[RM_MULTI_MAX];
     __m256 acc[RM_MULTI_MAX];
@@ -251,7 +238,7 @@ static uint64_t packed_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) *
 static uint64_t act_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * 256; }
 
 RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int kind) {
-    const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
+    const size_t wblock = levels_block_bytes[kind];
     uint8_t * out = packed;
     for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += PACK_GROUP_BYTES) {
         _mm256_storeu_ps((float *) out, scales8((const uint8_t *) w + (uint64_t) i * wblock, wblock));
@@ -268,6 +255,7 @@ RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int k
 
 static void pack_row_q4_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q4_0_LEVELS); }
 static void pack_row_q8_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q8_0_LEVELS); }
+static void pack_row_q5_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q5_0_LEVELS); }
 
 static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
     const rm_block_q8_0 * x = x_q;
@@ -308,7 +296,7 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
                              uint64_t xt_stride, const void * x_q, uint64_t x_stride, const int nc,
                              const float * x_info, int64_t x_info_stride, const int kind) {
     const int64_t nb = n / RM_QK;
-    const float offset = kind == Q8_0_LEVELS ? 128.0f : 8.0f;
+    const float offset = levels_offset[kind];
     const uint8_t * pk = packed;
     __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
@@ -324,7 +312,7 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
         group_dot(q, dw, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, nb, i,
                   offset, acc);
     }
-    const size_t wblock = kind == Q8_0_LEVELS ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
+    const size_t wblock = levels_block_bytes[kind];
     for (; i < nb; i++) {  /* the last few blocks, one by one, as dot_32_multi does */
         const __m256i q = levels_signed(w, i, kind), aq = _mm256_sign_epi8(q, q);
         rm_fp16 h;
@@ -355,6 +343,7 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
     }
 RM_PACKED_DOT(dot_packed_q4_0, Q4_0_LEVELS)
 RM_PACKED_DOT(dot_packed_q8_0, Q8_0_LEVELS)
+RM_PACKED_DOT(dot_packed_q5_0, Q5_0_LEVELS)
 
 /* Q4_0 rows stored packed (rm_packed_kernels.repack_row): a group of eight blocks is their eight
  * fp16 scales (16 bytes), then the transposed levels as nibbles, T_2m in the low and T_2m+1 in the
@@ -432,6 +421,8 @@ static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pac
                                               repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0};
 static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0,
                                               NULL, NULL, NULL};
+static const rm_packed_kernels packed_q5_0 = {packed_bytes_32, act_bytes_32, pack_row_q5_0, transpose_act_32, dot_packed_q5_0,
+                                              NULL, NULL, NULL};
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
@@ -445,6 +436,10 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_K] = vec_dot_q5_K,
         [RM_TYPE_Q6_K] = vec_dot_q6_K,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4,
+        [RM_TYPE_Q5_0] = vec_dot_q5_0,
+        [RM_TYPE_Q4_1] = vec_dot_q4_1,
+        [RM_TYPE_Q5_1] = vec_dot_q5_1,
+        [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl,
         [RM_TYPE_IQ4_XS] = vec_dot_iq4_xs,
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
@@ -461,12 +456,17 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_IQ2_XXS] = vec_dot_iq2_xxs_multi,
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs_multi,
         [RM_TYPE_MXFP4] = vec_dot_mxfp4_multi,
+        [RM_TYPE_Q5_0] = vec_dot_q5_0_multi,
+        [RM_TYPE_Q4_1] = vec_dot_q4_1_multi,
+        [RM_TYPE_Q5_1] = vec_dot_q5_1_multi,
+        [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl_multi,
     },
     .attn_scores = attn_scores,
     .attn_values = attn_values,
     .packed = {
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,
+        [RM_TYPE_Q5_0] = &packed_q5_0,
     },
     .gdn_recurrent = gdn_recurrent_x86,
     .gdn_conv = gdn_conv_x86,

@@ -15,7 +15,9 @@
  * (and Q4_1/Q5_1 the eight m_w s_x in another). The blocks past the last group go one by one. So
  * results differ from the reference only in the order of the float sums (tests/test_kernels.py
  * states the budget). Every token of a multi-token call does the one-token kernel's operations in
- * its order: batched results equal single ones bit for bit. */
+ * its order: batched results equal single ones bit for bit. The AVX-512 set's prefill form
+ * (vec_dot_avx512.c, rows packed as Q4_0's) takes Q5_0's, IQ4_NL's and MXFP4's levels and scales
+ * from here and gives these kernels' floats. */
 #ifndef RM_CPU_BLOCK32_X86_H
 #define RM_CPU_BLOCK32_X86_H
 

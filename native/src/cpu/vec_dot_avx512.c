@@ -70,32 +70,50 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
  * convert, a scale broadcast and a multiply-add per block. */
 /* block_sums8 and scales8 are block32_x86.h's. */
 
-/* Block i's levels, two ways: signed (Q8_0 as stored, Q4_0's nibbles less 8, Q5_0's q less 16)
- * for |w| . (x signed like w), and unsigned (Q8_0 plus 128, Q4_0's nibbles, Q5_0's q) for
- * vpdpbusd straight on x, the offset times the block's activation sum then taken back. Q5_0 runs
- * here in the prefill form only (its other kernels are block32_x86.h's, which this form matches). */
-enum { Q8_0_LEVELS, Q4_0_LEVELS, Q5_0_LEVELS };
-static const size_t levels_block_bytes[] = {sizeof(rm_block_q8_0), sizeof(rm_block_q4_0), sizeof(rm_block_q5_0)};
-static const float levels_offset[] = {128.0f, 8.0f, 16.0f};
+/* Block i's levels, two ways: signed (Q8_0 as stored, Q4_0's nibbles less 8) for |w| . (x
+ * signed like w), and unsigned (Q8_0 plus 128, Q4_0's nibbles) for vpdpbusd straight on x, the
+ * offset times the block's activation sum then taken back. Q5_0, IQ4_NL and MXFP4 run here in
+ * the prefill form only, with block32_x86.h's levels and scales: their other kernels are
+ * block32_x86.h's, which this form matches bit for bit. */
+enum { Q8_0_LEVELS, Q4_0_LEVELS, Q5_0_LEVELS, IQ4_NL_LEVELS, MXFP4_LEVELS };
+static const size_t levels_block_bytes[] = {sizeof(rm_block_q8_0), sizeof(rm_block_q4_0), sizeof(rm_block_q5_0),
+                                            sizeof(rm_block_iq4_nl), sizeof(rm_block_mxfp4)};
+static const float levels_offset[] = {128.0f, 8.0f, 16.0f, 128.0f, 128.0f};
+static const int levels_b32_kind[] = {-1, -1, B32_Q5_0, B32_IQ4_NL, B32_MXFP4};
 
 RM_INLINE __m256i levels_unsigned(const void * w, int64_t i, const int kind) {
     if (kind == Q8_0_LEVELS) {
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs), _mm256_set1_epi8((char) 0x80));
     }
-    if (kind == Q5_0_LEVELS) {
-        return levels_5bit(((const rm_block_q5_0 *) w + i)->qs, ((const rm_block_q5_0 *) w + i)->qh, 0);
+    if (kind == Q4_0_LEVELS) {
+        return nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs);
     }
-    return nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs);
+    return b32_levels_unsigned(w, i, levels_b32_kind[kind]);
 }
 
 RM_INLINE __m256i levels_signed(const void * w, int64_t i, const int kind) {
     if (kind == Q8_0_LEVELS) {
         return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
     }
-    if (kind == Q5_0_LEVELS) {
-        return levels_5bit(((const rm_block_q5_0 *) w + i)->qs, ((const rm_block_q5_0 *) w + i)->qh, 1);
+    if (kind == Q4_0_LEVELS) {
+        return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
     }
-    return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
+    return b32_levels(w, i, levels_b32_kind[kind]);
+}
+
+/* The scales of eight blocks from block i on, and of block i alone: fp16, or MXFP4's E8M0. */
+RM_INLINE __m256 levels_scales8(const void * w, int64_t i, const int kind) {
+    const uint8_t * g = (const uint8_t *) w + (uint64_t) i * levels_block_bytes[kind];
+    return kind == MXFP4_LEVELS ? e8m0_half8(g, levels_block_bytes[kind]) : scales8(g, levels_block_bytes[kind]);
+}
+
+RM_INLINE float levels_scale(const void * w, int64_t i, const int kind) {
+    if (kind == Q8_0_LEVELS || kind == Q4_0_LEVELS) {
+        rm_fp16 h;
+        memcpy(&h, (const uint8_t *) w + (uint64_t) i * levels_block_bytes[kind], 2);   /* d is the first field */
+        return fp16(h);
+    }
+    return b32_scale(w, i, levels_b32_kind[kind]);
 }
 
 /* Lanes of one block's integer dot: |w| . (x with w's signs) */
@@ -238,10 +256,9 @@ static uint64_t packed_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) *
 static uint64_t act_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * 256; }
 
 RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int kind) {
-    const size_t wblock = levels_block_bytes[kind];
     uint8_t * out = packed;
     for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += PACK_GROUP_BYTES) {
-        _mm256_storeu_ps((float *) out, scales8((const uint8_t *) w + (uint64_t) i * wblock, wblock));
+        _mm256_storeu_ps((float *) out, levels_scales8(w, i, kind));
         __m256i v[8];
         for (int k = 0; k < 8; k++) {
             v[k] = levels_unsigned(w, i + k, kind);
@@ -256,6 +273,8 @@ RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int k
 static void pack_row_q4_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q4_0_LEVELS); }
 static void pack_row_q8_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q8_0_LEVELS); }
 static void pack_row_q5_0(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, Q5_0_LEVELS); }
+static void pack_row_iq4_nl(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, IQ4_NL_LEVELS); }
+static void pack_row_mxfp4(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, MXFP4_LEVELS); }
 
 static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
     const rm_block_q8_0 * x = x_q;
@@ -312,12 +331,9 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
         group_dot(q, dw, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, nb, i,
                   offset, acc);
     }
-    const size_t wblock = levels_block_bytes[kind];
     for (; i < nb; i++) {  /* the last few blocks, one by one, as dot_32_multi does */
         const __m256i q = levels_signed(w, i, kind), aq = _mm256_sign_epi8(q, q);
-        rm_fp16 h;
-        memcpy(&h, (const uint8_t *) w + (uint64_t) i * wblock, 2);
-        const float dw = fp16(h);
+        const float dw = levels_scale(w, i, kind);
         for (int c = 0; c < nc; c++) {
             const rm_block_q8_0 * xc = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
             const float dx = x_info[c * x_info_stride + i];
@@ -344,6 +360,8 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
 RM_PACKED_DOT(dot_packed_q4_0, Q4_0_LEVELS)
 RM_PACKED_DOT(dot_packed_q8_0, Q8_0_LEVELS)
 RM_PACKED_DOT(dot_packed_q5_0, Q5_0_LEVELS)
+RM_PACKED_DOT(dot_packed_iq4_nl, IQ4_NL_LEVELS)
+RM_PACKED_DOT(dot_packed_mxfp4, MXFP4_LEVELS)
 
 /* Q4_0 rows stored packed (rm_packed_kernels.repack_row): a group of eight blocks is their eight
  * fp16 scales (16 bytes), then the transposed levels as nibbles, T_2m in the low and T_2m+1 in the
@@ -423,6 +441,10 @@ static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pac
                                               NULL, NULL, NULL};
 static const rm_packed_kernels packed_q5_0 = {packed_bytes_32, act_bytes_32, pack_row_q5_0, transpose_act_32, dot_packed_q5_0,
                                               NULL, NULL, NULL};
+static const rm_packed_kernels packed_iq4_nl = {packed_bytes_32, act_bytes_32, pack_row_iq4_nl, transpose_act_32,
+                                                dot_packed_iq4_nl, NULL, NULL, NULL};
+static const rm_packed_kernels packed_mxfp4 = {packed_bytes_32, act_bytes_32, pack_row_mxfp4, transpose_act_32,
+                                               dot_packed_mxfp4, NULL, NULL, NULL};
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
@@ -467,6 +489,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,
         [RM_TYPE_Q5_0] = &packed_q5_0,
+        [RM_TYPE_IQ4_NL] = &packed_iq4_nl,
+        [RM_TYPE_MXFP4] = &packed_mxfp4,
     },
     .gdn_recurrent = gdn_recurrent_x86,
     .gdn_conv = gdn_conv_x86,

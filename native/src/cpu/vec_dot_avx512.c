@@ -4,11 +4,14 @@
  * loads for the tail, and vpdpbusd (VNNI), which multiplies unsigned by signed bytes and adds
  * groups of four straight into int32 lanes, for the 32-element blocks. The one-token 32-element
  * kernels stay 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register
- * costs as many shuffles as it saves. Where data already lies 64 bytes together (Q4_K's levels
- * against its activations, the prefill form's transposed groups) the products run 512 bits wide
- * and the two halves' int32 lanes are added at the end: the same integers, so the same results. The K-quants are simd_x86.h's, built here with vpdpwssd (VNNI) for
- * their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls through).
- * Same contracts and error budgets as vec_dot_avx2.c.
+ * costs as many shuffles as it saves. Where data already lies 64 bytes together (the prefill
+ * form's transposed groups) the products run 512 bits wide and the two halves' int32 lanes are
+ * added at the end: the same integers, so the same results. The K-quants (and IQ4_XS) are
+ * simd_x86.h's, 256 bits wide (Q4_K's levels paired into 512-bit registers ran at 0.75x of
+ * these: the pairing's shuffles cost more than the wider products save), built here with vpdpwssd
+ * (VNNI) for their scaled sums and with their float steps by groups of eight super-blocks
+ * (kq_sum), the float contract the AMX tiles reproduce. Types without a kernel here use the AVX2
+ * one (dispatch.c falls through). Same contracts and error budgets as vec_dot_avx2.c.
  */
 #if defined(RM_X86)
 
@@ -17,8 +20,10 @@
 
 /* pair products times scales, added into int32 lanes in one instruction */
 #define RM_KQ_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
-/* Q4_K's levels against its activations 512 bits at a time (see dot_q4_K_multi) */
+/* MXFP4's block dots with vpdpbusd (mxfp4_x86.h) */
 #define RM_KQ_512 1
+/* the K-quants' float steps by groups of eight super-blocks (kq_sum), which the AMX tiles repeat */
+#define RM_KQ_GROUPED 1
 #include "simd_x86.h"
 #include "gdn_x86.h"
 #include "mxfp4_x86.h"
@@ -68,15 +73,6 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
  * of eight block sums, which then takes the eight scale products d_w d_x in one multiply-add.
  * Per block and token that leaves a sign, a vpdpbusd and about one add of the tree, instead of a
  * convert, a scale broadcast and a multiply-add per block. */
-/* Eight blocks' lane vectors -> their eight sums, in block order. */
-RM_INLINE __m256i block_sums8(const __m256i p[8]) {
-    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
-    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
-    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-    /* each 128-bit half holds four blocks' partial sums: add the halves */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
-
 /* The fp16 scales of eight blocks, `stride` bytes apart, as floats (inserted one by one: eight
  * small stores and a wide reload would stall on store forwarding). */
 RM_INLINE __m256 scales8(const uint8_t * d, size_t stride) {

@@ -129,10 +129,10 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
-# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 12 for the K-quants; Q8_0/Q4_0
-# rows of whole groups of eight blocks, K-quant rows of whole super-blocks). Every tile gives the
-# AVX-512 set's floats bit for bit: the same integers, then the same float steps (for the K-quants
-# and IQ4_XS, simd_x86.h's kq_sum).
+# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 12 for Q6_K, 8 for the other
+# K-quants; Q8_0/Q4_0 rows of whole groups of eight blocks, K-quant rows of whole super-blocks).
+# Every tile gives the AVX-512 set's floats bit for bit: the same integers, then the same float
+# steps (for the K-quants and IQ4_XS, simd_x86.h's kq_sum).
 AMX_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 needs_amx = pytest.mark.skipif("amx" not in kernels.supported_isas(), reason="this machine or build has no AMX")
 
@@ -145,7 +145,7 @@ def test_kernels_amx_tiles_match_reference(name):
     partial tile of rows and of tokens, one token past a tile, a single group, and (K-quants) rows
     of 2, 3 and 8 super-blocks, a partial and a whole group of the float steps' eight lanes."""
     for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64), (1024, 20, 12),
-                             (512, 17, 16)]:
+                             (512, 17, 16), (768, 18, 8)]:
         _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
         rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
                 [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])

@@ -463,14 +463,14 @@ RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
 RM_TILE_MATMUL_KQ(matmul_iq4_xs, KQ_IQ4_XS)
 
 /* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
- * Q8_0/Q4_0 break even at 12 tokens and win from 16; the K-quants win from 12 (1.1 to 1.6x),
- * not at 8 (0.7 to 1.2x). */
+ * Q8_0/Q4_0 break even at 12 tokens and win from 16; Q4_K, Q5_K and IQ4_XS win from 8 (1.06 to
+ * 2.2x; 0.6 to 1.3x at 4), Q6_K from 12 (1.2 to 2.2x; 0.8x at 8 on rows of 2048). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
-static const rm_tile_kernels tile_q4_K = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
+static const rm_tile_kernels tile_q5_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
 static const rm_tile_kernels tile_q6_K = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
-static const rm_tile_kernels tile_iq4_xs = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
+static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

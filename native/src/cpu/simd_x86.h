@@ -200,6 +200,9 @@ static inline __m256i block_sums8(const __m256i p[8]) {
 #else
 #define KQ_GROUPED 0
 #endif
+/* The super-blocks a kernel's loop takes at a time: eight (unrolled) for the grouped steps, one
+ * (the plain loop) for the others. */
+#define KQ_GROUP(grouped) ((grouped) ? 8 : 1)
 
 typedef struct kq_sum {
     __m256 acc, acc_m;
@@ -363,13 +366,13 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
     for (int c = 0; c < nc; c++) {
         kq_sum_init(0, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += 8) {   /* groups of eight super-blocks (kq_sum) */
-        const int cnt = nb - i0 < 8 ? (int) (nb - i0) : 8;
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
         for (int c = 0; c < nc; c++) {
             kq_sum_begin(0, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < KQ_GROUP(0); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -418,13 +421,13 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     for (int c = 0; c < nc; c++) {
         kq_sum_init(0, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += 8) {   /* groups of eight super-blocks (kq_sum) */
-        const int cnt = nb - i0 < 8 ? (int) (nb - i0) : 8;
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
         for (int c = 0; c < nc; c++) {
             kq_sum_begin(0, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < KQ_GROUP(0); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -477,13 +480,13 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
     for (int c = 0; c < nc; c++) {
         kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += 8) {   /* groups of eight super-blocks (kq_sum) */
-        const int cnt = nb - i0 < 8 ? (int) (nb - i0) : 8;
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
             kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -549,13 +552,13 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
     for (int c = 0; c < nc; c++) {
         kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += 8) {   /* groups of eight super-blocks (kq_sum) */
-        const int cnt = nb - i0 < 8 ? (int) (nb - i0) : 8;
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
             kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -808,13 +811,13 @@ RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const vo
     for (int c = 0; c < nc; c++) {
         kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += 8) {   /* groups of eight super-blocks (kq_sum) */
-        const int cnt = nb - i0 < 8 ? (int) (nb - i0) : 8;
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
             kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
             if (k >= cnt) {
                 break;
             }

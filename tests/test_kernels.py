@@ -130,22 +130,23 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
-# The AMX set's tile form (prefill, from 16 tokens on; Q8_0/Q4_0 rows of whole groups of eight
-# blocks, K-quant rows of whole super-blocks). Q8_0 and Q4_0 give the AVX-512 set's floats bit for
-# bit; the K-quants the same integers with other float steps (measured: within 4.2e-8 of the
-# reference, against the AVX-512 kernels' 8.7e-8, over the cases below; budget TOL).
-AMX_EXACT_TYPES = ["Q8_0", "Q4_0"]
-AMX_TYPES = AMX_EXACT_TYPES + ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 12 for Q6_K, 8 for the other
+# K-quants; Q8_0/Q4_0 rows of whole groups of eight blocks, K-quant rows of whole super-blocks).
+# Every tile gives the AVX-512 set's floats bit for bit: the same integers, then the same float
+# steps (for the K-quants and IQ4_XS, simd_x86.h's kq_sum).
+AMX_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 needs_amx = pytest.mark.skipif("amx" not in kernels.supported_isas(), reason="this machine or build has no AMX")
 
 
 @needs_amx
 @pytest.mark.parametrize("name", AMX_TYPES)
 def test_kernels_amx_tiles_match_reference(name):
-    """Many tokens through the AMX tiles, against the scalar reference (TOL), and for Q8_0/Q4_0
-    against the AVX-512 set and each token alone, bit for bit. Sizes cover a partial tile of rows
-    and of tokens, one token past a tile, and a single group."""
-    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64), (1024, 20, 12)]:
+    """Many tokens through the AMX tiles, against the scalar reference (TOL), and against the
+    AVX-512 set and each token alone through its one-token kernel, bit for bit. Sizes cover a
+    partial tile of rows and of tokens, one token past a tile, a single group, and (K-quants) rows
+    of 2, 3 and 8 super-blocks, a partial and a whole group of the float steps' eight lanes."""
+    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64), (1024, 20, 12),
+                             (512, 17, 16), (768, 18, 8)]:
         _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
         rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
                 [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])
@@ -156,11 +157,9 @@ def test_kernels_amx_tiles_match_reference(name):
             wn, xn = norms(name, w, x_q, n)
             err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
             assert err.max() <= TOL, f"{name} n={n} rows#{k}: error {err.max():.2e}"
-            if name not in AMX_EXACT_TYPES:
-                continue
             avx512 = kernels.vec_dot_rows(name, w, x_q, n, isa="avx512")
             assert got.tobytes() == avx512.tobytes(), f"{name} n={n} rows#{k}: not the AVX-512 floats"
-            for i in (0, n_tok - 1):   # and each token alone, through the one-token kernel
+            for i in range(n_tok):   # and each token alone, through the one-token kernel
                 alone = kernels.vec_dot_rows(name, w, x_q[i * len(x_q) // n_tok:(i + 1) * len(x_q) // n_tok], n,
                                              isa="amx", batched=False)
                 assert alone.tobytes() == got[i:i + 1].tobytes()
@@ -178,8 +177,8 @@ IQ_SIZES = {"IQ4_NL": (96, 2048, 4096 + 224)}
 @pytest.mark.parametrize("name", IQ_SIMD_TYPES)
 def test_kernels_iq_vec_dot_matches_reference(name, isa):
     """Random blocks (every index and sub-block scale, a finite d) against the scalar reference
-    within TOL (the same integers; measured up to 1.9e-8, IQ3_XXS), batched as one token at a time bit for
-    bit (but for the AMX tiles, within TOL), and the set in use as the best set."""
+    within TOL (the same integers; measured up to 1.9e-8, IQ3_XXS), batched (13 tokens: the AMX
+    tiles where there are some) as one token at a time bit for bit, and the set in use as the best set."""
     for n in IQ_SIZES.get(name, (256, 2048, 4096 + 256)):
         w = random_iq_blocks(name, 8 * n // quants.TYPES[name].block_elems, seed=n).tobytes()
         _, x_q = activations(name, n, seed=n + 1, n_tok=13)   # batched: 8, 4, then 1 at a time
@@ -190,11 +189,7 @@ def test_kernels_iq_vec_dot_matches_reference(name, isa):
         err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
         assert err.max() <= TOL, f"{name} {isa} n={n}: error {err.max():.2e}"
         batched = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
-        if isa == "amx" and name in AMX_TYPES:   # 13 tokens take the tiles: float rounding only
-            err = np.abs(batched.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
-            assert err.max() <= TOL, f"{name} {isa} n={n} batched: error {err.max():.2e}"
-        else:
-            assert batched.tobytes() == got.tobytes()
+        assert batched.tobytes() == got.tobytes()
         if "RAPIDMOE_ISA" not in os.environ and isa == SIMD_ISAS[-1]:
             assert kernels.vec_dot_rows(name, w, x_q, n, batched=False).tobytes() == got.tobytes()
 
@@ -387,11 +382,10 @@ def test_kernels_repacked_weights_give_the_same_logits(isa_logits, recipe):
     np.testing.assert_array_equal(isa_logits["avx512"][recipe], isa_logits["avx512-not-repacked"][recipe])
 
 
-@pytest.mark.parametrize("recipe", [r for r, types in MODEL_RECIPES.items() if "_K" not in types or "Q2_K" in types
-                                    or "Q3_K" in types])
+@pytest.mark.parametrize("recipe", list(MODEL_RECIPES))
 def test_kernels_amx_prefill_gives_the_avx512_logits(isa_logits, recipe):
-    """On the types without K-quant tiles, the AMX set changes only how prefill's Q8_0/Q4_0
-    products run, not their floats: the AVX-512 set's logits bit for bit, prefill and decode."""
+    """The AMX set changes only how prefill's products run (the Q8_0/Q4_0 and K-quant tiles), not
+    their floats: the AVX-512 set's logits bit for bit, prefill and decode."""
     if "amx" not in isa_logits:
         pytest.skip("no AMX kernel set on this machine")
     np.testing.assert_array_equal(isa_logits["amx"][recipe], isa_logits["avx512"][recipe])
@@ -410,22 +404,23 @@ assert rm.cpu_isa() == sys.argv[1], rm.cpu_isa()
 @needs_amx
 def test_kernels_amx_k_quant_prefill_logits(tiny_hf, tmp_path):
     """A 64-token prefill of a Q4_K model in one batch, where the experts' products take the
-    K-quant tiles: within test_kernels_model_logits_match_scalar_set's budget of the scalar set's
-    logits (measured: median 9.5e-8, worst 2.0e-7; the AVX-512 set on the same run: median 9.5e-8,
-    worst 1.4e-3, one position whose Q8 activations round the other way)."""
+    K-quant tiles: the AVX-512 set's logits bit for bit, and within
+    test_kernels_model_logits_match_scalar_set's budget of the scalar set's (measured: median
+    9.5e-8, worst 1.4e-3, one position whose Q8 activations round the other way)."""
     import rapidmoe_gguf as rm
 
     path = str(tmp_path / "q4k-q8.gguf")
     rm.convert(tiny_hf("qwen3_moe", weight_std=0.02, head_std=0.1), path, recipe="q4k-q8", progress=False)
     ids = ",".join(str(t) for t in rng(9).integers(3, 300, 64))
     logits = {}
-    for isa in ("scalar", "amx"):
+    for isa in ("scalar", "avx512", "amx"):
         p = subprocess.run([sys.executable, "-c", _PREFILL_SCRIPT, isa, ids, path], cwd=tmp_path,
                            env=package_env(RAPIDMOE_ISA=isa), capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
         logits[isa] = np.load(tmp_path / f"{isa}.npy")
     ref, got = logits["scalar"], logits["amx"]
     assert got.shape == (64, ref.shape[1]) and np.all(np.isfinite(got))
+    np.testing.assert_array_equal(got, logits["avx512"])
     rel = np.abs(got - ref).max(-1) / np.abs(ref).max(-1)
     assert np.median(rel) <= 1e-5 and rel.max() <= 1e-2, f"median {np.median(rel):.2e}, worst {rel.max():.2e}"
 

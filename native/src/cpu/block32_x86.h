@@ -33,14 +33,7 @@ static const int b32_signed[] = {1, 1, 1, 0, 0};
 /* The signed kinds' offset to unsigned levels (b32_levels_unsigned). */
 static const float b32_offset[] = {16.0f, 128.0f, 128.0f, 0.0f, 0.0f};
 
-/* Eight blocks' lane vectors -> their eight sums, in block order. */
-RM_INLINE __m256i block_sums8(const __m256i p[8]) {
-    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
-    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
-    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-    /* each 128-bit half holds four blocks' partial sums: add the halves */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
-}
+/* block_sums8 (eight blocks' lane vectors -> their eight sums, in block order) is simd_x86.h's. */
 
 /* The fp16 scales of eight blocks, `stride` bytes apart, as floats (inserted one by one: eight
  * small stores and a wide reload would stall on store forwarding). */

@@ -68,8 +68,8 @@ typedef struct rm_packed_kernels {
  * token of the product, the tokens in groups of RM_TILE_ROWS laid out once per product
  * (put_act, token by token, as they are quantized). With `exact`, each output is bit for bit
  * what the set below's vec_dot gives for that row and token, so prefill and decode see the same
- * numbers; without, they agree to float rounding (the same integers, other float steps).
- * Used for rows of n with usable(n) and from min_tokens tokens on. */
+ * numbers; the CPU backend takes no other tiles. Used for rows of n with usable(n) and from
+ * min_tokens tokens on. */
 #define RM_TILE_ROWS 16
 typedef struct rm_tile_kernels {
     int32_t  min_tokens;

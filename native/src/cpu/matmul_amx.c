@@ -1,5 +1,6 @@
 /* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8),
- * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K and IQ4_XS (further down).
+ * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K and IQ4_XS (further down), each bit
+ * for bit the AVX-512 set's one-token kernel.
  *
  * One tdpbssd multiplies a tile of 16 weight rows x 32 int8 levels by a tile of 32 levels x 16
  * tokens into 16 x 16 int32 sums: one 32-element block of 16 rows against 16 tokens, 8192
@@ -48,6 +49,13 @@ typedef struct tile_config {
     uint8_t  rows[16];
 } tile_config;
 
+/* ldtilecfg with the whole 64-byte configuration as its operand: GCC 12's _tile_loadconfig names
+ * only its first 8 bytes, so the compiler may drop the stores of the rest as dead (it did, once
+ * the K-quant tiles' accumulators grew: the tiles were left unconfigured and tilezero faulted). */
+static inline void tile_load_config(const tile_config * cfg) {
+    __asm__ volatile("ldtilecfg %0" : : "m"(*cfg));
+}
+
 static void tile_configure(void) {
     tile_config cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -55,7 +63,7 @@ static void tile_configure(void) {
     cfg.rows[0] = RM_TILE_ROWS, cfg.colsb[0] = TILE_TOKENS * 4;
     cfg.rows[1] = RM_TILE_ROWS, cfg.colsb[1] = RM_QK;
     cfg.rows[2] = RM_QK / 4, cfg.colsb[2] = TILE_TOKENS * 4;
-    _tile_loadconfig(&cfg);
+    tile_load_config(&cfg);
 }
 
 enum { Q8_0_LEVELS, Q4_0_LEVELS };
@@ -212,15 +220,16 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
  *
  * One tdpbssd per sub-block (Q4_K/Q5_K: 8 of 32 elements, K = 32; Q6_K: 16 of 16, K = 16) gives
  * its 16 x 16 integer dots; they are weighted by the rows' integer sub-block scales in int32
- * lanes (exact, as the reference's sumi), then each super-block adds in float
- * (d_w d_x) sumi, less (dmin_w d_x) summ for the mins of Q4_K/Q5_K, whose integer part
- * summ = sum_s m_s (bsums of sub-block s) comes from vpmaddwd on pairs of sub-blocks. Q6_K's
- * levels are stored less 32 (signed), so it needs no offset term; IQ4_XS is Q4_K's shape with
- * its table's signed levels and signed scales (sc - 32), and no mins.
+ * lanes, which gives each super-block's exact integer dot S (the reference's sumi), and for the
+ * mins of Q4_K/Q5_K the integer M = sum_s m_s (bsums of sub-block s), from vpmaddwd on pairs of
+ * sub-blocks. Q6_K's levels are stored less 32 (signed), so it needs no offset term; IQ4_XS is
+ * Q4_K's shape with its table's signed levels and signed scales (sc - 32), and no mins.
  *
- * These are the reference's integers, but not the AVX-512 kernels' float steps (those keep eight
- * partial sums per super-block, which a tile cannot give): results agree with the one-token
- * kernels to float rounding, not bit for bit (rm_tile_kernels.exact = 0).
+ * The AVX-512 kernels reduce each super-block to the same S and M, and their float steps depend
+ * on nothing else (simd_x86.h, kq_sum): super-block b goes to partial sum b mod 8 as
+ * fma(d_w d_x, S), then fma(-dmin_w d_x, M), and the eight partial sums are added as hsum_ps adds
+ * them. The tiles take the same steps, 16 tokens to a register, so every output is bit for bit
+ * the one-token kernel's (rm_tile_kernels.exact).
  *
  * Layouts, per super-block. Weights (a thread's room, RM_TILE_ROWS rows): the levels, sub-block
  * by sub-block, 16 rows x K bytes each (4096 bytes); the scales as int32 [sub-block][row] (1024);
@@ -372,17 +381,19 @@ static void tile_configure_k(int k) {
     cfg.rows[0] = RM_TILE_ROWS, cfg.colsb[0] = TILE_TOKENS * 4;
     cfg.rows[1] = RM_TILE_ROWS, cfg.colsb[1] = (uint16_t) k;
     cfg.rows[2] = (uint8_t) (k / 4), cfg.colsb[2] = TILE_TOKENS * 4;
-    _tile_loadconfig(&cfg);
+    tile_load_config(&cfg);
 }
 
 /* One group of 16 tokens against the packed rows: out[r][c] */
 RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_t * xg,
                                  float out[RM_TILE_ROWS][TILE_TOKENS], const int kind) {
     const int k = kind == KQ_Q6_K ? 16 : 32, n_sub = RM_QK_K / k;
-    __m512 acc[RM_TILE_ROWS], acc_m[RM_TILE_ROWS];
+    __m512 acc[RM_TILE_ROWS][8];   /* [row][super-block mod 8]: 16 tokens */
     int32_t sums[RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
     for (int r = 0; r < RM_TILE_ROWS; r++) {
-        acc[r] = acc_m[r] = _mm512_setzero_ps();
+        for (int l = 0; l < 8; l++) {
+            acc[r][l] = _mm512_setzero_ps();
+        }
     }
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES, * xb = xg + (uint64_t) b * KQ_X_BYTES;
@@ -403,9 +414,11 @@ RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_
                                                                        _mm512_load_si512(sums[r])));
             }
         }
+        /* kq_sum's float steps (simd_x86.h): lane b mod 8 takes super-block b */
         const __m512 dx = _mm512_loadu_ps(xb + 4096);
+        const int l = (int) (b % 8);
         for (int r = 0; r < RM_TILE_ROWS; r++) {
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), dx), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
+            acc[r][l] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), dx), _mm512_cvtepi32_ps(sumi[r]), acc[r][l]);
         }
         if (kind == KQ_Q4_K || kind == KQ_Q5_K) {   /* the mins */
             for (int r = 0; r < RM_TILE_ROWS; r++) {
@@ -414,12 +427,14 @@ RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_
                     summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_set1_epi32(mins[16 * p + r]),
                                                                     _mm512_loadu_si512(xb + 4160 + 64 * p)));
                 }
-                acc_m[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + r]), dx), _mm512_cvtepi32_ps(summ), acc_m[r]);
+                acc[r][l] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + r]), dx), _mm512_cvtepi32_ps(summ), acc[r][l]);
             }
         }
     }
-    for (int r = 0; r < RM_TILE_ROWS; r++) {
-        _mm512_storeu_ps(out[r], _mm512_sub_ps(acc[r], acc_m[r]));
+    for (int r = 0; r < RM_TILE_ROWS; r++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
+        const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6]));
+        const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7]));
+        _mm512_storeu_ps(out[r], _mm512_add_ps(even, odd));
     }
 }
 
@@ -448,14 +463,14 @@ RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
 RM_TILE_MATMUL_KQ(matmul_iq4_xs, KQ_IQ4_XS)
 
 /* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
- * Q8_0/Q4_0 break even at 12 tokens and win from 16; the K-quants win from 12 (1.1 to 1.6x),
- * not at 8 (0.7 to 1.2x). */
+ * Q8_0/Q4_0 break even at 12 tokens and win from 16; Q4_K, Q5_K and IQ4_XS win from 8 (1.06 to
+ * 2.2x; 0.6 to 1.3x at 4), Q6_K from 12 (1.2 to 2.2x; 0.8x at 8 on rows of 2048). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
-static const rm_tile_kernels tile_q4_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
-static const rm_tile_kernels tile_q6_K = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
-static const rm_tile_kernels tile_iq4_xs = {12, 0, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
+static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
+static const rm_tile_kernels tile_q5_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q6_K = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
+static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

@@ -296,28 +296,12 @@ static int wants_packed(const mm_task * t) {
     return pk && t->x_info && pk->packed_bytes(t->a->w->ne[0]) > 0 && (t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS);
 }
 
-/* Tile kernels that are not bit for bit the one-token kernels (AMX on the K-quants and IQ4_XS: the
- * same integers, other float steps) would make a token's numbers depend on its batch, so prefill
- * and decode would disagree in the last bits. They run only where RAPIDMOE_AMX_ROUNDING=1 asks
- * for their speed; by default those types keep the AVX-512 prefill form. */
-static pthread_once_t inexact_once = PTHREAD_ONCE_INIT;
-static int            inexact_allowed;
-
-static void read_inexact_env(void) {
-    const char * e = getenv("RAPIDMOE_AMX_ROUNDING");
-    inexact_allowed = e && strcmp(e, "1") == 0;
-}
-
-static int inexact_tiles_allowed(void) {
-    pthread_once(&inexact_once, read_inexact_env);
-    return inexact_allowed;
-}
-
-/* The tile form's kernels for t, when its rows suit them and it has enough tokens (any number
- * where the activations are laid out already: `shared`); NULL: none. */
+/* The tile form's kernels for t, when they give the one-token kernels' floats (a token's numbers
+ * must not depend on its batch), its rows suit them and it has enough tokens (any number where the
+ * activations are laid out already: `shared`); NULL: none. */
 static const rm_tile_kernels * tile_for(const mm_task * t, int shared) {
     const rm_tile_kernels * tk = rm_cpu_tile(t->a->w->type);
-    return tk && (tk->exact || inexact_tiles_allowed()) && t->xq && tk->usable(t->a->w->ne[0]) && (shared || t->a->n_tok >= tk->min_tokens) ? tk : NULL;
+    return tk && tk->exact && t->xq && tk->usable(t->a->w->ne[0]) && (shared || t->a->n_tok >= tk->min_tokens) ? tk : NULL;
 }
 
 /* t in the tile form on activations laid out at xt: chunks of whole tiles of rows. */

@@ -170,6 +170,120 @@ static inline __m256i less_offset(__m256i sumi, const int16_t bsums[16], __m256i
     return _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
 }
 
+/* Eight vectors of int32 lanes -> the vector of their eight sums, in order. */
+static inline __m256i block_sums8(const __m256i p[8]) {
+    const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+    const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+    /* each 128-bit half holds four vectors' partial sums: add the halves */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20), _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
+/* ---- the float steps of a K-quant row (kq_sum) ----------------------------------------------
+ *
+ * Every K-quant kernel reduces super-block i to int32 lanes whose sum is its exact integer dot S_i
+ * (sub-block dots weighted by their scales, less any constant offset of the levels), and for the
+ * types with mins (Q2_K, Q4_K, Q5_K) lanes whose sum is M_i, the mins weighted by the activations'
+ * sums; f_i = d_x d_w and g_i = d_x dmin_w are its float scales. What follows depends on the set:
+ *
+ *   per lane (the AVX2 set; Q2_K and Q3_K, which have no tiles, in both sets): acc += f_i *
+ *     float(lanes of S_i), acc_m += g_i * float(lanes of M_i) lane by lane, and
+ *     out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
+ *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q4_K, Q5_K, Q6_K and IQ4_XS): lane i mod 8 of
+ *     one accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
+ *     acc = fma(-g_i, float(M_i), acc); out = hsum(acc). Only the integers S_i and M_i enter, so
+ *     an AMX tile, which gets them another way, gives the same floats (matmul_amx.c); the sums of
+ *     eight super-blocks come out of one tree of horizontal adds (block_sums8) instead of a
+ *     convert and a multiply-add each. */
+#ifdef RM_KQ_GROUPED
+#define KQ_GROUPED 1
+#else
+#define KQ_GROUPED 0
+#endif
+/* The super-blocks a kernel's loop takes at a time: eight (unrolled) for the grouped steps, one
+ * (the plain loop) for the others. */
+#define KQ_GROUP(grouped) ((grouped) ? 8 : 1)
+
+typedef struct kq_sum {
+    __m256 acc, acc_m;
+#ifdef RM_KQ_GROUPED
+    __m256i s[8], m[8];   /* the current group of eight super-blocks' lanes */
+    __m256 f, g;          /* and their scales */
+#endif
+} kq_sum;
+
+/* Each function takes `grouped`, a constant: 1 for the grouped steps above (the types with AMX
+ * tiles: Q4_K, Q5_K, Q6_K, IQ4_XS), 0 for the AVX2 steps (every type in the AVX2 set; Q2_K and
+ * Q3_K in both). */
+RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
+    (void) grouped;
+    q->acc = q->acc_m = _mm256_setzero_ps();
+}
+
+/* A group starts: its places cleared (each with a constant index, so none of them needs memory). */
+RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
+#ifdef RM_KQ_GROUPED
+    if (grouped) {
+        for (int j = 0; j < 8; j++) {
+            q->s[j] = q->m[j] = _mm256_setzero_si256();
+        }
+        q->f = q->g = _mm256_setzero_ps();
+    }
+#else
+    (void) grouped;
+    (void) q;
+#endif
+}
+
+/* Super-block k of the current group (the kernels walk groups of eight, k = 0..7, unrolled: k is a
+ * constant, and the group's lanes stay in registers): the lanes of S (sumi) and, with mins, of M
+ * (mb). */
+RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __m256i mb, float f, float g,
+                          const int mins) {
+#ifdef RM_KQ_GROUPED
+    if (grouped) {
+        q->s[k] = sumi;
+        q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
+        if (mins) {
+            q->m[k] = mb;
+            q->g = _mm256_mask_broadcastss_ps(q->g, (__mmask8) (1u << k), _mm_set_ss(g));
+        }
+        return;
+    }
+#endif
+    (void) grouped;
+    (void) k;
+    q->acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(sumi), q->acc);
+    if (mins) {
+        q->acc_m = _mm256_fmadd_ps(_mm256_set1_ps(g), _mm256_cvtepi32_ps(mb), q->acc_m);
+    }
+}
+
+/* The group is complete with its first cnt super-blocks (1 to 8): lanes 0..cnt-1 take them. */
+RM_INLINE void kq_sum_flush(const int grouped, kq_sum * q, int cnt, const int mins) {
+#ifdef RM_KQ_GROUPED
+    if (grouped) {
+        const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
+        q->acc = _mm256_mask3_fmadd_ps(q->f, _mm256_cvtepi32_ps(block_sums8(q->s)), q->acc, used);
+        if (mins) {
+            q->acc = _mm256_mask3_fnmadd_ps(q->g, _mm256_cvtepi32_ps(block_sums8(q->m)), q->acc, used);
+        }
+    }
+#else
+    (void) grouped;
+    (void) q;
+    (void) cnt;
+    (void) mins;
+#endif
+}
+
+RM_INLINE float kq_sum_out(const int grouped, const kq_sum * q, const int mins) {
+    if (grouped) {
+        return hsum_ps(q->acc);
+    }
+    return mins ? hsum_ps(q->acc) - hsum_ps(q->acc_m) : hsum_ps(q->acc);
+}
+
 /* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
  * of 8-15 in their high nibbles; the top 2 bits of scale j sit in byte 8 + j % 4 at bit 2 (j / 4). */
 static inline __m128i scales_q3_K(const uint8_t q[12]) {
@@ -239,90 +353,118 @@ static inline void levels_q6_K(const rm_block_q6_K * b, int h, __m256i q[4]) {
  * (vec_dot, and vec_dot_multi for a single token); several tokens go to the prefill form below.
  * Each super-block sums its integer products, weighted by the sub-block scales, in int32 lanes;
  * the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of Q6_K) come out
- * through the activations' per-16 sums (bsums), as one small dot. The mins, which carry a float
- * scale of their own, are summed in float lanes across super-blocks and reduced once per row (not
- * once per super-block).
+ * through the activations' per-16 sums (bsums), as one small dot. The float steps that follow
+ * (and the mins, which carry a float scale of their own) are kq_sum's, above; the kernels walk the
+ * super-blocks in groups of eight for it.
  * ------------------------------------------------------------------------------------------- */
 
 /* Q2_K for nc tokens (called with 1): levels 0..3 times scales, less dmin times the mins (via bsums). */
 RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q2_K * b = w;
-    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* the scaled sums, and the mins' part */
+    const int64_t nb = n / RM_QK_K;
+    kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        acc[c] = acc_m[c] = _mm256_setzero_ps();
+        kq_sum_init(0, &acc[c]);
     }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
-        const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
-        const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
-        const rm_block_q8_K * a[RM_MULTI_MAX];
-        __m256i sumi[RM_MULTI_MAX];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
         for (int c = 0; c < nc; c++) {
-            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            sumi[c] = _mm256_setzero_si256();
+            kq_sum_begin(0, &acc[c]);
         }
-        for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
-            const __m256i s16 = scales16_half(sc, h);
-            for (int g = 0; g < 4; g++) {
-                const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
-                const __m256i s = scale_pair16(s16, g);
-                for (int c = 0; c < nc; c++) {
-                    const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                    sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+#pragma GCC unroll 8
+        for (int k = 0; k < KQ_GROUP(0); k++) {
+            if (k >= cnt) {
+                break;
+            }
+            const int64_t i = i0 + k;
+            const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
+            const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+            const rm_block_q8_K * a[RM_MULTI_MAX];
+            __m256i sumi[RM_MULTI_MAX];
+            for (int c = 0; c < nc; c++) {
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+                const __m256i s16 = scales16_half(sc, h);
+                for (int g = 0; g < 4; g++) {
+                    const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
+                    const __m256i s = scale_pair16(s16, g);
+                    for (int c = 0; c < nc; c++) {
+                        const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                        sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+                    }
                 }
             }
+            const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
+            for (int c = 0; c < nc; c++) {
+                const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
+                kq_sum_add(0, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
+            }
         }
-        const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
         for (int c = 0; c < nc; c++) {
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            /* the mins' eight pair sums stay in float lanes, added up once at the end */
-            const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
-            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
+            kq_sum_flush(0, &acc[c], cnt, 1);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
+        out[c] = kq_sum_out(0, &acc[c], 1);
     }
 }
 
 /* Q3_K for nc tokens (called with 1): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
 RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q3_K * b = w;
-    __m256 acc[RM_MULTI_MAX];
+    const int64_t nb = n / RM_QK_K;
+    kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+        kq_sum_init(0, &acc[c]);
     }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        const __m128i sc = scales_q3_K(b[i].scales);
-        const rm_block_q8_K * a[RM_MULTI_MAX];
-        __m256i sumi[RM_MULTI_MAX];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
         for (int c = 0; c < nc; c++) {
-            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            sumi[c] = _mm256_setzero_si256();
+            kq_sum_begin(0, &acc[c]);
         }
-        const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
-        for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
-            const __m256i s16 = scales16_half(sc, h);
-            for (int g = 0; g < 4; g++) {
-                const __m256i l = levels_q3_K(q, hm, h, g);
-                const __m256i s = scale_pair16(s16, g);
-                for (int c = 0; c < nc; c++) {
-                    const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                    sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+#pragma GCC unroll 8
+        for (int k = 0; k < KQ_GROUP(0); k++) {
+            if (k >= cnt) {
+                break;
+            }
+            const int64_t i = i0 + k;
+            const __m128i sc = scales_q3_K(b[i].scales);
+            const rm_block_q8_K * a[RM_MULTI_MAX];
+            __m256i sumi[RM_MULTI_MAX];
+            for (int c = 0; c < nc; c++) {
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
+            }
+            const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
+            for (int h = 0; h < 2; h++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
+                const __m256i s16 = scales16_half(sc, h);
+                for (int g = 0; g < 4; g++) {
+                    const __m256i l = levels_q3_K(q, hm, h, g);
+                    const __m256i s = scale_pair16(s16, g);
+                    for (int c = 0; c < nc; c++) {
+                        const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                        sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+                    }
                 }
             }
+            const float dw = fp16(b[i].d);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+            for (int c = 0; c < nc; c++) {
+                const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 4);
+                kq_sum_add(0, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
+            }
         }
-        const float dw = fp16(b[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         for (int c = 0; c < nc; c++) {
-            const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 4);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+            kq_sum_flush(0, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+        out[c] = kq_sum_out(0, &acc[c], 0);
     }
 }
 
@@ -333,77 +475,64 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
                             const int five) {
     const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
     const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
-    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* the scaled sums, and the mins' part */
+    const int64_t nb = n / RM_QK_K;
+    kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        acc[c] = acc_m[c] = _mm256_setzero_ps();
+        kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        /* d, dmin and scales lie at the same offsets in both blocks */
-        const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
-        const uint8_t * qs = (const uint8_t *) b + qs_at;
-        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
-        const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
-        const rm_block_q8_K * a[RM_MULTI_MAX];
-        __m256i sumi[RM_MULTI_MAX];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
-            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            sumi[c] = _mm256_setzero_si256();
+            kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
-#ifdef RM_KQ_512
-        /* 512 bits: sub-blocks 2p and 2p + 1 side by side, against the token's 64 levels at once;
-         * the two halves' int32 lanes are added at the end, the same integers as below */
-        __m512i sumz[RM_MULTI_MAX];
-        for (int c = 0; c < nc; c++) {
-            sumz[c] = _mm512_setzero_si512();
-        }
-        for (int p = 0; p < 4; p++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
-            __m512i l = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1),
-                                         _mm512_set1_epi8(0x0f));
-            if (five) {
-                const __m256i h = _mm256_srli_epi16(qh, 2 * p);
-                const __m512i hz = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(h, 4)), _mm256_slli_epi16(h, 3), 1);
-                l = _mm512_or_si512(l, _mm512_and_si512(hz, _mm512_set1_epi8(0x10)));
+#pragma GCC unroll 8
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
+            if (k >= cnt) {
+                break;
             }
-            const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(scale_all(sm, 2 * p)), scale_all(sm, 2 * p + 1), 1);
+            const int64_t i = i0 + k;
+            /* d, dmin and scales lie at the same offsets in both blocks */
+            const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
+            const uint8_t * qs = (const uint8_t *) b + qs_at;
+            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
+            const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
+            const rm_block_q8_K * a[RM_MULTI_MAX];
+            __m256i sumi[RM_MULTI_MAX];
             for (int c = 0; c < nc; c++) {
-                const __m512i pr = _mm512_maddubs_epi16(l, _mm512_loadu_si512((const void *) (a[c]->qs + 64 * p)));
-                sumz[c] = _mm512_dpwssd_epi32(sumz[c], pr, sc);
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
             }
-        }
-        for (int c = 0; c < nc; c++) {
-            sumi[c] = _mm256_add_epi32(_mm512_castsi512_si256(sumz[c]), _mm512_extracti64x4_epi64(sumz[c], 1));
-        }
-#else
-        /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
-         * sub-block's scale in all sixteen lanes */
-        const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
-            __m256i lo, hi;
-            levels_k4(qs, qh, p, five, &lo, &hi);
-            const __m256i s0 = scale_bcast16(s16, 2 * p), s1 = scale_bcast16(s16, 2 * p + 1);
+            /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
+             * sub-block's scale in all sixteen lanes */
+            const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+            for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
+                __m256i lo, hi;
+                levels_k4(qs, qh, p, five, &lo, &hi);
+                const __m256i s0 = scale_bcast16(s16, 2 * p), s1 = scale_bcast16(s16, 2 * p + 1);
+                for (int c = 0; c < nc; c++) {
+                    const int8_t * y = a[c]->qs + 64 * p;
+                    const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
+                    const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
+                    sumi[c] = RM_KQ_ACC(sumi[c], p0, s0);
+                    sumi[c] = RM_KQ_ACC(sumi[c], p1, s1);
+                }
+            }
+            /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
+             * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
+            const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
+            const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+            const float dw = fp16(b->d), dmw = fp16(b->dmin);
             for (int c = 0; c < nc; c++) {
-                const int8_t * y = a[c]->qs + 64 * p;
-                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
-                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
-                sumi[c] = RM_KQ_ACC(sumi[c], p0, s0);
-                sumi[c] = RM_KQ_ACC(sumi[c], p1, s1);
+                const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
+                kq_sum_add(KQ_GROUPED, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
             }
         }
-#endif
-        /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
-         * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
-        const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-        const float dw = fp16(b->d), dmw = fp16(b->dmin);
         for (int c = 0; c < nc; c++) {
-            const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dmw), _mm256_cvtepi32_ps(mb), acc_m[c]);
+            kq_sum_flush(KQ_GROUPED, &acc[c], cnt, 1);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]) - hsum_ps(acc_m[c]);
+        out[c] = kq_sum_out(KQ_GROUPED, &acc[c], 1);
     }
 }
 
@@ -418,39 +547,54 @@ RM_INLINE void dot_q5_K_multi(int64_t n, float * out, const void * w, const void
 /* Q6_K for nc tokens (called with 1): the levels of a super-block are unpacked once. */
 RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_q6_K * b = w;
-    __m256 acc[RM_MULTI_MAX];
+    const int64_t nb = n / RM_QK_K;
+    kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+        kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        const __m128i sc = _mm_loadu_si128((const __m128i *) b[i].scales);
-        const rm_block_q8_K * a[RM_MULTI_MAX];
-        __m256i sumi[RM_MULTI_MAX];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
-            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            sumi[c] = _mm256_setzero_si256();
+            kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
-        for (int h = 0; h < 2; h++) {
-            __m256i q[4];
-            levels_q6_K(&b[i], h, q);
-            const __m256i s16 = scales16_half(sc, h);
-            for (int g = 0; g < 4; g++) {
-                const __m256i s = scale_pair16(s16, g);
-                for (int c = 0; c < nc; c++) {
-                    const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                    sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+#pragma GCC unroll 8
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
+            if (k >= cnt) {
+                break;
+            }
+            const int64_t i = i0 + k;
+            const __m128i sc = _mm_loadu_si128((const __m128i *) b[i].scales);
+            const rm_block_q8_K * a[RM_MULTI_MAX];
+            __m256i sumi[RM_MULTI_MAX];
+            for (int c = 0; c < nc; c++) {
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4];
+                levels_q6_K(&b[i], h, q);
+                const __m256i s16 = scales16_half(sc, h);
+                for (int g = 0; g < 4; g++) {
+                    const __m256i s = scale_pair16(s16, g);
+                    for (int c = 0; c < nc; c++) {
+                        const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                        sumi[c] = RM_KQ_ACC(sumi[c], p, s);
+                    }
                 }
             }
+            const float dw = fp16(b[i].d);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+            for (int c = 0; c < nc; c++) {
+                const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 32);
+                kq_sum_add(KQ_GROUPED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
+            }
         }
-        const float dw = fp16(b[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
         for (int c = 0; c < nc; c++) {
-            const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 32);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(t), acc[c]);
+            kq_sum_flush(KQ_GROUPED, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+        out[c] = kq_sum_out(KQ_GROUPED, &acc[c], 0);
     }
 }
 
@@ -542,8 +686,8 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
  * one-token kernels add them. off_mul > 0: the levels carry a constant offset, (bsums . bw) *
  * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, summed in acc_m with the block's dmin (Q2_K, Q4_K,
  * Q5_K). */
-RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, __m256 acc[4],
-                          __m256 acc_m[4], const int off_mul, const int m) {
+RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, int k, kq_sum acc[4],
+                          const int off_mul, const int m, const int grouped) {
     const rm_block_q8_K * a[4];
     __m256i sumi[4];
     for (int c = 0; c < m; c++) {
@@ -576,55 +720,55 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
             /* token c's offset alone in lane 0, taken off there as less_offset does */
             const __m128i oc = _mm_castps_si128(_mm_permutevar_ps(_mm_castsi128_ps(offsets), _mm_set1_epi32(c)));
             const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_zextsi128_si256(_mm_and_si128(oc, _mm_setr_epi32(-1, 0, 0, 0))));
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(t), acc[c]);
+            kq_sum_add(grouped, &acc[c], k, t, t, a[c]->d * u->d, 0.0f, 0);
         } else {
             const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-            acc_m[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * u->dmin), _mm256_cvtepi32_ps(mb), acc_m[c]);
+            kq_sum_add(grouped, &acc[c], k, sumi[c], mb, a[c]->d * u->d, a[c]->d * u->dmin, 1);
         }
     }
 }
 
 /* nc tokens (2 to 8) against super-blocks unpacked by `unpack`. A run of up to KQ_RUN super-blocks
- * is unpacked into L1, then each group of up to four tokens passes over the whole run with its
- * accumulators in registers (four tokens' sums and accumulators fit the 16 registers of AVX2;
- * eight would spill). Each token still takes the super-blocks in order, so its floats are the
+ * (eight: one group of kq_sum's) is unpacked into L1, then each group of up to four tokens passes
+ * over the whole run (four tokens' sums fit the 16 registers of AVX2; eight would spill). Each
+ * token still takes the super-blocks in order, with kq_sum's steps, so its floats are the
  * one-token kernel's. */
 #define KQ_RUN 8
 RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
-                               void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_mul) {
+                               void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_mul, const int grouped) {
     const int64_t nb = n / RM_QK_K;
-    __m256 acc[RM_MULTI_MAX], acc_m[RM_MULTI_MAX];   /* between runs */
+    kq_sum acc[RM_MULTI_MAX];
     kq_unpacked u[KQ_RUN];
+    for (int c = 0; c < nc; c++) {
+        kq_sum_init(grouped, &acc[c]);
+    }
     for (int64_t i0 = 0; i0 < nb; i0 += KQ_RUN) {
         const int64_t i1 = i0 + KQ_RUN < nb ? i0 + KQ_RUN : nb;
         for (int64_t i = i0; i < i1; i++) {
             unpack(w, i, &u[i - i0]);
         }
+        for (int c = 0; c < nc; c++) {
+            kq_sum_begin(grouped, &acc[c]);
+        }
         for (int c0 = 0; c0 < nc; c0 += 4) {
             const int m = nc - c0 < 4 ? nc - c0 : 4;
-            __m256 a4[4], m4[4];
-            for (int c = 0; c < 4; c++) {
-                a4[c] = i0 > 0 && c < m ? acc[c0 + c] : _mm256_setzero_ps();
-                m4[c] = i0 > 0 && c < m ? acc_m[c0 + c] : _mm256_setzero_ps();
-            }
             for (int64_t i = i0; i < i1; i++) {
-                kq_tokens4(&u[i - i0], (const uint8_t *) x_q + (uint64_t) c0 * x_stride, x_stride, i, a4, m4, off_mul, m);
+                kq_tokens4(&u[i - i0], (const uint8_t *) x_q + (uint64_t) c0 * x_stride, x_stride, i, (int) (i - i0),
+                           acc + c0, off_mul, m, grouped);
             }
-            for (int c = 0; c < m; c++) {
-                acc[c0 + c] = a4[c];
-                acc_m[c0 + c] = m4[c];
-            }
+        }
+        for (int c = 0; c < nc; c++) {   /* a run is a group of kq_sum's */
+            kq_sum_flush(grouped, &acc[c], (int) (i1 - i0), off_mul == 0);
         }
     }
     for (int c = 0; c < nc; c++) {   /* no super-block (n = 0): nothing was summed */
-        out[c] = nb > 0 ? hsum_ps(acc[c]) - hsum_ps(acc_m[c]) : 0.0f;
+        out[c] = nb > 0 ? kq_sum_out(grouped, &acc[c], off_mul == 0) : 0.0f;
     }
 }
 
 /* The table entries of the K-quant kernels above: one token (vec_dot) and several (vec_dot_multi,
  * 1 to 8 tokens; the activation info is for Q8_0 activations and unused here). */
-#define RM_KQ_ENTRY_POINTS(t, off_mul)                                                                 \
+#define RM_KQ_ENTRY_POINTS(t, off_mul, grouped)                                                               \
     static void vec_dot_##t(int64_t n, float * out, const void * w, const void * x_q) {                  \
         dot_##t##_multi(n, out, w, x_q, 0, 1);                                                           \
     }                                                                                                    \
@@ -633,23 +777,23 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
         (void) x_info;                                                                                   \
         (void) x_info_stride;                                                                            \
         if (nc == 8) {                                                                                   \
-            dot_kq_unpacked(n, 8, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
+            dot_kq_unpacked(n, 8, out, w, x_q, x_stride, unpack_##t, off_mul, grouped);                         \
         } else if (nc == 4) {                                                                            \
-            dot_kq_unpacked(n, 4, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
+            dot_kq_unpacked(n, 4, out, w, x_q, x_stride, unpack_##t, off_mul, grouped);                         \
         } else if (nc == 3) {                                                                            \
-            dot_kq_unpacked(n, 3, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
+            dot_kq_unpacked(n, 3, out, w, x_q, x_stride, unpack_##t, off_mul, grouped);                         \
         } else if (nc == 2) {                                                                            \
-            dot_kq_unpacked(n, 2, out, w, x_q, x_stride, unpack_##t, off_mul);                         \
+            dot_kq_unpacked(n, 2, out, w, x_q, x_stride, unpack_##t, off_mul, grouped);                         \
         } else {                                                                                         \
             dot_##t##_multi(n, out, w, x_q, x_stride, 1);                                                \
         }                                                                                                \
     }
 
-RM_KQ_ENTRY_POINTS(q2_K, 0)
-RM_KQ_ENTRY_POINTS(q3_K, 4)
-RM_KQ_ENTRY_POINTS(q4_K, 0)
-RM_KQ_ENTRY_POINTS(q5_K, 0)
-RM_KQ_ENTRY_POINTS(q6_K, 32)
+RM_KQ_ENTRY_POINTS(q2_K, 0, 0)
+RM_KQ_ENTRY_POINTS(q3_K, 4, 0)
+RM_KQ_ENTRY_POINTS(q4_K, 0, KQ_GROUPED)
+RM_KQ_ENTRY_POINTS(q5_K, 0, KQ_GROUPED)
+RM_KQ_ENTRY_POINTS(q6_K, 32, KQ_GROUPED)
 
 /* ---------------------------------------------------------------------------------------------
  * IQ4_XS against Q8_K, for nc tokens: a sub-block's 32 indices (the low nibbles of 16 qs bytes, then
@@ -662,36 +806,51 @@ RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const vo
     const rm_block_iq4_xs * b = w;
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) rm_iq4nl_values));
     const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m256 acc[RM_MULTI_MAX];
+    const int64_t nb = n / RM_QK_K;
+    kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+        kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        const rm_block_q8_K * a[RM_MULTI_MAX];
-        __m256i sumi[RM_MULTI_MAX];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
-            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            sumi[c] = _mm256_setzero_si256();
+            kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
-        for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block's levels once, for every token */
-            const __m128i q = _mm_loadu_si128((const __m128i *) (b[i].qs + 16 * j));
-            const __m256i lv = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
-                                                                            _mm_and_si128(q, m4)));
-            const __m256i alv = _mm256_sign_epi8(lv, lv);
-            const int mul = (((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b[i].scales_h >> (2 * j)) & 3) << 4)) - 32;
-            const __m256i s = _mm256_set1_epi16((short) mul);
+#pragma GCC unroll 8
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
+            if (k >= cnt) {
+                break;
+            }
+            const int64_t i = i0 + k;
+            const rm_block_q8_K * a[RM_MULTI_MAX];
+            __m256i sumi[RM_MULTI_MAX];
             for (int c = 0; c < nc; c++) {
-                const __m256i x = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));
-                sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(alv, _mm256_sign_epi8(x, lv)), s);
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
+            }
+            for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block's levels once, for every token */
+                const __m128i q = _mm_loadu_si128((const __m128i *) (b[i].qs + 16 * j));
+                const __m256i lv = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
+                                                                                _mm_and_si128(q, m4)));
+                const __m256i alv = _mm256_sign_epi8(lv, lv);
+                const int mul = (((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b[i].scales_h >> (2 * j)) & 3) << 4)) - 32;
+                const __m256i s = _mm256_set1_epi16((short) mul);
+                for (int c = 0; c < nc; c++) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));
+                    sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(alv, _mm256_sign_epi8(x, lv)), s);
+                }
+            }
+            const float dw = fp16(b[i].d);
+            for (int c = 0; c < nc; c++) {
+                kq_sum_add(KQ_GROUPED, &acc[c], k, sumi[c], sumi[c], a[c]->d * dw, 0.0f, 0);
             }
         }
-        const float dw = fp16(b[i].d);
         for (int c = 0; c < nc; c++) {
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            kq_sum_flush(KQ_GROUPED, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+        out[c] = kq_sum_out(KQ_GROUPED, &acc[c], 0);
     }
 }
 

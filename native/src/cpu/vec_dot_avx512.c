@@ -4,11 +4,14 @@
  * loads for the tail, and vpdpbusd (VNNI), which multiplies unsigned by signed bytes and adds
  * groups of four straight into int32 lanes, for the 32-element blocks. The one-token 32-element
  * kernels stay 256 bits wide: a block is 32 bytes, and pairing two blocks in one 512-bit register
- * costs as many shuffles as it saves. Where data already lies 64 bytes together (Q4_K's levels
- * against its activations, the prefill form's transposed groups) the products run 512 bits wide
- * and the two halves' int32 lanes are added at the end: the same integers, so the same results. The K-quants are simd_x86.h's, built here with vpdpwssd (VNNI) for
- * their scaled sums. Types without a kernel here use the AVX2 one (dispatch.c falls through).
- * Same contracts and error budgets as vec_dot_avx2.c.
+ * costs as many shuffles as it saves. Where data already lies 64 bytes together (the prefill
+ * form's transposed groups) the products run 512 bits wide and the two halves' int32 lanes are
+ * added at the end: the same integers, so the same results. The K-quants (and IQ4_XS) are
+ * simd_x86.h's, 256 bits wide (Q4_K's levels paired into 512-bit registers ran at 0.75x of
+ * these: the pairing's shuffles cost more than the wider products save), built here with vpdpwssd
+ * (VNNI) for their scaled sums and with their float steps by groups of eight super-blocks
+ * (kq_sum), the float contract the AMX tiles reproduce. Types without a kernel here use the AVX2
+ * one (dispatch.c falls through). Same contracts and error budgets as vec_dot_avx2.c.
  */
 #if defined(RM_X86)
 
@@ -17,8 +20,10 @@
 
 /* pair products times scales, added into int32 lanes in one instruction */
 #define RM_KQ_ACC(acc, p, s) _mm256_dpwssd_epi32((acc), (p), (s))
-/* Q4_K's levels against its activations 512 bits at a time (see dot_q4_K_multi) */
+/* the 32-element blocks' dots with vpdpbusd (block32_x86.h) */
 #define RM_KQ_512 1
+/* the K-quants' float steps by groups of eight super-blocks (kq_sum), which the AMX tiles repeat */
+#define RM_KQ_GROUPED 1
 #include "simd_x86.h"
 #include "gdn_x86.h"
 #include "block32_x86.h"

@@ -11,12 +11,13 @@
  * Expanded:  every cached latent is up-projected into the head's keys and values first.
  *
  * The activations are host memory (the CPU backend); the projections go through the backend's
- * matmul, the attention core is plain loops. */
+ * matmul, the attention core through the CPU kernel set's attention halves. */
 #include "mla.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "cpu/dispatch.h"
 #include "profile.h"
 #include "threads.h"
 #include "types.h"
@@ -24,7 +25,7 @@
 /* The scratch on the session's backend, in floats, laid out in this order. */
 typedef struct mla_layout {
     uint64_t lat;     /* n_batch rows of kv_lora_rank + n_rot: the new tokens' latents */
-    uint64_t qlat;    /* n_batch rows of n_head * kv_lora_rank: absorbed queries */
+    uint64_t qlat;    /* n_batch rows of n_head * (kv_lora_rank + n_rot): absorbed queries, [Kb_h^T q_nope | q_rope] */
     uint64_t olat;    /* n_batch rows of n_head * kv_lora_rank: weighted latent sums; before them the q low rank */
     uint64_t end;
 } mla_layout;
@@ -33,7 +34,7 @@ static mla_layout layout_of(int64_t B, int64_t H, int64_t R, int64_t C) {
     mla_layout l;
     l.lat = 0;
     l.qlat = l.lat + (uint64_t) (B * (C + R));
-    l.olat = l.qlat + (uint64_t) (B * H * C);
+    l.olat = l.qlat + (uint64_t) (B * H * (C + R));
     l.end = l.olat + (uint64_t) (B * H * C);
     return l;
 }
@@ -73,51 +74,27 @@ static void mm_heads(rm_session * s, const rm_weight * w, const float * x, int64
     }
 }
 
-/* Eight partial sums, so the compiler can keep them in one vector register. */
-static float dot(const float * a, const float * b, int64_t n) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (int k = 0; k < 8; k++) {
-            acc[k] += a[i + k] * b[i + k];
-        }
-    }
-    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) {
-        sum += a[i] * b[i];
-    }
-    return sum;
-}
-
-/* out = sum_j softmax(scores)_j v_j over m positions (v rows of width w, stride v_stride). */
-static void weighted_sum(float * scores, int32_t m, const float * v, int64_t v_stride, int64_t w, float * out) {
-    rm_softmax(scores, m);
-    memset(out, 0, sizeof(float) * (size_t) w);
-    for (int32_t j = 0; j < m; j++) {
-        const float p = scores[j];
-        const float * vj = v + (int64_t) j * v_stride;
-        for (int64_t d = 0; d < w; d++) {
-            out[d] += p * vj[d];
-        }
-    }
-}
-
-/* One step's attention, split over the pool's threads by head. */
+/* One step's attention, split over the pool's threads by head. The score and weighted-sum loops
+ * are the CPU kernel set's attention halves (rm_attn_scores_fn, rm_attn_values_fn), as plain
+ * attention uses them (cpu/ops.c). */
 typedef struct mla_task {
     const rm_session * s;
     const rm_layer *   L;
     const float *      q;        /* n rows of n_head * head_dim */
     const float *      cache;    /* this layer's latents, rows of kv_lora_rank + n_rot */
-    const float *      qlat;     /* absorbed: n rows of n_head * kv_lora_rank */
+    float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
     float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
     float *            thread;   /* rm_mla_thread_floats floats per thread */
     uint64_t           per_thread;
     int32_t            n;
     float              scale;
+    rm_attn_scores_fn  scores;
+    rm_attn_values_fn  values;
 } mla_task;
 
-/* Absorbed: scores against the cached latents with head h's query folded into latent space;
- * the weighted latent sums go to olat (Vb_h is applied after, for all heads at once). */
+/* Absorbed: head h's query is [Kb_h^T q_nope | q_rope], a row as wide as a cached latent, so its
+ * scores are one dot product per position over the whole latent row; the weighted sums of the
+ * latents go to olat (Vb_h is applied after, for all heads at once). */
 static void absorbed_task(void * ctx, int ith, int nth) {
     const mla_task * t = ctx;
     const rm_hparams * hp = &t->s->m->hp;
@@ -128,62 +105,55 @@ static void absorbed_task(void * ctx, int ith, int nth) {
     for (int32_t i = 0; i < t->n; i++) {
         const int32_t m = t->s->n_past + i + 1;   /* causal: positions [0, n_past + i] */
         for (int64_t h = h0; h < h1; h++) {
-            const float * ql = t->qlat + ((int64_t) i * H + h) * C, * qr = t->q + ((int64_t) i * H + h) * D + NP;
-            for (int32_t j = 0; j < m; j++) {
-                const float * cj = t->cache + (int64_t) j * LA;
-                sc[j] = (dot(ql, cj, C) + dot(qr, cj + C, R)) * t->scale;
-            }
-            weighted_sum(sc, m, t->cache, LA, C, t->olat + ((int64_t) i * H + h) * C);
+            float * ql = t->qlat + ((int64_t) i * H + h) * LA;
+            memcpy(ql + C, t->q + ((int64_t) i * H + h) * D + NP, sizeof(float) * (size_t) R);
+            t->scores(LA, m, ql, t->cache, LA, t->scale, sc);
+            rm_softmax(sc, m);
+            t->values(C, m, sc, t->cache, LA, t->olat + ((int64_t) i * H + h) * C);
         }
     }
 }
 
-/* Expanded: head h's keys Kb_h c_j and values Vb_h c_j for every cached position, then plain
- * attention into the session's attn rows. */
+/* Head h's up-projections as floats: kb = Kb_h^T (C rows of NP), vb = Vb_h (DV rows of C). */
+static void head_weights(const rm_layer * L, int64_t h, int64_t C, int64_t NP, int64_t DV, float * kb, float * vb) {
+    const rm_type_traits * tk = rm_type_traits_get(L->wk_b.type), * tv = rm_type_traits_get(L->wv_b.type);
+    const uint8_t * kbh = rm_weight_matrix(&L->wk_b, h), * vbh = rm_weight_matrix(&L->wv_b, h);
+    for (int64_t r = 0; r < C; r++) {
+        tk->to_float(kbh + (uint64_t) r * L->wk_b.row_bytes, kb + r * NP, NP);
+    }
+    for (int64_t d = 0; d < DV; d++) {
+        tv->to_float(vbh + (uint64_t) d * L->wv_b.row_bytes, vb + d * C, C);
+    }
+}
+
+/* Expanded: head h's keys [Kb_h c_j | k_rope,j] (rows of head_dim) and values Vb_h c_j for every
+ * cached position, then plain attention into the session's attn rows. */
 static void expanded_task(void * ctx, int ith, int nth) {
     const mla_task * t = ctx;
     const rm_session * s = t->s;
     const rm_hparams * hp = &s->m->hp;
-    const rm_layer * L = t->L;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, DV = hp->head_dim_v;
     const int64_t C = hp->kv_lora_rank, LA = C + R;
     const int32_t P = s->n_past + t->n;
     float * kb = t->thread + (uint64_t) ith * t->per_thread;   /* C rows of NP: Kb_h^T */
     float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
-    float * kexp = vb + DV * C, * vexp = kexp + (int64_t) s->n_ctx * NP, * sc = vexp + (int64_t) s->n_ctx * DV;
-    const rm_type_traits * tk = rm_type_traits_get(L->wk_b.type), * tv = rm_type_traits_get(L->wv_b.type);
+    float * kexp = vb + DV * C, * vexp = kexp + (int64_t) s->n_ctx * D, * sc = vexp + (int64_t) s->n_ctx * DV;
     int64_t h0, h1;
     rm_split(H, ith, nth, &h0, &h1);
     for (int64_t h = h0; h < h1; h++) {
-        const uint8_t * kbh = rm_weight_matrix(&L->wk_b, h), * vbh = rm_weight_matrix(&L->wv_b, h);
-        for (int64_t r = 0; r < C; r++) {
-            tk->to_float(kbh + (uint64_t) r * L->wk_b.row_bytes, kb + r * NP, NP);
-        }
-        for (int64_t d = 0; d < DV; d++) {
-            tv->to_float(vbh + (uint64_t) d * L->wv_b.row_bytes, vb + d * C, C);
-        }
+        head_weights(t->L, h, C, NP, DV, kb, vb);
         for (int32_t j = 0; j < P; j++) {
             const float * cj = t->cache + (int64_t) j * LA;
-            float * kj = kexp + (int64_t) j * NP;
-            memset(kj, 0, sizeof(float) * (size_t) NP);
-            for (int64_t r = 0; r < C; r++) {   /* k_nope[j] = sum_r c_j[r] Kb_h^T[r] */
-                const float c = cj[r];
-                const float * kr = kb + r * NP;
-                for (int64_t d = 0; d < NP; d++) {
-                    kj[d] += c * kr[d];
-                }
-            }
-            for (int64_t d = 0; d < DV; d++) {
-                vexp[(int64_t) j * DV + d] = dot(vb + d * C, cj, C);
-            }
+            float * kj = kexp + (int64_t) j * D;
+            t->values(NP, C, cj, kb, NP, kj);                      /* k_nope = sum_r c_j[r] Kb_h^T[r] */
+            memcpy(kj + NP, cj + C, sizeof(float) * (size_t) R);
+            t->scores(C, DV, cj, vb, C, 1.0f, vexp + (int64_t) j * DV);   /* v[d] = Vb_h[d] . c_j */
         }
         for (int32_t i = 0; i < t->n; i++) {
             const int32_t m = s->n_past + i + 1;
-            const float * qi = t->q + ((int64_t) i * H + h) * D;
-            for (int32_t j = 0; j < m; j++) {
-                sc[j] = (dot(qi, kexp + (int64_t) j * NP, NP) + dot(qi + NP, t->cache + (int64_t) j * LA + C, R)) * t->scale;
-            }
-            weighted_sum(sc, m, vexp, DV, DV, s->attn + ((int64_t) i * H + h) * DV);
+            t->scores(D, m, t->q + ((int64_t) i * H + h) * D, kexp, D, t->scale, sc);
+            rm_softmax(sc, m);
+            t->values(DV, m, sc, vexp, DV, s->attn + ((int64_t) i * H + h) * DV);
         }
     }
 }
@@ -192,21 +162,22 @@ uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
     if (hp->kv_lora_rank <= 0) {
         return 0;
     }
-    const uint64_t C = (uint64_t) hp->kv_lora_rank, NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
-    return C * NP + DV * C + (uint64_t) n_ctx * (NP + DV + 1);
+    const uint64_t C = (uint64_t) hp->kv_lora_rank, D = (uint64_t) hp->head_dim;
+    const uint64_t NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
+    return C * NP + DV * C + (uint64_t) n_ctx * (D + DV + 1);
 }
 
 static void attend(rm_session * s, const rm_layer * L, const float * cache, int32_t n, float * scratch,
                    const mla_layout * l, float scale) {
     const rm_hparams * hp = &s->m->hp;
-    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank;
+    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank, LA = C + hp->n_rot;
     mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host,
-                  rm_mla_thread_floats(hp, s->n_ctx), n, scale};
+                  rm_mla_thread_floats(hp, s->n_ctx), n, scale, rm_cpu_attn_scores(), rm_cpu_attn_values()};
     if (n > 1) {
         rm_pool_run(s->m->pool, expanded_task, &t);
         return;
     }
-    mm_heads(s, &L->wk_b, s->q, D, H * D, n, scratch + l->qlat, C, H * C);   /* qlat[h] = Kb_h^T q_nope[h] */
+    mm_heads(s, &L->wk_b, s->q, D, H * D, n, scratch + l->qlat, LA, H * LA);   /* qlat[h] = Kb_h^T q_nope[h] */
     rm_pool_run(s->m->pool, absorbed_task, &t);
     mm_heads(s, &L->wv_b, t.olat, C, H * C, n, s->attn, DV, H * DV);        /* attn[h] = Vb_h olat[h] */
 }

@@ -15,6 +15,7 @@
 #include "mla.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "cpu/dispatch.h"
@@ -74,7 +75,8 @@ static void mm_heads(rm_session * s, const rm_weight * w, const float * x, int64
     }
 }
 
-/* One step's attention, split over the pool's threads by head. The score and weighted-sum loops
+/* One step's attention, split over the pool's threads by head, each thread taking the next head
+ * from a shared counter (a descheduled thread then holds up one head, not a fixed share). The score and weighted-sum loops
  * are the CPU kernel set's attention halves (rm_attn_scores_fn, rm_attn_values_fn), as plain
  * attention uses them (cpu/ops.c). */
 typedef struct mla_task {
@@ -85,33 +87,36 @@ typedef struct mla_task {
     float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
     float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
     float *            thread;   /* rm_mla_thread_floats floats per thread */
+    atomic_llong       next;     /* the next (token, head) or head to take */
     uint64_t           per_thread;
     int32_t            n;
     float              scale;
     rm_attn_scores_fn  scores;
     rm_attn_values_fn  values;
+    rm_axpy_fn         axpy;
 } mla_task;
 
 /* Absorbed: head h's query is [Kb_h^T q_nope | q_rope], a row as wide as a cached latent, so its
  * scores are one dot product per position over the whole latent row; the weighted sums of the
  * latents go to olat (Vb_h is applied after, for all heads at once). */
 static void absorbed_task(void * ctx, int ith, int nth) {
-    const mla_task * t = ctx;
+    mla_task * t = ctx;
     const rm_hparams * hp = &t->s->m->hp;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, C = hp->kv_lora_rank, LA = C + R;
     float * sc = t->thread + (uint64_t) ith * t->per_thread;
-    int64_t h0, h1;
-    rm_split(H, ith, nth, &h0, &h1);
-    for (int32_t i = 0; i < t->n; i++) {
-        const int32_t m = t->s->n_past + i + 1;   /* causal: positions [0, n_past + i] */
-        for (int64_t h = h0; h < h1; h++) {
-            float * ql = t->qlat + ((int64_t) i * H + h) * LA;
-            memcpy(ql + C, t->q + ((int64_t) i * H + h) * D + NP, sizeof(float) * (size_t) R);
-            t->scores(LA, m, ql, t->cache, LA, t->scale, sc);
-            rm_softmax(sc, m);
-            t->values(C, m, sc, t->cache, LA, t->olat + ((int64_t) i * H + h) * C);
+    for (;;) {
+        const int64_t ih = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (ih >= (int64_t) t->n * H) {
+            break;
         }
+        const int32_t m = t->s->n_past + (int32_t) (ih / H) + 1;   /* causal: positions [0, n_past + i] */
+        float * ql = t->qlat + ih * LA;
+        memcpy(ql + C, t->q + ih * D + NP, sizeof(float) * (size_t) R);
+        t->scores(LA, m, ql, t->cache, LA, t->scale, sc);
+        rm_softmax(sc, m);
+        t->values(C, m, sc, t->cache, LA, t->olat + ih * C);
     }
+    (void) nth;
 }
 
 /* Head h's up-projections as floats: kb = Kb_h^T (C rows of NP), vb = Vb_h (DV rows of C). */
@@ -126,36 +131,112 @@ static void head_weights(const rm_layer * L, int64_t h, int64_t C, int64_t NP, i
     }
 }
 
+/* The expanded form in tiles of about 32 KiB, so what a loop reads again and again stays in the
+ * core's first-level cache instead of coming from the second level once per position: a block
+ * of an up-projection's rows passes over every position before the next block, and a block of
+ * keys or values over a block of queries. The partial sums of a block are added with axpy. */
+#define MLA_TILE_FLOATS 8192
+#define MLA_QUERIES     32   /* queries sharing one pass over a block of keys and values */
+#define MLA_KEYS        32   /* positions in a block of keys and values */
+
+typedef struct mla_kernels {
+    rm_attn_scores_fn scores;
+    rm_attn_values_fn values;
+    rm_axpy_fn        axpy;
+} mla_kernels;
+
+/* kexp[j] = [Kb_h c_j | k_rope,j] (rows of D = NP + R) for positions [0, P): Kb_h^T's rows in
+ * blocks, each block's partial sum over every position before the next. */
+static void expand_keys(const mla_kernels * k, const float * cache, int64_t C, int64_t R, int32_t P, const float * kb,
+                        int64_t NP, float * kexp, float * tmp) {
+    const int64_t LA = C + R, D = NP + R, rows = NP < MLA_TILE_FLOATS ? MLA_TILE_FLOATS / NP : 1;
+    for (int64_t r0 = 0; r0 < C; r0 += rows) {
+        const int64_t rc = C - r0 < rows ? C - r0 : rows;
+        for (int32_t j = 0; j < P; j++) {
+            const float * cj = cache + (int64_t) j * LA;
+            float * kj = kexp + (int64_t) j * D;
+            k->values(NP, rc, cj + r0, kb + r0 * NP, NP, r0 == 0 ? kj : tmp);   /* sum_r c_j[r] Kb_h^T[r] */
+            if (r0 > 0) {
+                k->axpy(NP, 1.0f, tmp, kj);
+            }
+        }
+    }
+    for (int32_t j = 0; j < P; j++) {
+        memcpy(kexp + (int64_t) j * D + NP, cache + (int64_t) j * LA + C, sizeof(float) * (size_t) R);
+    }
+}
+
+/* vexp[j] = Vb_h c_j (rows of DV) for positions [0, P): Vb_h's rows in blocks. */
+static void expand_values(const mla_kernels * k, const float * cache, int64_t C, int64_t R, int32_t P, const float * vb,
+                          int64_t DV, float * vexp) {
+    const int64_t LA = C + R, rows = C < MLA_TILE_FLOATS ? MLA_TILE_FLOATS / C : 1;
+    for (int64_t d0 = 0; d0 < DV; d0 += rows) {
+        const int64_t dc = DV - d0 < rows ? DV - d0 : rows;
+        for (int32_t j = 0; j < P; j++) {
+            k->scores(C, dc, cache + (int64_t) j * LA, vb + d0 * C, C, 1.0f, vexp + (int64_t) j * DV + d0);
+        }
+    }
+}
+
+/* Causal attention of queries [i0, i1) (query i sees positions [0, n_past + i]) over the
+ * expanded keys and values, a block of keys at a time; sc holds MLA_QUERIES rows of n_ctx. */
+static void attend_block(const mla_task * t, const mla_kernels * k, int64_t h, int32_t i0, int32_t i1,
+                         const float * kexp, const float * vexp, float * sc, float * tmp) {
+    const rm_session * s = t->s;
+    const rm_hparams * hp = &s->m->hp;
+    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v;
+    const int32_t last = s->n_past + i1;   /* positions the last query sees */
+    for (int32_t j0 = 0; j0 < last; j0 += MLA_KEYS) {
+        for (int32_t i = i0; i < i1; i++) {
+            const int32_t m = s->n_past + i + 1, c = m - j0 < MLA_KEYS ? m - j0 : MLA_KEYS;
+            if (c > 0) {
+                k->scores(D, c, t->q + ((int64_t) i * H + h) * D, kexp + (int64_t) j0 * D, D, t->scale,
+                          sc + (int64_t) (i - i0) * s->n_ctx + j0);
+            }
+        }
+    }
+    for (int32_t i = i0; i < i1; i++) {
+        rm_softmax(sc + (int64_t) (i - i0) * s->n_ctx, s->n_past + i + 1);
+        memset(s->attn + ((int64_t) i * H + h) * DV, 0, sizeof(float) * (size_t) DV);
+    }
+    for (int32_t j0 = 0; j0 < last; j0 += MLA_KEYS) {
+        for (int32_t i = i0; i < i1; i++) {
+            const int32_t m = s->n_past + i + 1, c = m - j0 < MLA_KEYS ? m - j0 : MLA_KEYS;
+            if (c > 0) {
+                k->values(DV, c, sc + (int64_t) (i - i0) * s->n_ctx + j0, vexp + (int64_t) j0 * DV, DV, tmp);
+                k->axpy(DV, 1.0f, tmp, s->attn + ((int64_t) i * H + h) * DV);
+            }
+        }
+    }
+}
+
 /* Expanded: head h's keys [Kb_h c_j | k_rope,j] (rows of head_dim) and values Vb_h c_j for every
  * cached position, then plain attention into the session's attn rows. */
 static void expanded_task(void * ctx, int ith, int nth) {
-    const mla_task * t = ctx;
+    mla_task * t = ctx;
     const rm_session * s = t->s;
     const rm_hparams * hp = &s->m->hp;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, DV = hp->head_dim_v;
-    const int64_t C = hp->kv_lora_rank, LA = C + R;
+    const int64_t C = hp->kv_lora_rank;
     const int32_t P = s->n_past + t->n;
+    const mla_kernels k = {t->scores, t->values, t->axpy};
     float * kb = t->thread + (uint64_t) ith * t->per_thread;   /* C rows of NP: Kb_h^T */
     float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
     float * kexp = vb + DV * C, * vexp = kexp + (int64_t) s->n_ctx * D, * sc = vexp + (int64_t) s->n_ctx * DV;
-    int64_t h0, h1;
-    rm_split(H, ith, nth, &h0, &h1);
-    for (int64_t h = h0; h < h1; h++) {
-        head_weights(t->L, h, C, NP, DV, kb, vb);
-        for (int32_t j = 0; j < P; j++) {
-            const float * cj = t->cache + (int64_t) j * LA;
-            float * kj = kexp + (int64_t) j * D;
-            t->values(NP, C, cj, kb, NP, kj);                      /* k_nope = sum_r c_j[r] Kb_h^T[r] */
-            memcpy(kj + NP, cj + C, sizeof(float) * (size_t) R);
-            t->scores(C, DV, cj, vb, C, 1.0f, vexp + (int64_t) j * DV);   /* v[d] = Vb_h[d] . c_j */
+    float * tmp = sc + (int64_t) MLA_QUERIES * s->n_ctx;       /* max(NP, DV): a block's partial sum */
+    for (;;) {
+        const int64_t h = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (h >= H) {
+            break;
         }
-        for (int32_t i = 0; i < t->n; i++) {
-            const int32_t m = s->n_past + i + 1;
-            t->scores(D, m, t->q + ((int64_t) i * H + h) * D, kexp, D, t->scale, sc);
-            rm_softmax(sc, m);
-            t->values(DV, m, sc, vexp, DV, s->attn + ((int64_t) i * H + h) * DV);
+        head_weights(t->L, h, C, NP, DV, kb, vb);
+        expand_keys(&k, t->cache, C, R, P, kb, NP, kexp, tmp);
+        expand_values(&k, t->cache, C, R, P, vb, DV, vexp);
+        for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {
+            attend_block(t, &k, h, i0, i0 + MLA_QUERIES < t->n ? i0 + MLA_QUERIES : t->n, kexp, vexp, sc, tmp);
         }
     }
+    (void) nth;
 }
 
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
@@ -164,15 +245,17 @@ uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
     }
     const uint64_t C = (uint64_t) hp->kv_lora_rank, D = (uint64_t) hp->head_dim;
     const uint64_t NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
-    return C * NP + DV * C + (uint64_t) n_ctx * (D + DV + 1);
+    return C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV);
 }
 
 static void attend(rm_session * s, const rm_layer * L, const float * cache, int32_t n, float * scratch,
                    const mla_layout * l, float scale) {
     const rm_hparams * hp = &s->m->hp;
     const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank, LA = C + hp->n_rot;
-    mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host,
-                  rm_mla_thread_floats(hp, s->n_ctx), n, scale, rm_cpu_attn_scores(), rm_cpu_attn_values()};
+    mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host, 0,
+                  rm_mla_thread_floats(hp, s->n_ctx), n, scale, rm_cpu_attn_scores(), rm_cpu_attn_values(),
+                  rm_cpu_axpy()};
+    atomic_init(&t.next, 0);
     if (n > 1) {
         rm_pool_run(s->m->pool, expanded_task, &t);
         return;

@@ -75,6 +75,74 @@ static void mm_heads(rm_session * s, const rm_weight * w, const float * x, int64
     }
 }
 
+/* Both forms work in tiles of about 32 KiB, so what a loop reads again and again stays in the
+ * core's first-level cache instead of coming from the second level once per position: a block
+ * of an up-projection's rows passes over every position before the next block, and a block of
+ * keys or values over a block of queries (the expanded form's tokens of one head, the absorbed
+ * form's heads of one token, which share every latent). A block's partial sums are added with
+ * axpy. */
+#define MLA_TILE_FLOATS 8192
+#define MLA_QUERIES     32   /* expanded: tokens sharing one pass over a block of keys and values */
+#define MLA_KEYS        32   /* expanded: positions in a block of keys and values */
+#define MLA_HEADS       16   /* absorbed: heads sharing one pass over a block of latents */
+#define MLA_LATENTS     16   /* absorbed: latents in a block */
+
+typedef struct mla_kernels {
+    rm_attn_scores_fn scores;
+    rm_attn_values_fn values;
+    rm_axpy_fn        axpy;
+} mla_kernels;
+
+/* What a block of queries attends to: keys and values in rows, a block of positions at a time. */
+typedef struct mla_kv {
+    const float * k;   /* keys: rows of dk floats, k_stride apart */
+    int64_t       k_stride, dk;
+    const float * v;   /* values: rows of dv floats, v_stride apart */
+    int64_t       v_stride, dv;
+    int32_t       block;   /* positions per block */
+} mla_kv;
+
+/* nq query rows; query r sees positions [0, m0 + r * m_step) and writes its output row. */
+typedef struct mla_queries {
+    const float * q;
+    int64_t       q_stride;
+    int32_t       nq, m0, m_step;
+    float *       out;
+    int64_t       out_stride;
+} mla_queries;
+
+/* Softmax attention of a block of queries, a block of positions at a time for all of them: the
+ * scores (sc: nq rows, sc_stride apart), then the weighted sums (tmp: dv floats). */
+static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_queries * qs, float scale, float * sc,
+                           int64_t sc_stride, float * tmp) {
+    const int32_t last = qs->m0 + (qs->nq - 1) * qs->m_step;   /* positions the last query sees */
+    for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
+        for (int32_t r = 0; r < qs->nq; r++) {
+            const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
+            if (c > 0) {
+                k->scores(kv->dk, c, qs->q + r * qs->q_stride, kv->k + (int64_t) j0 * kv->k_stride, kv->k_stride, scale,
+                          sc + r * sc_stride + j0);
+            }
+        }
+    }
+    for (int32_t r = 0; r < qs->nq; r++) {
+        rm_softmax(sc + r * sc_stride, qs->m0 + r * qs->m_step);
+    }
+    for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
+        for (int32_t r = 0; r < qs->nq; r++) {
+            const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
+            float * out = qs->out + r * qs->out_stride;
+            if (c > 0) {
+                k->values(kv->dv, c, sc + r * sc_stride + j0, kv->v + (int64_t) j0 * kv->v_stride, kv->v_stride,
+                          j0 == 0 ? out : tmp);
+                if (j0 > 0) {
+                    k->axpy(kv->dv, 1.0f, tmp, out);
+                }
+            }
+        }
+    }
+}
+
 /* One step's attention, split over the pool's threads by head, each thread taking the next head
  * from a shared counter (a descheduled thread then holds up one head, not a fixed share). The score and weighted-sum loops
  * are the CPU kernel set's attention halves (rm_attn_scores_fn, rm_attn_values_fn), as plain
@@ -98,25 +166,31 @@ typedef struct mla_task {
 
 /* Absorbed: head h's query is [Kb_h^T q_nope | q_rope], a row as wide as a cached latent, so its
  * scores are one dot product per position over the whole latent row; the weighted sums of the
- * latents go to olat (Vb_h is applied after, for all heads at once). */
+ * latents go to olat (Vb_h is applied after, for all heads at once). A thread takes a block of
+ * one token's heads at a time; they read each block of latents together. */
 static void absorbed_task(void * ctx, int ith, int nth) {
     mla_task * t = ctx;
     const rm_hparams * hp = &t->s->m->hp;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, C = hp->kv_lora_rank, LA = C + R;
-    float * sc = t->thread + (uint64_t) ith * t->per_thread;
+    /* heads per block: up to MLA_HEADS, fewer when there would be under two blocks per thread */
+    const int64_t spread = ((int64_t) H * t->n + 2 * nth - 1) / (2 * nth);
+    const int64_t hb = spread < 1 ? 1 : spread > MLA_HEADS ? MLA_HEADS : spread, per = (H + hb - 1) / hb;
+    const mla_kernels k = {t->scores, t->values, t->axpy};
+    const mla_kv kv = {t->cache, LA, LA, t->cache, LA, C, MLA_LATENTS};
+    float * sc = t->thread + (uint64_t) ith * t->per_thread, * tmp = sc + (int64_t) MLA_HEADS * t->s->n_ctx;
     for (;;) {
-        const int64_t ih = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (ih >= (int64_t) t->n * H) {
+        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (item >= (int64_t) t->n * per) {
             break;
         }
-        const int32_t m = t->s->n_past + (int32_t) (ih / H) + 1;   /* causal: positions [0, n_past + i] */
-        float * ql = t->qlat + ih * LA;
-        memcpy(ql + C, t->q + ih * D + NP, sizeof(float) * (size_t) R);
-        t->scores(LA, m, ql, t->cache, LA, t->scale, sc);
-        rm_softmax(sc, m);
-        t->values(C, m, sc, t->cache, LA, t->olat + ih * C);
+        const int64_t i = item / per, h0 = (item % per) * hb, nh = H - h0 < hb ? H - h0 : hb;
+        for (int64_t h = h0; h < h0 + nh; h++) {
+            memcpy(t->qlat + (i * H + h) * LA + C, t->q + (i * H + h) * D + NP, sizeof(float) * (size_t) R);
+        }
+        const mla_queries qs = {t->qlat + (i * H + h0) * LA, LA, (int32_t) nh, t->s->n_past + (int32_t) i + 1, 0,
+                                t->olat + (i * H + h0) * C, C};   /* causal: positions [0, n_past + i] */
+        attend_queries(&k, &kv, &qs, t->scale, sc, t->s->n_ctx, tmp);
     }
-    (void) nth;
 }
 
 /* Head h's up-projections as floats: kb = Kb_h^T (C rows of NP), vb = Vb_h (DV rows of C). */
@@ -130,20 +204,6 @@ static void head_weights(const rm_layer * L, int64_t h, int64_t C, int64_t NP, i
         tv->to_float(vbh + (uint64_t) d * L->wv_b.row_bytes, vb + d * C, C);
     }
 }
-
-/* The expanded form in tiles of about 32 KiB, so what a loop reads again and again stays in the
- * core's first-level cache instead of coming from the second level once per position: a block
- * of an up-projection's rows passes over every position before the next block, and a block of
- * keys or values over a block of queries. The partial sums of a block are added with axpy. */
-#define MLA_TILE_FLOATS 8192
-#define MLA_QUERIES     32   /* queries sharing one pass over a block of keys and values */
-#define MLA_KEYS        32   /* positions in a block of keys and values */
-
-typedef struct mla_kernels {
-    rm_attn_scores_fn scores;
-    rm_attn_values_fn values;
-    rm_axpy_fn        axpy;
-} mla_kernels;
 
 /* kexp[j] = [Kb_h c_j | k_rope,j] (rows of D = NP + R) for positions [0, P): Kb_h^T's rows in
  * blocks, each block's partial sum over every position before the next. */
@@ -178,38 +238,6 @@ static void expand_values(const mla_kernels * k, const float * cache, int64_t C,
     }
 }
 
-/* Causal attention of queries [i0, i1) (query i sees positions [0, n_past + i]) over the
- * expanded keys and values, a block of keys at a time; sc holds MLA_QUERIES rows of n_ctx. */
-static void attend_block(const mla_task * t, const mla_kernels * k, int64_t h, int32_t i0, int32_t i1,
-                         const float * kexp, const float * vexp, float * sc, float * tmp) {
-    const rm_session * s = t->s;
-    const rm_hparams * hp = &s->m->hp;
-    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v;
-    const int32_t last = s->n_past + i1;   /* positions the last query sees */
-    for (int32_t j0 = 0; j0 < last; j0 += MLA_KEYS) {
-        for (int32_t i = i0; i < i1; i++) {
-            const int32_t m = s->n_past + i + 1, c = m - j0 < MLA_KEYS ? m - j0 : MLA_KEYS;
-            if (c > 0) {
-                k->scores(D, c, t->q + ((int64_t) i * H + h) * D, kexp + (int64_t) j0 * D, D, t->scale,
-                          sc + (int64_t) (i - i0) * s->n_ctx + j0);
-            }
-        }
-    }
-    for (int32_t i = i0; i < i1; i++) {
-        rm_softmax(sc + (int64_t) (i - i0) * s->n_ctx, s->n_past + i + 1);
-        memset(s->attn + ((int64_t) i * H + h) * DV, 0, sizeof(float) * (size_t) DV);
-    }
-    for (int32_t j0 = 0; j0 < last; j0 += MLA_KEYS) {
-        for (int32_t i = i0; i < i1; i++) {
-            const int32_t m = s->n_past + i + 1, c = m - j0 < MLA_KEYS ? m - j0 : MLA_KEYS;
-            if (c > 0) {
-                k->values(DV, c, sc + (int64_t) (i - i0) * s->n_ctx + j0, vexp + (int64_t) j0 * DV, DV, tmp);
-                k->axpy(DV, 1.0f, tmp, s->attn + ((int64_t) i * H + h) * DV);
-            }
-        }
-    }
-}
-
 /* Expanded: head h's keys [Kb_h c_j | k_rope,j] (rows of head_dim) and values Vb_h c_j for every
  * cached position, then plain attention into the session's attn rows. */
 static void expanded_task(void * ctx, int ith, int nth) {
@@ -232,8 +260,12 @@ static void expanded_task(void * ctx, int ith, int nth) {
         head_weights(t->L, h, C, NP, DV, kb, vb);
         expand_keys(&k, t->cache, C, R, P, kb, NP, kexp, tmp);
         expand_values(&k, t->cache, C, R, P, vb, DV, vexp);
-        for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {
-            attend_block(t, &k, h, i0, i0 + MLA_QUERIES < t->n ? i0 + MLA_QUERIES : t->n, kexp, vexp, sc, tmp);
+        const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS};
+        for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {   /* causal: token i sees [0, n_past + i] */
+            const mla_queries qs = {t->q + ((int64_t) i0 * H + h) * D, H * D,
+                                    t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, s->n_past + i0 + 1, 1,
+                                    s->attn + ((int64_t) i0 * H + h) * DV, H * DV};
+            attend_queries(&k, &kv, &qs, t->scale, sc, s->n_ctx, tmp);
         }
     }
     (void) nth;
@@ -245,7 +277,9 @@ uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
     }
     const uint64_t C = (uint64_t) hp->kv_lora_rank, D = (uint64_t) hp->head_dim;
     const uint64_t NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
-    return C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV);
+    const uint64_t expanded = C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV);
+    const uint64_t absorbed = (uint64_t) n_ctx * MLA_HEADS + C;
+    return expanded > absorbed ? expanded : absorbed;
 }
 
 static void attend(rm_session * s, const rm_layer * L, const float * cache, int32_t n, float * scratch,

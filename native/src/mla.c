@@ -144,9 +144,9 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
 }
 
 /* One step's attention, split over the pool's threads by head, each thread taking the next head
- * from a shared counter (a descheduled thread then holds up one head, not a fixed share). The score and weighted-sum loops
- * are the CPU kernel set's attention halves (rm_attn_scores_fn, rm_attn_values_fn), as plain
- * attention uses them (cpu/ops.c). */
+ * (or block of heads) from a shared counter: a descheduled thread then holds up one, not a fixed
+ * share. The score and weighted-sum loops are the CPU kernel set's attention halves
+ * (rm_attn_scores_fn, rm_attn_values_fn), as plain attention uses them (cpu/ops.c). */
 typedef struct mla_task {
     const rm_session * s;
     const rm_layer *   L;
@@ -155,7 +155,7 @@ typedef struct mla_task {
     float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
     float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
     float *            thread;   /* rm_mla_thread_floats floats per thread */
-    atomic_llong       next;     /* the next (token, head) or head to take */
+    atomic_llong       next;     /* absorbed: the next (token, block of heads); expanded: head */
     uint64_t           per_thread;
     int32_t            n;
     float              scale;

@@ -162,6 +162,25 @@ def test_arch_deepseek_mla_absorbed_equals_expanded(converted, name):
     assert _rel(absorbed, ref).max() <= 1e-4
 
 
+def test_arch_deepseek_mla_expanded_tiles_match_transformers(tmp_path):
+    """The expanded form works in tiles of 8192 floats and blocks of 32 queries and 32 positions
+    (mla.c): a latent of 520 (two blocks of Kb_h^T's rows for 24 no-RoPE dims, Vb_h's 20 rows in
+    blocks of 15) and an 80-token prompt (batches of 64 and 16: several query and key blocks, the
+    second batch over cached latents) against transformers and the absorbed form, whose 9 heads
+    go in blocks of 3 (two blocks per thread) over blocks of 16 latents."""
+    src = make_checkpoint(tmp_path / "hf", "deepseek_v3", kv_lora_rank=520, num_attention_heads=9, num_key_value_heads=9)
+    path = tmp_path / "model.gguf"
+    rm.convert(src, path, recipe="f32", progress=False)
+    ids = np.random.default_rng(5).integers(3, VOCAB, 80).tolist()
+    ref = reference_logits(src, ids)
+    with rm.Model(path, n_ctx=96, n_threads=2, n_batch=64) as m:
+        expanded = m.eval_logits(ids)
+    with rm.Model(path, n_ctx=96, n_threads=2, n_batch=1) as m:
+        absorbed = np.stack([m.eval([t]) for t in ids])
+    assert _rel(expanded, ref).max() <= 1e-4
+    assert _rel(absorbed, expanded).max() <= 1e-5
+
+
 # ---------------------------------------------------------------------------------------------
 # The same checkpoints through llama.cpp's converter, run by llama.cpp and by us
 # ---------------------------------------------------------------------------------------------

@@ -11,12 +11,14 @@
  * Expanded:  every cached latent is up-projected into the head's keys and values first.
  *
  * The activations are host memory (the CPU backend); the projections go through the backend's
- * matmul, the attention core is plain loops. */
+ * matmul, the attention core through the CPU kernel set's attention halves. */
 #include "mla.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
+#include "cpu/dispatch.h"
 #include "profile.h"
 #include "threads.h"
 #include "types.h"
@@ -24,7 +26,7 @@
 /* The scratch on the session's backend, in floats, laid out in this order. */
 typedef struct mla_layout {
     uint64_t lat;     /* n_batch rows of kv_lora_rank + n_rot: the new tokens' latents */
-    uint64_t qlat;    /* n_batch rows of n_head * kv_lora_rank: absorbed queries */
+    uint64_t qlat;    /* n_batch rows of n_head * (kv_lora_rank + n_rot): absorbed queries, [Kb_h^T q_nope | q_rope] */
     uint64_t olat;    /* n_batch rows of n_head * kv_lora_rank: weighted latent sums; before them the q low rank */
     uint64_t end;
 } mla_layout;
@@ -33,7 +35,7 @@ static mla_layout layout_of(int64_t B, int64_t H, int64_t R, int64_t C) {
     mla_layout l;
     l.lat = 0;
     l.qlat = l.lat + (uint64_t) (B * (C + R));
-    l.olat = l.qlat + (uint64_t) (B * H * C);
+    l.olat = l.qlat + (uint64_t) (B * H * (C + R));
     l.end = l.olat + (uint64_t) (B * H * C);
     return l;
 }
@@ -73,140 +75,226 @@ static void mm_heads(rm_session * s, const rm_weight * w, const float * x, int64
     }
 }
 
-/* Eight partial sums, so the compiler can keep them in one vector register. */
-static float dot(const float * a, const float * b, int64_t n) {
-    float acc[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (int k = 0; k < 8; k++) {
-            acc[k] += a[i + k] * b[i + k];
+/* Both forms work in tiles of about 32 KiB, so what a loop reads again and again stays in the
+ * core's first-level cache instead of coming from the second level once per position: a block
+ * of an up-projection's rows passes over every position before the next block, and a block of
+ * keys or values over a block of queries (the expanded form's tokens of one head, the absorbed
+ * form's heads of one token, which share every latent). A block's partial sums are added with
+ * axpy. */
+#define MLA_TILE_FLOATS 8192
+#define MLA_QUERIES     32   /* expanded: tokens sharing one pass over a block of keys and values */
+#define MLA_KEYS        32   /* expanded: positions in a block of keys and values */
+#define MLA_HEADS       16   /* absorbed: heads sharing one pass over a block of latents */
+#define MLA_LATENTS     16   /* absorbed: latents in a block */
+
+typedef struct mla_kernels {
+    rm_attn_scores_fn scores;
+    rm_attn_values_fn values;
+    rm_axpy_fn        axpy;
+} mla_kernels;
+
+/* What a block of queries attends to: keys and values in rows, a block of positions at a time. */
+typedef struct mla_kv {
+    const float * k;   /* keys: rows of dk floats, k_stride apart */
+    int64_t       k_stride, dk;
+    const float * v;   /* values: rows of dv floats, v_stride apart */
+    int64_t       v_stride, dv;
+    int32_t       block;   /* positions per block */
+} mla_kv;
+
+/* nq query rows; query r sees positions [0, m0 + r * m_step) and writes its output row. */
+typedef struct mla_queries {
+    const float * q;
+    int64_t       q_stride;
+    int32_t       nq, m0, m_step;
+    float *       out;
+    int64_t       out_stride;
+} mla_queries;
+
+/* Softmax attention of a block of queries, a block of positions at a time for all of them: the
+ * scores (sc: nq rows, sc_stride apart), then the weighted sums (tmp: dv floats). */
+static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_queries * qs, float scale, float * sc,
+                           int64_t sc_stride, float * tmp) {
+    const int32_t last = qs->m0 + (qs->nq - 1) * qs->m_step;   /* positions the last query sees */
+    for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
+        for (int32_t r = 0; r < qs->nq; r++) {
+            const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
+            if (c > 0) {
+                k->scores(kv->dk, c, qs->q + r * qs->q_stride, kv->k + (int64_t) j0 * kv->k_stride, kv->k_stride, scale,
+                          sc + r * sc_stride + j0);
+            }
         }
     }
-    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; i < n; i++) {
-        sum += a[i] * b[i];
+    for (int32_t r = 0; r < qs->nq; r++) {
+        rm_softmax(sc + r * sc_stride, qs->m0 + r * qs->m_step);
     }
-    return sum;
-}
-
-/* out = sum_j softmax(scores)_j v_j over m positions (v rows of width w, stride v_stride). */
-static void weighted_sum(float * scores, int32_t m, const float * v, int64_t v_stride, int64_t w, float * out) {
-    rm_softmax(scores, m);
-    memset(out, 0, sizeof(float) * (size_t) w);
-    for (int32_t j = 0; j < m; j++) {
-        const float p = scores[j];
-        const float * vj = v + (int64_t) j * v_stride;
-        for (int64_t d = 0; d < w; d++) {
-            out[d] += p * vj[d];
+    for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
+        for (int32_t r = 0; r < qs->nq; r++) {
+            const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
+            float * out = qs->out + r * qs->out_stride;
+            if (c > 0) {
+                k->values(kv->dv, c, sc + r * sc_stride + j0, kv->v + (int64_t) j0 * kv->v_stride, kv->v_stride,
+                          j0 == 0 ? out : tmp);
+                if (j0 > 0) {
+                    k->axpy(kv->dv, 1.0f, tmp, out);
+                }
+            }
         }
     }
 }
 
-/* One step's attention, split over the pool's threads by head. */
+/* One step's attention, split over the pool's threads by head, each thread taking the next head
+ * (or block of heads) from a shared counter: a descheduled thread then holds up one, not a fixed
+ * share. The score and weighted-sum loops are the CPU kernel set's attention halves
+ * (rm_attn_scores_fn, rm_attn_values_fn), as plain attention uses them (cpu/ops.c). */
 typedef struct mla_task {
     const rm_session * s;
     const rm_layer *   L;
     const float *      q;        /* n rows of n_head * head_dim */
     const float *      cache;    /* this layer's latents, rows of kv_lora_rank + n_rot */
-    const float *      qlat;     /* absorbed: n rows of n_head * kv_lora_rank */
+    float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
     float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
     float *            thread;   /* rm_mla_thread_floats floats per thread */
+    atomic_llong       next;     /* absorbed: the next (token, block of heads); expanded: head */
     uint64_t           per_thread;
     int32_t            n;
     float              scale;
+    rm_attn_scores_fn  scores;
+    rm_attn_values_fn  values;
+    rm_axpy_fn         axpy;
 } mla_task;
 
-/* Absorbed: scores against the cached latents with head h's query folded into latent space;
- * the weighted latent sums go to olat (Vb_h is applied after, for all heads at once). */
+/* Absorbed: head h's query is [Kb_h^T q_nope | q_rope], a row as wide as a cached latent, so its
+ * scores are one dot product per position over the whole latent row; the weighted sums of the
+ * latents go to olat (Vb_h is applied after, for all heads at once). A thread takes a block of
+ * one token's heads at a time; they read each block of latents together. */
 static void absorbed_task(void * ctx, int ith, int nth) {
-    const mla_task * t = ctx;
+    mla_task * t = ctx;
     const rm_hparams * hp = &t->s->m->hp;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, C = hp->kv_lora_rank, LA = C + R;
-    float * sc = t->thread + (uint64_t) ith * t->per_thread;
-    int64_t h0, h1;
-    rm_split(H, ith, nth, &h0, &h1);
-    for (int32_t i = 0; i < t->n; i++) {
-        const int32_t m = t->s->n_past + i + 1;   /* causal: positions [0, n_past + i] */
-        for (int64_t h = h0; h < h1; h++) {
-            const float * ql = t->qlat + ((int64_t) i * H + h) * C, * qr = t->q + ((int64_t) i * H + h) * D + NP;
-            for (int32_t j = 0; j < m; j++) {
-                const float * cj = t->cache + (int64_t) j * LA;
-                sc[j] = (dot(ql, cj, C) + dot(qr, cj + C, R)) * t->scale;
+    /* heads per block: up to MLA_HEADS, fewer when there would be under two blocks per thread */
+    const int64_t spread = ((int64_t) H * t->n + 2 * nth - 1) / (2 * nth);
+    const int64_t hb = spread < 1 ? 1 : spread > MLA_HEADS ? MLA_HEADS : spread, per = (H + hb - 1) / hb;
+    const mla_kernels k = {t->scores, t->values, t->axpy};
+    const mla_kv kv = {t->cache, LA, LA, t->cache, LA, C, MLA_LATENTS};
+    float * sc = t->thread + (uint64_t) ith * t->per_thread, * tmp = sc + (int64_t) MLA_HEADS * t->s->n_ctx;
+    for (;;) {
+        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (item >= (int64_t) t->n * per) {
+            break;
+        }
+        const int64_t i = item / per, h0 = (item % per) * hb, nh = H - h0 < hb ? H - h0 : hb;
+        for (int64_t h = h0; h < h0 + nh; h++) {
+            memcpy(t->qlat + (i * H + h) * LA + C, t->q + (i * H + h) * D + NP, sizeof(float) * (size_t) R);
+        }
+        const mla_queries qs = {t->qlat + (i * H + h0) * LA, LA, (int32_t) nh, t->s->n_past + (int32_t) i + 1, 0,
+                                t->olat + (i * H + h0) * C, C};   /* causal: positions [0, n_past + i] */
+        attend_queries(&k, &kv, &qs, t->scale, sc, t->s->n_ctx, tmp);
+    }
+}
+
+/* Head h's up-projections as floats: kb = Kb_h^T (C rows of NP), vb = Vb_h (DV rows of C). */
+static void head_weights(const rm_layer * L, int64_t h, int64_t C, int64_t NP, int64_t DV, float * kb, float * vb) {
+    const rm_type_traits * tk = rm_type_traits_get(L->wk_b.type), * tv = rm_type_traits_get(L->wv_b.type);
+    const uint8_t * kbh = rm_weight_matrix(&L->wk_b, h), * vbh = rm_weight_matrix(&L->wv_b, h);
+    for (int64_t r = 0; r < C; r++) {
+        tk->to_float(kbh + (uint64_t) r * L->wk_b.row_bytes, kb + r * NP, NP);
+    }
+    for (int64_t d = 0; d < DV; d++) {
+        tv->to_float(vbh + (uint64_t) d * L->wv_b.row_bytes, vb + d * C, C);
+    }
+}
+
+/* kexp[j] = [Kb_h c_j | k_rope,j] (rows of D = NP + R) for positions [0, P): Kb_h^T's rows in
+ * blocks, each block's partial sum over every position before the next. */
+static void expand_keys(const mla_kernels * k, const float * cache, int64_t C, int64_t R, int32_t P, const float * kb,
+                        int64_t NP, float * kexp, float * tmp) {
+    const int64_t LA = C + R, D = NP + R, rows = NP < MLA_TILE_FLOATS ? MLA_TILE_FLOATS / NP : 1;
+    for (int64_t r0 = 0; r0 < C; r0 += rows) {
+        const int64_t rc = C - r0 < rows ? C - r0 : rows;
+        for (int32_t j = 0; j < P; j++) {
+            const float * cj = cache + (int64_t) j * LA;
+            float * kj = kexp + (int64_t) j * D;
+            k->values(NP, rc, cj + r0, kb + r0 * NP, NP, r0 == 0 ? kj : tmp);   /* sum_r c_j[r] Kb_h^T[r] */
+            if (r0 > 0) {
+                k->axpy(NP, 1.0f, tmp, kj);
             }
-            weighted_sum(sc, m, t->cache, LA, C, t->olat + ((int64_t) i * H + h) * C);
+        }
+    }
+    for (int32_t j = 0; j < P; j++) {
+        memcpy(kexp + (int64_t) j * D + NP, cache + (int64_t) j * LA + C, sizeof(float) * (size_t) R);
+    }
+}
+
+/* vexp[j] = Vb_h c_j (rows of DV) for positions [0, P): Vb_h's rows in blocks. */
+static void expand_values(const mla_kernels * k, const float * cache, int64_t C, int64_t R, int32_t P, const float * vb,
+                          int64_t DV, float * vexp) {
+    const int64_t LA = C + R, rows = C < MLA_TILE_FLOATS ? MLA_TILE_FLOATS / C : 1;
+    for (int64_t d0 = 0; d0 < DV; d0 += rows) {
+        const int64_t dc = DV - d0 < rows ? DV - d0 : rows;
+        for (int32_t j = 0; j < P; j++) {
+            k->scores(C, dc, cache + (int64_t) j * LA, vb + d0 * C, C, 1.0f, vexp + (int64_t) j * DV + d0);
         }
     }
 }
 
-/* Expanded: head h's keys Kb_h c_j and values Vb_h c_j for every cached position, then plain
- * attention into the session's attn rows. */
+/* Expanded: head h's keys [Kb_h c_j | k_rope,j] (rows of head_dim) and values Vb_h c_j for every
+ * cached position, then plain attention into the session's attn rows. */
 static void expanded_task(void * ctx, int ith, int nth) {
-    const mla_task * t = ctx;
+    mla_task * t = ctx;
     const rm_session * s = t->s;
     const rm_hparams * hp = &s->m->hp;
-    const rm_layer * L = t->L;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, DV = hp->head_dim_v;
-    const int64_t C = hp->kv_lora_rank, LA = C + R;
+    const int64_t C = hp->kv_lora_rank;
     const int32_t P = s->n_past + t->n;
+    const mla_kernels k = {t->scores, t->values, t->axpy};
     float * kb = t->thread + (uint64_t) ith * t->per_thread;   /* C rows of NP: Kb_h^T */
     float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
-    float * kexp = vb + DV * C, * vexp = kexp + (int64_t) s->n_ctx * NP, * sc = vexp + (int64_t) s->n_ctx * DV;
-    const rm_type_traits * tk = rm_type_traits_get(L->wk_b.type), * tv = rm_type_traits_get(L->wv_b.type);
-    int64_t h0, h1;
-    rm_split(H, ith, nth, &h0, &h1);
-    for (int64_t h = h0; h < h1; h++) {
-        const uint8_t * kbh = rm_weight_matrix(&L->wk_b, h), * vbh = rm_weight_matrix(&L->wv_b, h);
-        for (int64_t r = 0; r < C; r++) {
-            tk->to_float(kbh + (uint64_t) r * L->wk_b.row_bytes, kb + r * NP, NP);
+    float * kexp = vb + DV * C, * vexp = kexp + (int64_t) s->n_ctx * D, * sc = vexp + (int64_t) s->n_ctx * DV;
+    float * tmp = sc + (int64_t) MLA_QUERIES * s->n_ctx;       /* max(NP, DV): a block's partial sum */
+    for (;;) {
+        const int64_t h = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
+        if (h >= H) {
+            break;
         }
-        for (int64_t d = 0; d < DV; d++) {
-            tv->to_float(vbh + (uint64_t) d * L->wv_b.row_bytes, vb + d * C, C);
-        }
-        for (int32_t j = 0; j < P; j++) {
-            const float * cj = t->cache + (int64_t) j * LA;
-            float * kj = kexp + (int64_t) j * NP;
-            memset(kj, 0, sizeof(float) * (size_t) NP);
-            for (int64_t r = 0; r < C; r++) {   /* k_nope[j] = sum_r c_j[r] Kb_h^T[r] */
-                const float c = cj[r];
-                const float * kr = kb + r * NP;
-                for (int64_t d = 0; d < NP; d++) {
-                    kj[d] += c * kr[d];
-                }
-            }
-            for (int64_t d = 0; d < DV; d++) {
-                vexp[(int64_t) j * DV + d] = dot(vb + d * C, cj, C);
-            }
-        }
-        for (int32_t i = 0; i < t->n; i++) {
-            const int32_t m = s->n_past + i + 1;
-            const float * qi = t->q + ((int64_t) i * H + h) * D;
-            for (int32_t j = 0; j < m; j++) {
-                sc[j] = (dot(qi, kexp + (int64_t) j * NP, NP) + dot(qi + NP, t->cache + (int64_t) j * LA + C, R)) * t->scale;
-            }
-            weighted_sum(sc, m, vexp, DV, DV, s->attn + ((int64_t) i * H + h) * DV);
+        head_weights(t->L, h, C, NP, DV, kb, vb);
+        expand_keys(&k, t->cache, C, R, P, kb, NP, kexp, tmp);
+        expand_values(&k, t->cache, C, R, P, vb, DV, vexp);
+        const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS};
+        for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {   /* causal: token i sees [0, n_past + i] */
+            const mla_queries qs = {t->q + ((int64_t) i0 * H + h) * D, H * D,
+                                    t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, s->n_past + i0 + 1, 1,
+                                    s->attn + ((int64_t) i0 * H + h) * DV, H * DV};
+            attend_queries(&k, &kv, &qs, t->scale, sc, s->n_ctx, tmp);
         }
     }
+    (void) nth;
 }
 
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
     if (hp->kv_lora_rank <= 0) {
         return 0;
     }
-    const uint64_t C = (uint64_t) hp->kv_lora_rank, NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
-    return C * NP + DV * C + (uint64_t) n_ctx * (NP + DV + 1);
+    const uint64_t C = (uint64_t) hp->kv_lora_rank, D = (uint64_t) hp->head_dim;
+    const uint64_t NP = (uint64_t) (hp->head_dim - hp->n_rot), DV = (uint64_t) hp->head_dim_v;
+    const uint64_t expanded = C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV);
+    const uint64_t absorbed = (uint64_t) n_ctx * MLA_HEADS + C;
+    return expanded > absorbed ? expanded : absorbed;
 }
 
 static void attend(rm_session * s, const rm_layer * L, const float * cache, int32_t n, float * scratch,
                    const mla_layout * l, float scale) {
     const rm_hparams * hp = &s->m->hp;
-    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank;
-    mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host,
-                  rm_mla_thread_floats(hp, s->n_ctx), n, scale};
+    const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank, LA = C + hp->n_rot;
+    mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host, 0,
+                  rm_mla_thread_floats(hp, s->n_ctx), n, scale, rm_cpu_attn_scores(), rm_cpu_attn_values(),
+                  rm_cpu_axpy()};
+    atomic_init(&t.next, 0);
     if (n > 1) {
         rm_pool_run(s->m->pool, expanded_task, &t);
         return;
     }
-    mm_heads(s, &L->wk_b, s->q, D, H * D, n, scratch + l->qlat, C, H * C);   /* qlat[h] = Kb_h^T q_nope[h] */
+    mm_heads(s, &L->wk_b, s->q, D, H * D, n, scratch + l->qlat, LA, H * LA);   /* qlat[h] = Kb_h^T q_nope[h] */
     rm_pool_run(s->m->pool, absorbed_task, &t);
     mm_heads(s, &L->wv_b, t.olat, C, H * C, n, s->attn, DV, H * DV);        /* attn[h] = Vb_h olat[h] */
 }

@@ -15,7 +15,8 @@
 uint64_t rm_mla_scratch_floats(const rm_size_params * p);
 
 /* Floats of one thread's host scratch (rm_session's mla_host holds one per pool thread): a
- * head's up-projections as floats, its expanded keys and values, and the scores. */
+ * head's up-projections as floats, its expanded keys and values, the scores of a block of
+ * queries, and a block's partial sum. */
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
 
 /* The attention of layer il for n tokens at positions n_past..: x += Wo attn(x). CPU backend

@@ -66,8 +66,10 @@ class Observer:
     def queued(self, n_waiting: int, n_running: int) -> None: ...
     def first_token(self, seconds: float) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
-    def step(self, n_tokens: int, n_seqs: int) -> None: ...
-    def finished(self, status: str, prompt_tokens: int, completion_tokens: int, stats: dict | None) -> None: ...
+    def step(self, n_tokens: int, n_seqs: int, kv_tokens: int) -> None: ...
+    def left_waiting(self) -> None: ...
+    def finished(self, status: str, prompt_tokens: int, evaluated: int, completion_tokens: int,
+                 stats: dict | None) -> None: ...
 
 
 class _Seq:
@@ -200,9 +202,10 @@ class Scheduler:
             n = max(1, min(self.prefill_chunk, n_batch - len(work))) if work else n_batch
             work.append((prefill, prefill.rest[prefill.done:prefill.done + n].tolist()))
         if not work:
+            self.observer.queued(len(self._waiting), len(self._running))
             return
         results = self._eval(work)
-        self.observer.step(sum(len(t) for _, t in work), len(work))
+        self.observer.step(sum(len(t) for _, t in work), len(work), sum(m.n_past for m in self.slots))
         for (s, toks), got in zip(work, results):
             if isinstance(got, BaseException):
                 self._finish(s, End(error=got))
@@ -212,10 +215,12 @@ class Scheduler:
                 if s.prefilling:
                     continue
             self._next_token(s, got)
+        self.observer.queued(len(self._waiting), len(self._running))
 
     def _drop_cancelled(self) -> None:
         for item in [w for w in self._waiting if w[0].cancel.is_set()]:
             self._waiting.remove(item)
+            self.observer.left_waiting()
             item[1](End(cancelled=True))
         for s in [s for s in self._running if s.job.cancel.is_set()]:
             self._finish(s, End(cancelled=True, usage=s.usage()))
@@ -305,8 +310,7 @@ class Scheduler:
         except Exception:                        # pragma: no cover - a closed model at shutdown
             log.exception("slot %d: could not read its statistics or restore its residual policy", s.job.slot)
         status = "error" if end.error is not None else "cancelled" if end.cancelled else "ok"
-        n_prompt = len(s.req.prompt_ids)
-        self.observer.finished(status, n_prompt, s.n_gen, stats)
+        self.observer.finished(status, len(s.req.prompt_ids), s.done, s.n_gen, stats)
         self._release(s.job.slot)
         s.post(end)
 

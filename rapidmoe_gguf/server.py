@@ -3,12 +3,20 @@
 Endpoints (request and response shapes as OpenAI's and llama-cpp-python's):
 
     GET  /                      a small web chat page (no data in it; it calls the API)
-    GET  /health                {"status": "ok", slots and queue}; never needs the API key
+    GET  /health                {"status": "ok" (or "draining", with 503), slots and queue}; never needs
+                                the API key
     GET  /v1/models             the one loaded model
     POST /v1/completions        prompt -> text; "stream": true sends server-sent events
     POST /v1/chat/completions   messages -> reply, rendered with the model's chat template
     GET  /v1/rapidmoe/stats     expert activations and residual decisions per layer, summed over
                                 the requests served so far, and the realised residual rate
+    GET  /metrics               Prometheus metrics (rapidmoe_gguf.metrics): requests by status, queue,
+                                tokens, latency histograms, KV cache use, residual rate
+
+Lifecycle: SIGTERM drains the server (``serve``): new requests get 503 and /health answers 503
+"draining" while the running and waiting requests finish; then it exits. Model names: requests
+may name the model by its name, its file name or an alias (``aliases``); ``any_model`` accepts
+any name, for clients configured with a fixed one.
 
 Beyond OpenAI's fields a request may carry ``top_k``, ``min_p``, ``repeat_penalty`` and
 ``residual_policy`` / ``residual_budget``, which apply to that request only. OpenAI fields this
@@ -56,6 +64,7 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from importlib import resources
@@ -73,6 +82,8 @@ from starlette.routing import Route
 from . import chat, umia
 from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoResidualError, RapidMoEError, StateError
 from .model import Model, SamplingParams
+from . import metrics
+from .metrics import ServerMetrics
 from .scheduler import DEFAULT_PREFILL_CHUNK, End, Observer, Scheduler
 from .sampling import SAMPLING_DEFAULTS
 
@@ -89,6 +100,8 @@ class ServerConfig:
     queue: int = 16                  # requests that may wait for a slot
     max_body: int = 1 << 20          # bytes
     model_name: str | None = None    # default: the file name without .gguf
+    aliases: list[str] = dataclasses.field(default_factory=list)   # more names requests may give the model
+    any_model: bool = False          # accept any model name in requests (one model is served)
     max_prompt_chars: int | None = None              # a prompt, or the messages; None: 16 per context token
     template_timeout: float = chat.TEMPLATE_TIMEOUT  # seconds one chat template render may take
     allowed_hosts: list[str] = dataclasses.field(default_factory=list)   # Host names served besides localhost
@@ -218,14 +231,15 @@ class GenRequest:
         return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning)
 
 
-def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars: int = chat.MAX_TEMPLATE_CHARS,
-                  template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
+def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
+                  max_chars: int = chat.MAX_TEMPLATE_CHARS, template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
     """Checks a decoded JSON body and renders/tokenizes its prompt, refusing a prompt (or messages,
-    or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError."""
+    or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError.
+    ``names``: the model names a request may give (None: any)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     f = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
-    if f["model"] is not None and f["model"] not in names:
+    if f["model"] is not None and names is not None and f["model"] not in names:
         raise ApiError(404, f"the model '{f['model']}' does not exist; this server has {sorted(names)[0]!r}",
                        param="model", code="model_not_found")
     for name, nothing in UNSUPPORTED.items():
@@ -345,7 +359,8 @@ class Server(Observer):
         self.max_prompt_chars = config.max_prompt_chars or 16 * model.n_ctx
         stem = os.path.basename(model.path)
         self.name = config.model_name or (stem[:-5] if stem.endswith(".gguf") else stem)
-        self.names = {self.name, os.path.basename(model.path)}
+        self.names = {self.name, os.path.basename(model.path), *config.aliases}
+        self.accepted_names = None if config.any_model else self.names   # parse_request's names (None: any)
         self.slots = [model] + [model.fork_session() for _ in range(config.parallel - 1)]
         self.policy, self.budget = model.residual_policy, model.residual_budget
         self._admitted = 0                             # requests holding or waiting for a slot
@@ -357,6 +372,8 @@ class Server(Observer):
         self._counts = {"requests": 0, "cancelled": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
         self.started = int(time.time())
         self.peak_batch = 0                            # the most sequences one step has evaluated
+        self.draining = False                          # after SIGTERM: new requests get 503
+        self.metrics = ServerMetrics(sum(m.n_ctx for m in self.slots)) if metrics.prom is not None else None
         self.scheduler = Scheduler(self.slots, self.name, config.prefill_chunk, observer=self)
 
     @property
@@ -378,6 +395,8 @@ class Server(Observer):
     def admit(self) -> None:
         """Takes a place among the requests running or waiting, or raises 503. The place is given
         back when the request's last event arrives, or by ``release`` when it fails before."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down; retry on another", code="server_shutting_down")
         if self._admitted >= self.config.parallel + self.config.queue:
             raise ApiError(503, f"the server is busy: {self.config.parallel} requests running and "
                            f"{self.config.queue} waiting; retry later", code="server_busy")
@@ -385,6 +404,28 @@ class Server(Observer):
 
     def release(self) -> None:
         self._admitted -= 1
+
+    def refused(self, exc: BaseException) -> None:
+        """Counts a generation request answered with an error before it reached the scheduler."""
+        if self.metrics is None:
+            return
+        status = exc.status if isinstance(exc, ApiError) else 500
+        kind = ("draining" if self.draining else "busy") if status == 503 else "invalid" if status < 500 else "error"
+        self.metrics.requests.labels(kind).inc()
+
+    def drain(self, then: Callable[[], None]) -> None:
+        """Refuses new requests from now on (503), and calls ``then`` (from a thread of its own)
+        once the requests running or waiting have finished."""
+        self.draining = True
+        if self.metrics is not None:
+            self.metrics.draining.set(1)
+
+        def wait() -> None:
+            while self._admitted > 0:
+                time.sleep(0.05)
+            then()
+
+        threading.Thread(target=wait, name="rapidmoe-drain", daemon=True).start()
 
     async def generate(self, request: Request, req: GenRequest) -> Response:
         """Generates an admitted request."""
@@ -438,10 +479,31 @@ class Server(Observer):
 
     # -- the scheduler's observations (its thread) ----------------------------------------------
 
-    def step(self, n_tokens: int, n_seqs: int) -> None:
-        self.peak_batch = max(self.peak_batch, n_seqs)
+    def queued(self, n_waiting: int, n_running: int) -> None:
+        if self.metrics is not None:
+            self.metrics.queued(n_waiting, n_running)
 
-    def finished(self, status: str, prompt_tokens: int, completion_tokens: int, stats: dict | None) -> None:
+    def first_token(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.first_token(seconds)
+
+    def token_gap(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.token_gap(seconds)
+
+    def step(self, n_tokens: int, n_seqs: int, kv_tokens: int) -> None:
+        self.peak_batch = max(self.peak_batch, n_seqs)
+        if self.metrics is not None:
+            self.metrics.step(n_tokens, n_seqs, kv_tokens)
+
+    def left_waiting(self) -> None:
+        if self.metrics is not None:
+            self.metrics.requests.labels("cancelled").inc()
+
+    def finished(self, status: str, prompt_tokens: int, evaluated: int, completion_tokens: int,
+                 stats: dict | None) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(status, prompt_tokens, evaluated, completion_tokens, stats)
         with self._lock:
             if stats is not None:
                 self._active += stats["active"]
@@ -479,7 +541,7 @@ class Server(Observer):
 
     def health(self) -> dict:
         busy = self.scheduler.n_running
-        return {"status": "ok", "slots_idle": len(self.slots) - busy, "slots_processing": busy,
+        return {"status": "draining" if self.draining else "ok", "slots_idle": len(self.slots) - busy, "slots_processing": busy,
                 "requests_waiting": max(self._admitted - busy, 0), "queue_limit": self.config.queue}
 
     def stats(self) -> dict:
@@ -611,28 +673,40 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
 
     def endpoint(kind: str):
         async def handle(request: Request) -> Response:
-            body = await read_json(request)
-            server.admit()                         # before any work on the prompt
             try:
-                req = await asyncio.to_thread(parse_request, kind, body, model, server.names,
+                body = await read_json(request)
+                server.admit()                     # before any work on the prompt
+            except Exception as exc:
+                server.refused(exc)
+                raise
+            try:
+                req = await asyncio.to_thread(parse_request, kind, body, model, server.accepted_names,
                                               server.max_prompt_chars, config.template_timeout)
-            except BaseException:
+            except BaseException as exc:
                 server.release()
+                server.refused(exc)
                 raise
             return await server.generate(request, req)
         return handle
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(server)]})
+        names = [server.name] + [a for a in config.aliases if a != server.name]
+        return JSONResponse({"object": "list", "data": [_model_card(server, n) for n in names]})
 
     async def one_model(request: Request) -> Response:
-        if request.path_params["name"] not in server.names:
-            raise ApiError(404, f"the model '{request.path_params['name']}' does not exist", param="model",
-                           code="model_not_found")
-        return JSONResponse(_model_card(server))
+        name = request.path_params["name"]
+        if server.accepted_names is not None and name not in server.names:
+            raise ApiError(404, f"the model '{name}' does not exist", param="model", code="model_not_found")
+        return JSONResponse(_model_card(server, name if name in config.aliases or config.any_model else server.name))
 
     async def health(request: Request) -> Response:
-        return JSONResponse(server.health())
+        return JSONResponse(server.health(), status_code=503 if server.draining else 200)
+
+    async def prometheus(request: Request) -> Response:
+        if server.metrics is None:
+            raise ApiError(501, "metrics need the prometheus_client package (pip install prometheus_client)",
+                           code="not_implemented")
+        return Response(server.metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(server.stats())
@@ -658,6 +732,7 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         Route("/v1/completions", guarded(endpoint("completion"), post=True), methods=["POST"]),
         Route("/v1/chat/completions", guarded(endpoint("chat"), post=True), methods=["POST"]),
         Route("/v1/rapidmoe/stats", guarded(stats), methods=["GET"]),
+        Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
     middleware = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                              allow_headers=["Authorization", "Content-Type"])] if config.cors_origins else []
@@ -674,17 +749,30 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
     return app
 
 
-def _model_card(server: Server) -> dict:
+def _model_card(server: Server, name: str) -> dict:
     m = server.model
-    return {"id": server.name, "object": "model", "created": server.started, "owned_by": "rapidmoe",
+    return {"id": name, "object": "model", "created": server.started, "owned_by": "rapidmoe",
             "meta": {"arch": m.info["arch"], "n_ctx": m.n_ctx, "n_vocab": m.n_vocab, "n_layer": m.info["n_layer"],
                      "n_expert": m.info["n_expert"], "n_expert_used": m.info["n_expert_used"],
                      "residual_sidecar": m.residual_path is not None, "parallel": len(server.slots)}}
 
 
 def serve(model: Model, config: ServerConfig, log_level: str = "info") -> None:
-    """Runs the server until interrupted (Ctrl-C)."""
+    """Runs the server until interrupted. Ctrl-C (SIGINT) stops it, cancelling what runs; SIGTERM
+    drains it: new requests get 503 while the running and waiting ones finish, then it returns
+    (a second SIGTERM stops it at once)."""
     import uvicorn
 
     app = create_app(model, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, timeout_graceful_shutdown=5)
+    state: Server = app.state.server
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGTERM and not state.draining:
+                log.warning("SIGTERM: finishing the running requests, refusing new ones, then exiting")
+                state.drain(lambda: setattr(self, "should_exit", True))
+                return
+            super().handle_exit(sig, frame)
+
+    DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                  timeout_graceful_shutdown=5)).run()

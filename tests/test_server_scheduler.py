@@ -57,7 +57,7 @@ class Steps(Observer):
     def __init__(self):
         self.steps, self.waiting = [], []
 
-    def step(self, n_tokens, n_seqs):
+    def step(self, n_tokens, n_seqs, kv_tokens):
         self.steps.append((n_tokens, n_seqs))
 
     def queued(self, n_waiting, n_running):

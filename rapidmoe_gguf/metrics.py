@@ -58,8 +58,8 @@ class ServerMetrics:
         self.batch = prom.Histogram("rapidmoe_batch_sequences", "Sequences per evaluation step", registry=r,
                                     buckets=BATCH_BUCKETS)
         self.kv_tokens = prom.Gauge("rapidmoe_kv_cache_tokens", "Positions held in the slots' KV caches", registry=r)
-        self.kv_capacity = prom.Gauge("rapidmoe_kv_cache_capacity_tokens", "Positions the slots' KV caches hold at most",
-                                      registry=r)
+        self.kv_capacity = prom.Gauge("rapidmoe_kv_cache_capacity_tokens",
+                                      "Positions the slots' KV caches hold at most", registry=r)
         self.kv_capacity.set(kv_capacity_tokens)
         self.activations = prom.Counter("rapidmoe_expert_activations", "Activated (token, expert) slots", registry=r)
         self.residuals = prom.Counter("rapidmoe_residual_applications", "Activated slots given their residual",

@@ -23,6 +23,7 @@ its own session in turn: the same tokens and results, without the shared reads.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -185,10 +186,11 @@ class Scheduler:
                 log.exception("scheduler step failed")
                 for s in list(self._running):
                     self._finish(s, End(error=RapidMoEError("internal error in the scheduler")))
-        for s in list(self._running):
-            self._finish(s, End(cancelled=True))
-        for job, post, _ in list(self._waiting) + list(self._inbox):
-            post(End(cancelled=True))
+        with contextlib.suppress(RuntimeError):  # the server's event loop may be gone already
+            for s in list(self._running):
+                self._finish(s, End(cancelled=True))
+            for job, post, _ in list(self._waiting) + list(self._inbox):
+                post(End(cancelled=True))
 
     def _step(self) -> None:
         self._drop_cancelled()

@@ -232,7 +232,8 @@ class GenRequest:
 
 
 def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
-                  max_chars: int = chat.MAX_TEMPLATE_CHARS, template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
+                  max_chars: int = chat.MAX_TEMPLATE_CHARS,
+                  template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
     """Checks a decoded JSON body and renders/tokenizes its prompt, refusing a prompt (or messages,
     or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError.
     ``names``: the model names a request may give (None: any)."""
@@ -541,7 +542,8 @@ class Server(Observer):
 
     def health(self) -> dict:
         busy = self.scheduler.n_running
-        return {"status": "draining" if self.draining else "ok", "slots_idle": len(self.slots) - busy, "slots_processing": busy,
+        return {"status": "draining" if self.draining else "ok", "slots_idle": len(self.slots) - busy,
+                "slots_processing": busy,
                 "requests_waiting": max(self._admitted - busy, 0), "queue_limit": self.config.queue}
 
     def stats(self) -> dict:

@@ -177,6 +177,37 @@ def test_scheduler_a_failing_request_leaves_the_others(gguf):
         assert (text, finish, end.usage) == alone(gguf, req, n_ctx=128)
 
 
+def test_scheduler_reuses_the_longest_cached_prefix(gguf):
+    """A request that repeats a served prompt and adds to it takes the slot holding that prompt
+    and evaluates only the tokens after the common prefix, with the reply of a cold prefill."""
+    class Evaluated(Observer):
+        def __init__(self):
+            self.evaluated = []
+
+        def finished(self, status, prompt_tokens, evaluated, completion_tokens, stats):
+            self.evaluated.append(evaluated)
+
+    first, other = request(ids(30, 16), 4), request(ids(12, 17), 4)
+    follow = request(first.prompt_ids + ids(6, 18), 6)
+    obs = Evaluated()
+    with rm.Model(gguf, n_ctx=128, n_threads=2) as m:
+        sched = Scheduler([m, m.fork_session()], "m", observer=obs)
+        try:
+            jobs = [Job(r) for r in (first, other)]
+            with sched._cv:
+                for j in jobs:
+                    sched.submit(j, j)
+            for j in jobs:
+                j.result()
+            job = Job(follow)
+            sched.submit(job, job)
+            text, finish, end = job.result()
+        finally:
+            sched.close()
+    assert job.slot == jobs[0].slot and obs.evaluated == [30, 12, 6]
+    assert (text, finish, end.usage) == alone(gguf, follow, n_ctx=128)
+
+
 def test_scheduler_hybrid_sequences_run_one_by_one(tmp_path):
     """Qwen3-Next (linear-attention layers): no batch of sequences, so each is evaluated on its own
     session in every step, with the results it has alone."""

@@ -28,7 +28,9 @@ arrives. Reported: the streams' p50 gap before it arrived, and their p99 gap whi
 tokens; llama.cpp (as its server does, n_batch 2048, n_ubatch 512) puts up to --llama-batch of
 its tokens into each step beside the 4 tokens.
 
-Numbers from a machine shared with other work are noise; run it on a quiet one. Medians of one
+Numbers from a machine shared with other work are noise (llama.cpp's threads wait for each other
+by spinning, so with more threads than free cores its steps take many times longer); run it on a
+quiet one, or with --rt. Medians of one
 run each; the table is printed and, with --json, written with the raw per-N data.
 """
 
@@ -57,6 +59,18 @@ def pct(values: list[float], q: float) -> float:
         return float("nan")
     v = sorted(values)
     return v[min(len(v) - 1, max(0, round(q / 100 * (len(v) - 1))))]
+
+
+def rt_prefix(want: bool) -> list[str]:
+    """chrt -f 1 where allowed (bench_vs_llamacpp.py's --rt)."""
+    if not want:
+        return []
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp", os.path.join(HERE, "bench_vs_llamacpp.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.rt_prefix(True)
 
 
 def script(n_vocab: int, n: int, seed: int) -> list[int]:
@@ -254,7 +268,7 @@ def run_ours(a) -> dict:
     log = tempfile.NamedTemporaryFile("w+", prefix="bench_serving_", suffix=".log", delete=False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
     ctx = a.long + 4 * a.decode + a.prompt + 16
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, a.model, str(port), str(a.threads),
+    proc = subprocess.Popen([*rt_prefix(a.rt), sys.executable, "-c", SERVER, a.model, str(port), str(a.threads),
                              str(max(max(a.streams), 4) + 1), str(ctx), str(a.prefill_chunk)],
                             env=env, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
@@ -288,7 +302,7 @@ def run_ours(a) -> dict:
 
 
 def run_llama(a) -> dict:
-    args = [a.llama_python, os.path.abspath(__file__), "--llama-worker", a.model, "--threads", str(a.threads),
+    args = [*rt_prefix(a.rt), a.llama_python, os.path.abspath(__file__), "--llama-worker", a.model, "--threads", str(a.threads),
             "--streams", ",".join(map(str, a.streams)), "--prompt", str(a.prompt), "--decode", str(a.decode),
             "--long", str(a.long), "--llama-batch", str(a.llama_batch)]
     r = subprocess.run(args, capture_output=True, text=True)
@@ -336,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="llama.cpp's n_batch (default: %(default)s, as its server's)")
     ap.add_argument("--llama-python", default=DEFAULT_LLAMA_PYTHON, help="python of llama-cpp-python's environment")
     ap.add_argument("--skip-llamacpp", action="store_true")
+    ap.add_argument("--rt", action="store_true", help="run the server and llama.cpp at real-time priority (chrt -f 1)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--llama-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -109,8 +109,9 @@ class _Seq:
 
 class Scheduler:
     """Runs the requests given to ``submit`` on ``slots`` (sessions of one model, the first the
-    model itself), in a thread of its own. ``policy``/``budget``: the residual setting a slot
-    returns to after a request that chose its own."""
+    model itself; each with the same n_ctx), in a thread of its own. A slot goes back to the
+    first slot's residual policy and budget (as they are now) after a request that chose its own.
+    ``observer`` receives the counts and timings (the server's statistics and metrics)."""
 
     def __init__(self, slots: Sequence[Model], name: str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  observer: Observer | None = None):

@@ -172,8 +172,9 @@ class Model:
     def fork_session(self, n_ctx: int | None = None) -> "Model":
         """Another Model on the same loaded weights with a session of its own: KV cache, residual
         policy and statistics (default: this one's n_ctx and policy). Forks let several sequences
-        be served at once from one copy of the weights; their evaluations take turns on the native
-        model. Closing this Model closes its forks first."""
+        be served at once from one copy of the weights: separate evaluations take turns on the
+        native model, and ``eval_batch`` evaluates several in one. Closing this Model closes its
+        forks first."""
         self._live()
         if n_ctx is not None and n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")

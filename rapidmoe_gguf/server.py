@@ -206,7 +206,8 @@ def _check_fields(body: dict, fields: dict) -> dict:
 
 @dataclasses.dataclass
 class GenRequest:
-    """A checked request: what a worker needs to generate it."""
+    """A checked request: what the scheduler needs to generate it (``chunks``: the same through
+    the Python API, on one Model)."""
 
     kind: str                        # "completion" or "chat"
     prompt_ids: list[int]

@@ -443,28 +443,44 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
 
 def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None = None,
                    show_reasoning: bool = False) -> Iterator[dict]:
-    """Text-completion chunks (a generator) as chat chunks: the role first, then content, then an
-    empty delta with the finish reason. Closing this closes ``completion``, stopping generation.
-    With ``channels`` (a harmony model) only the final channel is content; the analysis channel
-    goes into ``reasoning_content`` deltas when ``show_reasoning``, else nowhere."""
-    head = None
+    """Text-completion chunks (a generator) as chat chunks (see ChatChunks). Closing this closes
+    ``completion``, stopping generation."""
+    chunks = ChatChunks(channels, show_reasoning)
     with contextlib.closing(completion):
         for c in completion:
-            if head is None:
-                head = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
-                        "model": c["model"]}
-                yield dict(head, choices=[{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                           "finish_reason": None}])
-            choice = c["choices"][0]
-            if choice["finish_reason"] is not None:
-                for delta in _deltas(channels, channels.flush() if channels else [], show_reasoning):
-                    yield dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
-                yield dict(head, choices=[{"index": 0, "delta": {}, "logprobs": None,
-                                           "finish_reason": choice["finish_reason"]}])
-            elif choice["text"]:
-                pieces = channels.feed(choice["text"]) if channels else [("final", choice["text"])]
-                for delta in _deltas(channels, pieces, show_reasoning):
-                    yield dict(head, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+            yield from chunks.feed(c)
+
+
+class ChatChunks:
+    """Text-completion chunks as chat chunks, one at a time: the role first, then content, then
+    an empty delta with the finish reason. With ``channels`` (a harmony model) only the final
+    channel is content; the analysis channel goes into ``reasoning_content`` deltas when
+    ``show_reasoning``, else nowhere."""
+
+    def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False):
+        self.channels, self.show_reasoning = channels, show_reasoning
+        self._head: dict | None = None
+
+    def feed(self, c: dict) -> list[dict]:
+        """The chat chunks that the completion chunk c gives."""
+        out, channels = [], self.channels
+        if self._head is None:
+            self._head = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
+                          "model": c["model"]}
+            out.append(self._chunk({"role": "assistant"}))
+        choice = c["choices"][0]
+        if choice["finish_reason"] is not None:
+            out += [self._chunk(d) for d in _deltas(channels, channels.flush() if channels else [],
+                                                    self.show_reasoning)]
+            out.append(self._chunk({}, choice["finish_reason"]))
+        elif choice["text"]:
+            pieces = channels.feed(choice["text"]) if channels else [("final", choice["text"])]
+            out += [self._chunk(d) for d in _deltas(channels, pieces, self.show_reasoning)]
+        return out
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
+        return dict(self._head, choices=[{"index": 0, "delta": delta, "logprobs": None,
+                                          "finish_reason": finish_reason}])
 
 
 def _deltas(channels, pieces: list[tuple[str, str]], show_reasoning: bool) -> Iterator[dict]:

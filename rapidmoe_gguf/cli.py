@@ -426,7 +426,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="requests generated at once, each with its own KV cache of --ctx tokens (default: %(default)s)")
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for a free slot; more get 503 (default: %(default)s)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prompt tokens evaluated per step beside the running requests' next tokens: smaller keeps "
+                        "their tokens coming while a long prompt is read, larger reads it sooner (default: 64)")
     p.add_argument("--name", help="the model name the API reports (default: the file name without .gguf)")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME",
+                   help="another name requests may give the model (repeatable)")
+    p.add_argument("--any-model", action="store_true",
+                   help="accept any model name in requests (clients configured with a fixed name otherwise get 404)")
     p.add_argument("--max-prompt-chars", type=int, default=None,
                    help="longest prompt (or messages, or rendered chat template) in characters; longer ones get "
                         "400 before they are tokenized (default: 16 per context token)")
@@ -443,14 +450,17 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .server import ServerConfig, check_api_key, serve
 
-    if args.parallel < 1 or args.queue < 0:
-        raise RapidMoEError(f"--parallel must be >= 1 and --queue >= 0, got {args.parallel} and {args.queue}")
+    if args.parallel < 1 or args.queue < 0 or args.prefill_chunk is not None and args.prefill_chunk < 1:
+        raise RapidMoEError(f"--parallel and --prefill-chunk must be >= 1 and --queue >= 0, got {args.parallel}, "
+                            f"{args.prefill_chunk} and {args.queue}")
     check_api_key(args.api_key)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, parallel=args.parallel,
-                          queue=args.queue, model_name=args.name, max_prompt_chars=args.max_prompt_chars,
+                          queue=args.queue, model_name=args.name, aliases=args.alias, any_model=args.any_model, max_prompt_chars=args.max_prompt_chars,
                           allowed_hosts=args.allowed_host, cors_origins=args.cors_origin)
     if args.template_timeout is not None:
         config.template_timeout = args.template_timeout
+    if args.prefill_chunk is not None:
+        config.prefill_chunk = args.prefill_chunk
     with _open_model(args) as m:
         res = (f"residual policy {m.residual_policy}, budget {_budget_str(m.residual_budget)}" if m.residual_path
                else "no residual sidecar")

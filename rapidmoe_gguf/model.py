@@ -172,8 +172,9 @@ class Model:
     def fork_session(self, n_ctx: int | None = None) -> "Model":
         """Another Model on the same loaded weights with a session of its own: KV cache, residual
         policy and statistics (default: this one's n_ctx and policy). Forks let several sequences
-        be served at once from one copy of the weights; their evaluations take turns on the native
-        model. Closing this Model closes its forks first."""
+        be served at once from one copy of the weights: separate evaluations take turns on the
+        native model, and ``eval_batch`` evaluates several in one. Closing this Model closes its
+        forks first."""
         self._live()
         if n_ctx is not None and n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
@@ -546,27 +547,20 @@ class Model:
             sampling = SamplingParams(**params)
         elif params:
             raise InvalidArgumentError(f"stream: give sampling or {', '.join(params)}, not both")
-        stops = [stop] if isinstance(stop, str) else list(stop)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        dec = IncrementalDecoder(self.tokenizer)
-        pending = ""
-        hold = max((len(s) for s in stops), default=0)
+        text = TextStream(self.tokenizer, stop)
         self.finish_reason = "stop"
         for t in self.generate_tokens(ids, max_tokens, sampling):
-            pending += dec.feed(t)
-            hits = [pending.find(s) for s in stops if s and s in pending]
-            if hits:
-                yield pending[:min(hits)]
+            piece = text.feed(t)
+            if piece is not None:
+                yield piece
+            if text.stopped:
                 return
-            if len(pending) > hold:
-                cut = len(pending) - hold
-                yield pending[:cut]
-                pending = pending[cut:]
         if self.last_timings.get("gen_tokens", 0) >= max_tokens:
             self.finish_reason = "length"
-        pending += dec.flush()
-        if pending:
-            yield pending
+        rest = text.flush()
+        if rest:
+            yield rest
 
     def create_completion(self, prompt, max_tokens: int = 16, temperature: float = _SD["temperature"],
                           top_p: float = _SD["top_p"], top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
@@ -679,6 +673,37 @@ class Model:
             cut = [text.find(s) for s in stops if s in text]
             texts[i] = text[:min(cut)] if cut else text
         return texts
+
+
+class TextStream:
+    """Generated tokens as text, one token at a time (``Model.stream``, the server's scheduler):
+    ``feed`` returns the text a token completes, or None while there is none; text that could
+    begin a stop string is held back until it cannot. When the text reaches a stop string,
+    ``feed`` returns what comes before it (maybe "") and ``stopped`` turns true: the reply ends
+    there, and nothing held back follows. Otherwise ``flush`` gives the rest at the end."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: str | Sequence[str] = ()):
+        self.stops = [stop] if isinstance(stop, str) else list(stop)
+        self._dec = IncrementalDecoder(tokenizer)
+        self._pending = ""
+        self._hold = max((len(s) for s in self.stops), default=0)
+        self.stopped = False
+
+    def feed(self, token: int) -> str | None:
+        self._pending += self._dec.feed(token)
+        hits = [self._pending.find(s) for s in self.stops if s and s in self._pending]
+        if hits:
+            self.stopped = True
+            return self._pending[:min(hits)]
+        if len(self._pending) > self._hold:
+            cut = len(self._pending) - self._hold
+            piece, self._pending = self._pending[:cut], self._pending[cut:]
+            return piece
+        return None
+
+    def flush(self) -> str:
+        rest, self._pending = self._pending + self._dec.flush(), ""
+        return rest
 
 
 def eval_batch(seqs: Sequence[tuple[Model, Sequence[int]]], all_logits: bool = False) -> list[np.ndarray]:

@@ -3,12 +3,20 @@
 Endpoints (request and response shapes as OpenAI's and llama-cpp-python's):
 
     GET  /                      a small web chat page (no data in it; it calls the API)
-    GET  /health                {"status": "ok", slots and queue}; never needs the API key
+    GET  /health                {"status": "ok" (or "draining", with 503), slots and queue}; never needs
+                                the API key
     GET  /v1/models             the one loaded model
     POST /v1/completions        prompt -> text; "stream": true sends server-sent events
     POST /v1/chat/completions   messages -> reply, rendered with the model's chat template
     GET  /v1/rapidmoe/stats     expert activations and residual decisions per layer, summed over
                                 the requests served so far, and the realised residual rate
+    GET  /metrics               Prometheus metrics (rapidmoe_gguf.metrics): requests by status, queue,
+                                tokens, latency histograms, KV cache use, residual rate
+
+Lifecycle: SIGTERM drains the server (``serve``): new requests get 503 and /health answers 503
+"draining" while the running and waiting requests finish; then it exits. Model names: requests
+may name the model by its name, its file name or an alias (``aliases``); ``any_model`` accepts
+any name, for clients configured with a fixed one.
 
 Beyond OpenAI's fields a request may carry ``top_k``, ``min_p``, ``repeat_penalty`` and
 ``residual_policy`` / ``residual_budget``, which apply to that request only. OpenAI fields this
@@ -16,13 +24,14 @@ server does not implement (``n`` > 1, logprobs, tools, ...; see UNSUPPORTED) are
 rather than ignored; fields it does not know at all are ignored.
 
 Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
-(``Model.fork_session``), each with its own KV cache. A request takes the free slot whose cache
-holds the longest prefix of its prompt (which it then does not evaluate again, see Model.generate)
-and generates in a worker thread (the native calls release the GIL, and the native model runs one
-evaluation at a time, so slots interleave token by token). Up to ``queue`` further requests wait for a slot; beyond
-that the answer is 503. A client that goes away, while waiting or while streaming, cancels its
-generation at the next token (or, in a long prompt, between its steps of n_batch tokens), and its
-slot is handed on.
+(``Model.fork_session``), each with its own KV cache. One thread, the scheduler
+(rapidmoe_gguf.scheduler), owns them and runs one evaluation per step: the next token of every
+running request and a chunk of at most ``prefill_chunk`` tokens of one prompt being read, so the
+weights are read once per step for all of them and a long prompt does not stall the others. A
+request takes the free slot whose cache holds the longest prefix of its prompt (which it then does
+not evaluate again, see Model.generate); up to ``queue`` further requests wait for a slot, in order
+of arrival; beyond that the answer is 503. A client that goes away, while waiting, while its prompt
+is read or while streaming, cancels its request at the next step, and its slot is handed on.
 
 Admission comes before work: a request the slots and the queue cannot take gets 503 before its
 prompt is rendered or tokenized, and what one request may cost before it holds a slot is bounded
@@ -47,7 +56,6 @@ Every error leaves the connection open for the client's next request.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
@@ -56,6 +64,7 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from importlib import resources
@@ -73,6 +82,9 @@ from starlette.routing import Route
 from . import chat, umia
 from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoResidualError, RapidMoEError, StateError
 from .model import Model, SamplingParams
+from . import metrics
+from .metrics import ServerMetrics
+from .scheduler import DEFAULT_PREFILL_CHUNK, End, Observer, Scheduler
 from .sampling import SAMPLING_DEFAULTS
 
 log = logging.getLogger("rapidmoe.server")
@@ -84,9 +96,12 @@ class ServerConfig:
     port: int = 8080
     api_key: str | None = None       # None: no authentication
     parallel: int = 1                # slots: sequences generated at once
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK   # prompt tokens per step while others decode
     queue: int = 16                  # requests that may wait for a slot
     max_body: int = 1 << 20          # bytes
     model_name: str | None = None    # default: the file name without .gguf
+    aliases: list[str] = dataclasses.field(default_factory=list)   # more names requests may give the model
+    any_model: bool = False          # accept any model name in requests (one model is served)
     max_prompt_chars: int | None = None              # a prompt, or the messages; None: 16 per context token
     template_timeout: float = chat.TEMPLATE_TIMEOUT  # seconds one chat template render may take
     allowed_hosts: list[str] = dataclasses.field(default_factory=list)   # Host names served besides localhost
@@ -191,7 +206,8 @@ def _check_fields(body: dict, fields: dict) -> dict:
 
 @dataclasses.dataclass
 class GenRequest:
-    """A checked request: what a worker needs to generate it."""
+    """A checked request: what the scheduler needs to generate it (``chunks``: the same through
+    the Python API, on one Model)."""
 
     kind: str                        # "completion" or "chat"
     prompt_ids: list[int]
@@ -216,14 +232,16 @@ class GenRequest:
         return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning)
 
 
-def parse_request(kind: str, body: Any, model: Model, names: set[str], max_chars: int = chat.MAX_TEMPLATE_CHARS,
+def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
+                  max_chars: int = chat.MAX_TEMPLATE_CHARS,
                   template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
     """Checks a decoded JSON body and renders/tokenizes its prompt, refusing a prompt (or messages,
-    or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError."""
+    or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError.
+    ``names``: the model names a request may give (None: any)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     f = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
-    if f["model"] is not None and f["model"] not in names:
+    if f["model"] is not None and names is not None and f["model"] not in names:
         raise ApiError(404, f"the model '{f['model']}' does not exist; this server has {sorted(names)[0]!r}",
                        param="model", code="model_not_found")
     for name, nothing in UNSUPPORTED.items():
@@ -313,29 +331,22 @@ def _completion_prompt(model: Model, prompt, max_chars: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Slots and jobs
+# Jobs
 # ---------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class _End:
-    """The last event of a job."""
-
-    usage: dict | None = None
-    error: BaseException | None = None
-    cancelled: bool = False
+_End = End
 
 
 class _Job:
     def __init__(self, req: GenRequest):
         self.req = req
         self.events: asyncio.Queue = asyncio.Queue()   # chunk dicts, then one _End
-        self.cancel = threading.Event()                # set: the worker stops at the next token
+        self.cancel = threading.Event()                # set: the scheduler drops it at its next step
         self.slot: int | None = None
-        self.task: asyncio.Task | None = None          # _run; referenced here so it is not collected
 
 
-class Server:
-    """The state behind the app: the slots, the queue, the worker threads, the statistics."""
+class Server(Observer):
+    """The state behind the app: the slots, the scheduler that runs them, the statistics."""
 
     def __init__(self, model: Model, config: ServerConfig):
         if config.parallel < 1 or config.queue < 0:
@@ -343,19 +354,18 @@ class Server:
         if config.max_prompt_chars is not None and config.max_prompt_chars < 1 or not config.template_timeout > 0:
             raise InvalidArgumentError(f"max_prompt_chars must be >= 1 and template_timeout > 0, got "
                                        f"{config.max_prompt_chars} and {config.template_timeout}")
+        if config.prefill_chunk < 1:
+            raise InvalidArgumentError(f"prefill_chunk must be >= 1, got {config.prefill_chunk}")
         check_api_key(config.api_key)
         self.model, self.config = model, config
         self.max_prompt_chars = config.max_prompt_chars or 16 * model.n_ctx
         stem = os.path.basename(model.path)
         self.name = config.model_name or (stem[:-5] if stem.endswith(".gguf") else stem)
-        self.names = {self.name, os.path.basename(model.path)}
+        self.names = {self.name, os.path.basename(model.path), *config.aliases}
+        self.accepted_names = None if config.any_model else self.names   # parse_request's names (None: any)
         self.slots = [model] + [model.fork_session() for _ in range(config.parallel - 1)]
         self.policy, self.budget = model.residual_policy, model.residual_budget
-        self._free: asyncio.Queue = asyncio.Queue()
-        for i in range(len(self.slots)):
-            self._free.put_nowait(i)
         self._admitted = 0                             # requests holding or waiting for a slot
-        self._executor = concurrent.futures.ThreadPoolExecutor(config.parallel, thread_name_prefix="rapidmoe-slot")
         self._jobs: set[_Job] = set()
         shape = (model.info["n_layer"], model.info["n_expert"])
         self._lock = threading.Lock()
@@ -363,11 +373,22 @@ class Server:
         self._residual = np.zeros(shape, dtype=np.uint64)
         self._counts = {"requests": 0, "cancelled": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
         self.started = int(time.time())
+        self.peak_batch = 0                            # the most sequences one step has evaluated
+        self.draining = False                          # after SIGTERM: new requests get 503
+        self.metrics = ServerMetrics(sum(m.n_ctx for m in self.slots)) if metrics.prom is not None else None
+        self.scheduler = Scheduler(self.slots, self.name, config.prefill_chunk, observer=self)
+
+    @property
+    def _free(self):
+        return self.scheduler.free
+
+    def _pick_slot(self, prompt_ids: list[int], first: int) -> int:
+        return self.scheduler.pick_slot(prompt_ids, first)
 
     def close(self) -> None:
         for job in list(self._jobs):
             job.cancel.set()
-        self._executor.shutdown(wait=True)
+        self.scheduler.close()
         for slot in self.slots[1:]:
             slot.close()
 
@@ -375,7 +396,9 @@ class Server:
 
     def admit(self) -> None:
         """Takes a place among the requests running or waiting, or raises 503. The place is given
-        back by ``generate`` (through ``_run``), or by ``release`` when the request fails before."""
+        back when the request's last event arrives, or by ``release`` when it fails before."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down; retry on another", code="server_shutting_down")
         if self._admitted >= self.config.parallel + self.config.queue:
             raise ApiError(503, f"the server is busy: {self.config.parallel} requests running and "
                            f"{self.config.queue} waiting; retry later", code="server_busy")
@@ -384,23 +407,56 @@ class Server:
     def release(self) -> None:
         self._admitted -= 1
 
+    def refused(self, exc: BaseException) -> None:
+        """Counts a generation request answered with an error before it reached the scheduler."""
+        if self.metrics is None:
+            return
+        status = exc.status if isinstance(exc, ApiError) else 500
+        kind = ("draining" if self.draining else "busy") if status == 503 else "invalid" if status < 500 else "error"
+        self.metrics.requests.labels(kind).inc()
+
+    def drain(self, then: Callable[[], None]) -> None:
+        """Refuses new requests from now on (503), and calls ``then`` (from a thread of its own)
+        once the requests running or waiting have finished."""
+        self.draining = True
+        if self.metrics is not None:
+            self.metrics.draining.set(1)
+
+        def wait() -> None:
+            while self._admitted > 0:
+                time.sleep(0.05)
+            then()
+
+        threading.Thread(target=wait, name="rapidmoe-drain", daemon=True).start()
+
     async def generate(self, request: Request, req: GenRequest) -> Response:
         """Generates an admitted request."""
         job = _Job(req)
         self._jobs.add(job)
-        job.task = asyncio.create_task(self._run(request, job))
+        loop = asyncio.get_running_loop()
+
+        def arrived(item) -> None:                 # on the event loop
+            if isinstance(item, _End):
+                self._jobs.discard(job)
+                self._admitted -= 1
+            job.events.put_nowait(item)
+
+        self.scheduler.submit(job, lambda item: loop.call_soon_threadsafe(arrived, item))
+        watch = asyncio.create_task(self._watch(request, job))
         try:
             first = await job.events.get()
         except BaseException:
             job.cancel.set()
+            watch.cancel()
             raise
         if isinstance(first, _End):
+            watch.cancel()
             if first.error is not None:
                 raise api_error(first.error)
             if first.cancelled:
                 return Response(status_code=499)
         if req.stream:
-            return StreamingResponse(self._sse(job, first), media_type="text/event-stream",
+            return StreamingResponse(self._sse(job, first, watch), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         chunks = [first]
         try:
@@ -408,109 +464,61 @@ class Server:
                 chunks.append(await job.events.get())
         finally:
             job.cancel.set()
+            watch.cancel()
         end = chunks.pop()
         if end.error is not None:
             raise api_error(end.error)
         return JSONResponse(_fold(req.kind, chunks, end.usage))
 
-    async def _run(self, request: Request, job: _Job) -> None:
-        """Waits for a slot, generates in a worker thread, hands the slot on. Never raises."""
-        loop = asyncio.get_running_loop()
-        watch = asyncio.create_task(self._watch(request, job, asyncio.current_task()))
-        try:
-            job.slot = self._pick_slot(job.req.prompt_ids, await self._free.get())
-            fut = loop.run_in_executor(self._executor, self._work, job,
-                                       lambda item: loop.call_soon_threadsafe(job.events.put_nowait, item))
-            try:
-                await asyncio.shield(fut)
-            except asyncio.CancelledError:
-                job.cancel.set()
-                await asyncio.wait([fut])
-                raise
-        except asyncio.CancelledError:          # the client left while waiting (or shutdown)
-            job.events.put_nowait(_End(cancelled=True))
-        finally:
-            watch.cancel()
-            self._jobs.discard(job)
-            if job.slot is not None:
-                self._free.put_nowait(job.slot)
-            self._admitted -= 1
-
-    def _pick_slot(self, prompt_ids: list[int], first: int) -> int:
-        """Of the free slots (first, just taken, and any others free now), the one whose cache
-        holds the longest prefix of the prompt (the earliest freed among equals); the others go
-        back in their order."""
-        free = [first]
-        while not self._free.empty():
-            free.append(self._free.get_nowait())
-        best = max(free, key=lambda i: (self.slots[i]._reusable(prompt_ids), -free.index(i)))
-        for i in free:
-            if i != best:
-                self._free.put_nowait(i)
-        return best
-
-    async def _watch(self, request: Request, job: _Job, runner: asyncio.Task) -> None:
+    async def _watch(self, request: Request, job: _Job) -> None:
         """Cancels the job when its client disconnects."""
         while not job.cancel.is_set():
             if await request.is_disconnected():
                 job.cancel.set()
-                if job.slot is None:
-                    runner.cancel()
+                self.scheduler.wake()
                 return
             await asyncio.sleep(0.1)
 
-    def _work(self, job: _Job, post: Callable[[Any], None]) -> None:
-        """In a worker thread: generates job's request on its slot, posting chunks then an _End."""
-        req, slot = job.req, self.slots[job.slot]
-        end = _End()
-        try:
-            if slot.residual_path is not None:
-                # Set for every request, as it also restarts the budget controller: a request's
-                # residual decisions do not depend on what its slot served before.
-                slot.set_residual(req.policy or self.policy, self.budget if req.budget is None else req.budget)
-            slot.clear_stats()
-            slot.last_timings = {}
-            slot.cancel = job.cancel        # a long prompt stops between its steps
-            it = req.chunks(slot, self.name)
-            try:
-                for chunk in it:
-                    post(chunk)
-                    if job.cancel.is_set():
-                        end.cancelled = True
-                        break
-            finally:
-                it.close()
-                slot.cancel = None
-            end.cancelled = end.cancelled or job.cancel.is_set()
-            n_gen = slot.last_timings.get("gen_tokens", 0)
-            end.usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": n_gen,
-                         "total_tokens": len(req.prompt_ids) + n_gen}
-        except Exception as exc:                    # reported to the client, the server goes on
-            end.error = exc
-        finally:
-            try:
-                self._account(slot, end)
-                default = (self.policy, self.budget)
-                if slot.residual_path is not None and (slot.residual_policy, slot.residual_budget) != default:
-                    slot.set_residual(*default)
-            except Exception:                       # pragma: no cover - a closed model at shutdown
-                log.exception("slot %d: could not restore the residual policy", job.slot)
-            post(end)
+    # -- the scheduler's observations (its thread) ----------------------------------------------
 
-    def _account(self, slot: Model, end: _End) -> None:
-        st = slot.stats()
+    def queued(self, n_waiting: int, n_running: int) -> None:
+        if self.metrics is not None:
+            self.metrics.queued(n_waiting, n_running)
+
+    def first_token(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.first_token(seconds)
+
+    def token_gap(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.token_gap(seconds)
+
+    def step(self, n_tokens: int, n_seqs: int, kv_tokens: int) -> None:
+        self.peak_batch = max(self.peak_batch, n_seqs)
+        if self.metrics is not None:
+            self.metrics.step(n_tokens, n_seqs, kv_tokens)
+
+    def left_waiting(self) -> None:
+        if self.metrics is not None:
+            self.metrics.requests.labels("cancelled").inc()
+
+    def finished(self, status: str, prompt_tokens: int, evaluated: int, completion_tokens: int,
+                 stats: dict | None) -> None:
+        if self.metrics is not None:
+            self.metrics.finished(status, prompt_tokens, evaluated, completion_tokens, stats)
         with self._lock:
-            self._active += st["active"]
-            self._residual += st["residual"]
+            if stats is not None:
+                self._active += stats["active"]
+                self._residual += stats["residual"]
             c = self._counts
             c["requests"] += 1
-            c["cancelled"] += end.cancelled
-            c["errors"] += end.error is not None
-            if end.usage:
-                c["prompt_tokens"] += end.usage["prompt_tokens"]
-                c["completion_tokens"] += end.usage["completion_tokens"]
+            c["cancelled"] += status == "cancelled"
+            c["errors"] += status == "error"
+            if status != "error":
+                c["prompt_tokens"] += prompt_tokens
+                c["completion_tokens"] += completion_tokens
 
-    async def _sse(self, job: _Job, first) -> Any:
+    async def _sse(self, job: _Job, first, watch: asyncio.Task) -> Any:
         item, head = first, {}
         try:
             while True:
@@ -529,12 +537,14 @@ class Server:
                 item = await job.events.get()
         finally:
             job.cancel.set()                        # the client left (or the stream ended)
+            watch.cancel()
 
     # -- introspection ----------------------------------------------------------------------------
 
     def health(self) -> dict:
-        busy = len(self.slots) - self._free.qsize()
-        return {"status": "ok", "slots_idle": self._free.qsize(), "slots_processing": busy,
+        busy = self.scheduler.n_running
+        return {"status": "draining" if self.draining else "ok", "slots_idle": len(self.slots) - busy,
+                "slots_processing": busy,
                 "requests_waiting": max(self._admitted - busy, 0), "queue_limit": self.config.queue}
 
     def stats(self) -> dict:
@@ -666,28 +676,40 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
 
     def endpoint(kind: str):
         async def handle(request: Request) -> Response:
-            body = await read_json(request)
-            server.admit()                         # before any work on the prompt
             try:
-                req = await asyncio.to_thread(parse_request, kind, body, model, server.names,
+                body = await read_json(request)
+                server.admit()                     # before any work on the prompt
+            except Exception as exc:
+                server.refused(exc)
+                raise
+            try:
+                req = await asyncio.to_thread(parse_request, kind, body, model, server.accepted_names,
                                               server.max_prompt_chars, config.template_timeout)
-            except BaseException:
+            except BaseException as exc:
                 server.release()
+                server.refused(exc)
                 raise
             return await server.generate(request, req)
         return handle
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(server)]})
+        names = [server.name] + [a for a in config.aliases if a != server.name]
+        return JSONResponse({"object": "list", "data": [_model_card(server, n) for n in names]})
 
     async def one_model(request: Request) -> Response:
-        if request.path_params["name"] not in server.names:
-            raise ApiError(404, f"the model '{request.path_params['name']}' does not exist", param="model",
-                           code="model_not_found")
-        return JSONResponse(_model_card(server))
+        name = request.path_params["name"]
+        if server.accepted_names is not None and name not in server.names:
+            raise ApiError(404, f"the model '{name}' does not exist", param="model", code="model_not_found")
+        return JSONResponse(_model_card(server, name if name in config.aliases or config.any_model else server.name))
 
     async def health(request: Request) -> Response:
-        return JSONResponse(server.health())
+        return JSONResponse(server.health(), status_code=503 if server.draining else 200)
+
+    async def prometheus(request: Request) -> Response:
+        if server.metrics is None:
+            raise ApiError(501, "metrics need the prometheus_client package (pip install prometheus_client)",
+                           code="not_implemented")
+        return Response(server.metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(server.stats())
@@ -713,6 +735,7 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         Route("/v1/completions", guarded(endpoint("completion"), post=True), methods=["POST"]),
         Route("/v1/chat/completions", guarded(endpoint("chat"), post=True), methods=["POST"]),
         Route("/v1/rapidmoe/stats", guarded(stats), methods=["GET"]),
+        Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
     middleware = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                              allow_headers=["Authorization", "Content-Type"])] if config.cors_origins else []
@@ -729,17 +752,30 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
     return app
 
 
-def _model_card(server: Server) -> dict:
+def _model_card(server: Server, name: str) -> dict:
     m = server.model
-    return {"id": server.name, "object": "model", "created": server.started, "owned_by": "rapidmoe",
+    return {"id": name, "object": "model", "created": server.started, "owned_by": "rapidmoe",
             "meta": {"arch": m.info["arch"], "n_ctx": m.n_ctx, "n_vocab": m.n_vocab, "n_layer": m.info["n_layer"],
                      "n_expert": m.info["n_expert"], "n_expert_used": m.info["n_expert_used"],
                      "residual_sidecar": m.residual_path is not None, "parallel": len(server.slots)}}
 
 
 def serve(model: Model, config: ServerConfig, log_level: str = "info") -> None:
-    """Runs the server until interrupted (Ctrl-C)."""
+    """Runs the server until interrupted. Ctrl-C (SIGINT) stops it, cancelling what runs; SIGTERM
+    drains it: new requests get 503 while the running and waiting ones finish, then it returns
+    (a second SIGTERM stops it at once)."""
     import uvicorn
 
     app = create_app(model, config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=log_level, timeout_graceful_shutdown=5)
+    state: Server = app.state.server
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGTERM and not state.draining:
+                log.warning("SIGTERM: finishing the running requests, refusing new ones, then exiting")
+                state.drain(lambda: setattr(self, "should_exit", True))
+                return
+            super().handle_exit(sig, frame)
+
+    DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                  timeout_graceful_shutdown=5)).run()

@@ -1,0 +1,321 @@
+"""The server's scheduler: one thread owns the model's sessions and runs one evaluation per step.
+
+Each step is one batch (``model.eval_batch``): the next token of every running request, and a
+chunk of at most one prompt being prefilled. So N requests in flight read the weights once per
+step between them, and a long prompt goes in chunks of ``prefill_chunk`` tokens between the
+others' tokens instead of stalling them for its whole prefill. When nothing else runs, a prompt
+goes in chunks of ``n_batch``, the evaluation's own step.
+
+A request waits (FIFO) until a slot is free: a slot is a session of the model (``fork_session``)
+with its own KV cache, and a request takes the free slot whose cache holds the longest prefix of
+its prompt, which it then does not evaluate again (``Model._keep_prefix``). Its sampler, stop
+strings and residual policy are its own; the slot's policy goes back to the server's afterwards.
+
+Cancellation (a client that went away: ``job.cancel`` set) is seen at the start of every step, so
+a request stops between two chunks of its prompt or before its next token, and its slot is free
+for the next step.
+
+Where several sequences cannot share one evaluation (a GPU session, multi-head latent attention,
+linear-attention layers: ``rm_batch_eval`` refuses them), each sequence of a step is evaluated on
+its own session in turn: the same tokens and results, without the shared reads.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from . import chat
+from .errors import NeedsCPUError, RapidMoEError, UnsupportedError
+from .model import Model, TextStream, eval_batch
+from .sampling import Sampler
+
+log = logging.getLogger("rapidmoe.server")
+
+DEFAULT_PREFILL_CHUNK = 64   # prompt tokens per step while other requests decode (cli.py's help says 64)
+
+
+@dataclasses.dataclass
+class End:
+    """The last event of a job."""
+
+    usage: dict | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
+class Job(Protocol):
+    """What the scheduler needs of a request (server._Job)."""
+
+    req: Any                      # server.GenRequest
+    cancel: threading.Event       # set: stop at the next step
+    slot: int | None
+
+
+class Observer:
+    """Hooks for metrics; the default does nothing. Called from the scheduler's thread."""
+
+    def queued(self, n_waiting: int, n_running: int) -> None: ...
+    def first_token(self, seconds: float) -> None: ...
+    def token_gap(self, seconds: float) -> None: ...
+    def step(self, n_tokens: int, n_seqs: int, kv_tokens: int) -> None: ...
+    def left_waiting(self) -> None: ...
+    def finished(self, status: str, prompt_tokens: int, evaluated: int, completion_tokens: int,
+                 stats: dict | None) -> None: ...
+
+
+class _Seq:
+    """A request on its slot: its prompt still to evaluate, its sampler and its text so far."""
+
+    def __init__(self, job: Job, slot: Model, post: Callable[[Any], None], name: str, arrived: float):
+        req = job.req
+        self.job, self.slot, self.post, self.req = job, slot, post, req
+        self.sampler = Sampler(req.sampling)
+        self.history = list(req.prompt_ids)
+        keep = slot._keep_prefix(self.history)
+        self.rest = np.asarray(req.prompt_ids[keep:], dtype=np.int32)   # prompt tokens to evaluate
+        self.done = 0                             # of them, evaluated
+        self.next_token: int | None = None        # sampled, to evaluate in the next step
+        self.n_gen = 0
+        self.text = TextStream(slot.tokenizer, req.stop)
+        self.chat = chat.ChatChunks(chat.HarmonyChannels() if req.harmony else None,
+                                    req.show_reasoning) if req.kind == "chat" else None
+        self.head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+                     "model": name}
+        self.arrived, self.last = arrived, None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.done < self.rest.size
+
+    def emit(self, text: str, finish_reason: str | None = None) -> None:
+        chunk = {**self.head, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
+        for c in self.chat.feed(chunk) if self.chat is not None else [chunk]:
+            self.post(c)
+
+    def usage(self) -> dict:
+        n = len(self.req.prompt_ids)
+        return {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen}
+
+
+class Scheduler:
+    """Runs the requests given to ``submit`` on ``slots`` (sessions of one model, the first the
+    model itself; each with the same n_ctx), in a thread of its own. A slot goes back to the
+    first slot's residual policy and budget (as they are now) after a request that chose its own.
+    ``observer`` receives the counts and timings (the server's statistics and metrics)."""
+
+    def __init__(self, slots: Sequence[Model], name: str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 observer: Observer | None = None):
+        if prefill_chunk < 1:
+            raise RapidMoEError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.slots, self.name, self.prefill_chunk = list(slots), name, prefill_chunk
+        self.observer = observer or Observer()
+        m = self.slots[0]
+        self.policy, self.budget = m.residual_policy, m.residual_budget
+        self.batched = (len(self.slots) > 1 and m.backend == "cpu" and m.info["kv_lora_rank"] == 0
+                        and m.info["n_layer_linear"] == 0)
+        self.free: queue.Queue = queue.Queue()    # slot indices, in the order they were freed
+        for i in range(len(self.slots)):
+            self.free.put_nowait(i)
+        self._inbox: collections.deque = collections.deque()   # (job, post, arrived), not yet seen by the thread
+        self._waiting: collections.deque = collections.deque()
+        self._running: list[_Seq] = []           # in the order they took their slots
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="rapidmoe-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- from other threads ------------------------------------------------------------------------
+
+    def submit(self, job: Job, post: Callable[[Any], None]) -> None:
+        """Queues job; ``post`` (thread-safe) receives its chunks, then one End."""
+        with self._cv:
+            self._inbox.append((job, post, time.perf_counter()))
+            self._cv.notify()
+
+    def wake(self) -> None:
+        """Makes an idle loop look at its jobs again (a cancel flag was set)."""
+        with self._cv:
+            self._cv.notify()
+
+    @property
+    def n_running(self) -> int:
+        return len(self.slots) - self.free.qsize()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join()
+
+    def pick_slot(self, prompt_ids: Sequence[int], first: int) -> int:
+        """Of the free slots (first, just taken, and any others free now), the one whose cache
+        holds the longest prefix of the prompt (the earliest freed among equals); the others go
+        back in their order."""
+        free = [first]
+        while not self.free.empty():
+            free.append(self.free.get_nowait())
+        best = max(free, key=lambda i: (self.slots[i]._reusable(prompt_ids), -free.index(i)))
+        for i in free:
+            if i != best:
+                self.free.put_nowait(i)
+        return best
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stop or self._inbox or self._waiting or self._running):
+                    self._cv.wait()
+                if self._stop:
+                    break
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+            try:
+                self._step()
+            except Exception:                    # pragma: no cover - a bug: fail the requests, keep serving
+                log.exception("scheduler step failed")
+                for s in list(self._running):
+                    self._finish(s, End(error=RapidMoEError("internal error in the scheduler")))
+        with contextlib.suppress(RuntimeError):  # the server's event loop may be gone already
+            for s in list(self._running):
+                self._finish(s, End(cancelled=True))
+            for job, post, _ in list(self._waiting) + list(self._inbox):
+                post(End(cancelled=True))
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._start_waiting()
+        self.observer.queued(len(self._waiting), len(self._running))
+        decoding = [s for s in self._running if not s.prefilling]
+        work = [(s, [s.next_token]) for s in decoding]
+        prefill = next((s for s in self._running if s.prefilling), None)
+        if prefill is not None:
+            n_batch = prefill.slot.n_batch
+            n = max(1, min(self.prefill_chunk, n_batch - len(work))) if work else n_batch
+            work.append((prefill, prefill.rest[prefill.done:prefill.done + n].tolist()))
+        if not work:
+            self.observer.queued(len(self._waiting), len(self._running))
+            return
+        results = self._eval(work)
+        self.observer.step(sum(len(t) for _, t in work), len(work), sum(m.n_past for m in self.slots))
+        for (s, toks), got in zip(work, results):
+            if isinstance(got, BaseException):
+                self._finish(s, End(error=got))
+                continue
+            if s.prefilling:
+                s.done += len(toks)
+                if s.prefilling:
+                    continue
+            self._next_token(s, got)
+        self.observer.queued(len(self._waiting), len(self._running))
+
+    def _drop_cancelled(self) -> None:
+        for item in [w for w in self._waiting if w[0].cancel.is_set()]:
+            self._waiting.remove(item)
+            self.observer.left_waiting()
+            item[1](End(cancelled=True))
+        for s in [s for s in self._running if s.job.cancel.is_set()]:
+            self._finish(s, End(cancelled=True, usage=s.usage()))
+
+    def _start_waiting(self) -> None:
+        while self._waiting and not self.free.empty():
+            job, post, arrived = self._waiting.popleft()
+            job.slot = self.pick_slot(job.req.prompt_ids, self.free.get_nowait())
+            slot = self.slots[job.slot]
+            try:
+                if slot.residual_path is not None:
+                    # Set for every request, as it also restarts the budget controller: a request's
+                    # residual decisions do not depend on what its slot served before.
+                    slot.set_residual(job.req.policy or self.policy,
+                                      self.budget if job.req.budget is None else job.req.budget)
+                slot.clear_stats()
+                s = _Seq(job, slot, post, self.name, arrived)
+            except Exception as exc:             # this request's settings: the others go on
+                self._release(job.slot)
+                post(End(error=exc))
+                continue
+            self._running.append(s)
+
+    def _eval(self, work: list[tuple[_Seq, list[int]]]) -> list:
+        """Each sequence's last logits (or the exception its evaluation raised)."""
+        if self.batched and len(work) > 1:
+            try:
+                return eval_batch([(s.slot, toks) for s, toks in work])
+            except (UnsupportedError, NeedsCPUError) as exc:   # nothing was evaluated
+                log.warning("batches of sequences are not possible here (%s); evaluating them one by one", exc)
+                self.batched = False
+            except RapidMoEError:                # find the sequence at fault: each alone, the caches as before
+                pass
+        out = []
+        for s, toks in work:
+            try:
+                out.append(s.slot.eval(toks))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _next_token(self, s: _Seq, logits: np.ndarray) -> None:
+        """Samples s's next token from logits and sends the text it completes; ends s at an
+        end-of-generation token, a stop string, max_tokens or a full context."""
+        if s.n_gen >= s.req.max_tokens:          # max_tokens 0: the prompt only
+            self._finish(s, End(usage=s.usage()), "length")
+            return
+        now = time.perf_counter()
+        t = s.sampler.sample(logits, s.history)
+        if t in s.slot.tokenizer.eog_ids:
+            self._finish(s, End(usage=s.usage()), "stop")
+            return
+        s.history.append(t)
+        s.n_gen += 1
+        if s.last is None:
+            self.observer.first_token(now - s.arrived)
+        else:
+            self.observer.token_gap(now - s.last)
+        s.last = now
+        piece = s.text.feed(t)
+        if piece is not None:
+            s.emit(piece)
+        if s.text.stopped:
+            self._finish(s, End(usage=s.usage()), "stop", flush=False)
+        elif s.n_gen >= s.req.max_tokens:
+            self._finish(s, End(usage=s.usage()), "length")
+        elif s.slot.n_past + 1 > s.slot.n_ctx:
+            self._finish(s, End(usage=s.usage()), "stop")
+        else:
+            s.next_token = t
+
+    def _finish(self, s: _Seq, end: End, finish_reason: str | None = None, flush: bool = True) -> None:
+        """Ends s: its last text and finish reason (unless it failed or was cancelled), its End,
+        the statistics, and its slot back to the server's residual policy and to the free ones."""
+        if finish_reason is not None:
+            rest = s.text.flush() if flush else ""
+            if rest:
+                s.emit(rest)
+            s.emit("", finish_reason)
+        self._running.remove(s)
+        stats = None
+        try:
+            stats = s.slot.stats()
+            if s.slot.residual_path is not None and (s.slot.residual_policy, s.slot.residual_budget) != \
+                    (self.policy, self.budget):
+                s.slot.set_residual(self.policy, self.budget)
+        except Exception:                        # pragma: no cover - a closed model at shutdown
+            log.exception("slot %d: could not read its statistics or restore its residual policy", s.job.slot)
+        status = "error" if end.error is not None else "cancelled" if end.cancelled else "ok"
+        self.observer.finished(status, len(s.req.prompt_ids), s.done, s.n_gen, stats)
+        self._release(s.job.slot)
+        s.post(end)
+
+    def _release(self, slot: int) -> None:
+        self.free.put_nowait(slot)

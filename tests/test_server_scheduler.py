@@ -1,0 +1,325 @@
+"""The server's scheduler (rapidmoe_gguf.scheduler): one evaluation per step for every running
+request, prompts in chunks between the others' tokens, cancellation between chunks, queueing
+beyond the slots, and a failing request that leaves the others alone.
+
+Oracle: each request generated alone by the Python API (Model.create_completion) on a Model of
+its own. The runtime keeps a token's arithmetic independent of the batch it is in (test_batch), so
+greedy requests served together must give exactly the text, tokens and finish reasons they give
+alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+import rapidmoe_gguf as rm
+from rapidmoe_gguf import server as srv
+from rapidmoe_gguf.scheduler import End, Observer, Scheduler
+from conftest import VOCAB
+from test_server import BAD, MESSAGES, gguf, running, sse  # noqa: F401  (gguf is a fixture)
+
+GREEDY = rm.SamplingParams(temperature=0)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, VOCAB, n).tolist()
+
+
+def request(prompt_ids, max_tokens, stop=(), policy=None, sampling=GREEDY) -> srv.GenRequest:
+    return srv.GenRequest("completion", list(prompt_ids), max_tokens, sampling, list(stop), False, False, policy, None)
+
+
+class Job:
+    def __init__(self, req):
+        self.req, self.cancel, self.slot = req, threading.Event(), None
+        self.items, self.done = [], threading.Event()
+
+    def __call__(self, item):                     # the scheduler's post
+        self.items.append(item)
+        if isinstance(item, End):
+            self.done.set()
+
+    def result(self, timeout=60):
+        assert self.done.wait(timeout), "the request did not end"
+        end = self.items[-1]
+        chunks = self.items[:-1]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        finish = chunks[-1]["choices"][0]["finish_reason"] if chunks else None
+        return text, finish, end
+
+
+class Steps(Observer):
+    def __init__(self):
+        self.steps, self.waiting = [], []
+
+    def step(self, n_tokens, n_seqs, kv_tokens):
+        self.steps.append((n_tokens, n_seqs))
+
+    def queued(self, n_waiting, n_running):
+        self.waiting.append(n_waiting)
+
+
+def alone(path, req: srv.GenRequest, **model_kw):
+    with rm.Model(path, n_threads=2, **model_kw) as m:
+        if req.policy is not None:
+            m.set_residual(req.policy)
+        r = m.create_completion(req.prompt_ids, max_tokens=req.max_tokens, temperature=0, stop=req.stop)
+    return r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]
+
+
+def serve_jobs(model, n_slots, reqs, prefill_chunk=8, together=True):
+    """Runs reqs on a Scheduler over model and n_slots - 1 forks; returns the jobs and the steps."""
+    obs = Steps()
+    sched = Scheduler([model] + [model.fork_session() for _ in range(n_slots - 1)], "m", prefill_chunk, obs)
+    jobs = [Job(r) for r in reqs]
+    try:
+        with sched._cv:                            # all arrive before the first step
+            for j in jobs:
+                sched.submit(j, j)
+        for j in jobs:
+            j.result()
+    finally:
+        sched.close()
+    return jobs, obs, sched
+
+
+def test_scheduler_requests_served_together_equal_each_alone(gguf):
+    """Six greedy requests on four slots (two wait): prompts of 1 to 40 tokens, 0 to 20 new
+    tokens, one with a stop string, one with its own residual policy (none, beside the server's
+    all). Steps carry several sequences, and a prompt chunk is at most 8 tokens beside others."""
+    stop_text = alone(gguf, request(ids(9, 3), 12), n_ctx=128)[0][2:4]
+    assert len(stop_text) == 2
+    reqs = [request(ids(17, 1), 20), request(ids(1, 2), 8), request(ids(9, 3), 12, stop=[stop_text]),
+            request(ids(40, 4), 5, policy="none"), request(ids(5, 5), 0), request(ids(23, 6), 16)]
+    m = rm.Model(gguf, n_ctx=128, n_threads=2)
+    with m:
+        jobs, obs, sched = serve_jobs(m, 4, reqs)
+        assert sched.batched
+        assert [s.residual_policy for s in sched.slots] == ["all"] * 4   # restored after the request
+    for req, job in zip(reqs, jobs):
+        text, finish, end = job.result()
+        want_text, want_finish, want_usage = alone(gguf, req, n_ctx=128)
+        assert (text, finish, end.usage) == (want_text, want_finish, want_usage)
+        assert end.error is None and not end.cancelled
+    assert jobs[2].result()[1] == "stop" and stop_text not in jobs[2].result()[0]
+    assert max(n for n, _ in obs.steps) > 3 and max(s for _, s in obs.steps) >= 3
+    assert max(obs.waiting) == 2
+    assert all(n <= 8 + s - 1 for n, s in obs.steps if s > 1)   # one chunk of <= 8, one token per other
+
+
+def test_scheduler_long_prompt_goes_in_chunks_between_tokens(gguf):
+    """A 200-token prompt arrives beside a decoding request: every step then is that request's
+    token and at most 16 prompt tokens, so the decoding request goes on while the prompt is read."""
+    m = rm.Model(gguf, n_ctx=512, n_threads=2)
+    m.tokenizer.eog_ids = frozenset()
+    short, long_ = request(ids(6, 7), 40), request(ids(200, 8), 6)
+    with m:
+        jobs, obs, _ = serve_jobs(m, 2, [short, long_], prefill_chunk=16)
+    assert obs.steps[0] == (6, 1)                       # the first prompt alone, in one step
+    chunks = [n - 1 for n, s in obs.steps[1:] if s == 2 and n > 2]
+    assert sum(chunks) == 200 and max(chunks) == 16   # the last chunk gives the first token
+    for req, job in zip((short, long_), jobs):
+        with rm.Model(gguf, n_ctx=512, n_threads=2) as ref:
+            ref.tokenizer.eog_ids = frozenset()
+            want = ref.create_completion(req.prompt_ids, max_tokens=req.max_tokens, temperature=0)
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == (want["choices"][0]["text"], "length", want["usage"])
+
+
+def test_scheduler_cancel_stops_a_prompt_between_chunks(gguf):
+    """Cancelled after its third chunk of 16, a 200-token prompt stops there: its End says
+    cancelled, its cache holds the three chunks, and its slot serves the next request."""
+    m = rm.Model(gguf, n_ctx=512, n_threads=2, n_batch=16)
+    job = Job(request(ids(200, 9), 4))
+    calls = []
+    evaluate = m.eval
+
+    def counted(toks):
+        calls.append(len(toks))
+        if len(calls) == 3:
+            job.cancel.set()
+        return evaluate(toks)
+
+    m.eval = counted
+    with m:
+        sched = Scheduler([m], "m")
+        try:
+            sched.submit(job, job)
+            _, _, end = job.result()
+            assert end.cancelled and end.error is None
+            assert calls == [16, 16, 16] and m.n_past == 48
+            nxt = Job(request(ids(5, 10), 3))
+            sched.submit(nxt, nxt)
+            _, finish, end = nxt.result()
+            assert end.usage["completion_tokens"] >= 1 and finish in ("stop", "length")
+            assert sched.free.qsize() == 1
+        finally:
+            sched.close()
+
+
+def test_scheduler_a_failing_request_leaves_the_others(gguf):
+    """A request whose prompt the model refuses (a token id outside the vocabulary, which the
+    server's checks would have stopped) fails alone; the others in its batch go on unchanged."""
+    good = [request(ids(7, 11), 10), request(ids(12, 12), 10)]
+    bad = request([5, 6, VOCAB + 3], 10)
+    m = rm.Model(gguf, n_ctx=128, n_threads=2)
+    with m:
+        jobs, _, _ = serve_jobs(m, 3, [good[0], bad, good[1]])
+    _, _, end = jobs[1].result()
+    assert isinstance(end.error, rm.InvalidArgumentError) and "vocabulary" in str(end.error)
+    for req, job in zip(good, (jobs[0], jobs[2])):
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == alone(gguf, req, n_ctx=128)
+
+
+def test_scheduler_reuses_the_longest_cached_prefix(gguf):
+    """A request that repeats a served prompt and adds to it takes the slot holding that prompt
+    and evaluates only the tokens after the common prefix, with the reply of a cold prefill."""
+    class Evaluated(Observer):
+        def __init__(self):
+            self.evaluated = []
+
+        def finished(self, status, prompt_tokens, evaluated, completion_tokens, stats):
+            self.evaluated.append(evaluated)
+
+    first, other = request(ids(30, 16), 4), request(ids(12, 17), 4)
+    follow = request(first.prompt_ids + ids(6, 18), 6)
+    obs = Evaluated()
+    with rm.Model(gguf, n_ctx=128, n_threads=2) as m:
+        sched = Scheduler([m, m.fork_session()], "m", observer=obs)
+        try:
+            jobs = [Job(r) for r in (first, other)]
+            with sched._cv:
+                for j in jobs:
+                    sched.submit(j, j)
+            for j in jobs:
+                j.result()
+            job = Job(follow)
+            sched.submit(job, job)
+            text, finish, end = job.result()
+        finally:
+            sched.close()
+    assert job.slot == jobs[0].slot and obs.evaluated == [30, 12, 6]
+    assert (text, finish, end.usage) == alone(gguf, follow, n_ctx=128)
+
+
+def test_scheduler_hybrid_sequences_run_one_by_one(tmp_path):
+    """Qwen3-Next (linear-attention layers): no batch of sequences, so each is evaluated on its own
+    session in every step, with the results it has alone."""
+    from test_arch_qwen35 import make_tiny_hybrid
+
+    make_tiny_hybrid(tmp_path / "hf", "qwen3_next")
+    out = tmp_path / "h.gguf"
+    rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
+    reqs = [request(ids(9, 13), 6), request(ids(4, 14), 8)]
+    m = rm.Model(out, n_ctx=64, n_threads=2)
+    with m:
+        jobs, obs, sched = serve_jobs(m, 2, reqs)
+        assert not sched.batched
+    assert max(s for _, s in obs.steps) == 2
+    for req, job in zip(reqs, jobs):
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == alone(out, req, n_ctx=64)
+
+
+# -- through the server --------------------------------------------------------------------------
+
+CASES = [
+    ("/v1/completions", {"prompt": "hello world", "max_tokens": 14}),
+    ("/v1/completions", {"prompt": "The quick brown fox jumps over", "max_tokens": 9, "stream": True}),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 12}),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 7, "stream": True}),
+    ("/v1/completions", {"prompt": "experts route tokens", "max_tokens": 11, "residual_policy": "none"}),
+    ("/v1/completions", {"prompt": "0123", "max_tokens": 16, "stream": True, "stop": ["4"]}),
+]
+
+
+def _text(path, body, r):
+    if body.get("stream"):
+        events = sse(r.text.splitlines())
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        if "chat" in path:
+            return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks), \
+                chunks[-1]["choices"][0]["finish_reason"]
+        return "".join(c["choices"][0]["text"] for c in chunks), chunks[-1]["choices"][0]["finish_reason"]
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"] if "chat" in path else choice["text"], choice["finish_reason"]
+
+
+def test_server_concurrent_greedy_requests_equal_alone_and_bad_ones_disturb_nothing(gguf):
+    """Six greedy requests at once on three slots (the others queue), completions and chats,
+    streamed and not, one with its own residual policy, while every bad request of test_server is
+    sent: each good one gets what it gets alone, each bad one its 4xx."""
+    want = []
+    with rm.Model(gguf, n_ctx=256, n_threads=2) as ref:
+        for path, body in CASES:
+            ref.set_residual(body.get("residual_policy", "all"))
+            kw = {"max_tokens": body["max_tokens"], "temperature": 0, "stop": body.get("stop")}
+            if "chat" in path:
+                c = ref.create_chat_completion(MESSAGES, **kw)["choices"][0]
+                want.append((c["message"]["content"], c["finish_reason"]))
+            else:
+                c = ref.create_completion(body["prompt"], **kw)["choices"][0]
+                want.append((c["text"], c["finish_reason"]))
+
+    async def good(client, path, body):
+        r = await client.post(path, json={**body, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return _text(path, body, r)
+
+    async def bad(client, path, body, status):
+        if isinstance(body, bytes):
+            r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = await client.post(path, json=body)
+        return r.status_code == status
+
+    with running(rm.Model(gguf, n_ctx=256, n_threads=2), parallel=3, queue=16) as (url, state):
+        async def main():
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                goods = [good(client, p, b) for p, b in CASES]
+                bads = [bad(client, p, b, s) for p, b, _, s, _ in BAD]
+                return await asyncio.gather(*goods), await asyncio.gather(*bads)
+
+        got, refused = asyncio.run(main())
+        assert state.peak_batch >= 2
+        health = httpx.get(url + "/health").json()
+    assert got == want
+    assert all(refused)
+    assert health["slots_idle"] == 3 and health["requests_waiting"] == 0
+
+
+def test_server_disconnect_during_a_long_prompt_frees_the_slot(gguf):
+    """A client that gives up while its 600-token prompt is read (in steps of 16, each slowed to
+    50 ms here) stops it between two steps: the slot is free again long before the prompt would
+    have been read, and serves the next request."""
+    m = rm.Model(gguf, n_ctx=1024, n_threads=2, n_batch=16)
+    m.tokenizer.eog_ids = frozenset()
+    evaluate = m.eval
+
+    def slow(toks):
+        time.sleep(0.05)
+        return evaluate(toks)
+
+    m.eval = slow
+    prompt = ids(600, 15)
+    with running(m, parallel=1, queue=1) as (url, state):
+        before = state.stats()
+        t0 = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 4},
+                       timeout=httpx.Timeout(30, read=0.5))
+        while httpx.get(url + "/health").json()["slots_idle"] != 1:
+            assert time.monotonic() - t0 < 10, "the slot was not freed"
+            time.sleep(0.02)
+        assert 0 < m.n_past < 600
+        assert state.stats()["cancelled"] == before["cancelled"] + 1
+        m.eval = evaluate
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -165,6 +165,30 @@ def test_kernels_amx_tiles_match_reference(name):
                 assert alone.tobytes() == got[i:i + 1].tobytes()
 
 
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_kernels_mxfp4_subnormal_and_small_scales(isa):
+    """MXFP4 exponents 0 and 1 give the subnormal scales 2^-128 and 2^-127 (the SIMD kernels decode
+    eight at a time with shifts, not rm_e8m0_to_fp32_half): rows whose every block has such a
+    scale, or 2 and 3, or a mix, against the reference within TOL, one token at a time and
+    batched (the prefill form from eight tokens on), batched bit for bit as single tokens. The
+    row has four groups of eight blocks and three blocks past them."""
+    n = 35 * 32
+    r = rng(12)
+    raw = r.integers(0, 256, (4, 35, 17), dtype=np.uint8)
+    for k, choices in enumerate(([0, 1], [2, 3], [0, 1, 2, 3], [0, 1, 126, 127])):
+        raw[k, :, 0] = r.choice(choices, 35)
+    w = raw.tobytes()
+    _, x_q = activations("MXFP4", n, seed=13, n_tok=9)
+    want = kernels.vec_dot_rows("MXFP4", w, x_q, n, isa="scalar")
+    assert want.shape == (9, 4) and np.all(np.isfinite(want)) and np.all(want != 0)
+    wn, xn = norms("MXFP4", w, x_q, n)
+    got = kernels.vec_dot_rows("MXFP4", w, x_q, n, isa=isa, batched=False)
+    err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
+    assert err.max() <= TOL, f"{isa}: error {err.max():.2e}"
+    assert kernels.vec_dot_rows("MXFP4", w, x_q, n, isa=isa).tobytes() == got.tobytes()
+
+
 # IQ types with SIMD kernels (one token and several at once)
 IQ_SIMD_TYPES = ["IQ4_XS", "IQ2_XXS", "IQ3_XXS", "IQ4_NL"]
 # Row lengths: one block and more; for IQ4_NL's 32-element blocks, rows ending in blocks past the

@@ -777,5 +777,11 @@ def serve(model: Model, config: ServerConfig, log_level: str = "info") -> None:
                 return
             super().handle_exit(sig, frame)
 
-    DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                  timeout_graceful_shutdown=5)).run()
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    try:
+        server.run()
+    except KeyboardInterrupt:   # uvicorn raises Ctrl-C's signal again once it has shut down (as uvicorn.run)
+        pass
+    if not server.started:
+        raise RapidMoEError(f"the server could not start on {config.host}:{config.port} (see the log above)")

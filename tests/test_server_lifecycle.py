@@ -131,9 +131,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_server_sigterm_drains_then_exits(gguf, tmp_path):
-    """SIGTERM while one request streams and another waits: both finish whole, a new request
-    gets 503 (and /health 503 "draining") meanwhile, then the process exits by itself with 0."""
+def start_child(gguf, tmp_path):
+    """CHILD serving gguf on a free port, once it answers /health; returns (process, url)."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     with socket.socket() as s:
@@ -143,15 +142,37 @@ def test_server_sigterm_drains_then_exits(gguf, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, str(script), str(gguf), str(port)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the server did not start: {proc.communicate()[1][-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
+def test_server_ctrl_c_stops_with_status_0(gguf, tmp_path):
+    proc, url = start_child(gguf, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        assert httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(30)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0 and "served and closed" in out, err[-2000:]
+
+
+def test_server_sigterm_drains_then_exits(gguf, tmp_path):
+    """SIGTERM while one request streams and another waits: both finish whole, a new request
+    gets 503 (and /health 503 "draining") meanwhile, then the process exits by itself with 0."""
+    proc, url = start_child(gguf, tmp_path)
+    try:
         events, waited = [], {}
         first = threading.Event()
 

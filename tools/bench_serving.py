@@ -12,8 +12,10 @@ completion of --prompt random token ids (each its own) and --decode new tokens, 
 temperature 1 (on random weights a greedy reply repeats one token, and every step would read the
 same experts). Per stream: time to first token (request sent to first chunk), then the gaps
 between its chunks (a chunk is one token, or a few when a token ends inside a UTF-8 character).
-Aggregate decode tok/s = the tokens after each stream's first, summed, over the time from the
-first stream's first token to the last stream's last.
+Aggregate decode tok/s = the sum over the streams of each one's decode rate (its tokens after
+the first over the time from its first chunk to its last): the rate at which the steps they share
+produce tokens, as llama.cpp's figure below (the streams start one prompt per step, so a
+first-to-last span would count their staggered starts against the decode rate).
 
 llama.cpp. llama-cpp-python 0.3.36 in its own environment (tools/bench_vs_llamacpp.py installs
 it; --llama-python names another), through its low-level API: one context with n_seq_max = N,
@@ -231,10 +233,9 @@ async def ours_streams(url, n, a, n_vocab) -> dict:
     if any(len(st.times) < 2 for st in streams):
         raise SystemExit("a stream gave fewer than two chunks of text: give --decode more tokens")
     gaps = [g for st in streams for g in st.gaps()]
-    t0, t1 = min(st.times[0] for st in streams), max(st.times[-1] for st in streams)
     return {"ttft_s": statistics.median(st.first - st.sent for st in streams),
             "itl_p50_s": pct(gaps, 50), "itl_p99_s": pct(gaps, 99),
-            "decode_tok_s": sum(st.tokens - 1 for st in streams) / (t1 - t0)}
+            "decode_tok_s": sum((st.tokens - 1) / (st.times[-1] - st.times[0]) for st in streams)}
 
 
 async def ours_long(url, a, n_vocab) -> dict:

@@ -737,15 +737,13 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
  * one-token kernel's. */
 #define KQ_RUN 8
 
-/* Eight vectors that each hold, per 128-bit half, the pair sums of one super-block's S lanes and
- * of its M lanes ([s s m m], from _mm256_hadd_epi32(S lanes, M lanes)) -> the eight S and the eight
- * M, in order. */
-static inline void kq_split_sums8(const __m256i v[8], __m256i * S, __m256i * M) {
-    /* per half: [S_k M_k S_k+1 M_k+1], then the S (even) and M (odd) places gathered */
-    const __m256 h01 = _mm256_castsi256_ps(_mm256_hadd_epi32(v[0], v[1]));
-    const __m256 h23 = _mm256_castsi256_ps(_mm256_hadd_epi32(v[2], v[3]));
-    const __m256 h45 = _mm256_castsi256_ps(_mm256_hadd_epi32(v[4], v[5]));
-    const __m256 h67 = _mm256_castsi256_ps(_mm256_hadd_epi32(v[6], v[7]));
+/* Four vectors h[p] = _mm256_hadd_epi32(v_2p, v_2p+1), where v_k holds, per 128-bit half, the pair
+ * sums of super-block k's S lanes and of its M lanes ([s s m m], _mm256_hadd_epi32(S lanes, M
+ * lanes)) -> the eight S and the eight M, in order. */
+static inline void kq_split_sums4(const __m256i h[4], __m256i * S, __m256i * M) {
+    /* h[p] per half: [S_2p M_2p S_2p+1 M_2p+1]; the S (even) and M (odd) places gathered */
+    const __m256 h01 = _mm256_castsi256_ps(h[0]), h23 = _mm256_castsi256_ps(h[1]);
+    const __m256 h45 = _mm256_castsi256_ps(h[2]), h67 = _mm256_castsi256_ps(h[3]);
     const __m256i s03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)));
     const __m256i m03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
     const __m256i s47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(2, 0, 2, 0)));
@@ -756,19 +754,20 @@ static inline void kq_split_sums8(const __m256i v[8], __m256i * S, __m256i * M) 
 }
 
 #ifdef RM_KQ_GROUPED
-/* Grouped steps for nt tokens (1 or 2: a pair shares each chunk's unpacked levels and scales)
- * against a run of cnt super-blocks unpacked in u (one group of kq_sum's); a[t]: token t's block
- * of the run's first super-block. The one-token kernels' integers (offsets taken off lane by
- * lane, as only the lanes' sum enters), then kq_sum's steps; per super-block and token one vector
- * of lanes (S and M paired by a horizontal add), so the group stays in registers. */
-RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_K * const a[2], const int nt,
-                              const int off_mul, __m256 acc[2]) {
-    __m256i v[2][8];
-    __m256 f[2], g[2];
+/* Grouped steps for nt tokens (1 to 4: they share each chunk's unpacked levels and scales) against
+ * a run of cnt super-blocks unpacked in u (one group of kq_sum's); a[t]: token t's block of the
+ * run's first super-block. The one-token kernels' integers (offsets taken off lane by lane, as
+ * only the lanes' sum enters), then kq_sum's steps. A super-block's S and M lanes are paired by a
+ * horizontal add, and two super-blocks' pairs by another, so a token's group is four registers. */
+RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_K * const a[4], const int nt,
+                              const int off_mul, __m256 acc[4]) {
+    __m256i h[4][4], prev[4];
+    __m256 f[4], g[4];
     for (int t = 0; t < nt; t++) {
         f[t] = g[t] = _mm256_setzero_ps();
-        for (int k = 0; k < 8; k++) {
-            v[t][k] = _mm256_setzero_si256();
+        prev[t] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            h[t][p] = _mm256_setzero_si256();
         }
     }
 #pragma GCC unroll 8
@@ -776,7 +775,10 @@ RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_
         if (k >= cnt) {
             break;
         }
-        __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256i sumi[4];
+        for (int t = 0; t < nt; t++) {
+            sumi[t] = _mm256_setzero_si256();
+        }
         for (int j = 0; j < 8; j++) {
             for (int t = 0; t < nt; t++) {
                 const __m256i x = _mm256_loadu_si256((const __m256i *) (a[t][k].qs + 32 * j));
@@ -787,22 +789,28 @@ RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_
             const __m256i bm = bsums_madd16(a[t][k].bsums, u[k].bw);
             const __mmask8 bit = (__mmask8) (1u << k);
             f[t] = _mm256_mask_broadcastss_ps(f[t], bit, _mm_set_ss(a[t][k].d * u[k].d));
-            if (off_mul) {   /* times 4 or 32: a shift */
-                v[t][k] = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(bm, off_mul == 4 ? 2 : 5));
+            __m256i v;
+            if (off_mul) {   /* times 4 or 32: a shift; S alone, its lanes summed in M's places too */
+                const __m256i sv = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(bm, off_mul == 4 ? 2 : 5));
+                v = _mm256_hadd_epi32(sv, sv);
             } else {
-                v[t][k] = _mm256_hadd_epi32(sumi[t], bm);
+                v = _mm256_hadd_epi32(sumi[t], bm);
                 g[t] = _mm256_mask_broadcastss_ps(g[t], bit, _mm_set_ss(a[t][k].d * u[k].dmin));
+            }
+            if (k % 2) {
+                h[t][k / 2] = _mm256_hadd_epi32(prev[t], v);
+            } else {
+                prev[t] = v;
+                h[t][k / 2] = _mm256_hadd_epi32(v, _mm256_setzero_si256());   /* if the run ends here */
             }
         }
     }
     const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
     for (int t = 0; t < nt; t++) {
-        if (off_mul) {
-            acc[t] = _mm256_mask3_fmadd_ps(f[t], _mm256_cvtepi32_ps(block_sums8(v[t])), acc[t], used);
-        } else {
-            __m256i S, M;
-            kq_split_sums8(v[t], &S, &M);
-            acc[t] = _mm256_mask3_fmadd_ps(f[t], _mm256_cvtepi32_ps(S), acc[t], used);
+        __m256i S, M;
+        kq_split_sums4(h[t], &S, &M);
+        acc[t] = _mm256_mask3_fmadd_ps(f[t], _mm256_cvtepi32_ps(S), acc[t], used);
+        if (!off_mul) {
             acc[t] = _mm256_mask3_fnmadd_ps(g[t], _mm256_cvtepi32_ps(M), acc[t], used);
         }
     }
@@ -823,21 +831,27 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
             unpack(w, i, &u[i - i0]);
         }
 #ifdef RM_KQ_GROUPED
-        if (grouped) {   /* tokens in pairs */
-            for (int c = 0; c < nc; c += 2) {
-                const rm_block_q8_K * a[2];
-                __m256 ac[2];
-                for (int t = 0; t < 2 && c + t < nc; t++) {
+        if (grouped) {   /* four tokens at a time */
+            for (int c = 0; c < nc; c += 4) {
+                const rm_block_q8_K * a[4];
+                __m256 ac[4];
+                const int m = nc - c < 4 ? nc - c : 4;
+                for (int t = 0; t < m; t++) {
                     a[t] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) (c + t) * x_stride) + i0;
                     ac[t] = acc[c + t].acc;
                 }
-                if (c + 1 < nc) {
+                if (m == 4) {
+                    kq_run_grouped(u, (int) (i1 - i0), a, 4, off_mul, ac);
+                } else if (m == 3) {
+                    kq_run_grouped(u, (int) (i1 - i0), a, 3, off_mul, ac);
+                } else if (m == 2) {
                     kq_run_grouped(u, (int) (i1 - i0), a, 2, off_mul, ac);
-                    acc[c + 1].acc = ac[1];
                 } else {
                     kq_run_grouped(u, (int) (i1 - i0), a, 1, off_mul, ac);
                 }
-                acc[c].acc = ac[0];
+                for (int t = 0; t < m; t++) {
+                    acc[c + t].acc = ac[t];
+                }
             }
             continue;
         }

@@ -585,7 +585,9 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
             for (int c = 0; c < nc; c++) {
-                const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 32);
+                /* grouped, only the lanes' sum enters: the offset taken off lane by lane */
+                const __m256i t = KQ_GROUPED ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5))
+                                             : less_offset(sumi[c], a[c]->bsums, sc16, 32);
                 kq_sum_add(KQ_GROUPED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
             }
         }
@@ -682,12 +684,12 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
     u->d = fp16(b->d);
 }
 
-/* m tokens' (1 to 4) products with super-block i, unpacked in u, added into their accumulators, as the
- * one-token kernels add them. off_mul > 0: the levels carry a constant offset, (bsums . bw) *
- * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, summed in acc_m with the block's dmin (Q2_K, Q4_K,
- * Q5_K). */
+/* Per-lane steps: m tokens' (1 to 4) products with super-block i, unpacked in u, added into their
+ * accumulators, as the one-token kernels add them. off_mul > 0: the levels carry a constant
+ * offset, (bsums . bw) * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, summed in acc_m with the
+ * block's dmin (Q2_K, Q4_K, Q5_K). */
 RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, int k, kq_sum acc[4],
-                          const int off_mul, const int m, const int grouped) {
+                          const int off_mul, const int m) {
     const rm_block_q8_K * a[4];
     __m256i sumi[4];
     for (int c = 0; c < m; c++) {
@@ -720,10 +722,10 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
             /* token c's offset alone in lane 0, taken off there as less_offset does */
             const __m128i oc = _mm_castps_si128(_mm_permutevar_ps(_mm_castsi128_ps(offsets), _mm_set1_epi32(c)));
             const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_zextsi128_si256(_mm_and_si128(oc, _mm_setr_epi32(-1, 0, 0, 0))));
-            kq_sum_add(grouped, &acc[c], k, t, t, a[c]->d * u->d, 0.0f, 0);
+            kq_sum_add(0, &acc[c], k, t, t, a[c]->d * u->d, 0.0f, 0);
         } else {
             const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
-            kq_sum_add(grouped, &acc[c], k, sumi[c], mb, a[c]->d * u->d, a[c]->d * u->dmin, 1);
+            kq_sum_add(0, &acc[c], k, sumi[c], mb, a[c]->d * u->d, a[c]->d * u->dmin, 1);
         }
     }
 }
@@ -734,6 +736,87 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
  * token still takes the super-blocks in order, with kq_sum's steps, so its floats are the
  * one-token kernel's. */
 #define KQ_RUN 8
+
+/* Four vectors h[p] = _mm256_hadd_epi32(v_2p, v_2p+1), where v_k holds, per 128-bit half, the pair
+ * sums of super-block k's S lanes and of its M lanes ([s s m m], _mm256_hadd_epi32(S lanes, M
+ * lanes)) -> the eight S and the eight M, in order. */
+static inline void kq_split_sums4(const __m256i h[4], __m256i * S, __m256i * M) {
+    /* h[p] per half: [S_2p M_2p S_2p+1 M_2p+1]; the S (even) and M (odd) places gathered */
+    const __m256 h01 = _mm256_castsi256_ps(h[0]), h23 = _mm256_castsi256_ps(h[1]);
+    const __m256 h45 = _mm256_castsi256_ps(h[2]), h67 = _mm256_castsi256_ps(h[3]);
+    const __m256i s03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256i m03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m256i s47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256i m47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* each half holds its own part of every sum: add the halves */
+    *S = _mm256_add_epi32(_mm256_permute2x128_si256(s03, s47, 0x20), _mm256_permute2x128_si256(s03, s47, 0x31));
+    *M = _mm256_add_epi32(_mm256_permute2x128_si256(m03, m47, 0x20), _mm256_permute2x128_si256(m03, m47, 0x31));
+}
+
+#ifdef RM_KQ_GROUPED
+/* Grouped steps for nt tokens (1 to 4: they share each chunk's unpacked levels and scales) against
+ * a run of cnt super-blocks unpacked in u (one group of kq_sum's); a[t]: token t's block of the
+ * run's first super-block. The one-token kernels' integers (offsets taken off lane by lane, as
+ * only the lanes' sum enters), then kq_sum's steps. A super-block's S and M lanes are paired by a
+ * horizontal add, and two super-blocks' pairs by another, so a token's group is four registers. */
+RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_K * const a[4], const int nt,
+                              const int off_mul, __m256 acc[4]) {
+    __m256i h[4][4], prev[4];
+    __m256 f[4], g[4];
+    for (int t = 0; t < nt; t++) {
+        f[t] = g[t] = _mm256_setzero_ps();
+        prev[t] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            h[t][p] = _mm256_setzero_si256();
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        if (k >= cnt) {
+            break;
+        }
+        __m256i sumi[4];
+        for (int t = 0; t < nt; t++) {
+            sumi[t] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 8; j++) {
+            for (int t = 0; t < nt; t++) {
+                const __m256i x = _mm256_loadu_si256((const __m256i *) (a[t][k].qs + 32 * j));
+                sumi[t] = RM_KQ_ACC(sumi[t], _mm256_maddubs_epi16(u[k].q[j], x), u[k].s[j]);
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            const __m256i bm = bsums_madd16(a[t][k].bsums, u[k].bw);
+            const __mmask8 bit = (__mmask8) (1u << k);
+            f[t] = _mm256_mask_broadcastss_ps(f[t], bit, _mm_set_ss(a[t][k].d * u[k].d));
+            __m256i v;
+            if (off_mul) {   /* times 4 or 32: a shift; S alone, its lanes summed in M's places too */
+                const __m256i sv = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(bm, off_mul == 4 ? 2 : 5));
+                v = _mm256_hadd_epi32(sv, sv);
+            } else {
+                v = _mm256_hadd_epi32(sumi[t], bm);
+                g[t] = _mm256_mask_broadcastss_ps(g[t], bit, _mm_set_ss(a[t][k].d * u[k].dmin));
+            }
+            if (k % 2) {
+                h[t][k / 2] = _mm256_hadd_epi32(prev[t], v);
+            } else {
+                prev[t] = v;
+                h[t][k / 2] = _mm256_hadd_epi32(v, _mm256_setzero_si256());   /* if the run ends here */
+            }
+        }
+    }
+    const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
+    for (int t = 0; t < nt; t++) {
+        __m256i S, M;
+        kq_split_sums4(h[t], &S, &M);
+        acc[t] = _mm256_mask3_fmadd_ps(f[t], _mm256_cvtepi32_ps(S), acc[t], used);
+        if (!off_mul) {
+            acc[t] = _mm256_mask3_fnmadd_ps(g[t], _mm256_cvtepi32_ps(M), acc[t], used);
+        }
+    }
+}
+#endif
+
 RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
                                void (*unpack)(const void *, int64_t, kq_unpacked *), const int off_mul, const int grouped) {
     const int64_t nb = n / RM_QK_K;
@@ -747,18 +830,38 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
         for (int64_t i = i0; i < i1; i++) {
             unpack(w, i, &u[i - i0]);
         }
-        for (int c = 0; c < nc; c++) {
-            kq_sum_begin(grouped, &acc[c]);
+#ifdef RM_KQ_GROUPED
+        if (grouped) {   /* four tokens at a time */
+            for (int c = 0; c < nc; c += 4) {
+                const rm_block_q8_K * a[4];
+                __m256 ac[4];
+                const int m = nc - c < 4 ? nc - c : 4;
+                for (int t = 0; t < m; t++) {
+                    a[t] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) (c + t) * x_stride) + i0;
+                    ac[t] = acc[c + t].acc;
+                }
+                if (m == 4) {
+                    kq_run_grouped(u, (int) (i1 - i0), a, 4, off_mul, ac);
+                } else if (m == 3) {
+                    kq_run_grouped(u, (int) (i1 - i0), a, 3, off_mul, ac);
+                } else if (m == 2) {
+                    kq_run_grouped(u, (int) (i1 - i0), a, 2, off_mul, ac);
+                } else {
+                    kq_run_grouped(u, (int) (i1 - i0), a, 1, off_mul, ac);
+                }
+                for (int t = 0; t < m; t++) {
+                    acc[c + t].acc = ac[t];
+                }
+            }
+            continue;
         }
+#endif
         for (int c0 = 0; c0 < nc; c0 += 4) {
             const int m = nc - c0 < 4 ? nc - c0 : 4;
             for (int64_t i = i0; i < i1; i++) {
                 kq_tokens4(&u[i - i0], (const uint8_t *) x_q + (uint64_t) c0 * x_stride, x_stride, i, (int) (i - i0),
-                           acc + c0, off_mul, m, grouped);
+                           acc + c0, off_mul, m);
             }
-        }
-        for (int c = 0; c < nc; c++) {   /* a run is a group of kq_sum's */
-            kq_sum_flush(grouped, &acc[c], (int) (i1 - i0), off_mul == 0);
         }
     }
     for (int c = 0; c < nc; c++) {   /* no super-block (n = 0): nothing was summed */

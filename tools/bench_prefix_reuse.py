@@ -21,13 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from rapidmoe_gguf import Model  # noqa: E402
-from rapidmoe_gguf.sampling import SamplingParams  # noqa: E402
+from rapidmoe_gguf import Model
+from rapidmoe_gguf.sampling import SamplingParams
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

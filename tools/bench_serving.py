@@ -267,11 +267,16 @@ def run_ours(a) -> dict:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile("w+", prefix="bench_serving_", suffix=".log", delete=False)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    import rapidmoe_gguf   # the server runs the package this process imports (installed, or the tree on PYTHONPATH)
+
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(rapidmoe_gguf.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")])}
     ctx = a.long + 4 * a.decode + a.prompt + 16
-    proc = subprocess.Popen([*rt_prefix(a.rt), sys.executable, "-c", SERVER, a.model, str(port), str(a.threads),
-                             str(max(max(a.streams), 4) + 1), str(ctx), str(a.prefill_chunk)],
-                            env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+    # run from elsewhere: `python -c` puts its working folder first on sys.path, which in a source tree
+    # would shadow the installed package with the unbuilt one
+    proc = subprocess.Popen([*rt_prefix(a.rt), sys.executable, "-c", SERVER, os.path.abspath(a.model), str(port),
+                             str(a.threads), str(max(max(a.streams), 4) + 1), str(ctx), str(a.prefill_chunk)],
+                            env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=tempfile.gettempdir())
     try:
         n_vocab = int(proc.stdout.readline())
         import httpx

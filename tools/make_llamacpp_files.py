@@ -26,9 +26,11 @@ call that computes one:
 
 3. llama.cpp's llama-imatrix and llama-quantize are built once from the same sources, with the
    same CMake flags as llama-cpp-python (bench_vs_llamacpp.llama_cmake_args) but the tools on,
-   into --llama-tools (default ~/.cache/rapidmoe/llamacpp-tools; about 15 minutes on 2 cores, at
-   nice 10, log beside it). --llama-tools or $RAPIDMOE_LLAMACPP_TOOLS may instead name an existing
-   build (its folder or its bin/), which is used as it is.
+   into --llama-tools (default $RAPIDMOE_LLAMACPP_TOOLS, else ~/.cache/rapidmoe/llamacpp-tools;
+   about 15 minutes on 2 cores, at nice 10, log beside it as <folder>-build.log; a failed build
+   stops with the end of that log). A folder that already holds the two tools (a build folder or
+   its bin/, e.g. one built by hand) is used as it is. (IQ3_XXS went through llama-cpp-python
+   before, which 0.3.36 refuses without a matrix.)
 4. llama-imatrix runs the F16 file over a text (--imatrix-text; default: this repository's
    README.md and docs/*.md concatenated, about 170 KB of English prose and tables) for
    IMATRIX_CHUNKS chunks of IMATRIX_CTX tokens and writes OUT_DIR/llamacpp-imatrix.gguf, once per

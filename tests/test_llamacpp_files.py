@@ -85,7 +85,7 @@ def test_llamacpp_files_tools_use_llama_cpp_pythons_cmake_flags():
     same = [x for x in shlex.split(files.llama_cmake_args()) if not x.startswith("-DLLAMA_BUILD_TOOLS=")]
     assert [x for x in args if x in same] == same
     assert [x for x in args if x.startswith("-DLLAMA_BUILD_TOOLS=")] == ["-DLLAMA_BUILD_TOOLS=ON"]
-    assert {"-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AMX_INT8=OFF"} <= set(args)
+    assert {"-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"} <= set(args)
 
 
 def test_llamacpp_files_tools_found_in_a_build_folder_or_its_bin(tmp_path):

@@ -4,7 +4,10 @@ llama-cpp-python sdist), its quantizer and its engine (llama-cpp-python).
 They are found where `tools/bench_vs_llamacpp.py --install-only` and `tools/make_llamacpp_files.py
 --src-only` put them (CI runs both first), or at $LLAMA_CPP_PYTHON (an interpreter with llama_cpp)
 and $LLAMA_CPP_SRC (the vendored llama.cpp folder). Tests that need them are marked `needs` and skip
-where they are absent. The child scripts and paths are the tools' own, loaded from tools/ without
+where they are absent. llama.cpp's llama-imatrix and llama-quantize (for the types that need an
+importance matrix) are built only by `tools/make_llamacpp_files.py --tools-only` (CI does not), into
+~/.cache/rapidmoe/llamacpp-tools or $RAPIDMOE_LLAMACPP_TOOLS; tests that need them are marked
+`needs_tools`. The child scripts and paths are the tools' own, loaded from tools/ without
 putting that folder on sys.path.
 """
 
@@ -62,6 +65,17 @@ def ready() -> bool:
 needs = pytest.mark.skipif(not ready(), reason="llama.cpp is not at hand: run tools/bench_vs_llamacpp.py "
                            "--install-only and tools/make_llamacpp_files.py --src-only, or set "
                            "LLAMA_CPP_PYTHON and LLAMA_CPP_SRC")
+
+
+@functools.cache
+def tools() -> str | None:
+    """The folder of built llama-imatrix and llama-quantize, or None."""
+    return _files.tools_bin(os.environ.get("RAPIDMOE_LLAMACPP_TOOLS") or _files.DEFAULT_TOOLS)
+
+
+needs_tools = pytest.mark.skipif(tools() is None, reason="llama.cpp's llama-imatrix and llama-quantize are not "
+                                 "built: run tools/make_llamacpp_files.py --tools-only, or set "
+                                 "RAPIDMOE_LLAMACPP_TOOLS to a build of them")
 
 
 def _run(cmd: list[str]) -> None:

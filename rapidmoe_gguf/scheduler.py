@@ -5,9 +5,9 @@ prompt tokens of the requests still reading theirs (``Scheduler._plan`` has the 
 requests in flight read the weights once per step between them; short prompts that arrive
 together are read together (their first tokens come in the same step); and a long prompt goes in
 chunks between the others' tokens instead of stalling them for its whole prefill. The prompt
-tokens a step may carry beside decoding tokens are at most ``prefill_chunk`` and, with
-``step_latency``, as many as keep the step within that multiple of a step of the decoding tokens
-alone (``StepBudget``, which learns both costs from the steps' times). When nothing else runs, a
+tokens a step may carry beside decoding tokens are at most ``prefill_chunk`` and, while a prompt
+longer than that is read, with ``step_latency`` as many as keep the step within that multiple of
+a step of the decoding tokens alone (``StepBudget``, which learns both costs from the steps' times). When nothing else runs, a
 long prompt goes in chunks of ``n_batch``, the evaluation's own step.
 
 A request waits (FIFO) until a slot is free: a slot is a session of the model (``fork_session``)
@@ -50,10 +50,12 @@ DEFAULT_STEP_LATENCY = 2.5   # a step with prompt tokens: at most this many time
 
 
 class StepBudget:
-    """How many prompt tokens a step may carry beside the decoding tokens of the running requests.
+    """How many tokens of a long prompt a step may carry beside the decoding tokens of the running
+    requests.
 
     ``latency`` None: ``chunk`` always. ``latency`` f: from the times of the steps (``observe``) it
-    keeps what a step of decoding tokens alone takes (t_d, an average of the latest such steps) and
+    keeps what a step of n decoding tokens alone takes (t_d, per n, an average of the latest such
+    steps) and
     what each prompt token adds to a step (c, an average of the latest steps with prompt tokens;
     it grows as a prompt's context grows, since each token's attention reads all of it), and gives
     the prompt tokens that keep a step within f * t_d: (f - 1) * t_d / c, at least 1, at most
@@ -72,7 +74,7 @@ class StepBudget:
         if latency is not None and not latency > 1:
             raise RapidMoEError(f"step_latency must be > 1 (a multiple of a decoding step's time), got {latency}")
         self.chunk, self.latency = chunk, latency
-        self.t_decode: float | None = None    # seconds, a step of decoding tokens alone
+        self.t_decode: dict[int, float] = {}  # decoding tokens: seconds, a step of them alone
         self.per_token: float | None = None   # seconds a prompt token adds to a step
         self.since_decode = 0                 # steps with prompt tokens since the last without
 
@@ -81,24 +83,26 @@ class StepBudget:
         a = self.SMOOTH
         if n_decode == 0:
             return                            # a prompt alone: nobody waited on it
+        t_d = self.t_decode.get(n_decode)
         if n_prompt == 0:
-            self.t_decode = seconds if self.t_decode is None else a * seconds + (1 - a) * self.t_decode
+            self.t_decode[n_decode] = seconds if t_d is None else a * seconds + (1 - a) * t_d
             self.since_decode = 0
             return
         self.since_decode += 1
-        if self.t_decode is not None:
-            c = max(seconds - self.t_decode, 0.0) / n_prompt
+        if t_d is not None:
+            c = max(seconds - t_d, 0.0) / n_prompt
             self.per_token = c if self.per_token is None else a * c + (1 - a) * self.per_token
 
-    def prompt_tokens(self) -> int:
-        """Prompt tokens for the next step that has decoding tokens."""
+    def prompt_tokens(self, n_decode: int) -> int:
+        """Prompt tokens for the next step, which has n_decode (> 0) decoding tokens."""
         if self.latency is None:
             return self.chunk
-        if self.t_decode is None or self.since_decode >= self.REPROBE:
+        t_d = self.t_decode.get(n_decode)
+        if t_d is None or self.since_decode >= self.REPROBE:
             return 0
         if not self.per_token:
             return self.chunk
-        return int(max(1, min(self.chunk, (self.latency - 1) * self.t_decode / self.per_token)))
+        return int(max(1, min(self.chunk, (self.latency - 1) * t_d / self.per_token)))
 
 
 @dataclasses.dataclass
@@ -283,8 +287,9 @@ class Scheduler:
         """The step's batch: the next token of every decoding request, then prompt tokens of the
         requests still reading theirs, oldest first, under the step's prompt budget.
 
-        - Others decode: ``step_budget.prompt_tokens`` prompt tokens (at most ``prefill_chunk``;
-          none in a step it times), shared in arrival order; a prompt may end its share mid-way.
+        - Others decode: ``prefill_chunk`` prompt tokens, shared in arrival order (a prompt may end
+          its share mid-way); while the oldest prompt being read is longer than ``prefill_chunk``,
+          ``step_budget.prompt_tokens`` (fewer with ``step_latency``; none in a step it times).
         - Nothing decodes: the oldest prompt, and the whole prompts after it while all of them
           together fit in ``prefill_chunk`` (short prompts start together); a prompt longer than
           that goes alone, in chunks of ``n_batch``."""
@@ -304,7 +309,9 @@ class Scheduler:
                 work.append((s, s.rest[s.done:].tolist()))
                 room -= s.left
             return work
-        room = min(self.step_budget.prompt_tokens(), max(1, n_batch - len(work)))
+        room = max(1, min(self.prefill_chunk, n_batch - len(work)))
+        if reading[0].rest.size > self.prefill_chunk:    # a long prompt: bound the decoding steps' time
+            room = min(room, self.step_budget.prompt_tokens(len(work)))
         for s in reading:
             if room == 0:
                 break

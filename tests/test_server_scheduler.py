@@ -155,16 +155,18 @@ def test_scheduler_short_prompts_that_arrive_together_start_together(gguf):
         assert (text, finish, end.usage) == want_alone(gguf, req, 128)
 
 
-def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf):
+@pytest.mark.parametrize("step_latency", [None, 1.01])
+def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf, step_latency):
     """While one request decodes, three 10-token prompts arrive together (chunk 16): the steps
     read them oldest first, 16 prompt tokens a step, a prompt split where the budget ends:
-    10 + 6, then 4 + 10 beside the then two decoding requests."""
+    10 + 6, then 4 + 10 beside the then two decoding requests. A step latency bound leaves
+    prompts no longer than the chunk alone (it is for long prompts)."""
     m = rm.Model(gguf, n_ctx=128, n_threads=2)
     m.tokenizer.eog_ids = frozenset()
     first, later = request(ids(3, 30), 30), [request(ids(10, 31 + i), 5) for i in range(3)]
     obs = Steps()
     with m:
-        sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 16, obs)
+        sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 16, obs, step_latency=step_latency)
         try:
             j0 = Job(first)
             sched.submit(j0, j0)
@@ -185,34 +187,36 @@ def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf):
 
 
 def test_step_budget_keeps_a_step_within_its_latency_multiple():
-    """StepBudget on given step times: the chunk until it has seen a decoding step and a step
-    with prompt tokens, then (f - 1) * t_decode / per-token cost, between 1 and the chunk."""
-    assert StepBudget(64).prompt_tokens() == 64
+    """StepBudget on given step times: 0 (a step to time) until it has timed the decoding tokens
+    alone (per count of them), the chunk until it has timed prompt tokens, then
+    (f - 1) * t_decode / per-token cost, between 1 and the chunk; a new timing every REPROBE steps."""
+    assert StepBudget(64).prompt_tokens(4) == 64
     b = StepBudget(64)
     b.observe(4, 0, 0.010)
     b.observe(4, 64, 0.074)
-    assert b.prompt_tokens() == 64                     # no latency bound: the chunk
+    assert b.prompt_tokens(4) == 64                    # no latency bound: the chunk
     b = StepBudget(64, latency=2.5)
     b.observe(0, 100, 5.0)                             # a prompt alone: nobody waited
-    assert b.prompt_tokens() == 0 and b.t_decode is None   # first a step of decoding tokens alone
+    assert b.prompt_tokens(4) == 0 and b.t_decode == {}   # first a step of decoding tokens alone
     b.observe(4, 0, 0.010)
-    assert b.prompt_tokens() == 64                     # no prompt-token cost seen yet
+    assert b.prompt_tokens(4) == 64                    # no prompt-token cost seen yet
     b.observe(4, 64, 0.074)                            # 1 ms a prompt token
-    assert b.prompt_tokens() == 15                     # 1.5 * 10 ms / 1 ms
+    assert b.prompt_tokens(4) == 15                    # 1.5 * 10 ms / 1 ms
+    assert b.prompt_tokens(3) == 0                     # three decoding tokens: not timed yet
     b.observe(4, 15, 0.010 + 15 * 0.003)               # 3 ms a token: the average 2 ms
-    assert b.prompt_tokens() == 7
+    assert b.prompt_tokens(4) == 7
     for _ in range(8):
         b.observe(4, 1, 0.100)                         # 90 ms a token: at least one
-    assert b.prompt_tokens() == 1
+    assert b.prompt_tokens(4) == 1
     for _ in range(StepBudget.REPROBE - 10):
         b.observe(4, 1, 0.100)
-    assert b.prompt_tokens() == 0                      # time the decoding tokens alone again
+    assert b.prompt_tokens(4) == 0                     # time the decoding tokens alone again
     b.observe(4, 0, 0.200)
-    assert b.prompt_tokens() == 1 and b.since_decode == 0
+    assert b.prompt_tokens(4) == 1 and b.since_decode == 0
     b = StepBudget(8, latency=100)
     b.observe(1, 0, 0.01)
     b.observe(1, 8, 0.018)
-    assert b.prompt_tokens() == 8                      # at most the chunk
+    assert b.prompt_tokens(1) == 8                     # at most the chunk
     for bad in (dict(chunk=0), dict(chunk=8, latency=1.0), dict(chunk=8, latency=float("nan"))):
         with pytest.raises(RapidMoEError, match="prefill_chunk|step_latency"):
             StepBudget(**bad)
@@ -227,7 +231,7 @@ def test_scheduler_with_a_step_latency_bound_gives_the_same_text(gguf):
     short, long_ = request(ids(6, 7), 40), request(ids(200, 8), 6)
     with m:
         jobs, obs, sched = serve_jobs(m, 2, [short, long_], prefill_chunk=16, step_latency=1.5)
-        assert sched.step_budget.t_decode is not None and sched.step_budget.per_token is not None
+        assert 1 in sched.step_budget.t_decode and sched.step_budget.per_token is not None
     assert obs.steps[0] == (6, 1) and all(n <= 1 + 16 for n, s in obs.steps if s == 2)
     for req, job in zip((short, long_), jobs):
         text, finish, end = job.result()

@@ -55,11 +55,10 @@ class StepBudget:
 
     ``latency`` None: ``chunk`` always. ``latency`` f: from the times of the steps (``observe``) it
     keeps what a step of n decoding tokens alone takes (t_d, per n, an average of the latest such
-    steps) and
-    what each prompt token adds to a step (c, an average of the latest steps with prompt tokens;
-    it grows as a prompt's context grows, since each token's attention reads all of it), and gives
-    the prompt tokens that keep a step within f * t_d: (f - 1) * t_d / c, at least 1, at most
-    ``chunk``. It gives 0 (a step of the decoding tokens alone, to time) when it has no t_d, or
+    steps) and what each prompt token adds to a step (c, an average of the latest steps with
+    prompt tokens; it grows as a prompt's context grows, since each token's attention reads all
+    of it), and gives the prompt tokens that keep a step within f * t_d: (f - 1) * t_d / c, at
+    least 1, at most ``chunk``. It gives 0 (a step of the decoding tokens alone, to time) when it has no t_d, or
     when REPROBE steps with prompt tokens have gone by since the last such step (t_d grows with
     the decoding requests' contexts); ``chunk`` until it has timed a step with prompt tokens. So
     the decoding requests' inter-token time stays within about f times their own while a long
@@ -291,18 +290,17 @@ class Scheduler:
           its share mid-way); while the oldest prompt being read is longer than ``prefill_chunk``,
           ``step_budget.prompt_tokens`` (fewer with ``step_latency``; none in a step it times).
         - Nothing decodes: the oldest prompt, and the whole prompts after it while all of them
-          together fit in ``prefill_chunk`` (short prompts start together); a prompt longer than
-          that goes alone, in chunks of ``n_batch``."""
+          together fit in ``prefill_chunk`` and ``n_batch`` (short prompts start together); a
+          prompt longer than that goes alone, in chunks of ``n_batch``."""
         work = [(s, [s.next_token]) for s in self._running if not s.prefilling]
         reading = [s for s in self._running if s.prefilling]
         if not reading:
             return work
         n_batch = reading[0].slot.n_batch
         if not work:
-            first = reading[0]
-            if first.left > self.prefill_chunk:
+            first, room = reading[0], min(self.prefill_chunk, n_batch)
+            if first.left > room:
                 return [(first, first.rest[first.done:first.done + n_batch].tolist())]
-            room = self.prefill_chunk
             for s in reading:
                 if s.left > room:
                     break

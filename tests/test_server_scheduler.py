@@ -155,6 +155,20 @@ def test_scheduler_short_prompts_that_arrive_together_start_together(gguf):
         assert (text, finish, end.usage) == want_alone(gguf, req, 128)
 
 
+def test_scheduler_prompts_together_stay_within_n_batch(gguf):
+    """n_batch 8 under a chunk of 16: prompts of 3, 4 and 5 tokens on an idle scheduler go 3 + 4
+    (the 5 would pass 8), then the 5 beside the two decoding tokens."""
+    m = rm.Model(gguf, n_ctx=128, n_threads=2, n_batch=8)
+    m.tokenizer.eog_ids = frozenset()
+    reqs = [request(ids(n, 40 + n), 4) for n in (3, 4, 5)]
+    with m:
+        jobs, obs, _ = serve_jobs(m, 3, reqs, prefill_chunk=16)
+    assert obs.steps[:2] == [(7, 2), (2 + 5, 3)]
+    for req, job in zip(reqs, jobs):
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == want_alone(gguf, req, 128)
+
+
 @pytest.mark.parametrize("step_latency", [None, 1.01])
 def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf, step_latency):
     """While one request decodes, three 10-token prompts arrive together (chunk 16): the steps

@@ -429,6 +429,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="prompt tokens evaluated per step beside the running requests' next tokens: smaller keeps "
                         "their tokens coming while a long prompt is read, larger reads it sooner (default: 64)")
+    p.add_argument("--step-latency", type=float, default=None, metavar="F",
+                   help="while a prompt longer than --prefill-chunk is read, fewer of its tokens per step where "
+                        "needed to keep a step within F times a step of the running requests' tokens alone, "
+                        "learnt from the steps' times; 0: off (default: 2.5)")
     p.add_argument("--name", help="the model name the API reports (default: the file name without .gguf)")
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another name requests may give the model (repeatable)")
@@ -461,6 +465,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config.template_timeout = args.template_timeout
     if args.prefill_chunk is not None:
         config.prefill_chunk = args.prefill_chunk
+    if args.step_latency is not None:
+        if args.step_latency != 0 and not args.step_latency > 1:
+            raise RapidMoEError(f"--step-latency must be > 1, or 0 for off; got {args.step_latency}")
+        config.step_latency = args.step_latency or None
     with _open_model(args) as m:
         res = (f"residual policy {m.residual_policy}, budget {_budget_str(m.residual_budget)}" if m.residual_path
                else "no residual sidecar")

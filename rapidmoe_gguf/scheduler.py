@@ -1,10 +1,14 @@
 """The server's scheduler: one thread owns the model's sessions and runs one evaluation per step.
 
-Each step is one batch (``model.eval_batch``): the next token of every running request, and a
-chunk of at most one prompt being prefilled. So N requests in flight read the weights once per
-step between them, and a long prompt goes in chunks of ``prefill_chunk`` tokens between the
-others' tokens instead of stalling them for its whole prefill. When nothing else runs, a prompt
-goes in chunks of ``n_batch``, the evaluation's own step.
+Each step is one batch (``model.eval_batch``): the next token of every running request, and
+prompt tokens of the requests still reading theirs (``Scheduler._plan`` has the rules). So N
+requests in flight read the weights once per step between them; short prompts that arrive
+together are read together (their first tokens come in the same step); and a long prompt goes in
+chunks between the others' tokens instead of stalling them for its whole prefill. The prompt
+tokens a step may carry beside decoding tokens are at most ``prefill_chunk`` and, while a prompt
+longer than that is read, with ``step_latency`` as many as keep the step within that multiple of
+a step of the decoding tokens alone (``StepBudget``, which learns both costs from the steps' times). When nothing else runs, a
+long prompt goes in chunks of ``n_batch``, the evaluation's own step.
 
 A request waits (FIFO) until a slot is free: a slot is a session of the model (``fork_session``)
 with its own KV cache, and a request takes the free slot whose cache holds the longest prefix of
@@ -42,6 +46,62 @@ from .sampling import Sampler
 log = logging.getLogger("rapidmoe.server")
 
 DEFAULT_PREFILL_CHUNK = 64   # prompt tokens per step while other requests decode (cli.py's help says 64)
+DEFAULT_STEP_LATENCY = 2.5   # a step with prompt tokens: at most this many times one of the decoding tokens alone
+
+
+class StepBudget:
+    """How many tokens of a long prompt a step may carry beside the decoding tokens of the running
+    requests.
+
+    ``latency`` None: ``chunk`` always. ``latency`` f: from the times of the steps (``observe``) it
+    keeps what a step of n decoding tokens alone takes (t_d, per n, an average of the latest such
+    steps) and what each prompt token adds to a step (c, an average of the latest steps with
+    prompt tokens; it grows as a prompt's context grows, since each token's attention reads all
+    of it), and gives the prompt tokens that keep a step within f * t_d: (f - 1) * t_d / c, at
+    least 1, at most ``chunk``. It gives 0 (a step of the decoding tokens alone, to time) when it has no t_d, or
+    when REPROBE steps with prompt tokens have gone by since the last such step (t_d grows with
+    the decoding requests' contexts); ``chunk`` until it has timed a step with prompt tokens. So
+    the decoding requests' inter-token time stays within about f times their own while a long
+    prompt is read, and the prompt is read in the largest chunks that allow it."""
+
+    SMOOTH = 0.5          # weight of the newest step in the averages
+    REPROBE = 32          # steps with prompt tokens between two timings of the decoding tokens alone
+
+    def __init__(self, chunk: int, latency: float | None = None):
+        if chunk < 1:
+            raise RapidMoEError(f"prefill_chunk must be >= 1, got {chunk}")
+        if latency is not None and not latency > 1:
+            raise RapidMoEError(f"step_latency must be > 1 (a multiple of a decoding step's time), got {latency}")
+        self.chunk, self.latency = chunk, latency
+        self.t_decode: dict[int, float] = {}  # decoding tokens: seconds, a step of them alone
+        self.per_token: float | None = None   # seconds a prompt token adds to a step
+        self.since_decode = 0                 # steps with prompt tokens since the last without
+
+    def observe(self, n_decode: int, n_prompt: int, seconds: float) -> None:
+        """A step of n_decode decoding tokens and n_prompt prompt tokens took seconds."""
+        a = self.SMOOTH
+        if n_decode == 0:
+            return                            # a prompt alone: nobody waited on it
+        t_d = self.t_decode.get(n_decode)
+        if n_prompt == 0:
+            self.t_decode[n_decode] = seconds if t_d is None else a * seconds + (1 - a) * t_d
+            self.since_decode = 0
+            return
+        self.since_decode += 1
+        if t_d is not None:
+            c = max(seconds - t_d, 0.0) / n_prompt
+            self.per_token = c if self.per_token is None else a * c + (1 - a) * self.per_token
+
+    def prompt_tokens(self, n_decode: int) -> int:
+        """Prompt tokens for the next step, which has n_decode (> 0) decoding tokens."""
+        if self.latency is None:
+            return self.chunk
+        t_d = self.t_decode.get(n_decode)
+        if t_d is None or self.since_decode >= self.REPROBE:
+            return 0
+        if not self.per_token:
+            return self.chunk
+        return int(max(1, min(self.chunk, (self.latency - 1) * t_d / self.per_token)))
 
 
 @dataclasses.dataclass
@@ -97,6 +157,11 @@ class _Seq:
     def prefilling(self) -> bool:
         return self.done < self.rest.size
 
+    @property
+    def left(self) -> int:
+        """Prompt tokens still to evaluate."""
+        return self.rest.size - self.done
+
     def emit(self, text: str, finish_reason: str | None = None) -> None:
         chunk = {**self.head, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
         for c in self.chat.feed(chunk) if self.chat is not None else [chunk]:
@@ -111,12 +176,12 @@ class Scheduler:
     """Runs the requests given to ``submit`` on ``slots`` (sessions of one model, the first the
     model itself; each with the same n_ctx), in a thread of its own. A slot goes back to the
     first slot's residual policy and budget (as they are now) after a request that chose its own.
-    ``observer`` receives the counts and timings (the server's statistics and metrics)."""
+    ``observer`` receives the counts and timings (the server's statistics and metrics).
+    ``prefill_chunk`` and ``step_latency``: the prompt tokens a step may carry (StepBudget)."""
 
     def __init__(self, slots: Sequence[Model], name: str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 observer: Observer | None = None):
-        if prefill_chunk < 1:
-            raise RapidMoEError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+                 observer: Observer | None = None, step_latency: float | None = None):
+        self.step_budget = StepBudget(prefill_chunk, step_latency)
         self.slots, self.name, self.prefill_chunk = list(slots), name, prefill_chunk
         self.observer = observer or Observer()
         m = self.slots[0]
@@ -197,17 +262,14 @@ class Scheduler:
         self._drop_cancelled()
         self._start_waiting()
         self.observer.queued(len(self._waiting), len(self._running))
-        decoding = [s for s in self._running if not s.prefilling]
-        work = [(s, [s.next_token]) for s in decoding]
-        prefill = next((s for s in self._running if s.prefilling), None)
-        if prefill is not None:
-            n_batch = prefill.slot.n_batch
-            n = max(1, min(self.prefill_chunk, n_batch - len(work))) if work else n_batch
-            work.append((prefill, prefill.rest[prefill.done:prefill.done + n].tolist()))
+        work = self._plan()
         if not work:
             self.observer.queued(len(self._waiting), len(self._running))
             return
+        t0 = time.perf_counter()
         results = self._eval(work)
+        n_decode = sum(1 for s, _ in work if not s.prefilling)
+        self.step_budget.observe(n_decode, sum(len(t) for _, t in work) - n_decode, time.perf_counter() - t0)
         self.observer.step(sum(len(t) for _, t in work), len(work), sum(m.n_past for m in self.slots))
         for (s, toks), got in zip(work, results):
             if isinstance(got, BaseException):
@@ -219,6 +281,42 @@ class Scheduler:
                     continue
             self._next_token(s, got)
         self.observer.queued(len(self._waiting), len(self._running))
+
+    def _plan(self) -> list[tuple[_Seq, list[int]]]:
+        """The step's batch: the next token of every decoding request, then prompt tokens of the
+        requests still reading theirs, oldest first, under the step's prompt budget.
+
+        - Others decode: ``prefill_chunk`` prompt tokens, shared in arrival order (a prompt may end
+          its share mid-way); while the oldest prompt being read is longer than ``prefill_chunk``,
+          ``step_budget.prompt_tokens`` (fewer with ``step_latency``; none in a step it times).
+        - Nothing decodes: the oldest prompt, and the whole prompts after it while all of them
+          together fit in ``prefill_chunk`` and ``n_batch`` (short prompts start together); a
+          prompt longer than that goes alone, in chunks of ``n_batch``."""
+        work = [(s, [s.next_token]) for s in self._running if not s.prefilling]
+        reading = [s for s in self._running if s.prefilling]
+        if not reading:
+            return work
+        n_batch = reading[0].slot.n_batch
+        if not work:
+            first, room = reading[0], min(self.prefill_chunk, n_batch)
+            if first.left > room:
+                return [(first, first.rest[first.done:first.done + n_batch].tolist())]
+            for s in reading:
+                if s.left > room:
+                    break
+                work.append((s, s.rest[s.done:].tolist()))
+                room -= s.left
+            return work
+        room = max(1, min(self.prefill_chunk, n_batch - len(work)))
+        if reading[0].rest.size > self.prefill_chunk:    # a long prompt: bound the decoding steps' time
+            room = min(room, self.step_budget.prompt_tokens(len(work)))
+        for s in reading:
+            if room == 0:
+                break
+            n = min(s.left, room)
+            work.append((s, s.rest[s.done:s.done + n].tolist()))
+            room -= n
+        return work
 
     def _drop_cancelled(self) -> None:
         for item in [w for w in self._waiting if w[0].cancel.is_set()]:

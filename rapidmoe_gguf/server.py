@@ -26,8 +26,9 @@ rather than ignored; fields it does not know at all are ignored.
 Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
 (``Model.fork_session``), each with its own KV cache. One thread, the scheduler
 (rapidmoe_gguf.scheduler), owns them and runs one evaluation per step: the next token of every
-running request and a chunk of at most ``prefill_chunk`` tokens of one prompt being read, so the
-weights are read once per step for all of them and a long prompt does not stall the others. A
+running request and at most ``prefill_chunk`` tokens of the prompts being read (fewer of a long
+prompt where ``step_latency`` needs: scheduler.StepBudget), so the weights are read once per step for all of
+them and a long prompt does not stall the others. A
 request takes the free slot whose cache holds the longest prefix of its prompt (which it then does
 not evaluate again, see Model.generate); up to ``queue`` further requests wait for a slot, in order
 of arrival; beyond that the answer is 503. A client that goes away, while waiting, while its prompt
@@ -84,7 +85,7 @@ from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoRes
 from .model import Model, SamplingParams
 from . import metrics
 from .metrics import ServerMetrics
-from .scheduler import DEFAULT_PREFILL_CHUNK, End, Observer, Scheduler
+from .scheduler import DEFAULT_PREFILL_CHUNK, DEFAULT_STEP_LATENCY, End, Observer, Scheduler
 from .sampling import SAMPLING_DEFAULTS
 
 log = logging.getLogger("rapidmoe.server")
@@ -96,7 +97,9 @@ class ServerConfig:
     port: int = 8080
     api_key: str | None = None       # None: no authentication
     parallel: int = 1                # slots: sequences generated at once
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK   # prompt tokens per step while others decode
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK   # prompt tokens per step while others decode, at most
+    step_latency: float | None = DEFAULT_STEP_LATENCY   # and at most as many as keep a step within this
+                                                        # multiple of the decoding tokens' own; None: off
     queue: int = 16                  # requests that may wait for a slot
     max_body: int = 1 << 20          # bytes
     model_name: str | None = None    # default: the file name without .gguf
@@ -354,8 +357,9 @@ class Server(Observer):
         if config.max_prompt_chars is not None and config.max_prompt_chars < 1 or not config.template_timeout > 0:
             raise InvalidArgumentError(f"max_prompt_chars must be >= 1 and template_timeout > 0, got "
                                        f"{config.max_prompt_chars} and {config.template_timeout}")
-        if config.prefill_chunk < 1:
-            raise InvalidArgumentError(f"prefill_chunk must be >= 1, got {config.prefill_chunk}")
+        if config.prefill_chunk < 1 or config.step_latency is not None and not config.step_latency > 1:
+            raise InvalidArgumentError(f"prefill_chunk must be >= 1 and step_latency > 1 (or None), got "
+                                       f"{config.prefill_chunk} and {config.step_latency}")
         check_api_key(config.api_key)
         self.model, self.config = model, config
         self.max_prompt_chars = config.max_prompt_chars or 16 * model.n_ctx
@@ -376,7 +380,8 @@ class Server(Observer):
         self.peak_batch = 0                            # the most sequences one step has evaluated
         self.draining = False                          # after SIGTERM: new requests get 503
         self.metrics = ServerMetrics(sum(m.n_ctx for m in self.slots)) if metrics.prom is not None else None
-        self.scheduler = Scheduler(self.slots, self.name, config.prefill_chunk, observer=self)
+        self.scheduler = Scheduler(self.slots, self.name, config.prefill_chunk, observer=self,
+                                   step_latency=config.step_latency)
 
     @property
     def _free(self):

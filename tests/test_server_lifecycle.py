@@ -111,6 +111,26 @@ def test_server_cli_scheduler_and_name_options(gguf, monkeypatch):
     assert cli.main(["serve", str(gguf), "--prefill-chunk", "0"]) == 1
 
 
+def test_server_cli_step_latency_option(gguf, monkeypatch):
+    """--step-latency F bounds a step with prompt tokens (default 2.5), 0 turns it off, and a value
+    in (0, 1] is refused; the server refuses a bad one before it forks its slots."""
+    seen = {}
+    monkeypatch.setattr(srv, "serve", lambda model, config, log_level: seen.update(config=config))
+    monkeypatch.delenv("RAPIDMOE_API_KEY", raising=False)
+    assert cli.main(["serve", str(gguf), "--ctx", "128"]) == 0
+    assert seen["config"].step_latency == srv.ServerConfig().step_latency == 2.5
+    assert cli.main(["serve", str(gguf), "--ctx", "128", "--step-latency", "4"]) == 0
+    assert seen["config"].step_latency == 4.0
+    assert cli.main(["serve", str(gguf), "--ctx", "128", "--step-latency", "0"]) == 0
+    assert seen["config"].step_latency is None
+    seen.clear()
+    assert cli.main(["serve", str(gguf), "--ctx", "128", "--step-latency", "0.5"]) == 1
+    assert not seen
+    with rm.Model(gguf, n_ctx=64) as m:
+        with pytest.raises(rm.RapidMoEError, match="step_latency"):
+            srv.Server(m, srv.ServerConfig(step_latency=1.0))
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     import rapidmoe_gguf as rm

@@ -19,7 +19,8 @@ import pytest
 
 import rapidmoe_gguf as rm
 from rapidmoe_gguf import server as srv
-from rapidmoe_gguf.scheduler import End, Observer, Scheduler
+from rapidmoe_gguf.errors import RapidMoEError
+from rapidmoe_gguf.scheduler import End, Observer, Scheduler, StepBudget
 from conftest import VOCAB
 from test_server import BAD, MESSAGES, gguf, running, sse  # noqa: F401  (gguf is a fixture)
 
@@ -72,10 +73,11 @@ def alone(path, req: srv.GenRequest, **model_kw):
     return r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]
 
 
-def serve_jobs(model, n_slots, reqs, prefill_chunk=8, together=True):
+def serve_jobs(model, n_slots, reqs, prefill_chunk=8, together=True, step_latency=None):
     """Runs reqs on a Scheduler over model and n_slots - 1 forks; returns the jobs and the steps."""
     obs = Steps()
-    sched = Scheduler([model] + [model.fork_session() for _ in range(n_slots - 1)], "m", prefill_chunk, obs)
+    sched = Scheduler([model] + [model.fork_session() for _ in range(n_slots - 1)], "m", prefill_chunk, obs,
+                      step_latency=step_latency)
     jobs = [Job(r) for r in reqs]
     try:
         with sched._cv:                            # all arrive before the first step
@@ -129,6 +131,125 @@ def test_scheduler_long_prompt_goes_in_chunks_between_tokens(gguf):
             want = ref.create_completion(req.prompt_ids, max_tokens=req.max_tokens, temperature=0)
         text, finish, end = job.result()
         assert (text, finish, end.usage) == (want["choices"][0]["text"], "length", want["usage"])
+
+
+def want_alone(path, req, n_ctx):
+    with rm.Model(path, n_ctx=n_ctx, n_threads=2) as ref:
+        ref.tokenizer.eog_ids = frozenset()
+        r = ref.create_completion(req.prompt_ids, max_tokens=req.max_tokens, temperature=0)
+    return r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]
+
+
+def test_scheduler_short_prompts_that_arrive_together_start_together(gguf):
+    """Four prompts of 5, 6, 4 and 7 tokens arrive on an idle scheduler (chunk 16): the first step
+    reads the first three whole (15 tokens; the fourth would pass 16), so their first tokens come
+    together; the next step is their three tokens and the fourth prompt."""
+    m = rm.Model(gguf, n_ctx=128, n_threads=2)
+    m.tokenizer.eog_ids = frozenset()
+    reqs = [request(ids(n, 20 + n), 6) for n in (5, 6, 4, 7)]
+    with m:
+        jobs, obs, _ = serve_jobs(m, 4, reqs, prefill_chunk=16)
+    assert obs.steps[:3] == [(15, 3), (3 + 7, 4), (4, 4)]
+    for req, job in zip(reqs, jobs):
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == want_alone(gguf, req, 128)
+
+
+def test_scheduler_prompts_together_stay_within_n_batch(gguf):
+    """n_batch 8 under a chunk of 16: prompts of 3, 4 and 5 tokens on an idle scheduler go 3 + 4
+    (the 5 would pass 8), then the 5 beside the two decoding tokens."""
+    m = rm.Model(gguf, n_ctx=128, n_threads=2, n_batch=8)
+    m.tokenizer.eog_ids = frozenset()
+    reqs = [request(ids(n, 40 + n), 4) for n in (3, 4, 5)]
+    with m:
+        jobs, obs, _ = serve_jobs(m, 3, reqs, prefill_chunk=16)
+    assert obs.steps[:2] == [(7, 2), (2 + 5, 3)]
+    for req, job in zip(reqs, jobs):
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == want_alone(gguf, req, 128)
+
+
+@pytest.mark.parametrize("step_latency", [None, 1.01])
+def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf, step_latency):
+    """While one request decodes, three 10-token prompts arrive together (chunk 16): the steps
+    read them oldest first, 16 prompt tokens a step, a prompt split where the budget ends:
+    10 + 6, then 4 + 10 beside the then two decoding requests. A step latency bound leaves
+    prompts no longer than the chunk alone (it is for long prompts)."""
+    m = rm.Model(gguf, n_ctx=128, n_threads=2)
+    m.tokenizer.eog_ids = frozenset()
+    first, later = request(ids(3, 30), 30), [request(ids(10, 31 + i), 5) for i in range(3)]
+    obs = Steps()
+    with m:
+        sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 16, obs, step_latency=step_latency)
+        try:
+            j0 = Job(first)
+            sched.submit(j0, j0)
+            while len(j0.items) < 2:
+                time.sleep(0.001)
+            jobs = [Job(r) for r in later]
+            with sched._cv:
+                for j in jobs:
+                    sched.submit(j, j)
+                k = len(obs.steps)
+            results = [j.result() for j in [j0] + jobs]
+        finally:
+            sched.close()
+    i = next(i for i in range(k, len(obs.steps)) if obs.steps[i][1] > 1)   # a step may have been under way
+    assert obs.steps[i:i + 2] == [(1 + 16, 3), (2 + 14, 4)]
+    for req, (text, finish, end) in zip([first] + later, results):
+        assert (text, finish, end.usage) == want_alone(gguf, req, 128)
+
+
+def test_step_budget_keeps_a_step_within_its_latency_multiple():
+    """StepBudget on given step times: 0 (a step to time) until it has timed the decoding tokens
+    alone (per count of them), the chunk until it has timed prompt tokens, then
+    (f - 1) * t_decode / per-token cost, between 1 and the chunk; a new timing every REPROBE steps."""
+    assert StepBudget(64).prompt_tokens(4) == 64
+    b = StepBudget(64)
+    b.observe(4, 0, 0.010)
+    b.observe(4, 64, 0.074)
+    assert b.prompt_tokens(4) == 64                    # no latency bound: the chunk
+    b = StepBudget(64, latency=2.5)
+    b.observe(0, 100, 5.0)                             # a prompt alone: nobody waited
+    assert b.prompt_tokens(4) == 0 and b.t_decode == {}   # first a step of decoding tokens alone
+    b.observe(4, 0, 0.010)
+    assert b.prompt_tokens(4) == 64                    # no prompt-token cost seen yet
+    b.observe(4, 64, 0.074)                            # 1 ms a prompt token
+    assert b.prompt_tokens(4) == 15                    # 1.5 * 10 ms / 1 ms
+    assert b.prompt_tokens(3) == 0                     # three decoding tokens: not timed yet
+    b.observe(4, 15, 0.010 + 15 * 0.003)               # 3 ms a token: the average 2 ms
+    assert b.prompt_tokens(4) == 7
+    for _ in range(8):
+        b.observe(4, 1, 0.100)                         # 90 ms a token: at least one
+    assert b.prompt_tokens(4) == 1
+    for _ in range(StepBudget.REPROBE - 10):
+        b.observe(4, 1, 0.100)
+    assert b.prompt_tokens(4) == 0                     # time the decoding tokens alone again
+    b.observe(4, 0, 0.200)
+    assert b.prompt_tokens(4) == 1 and b.since_decode == 0
+    b = StepBudget(8, latency=100)
+    b.observe(1, 0, 0.01)
+    b.observe(1, 8, 0.018)
+    assert b.prompt_tokens(1) == 8                     # at most the chunk
+    for bad in (dict(chunk=0), dict(chunk=8, latency=1.0), dict(chunk=8, latency=float("nan"))):
+        with pytest.raises(RapidMoEError, match="prefill_chunk|step_latency"):
+            StepBudget(**bad)
+
+
+def test_scheduler_with_a_step_latency_bound_gives_the_same_text(gguf):
+    """The long prompt of the test above beside a decoding request, with the prompt budget learnt
+    from the step times (step_latency 1.5): steps of at most 16 prompt tokens beside the other's
+    token, the budget learnt, and both requests' text as alone."""
+    m = rm.Model(gguf, n_ctx=512, n_threads=2)
+    m.tokenizer.eog_ids = frozenset()
+    short, long_ = request(ids(6, 7), 40), request(ids(200, 8), 6)
+    with m:
+        jobs, obs, sched = serve_jobs(m, 2, [short, long_], prefill_chunk=16, step_latency=1.5)
+        assert 1 in sched.step_budget.t_decode and sched.step_budget.per_token is not None
+    assert obs.steps[0] == (6, 1) and all(n <= 1 + 16 for n, s in obs.steps if s == 2)
+    for req, job in zip((short, long_), jobs):
+        text, finish, end = job.result()
+        assert (text, finish, end.usage) == want_alone(gguf, req, 512)
 
 
 def test_scheduler_cancel_stops_a_prompt_between_chunks(gguf):

@@ -26,9 +26,9 @@ N tokens per step over the steps' time. That is what llama.cpp's server does wit
 
 A long prompt among streams: 4 streams decode; once each has 16 tokens a --long-token prompt
 arrives. Reported: the streams' p50 gap before it arrived, and their p99 gap while it was read
-(until its answer came). Ours reads it in chunks of --prefill-chunk tokens between the streams'
-tokens; llama.cpp (as its server does, n_batch 2048, n_ubatch 512) puts up to --llama-batch of
-its tokens into each step beside the 4 tokens.
+(until its answer came). Ours reads it in chunks of at most --prefill-chunk tokens between the
+streams' tokens, fewer where --step-latency needs; llama.cpp (as its server does, n_batch 2048,
+n_ubatch 512) puts up to --llama-batch of its tokens into each step beside the 4 tokens.
 
 Numbers from a machine shared with other work are noise (llama.cpp's threads wait for each other
 by spinning, so with more threads than free cores its steps take many times longer); run it on a
@@ -183,10 +183,12 @@ SERVER = textwrap.dedent("""
     from rapidmoe_gguf import server as srv
 
     path, port, threads, parallel, ctx, chunk = sys.argv[1], *map(int, sys.argv[2:7])
+    latency = float(sys.argv[7]) or None
     m = rm.Model(path, n_ctx=ctx, n_threads=threads, residual=None)
     m.tokenizer.eog_ids = frozenset()       # every reply runs to max_tokens
     print(m.n_vocab, flush=True)
-    srv.serve(m, srv.ServerConfig(port=port, parallel=parallel, queue=16, prefill_chunk=chunk), log_level="warning")
+    srv.serve(m, srv.ServerConfig(port=port, parallel=parallel, queue=16, prefill_chunk=chunk,
+                                               step_latency=latency), log_level="warning")
     m.close()
 """)
 
@@ -275,7 +277,8 @@ def run_ours(a) -> dict:
     # run from elsewhere: `python -c` puts its working folder first on sys.path, which in a source tree
     # would shadow the installed package with the unbuilt one
     proc = subprocess.Popen([*rt_prefix(a.rt), sys.executable, "-c", SERVER, os.path.abspath(a.model), str(port),
-                             str(a.threads), str(max(max(a.streams), 4) + 1), str(ctx), str(a.prefill_chunk)],
+                             str(a.threads), str(max(max(a.streams), 4) + 1), str(ctx), str(a.prefill_chunk),
+                             str(a.step_latency)],
                             env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=tempfile.gettempdir())
     try:
         n_vocab = int(proc.stdout.readline())
@@ -333,7 +336,7 @@ def table(ours: dict, llama: dict | None, a) -> str:
     rows.append(f"4 streams while a {a.long}-token prompt arrives: ours ITL p50 before "
                 f"{lo['itl_p50_before_s'] * 1e3:.1f} ms, p99 during {lo['itl_p99_during_s'] * 1e3:.1f} ms "
                 f"({lo['itl_p99_during_s'] / lo['itl_p50_before_s']:.1f}x; "
-                f"prefill chunk {a.prefill_chunk}, the prompt answered in {lo['long_prompt_s']:.2f} s)")
+                f"prefill chunk {a.prefill_chunk}, step latency {a.step_latency or 'off'}, the prompt answered in {lo['long_prompt_s']:.2f} s)")
     if llama:
         ll = llama["long"]
         rows.append(f"  llama.cpp (up to {a.llama_batch} prompt tokens a step): p50 before "
@@ -352,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", type=int, default=64, help="tokens generated per stream (default: %(default)s)")
     ap.add_argument("--long", type=int, default=2000, help="the long prompt's tokens (default: %(default)s)")
     ap.add_argument("--prefill-chunk", type=int, default=64, help="the server's --prefill-chunk (default: %(default)s)")
+    ap.add_argument("--step-latency", type=float, default=2.5,
+                    help="the server's --step-latency (default: %(default)s; 0: off)")
     ap.add_argument("--llama-batch", type=int, default=2048,
                     help="llama.cpp's n_batch (default: %(default)s, as its server's)")
     ap.add_argument("--llama-python", default=DEFAULT_LLAMA_PYTHON, help="python of llama-cpp-python's environment")

@@ -421,22 +421,37 @@ static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
     }
 }
 
+/* Tiles 0-3: four sub-blocks' int32 dots (16 rows x 16 tokens); 4 and 5: a sub-block's weights
+ * (16 rows x k levels); 6 and 7: its activations (k / 4 rows of 16 tokens' dwords). */
 static void tile_configure_k(int k) {
     tile_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
-    cfg.rows[0] = RM_TILE_ROWS, cfg.colsb[0] = TILE_TOKENS * 4;
-    cfg.rows[1] = RM_TILE_ROWS, cfg.colsb[1] = (uint16_t) k;
-    cfg.rows[2] = (uint8_t) (k / 4), cfg.colsb[2] = TILE_TOKENS * 4;
+    for (int t = 0; t < 4; t++) {
+        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = TILE_TOKENS * 4;
+    }
+    for (int t = 4; t < 6; t++) {
+        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = (uint16_t) k;
+        cfg.rows[t + 2] = (uint8_t) (k / 4), cfg.colsb[t + 2] = TILE_TOKENS * 4;
+    }
     tile_load_config(&cfg);
 }
+
+/* Sub-block j's dots into tile acc, through weight tile tw and activation tile tx */
+#define KQ_SUB_DOT(acc, tw, tx, j)                                          \
+    do {                                                                     \
+        _tile_zero(acc);                                                     \
+        _tile_loadd(tw, wb + 16 * k * (j), k);                               \
+        _tile_loadd(tx, xb + 16 * k * (j), TILE_TOKENS * 4);                 \
+        _tile_dpbssd(acc, tw, tx);                                           \
+    } while (0)
 
 /* One group of 16 tokens against the packed rows: out[r][c] */
 RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_t * xg,
                                  float out[RM_TILE_ROWS][TILE_TOKENS], const int kind) {
     const int k = kind == KQ_Q6_K ? 16 : 32, n_sub = RM_QK_K / k;
     __m512 acc[RM_TILE_ROWS][8];   /* [row][super-block mod 8]: 16 tokens */
-    int32_t sums[RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
+    int32_t sums[4][RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
     for (int r = 0; r < RM_TILE_ROWS; r++) {
         for (int l = 0; l < 8; l++) {
             acc[r][l] = _mm512_setzero_ps();
@@ -450,15 +465,20 @@ RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_
         for (int r = 0; r < RM_TILE_ROWS; r++) {
             sumi[r] = _mm512_setzero_si512();
         }
-        for (int j = 0; j < n_sub; j++) {
-            _tile_zero(0);
-            _tile_loadd(1, wb + 16 * k * j, k);
-            _tile_loadd(2, xb + 16 * k * j, TILE_TOKENS * 4);
-            _tile_dpbssd(0, 1, 2);
-            _tile_stored(0, sums, TILE_TOKENS * 4);
-            for (int r = 0; r < RM_TILE_ROWS; r++) {
-                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(_mm512_set1_epi32(sc[16 * j + r]),
-                                                                       _mm512_load_si512(sums[r])));
+        for (int j0 = 0; j0 < n_sub; j0 += 4) {   /* four sub-blocks' dots in flight, then their stores */
+            KQ_SUB_DOT(0, 4, 6, j0);
+            KQ_SUB_DOT(1, 5, 7, j0 + 1);
+            KQ_SUB_DOT(2, 4, 6, j0 + 2);
+            KQ_SUB_DOT(3, 5, 7, j0 + 3);
+            _tile_stored(0, sums[0], TILE_TOKENS * 4);
+            _tile_stored(1, sums[1], TILE_TOKENS * 4);
+            _tile_stored(2, sums[2], TILE_TOKENS * 4);
+            _tile_stored(3, sums[3], TILE_TOKENS * 4);
+            for (int q = 0; q < 4; q++) {
+                for (int r = 0; r < RM_TILE_ROWS; r++) {
+                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(_mm512_set1_epi32(sc[16 * (j0 + q) + r]),
+                                                                           _mm512_load_si512(sums[q][r])));
+                }
             }
         }
         /* kq_sum's float steps (simd_x86.h): lane b mod 8 takes super-block b */

@@ -403,12 +403,19 @@ static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
     const size_t bsize = kind == KQ_Q6_K ? sizeof(rm_block_q6_K) : kind == KQ_Q5_K ? sizeof(rm_block_q5_K)
                        : kind == KQ_IQ4_XS ? sizeof(rm_block_iq4_xs) : kind == KQ_IQ2_XXS ? sizeof(rm_block_iq2_xxs)
                        : kind == KQ_IQ3_XXS ? sizeof(rm_block_iq3_xxs) : sizeof(rm_block_q4_K);
-    for (int64_t b = 0; b < n / RM_QK_K; b++) {
-        uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
-        if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
-            memset(wb, 0, KQ_W_BYTES);
+    if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
+        memset(room, 0, (size_t) (n / RM_QK_K) * KQ_W_BYTES);
+    }
+    /* row by row, each read in order, the next one asked for ahead (the weights come from memory:
+     * sixteen rows' streams at once are more than the hardware prefetchers follow) */
+    const uint64_t used = (uint64_t) (n / RM_QK_K) * bsize;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t * next = w + (uint64_t) (r + 1) * row_bytes;
+        for (uint64_t o = 0; o < used; o += 64) {
+            __builtin_prefetch(next + o, 0, 3);
         }
-        for (int64_t r = r0; r < r1; r++) {
+        for (int64_t b = 0; b < n / RM_QK_K; b++) {
+            uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
             switch (kind) {   /* one inlined copy per type */
             case KQ_Q4_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q4_K); break;
             case KQ_Q5_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q5_K); break;

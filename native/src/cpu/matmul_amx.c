@@ -1,6 +1,6 @@
 /* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8),
- * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K and IQ4_XS (further down), each bit
- * for bit the AVX-512 set's one-token kernel.
+ * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS (further
+ * down), each bit for bit the AVX-512 set's one-token kernel.
  *
  * One tdpbssd multiplies a tile of 16 weight rows x 32 int8 levels by a tile of 32 levels x 16
  * tokens into 16 x 16 int32 sums: one 32-element block of 16 rows against 16 tokens, 8192
@@ -216,14 +216,16 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
     matmul_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
 }
 
-/* ---- the K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS, against Q8_K ------------------------------ *
+/* ---- the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, IQ2_XXS and IQ3_XXS, against Q8_K ------------ *
  *
  * One tdpbssd per sub-block (Q4_K/Q5_K: 8 of 32 elements, K = 32; Q6_K: 16 of 16, K = 16) gives
  * its 16 x 16 integer dots; they are weighted by the rows' integer sub-block scales in int32
  * lanes, which gives each super-block's exact integer dot S (the reference's sumi), and for the
  * mins of Q4_K/Q5_K the integer M = sum_s m_s (bsums of sub-block s), from vpmaddwd on pairs of
  * sub-blocks. Q6_K's levels are stored less 32 (signed), so it needs no offset term; IQ4_XS is
- * Q4_K's shape with its table's signed levels and signed scales (sc - 32), and no mins.
+ * Q4_K's shape with its table's signed levels and signed scales (sc - 32), and no mins; IQ2_XXS
+ * and IQ3_XXS the same with their signed codebook levels, scales 2s + 1 and a power-of-two step
+ * (d_x d_w step, the float the AVX-512 kernel takes).
  *
  * The AVX-512 kernels reduce each super-block to the same S and M, and their float steps depend
  * on nothing else (simd_x86.h, kq_sum): super-block b goes to partial sum b mod 8 as
@@ -240,7 +242,7 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
 #define KQ_W_BYTES (4096 + 1024 + 256 + 128)
 #define KQ_X_BYTES (4096 + 64 + 256)
 
-enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_IQ4_XS };
+enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_IQ4_XS, KQ_IQ2_XXS, KQ_IQ3_XXS };
 
 static int usable_kq(int64_t n) { return n > 0 && n % RM_QK_K == 0; }
 
@@ -284,6 +286,44 @@ static void scale_min_k4(const uint8_t q[12], int j, int32_t * sc, int32_t * mn)
     }
 }
 
+/* An IQ2_XXS (iq2) or IQ3_XXS row's super-block into row r of the room block wb: sub-block j's
+ * codebook magnitudes with their signs (rm_iq_ksigns) as signed levels, its scale 2s + 1, and d
+ * (the type's power-of-two step is a float step of the tile, as in simd_x86.h's dot_iq_grid). */
+RM_AMX_INLINE void pack_row_iq_grid(const uint8_t * src, int r, uint8_t * wb, const int iq2) {
+    const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
+    const uint8_t * qs = src + sizeof(rm_fp16);
+    int32_t * sc = (int32_t *) (wb + 4096);
+    float * d = (float *) (wb + 5376);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t * q = qs + 8 * j;
+        uint32_t ss;
+        __m256i mag;
+        if (iq2) {   /* 4 index bytes, then the word */
+            memcpy(&ss, q + 4, 4);
+            uint64_t g[4];
+            for (int k = 0; k < 4; k++) memcpy(&g[k], rm_iq2xxs_grid[q[k]], 8);
+            mag = _mm256_setr_epi64x((long long) g[0], (long long) g[1], (long long) g[2], (long long) g[3]);
+        } else {     /* 8 index bytes; the words after all the indices */
+            memcpy(&ss, qs + RM_QK_K / 4 + 4 * j, 4);
+            uint32_t g[8];
+            for (int k = 0; k < 8; k++) memcpy(&g[k], rm_iq3xxs_grid[q[k]], 4);
+            mag = _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6],
+                                    (int) g[7]);
+        }
+        const __m256i sb = _mm256_setr_epi64x(
+            (long long) (rm_iq_ksigns[ss & 127] * 0x0101010101010101ULL),
+            (long long) (rm_iq_ksigns[(ss >> 7) & 127] * 0x0101010101010101ULL),
+            (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
+            (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
+        const __m256i sgn = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits), one);
+        _mm256_storeu_si256((__m256i *) (wb + 512 * j + 32 * r), _mm256_sign_epi8(mag, sgn));
+        sc[16 * j + r] = (int32_t) (2 * (ss >> 28) + 1);
+    }
+    rm_fp16 h;
+    memcpy(&h, src, sizeof(h));
+    d[r] = rm_fp16_to_fp32(h);
+}
+
 /* Row r of super-block b into its places in the room block wb. */
 RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const int kind) {
     int32_t * sc = (int32_t *) (wb + 4096), * mins = (int32_t *) (wb + 5120);
@@ -300,6 +340,10 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
             sc[16 * j + r] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
         }
         d[r] = rm_fp16_to_fp32(b->d);
+        return;
+    }
+    if (kind == KQ_IQ2_XXS || kind == KQ_IQ3_XXS) {
+        pack_row_iq_grid(src, r, wb, kind == KQ_IQ2_XXS);
         return;
     }
     if (kind == KQ_Q6_K) {   /* element 128h + 32g + l: levels into sub-blocks of 16 */
@@ -357,39 +401,64 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
 static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
                          const int kind) {
     const size_t bsize = kind == KQ_Q6_K ? sizeof(rm_block_q6_K) : kind == KQ_Q5_K ? sizeof(rm_block_q5_K)
-                       : kind == KQ_IQ4_XS ? sizeof(rm_block_iq4_xs) : sizeof(rm_block_q4_K);
-    for (int64_t b = 0; b < n / RM_QK_K; b++) {
-        uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
-        if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
-            memset(wb, 0, KQ_W_BYTES);
+                       : kind == KQ_IQ4_XS ? sizeof(rm_block_iq4_xs) : kind == KQ_IQ2_XXS ? sizeof(rm_block_iq2_xxs)
+                       : kind == KQ_IQ3_XXS ? sizeof(rm_block_iq3_xxs) : sizeof(rm_block_q4_K);
+    if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
+        memset(room, 0, (size_t) (n / RM_QK_K) * KQ_W_BYTES);
+    }
+    /* row by row, each read in order, the next one asked for ahead (the weights come from memory:
+     * sixteen rows' streams at once are more than the hardware prefetchers follow) */
+    const uint64_t used = (uint64_t) (n / RM_QK_K) * bsize;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t * next = w + (uint64_t) (r + 1) * row_bytes;
+        for (uint64_t o = 0; o < used; o += 64) {
+            __builtin_prefetch(next + o, 0, 3);
         }
-        for (int64_t r = r0; r < r1; r++) {
+        for (int64_t b = 0; b < n / RM_QK_K; b++) {
+            uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
             switch (kind) {   /* one inlined copy per type */
             case KQ_Q4_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q4_K); break;
             case KQ_Q5_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q5_K); break;
             case KQ_IQ4_XS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ4_XS); break;
+            case KQ_IQ2_XXS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ2_XXS); break;
+            case KQ_IQ3_XXS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ3_XXS); break;
             default:      pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q6_K); break;
             }
         }
     }
 }
 
+/* Tiles 0-3: four sub-blocks' int32 dots (16 rows x 16 tokens); 4 and 5: a sub-block's weights
+ * (16 rows x k levels); 6 and 7: its activations (k / 4 rows of 16 tokens' dwords). */
 static void tile_configure_k(int k) {
     tile_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
-    cfg.rows[0] = RM_TILE_ROWS, cfg.colsb[0] = TILE_TOKENS * 4;
-    cfg.rows[1] = RM_TILE_ROWS, cfg.colsb[1] = (uint16_t) k;
-    cfg.rows[2] = (uint8_t) (k / 4), cfg.colsb[2] = TILE_TOKENS * 4;
+    for (int t = 0; t < 4; t++) {
+        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = TILE_TOKENS * 4;
+    }
+    for (int t = 4; t < 6; t++) {
+        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = (uint16_t) k;
+        cfg.rows[t + 2] = (uint8_t) (k / 4), cfg.colsb[t + 2] = TILE_TOKENS * 4;
+    }
     tile_load_config(&cfg);
 }
+
+/* Sub-block j's dots into tile acc, through weight tile tw and activation tile tx */
+#define KQ_SUB_DOT(acc, tw, tx, j)                                          \
+    do {                                                                     \
+        _tile_zero(acc);                                                     \
+        _tile_loadd(tw, wb + 16 * k * (j), k);                               \
+        _tile_loadd(tx, xb + 16 * k * (j), TILE_TOKENS * 4);                 \
+        _tile_dpbssd(acc, tw, tx);                                           \
+    } while (0)
 
 /* One group of 16 tokens against the packed rows: out[r][c] */
 RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_t * xg,
                                  float out[RM_TILE_ROWS][TILE_TOKENS], const int kind) {
     const int k = kind == KQ_Q6_K ? 16 : 32, n_sub = RM_QK_K / k;
     __m512 acc[RM_TILE_ROWS][8];   /* [row][super-block mod 8]: 16 tokens */
-    int32_t sums[RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
+    int32_t sums[4][RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
     for (int r = 0; r < RM_TILE_ROWS; r++) {
         for (int l = 0; l < 8; l++) {
             acc[r][l] = _mm512_setzero_ps();
@@ -403,22 +472,31 @@ RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_
         for (int r = 0; r < RM_TILE_ROWS; r++) {
             sumi[r] = _mm512_setzero_si512();
         }
-        for (int j = 0; j < n_sub; j++) {
-            _tile_zero(0);
-            _tile_loadd(1, wb + 16 * k * j, k);
-            _tile_loadd(2, xb + 16 * k * j, TILE_TOKENS * 4);
-            _tile_dpbssd(0, 1, 2);
-            _tile_stored(0, sums, TILE_TOKENS * 4);
-            for (int r = 0; r < RM_TILE_ROWS; r++) {
-                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(_mm512_set1_epi32(sc[16 * j + r]),
-                                                                       _mm512_load_si512(sums[r])));
+        for (int j0 = 0; j0 < n_sub; j0 += 4) {   /* four sub-blocks' dots in flight, then their stores */
+            KQ_SUB_DOT(0, 4, 6, j0);
+            KQ_SUB_DOT(1, 5, 7, j0 + 1);
+            KQ_SUB_DOT(2, 4, 6, j0 + 2);
+            KQ_SUB_DOT(3, 5, 7, j0 + 3);
+            _tile_stored(0, sums[0], TILE_TOKENS * 4);
+            _tile_stored(1, sums[1], TILE_TOKENS * 4);
+            _tile_stored(2, sums[2], TILE_TOKENS * 4);
+            _tile_stored(3, sums[3], TILE_TOKENS * 4);
+            for (int q = 0; q < 4; q++) {
+                for (int r = 0; r < RM_TILE_ROWS; r++) {
+                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(_mm512_set1_epi32(sc[16 * (j0 + q) + r]),
+                                                                           _mm512_load_si512(sums[q][r])));
+                }
             }
         }
         /* kq_sum's float steps (simd_x86.h): lane b mod 8 takes super-block b */
         const __m512 dx = _mm512_loadu_ps(xb + 4096);
         const int l = (int) (b % 8);
         for (int r = 0; r < RM_TILE_ROWS; r++) {
-            acc[r][l] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[r]), dx), _mm512_cvtepi32_ps(sumi[r]), acc[r][l]);
+            __m512 f = _mm512_mul_ps(_mm512_set1_ps(d[r]), dx);
+            if (kind == KQ_IQ2_XXS || kind == KQ_IQ3_XXS) {   /* d_x d_w step, in that order */
+                f = _mm512_mul_ps(f, _mm512_set1_ps(kind == KQ_IQ2_XXS ? 0.125f : 0.25f));
+            }
+            acc[r][l] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sumi[r]), acc[r][l]);
         }
         if (kind == KQ_Q4_K || kind == KQ_Q5_K) {   /* the mins */
             for (int r = 0; r < RM_TILE_ROWS; r++) {
@@ -461,16 +539,21 @@ RM_TILE_MATMUL_KQ(matmul_q4_K, KQ_Q4_K)
 RM_TILE_MATMUL_KQ(matmul_q5_K, KQ_Q5_K)
 RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
 RM_TILE_MATMUL_KQ(matmul_iq4_xs, KQ_IQ4_XS)
+RM_TILE_MATMUL_KQ(matmul_iq2_xxs, KQ_IQ2_XXS)
+RM_TILE_MATMUL_KQ(matmul_iq3_xxs, KQ_IQ3_XXS)
 
 /* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
  * Q8_0/Q4_0 break even at 12 tokens and win from 16; Q4_K, Q5_K and IQ4_XS win from 8 (1.06 to
- * 2.2x; 0.6 to 1.3x at 4), Q6_K from 12 (1.2 to 2.2x; 0.8x at 8 on rows of 2048). */
+ * 2.2x; 0.6 to 1.3x at 4), Q6_K from 12 (1.2 to 2.2x; 0.8x at 8 on rows of 2048); IQ2_XXS and
+ * IQ3_XXS from 8 (1.3 to 1.4x; 2.5 to 2.9x at 16). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
 static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
 static const rm_tile_kernels tile_q5_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
 static const rm_tile_kernels tile_q6_K = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
 static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
+static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq2_xxs};
+static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq3_xxs};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {
@@ -480,6 +563,8 @@ const rm_cpu_kernels rm_cpu_kernels_amx = {
         [RM_TYPE_Q5_K] = &tile_q5_K,
         [RM_TYPE_Q6_K] = &tile_q6_K,
         [RM_TYPE_IQ4_XS] = &tile_iq4_xs,
+        [RM_TYPE_IQ2_XXS] = &tile_iq2_xxs,
+        [RM_TYPE_IQ3_XXS] = &tile_iq3_xxs,
     },
 };
 

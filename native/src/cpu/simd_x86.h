@@ -189,8 +189,8 @@ static inline __m256i block_sums8(const __m256i p[8]) {
  *   per lane (the AVX2 set; Q2_K and Q3_K, which have no tiles, in both sets): acc += f_i *
  *     float(lanes of S_i), acc_m += g_i * float(lanes of M_i) lane by lane, and
  *     out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
- *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q4_K, Q5_K, Q6_K and IQ4_XS): lane i mod 8 of
- *     one accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
+ *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS):
+ *     lane i mod 8 of one accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
  *     acc = fma(-g_i, float(M_i), acc); out = hsum(acc). Only the integers S_i and M_i enter, so
  *     an AMX tile, which gets them another way, gives the same floats (matmul_amx.c); the sums of
  *     eight super-blocks come out of one tree of horizontal adds (block_sums8) instead of a
@@ -213,7 +213,7 @@ typedef struct kq_sum {
 } kq_sum;
 
 /* Each function takes `grouped`, a constant: 1 for the grouped steps above (the types with AMX
- * tiles: Q4_K, Q5_K, Q6_K, IQ4_XS), 0 for the AVX2 steps (every type in the AVX2 set; Q2_K and
+ * tiles: Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS), 0 for the AVX2 steps (every type in the AVX2 set; Q2_K and
  * Q3_K in both). */
 RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
     (void) grouped;
@@ -985,62 +985,89 @@ static void vec_dot_iq4_xs_multi(int64_t n, int nc, float * out, const void * w,
  * step: the power of two of the type's scale (quants_ref.c's IQ_KERNELS). */
 enum { IQ_GRID_2XXS, IQ_GRID_3XXS };
 
+/* Sub-block j of an IQ2_XXS or IQ3_XXS super-block: its codebook magnitudes (unsigned), and each
+ * level's sign as +-1 bytes; *mul: 2s + 1. */
+RM_INLINE __m256i iq_grid_sub(const uint8_t * qs, int j, __m256i * sgn, int * mul, const int kind) {
+    const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
+    uint32_t ss;
+    __m256i mag;
+    if (kind == IQ_GRID_2XXS) {   /* 4 index bytes, then the word */
+        const uint8_t * q = qs + 8 * j;
+        memcpy(&ss, q + 4, 4);
+        uint64_t g[4];
+        for (int k = 0; k < 4; k++) memcpy(&g[k], rm_iq2xxs_grid[q[k]], 8);
+        mag = _mm256_setr_epi64x((long long) g[0], (long long) g[1], (long long) g[2], (long long) g[3]);
+    } else {   /* 8 index bytes of qs; the words after all the indices */
+        const uint8_t * q = qs + 8 * j;
+        memcpy(&ss, qs + RM_QK_K / 4 + 4 * j, 4);
+        uint32_t g[8];
+        for (int k = 0; k < 8; k++) memcpy(&g[k], rm_iq3xxs_grid[q[k]], 4);
+        mag = _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6],
+                                (int) g[7]);
+    }
+    const __m256i sb = _mm256_setr_epi64x(
+        (long long) (rm_iq_ksigns[ss & 127] * 0x0101010101010101ULL),
+        (long long) (rm_iq_ksigns[(ss >> 7) & 127] * 0x0101010101010101ULL),
+        (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
+        (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
+    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);   /* 0xff: this level is negative */
+    *sgn = _mm256_or_si256(neg, one);
+    *mul = (int) (2 * (ss >> 28) + 1);
+    return mag;
+}
+
+/* The float steps are kq_sum's, f = d_x d_w step (grouped in the AVX-512 set, so that the AMX
+ * tiles give the same floats; per lane in the AVX2 set). */
 RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
                             const int kind) {
     const size_t bsize = kind == IQ_GRID_2XXS ? sizeof(rm_block_iq2_xxs) : sizeof(rm_block_iq3_xxs);
     const float step = kind == IQ_GRID_2XXS ? 0.125f : 0.25f;
-    const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
-    __m256 acc[RM_MULTI_MAX];
+    const int64_t nb = n / RM_QK_K;
+    kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        acc[c] = _mm256_setzero_ps();
+        kq_sum_init(KQ_GROUPED, &acc[c]);
     }
-    for (int64_t i = 0; i < n / RM_QK_K; i++) {
-        const uint8_t * blk = (const uint8_t *) w + (uint64_t) i * bsize;
-        const uint8_t * qs = blk + sizeof(rm_fp16);
-        rm_fp16 d;
-        memcpy(&d, blk, sizeof(d));
-        const rm_block_q8_K * a[RM_MULTI_MAX];
-        __m256i sumi[RM_MULTI_MAX];
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
         for (int c = 0; c < nc; c++) {
-            a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            sumi[c] = _mm256_setzero_si256();
+            kq_sum_begin(KQ_GROUPED, &acc[c]);
         }
-        for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block decoded once, for every token */
-            uint32_t ss;
-            __m256i mag;
-            if (kind == IQ_GRID_2XXS) {   /* 4 index bytes, then the word */
-                const uint8_t * q = qs + 8 * j;
-                memcpy(&ss, q + 4, 4);
-                uint64_t g[4];
-                for (int k = 0; k < 4; k++) memcpy(&g[k], rm_iq2xxs_grid[q[k]], 8);
-                mag = _mm256_setr_epi64x((long long) g[0], (long long) g[1], (long long) g[2], (long long) g[3]);
-            } else {   /* 8 index bytes of qs; the words after all the indices */
-                const uint8_t * q = qs + 8 * j;
-                memcpy(&ss, qs + RM_QK_K / 4 + 4 * j, 4);
-                uint32_t g[8];
-                for (int k = 0; k < 8; k++) memcpy(&g[k], rm_iq3xxs_grid[q[k]], 4);
-                mag = _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6],
-                                        (int) g[7]);
+#pragma GCC unroll 8
+        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
+            if (k >= cnt) {
+                break;
             }
-            const __m256i sb = _mm256_setr_epi64x(
-                (long long) (rm_iq_ksigns[ss & 127] * 0x0101010101010101ULL),
-                (long long) (rm_iq_ksigns[(ss >> 7) & 127] * 0x0101010101010101ULL),
-                (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
-                (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
-            const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits);   /* 0xff: this level is negative */
-            const __m256i sgn = _mm256_or_si256(neg, one), mul = _mm256_set1_epi16((short) (2 * (ss >> 28) + 1));
+            const int64_t i = i0 + k;
+            const uint8_t * blk = (const uint8_t *) w + (uint64_t) i * bsize;
+            rm_fp16 d;
+            memcpy(&d, blk, sizeof(d));
+            const rm_block_q8_K * a[RM_MULTI_MAX];
+            __m256i sumi[RM_MULTI_MAX];
             for (int c = 0; c < nc; c++) {
-                const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j)), sgn);
-                sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(mag, x), mul);
+                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
+                sumi[c] = _mm256_setzero_si256();
+            }
+            for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block decoded once, for every token */
+                __m256i sgn;
+                int mul;
+                const __m256i mag = iq_grid_sub(blk + sizeof(rm_fp16), j, &sgn, &mul, kind);
+                const __m256i s = _mm256_set1_epi16((short) mul);
+                for (int c = 0; c < nc; c++) {
+                    const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j)), sgn);
+                    sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(mag, x), s);
+                }
+            }
+            const float dw = fp16(d);
+            for (int c = 0; c < nc; c++) {
+                kq_sum_add(KQ_GROUPED, &acc[c], k, sumi[c], sumi[c], a[c]->d * dw * step, 0.0f, 0);
             }
         }
-        const float dw = fp16(d);
         for (int c = 0; c < nc; c++) {
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(a[c]->d * dw * step), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+            kq_sum_flush(KQ_GROUPED, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(acc[c]);
+        out[c] = kq_sum_out(KQ_GROUPED, &acc[c], 0);
     }
 }
 

@@ -496,7 +496,7 @@ def _serve_on_ray(args: argparse.Namespace, config) -> int:
           f"{args.parallel} slot(s) of {args.ctx} tokens each, on http://{args.host}:{args.port}/ (Ctrl-C stops)",
           file=sys.stderr)
     ray_serve.run(path, replicas=args.ray_replicas, host=args.host, port=args.port, model_kwargs=kwargs,
-                  config=config)
+                  config=config, log_level="INFO" if args.verbose else "WARNING")
     return 0
 
 

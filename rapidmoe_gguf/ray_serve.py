@@ -109,11 +109,13 @@ def build_replica_app(model_path: str, model_kwargs: dict, config: ServerConfig)
 
 
 def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs: dict | None = None,
-               config: ServerConfig | None = None, cores: int | None = None, name: str = APP_NAME) -> Any:
+               config: ServerConfig | None = None, cores: int | None = None, name: str = APP_NAME,
+               log_level: str | None = None) -> Any:
     """A Ray Serve application (bound deployment) of ``replicas`` copies of the server on
     ``model_path``. ``model_kwargs`` go to Model (n_threads defaults to replica_threads(replicas,
     cores)); ``config`` is each replica's ServerConfig (its host/port are not used: Ray's proxy
-    listens). Pass it to ``serve.run``."""
+    listens); ``log_level`` (e.g. "WARNING") sets the replicas' Serve log level (each request is
+    logged at INFO). Pass it to ``serve.run``."""
     serve = _serve()
     path = os.path.abspath(os.fspath(model_path))
     if not os.path.isfile(path):
@@ -130,24 +132,26 @@ def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs
         return build_replica_app(path, kwargs, config)
 
     ingress = serve.ingress(build)()
+    options = {"logging_config": {"log_level": log_level}} if log_level else {}
     return serve.deployment(ingress, name=name, num_replicas=replicas,
                             ray_actor_options={"num_cpus": kwargs["n_threads"]},
-                            max_ongoing_requests=config.parallel + config.queue).bind()
+                            max_ongoing_requests=config.parallel + config.queue, **options).bind()
 
 
 def run(model_path: str | os.PathLike, *, replicas: int, host: str = "127.0.0.1", port: int = 8080,
         model_kwargs: dict | None = None, config: ServerConfig | None = None, route_prefix: str = "/",
-        block: bool = True) -> None:
+        block: bool = True, log_level: str = "WARNING") -> None:
     """Starts a local Ray (all the machine's cores), deploys ``deployment(...)`` behind
-    http://host:port/route_prefix and, with ``block``, serves until Ctrl-C, then shuts Ray down."""
+    http://host:port/route_prefix and, with ``block``, serves until Ctrl-C, then shuts Ray down.
+    ``log_level`` applies to Serve's proxy, controller and replicas."""
     app = deployment(model_path, replicas=replicas, model_kwargs=model_kwargs,
-                     config=dataclasses.replace(config or ServerConfig(), host=host, port=port))
+                     config=dataclasses.replace(config or ServerConfig(), host=host, port=port), log_level=log_level)
     import ray
     serve = _serve()
     ray.init(include_dashboard=False, logging_level="warning", ignore_reinit_error=True)
     deployed = False
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": host, "port": port}, logging_config={"log_level": log_level})
         serve.run(app, name=APP_NAME, route_prefix=route_prefix)
         deployed = True
         if not block:

@@ -18,6 +18,11 @@ from rapidmoe_gguf.errors import RapidMoEError
 from rapidmoe_gguf.server import ServerConfig
 
 N_CTX = 256
+# UMIA's per-layer thresholds are controllers that move after every token of a session and keep
+# their state across requests (native/src/policy.c), so under it a greedy answer depends on what the
+# slot served before, which Ray's routing decides. Policy "all" has no state: every answer is then
+# a function of its request alone.
+MODEL = {"n_ctx": N_CTX, "residual_policy": "all"}
 PROMPTS = ["hello", "The quick brown", "experts route", "0123"]
 MESSAGES = [{"role": "user", "content": "hello experts"}]
 
@@ -57,8 +62,8 @@ def ray_url():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = deployment(bundled_model_path(), replicas=2, cores=2, model_kwargs={"n_ctx": N_CTX},
-                         config=ServerConfig(parallel=1, queue=3))
+        app = deployment(bundled_model_path(), replicas=2, cores=2, model_kwargs=MODEL,
+                         config=ServerConfig(parallel=1, queue=3), log_level="WARNING")
         serve.run(app, name="rapidmoe", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -75,14 +80,10 @@ def _sse(lines) -> list:
 def test_two_replicas_share_concurrent_requests_and_stream_them(ray_url):
     """Eight concurrent greedy requests, streamed and not, completions and chat: each answer is the
     Model's own, and both replicas answered some."""
-    def alone(ask):
-        # A fresh Model per request, as the server's slots start each one: UMIA's budget control
-        # keeps state across the calls of one Model, so a second call may route differently.
-        with rm.Model(bundled_model_path(), n_ctx=N_CTX, n_threads=1) as m:
-            return ask(m)["choices"][0]
-
-    want = [alone(lambda m: m.create_completion(p, max_tokens=12, temperature=0))["text"] for p in PROMPTS]
-    want_chat = alone(lambda m: m.create_chat_completion(MESSAGES, max_tokens=12, temperature=0))["message"]["content"]
+    with rm.Model(bundled_model_path(), n_threads=1, **MODEL) as m:
+        assert m.residual_path is not None                 # the residual sidecar is in use
+        want = [m.create_completion(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in PROMPTS]
+        want_chat = m.create_chat_completion(MESSAGES, max_tokens=12, temperature=0)["choices"][0]["message"]["content"]
 
     async def completion(client, prompt, stream):
         body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "stream": stream}

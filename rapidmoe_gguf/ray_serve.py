@@ -14,8 +14,9 @@ Every answer carries the header ``x-rapidmoe-replica`` naming the replica that p
 replica id), to see the spread and to find a replica's log.
 
 Threads: each replica runs ``cores // replicas`` CPU threads (at least one) unless ``n_threads``
-is given, and asks Ray for that many CPUs, so N replicas on one machine share its cores instead of
-each starting a thread per core. Memory: the weights are memory-mapped read-only from the same
+is given, and asks Ray for that many CPUs (at most cores / replicas, so that all replicas fit on
+one machine), so N replicas on one machine share its cores instead of each starting a thread per
+core. Memory: the weights are memory-mapped read-only from the same
 file in every replica, so on one machine the page cache holds them once; see docs/SCALING.md.
 
 In Python::
@@ -121,8 +122,12 @@ def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs
     if not os.path.isfile(path):
         raise RapidMoEError(f"ray_serve.deployment: the model file {path} does not exist")
     kwargs = dict(model_kwargs or {})
+    share = replica_threads(replicas, cores)
     if not kwargs.get("n_threads"):
-        kwargs["n_threads"] = replica_threads(replicas, cores)
+        kwargs["n_threads"] = share
+    # Ray's CPUs for one replica: its threads, at most its part of this machine's cores (a fraction
+    # when the replicas outnumber them), so that all replicas fit on one machine.
+    num_cpus = min(kwargs["n_threads"], (cores or os.cpu_count() or 1) / replicas)
     if kwargs.get("gpu_memory") is not None:
         raise RapidMoEError("ray_serve.deployment: replicas run on the CPU; GPU replicas (gpu_memory) are not "
                             "supported yet, see docs/SCALING.md")
@@ -134,7 +139,7 @@ def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs
     ingress = serve.ingress(build)()
     options = {"logging_config": {"log_level": log_level}} if log_level else {}
     return serve.deployment(ingress, name=name, num_replicas=replicas,
-                            ray_actor_options={"num_cpus": kwargs["n_threads"]},
+                            ray_actor_options={"num_cpus": num_cpus},
                             max_ongoing_requests=config.parallel + config.queue, **options).bind()
 
 

@@ -146,7 +146,8 @@ def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs
 def run(model_path: str | os.PathLike, *, replicas: int, host: str = "127.0.0.1", port: int = 8080,
         model_kwargs: dict | None = None, config: ServerConfig | None = None, route_prefix: str = "/",
         block: bool = True, log_level: str = "WARNING") -> None:
-    """Starts a local Ray (all the machine's cores), deploys ``deployment(...)`` behind
+    """Starts a local Ray (all the machine's cores; one this process started already is used as
+    it is), deploys ``deployment(...)`` behind
     http://host:port/route_prefix and, with ``block``, serves until Ctrl-C, then shuts Ray down.
     ``log_level`` applies to Serve's proxy, controller and replicas."""
     app = deployment(model_path, replicas=replicas, model_kwargs=model_kwargs,

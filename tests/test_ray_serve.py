@@ -49,22 +49,20 @@ def test_replica_threads_share_the_cores():
 @pytest.fixture(scope="module")
 def ray_url():
     """Ray on two CPUs, Serve's proxy on a free port, two replicas of one thread each, each with
-    one slot and a queue of three."""
+    one slot and a queue of three, deployed as ``rapidmoe serve --ray-replicas`` deploys them."""
     pytest.importorskip("ray.serve")
     import ray
     from ray import serve
 
-    from rapidmoe_gguf.ray_serve import deployment
+    from rapidmoe_gguf import ray_serve
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = deployment(bundled_model_path(), replicas=2, cores=2, model_kwargs=MODEL,
-                         config=ServerConfig(parallel=1, queue=3), log_level="WARNING")
-        serve.run(app, name="rapidmoe", route_prefix="/")
+    try:                                           # run's own ray.init finds this one
+        ray_serve.run(bundled_model_path(), replicas=2, port=port, model_kwargs={**MODEL, "n_threads": 1},
+                      config=ServerConfig(parallel=1, queue=3), block=False)
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()

@@ -183,16 +183,22 @@ def _budget_str(b) -> str:
     return b if isinstance(b, str) else f"{b:g}"
 
 
-def _open_model(args: argparse.Namespace):
+def _model_path_and_kwargs(args: argparse.Namespace) -> tuple[str, dict]:
+    """The model file (the bundled one when none is given) and Model's keyword arguments."""
     from .bundled import bundled_model_path
+
+    return args.model or bundled_model_path(), dict(
+        n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 256),
+        residual=None if args.no_residual else "auto", residual_policy=args.policy, residual_budget=args.budget,
+        gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
+        gpu_sessions=max(1, getattr(args, "parallel", 1)))
+
+
+def _open_model(args: argparse.Namespace):
     from .model import Model
 
-    path = args.model or bundled_model_path()
-    return Model(path, n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 256),
-                 residual=None if args.no_residual else "auto",
-                 residual_policy=args.policy, residual_budget=args.budget,
-                 gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
-                 gpu_sessions=max(1, getattr(args, "parallel", 1)))
+    path, kwargs = _model_path_and_kwargs(args)
+    return Model(path, **kwargs)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -449,6 +455,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="a web origin (e.g. http://localhost:3000) whose pages may call the API (repeatable; "
                         "default: none)")
+    p.add_argument("--ray-replicas", type=int, default=None, metavar="N",
+                   help="start a local Ray and serve N replicas of the server (each its own process, model and "
+                        "--parallel slots, --threads default: cores / N) behind one address with Ray Serve; "
+                        "needs pip install 'rapidmoe-gguf[ray]' (docs/SCALING.md)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -469,12 +479,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.step_latency != 0 and not args.step_latency > 1:
             raise RapidMoEError(f"--step-latency must be > 1, or 0 for off; got {args.step_latency}")
         config.step_latency = args.step_latency or None
+    if args.ray_replicas is not None:
+        return _serve_on_ray(args, config)
     with _open_model(args) as m:
         res = (f"residual policy {m.residual_policy}, budget {_budget_str(m.residual_budget)}" if m.residual_path
                else "no residual sidecar")
         print(f"serving {m.path} ({res}) on http://{args.host}:{args.port}/ with {args.parallel} slot(s) of "
               f"{m.n_ctx} tokens" + (", API key required" if args.api_key else ""), file=sys.stderr)
         serve(m, config, log_level="info" if args.verbose else "warning")
+    return 0
+
+
+def _serve_on_ray(args: argparse.Namespace, config) -> int:
+    from . import ray_serve
+
+    if args.ray_replicas < 1:
+        raise RapidMoEError(f"--ray-replicas must be >= 1, got {args.ray_replicas}")
+    if args.gpu_mem is not None:
+        raise RapidMoEError("--ray-replicas serves from the CPU; it cannot be combined with --gpu-mem yet")
+    path, kwargs = _model_path_and_kwargs(args)
+    ray_serve.deployment(path, replicas=args.ray_replicas, model_kwargs=kwargs)   # checks first: ray, the file
+    threads = kwargs["n_threads"] or ray_serve.replica_threads(args.ray_replicas)
+    print(f"serving {path} with Ray Serve: {args.ray_replicas} replica(s) of {threads} thread(s) and "
+          f"{args.parallel} slot(s) of {args.ctx} tokens each, on http://{args.host}:{args.port}/ (Ctrl-C stops)",
+          file=sys.stderr)
+    ray_serve.run(path, replicas=args.ray_replicas, host=args.host, port=args.port, model_kwargs=kwargs,
+                  config=config, log_level="INFO" if args.verbose else "WARNING")
     return 0
 
 

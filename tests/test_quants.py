@@ -389,5 +389,7 @@ def test_quants_the_librarys_whole_type_table_agrees_with_gguf_py():
             assert (t.id, t.block_elems, t.block_bytes) == (type_id, elems, nbytes)
     removed = {i for i, (_, elems, _) in quants.GGML_BLOCKS.items() if elems == 0}
     assert removed == {4, 5, 31, 32, 33, 36, 37, 38}
-    assert quants.CUDA_MATMUL_TYPES == {"F32", "F16", "Q4_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "MXFP4"}
+    assert quants.CUDA_MATMUL_TYPES == {"F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                                        "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
+                                        "IQ3_XXS"}
     assert planner.GPU_MATMUL_TYPES is quants.CUDA_MATMUL_TYPES

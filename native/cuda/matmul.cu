@@ -92,6 +92,15 @@ cudaError_t rm_cu_matmul(cudaStream_t st, int32_t type, int64_t n_in, int64_t n_
         RM_MM_CASE(RM_TYPE_Q3_K);
         RM_MM_CASE(RM_TYPE_Q4_K);
         RM_MM_CASE(RM_TYPE_MXFP4);
+        RM_MM_CASE(RM_TYPE_Q6_K);
+        RM_MM_CASE(RM_TYPE_Q5_K);
+        RM_MM_CASE(RM_TYPE_Q5_0);
+        RM_MM_CASE(RM_TYPE_IQ4_XS);
+        RM_MM_CASE(RM_TYPE_IQ4_NL);
+        RM_MM_CASE(RM_TYPE_Q4_1);
+        RM_MM_CASE(RM_TYPE_Q5_1);
+        RM_MM_CASE(RM_TYPE_IQ2_XXS);
+        RM_MM_CASE(RM_TYPE_IQ3_XXS);
         default: return cudaErrorInvalidValue;
     }
 #undef RM_MM_CASE

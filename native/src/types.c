@@ -18,7 +18,8 @@
  * types this build reads the size of but does not compute with (the GGUF reader needs them to
  * walk a file); rows with block_elems 0 are ids ggml has removed.
  *
- * The IQ rows' CUDA chunk is 0: the GPU does not take them yet, so the planner keeps them on the host.
+ * Of the IQ rows IQ4_NL, IQ4_XS, IQ2_XXS and IQ3_XXS have a CUDA chunk; the GPU does not take the
+ * others yet, so the planner keeps them on the host.
  *
  * name, block elems, block bytes, quantized, vec_dot type, CUDA chunk, to_float, from_float, vec_dot */
 static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
@@ -26,27 +27,27 @@ static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
     [RM_TYPE_F16]  = { "F16",  1,       sizeof(rm_fp16),       0, RM_TYPE_F32,  RM_CUDA_CHUNK_F16,  REF_KERNELS(f16)  },
     [RM_TYPE_BF16] = { "BF16", 1,       sizeof(rm_bf16),       0, RM_TYPE_F32,  0,                  REF_KERNELS(bf16) },
     [RM_TYPE_Q4_0] = { "Q4_0", RM_QK,   sizeof(rm_block_q4_0), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_Q4_0, REF_KERNELS(q4_0) },
-    [RM_TYPE_Q4_1] = { "Q4_1", RM_QK,   sizeof(rm_block_q4_1), 1, RM_TYPE_Q8_1, 0,                  REF_KERNELS(q4_1) },
-    [RM_TYPE_Q5_0] = { "Q5_0", RM_QK,   sizeof(rm_block_q5_0), 1, RM_TYPE_Q8_0, 0,                  REF_KERNELS(q5_0) },
-    [RM_TYPE_Q5_1] = { "Q5_1", RM_QK,   sizeof(rm_block_q5_1), 1, RM_TYPE_Q8_1, 0,                  REF_KERNELS(q5_1) },
+    [RM_TYPE_Q4_1] = { "Q4_1", RM_QK,   sizeof(rm_block_q4_1), 1, RM_TYPE_Q8_1, RM_CUDA_CHUNK_Q4_1, REF_KERNELS(q4_1) },
+    [RM_TYPE_Q5_0] = { "Q5_0", RM_QK,   sizeof(rm_block_q5_0), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_Q5_0, REF_KERNELS(q5_0) },
+    [RM_TYPE_Q5_1] = { "Q5_1", RM_QK,   sizeof(rm_block_q5_1), 1, RM_TYPE_Q8_1, RM_CUDA_CHUNK_Q5_1, REF_KERNELS(q5_1) },
     [RM_TYPE_Q8_0] = { "Q8_0", RM_QK,   sizeof(rm_block_q8_0), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_Q8_0, REF_KERNELS(q8_0) },
     [RM_TYPE_Q8_1] = { "Q8_1", RM_QK,   sizeof(rm_block_q8_1), 1, RM_TYPE_Q8_1, 0,                  REF_KERNELS(q8_1) },
     [RM_TYPE_Q2_K] = { "Q2_K", RM_QK_K, sizeof(rm_block_q2_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q2_K, REF_KERNELS(q2_K) },
     [RM_TYPE_Q3_K] = { "Q3_K", RM_QK_K, sizeof(rm_block_q3_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q3_K, REF_KERNELS(q3_K) },
     [RM_TYPE_Q4_K] = { "Q4_K", RM_QK_K, sizeof(rm_block_q4_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q4_K, REF_KERNELS(q4_K) },
-    [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q5_K) },
-    [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q6_K) },
+    [RM_TYPE_Q5_K] = { "Q5_K", RM_QK_K, sizeof(rm_block_q5_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q5_K, REF_KERNELS(q5_K) },
+    [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q6_K, REF_KERNELS(q6_K) },
     [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q8_K) },
     [RM_TYPE_MXFP4] = { "MXFP4", RM_QK, sizeof(rm_block_mxfp4), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_MXFP4, REF_KERNELS(mxfp4) },
     /* read and computed, not written: no quantizer */
-    [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K,  sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xxs) },
+    [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K,  sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ2_XXS, DECODERS(iq2_xxs) },
     [RM_TYPE_IQ2_XS]  = { "IQ2_XS",  QK_K,  sizeof(rm_block_iq2_xs),  1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xs)  },
-    [RM_TYPE_IQ3_XXS] = { "IQ3_XXS", QK_K,  sizeof(rm_block_iq3_xxs), 1, RM_TYPE_Q8_K, 0, DECODERS(iq3_xxs) },
+    [RM_TYPE_IQ3_XXS] = { "IQ3_XXS", QK_K,  sizeof(rm_block_iq3_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ3_XXS, DECODERS(iq3_xxs) },
     [RM_TYPE_IQ1_S]   = { "IQ1_S",   QK_K,  sizeof(rm_block_iq1_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq1_s)   },
-    [RM_TYPE_IQ4_NL]  = { "IQ4_NL",  RM_QK, sizeof(rm_block_iq4_nl),  1, RM_TYPE_Q8_0, 0, DECODERS(iq4_nl)  },
+    [RM_TYPE_IQ4_NL]  = { "IQ4_NL",  RM_QK, sizeof(rm_block_iq4_nl),  1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_IQ4_NL, DECODERS(iq4_nl)  },
     [RM_TYPE_IQ3_S]   = { "IQ3_S",   QK_K,  sizeof(rm_block_iq3_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq3_s)   },
     [RM_TYPE_IQ2_S]   = { "IQ2_S",   QK_K,  sizeof(rm_block_iq2_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq2_s)   },
-    [RM_TYPE_IQ4_XS]  = { "IQ4_XS",  QK_K,  sizeof(rm_block_iq4_xs),  1, RM_TYPE_Q8_K, 0, DECODERS(iq4_xs)  },
+    [RM_TYPE_IQ4_XS]  = { "IQ4_XS",  QK_K,  sizeof(rm_block_iq4_xs),  1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ4_XS, DECODERS(iq4_xs)  },
     [RM_TYPE_IQ1_M]   = { "IQ1_M",   QK_K,  sizeof(rm_block_iq1_m),   1, RM_TYPE_Q8_K, 0, DECODERS(iq1_m)   },
     /* read, not computed: sizes only */
     [4]  = { "Q4_2" },

@@ -270,6 +270,15 @@ const rm_type_traits * rm_type_traits_any(int32_t type);
 #define RM_CUDA_CHUNK_Q3_K  16
 #define RM_CUDA_CHUNK_Q4_K  32
 #define RM_CUDA_CHUNK_MXFP4 RM_QK
+#define RM_CUDA_CHUNK_Q4_1  RM_QK
+#define RM_CUDA_CHUNK_Q5_0  RM_QK
+#define RM_CUDA_CHUNK_Q5_1  RM_QK
+#define RM_CUDA_CHUNK_Q5_K  32
+#define RM_CUDA_CHUNK_Q6_K  16
+#define RM_CUDA_CHUNK_IQ4_NL RM_QK
+#define RM_CUDA_CHUNK_IQ4_XS 32
+#define RM_CUDA_CHUNK_IQ2_XXS 32
+#define RM_CUDA_CHUNK_IQ3_XXS 32
 
 /* quants_ref.c: the scalar reference kernels, three per type. */
 #define RM_DECLARE_REF_KERNELS(t)                                                   \

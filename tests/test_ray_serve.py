@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 
@@ -47,9 +48,13 @@ def test_replica_threads_share_the_cores():
 
 
 @pytest.fixture(scope="module")
-def ray_url():
+def ray_url(tmp_path_factory):
     """Ray on two CPUs, Serve's proxy on a free port, two replicas of one thread each, each with
-    one slot and a queue of three, deployed as ``rapidmoe serve --ray-replicas`` deploys them."""
+    one slot and a queue of three, deployed as ``rapidmoe serve --ray-replicas`` deploys them.
+
+    Ray's workers start in the driver's working folder and put it first on sys.path. Started from
+    a source checkout whose package is installed rather than built in place (as CI runs the
+    tests), the replicas would import the checkout's unbuilt package: so Ray starts elsewhere."""
     pytest.importorskip("ray.serve")
     import ray
     from ray import serve
@@ -59,7 +64,12 @@ def ray_url():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("ray"))
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    finally:
+        os.chdir(here)
     try:                                           # run's own ray.init finds this one
         ray_serve.run(bundled_model_path(), replicas=2, port=port, model_kwargs={**MODEL, "n_threads": 1},
                       config=ServerConfig(parallel=1, queue=3), block=False)

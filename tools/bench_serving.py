@@ -272,7 +272,7 @@ def run_ours(a) -> dict:
     import rapidmoe_gguf   # the server runs the package this process imports (installed, or the tree on PYTHONPATH)
 
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(rapidmoe_gguf.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([pkg_root, os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [pkg_root, os.environ.get("PYTHONPATH")] if p)}
     ctx = a.long + 4 * a.decode + a.prompt + 16
     # run from elsewhere: `python -c` puts its working folder first on sys.path, which in a source tree
     # would shadow the installed package with the unbuilt one

@@ -64,10 +64,13 @@ def ray_url(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # the workers import the package this process imports (installed, or a built tree on PYTHONPATH)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(rm.__file__)))
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("ray"))
     try:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False)
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": pkg_root}})
     finally:
         os.chdir(here)
     try:                                           # run's own ray.init finds this one

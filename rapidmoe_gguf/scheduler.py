@@ -202,10 +202,15 @@ class Scheduler:
     # -- from other threads ------------------------------------------------------------------------
 
     def submit(self, job: Job, post: Callable[[Any], None]) -> None:
-        """Queues job; ``post`` (thread-safe) receives its chunks, then one End."""
+        """Queues job; ``post`` (thread-safe) receives its chunks, then one End (at once, cancelled,
+        once the scheduler is closing)."""
         with self._cv:
-            self._inbox.append((job, post, time.perf_counter()))
-            self._cv.notify()
+            stopped = self._stop
+            if not stopped:
+                self._inbox.append((job, post, time.perf_counter()))
+                self._cv.notify()
+        if stopped:
+            post(End(cancelled=True))
 
     def wake(self) -> None:
         """Makes an idle loop look at its jobs again (a cancel flag was set)."""
@@ -251,11 +256,19 @@ class Scheduler:
             except Exception:                    # pragma: no cover - a bug: fail the requests, keep serving
                 log.exception("scheduler step failed")
                 for s in list(self._running):
-                    self._finish(s, End(error=RapidMoEError("internal error in the scheduler")))
+                    try:                         # a failure here must not end the loop for everyone else
+                        self._finish(s, End(error=RapidMoEError("internal error in the scheduler")))
+                    except Exception:
+                        log.exception("scheduler: a request could not be ended")
+                        with contextlib.suppress(ValueError):
+                            self._running.remove(s)
+        with self._cv:                           # jobs submitted while closing are ended too
+            left = list(self._waiting) + list(self._inbox)
+            self._inbox.clear()
         with contextlib.suppress(RuntimeError):  # the server's event loop may be gone already
             for s in list(self._running):
                 self._finish(s, End(cancelled=True))
-            for job, post, _ in list(self._waiting) + list(self._inbox):
+            for job, post, _ in left:
                 post(End(cancelled=True))
 
     def _step(self) -> None:

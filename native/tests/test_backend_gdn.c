@@ -172,35 +172,9 @@ static double max_diff(const float * a, const float * b, int64_t n, double * max
     return e;
 }
 
-/* The delta-rule step of `isa` against the scalar twin, from the same state. */
-static void test_step_isa(rm_isa isa, int n_tok, int dk, int dv) {
-    float * q = randn((int64_t) n_tok * dk, 1.0f), * k = randn((int64_t) n_tok * dk, 1.0f);
-    float * v = randn((int64_t) n_tok * dv, 1.0f), * g = randn(n_tok, 1.0f), * beta = randn(n_tok, 1.0f);
-    rm_gdn_l2norm(q, n_tok, dk, dk, 1e-6f, 1.0f / sqrtf((float) dk));
-    rm_gdn_l2norm(k, n_tok, dk, dk, 1e-6f, 1.0f);
-    for (int t = 0; t < n_tok; t++) {
-        g[t] = -0.05f - 0.5f * fabsf(g[t]);
-        beta[t] = 1.0f / (1.0f + expf(-beta[t]));
-    }
-    const int64_t ns = (int64_t) dk * dv, no = (int64_t) n_tok * dv;
-    float * S1 = randn(ns, 0.3f), * S2 = malloc(sizeof(float) * (size_t) ns);
-    memcpy(S2, S1, sizeof(float) * (size_t) ns);
-    float * o1 = calloc((size_t) no, sizeof(float)), * o2 = calloc((size_t) no, sizeof(float));
-    rm_gdn_head h = {q, k, dk, v, dv, g, beta, 1, o1, dv, n_tok, dk, dv};
-    rm_gdn_recurrent(&h, S1);
-    h.o = o2;
-    rm_cpu_gdn_recurrent_isa(isa)(&h, S2);
-    double om = 0.0, sm = 0.0;
-    const double eo = max_diff(o2, o1, no, &om), es = max_diff(S2, S1, ns, &sm);
-    printf("%s step n=%d dk=%d dv=%d: o %.2g, state %.2g relative\n", rm_isa_name(isa), n_tok, dk, dv, eo / om, es / sm);
-    EXPECT(eo <= 1e-5 * om && es <= 1e-5 * sm, "%s step n=%d dk=%d dv=%d: o %.3g of %.3g, state %.3g of %.3g",
-           rm_isa_name(isa), n_tok, dk, dv, eo, om, es, sm);
-    float * bufs[] = {q, k, v, g, beta, S1, S2, o1, o2};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
-}
-
-/* The chunked form of `isa` against the scalar twin, from the same state. */
-static void test_chunked_isa(rm_isa isa, int n_tok, int dk, int dv) {
+/* The delta rule of `isa` against the scalar twin, from the same state: the recurrent step, or
+ * with `chunked` the chunked form. */
+static void test_rule_isa(rm_isa isa, int chunked, int n_tok, int dk, int dv) {
     float * q = randn((int64_t) n_tok * dk, 1.0f), * k = randn((int64_t) n_tok * dk, 1.0f);
     float * v = randn((int64_t) n_tok * dv, 1.0f), * g = randn(n_tok, 1.0f), * beta = randn(n_tok, 1.0f);
     rm_gdn_l2norm(q, n_tok, dk, dk, 1e-6f, 1.0f / sqrtf((float) dk));
@@ -215,15 +189,22 @@ static void test_chunked_isa(rm_isa isa, int n_tok, int dk, int dv) {
     float * o1 = calloc((size_t) no, sizeof(float)), * o2 = calloc((size_t) no, sizeof(float));
     float * scratch = malloc(sizeof(float) * (size_t) rm_gdn_chunk_scratch(dk, dv));
     rm_gdn_head h = {q, k, dk, v, dv, g, beta, 1, o1, dv, n_tok, dk, dv};
-    rm_gdn_chunked(&h, S1, scratch);
-    h.o = o2;
-    rm_cpu_gdn_chunked_isa(isa)(&h, S2, scratch);
+    if (chunked) {
+        rm_gdn_chunked(&h, S1, scratch);
+        h.o = o2;
+        rm_cpu_gdn_chunked_isa(isa)(&h, S2, scratch);
+    } else {
+        rm_gdn_recurrent(&h, S1);
+        h.o = o2;
+        rm_cpu_gdn_recurrent_isa(isa)(&h, S2);
+    }
     double om = 0.0, sm = 0.0;
     const double eo = max_diff(o2, o1, no, &om), es = max_diff(S2, S1, ns, &sm);
-    printf("%s chunked n=%d dk=%d dv=%d: o %.2g, state %.2g relative\n", rm_isa_name(isa), n_tok, dk, dv, eo / om,
+    const char * form = chunked ? "chunked" : "step";
+    printf("%s %s n=%d dk=%d dv=%d: o %.2g, state %.2g relative\n", rm_isa_name(isa), form, n_tok, dk, dv, eo / om,
            es / sm);
-    EXPECT(eo <= 1e-5 * om && es <= 1e-5 * sm, "%s chunked n=%d dk=%d dv=%d: o %.3g of %.3g, state %.3g of %.3g",
-           rm_isa_name(isa), n_tok, dk, dv, eo, om, es, sm);
+    EXPECT(eo <= 1e-5 * om && es <= 1e-5 * sm, "%s %s n=%d dk=%d dv=%d: o %.3g of %.3g, state %.3g of %.3g",
+           rm_isa_name(isa), form, n_tok, dk, dv, eo, om, es, sm);
     float * bufs[] = {q, k, v, g, beta, S1, S2, o1, o2, scratch};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
 }
@@ -255,11 +236,11 @@ static void test_isas(void) {
     for (int isa = RM_ISA_SCALAR; isa <= (int) rm_isa_best(); isa++) {
         const int shapes[][3] = {{1, 16, 16}, {5, 128, 128}, {3, 32, 8}, {4, 8, 12}};
         for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
-            test_step_isa((rm_isa) isa, shapes[i][0], shapes[i][1], shapes[i][2]);
+            test_rule_isa((rm_isa) isa, 0, shapes[i][0], shapes[i][1], shapes[i][2]);
         }
         const int chunked[][3] = {{RM_GDN_CHUNK + 37, 128, 128}, {5, 32, 24}, {70, 16, 8}, {9, 12, 16}, {3, 16, 20}};
         for (size_t i = 0; i < sizeof(chunked) / sizeof(chunked[0]); i++) {
-            test_chunked_isa((rm_isa) isa, chunked[i][0], chunked[i][1], chunked[i][2]);
+            test_rule_isa((rm_isa) isa, 1, chunked[i][0], chunked[i][1], chunked[i][2]);
         }
         test_conv_isa((rm_isa) isa, 24, 4);
         test_conv_isa((rm_isa) isa, 12, 4);

@@ -134,7 +134,7 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
             float * out = qs->out + r * qs->out_stride;
             if (c > 0) {
                 k->values(kv->dv, c, sc + r * sc_stride + j0, kv->v + (int64_t) j0 * kv->v_stride, kv->v_stride,
-                          j0 == 0 ? out : tmp);
+                          j0 == 0 ? out : tmp, 0);
                 if (j0 > 0) {
                     k->axpy(kv->dv, 1.0f, tmp, out);
                 }
@@ -215,7 +215,7 @@ static void expand_keys(const mla_kernels * k, const float * cache, int64_t C, i
         for (int32_t j = 0; j < P; j++) {
             const float * cj = cache + (int64_t) j * LA;
             float * kj = kexp + (int64_t) j * D;
-            k->values(NP, rc, cj + r0, kb + r0 * NP, NP, r0 == 0 ? kj : tmp);   /* sum_r c_j[r] Kb_h^T[r] */
+            k->values(NP, rc, cj + r0, kb + r0 * NP, NP, r0 == 0 ? kj : tmp, 0);   /* sum_r c_j[r] Kb_h^T[r] */
             if (r0 > 0) {
                 k->axpy(NP, 1.0f, tmp, kj);
             }

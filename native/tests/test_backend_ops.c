@@ -151,7 +151,7 @@ static void test_attention(rm_backend * be) {
         const int D = D_list[di], H = 4, HKV = 2, N_CTX = 48;
         double worst = 0;
         for (int pi = 0; pi < 2; pi++) {
-            const int pos0 = pi ? 17 : 0, n_tok = pi ? 6 : 1;
+            const int pos0 = pi ? 37 : 0, n_tok = pi ? 6 : 1;   /* past one block of 32 positions */
             float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
             float * qd = put(be, q, n_tok * H * D), * kd = put(be, k, N_CTX * HKV * D), * vd = put(be, v, N_CTX * HKV * D);
             float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));

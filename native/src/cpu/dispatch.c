@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../backend.h"
 #include "../status.h"
 
 #if defined(RM_X86)
@@ -247,6 +248,14 @@ rm_attn_values_fn rm_cpu_attn_values_isa(rm_isa isa) {
         if (k && k->attn_values) return k->attn_values;
     }
     return rm_cpu_attn_values_ref;
+}
+
+rm_softmax_fn rm_cpu_softmax_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->softmax) return k->softmax;
+    }
+    return rm_softmax_sink;
 }
 
 /* ---------------------------------------------------------------------------------------------

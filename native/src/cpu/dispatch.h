@@ -105,11 +105,17 @@ static inline void rm_prefetch_row_ahead(const void * row, uint64_t row_bytes) {
 typedef void (*rm_axpy_fn)(int64_t n, float a, const float * x, float * y);
 
 /* Attention's two halves for one query row of d floats against n cached positions, rows
- * `stride` floats apart: scores s[p] = scale * dot(q, k_p), and out = sum_p s[p] v_p (out
- * overwritten; the sum runs over p in order, each step a multiply-add). */
+ * `stride` floats apart: scores s[p] = scale * dot(q, k_p), and out = sum_p s[p] v_p (the sum
+ * runs over p in order, each step a multiply-add; it starts from 0, or with `accumulate` from
+ * out's values, so a sum taken in blocks of positions is the same floats as one in one go). */
 typedef void (*rm_attn_scores_fn)(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale,
                                   float * s);
-typedef void (*rm_attn_values_fn)(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out);
+typedef void (*rm_attn_values_fn)(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
+                                  int accumulate);
+
+/* Attention's softmax in place over n scores, with a sink logit (-INFINITY: none), as
+ * rm_softmax_sink computes it, to float rounding: the sets take exp in vectors. */
+typedef void (*rm_softmax_fn)(float * x, int64_t n, float sink);
 
 /* The Gated DeltaNet layer's delta-rule step (recurrent form) and causal conv, as rm_gdn_recurrent
  * and rm_gdn_conv (cpu/gdn.h, their scalar twins) compute them, to float rounding. */
@@ -128,6 +134,7 @@ typedef struct rm_cpu_kernels {
     rm_axpy_fn          axpy;
     rm_attn_scores_fn   attn_scores;
     rm_attn_values_fn   attn_values;
+    rm_softmax_fn       softmax;
     const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
     const rm_tile_kernels *   tile[RM_TYPE_COUNT];     /* optional: the tile form (AMX) */
     rm_gdn_recurrent_fn gdn_recurrent;
@@ -155,13 +162,15 @@ rm_from_float_fn    rm_cpu_quantize_isa(rm_isa isa, int32_t type);
 rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
 rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
+rm_softmax_fn       rm_cpu_softmax_isa(rm_isa isa);   /* rm_softmax_sink where a set has none */
 rm_gdn_recurrent_fn rm_cpu_gdn_recurrent_isa(rm_isa isa);   /* the twins where a set has none */
 rm_gdn_conv_fn      rm_cpu_gdn_conv_isa(rm_isa isa);
 rm_gdn_chunked_fn   rm_cpu_gdn_chunked_isa(rm_isa isa);
 /* The plain twins (float_ref.c), what the sets above fall back to. */
 void rm_cpu_axpy_ref(int64_t n, float a, const float * x, float * y);
 void rm_cpu_attn_scores_ref(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s);
-void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out);
+void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
+                            int accumulate);
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
@@ -177,6 +186,7 @@ static inline rm_from_float_fn    rm_cpu_quantize(int32_t t)      { return rm_cp
 static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cpu_axpy_isa(rm_isa_active()); }
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
+static inline rm_softmax_fn       rm_cpu_softmax(void)            { return rm_cpu_softmax_isa(rm_isa_active()); }
 static inline rm_gdn_recurrent_fn rm_cpu_gdn_recurrent(void)      { return rm_cpu_gdn_recurrent_isa(rm_isa_active()); }
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
 static inline rm_gdn_chunked_fn   rm_cpu_gdn_chunked(void)        { return rm_cpu_gdn_chunked_isa(rm_isa_active()); }

@@ -20,8 +20,9 @@ void rm_cpu_attn_scores_ref(int64_t d, int64_t n, const float * q, const float *
     }
 }
 
-void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
-    for (int64_t i = 0; i < d; i++) {
+void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
+                            int accumulate) {
+    for (int64_t i = 0; i < d && !accumulate; i++) {
         out[i] = 0.0f;
     }
     for (int64_t p = 0; p < n; p++) {

@@ -218,14 +218,17 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
 
 /* ---- the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, IQ2_XXS and IQ3_XXS, against Q8_K ------------ *
  *
- * One tdpbssd per sub-block (Q4_K/Q5_K: 8 of 32 elements, K = 32; Q6_K: 16 of 16, K = 16) gives
- * its 16 x 16 integer dots; they are weighted by the rows' integer sub-block scales in int32
- * lanes, which gives each super-block's exact integer dot S (the reference's sumi), and for the
- * mins of Q4_K/Q5_K the integer M = sum_s m_s (bsums of sub-block s), from vpmaddwd on pairs of
- * sub-blocks. Q6_K's levels are stored less 32 (signed), so it needs no offset term; IQ4_XS is
- * Q4_K's shape with its table's signed levels and signed scales (sc - 32), and no mins; IQ2_XXS
- * and IQ3_XXS the same with their signed codebook levels, scales 2s + 1 and a power-of-two step
- * (d_x d_w step, the float the AVX-512 kernel takes).
+ * A super-block's exact integer dot S (the reference's sumi) is sum_j sc_j * dot(levels_j, x_j)
+ * over its sub-blocks j (Q4_K/Q5_K/IQ4_XS/IQ2_XXS/IQ3_XXS: 8 of 32 elements; Q6_K: 16 of 16),
+ * with integer sub-block scales sc_j. The packing folds each scale into its levels: w = level *
+ * sc, at most 4096 in size for every type here (Q6_K: 32 * 128), split as w = 128 hi + lo with hi
+ * in [-32, 32] and lo in [0, 127], both int8. Two tdpbssd per 64 elements (K = 64), one on the
+ * his and one on the los, then give S = 128 H + L for 16 rows x 16 tokens, in int32 without
+ * overflow (|S| < 256 * 4096 * 128). For the mins of Q4_K/Q5_K the integer M = sum_s m_s (bsums
+ * of sub-block s) comes from vpmaddwd on pairs of sub-blocks. Q6_K's levels are stored less 32
+ * (signed), so it needs no offset term; IQ4_XS is Q4_K's shape with its table's signed levels and
+ * signed scales (sc - 32), and no mins; IQ2_XXS and IQ3_XXS the same with their signed codebook
+ * levels, scales 2s + 1 and a power-of-two step (d_x d_w step, the float the AVX-512 kernel takes).
  *
  * The AVX-512 kernels reduce each super-block to the same S and M, and their float steps depend
  * on nothing else (simd_x86.h, kq_sum): super-block b goes to partial sum b mod 8 as
@@ -233,13 +236,16 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
  * them. The tiles take the same steps, 16 tokens to a register, so every output is bit for bit
  * the one-token kernel's (rm_tile_kernels.exact).
  *
- * Layouts, per super-block. Weights (a thread's room, RM_TILE_ROWS rows): the levels, sub-block
- * by sub-block, 16 rows x K bytes each (4096 bytes); the scales as int32 [sub-block][row] (1024);
- * the mins in pairs of int16 [pair][row] (256); d and dmin as floats [row] (128). Activations (per
- * group of 16 tokens): the levels, dword e of token c at 64 e + 4 c (4096 bytes); d as floats
- * (64); the 32-element sums in pairs of int16 [pair][token] (256). That is 21.5 bytes of room per
- * element of a row, and 1.08 bytes per activation. */
-#define KQ_W_BYTES (4096 + 1024 + 256 + 128)
+ * Layouts, per super-block. Weights (a thread's room, RM_TILE_ROWS rows): the his, 64 elements at
+ * a time, 16 rows x 64 bytes each (4096 bytes), then the los the same way (4096); the mins in
+ * pairs of int16 [pair][row] (256); d and dmin as floats [row] (128). Activations (per group of 16
+ * tokens): the levels, dword e of token c at 64 e + 4 c (4096 bytes); d as floats (64); the
+ * 32-element sums in pairs of int16 [pair][token] (256). That is 33.5 bytes of room per element
+ * of a row, and 1.08 bytes per activation. */
+#define KQ_W_BYTES (4096 + 4096 + 256 + 128)
+#define KQ_W_LO 4096
+#define KQ_W_MINS 8192
+#define KQ_W_D 8448
 #define KQ_X_BYTES (4096 + 64 + 256)
 
 enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_IQ4_XS, KQ_IQ2_XXS, KQ_IQ3_XXS };
@@ -286,14 +292,12 @@ static void scale_min_k4(const uint8_t q[12], int j, int32_t * sc, int32_t * mn)
     }
 }
 
-/* An IQ2_XXS (iq2) or IQ3_XXS row's super-block into row r of the room block wb: sub-block j's
- * codebook magnitudes with their signs (rm_iq_ksigns) as signed levels, its scale 2s + 1, and d
- * (the type's power-of-two step is a float step of the tile, as in simd_x86.h's dot_iq_grid). */
-RM_AMX_INLINE void pack_row_iq_grid(const uint8_t * src, int r, uint8_t * wb, const int iq2) {
+/* An IQ2_XXS (iq2) or IQ3_XXS row's super-block: sub-block j's codebook magnitudes with their
+ * signs (rm_iq_ksigns) as signed levels, its scale 2s + 1, and d (the type's power-of-two step is
+ * a float step of the tile, as in simd_x86.h's dot_iq_grid). */
+RM_AMX_INLINE void unpack_iq_grid(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], float * d, const int iq2) {
     const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
     const uint8_t * qs = src + sizeof(rm_fp16);
-    int32_t * sc = (int32_t *) (wb + 4096);
-    float * d = (float *) (wb + 5376);
     for (int j = 0; j < 8; j++) {
         const uint8_t * q = qs + 8 * j;
         uint32_t ss;
@@ -316,37 +320,36 @@ RM_AMX_INLINE void pack_row_iq_grid(const uint8_t * src, int r, uint8_t * wb, co
             (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
             (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
         const __m256i sgn = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits), one);
-        _mm256_storeu_si256((__m256i *) (wb + 512 * j + 32 * r), _mm256_sign_epi8(mag, sgn));
-        sc[16 * j + r] = (int32_t) (2 * (ss >> 28) + 1);
+        _mm256_storeu_si256((__m256i *) (lev + 32 * j), _mm256_sign_epi8(mag, sgn));
+        sc[j] = (int32_t) (2 * (ss >> 28) + 1);
     }
     rm_fp16 h;
     memcpy(&h, src, sizeof(h));
-    d[r] = rm_fp16_to_fp32(h);
+    d[0] = rm_fp16_to_fp32(h);
 }
 
-/* Row r of super-block b into its places in the room block wb. */
-RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const int kind) {
-    int32_t * sc = (int32_t *) (wb + 4096), * mins = (int32_t *) (wb + 5120);
-    float * d = (float *) (wb + 5376);
+/* A row's super-block in element order: its signed levels, its sub-block scales (of 16 elements
+ * for Q6_K, 32 for the others), and for Q4_K/Q5_K its mins and dmin; d[0] d, d[1] dmin. */
+RM_AMX_INLINE void unpack_kq(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], int32_t mn[8], float d[2],
+                             const int kind) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     if (kind == KQ_IQ4_XS) {   /* sub-block j: the table's levels of 16 qs bytes' low, then high nibbles */
         const rm_block_iq4_xs * b = (const rm_block_iq4_xs *) src;
         const __m128i table = _mm_loadu_si128((const __m128i *) rm_iq4nl_values), m4l = _mm_set1_epi8(0x0f);
         for (int j = 0; j < 8; j++) {
             const __m128i q = _mm_loadu_si128((const __m128i *) (b->qs + 16 * j));
-            _mm_storeu_si128((__m128i *) (wb + 512 * j + 32 * r), _mm_shuffle_epi8(table, _mm_and_si128(q, m4l)));
-            _mm_storeu_si128((__m128i *) (wb + 512 * j + 32 * r + 16),
-                             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4l)));
-            sc[16 * j + r] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
+            _mm_storeu_si128((__m128i *) (lev + 32 * j), _mm_shuffle_epi8(table, _mm_and_si128(q, m4l)));
+            _mm_storeu_si128((__m128i *) (lev + 32 * j + 16), _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4l)));
+            sc[j] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
         }
-        d[r] = rm_fp16_to_fp32(b->d);
+        d[0] = rm_fp16_to_fp32(b->d);
         return;
     }
     if (kind == KQ_IQ2_XXS || kind == KQ_IQ3_XXS) {
-        pack_row_iq_grid(src, r, wb, kind == KQ_IQ2_XXS);
+        unpack_iq_grid(src, lev, sc, d, kind == KQ_IQ2_XXS);
         return;
     }
-    if (kind == KQ_Q6_K) {   /* element 128h + 32g + l: levels into sub-blocks of 16 */
+    if (kind == KQ_Q6_K) {   /* element 128h + 32g + l */
         const rm_block_q6_K * b = (const rm_block_q6_K *) src;
         const __m256i m2h = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
         for (int h = 0; h < 2; h++) {
@@ -359,17 +362,14 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2h));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2h));
-            for (int g = 0; g < 4; g++) {   /* sub-blocks 8h + 2g and 8h + 2g + 1 */
-                const __m256i v = _mm256_sub_epi8(q[g], k32);
-                const int j = 8 * h + 2 * g;
-                _mm_storeu_si128((__m128i *) (wb + 256 * j + 16 * r), _mm256_castsi256_si128(v));
-                _mm_storeu_si128((__m128i *) (wb + 256 * (j + 1) + 16 * r), _mm256_extracti128_si256(v, 1));
+            for (int g = 0; g < 4; g++) {
+                _mm256_storeu_si256((__m256i *) (lev + 128 * h + 32 * g), _mm256_sub_epi8(q[g], k32));
             }
         }
         for (int j = 0; j < 16; j++) {
-            sc[16 * j + r] = b->scales[j];
+            sc[j] = b->scales[j];
         }
-        d[r] = rm_fp16_to_fp32(b->d);
+        d[0] = rm_fp16_to_fp32(b->d);
         return;
     }
     const rm_block_q4_K * b = (const rm_block_q4_K *) src;   /* d, dmin, scales: the same places in Q5_K */
@@ -384,18 +384,41 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
             lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
             hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
         }
-        _mm256_storeu_si256((__m256i *) (wb + 512 * (2 * p) + 32 * r), lo);
-        _mm256_storeu_si256((__m256i *) (wb + 512 * (2 * p + 1) + 32 * r), hi);
+        _mm256_storeu_si256((__m256i *) (lev + 64 * p), lo);
+        _mm256_storeu_si256((__m256i *) (lev + 64 * p + 32), hi);
     }
-    int32_t m[8];
     for (int j = 0; j < 8; j++) {
-        scale_min_k4(b->scales, j, &sc[16 * j + r], &m[j]);
+        scale_min_k4(b->scales, j, &sc[j], &mn[j]);
     }
-    for (int p = 0; p < 4; p++) {
-        mins[16 * p + r] = (int32_t) ((uint32_t) m[2 * p] | ((uint32_t) m[2 * p + 1] << 16));
+    d[0] = rm_fp16_to_fp32(b->d);
+    d[1] = rm_fp16_to_fp32(b->dmin);
+}
+
+/* Row r of super-block b into its places in the room block wb: level * scale as 128 hi + lo. */
+RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const int kind) {
+    int8_t lev[RM_QK_K] __attribute__((aligned(64)));
+    int32_t sc[16], mn[8];
+    float d[2];
+    unpack_kq(src, lev, sc, mn, d, kind);
+    const __m512i low7 = _mm512_set1_epi16(127);
+    for (int e = 0; e < RM_QK_K; e += 32) {   /* 32 elements: one sub-block, or two of Q6_K's */
+        const __m512i s = kind == KQ_Q6_K
+            ? _mm512_inserti64x4(_mm512_set1_epi16((int16_t) sc[e / 16]), _mm256_set1_epi16((int16_t) sc[e / 16 + 1]), 1)
+            : _mm512_set1_epi16((int16_t) sc[e / 32]);
+        const __m512i w = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *) (lev + e))), s);
+        uint8_t * at = wb + 1024 * (e / 64) + 64 * r + e % 64;
+        _mm256_storeu_si256((__m256i *) at, _mm512_cvtepi16_epi8(_mm512_srai_epi16(w, 7)));
+        _mm256_storeu_si256((__m256i *) (at + KQ_W_LO), _mm512_cvtepi16_epi8(_mm512_and_si512(w, low7)));
     }
-    d[r] = rm_fp16_to_fp32(b->d);
-    d[16 + r] = rm_fp16_to_fp32(b->dmin);
+    float * dd = (float *) (wb + KQ_W_D);
+    dd[r] = d[0];
+    if (kind == KQ_Q4_K || kind == KQ_Q5_K) {
+        int32_t * mins = (int32_t *) (wb + KQ_W_MINS);
+        for (int p = 0; p < 4; p++) {
+            mins[16 * p + r] = (int32_t) ((uint32_t) mn[2 * p] | ((uint32_t) mn[2 * p + 1] << 16));
+        }
+        dd[16 + r] = d[1];
+    }
 }
 
 static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
@@ -428,104 +451,123 @@ static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
     }
 }
 
-/* Tiles 0-3: four sub-blocks' int32 dots (16 rows x 16 tokens); 4 and 5: a sub-block's weights
- * (16 rows x k levels); 6 and 7: its activations (k / 4 rows of 16 tokens' dwords). */
-static void tile_configure_k(int k) {
+/* Tiles 0 and 1: the his' and the los' int32 dots (16 rows x 16 tokens) of a first group of 16
+ * tokens, 2 and 3 those of a second; 4 and 5: 64 elements' his and los (16 rows x 64 bytes); 6
+ * and 7: the two groups' activations (16 rows of 4 levels x 16 tokens). */
+static void tile_configure_kq(void) {
     tile_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.palette = 1;
-    for (int t = 0; t < 4; t++) {
-        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = TILE_TOKENS * 4;
-    }
-    for (int t = 4; t < 6; t++) {
-        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = (uint16_t) k;
-        cfg.rows[t + 2] = (uint8_t) (k / 4), cfg.colsb[t + 2] = TILE_TOKENS * 4;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = RM_TILE_ROWS, cfg.colsb[t] = 64;
     }
     tile_load_config(&cfg);
 }
 
-/* Sub-block j's dots into tile acc, through weight tile tw and activation tile tx */
-#define KQ_SUB_DOT(acc, tw, tx, j)                                          \
-    do {                                                                     \
-        _tile_zero(acc);                                                     \
-        _tile_loadd(tw, wb + 16 * k * (j), k);                               \
-        _tile_loadd(tx, xb + 16 * k * (j), TILE_TOKENS * 4);                 \
-        _tile_dpbssd(acc, tw, tx);                                           \
+/* Elements 64t.. of the super-block: his and los through tiles 4 and 5, once for both groups */
+#define KQ_CHUNK(t, two)                                         \
+    do {                                                         \
+        _tile_loadd(4, wb + 1024 * (t), 64);                     \
+        _tile_loadd(5, wb + KQ_W_LO + 1024 * (t), 64);           \
+        _tile_loadd(6, xb[0] + 1024 * (t), 64);                  \
+        _tile_dpbssd(0, 4, 6);                                   \
+        _tile_dpbssd(1, 5, 6);                                   \
+        if (two) {                                               \
+            _tile_loadd(7, xb[1] + 1024 * (t), 64);              \
+            _tile_dpbssd(2, 4, 7);                               \
+            _tile_dpbssd(3, 5, 7);                               \
+        }                                                        \
     } while (0)
 
-/* One group of 16 tokens against the packed rows: out[r][c] */
-RM_AMX_INLINE void tile_group_kq(int64_t nsb, const uint8_t * room, const uint8_t * xg,
-                                 float out[RM_TILE_ROWS][TILE_TOKENS], const int kind) {
-    const int k = kind == KQ_Q6_K ? 16 : 32, n_sub = RM_QK_K / k;
-    __m512 acc[RM_TILE_ROWS][8];   /* [row][super-block mod 8]: 16 tokens */
-    int32_t sums[4][RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
+/* kq_sum's float steps (simd_x86.h) for one group's super-block b: lane b mod 8 takes it */
+RM_AMX_INLINE void kq_steps(__m512 acc[RM_TILE_ROWS][8], int32_t sums[2][RM_TILE_ROWS][TILE_TOKENS], const uint8_t * wb,
+                            const uint8_t * xb, int64_t b, const int kind) {
+    const int32_t * mins = (const int32_t *) (wb + KQ_W_MINS);
+    const float * d = (const float *) (wb + KQ_W_D);
+    const __m512 dx = _mm512_loadu_ps(xb + 4096);
+    const int l = (int) (b % 8);
     for (int r = 0; r < RM_TILE_ROWS; r++) {
-        for (int l = 0; l < 8; l++) {
-            acc[r][l] = _mm512_setzero_ps();
+        const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[0][r]), 7),
+                                              _mm512_load_si512(sums[1][r]));
+        __m512 f = _mm512_mul_ps(_mm512_set1_ps(d[r]), dx);
+        if (kind == KQ_IQ2_XXS || kind == KQ_IQ3_XXS) {   /* d_x d_w step, in that order */
+            f = _mm512_mul_ps(f, _mm512_set1_ps(kind == KQ_IQ2_XXS ? 0.125f : 0.25f));
+        }
+        acc[r][l] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sumi), acc[r][l]);
+    }
+    if (kind == KQ_Q4_K || kind == KQ_Q5_K) {   /* the mins */
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            __m512i summ = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++) {
+                summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_set1_epi32(mins[16 * p + r]),
+                                                                _mm512_loadu_si512(xb + 4160 + 64 * p)));
+            }
+            acc[r][l] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + r]), dx), _mm512_cvtepi32_ps(summ), acc[r][l]);
+        }
+    }
+}
+
+/* One group of 16 tokens (two with `two`: each weight tile then serves both) against the packed
+ * rows: out[g][r][c] */
+RM_AMX_INLINE void tile_groups_kq(int64_t nsb, const uint8_t * room, const uint8_t * xg0, const uint8_t * xg1,
+                                  float out[2][RM_TILE_ROWS][TILE_TOKENS], const int two, const int kind) {
+    __m512 acc[2][RM_TILE_ROWS][8];   /* [group][row][super-block mod 8]: 16 tokens */
+    int32_t sums[2][2][RM_TILE_ROWS][TILE_TOKENS] __attribute__((aligned(64)));
+    for (int g = 0; g < 1 + two; g++) {
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            for (int l = 0; l < 8; l++) {
+                acc[g][r][l] = _mm512_setzero_ps();
+            }
         }
     }
     for (int64_t b = 0; b < nsb; b++) {
-        const uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES, * xb = xg + (uint64_t) b * KQ_X_BYTES;
-        const int32_t * sc = (const int32_t *) (wb + 4096), * mins = (const int32_t *) (wb + 5120);
-        const float * d = (const float *) (wb + 5376);
-        __m512i sumi[RM_TILE_ROWS];
-        for (int r = 0; r < RM_TILE_ROWS; r++) {
-            sumi[r] = _mm512_setzero_si512();
+        const uint8_t * wb = room + (uint64_t) b * KQ_W_BYTES;
+        const uint8_t * xb[2] = {xg0 + (uint64_t) b * KQ_X_BYTES, two ? xg1 + (uint64_t) b * KQ_X_BYTES : NULL};
+        _tile_zero(0);
+        _tile_zero(1);
+        if (two) {
+            _tile_zero(2);
+            _tile_zero(3);
         }
-        for (int j0 = 0; j0 < n_sub; j0 += 4) {   /* four sub-blocks' dots in flight, then their stores */
-            KQ_SUB_DOT(0, 4, 6, j0);
-            KQ_SUB_DOT(1, 5, 7, j0 + 1);
-            KQ_SUB_DOT(2, 4, 6, j0 + 2);
-            KQ_SUB_DOT(3, 5, 7, j0 + 3);
-            _tile_stored(0, sums[0], TILE_TOKENS * 4);
-            _tile_stored(1, sums[1], TILE_TOKENS * 4);
-            _tile_stored(2, sums[2], TILE_TOKENS * 4);
-            _tile_stored(3, sums[3], TILE_TOKENS * 4);
-            for (int q = 0; q < 4; q++) {
-                for (int r = 0; r < RM_TILE_ROWS; r++) {
-                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(_mm512_set1_epi32(sc[16 * (j0 + q) + r]),
-                                                                           _mm512_load_si512(sums[q][r])));
-                }
-            }
+        KQ_CHUNK(0, two);
+        KQ_CHUNK(1, two);
+        KQ_CHUNK(2, two);
+        KQ_CHUNK(3, two);
+        _tile_stored(0, sums[0][0], TILE_TOKENS * 4);
+        _tile_stored(1, sums[0][1], TILE_TOKENS * 4);
+        if (two) {
+            _tile_stored(2, sums[1][0], TILE_TOKENS * 4);
+            _tile_stored(3, sums[1][1], TILE_TOKENS * 4);
         }
-        /* kq_sum's float steps (simd_x86.h): lane b mod 8 takes super-block b */
-        const __m512 dx = _mm512_loadu_ps(xb + 4096);
-        const int l = (int) (b % 8);
-        for (int r = 0; r < RM_TILE_ROWS; r++) {
-            __m512 f = _mm512_mul_ps(_mm512_set1_ps(d[r]), dx);
-            if (kind == KQ_IQ2_XXS || kind == KQ_IQ3_XXS) {   /* d_x d_w step, in that order */
-                f = _mm512_mul_ps(f, _mm512_set1_ps(kind == KQ_IQ2_XXS ? 0.125f : 0.25f));
-            }
-            acc[r][l] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(sumi[r]), acc[r][l]);
-        }
-        if (kind == KQ_Q4_K || kind == KQ_Q5_K) {   /* the mins */
-            for (int r = 0; r < RM_TILE_ROWS; r++) {
-                __m512i summ = _mm512_setzero_si512();
-                for (int p = 0; p < 4; p++) {
-                    summ = _mm512_add_epi32(summ, _mm512_madd_epi16(_mm512_set1_epi32(mins[16 * p + r]),
-                                                                    _mm512_loadu_si512(xb + 4160 + 64 * p)));
-                }
-                acc[r][l] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + r]), dx), _mm512_cvtepi32_ps(summ), acc[r][l]);
-            }
+        for (int g = 0; g < 1 + two; g++) {
+            kq_steps(acc[g], sums[g], wb, xb[g], b, kind);
         }
     }
-    for (int r = 0; r < RM_TILE_ROWS; r++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
-        const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][4]), _mm512_add_ps(acc[r][2], acc[r][6]));
-        const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[r][1], acc[r][5]), _mm512_add_ps(acc[r][3], acc[r][7]));
-        _mm512_storeu_ps(out[r], _mm512_add_ps(even, odd));
+    for (int g = 0; g < 1 + two; g++) {
+        for (int r = 0; r < RM_TILE_ROWS; r++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
+            const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[g][r][0], acc[g][r][4]), _mm512_add_ps(acc[g][r][2], acc[g][r][6]));
+            const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[g][r][1], acc[g][r][5]), _mm512_add_ps(acc[g][r][3], acc[g][r][7]));
+            _mm512_storeu_ps(out[g][r], _mm512_add_ps(even, odd));
+        }
     }
 }
 
 RM_AMX_INLINE void matmul_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
                              int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int kind) {
     const int64_t nsb = n / RM_QK_K;
+    const uint64_t group_bytes = (uint64_t) nsb * KQ_X_BYTES;
     pack_rows_kq(n, w, row_bytes, r0, r1, room, kind);
-    tile_configure_k(kind == KQ_Q6_K ? 16 : 32);
-    for (int32_t i0 = 0; i0 < n_tok; i0 += TILE_TOKENS) {
-        float out[RM_TILE_ROWS][TILE_TOKENS];
-        tile_group_kq(nsb, room, (const uint8_t *) x_t + (uint64_t) (i0 / TILE_TOKENS) * (uint64_t) nsb * KQ_X_BYTES,
-                      out, kind);
-        store_tile(out, i0, n_tok, r0, r1, y, y_stride, accumulate);
+    tile_configure_kq();
+    for (int32_t i0 = 0; i0 < n_tok; i0 += 2 * TILE_TOKENS) {
+        float out[2][RM_TILE_ROWS][TILE_TOKENS];
+        const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i0 / TILE_TOKENS) * group_bytes;
+        if (n_tok - i0 > TILE_TOKENS) {
+            tile_groups_kq(nsb, room, xg, xg + group_bytes, out, 1, kind);
+            store_tile(out[1], i0 + TILE_TOKENS, n_tok, r0, r1, y, y_stride, accumulate);
+        } else {
+            tile_groups_kq(nsb, room, xg, NULL, out, 0, kind);
+        }
+        store_tile(out[0], i0, n_tok, r0, r1, y, y_stride, accumulate);
     }
     _tile_release();
 }

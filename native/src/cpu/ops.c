@@ -43,7 +43,7 @@ typedef struct cpu_ctx {
     uint64_t  xq_cap;
     float *   x_info;             /* their block scales and sums (rm_q8_0_act_info) */
     int64_t   x_info_cap;         /* floats */
-    float *   scores;             /* attention scores: n_threads rows of n_ctx */
+    float *   scores;             /* attention scores: ATTN_HEADS rows of n_ctx per thread */
     int32_t   n_ctx;
     uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
     uint64_t  xt_cap;
@@ -524,60 +524,104 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
     rm_pool_run_shared(c->pool, many_matmul_fn, m);
 }
 
+/* Attention jobs are (token, a block of up to ATTN_HEADS query heads that share one KV head):
+ * the heads of a block take their scores, and then their values, ATTN_POSITIONS positions at a
+ * time, so each block of cached rows is read from memory once for all of them and then from L1.
+ * Every score and every output float is the same as one head's pass over all positions would
+ * give (blocks start at multiples of 8 positions, and the values' sums go on across blocks), so
+ * the blocking decides nothing about the result: decode and prefill agree whatever their jobs. */
+enum { ATTN_HEADS = 8, ATTN_POSITIONS = 32 };
+
 typedef struct attn_task {
     const rm_attn_args * a;
     cpu_ctx *            c;
     rm_attn_scores_fn    scores;
     rm_attn_values_fn    values;
     rm_axpy_fn           axpy;
-    atomic_llong         next_job;    /* jobs are (token, head); later tokens see more positions */
+    rm_softmax_fn        softmax;
+    int32_t              heads;       /* query heads per job (a divisor of the group, at most ATTN_HEADS) */
+    atomic_llong         next_job;    /* jobs are (token, block of heads); later tokens see more positions */
 } attn_task;
+
+/* One run of cached rows [r0, r0 + n) for the job's heads: scores into s[j] + s0 (pass 0) or
+ * their values added into out[j] (pass 1; `fresh` where out[j] holds nothing yet). */
+static void attn_run(const attn_task * t, int pass, int32_t nh, const float * const * q, float * const * out,
+                     float * const * s, int32_t s0, int64_t r0, int32_t n, int64_t head, int fresh) {
+    const rm_attn_args * a = t->a;
+    const int32_t D = a->head_dim;
+    const int64_t kv_stride = (int64_t) a->n_head_kv * D;
+    const float scale = 1.0f / sqrtf((float) D);
+    for (int32_t b = 0; b < n; b += ATTN_POSITIONS) {
+        const int32_t m = n - b < ATTN_POSITIONS ? n - b : ATTN_POSITIONS;
+        for (int32_t j = 0; j < nh; j++) {
+            if (pass == 0) {
+                t->scores(D, m, q[j], a->k_cache + (r0 + b) * kv_stride + head, kv_stride, scale, s[j] + s0 + b);
+            } else {
+                t->values(D, m, s[j] + s0 + b, a->v_cache + (r0 + b) * kv_stride + head, kv_stride, out[j],
+                          !(fresh && b == 0));
+            }
+        }
+    }
+}
 
 static void attn_task_fn(void * p, int ith, int nth) {
     attn_task * t = p;
     const rm_attn_args * a = t->a;
-    const int32_t D = a->head_dim, group = a->n_head / a->n_head_kv;
-    const int64_t q_stride = (int64_t) a->n_head * D, kv_stride = (int64_t) a->n_head_kv * D;
-    const float scale = 1.0f / sqrtf((float) D);
-    float * scores = t->c->scores + (int64_t) ith * t->c->n_ctx;
-    const int64_t n_jobs = (int64_t) a->n_tok * a->n_head;
+    const int32_t D = a->head_dim, group = a->n_head / a->n_head_kv, nh = t->heads;
+    const int64_t q_stride = (int64_t) a->n_head * D;
+    const int64_t n_jobs = (int64_t) a->n_tok * (a->n_head / nh);
+    float * s[ATTN_HEADS];
+    const float * q[ATTN_HEADS];
+    float * out[ATTN_HEADS];
+    for (int32_t j = 0; j < nh; j++) {
+        s[j] = t->c->scores + ((int64_t) ith * ATTN_HEADS + j) * t->c->n_ctx;
+    }
     for (;;) {
         const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
         if (job >= n_jobs) {
             break;
         }
-        const int32_t i = (int32_t) (job / a->n_head), h = (int32_t) (job % a->n_head);
+        const int32_t i = (int32_t) (job / (a->n_head / nh)), h0 = (int32_t) (job % (a->n_head / nh)) * nh;
         const int32_t n_all = a->pos0 + i + 1;
         const int32_t p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
         const int32_t n_kv = n_all - p0;
-        const float * q = a->q + i * q_stride + (int64_t) h * D;
-        float * out = a->out + i * q_stride + (int64_t) h * D;
+        for (int32_t j = 0; j < nh; j++) {
+            q[j] = a->q + i * q_stride + (int64_t) (h0 + j) * D;
+            out[j] = a->out + i * q_stride + (int64_t) (h0 + j) * D;
+        }
         /* the positions' rows: one run, or two where a ring wraps (rows r0.. then 0..) */
         const int32_t r0 = a->ring > 0 ? p0 % a->ring : p0;
         const int32_t n1 = a->ring > 0 && r0 + n_kv > a->ring ? a->ring - r0 : n_kv;
-        const int64_t head = (int64_t) (h / group) * D;
-        t->scores(D, n1, q, a->k_cache + (int64_t) r0 * kv_stride + head, kv_stride, scale, scores);
-        if (n1 < n_kv) {
-            t->scores(D, n_kv - n1, q, a->k_cache + head, kv_stride, scale, scores + n1);
+        const int64_t head = (int64_t) (h0 / group) * D;
+        attn_run(t, 0, nh, q, out, s, 0, r0, n1, head, 1);
+        attn_run(t, 0, nh, q, out, s, n1, 0, n_kv - n1, head, 1);
+        for (int32_t j = 0; j < nh; j++) {
+            t->softmax(s[j], n_kv, a->sinks ? ((const float *) a->sinks->data)[h0 + j] : -INFINITY);
         }
-        if (a->sinks) {
-            rm_softmax_sink(scores, n_kv, ((const float *) a->sinks->data)[h]);
-        } else {
-            rm_softmax(scores, n_kv);
-        }
-        t->values(D, n1, scores, a->v_cache + (int64_t) r0 * kv_stride + head, kv_stride, out);
-        for (int32_t p = n1; p < n_kv; p++) {   /* the wrapped rows, added on */
-            t->axpy(D, scores[p], a->v_cache + (int64_t) (p - n1) * kv_stride + head, out);
+        attn_run(t, 1, nh, q, out, s, 0, r0, n1, head, 1);
+        for (int32_t j = 0; j < nh; j++) {   /* the wrapped rows, added on */
+            for (int32_t p = n1; p < n_kv; p++) {
+                t->axpy(D, s[j][p], a->v_cache + (int64_t) (p - n1) * a->n_head_kv * D + head, out[j]);
+            }
         }
     }
     (void) nth;
 }
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
-    attn_task t = {.a = a, .c = be->ctx, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values(),
-                   .axpy = rm_cpu_axpy()};
+    cpu_ctx * c = be->ctx;
+    attn_task t = {.a = a, .c = c, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values(),
+                   .axpy = rm_cpu_axpy(), .softmax = rm_cpu_softmax(), .heads = 1};
+    /* as many heads of a group per job as divide it, while there are jobs enough for every thread */
+    const int32_t group = a->n_head / a->n_head_kv;
+    for (int32_t h = ATTN_HEADS; h > 1; h--) {
+        if (group % h == 0 && (int64_t) a->n_tok * (a->n_head / h) >= 2 * (int64_t) rm_pool_size(c->pool)) {
+            t.heads = h;
+            break;
+        }
+    }
     atomic_init(&t.next_job, 0);
-    rm_pool_run_shared(((cpu_ctx *) be->ctx)->pool, attn_task_fn, &t);
+    rm_pool_run_shared(c->pool, attn_task_fn, &t);
 }
 
 /* ---- the small ops: activations are host memory, so they are the reference math itself ---- */
@@ -745,7 +789,7 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->xq = malloc(c->xq_cap);
     c->x_info_cap = (int64_t) n_batch * 2 * (max_in / 32 + 1);
     c->x_info = malloc(sizeof(float) * (size_t) c->x_info_cap);
-    c->scores = malloc(sizeof(float) * (size_t) n_ctx * (size_t) rm_pool_size(pool));
+    c->scores = malloc(sizeof(float) * ATTN_HEADS * (size_t) n_ctx * (size_t) rm_pool_size(pool));
     /* matmul_many: a base and a residual type of n_batch rows, each row padded to 64 bytes */
     c->xq_many_cap = 2 * (uint64_t) n_batch * ((uint64_t) (max_in / 32 + 1) * 72 + 64);
     c->xq_many = malloc(c->xq_many_cap);

@@ -12,6 +12,7 @@
 #include "../iq_grids.h"
 
 #include "dispatch.h"
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -25,6 +26,13 @@ static inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax_ps(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
@@ -84,12 +92,13 @@ static inline void attn_scores_x86(int64_t d, int64_t n, const float * q, const 
 }
 
 /* Up to 64 output floats held in registers while every position passes. */
-static inline void attn_values_x86(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
+static inline void attn_values_x86(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
+                                   int accumulate) {
     for (int64_t i0 = 0; i0 < d; i0 += 64) {
         const int w = (int) ((d - i0 < 64 ? d - i0 : 64) / 8);
         __m256 acc[8];
         for (int j = 0; j < 8; j++) {
-            acc[j] = _mm256_setzero_ps();
+            acc[j] = accumulate && j < w ? _mm256_loadu_ps(out + i0 + 8 * j) : _mm256_setzero_ps();
         }
         if (w == 8) {
             for (int64_t p = 0; p < n; p++) {
@@ -114,6 +123,77 @@ static inline void attn_values_x86(int64_t d, int64_t n, const float * s, const 
     }
 }
 
+/* exp(x) for x <= 0 in eight lanes, to about 2 ulp: x = n ln2 + r with |r| <= ln2/2 (ln2 in two
+ * parts), exp(r) by its Taylor polynomial to r^7, and 2^n put into the exponent bits. Below
+ * -86 (about 4e-38, near the end of the normal floats) it gives 0; a NaN stays NaN. */
+static inline __m256 exp_neg_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-86.0f);
+    const __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(lo, x);   /* NaN in x passes */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    const __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    return _mm256_andnot_ps(zero, y);
+}
+
+/* rm_softmax_fn: the max, then exp in vectors (eight lane sums, added in double at the end), then
+ * the scale; the tail of fewer than eight through the same vector step, masked. */
+static void softmax_x86(float * x, int64_t n, float sink) {
+    __m256 mv = _mm256_set1_ps(sink);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    }
+    float mx = hmax_ps(mv);
+    for (; i < n; i++) {
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    const __m256 m8 = _mm256_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp_neg_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (i < n) {
+        float t[8] = {0};
+        const int64_t m = n - i;
+        for (int64_t j = 0; j < 8; j++) {
+            t[j] = j < m ? x[i + j] - mx : -INFINITY;
+        }
+        const __m256 e = exp_neg_ps(_mm256_loadu_ps(t));
+        _mm256_storeu_ps(t, e);
+        acc = _mm256_add_ps(acc, e);
+        for (int64_t j = 0; j < m; j++) {
+            x[i + j] = t[j];
+        }
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    double sum = sink > -INFINITY ? (double) expf(sink - mx) : 0.0;
+    for (int j = 0; j < 8; j++) {
+        sum += lanes[j];
+    }
+    const __m256 inv = _mm256_set1_ps((float) (1.0 / sum));
+    for (i = 0; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    }
+    for (; i < n; i++) {
+        x[i] *= (float) (1.0 / sum);
+    }
+}
+
 /* The table entries (each kernel-set file has its own copy, built with its flags); a row length
  * that is not a multiple of 8 goes to the reference. */
 static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s) {
@@ -124,12 +204,13 @@ static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, 
     attn_scores_x86(d, n, q, k, stride, scale, s);
 }
 
-static void attn_values(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out) {
+static void attn_values(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
+                        int accumulate) {
     if (d % 8) {
-        rm_cpu_attn_values_ref(d, n, s, v, stride, out);
+        rm_cpu_attn_values_ref(d, n, s, v, stride, out, accumulate);
         return;
     }
-    attn_values_x86(d, n, s, v, stride, out);
+    attn_values_x86(d, n, s, v, stride, out, accumulate);
 }
 
 /* Scales of 16-element sub-blocks, for the shuffles below: the eight signed byte scales 8h..8h+7

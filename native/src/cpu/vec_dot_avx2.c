@@ -185,13 +185,6 @@ static inline __m256 max_abs(__m256 v, __m256 m) {
     return _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), m);
 }
 
-static inline float hmax_ps(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
 /* roundf: ties away from zero. The fraction v - trunc(v) is exact, so the test is too. */
 static inline __m256 round_away(__m256 v) {
     const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -318,6 +311,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .axpy = axpy,
     .attn_scores = attn_scores,
     .attn_values = attn_values,
+    .softmax = softmax_x86,
     .gdn_recurrent = gdn_recurrent_x86,
     .gdn_conv = gdn_conv_x86,
     .gdn_chunked = gdn_chunked_x86,

@@ -451,6 +451,79 @@ static const rm_packed_kernels packed_iq4_nl = {packed_bytes_32, act_bytes_32, p
 static const rm_packed_kernels packed_mxfp4 = {packed_bytes_32, act_bytes_32, pack_row_mxfp4, transpose_act_32,
                                                dot_packed_mxfp4, NULL, NULL, NULL};
 
+/* ---- attention, 512 bits wide: rows of a multiple of 16 floats (others: simd_x86.h's) ---- */
+
+/* Eight positions at a time, as attn_scores_x86, with 16-float products; each position's two
+ * halves are added, then the eight sums come out of sums8_ps. */
+static void attn_scores_512(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale,
+                            float * s) {
+    if (d % 16) {
+        attn_scores(d, n, q, k, stride, scale, s);
+        return;
+    }
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m512 acc[8];
+        for (int j = 0; j < 8; j++) {
+            acc[j] = _mm512_setzero_ps();
+        }
+        for (int64_t i = 0; i < d; i += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + i);
+            for (int j = 0; j < 8; j++) {
+                acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + (p + j) * stride + i), acc[j]);
+            }
+        }
+        __m256 h[8];
+        for (int j = 0; j < 8; j++) {
+            h[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[j]), _mm512_extractf32x8_ps(acc[j], 1));
+        }
+        _mm256_storeu_ps(s + p, _mm256_mul_ps(_mm256_set1_ps(scale), sums8_ps(h)));
+    }
+    for (; p < n; p++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d; i += 16) {
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + p * stride + i), acc);
+        }
+        s[p] = scale * _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* Up to 128 output floats held in registers while every position passes. */
+static void attn_values_512(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
+                            int accumulate) {
+    if (d % 16) {
+        attn_values(d, n, s, v, stride, out, accumulate);
+        return;
+    }
+    for (int64_t i0 = 0; i0 < d; i0 += 128) {
+        const int w = (int) ((d - i0 < 128 ? d - i0 : 128) / 16);
+        __m512 acc[8];
+        for (int j = 0; j < 8; j++) {
+            acc[j] = accumulate && j < w ? _mm512_loadu_ps(out + i0 + 16 * j) : _mm512_setzero_ps();
+        }
+        if (w == 8) {
+            for (int64_t p = 0; p < n; p++) {
+                const __m512 sp = _mm512_set1_ps(s[p]);
+                const float * vp = v + p * stride + i0;
+                for (int j = 0; j < 8; j++) {
+                    acc[j] = _mm512_fmadd_ps(sp, _mm512_loadu_ps(vp + 16 * j), acc[j]);
+                }
+            }
+        } else {
+            for (int64_t p = 0; p < n; p++) {
+                const __m512 sp = _mm512_set1_ps(s[p]);
+                const float * vp = v + p * stride + i0;
+                for (int j = 0; j < w; j++) {
+                    acc[j] = _mm512_fmadd_ps(sp, _mm512_loadu_ps(vp + 16 * j), acc[j]);
+                }
+            }
+        }
+        for (int j = 0; j < w; j++) {
+            _mm512_storeu_ps(out + i0 + 16 * j, acc[j]);
+        }
+    }
+}
+
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
@@ -488,8 +561,9 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_1] = vec_dot_q5_1_multi,
         [RM_TYPE_IQ4_NL] = vec_dot_iq4_nl_multi,
     },
-    .attn_scores = attn_scores,
-    .attn_values = attn_values,
+    .attn_scores = attn_scores_512,
+    .attn_values = attn_values_512,
+    .softmax = softmax_x86,
     .packed = {
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,

@@ -338,8 +338,9 @@ RM_AMX_INLINE void unpack_kq(const uint8_t * src, int8_t lev[RM_QK_K], int32_t s
         const __m128i table = _mm_loadu_si128((const __m128i *) rm_iq4nl_values), m4l = _mm_set1_epi8(0x0f);
         for (int j = 0; j < 8; j++) {
             const __m128i q = _mm_loadu_si128((const __m128i *) (b->qs + 16 * j));
-            _mm_storeu_si128((__m128i *) (lev + 32 * j), _mm_shuffle_epi8(table, _mm_and_si128(q, m4l)));
-            _mm_storeu_si128((__m128i *) (lev + 32 * j + 16), _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4l)));
+            _mm256_store_si256((__m256i *) (lev + 32 * j),
+                               _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4l)),
+                                                _mm_shuffle_epi8(table, _mm_and_si128(q, m4l))));
             sc[j] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
         }
         d[0] = rm_fp16_to_fp32(b->d);
@@ -394,21 +395,39 @@ RM_AMX_INLINE void unpack_kq(const uint8_t * src, int8_t lev[RM_QK_K], int32_t s
     d[1] = rm_fp16_to_fp32(b->dmin);
 }
 
-/* Row r of super-block b into its places in the room block wb: level * scale as 128 hi + lo. */
+/* Row r of super-block b into its places in the room block wb: level * scale as 128 hi + lo.
+ * 64 elements at a time in 16-bit lanes, the even elements and the odd ones apart (no byte
+ * shuffles): the products' bits 7-14 are the hi bytes, bits 0-6 the lo bytes. */
 RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const int kind) {
     int8_t lev[RM_QK_K] __attribute__((aligned(64)));
     int32_t sc[16], mn[8];
     float d[2];
     unpack_kq(src, lev, sc, mn, d, kind);
-    const __m512i low7 = _mm512_set1_epi16(127);
-    for (int e = 0; e < RM_QK_K; e += 32) {   /* 32 elements: one sub-block, or two of Q6_K's */
+    const __m512i low_bytes = _mm512_set1_epi16(0x00ff), low7 = _mm512_set1_epi16(0x7f7f);
+    __m512i sc6 = _mm512_setzero_si512();
+    if (kind == KQ_Q6_K) {
+        int16_t s16[16];
+        for (int j = 0; j < 16; j++) {
+            s16[j] = (int16_t) sc[j];
+        }
+        sc6 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) s16));
+    }
+    for (int t = 0; t < 4; t++) {
+        const __m512i l = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *) (lev + 64 * t))),
+                                             _mm256_load_si256((const __m256i *) (lev + 64 * t + 32)), 1);
+        /* lane i holds elements 2i and 2i + 1: Q6_K's sub-block (64t + 2i) / 16, the others' (64t + 2i) / 32 */
         const __m512i s = kind == KQ_Q6_K
-            ? _mm512_inserti64x4(_mm512_set1_epi16((int16_t) sc[e / 16]), _mm256_set1_epi16((int16_t) sc[e / 16 + 1]), 1)
-            : _mm512_set1_epi16((int16_t) sc[e / 32]);
-        const __m512i w = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *) (lev + e))), s);
-        uint8_t * at = wb + 1024 * (e / 64) + 64 * r + e % 64;
-        _mm256_storeu_si256((__m256i *) at, _mm512_cvtepi16_epi8(_mm512_srai_epi16(w, 7)));
-        _mm256_storeu_si256((__m256i *) (at + KQ_W_LO), _mm512_cvtepi16_epi8(_mm512_and_si512(w, low7)));
+            ? _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_set1_epi16((int16_t) (4 * t)),
+                                                        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                                                           15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3)), sc6)
+            : _mm512_inserti64x4(_mm512_set1_epi16((int16_t) sc[2 * t]), _mm256_set1_epi16((int16_t) sc[2 * t + 1]), 1);
+        const __m512i we = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(l, 8), 8), s);
+        const __m512i wo = _mm512_mullo_epi16(_mm512_srai_epi16(l, 8), s);
+        /* low byte from the even product, high byte from the odd one: (c ? a : b) bitwise, 0xe4 */
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srai_epi16(we, 7), _mm512_slli_epi16(wo, 1), low_bytes, 0xe4);
+        const __m512i lo = _mm512_and_si512(_mm512_ternarylogic_epi32(we, _mm512_slli_epi16(wo, 8), low_bytes, 0xe4), low7);
+        _mm512_storeu_si512(wb + 1024 * t + 64 * r, hi);
+        _mm512_storeu_si512(wb + KQ_W_LO + 1024 * t + 64 * r, lo);
     }
     float * dd = (float *) (wb + KQ_W_D);
     dd[r] = d[0];
@@ -584,15 +603,15 @@ RM_TILE_MATMUL_KQ(matmul_iq4_xs, KQ_IQ4_XS)
 RM_TILE_MATMUL_KQ(matmul_iq2_xxs, KQ_IQ2_XXS)
 RM_TILE_MATMUL_KQ(matmul_iq3_xxs, KQ_IQ3_XXS)
 
-/* The fewest tokens that pay, measured against the AVX-512 prefill form (docs/PERFORMANCE.md):
- * Q8_0/Q4_0 break even at 12 tokens and win from 16; Q4_K, Q5_K and IQ4_XS win from 8 (1.06 to
- * 2.2x; 0.6 to 1.3x at 4), Q6_K from 12 (1.2 to 2.2x; 0.8x at 8 on rows of 2048); IQ2_XXS and
- * IQ3_XXS from 8 (1.3 to 1.4x; 2.5 to 2.9x at 16). */
+/* The fewest tokens that pay, measured against the AVX-512 prefill form (tools/bench_kernels.py
+ * --compare avx512,amx, rows of 2048): Q8_0/Q4_0 break even at 12 tokens and win from 16; with the
+ * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS win from 8 (1.05 to 1.2x; 1.4 to
+ * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
 static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
-static const rm_tile_kernels tile_q6_K = {12, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
+static const rm_tile_kernels tile_q5_K = {10, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
 static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
 static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq2_xxs};
 static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq3_xxs};

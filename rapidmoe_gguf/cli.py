@@ -168,6 +168,12 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--gpu-backend", choices=["cuda", "standin"], default="cuda",
                    help="with --gpu-mem: the CUDA device, or a CPU stand-in for it that runs the same placement "
                         "and split without a GPU, to check them (never faster; default: %(default)s)")
+    mm = p.add_mutually_exclusive_group()
+    mm.add_argument("--mmap", dest="use_mmap", action="store_const", const=True, default=None,
+                    help="map the model files (pages read on first use; runs models larger than the memory)")
+    mm.add_argument("--no-mmap", dest="use_mmap", action="store_const", const=False,
+                    help="read the model files into memory, in huge pages where the kernel has them (faster "
+                         "decode). Default: read when they fit in 3/4 of the available memory, else map")
 
 
 def _budget_arg(text: str) -> float | str:
@@ -191,7 +197,7 @@ def _model_path_and_kwargs(args: argparse.Namespace) -> tuple[str, dict]:
         n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 256),
         residual=None if args.no_residual else "auto", residual_policy=args.policy, residual_budget=args.budget,
         gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
-        gpu_sessions=max(1, getattr(args, "parallel", 1)))
+        gpu_sessions=max(1, getattr(args, "parallel", 1)), use_mmap=getattr(args, "use_mmap", None))
 
 
 def _open_model(args: argparse.Namespace):

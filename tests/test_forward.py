@@ -192,3 +192,32 @@ def test_forward_iq_experts_match_their_dequantized_weights(converted, tmp_path,
     rel = np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)
     assert kl.mean() <= 3e-4, f"{iq_type}: mean KL {kl.mean():.2e}"
     assert rel.max() <= 3e-2, f"{iq_type}: worst position {rel.argmax()} rel err {rel.max():.2e}"
+
+
+@pytest.mark.parametrize("recipe", ["q4_0-q4_0", "q4k-q8"])
+def test_forward_read_and_mapped_files_give_the_same_logits(converted, recipe, monkeypatch):
+    """use_mmap=False reads the files into (huge-page) memory, use_mmap=True maps them: the same
+    bytes, so the same logits bit for bit. Q4_0 rows are repacked at load and the source pages
+    released, which must hold in read memory as in a mapping; q4k-q8 loads a residual sidecar."""
+    path, ids, _ = converted("qwen3_moe", recipe)
+    logits = []
+    for use_mmap in (True, False):
+        with rm.Model(path, n_ctx=128, n_threads=2, n_batch=64, use_mmap=use_mmap) as m:
+            logits.append(np.concatenate([m.eval_logits(ids[:24]), np.stack([m.eval([t]) for t in ids[24:32]])]))
+    assert np.isfinite(logits[0]).all()
+    assert logits[0].tobytes() == logits[1].tobytes()
+    monkeypatch.setenv("RAPIDMOE_MMAP", "yes")
+    with pytest.raises(rm.InvalidArgumentError, match="RAPIDMOE_MMAP"):
+        rm.Model(path, n_ctx=128)
+
+
+def test_forward_truncated_file_read_whole_is_refused(converted, tmp_path):
+    """A file cut short is refused with the reader's error when it is read into memory, as when
+    it is mapped; nothing is left loaded."""
+    path, _, _ = converted("qwen3_moe", "q4_0-q4_0")
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    for use_mmap in (True, False):
+        with pytest.raises(rm.RapidMoEError, match="cut.gguf"):
+            rm.Model(cut, n_ctx=128, use_mmap=use_mmap)

@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 6
+#define RM_ABI_VERSION 7
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -348,6 +348,9 @@ typedef struct rm_session rm_session;
  * CUDA): it tests the CPU/GPU split on machines without a GPU; it is never faster. */
 enum { RM_GPU_NONE = 0, RM_GPU_CUDA = 1, RM_GPU_STANDIN = 2 };
 
+/* How rm_model_load brings a model's files into memory (rm_model_params.load). */
+enum { RM_LOAD_AUTO = 0, RM_LOAD_MMAP = 1, RM_LOAD_READ = 2 };
+
 /* struct_size may also be offsetof(rm_model_params, use_gpu), the size before the GPU fields
  * (ABI 1 callers): those fields then take their zero defaults, which mean "CPU only". */
 typedef struct rm_model_params {
@@ -367,6 +370,13 @@ typedef struct rm_model_params {
      * its residual copied to the GPU for that batch instead of computed by the CPU (the
      * crossover of rapidmoe plan); 0: never. */
     int32_t      residual_upload_min_tokens;
+    /* RM_LOAD_MMAP maps the files: pages are read on first use and the kernel may drop them again
+     * under memory pressure, so a model larger than the memory still runs. RM_LOAD_READ reads
+     * them whole into anonymous memory, in 2 MiB pages where the kernel has transparent huge
+     * pages: a decode streams every weight it uses once per token, and with the 4 KiB pages of a
+     * mapped file each page costs a TLB miss. RM_LOAD_AUTO (0) reads a file when huge pages can
+     * be had and it fits in three quarters of the available memory, and maps it otherwise. */
+    int32_t      load;
 } rm_model_params;
 
 typedef struct rm_model_info {

@@ -92,6 +92,7 @@ typedef struct name_index {
 struct rm_gguf {
     const uint8_t * map;              /* the whole file, PROT_READ */
     uint64_t        size;
+    int             read;             /* map holds the file read into anonymous memory (read_contents) */
     uint32_t        version;
     uint32_t        alignment;
     uint64_t        data_offset;      /* file offset of the data section */
@@ -736,14 +737,73 @@ static rm_status parse(reader * r) {
 #endif
 #endif
 
-static void unmap_file(const uint8_t * map, uint64_t size) {
+#define RM_HUGE_PAGE (2u << 20)
+
+static uint64_t huge_len(uint64_t size) { return (size + RM_HUGE_PAGE - 1) / RM_HUGE_PAGE * RM_HUGE_PAGE; }
+
+static void unmap_file(const uint8_t * map, uint64_t size, int read) {
 #ifdef RM_GGUF_READ_TO_HEAP
-    (void) size;
+    (void) size, (void) read;
     free((void *) map);
 #else
-    munmap((void *) map, (size_t) size);
+    munmap((void *) map, (size_t) (read ? huge_len(size) : size));
 #endif
 }
+
+#ifndef RM_GGUF_READ_TO_HEAP
+/* The file read whole into anonymous memory aligned to 2 MiB, which the kernel backs with huge
+ * pages where it has them (MADV_HUGEPAGE), then made read-only like a mapping. */
+static rm_status read_contents(const char * path, int fd, uint64_t size, const uint8_t ** map) {
+    const uint64_t len = huge_len(size);
+    uint8_t * q = mmap(NULL, (size_t) (len + RM_HUGE_PAGE), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED) {
+        return rm_fail(RM_E_OOM, "rm_gguf_open: %s: no memory to read %" PRIu64 " bytes: %s", path, size, strerror(errno));
+    }
+    uint8_t * a = (uint8_t *) (((uintptr_t) q + RM_HUGE_PAGE - 1) / RM_HUGE_PAGE * RM_HUGE_PAGE);
+    if (a > q) {
+        munmap(q, (size_t) (a - q));
+    }
+    munmap(a + len, (size_t) (q + len + RM_HUGE_PAGE - (a + len)));
+    madvise(a, (size_t) len, MADV_HUGEPAGE);
+    for (uint64_t done = 0; done < size;) {
+        const ssize_t n = pread(fd, a + done, (size_t) (size - done), (off_t) done);
+        if (n <= 0 && !(n < 0 && errno == EINTR)) {
+            const int err = errno;
+            munmap(a, (size_t) len);
+            return rm_fail(RM_E_IO, "rm_gguf_open: %s: read failed at byte %" PRIu64 ": %s", path, done,
+                           n == 0 ? "unexpected end of file" : strerror(err));
+        }
+        done += n > 0 ? (uint64_t) n : 0;
+    }
+    mprotect(a, (size_t) len, PROT_READ);
+    *map = a;
+    return RM_OK;
+}
+
+/* RM_LOAD_AUTO's choice: read when the kernel gives huge pages on request and the file takes at
+ * most three quarters of the memory available now (/proc/meminfo's MemAvailable). */
+static int read_pays(uint64_t size) {
+    char buf[128] = {0};
+    FILE * f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    const int huge = f && fgets(buf, sizeof(buf), f) && !strstr(buf, "[never]");
+    if (f) {
+        fclose(f);
+    }
+    if (!huge) {
+        return 0;
+    }
+    unsigned long long avail_kib = 0;
+    if ((f = fopen("/proc/meminfo", "r")) != NULL) {
+        while (fgets(buf, sizeof(buf), f)) {
+            if (sscanf(buf, "MemAvailable: %llu kB", &avail_kib) == 1) {
+                break;
+            }
+        }
+        fclose(f);
+    }
+    return size <= (uint64_t) avail_kib * 1024 / 4 * 3;
+}
+#endif
 
 static rm_status map_contents(const char * path, int fd, uint64_t size, const uint8_t ** map) {
 #ifdef RM_GGUF_READ_TO_HEAP
@@ -774,7 +834,7 @@ static rm_status map_contents(const char * path, int fd, uint64_t size, const ui
 }
 
 /* Opens path, checks it is a non-empty regular file, and maps it read-only. */
-static rm_status map_file(const char * path, const uint8_t ** map, uint64_t * size) {
+static rm_status map_file(const char * path, int32_t load, const uint8_t ** map, uint64_t * size, int * read) {
     /* O_NONBLOCK: opening a FIFO must not hang; it is refused below as not a regular file. */
     const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
@@ -796,13 +856,22 @@ static rm_status map_file(const char * path, const uint8_t ** map, uint64_t * si
                      "space", path, (uint64_t) sb.st_size);
     } else {
         *size = (uint64_t) sb.st_size;
+#ifndef RM_GGUF_READ_TO_HEAP
+        *read = load == RM_LOAD_READ || (load == RM_LOAD_AUTO && read_pays(*size));
+        st = *read ? read_contents(path, fd, *size, map) : map_contents(path, fd, *size, map);
+#else
+        (void) load;
+        *read = 0;
         st = map_contents(path, fd, *size, map);
+#endif
     }
     close(fd);
     return st;
 }
 
-rm_status rm_gguf_open(const char * path, rm_gguf ** out) {
+rm_status rm_gguf_open(const char * path, rm_gguf ** out) { return rm_gguf_open_load(path, RM_LOAD_MMAP, out); }
+
+rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out) {
     rm_clear_error();
     if (out == NULL) {
         return rm_fail(RM_E_INVALID_ARG, "rm_gguf_open: out is NULL");
@@ -813,17 +882,19 @@ rm_status rm_gguf_open(const char * path, rm_gguf ** out) {
     }
     const uint8_t * map = NULL;
     uint64_t size = 0;
-    rm_status st = map_file(path, &map, &size);
+    int read = 0;
+    rm_status st = map_file(path, load, &map, &size, &read);
     if (st != RM_OK) {
         return st;
     }
     rm_gguf * g = calloc(1, sizeof(rm_gguf));
     if (g == NULL) {
-        unmap_file(map, size);
+        unmap_file(map, size, read);
         return rm_fail(RM_E_OOM, "rm_gguf_open: %s: out of memory", path);
     }
     g->map  = map;
     g->size = size;
+    g->read = read;
     reader r = {g, path, 0};
     if ((st = parse(&r)) != RM_OK) {
         rm_gguf_close(g);
@@ -847,7 +918,7 @@ void rm_gguf_close(rm_gguf * g) {
     free(g->tensors);
     free(g->tensor_index.slots);
     if (g->map != NULL) {
-        unmap_file(g->map, g->size);
+        unmap_file(g->map, g->size, g->read);
     }
     free(g);
 }

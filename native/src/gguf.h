@@ -22,6 +22,10 @@
 /* The getters' status for an absent key, distinct from RM_E_FORMAT (present but unusable). */
 #define RM_GGUF_MISSING RM_E_INVALID_ARG
 
+/* rm_gguf_open with how the file comes into memory: RM_LOAD_AUTO, RM_LOAD_MMAP or RM_LOAD_READ
+ * (rm_model_params.load). rm_gguf_open maps. */
+rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out);
+
 /* Integers: any of the eight integer kv types, as long as the value fits. */
 rm_status rm_gguf_get_u32(const rm_gguf * g, const char * key, uint32_t * out);
 rm_status rm_gguf_get_i32(const rm_gguf * g, const char * key, int32_t  * out);

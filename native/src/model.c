@@ -541,7 +541,11 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
 }
 
 static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
-    rm_status st = rm_gguf_open(path, &m->base);
+    if (params->load < RM_LOAD_AUTO || params->load > RM_LOAD_READ) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.load %d is not RM_LOAD_AUTO, RM_LOAD_MMAP or RM_LOAD_READ",
+                       params->load);
+    }
+    rm_status st = rm_gguf_open_load(path, params->load, &m->base);
     if (st != RM_OK) {
         return st;
     }
@@ -554,7 +558,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return st;
     }
     if (params->residual_path) {
-        if ((st = rm_gguf_open(params->residual_path, &m->residual)) != RM_OK ||
+        if ((st = rm_gguf_open_load(params->residual_path, params->load, &m->residual)) != RM_OK ||
             (st = check_sidecar(m, path, params->residual_path)) != RM_OK) {
             return st;
         }
@@ -609,11 +613,12 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
     rm_model_params p = {0};
     p.struct_size = sizeof(rm_model_params);
     if (params) {
-        /* ABI 1 callers pass the size before the GPU fields, which then keep their zero defaults */
-        const size_t v1 = offsetof(rm_model_params, use_gpu);
-        if (params->struct_size != sizeof(rm_model_params) && params->struct_size != v1) {
-            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u is neither %zu nor %zu (mismatched header)",
-                           params->struct_size, sizeof(rm_model_params), v1);
+        /* ABI 1 callers pass the size before the GPU fields, ABI 6 callers the size before `load`:
+         * the fields they do not know keep their zero defaults */
+        const size_t v1 = offsetof(rm_model_params, use_gpu), v6 = offsetof(rm_model_params, load);
+        if (params->struct_size != sizeof(rm_model_params) && params->struct_size != v1 && params->struct_size != v6) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u is none of %zu, %zu and %zu (mismatched "
+                           "header)", params->struct_size, sizeof(rm_model_params), v6, v1);
         }
         memcpy(&p, params, params->struct_size);
     }

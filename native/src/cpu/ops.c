@@ -540,7 +540,7 @@ typedef struct attn_task {
     rm_axpy_fn           axpy;
     rm_softmax_fn        softmax;
     int32_t              heads;       /* query heads per job (a divisor of the group, at most ATTN_HEADS) */
-    atomic_llong         next_job;    /* jobs are (token, block of heads); later tokens see more positions */
+    atomic_llong         next_job;    /* jobs are (block of heads, token); later tokens see more positions */
 } attn_task;
 
 /* One run of cached rows [r0, r0 + n) for the job's heads: scores into s[j] + s0 (pass 0) or
@@ -581,7 +581,8 @@ static void attn_task_fn(void * p, int ith, int nth) {
         if (job >= n_jobs) {
             break;
         }
-        const int32_t i = (int32_t) (job / (a->n_head / nh)), h0 = (int32_t) (job % (a->n_head / nh)) * nh;
+        /* block of heads major: its cached rows stay in this core's cache from token to token */
+        const int32_t i = (int32_t) (job % a->n_tok), h0 = (int32_t) (job / a->n_tok) * nh;
         const int32_t n_all = a->pos0 + i + 1;
         const int32_t p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
         const int32_t n_kv = n_all - p0;

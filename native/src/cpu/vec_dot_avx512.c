@@ -45,6 +45,45 @@ static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q
     *out = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
+/* vec_dot_f32 for nc tokens, four at a time against each 64 floats of the row: the row read once
+ * for four, each token's sums taken in vec_dot_f32's order, so the same floats. */
+static void vec_dot_f32_multi(int64_t n, int nc, float * out, const void * w, const void * x_q, uint64_t x_stride,
+                              const float * x_info, int64_t x_info_stride) {
+    const float * a = w;
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+        const int m4 = nc - c0 < 4 ? nc - c0 : 4;
+        const float * x[4];
+        __m512 acc[4][4];
+        for (int c = 0; c < 4; c++) {
+            x[c] = (const float *) ((const uint8_t *) x_q + (uint64_t) (c0 + (c < m4 ? c : 0)) * x_stride);
+            for (int k = 0; k < 4; k++) {
+                acc[c][k] = _mm512_setzero_ps();
+            }
+        }
+        int64_t i = 0;
+        for (; i + 64 <= n; i += 64) {
+            for (int k = 0; k < 4; k++) {
+                const __m512 ak = _mm512_loadu_ps(a + i + 16 * k);
+                for (int c = 0; c < 4; c++) {
+                    acc[c][k] = _mm512_fmadd_ps(ak, _mm512_loadu_ps(x[c] + i + 16 * k), acc[c][k]);
+                }
+            }
+        }
+        for (; i < n; i += 16) {
+            const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16) ((1u << (n - i)) - 1);
+            const __m512 ak = _mm512_maskz_loadu_ps(m, a + i);
+            for (int c = 0; c < 4; c++) {
+                acc[c][0] = _mm512_fmadd_ps(ak, _mm512_maskz_loadu_ps(m, x[c] + i), acc[c][0]);
+            }
+        }
+        for (int c = 0; c < m4; c++) {
+            out[c0 + c] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[c][0], acc[c][1]),
+                                                             _mm512_add_ps(acc[c][2], acc[c][3])));
+        }
+    }
+    (void) x_info, (void) x_info_stride;
+}
+
 static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q) {
     const rm_fp16 * a = w;
     const float * x = x_q;
@@ -545,6 +584,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_IQ3_XXS] = vec_dot_iq3_xxs,
     },
     .vec_dot_multi = {
+        [RM_TYPE_F32] = vec_dot_f32_multi,
         [RM_TYPE_Q4_0] = vec_dot_q4_0_multi,
         [RM_TYPE_Q8_0] = vec_dot_q8_0_multi,
         [RM_TYPE_Q2_K] = vec_dot_q2_K_multi,

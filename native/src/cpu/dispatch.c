@@ -296,8 +296,9 @@ static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_
         free(room);
         return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", fn, (long long) n_tok);
     }
-    for (int64_t i = 0; i < n_tok; i++) {
-        tk->put_act(n, x_q + (uint64_t) i * xrow, (int32_t) i, (int32_t) n_tok, x_t);
+    for (int64_t i = 0; i < n_tok; i += RM_TILE_TOKENS) {
+        const int32_t count = (int32_t) (n_tok - i < RM_TILE_TOKENS ? n_tok - i : RM_TILE_TOKENS);
+        tk->put_group(n, x_q + (uint64_t) i * xrow, xrow, (int32_t) i, count, x_t);
     }
     for (int64_t r0 = 0; r0 < n_rows; r0 += RM_TILE_ROWS) {
         const int64_t r1 = r0 + RM_TILE_ROWS < n_rows ? r0 + RM_TILE_ROWS : n_rows;

@@ -31,6 +31,9 @@ void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 3
  * prefill form's dot: 1, 4 or RM_MULTI_MAX). */
 #define RM_MULTI_MAX 8
 
+/* Tokens per group of the tile form's activations (rm_tile_kernels.put_group). */
+#define RM_TILE_TOKENS 16
+
 /* out[c] = dot(w, token c) for nc tokens (1 to 8) whose activations lie x_stride bytes apart, one
  * weight row unpacked once for all of them. x_info: rm_q8_0_act_info's floats for those tokens,
  * x_info_stride floats apart, or NULL (the kernel works without; types with other activation
@@ -65,8 +68,8 @@ typedef struct rm_packed_kernels {
 } rm_packed_kernels;
 
 /* The tile form of a matrix product (AMX): weights RM_TILE_ROWS rows at a time against every
- * token of the product, the tokens in groups of RM_TILE_ROWS laid out once per product
- * (put_act, token by token, as they are quantized). With `exact`, each output is bit for bit
+ * token of the product, the tokens in groups of RM_TILE_TOKENS laid out once per product
+ * (put_group, a group at a time as its tokens are quantized). With `exact`, each output is bit for bit
  * what the set below's vec_dot gives for that row and token, so prefill and decode see the same
  * numbers; the CPU backend takes no other tiles. Used for rows of n with usable(n) and from
  * min_tokens tokens on. */
@@ -76,9 +79,10 @@ typedef struct rm_tile_kernels {
     int32_t  exact;
     int      (*usable)(int64_t n);
     uint64_t (*act_bytes)(int64_t n, int32_t n_tok);          /* the product's activations, laid out */
-    /* token i of n_tok (its quantized row x_q) into the layout at x_t; the last token also clears
-     * the unused places of its group */
-    void     (*put_act)(int64_t n, const void * x_q, int32_t i, int32_t n_tok, void * x_t);
+    /* tokens i0 .. i0 + count - 1 (i0 a multiple of 16, count at most 16; token i0 + c's quantized
+     * row at x_q + c * x_stride) into their group of the layout at x_t, the group's places past
+     * them cleared */
+    void     (*put_group)(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t);
     uint64_t (*room_bytes)(int64_t n);                        /* a thread's room for RM_TILE_ROWS packed rows */
     /* y[i * y_stride + r] (+)= dot(row r, token i) for rows r0..r1 (at most RM_TILE_ROWS) of w
      * (row_bytes apart) and the n_tok tokens of x_t. stored: w holds the rows in the set below's

@@ -39,7 +39,7 @@
 
 #define RM_AMX_INLINE static inline __attribute__((always_inline))
 #define TILE_BLOCK_BYTES 576   /* one block of RM_TILE_ROWS rows or 16 tokens: 512 levels + 64 scale bytes */
-#define TILE_TOKENS 16
+#define TILE_TOKENS RM_TILE_TOKENS
 
 /* The tile configuration (palette 1): tile 0 the int32 sums (16 rows x 16 tokens), tile 1 the
  * weights (16 rows x 32 levels), tile 2 the activations (8 rows of 4 levels x 16 tokens). */
@@ -92,6 +92,12 @@ static void put_act_32(int64_t n, const void * x_q, int32_t i, int32_t n_tok, vo
         const float dx = rm_fp16_to_fp32(x[b].d);   /* as rm_q8_0_act_info has it */
         memcpy(blk + 512 + 4 * c, &dx, 4);
         memset(blk + 512 + 4 * (c + 1), 0, (size_t) (4 * clear));
+    }
+}
+
+static void put_group_32(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t) {
+    for (int32_t c = 0; c < count; c++) {   /* the last one clears the places after it */
+        put_act_32(n, (const uint8_t *) x_q + (uint64_t) c * x_stride, i0 + c, i0 + count, x_t);
     }
 }
 
@@ -258,25 +264,60 @@ static uint64_t act_bytes_kq(int64_t n, int32_t n_tok) {
 
 static uint64_t room_bytes_kq(int64_t n) { return (uint64_t) (n / RM_QK_K) * KQ_W_BYTES; }
 
-static void put_act_kq(int64_t n, const void * x_q, int32_t i, int32_t n_tok, void * x_t) {
+/* r[j] := dword j of the sixteen r[c] (a 16 x 16 transpose of dwords): pairs, then quads within
+ * 128-bit lanes, then the lanes. */
+RM_AMX_INLINE void transpose16_epi32(__m512i r[16]) {
+    __m512i a[16], b[16];
+    for (int k = 0; k < 16; k += 2) {
+        a[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
+        a[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int g = 0; g < 4; g++) {   /* rows 4g..4g+3: b[4g + q] lane L holds their dword 4L + q */
+        b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for (int q = 0; q < 4; q++) {   /* lane L of b[4g + q] to lane g of r[4L + q] */
+        const __m512i y0 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0x44), y1 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0xee);
+        const __m512i y2 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0x44), y3 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0xee);
+        r[q] = _mm512_shuffle_i32x4(y0, y2, 0x88);
+        r[4 + q] = _mm512_shuffle_i32x4(y0, y2, 0xdd);
+        r[8 + q] = _mm512_shuffle_i32x4(y1, y3, 0x88);
+        r[12 + q] = _mm512_shuffle_i32x4(y1, y3, 0xdd);
+    }
+}
+
+/* A group of up to 16 tokens' Q8_K rows into the tile layout: 64 dwords of 16 tokens at a time
+ * by a transpose in registers; tokens past `count` as zeros. */
+static void put_group_kq(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t) {
     const int64_t nsb = n / RM_QK_K;
-    const rm_block_q8_K * x = x_q;
-    uint8_t * g = (uint8_t *) x_t + (uint64_t) (i / TILE_TOKENS) * (uint64_t) nsb * KQ_X_BYTES;
-    const int c = i % TILE_TOKENS;
-    const size_t clear = i == n_tok - 1 ? (size_t) (4 * (TILE_TOKENS - 1 - c)) : 0;   /* places after the last token */
+    uint8_t * g = (uint8_t *) x_t + (uint64_t) (i0 / TILE_TOKENS) * (uint64_t) nsb * KQ_X_BYTES;
+    static const rm_block_q8_K zero;   /* all zero: d 0, levels 0, sums 0 */
     for (int64_t b = 0; b < nsb; b++) {
-        uint8_t * blk = g + (uint64_t) b * KQ_X_BYTES;
-        for (int e = 0; e < RM_QK_K / 4; e++) {
-            memcpy(blk + 64 * e + 4 * c, x[b].qs + 4 * e, 4);
-            memset(blk + 64 * e + 4 * (c + 1), 0, clear);
+        const rm_block_q8_K * x[TILE_TOKENS];
+        for (int c = 0; c < TILE_TOKENS; c++) {
+            x[c] = c < count ? (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + b : &zero;
         }
-        memcpy(blk + 4096 + 4 * c, &x[b].d, 4);
-        memset(blk + 4096 + 4 * (c + 1), 0, clear);
-        for (int p = 0; p < 4; p++) {   /* sub-blocks 2p and 2p + 1: 32-element sums, at most 4064 */
-            const int16_t pair[2] = {(int16_t) (x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]),
-                                     (int16_t) (x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3])};
-            memcpy(blk + 4160 + 64 * p + 4 * c, pair, 4);
-            memset(blk + 4160 + 64 * p + 4 * (c + 1), 0, clear);
+        uint8_t * blk = g + (uint64_t) b * KQ_X_BYTES;
+        for (int e0 = 0; e0 < RM_QK_K / 4; e0 += 16) {
+            __m512i r[16];
+            for (int c = 0; c < TILE_TOKENS; c++) {
+                r[c] = _mm512_loadu_si512(x[c]->qs + 4 * e0);
+            }
+            transpose16_epi32(r);
+            for (int j = 0; j < 16; j++) {
+                _mm512_storeu_si512(blk + 64 * (e0 + j), r[j]);
+            }
+        }
+        float * d = (float *) (blk + 4096);
+        int16_t * pairs = (int16_t *) (blk + 4160);
+        for (int c = 0; c < TILE_TOKENS; c++) {
+            d[c] = x[c]->d;
+            for (int p = 0; p < 4; p++) {   /* sub-blocks 2p and 2p + 1: 32-element sums, at most 4064 */
+                pairs[32 * p + 2 * c] = (int16_t) (x[c]->bsums[4 * p] + x[c]->bsums[4 * p + 1]);
+                pairs[32 * p + 2 * c + 1] = (int16_t) (x[c]->bsums[4 * p + 2] + x[c]->bsums[4 * p + 3]);
+            }
         }
     }
 }
@@ -607,14 +648,14 @@ RM_TILE_MATMUL_KQ(matmul_iq3_xxs, KQ_IQ3_XXS)
  * --compare avx512,amx, rows of 2048): Q8_0/Q4_0 break even at 12 tokens and win from 16; with the
  * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS win from 8 (1.05 to 1.2x; 1.4 to
  * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12). */
-static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q8_0};
-static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_act_32, room_bytes_32, matmul_q4_0};
-static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {10, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q5_K};
-static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_q6_K};
-static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq4_xs};
-static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq2_xxs};
-static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_act_kq, room_bytes_kq, matmul_iq3_xxs};
+static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q8_0};
+static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q4_0};
+static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K};
+static const rm_tile_kernels tile_q5_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q5_K};
+static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q6_K};
+static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq4_xs};
+static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq2_xxs};
+static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq3_xxs};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

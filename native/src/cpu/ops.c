@@ -80,7 +80,7 @@ typedef struct mm_task {
     int64_t                tile_rows;
     int64_t                n_chunks;
     atomic_llong           next_chunk;
-    atomic_llong           next_token;  /* activation rows still to quantize */
+    atomic_llong           next_token;  /* the quantizers' next unit (quant_units) */
 } mm_task;
 
 static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
@@ -90,22 +90,37 @@ static void quantize_rows(const mm_task * t, int64_t lo, int64_t hi) {
         if (t->x_info) {
             rm_q8_0_act_info(xq, t->a->w->ne[0], (float *) t->x_info + i * t->x_info_stride);
         }
-        if (t->tk) {
-            t->tk->put_act(t->a->w->ne[0], xq, (int32_t) i, t->a->n_tok, t->xt);
-        } else if (t->xt) {
+        if (t->xt && !t->tk) {
             t->pk->transpose_act(t->a->w->ne[0], xq, t->xt + i * t->xt_stride);
         }
     }
 }
 
+/* The quantizers' units of work: a token, or for the tile form a group of RM_TILE_TOKENS tokens,
+ * quantized and then laid out together. */
+static int64_t quant_units(const mm_task * t) {
+    return t->tk ? (t->a->n_tok + RM_TILE_TOKENS - 1) / RM_TILE_TOKENS : t->a->n_tok;
+}
+
+static void quantize_unit(const mm_task * t, int64_t u) {
+    if (!t->tk) {
+        quantize_rows(t, u, u + 1);
+        return;
+    }
+    const int64_t i0 = u * RM_TILE_TOKENS, i1 = i0 + RM_TILE_TOKENS < t->a->n_tok ? i0 + RM_TILE_TOKENS : t->a->n_tok;
+    quantize_rows(t, i0, i1);
+    t->tk->put_group(t->a->w->ne[0], (const uint8_t *) t->xq + (uint64_t) i0 * t->xq_stride, t->xq_stride, (int32_t) i0, (int32_t) (i1 - i0),
+                     t->xt);
+}
+
 static void quantize_task(void * p, int ith, int nth) {
     mm_task * t = p;
     for (;;) {
-        const int64_t i = atomic_fetch_add_explicit(&t->next_token, 1, memory_order_relaxed);
-        if (i >= t->a->n_tok) {
+        const int64_t u = atomic_fetch_add_explicit(&t->next_token, 1, memory_order_relaxed);
+        if (u >= quant_units(t)) {
             break;
         }
-        quantize_rows(t, i, i + 1);
+        quantize_unit(t, u);
     }
     (void) ith;
     (void) nth;
@@ -344,7 +359,7 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
             mm_set_packed(&t, c, c->xt);
         }
         if (a->n_tok == 1) {
-            quantize_rows(&t, 0, 1);   /* a microsecond: not worth waking the pool */
+            quantize_unit(&t, 0);   /* a microsecond: not worth waking the pool */
         } else {
             rm_pool_run_shared(c->pool, quantize_task, &t);
         }
@@ -383,8 +398,7 @@ static void many_quantize_fn(void * p, int ith, int nth) {
         while (k >= m->first_row[q + 1]) {
             q++;
         }
-        const int64_t i = k - m->first_row[q];
-        quantize_rows(m->quant[q], i, i + 1);
+        quantize_unit(m->quant[q], k - m->first_row[q]);
     }
     (void) ith;
     (void) nth;
@@ -435,7 +449,7 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
             rm_type_traits_get(o->a->w->type)->vec_dot_type == vt && (o->x_info != NULL) == (act_info_floats(a->w->type, a->w->ne[0]) > 0)) {
             mm_set_acts(t, (uint8_t *) o->xq, (float *) o->x_info);
             const rm_tile_kernels * tk = o->tk ? tile_for(t, 1) : NULL;
-            if (tk && tk->put_act == o->tk->put_act) {   /* the same layout */
+            if (tk && tk->put_group == o->tk->put_group) {   /* the same layout */
                 mm_set_tile(t, c, tk, o->xt);
             } else if (o->xt && !o->tk && wants_packed(t)) {
                 mm_set_packed(t, c, o->xt);
@@ -463,7 +477,7 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
         }
     }
     m->quant[m->n_quant] = t;
-    m->first_row[m->n_quant + 1] = m->first_row[m->n_quant] + a->n_tok;
+    m->first_row[m->n_quant + 1] = m->first_row[m->n_quant] + quant_units(t);
     m->n_quant++;
     return 1;
 }
@@ -516,7 +530,9 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
     atomic_init(&m->next_row, 0);
     if (m->first_row[m->n_quant] <= 2) {
         for (int32_t q = 0; q < m->n_quant; q++) {
-            quantize_rows(m->quant[q], 0, m->quant[q]->a->n_tok);
+            for (int64_t u = 0; u < quant_units(m->quant[q]); u++) {
+                quantize_unit(m->quant[q], u);
+            }
         }
     } else {
         rm_pool_run_shared(c->pool, many_quantize_fn, m);

@@ -99,20 +99,31 @@ def row_bytes(type_name: str | int, n: int) -> int:
     return type_info(type_name).row_bytes(n)
 
 
-def quantize(type_name: str | int, x: np.ndarray, n_threads: int = 0) -> bytes:
-    """Quantize x, of shape (..., n) with n a multiple of the block size, row by row, with ggml's
-    reference quantizer (byte-identical output). n_threads <= 0 uses every online CPU."""
+def quantize(type_name: str | int, x: np.ndarray, n_threads: int = 0,
+             importance: np.ndarray | None = None) -> bytes:
+    """Quantize x, of shape (..., n) with n a multiple of the block size, row by row. All types but
+    the IQ ones use ggml's reference quantizer (byte-identical output); IQ2_XXS and IQ3_XXS use our
+    own codebook search, which minimises the squared error weighted by ``importance`` (n values,
+    finite and >= 0: the importance of each input column, e.g. a row of an importance matrix) or
+    the plain squared error without one. n_threads <= 0 uses every online CPU."""
     t = type_info(type_name)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise InvalidArgumentError(f"quantize: {t.name}: x must have at least one dimension")
     n_per_row = x.shape[-1]
+    imp = ffi.NULL
+    if importance is not None:
+        importance = np.ascontiguousarray(importance, dtype=np.float32)
+        if importance.shape != (n_per_row,):
+            raise InvalidArgumentError(f"quantize: {t.name}: importance has shape {importance.shape}; "
+                                       f"it needs one value per column, ({n_per_row},)")
+        imp = ffi.from_buffer("float[]", importance)
     n_rows = x.size // n_per_row if n_per_row else 0
     if n_rows == 0 and n_per_row > 0 and n_per_row % t.block_elems == 0:
         return b""
     out = bytearray(n_rows * (n_per_row // t.block_elems) * t.block_bytes)
-    check(lib.rm_quantize(t.id, ffi.from_buffer("float[]", x), n_rows, n_per_row,
-                          ffi.from_buffer(out), len(out), n_threads))
+    check(lib.rm_quantize_weighted(t.id, ffi.from_buffer("float[]", x), n_rows, n_per_row, imp,
+                                   ffi.from_buffer(out), len(out), n_threads))
     return bytes(out)
 
 

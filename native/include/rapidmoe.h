@@ -127,6 +127,13 @@ uint64_t  rm_row_bytes(int32_t type, int64_t n);
 rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
                       void * dst, uint64_t dst_cap, int32_t n_threads);
 
+/* rm_quantize with the importance of each input column: importance (n_per_row entries, finite,
+ * >= 0, or NULL) weighs the squared error of every row's element in that column, as the mean of
+ * x^2 of the activations that meet it (an importance matrix row). Only the types whose quantizer
+ * searches under weights take one (IQ2_XXS, IQ3_XXS); the others answer RM_E_INVALID_ARG. */
+rm_status rm_quantize_weighted(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
+                               const float * importance, void * dst, uint64_t dst_cap, int32_t n_threads);
+
 /* Dequantize n elements (a whole number of blocks) of src (src_len bytes) into dst. */
 rm_status rm_dequantize(int32_t type, const void * src, uint64_t src_len, float * dst, int64_t n);
 

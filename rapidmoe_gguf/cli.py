@@ -50,6 +50,8 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual-type", help="override the residual type, or 'none'")
     p.add_argument("--other-type", help="override the type of the other matrices")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="llama.cpp importance matrix (llama-imatrix's GGUF) for the codebook bases (IQ2_XXS, IQ3_XXS)")
     p.add_argument("--calibrate", metavar="TEXT", help="calibrate UMIA on this text file in the same run")
     p.add_argument("--calibrate-tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
 
@@ -65,7 +67,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     r = convert(args.src, args.out, args.recipe, base_type=args.base_type,
                 residual_type=args.residual_type, other_type=args.other_type,
-                n_threads=args.threads, progress=None)
+                n_threads=args.threads, progress=None, imatrix=args.imatrix)
     print(f"wrote {r.base_path} ({_human_bytes(os.path.getsize(r.base_path))})")
     if r.residual_path:
         print(f"wrote {r.residual_path} ({_human_bytes(os.path.getsize(r.residual_path))})")

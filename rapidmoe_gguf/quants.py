@@ -31,6 +31,7 @@ class TypeInfo:
     vec_dot_type: str       # the activation type this type's dot product takes
     can_quantize: bool
     cuda_matmul_chunk: int = 0   # the CUDA kernels multiply by it, rows a multiple of this; 0: not
+    takes_importance: bool = False  # quantize() accepts an importance (per-column weights) for it
 
     def row_bytes(self, n: int) -> int:
         """Bytes taken by n elements; n must be a whole number of blocks."""
@@ -47,10 +48,10 @@ def _load_table() -> dict[str, TypeInfo]:
         if lib.rm_type_describe(type_id, info) == lib.RM_OK:
             raw[type_id] = (ffi.string(info.name).decode(), info.block_elems, info.block_bytes,
                             bool(info.is_quantized), info.vec_dot_type, bool(info.can_quantize),
-                            info.cuda_matmul_chunk)
+                            info.cuda_matmul_chunk, bool(info.takes_importance))
     return {
-        name: TypeInfo(type_id, name, elems, nbytes, quantized, raw[dot][0], can_q, chunk)
-        for type_id, (name, elems, nbytes, quantized, dot, can_q, chunk) in raw.items()
+        name: TypeInfo(type_id, name, elems, nbytes, quantized, raw[dot][0], can_q, chunk, imp)
+        for type_id, (name, elems, nbytes, quantized, dot, can_q, chunk, imp) in raw.items()
     }
 
 

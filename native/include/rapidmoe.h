@@ -109,6 +109,7 @@ typedef struct rm_type_info {
     int32_t      implemented;     /* the CPU computes with it (dequantize, dot, matmul) */
     int32_t      cuda_matmul_chunk; /* the CUDA kernels multiply by it (rows a multiple of this
                                      * many elements), in every build, CUDA or not; 0: they do not */
+    int32_t      takes_importance; /* rm_quantize_weighted accepts an importance for it */
 } rm_type_info;
 
 /* The types this build computes with. RM_E_UNSUPPORTED_TYPE for the others (the message names

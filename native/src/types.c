@@ -112,6 +112,7 @@ static void describe(const rm_type_traits * t, rm_type_info * out) {
         .can_quantize = t->from_float != NULL,
         .implemented = t->to_float != NULL,
         .cuda_matmul_chunk = t->cuda_chunk,
+        .takes_importance = t->quantize_imp != NULL,
     };
 }
 

@@ -318,6 +318,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _imatrix_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help=".gguf to run (best the most precise one at hand, e.g. an f32 or q8_0 conversion)")
+    p.add_argument("-f", "--file", required=True, help="calibration text")
+    p.add_argument("-o", "--output", required=True, help="imatrix .gguf to write (llama.cpp's format)")
+    p.add_argument("--tokens", type=int, default=None, help="at most this many tokens (default: all)")
+    p.add_argument("--chunk", type=int, default=512, help="tokens per chunk (default: %(default)s)")
+    p.add_argument("--threads", "-t", type=int, default=0)
+
+
+def cmd_imatrix(args: argparse.Namespace) -> int:
+    from .convert.imatrix import compute_imatrix
+
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    r = compute_imatrix(args.model, text, args.output, n_ctx=args.chunk, max_tokens=args.tokens,
+                        n_threads=args.threads, dataset=os.path.basename(args.file))
+    print(f"wrote {args.output}: {r['entries']} expert tensors, {r['chunks']} chunks of {args.chunk} tokens")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # plan
 # ---------------------------------------------------------------------------------------------
@@ -545,6 +565,8 @@ COMMANDS: dict[str, Subcommand] = {
                              _perplexity_args, cmd_perplexity),
     "calibrate": Subcommand("measure UMIA's tables on text and store them in the sidecar",
                             _calibrate_args, cmd_calibrate),
+    "imatrix": Subcommand("the importance of the experts' input columns on text (for --imatrix)",
+                          _imatrix_args, cmd_imatrix),
     "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
     "chat": Subcommand("chat in the terminal with the model's chat template", _chat_args, cmd_chat),
     "serve": Subcommand("an OpenAI-compatible HTTP server with a web chat page", _serve_args, cmd_serve),

@@ -709,6 +709,15 @@ rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float 
  * RM_E_NEEDS_CPU on a device backend. */
 rm_status rm_session_set_calibration(rm_session * s, int32_t on);
 rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap);
+/* Importance of the experts' input columns (what an importance matrix holds): while on, every
+ * row routed to an expert adds its x^2, column by column, to that expert's sums: the gate/up
+ * input (n_embd columns) and the down input (n_ff_exp columns, after the activation). Turning it
+ * on clears the sums; off frees them. CPU backend only (RM_E_NEEDS_CPU). rm_session_importance
+ * copies them: sum_in n_layer * n_expert * n_embd, sum_ff n_layer * n_expert * n_ff_exp, count
+ * n_layer * n_expert rows summed (layer-major, then expert); RM_E_STATE when not collecting. */
+rm_status rm_session_set_importance(rm_session * s, int32_t on);
+rm_status rm_session_importance(const rm_session * s, double * sum_in, uint64_t cap_in, double * sum_ff,
+                                uint64_t cap_ff, uint64_t * count, uint64_t cap_count);
 /* The routing of positions [0, n_past) recorded while calibrating: n_past * n_layer *
  * n_expert_used entries, position-major. RM_E_NOT_CALIBRATING when calibration is off. */
 rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap);

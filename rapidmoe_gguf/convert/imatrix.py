@@ -6,11 +6,13 @@ error, so the quantizers that search a codebook (IQ2_XXS, IQ3_XXS) weigh their s
 it. For an expert tensor (ne = {n_in, n_out, n_expert}) each expert has its own row, averaged over
 the tokens routed to that expert only.
 
-We read llama.cpp's imatrix GGUF (what ``llama-imatrix -o FILE.gguf`` writes, and what
+The file format is llama.cpp's imatrix GGUF (what ``llama-imatrix -o FILE.gguf`` writes, and what
 ``llama-quantize --imatrix`` takes): ``general.type`` = "imatrix"; per matrix NAME two F32
 tensors, ``NAME.in_sum2`` (ne = {n_in, n_matrices}: the sum of x^2 per column) and
 ``NAME.counts`` (ne = {1, n_matrices}: how many activations were summed), n_matrices being the
-number of experts of an expert tensor and 1 otherwise.
+number of experts of an expert tensor and 1 otherwise. ``read_imatrix`` reads one;
+``compute_imatrix`` runs a model over calibration text and writes one for its expert tensors
+(the runtime sums x^2 per expert, ``Model.set_importance``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class Imatrix:
     def names(self) -> list[str]:
         return sorted(self._sums)
 
+    def counts(self, name: str) -> np.ndarray:
+        """How many activations each matrix of tensor ``name`` summed."""
+        return self._counts[name].copy()
+
     def importance(self, name: str, n_in: int, n_matrices: int) -> list[np.ndarray | None]:
         """One importance row (n_in float32 values) per matrix of tensor ``name``; None for a
         matrix no calibration activation reached (an expert never routed to)."""
@@ -47,6 +53,62 @@ class Imatrix:
             raise FormatError(f"{self.path}: '{name}{_SUM2}' has {sums.shape[0]} rows of {sums.shape[1]}; "
                               f"the tensor needs {n_matrices} of {n_in}: the imatrix was made for another model")
         return [sums[k] / counts[k] if counts[k] > 0 else None for k in range(n_matrices)]
+
+
+def compute_imatrix(model_path: str | os.PathLike[str], text: str, out: str | os.PathLike[str], *,
+                    n_ctx: int = 512, max_tokens: int | None = None, n_threads: int = 0,
+                    dataset: str = "") -> dict:
+    """Runs the model at ``model_path`` (its experts as stored; a sidecar beside it is applied in
+    full) over ``text`` in chunks of ``n_ctx`` tokens, each a fresh sequence, as llama-imatrix
+    does, and writes the importance of every expert tensor's input columns to ``out``. Returns
+    {"chunks", "tokens", "entries"}."""
+    from gguf import GGUFWriter
+
+    from .. import umia
+    from ..model import Model
+
+    if n_ctx < 2:
+        raise InvalidArgumentError(f"compute_imatrix: n_ctx must be >= 2, got {n_ctx}")
+    with Model(model_path, n_ctx=n_ctx, n_threads=n_threads) as m:
+        ids = m.tokenize(text, add_special=False)
+        if max_tokens is not None:
+            ids = ids[:max_tokens]
+        n_chunks = len(ids) // n_ctx
+        if n_chunks == 0:
+            raise InvalidArgumentError(f"compute_imatrix: the text has {len(ids)} tokens, fewer than one "
+                                       f"chunk of {n_ctx}")
+        bos = m.tokenize("", add_special=True)   # what the model puts first, if anything
+        if m.residual_path is not None:
+            m.set_residual("all")
+        m.set_importance(True)
+        try:
+            for c in range(n_chunks):
+                chunk = list(ids[c * n_ctx:(c + 1) * n_ctx])
+                if bos:
+                    chunk[0] = bos[0]
+                m.eval_logits(chunk)
+            s_in, s_ff, count = m.importance()
+        finally:
+            m.set_importance(False)
+        arch, moe = m.info["arch"], umia.moe_layers(m.info)
+    w = GGUFWriter(os.fspath(out), arch)
+    w.add_string("general.type", "imatrix")
+    w.add_array("imatrix.datasets", [dataset or "calibration text"])
+    w.add_uint32("imatrix.chunk_count", n_chunks)
+    w.add_uint32("imatrix.chunk_size", n_ctx)
+    entries = 0
+    for il in np.flatnonzero(moe):
+        counts = count[il].astype(np.float32).reshape(-1, 1)
+        for part, sums in (("gate", s_in), ("up", s_in), ("down", s_ff)):
+            name = f"blk.{il}.ffn_{part}_exps.weight"
+            w.add_tensor(name + _SUM2, sums[il].astype(np.float32))
+            w.add_tensor(name + _COUNTS, counts)
+            entries += 1
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"chunks": n_chunks, "tokens": n_chunks * n_ctx, "entries": entries}
 
 
 def read_imatrix(path: str | os.PathLike[str]) -> Imatrix:

@@ -248,7 +248,17 @@ def write_iq_section(rows: list[dict], meta: dict, path: Path, chunks: int, n_ct
     for label in labels:
         eb, et, bb, bt = meta[f"error {label}"]
         lines.append(f"| {label} | {bb:.3f} / {bt:.3f} | {eb:.4f} / {et:.5f} |")
-    lines.append("")
+    lines += ["", "In short (KLD against the reference; UMIA at budget 0.25 where the recipe was calibrated):", "",
+              "| recipe | KLD base only | KLD UMIA 0.25 | KLD all residuals | top-1 base only / all |",
+              "|---|---|---|---|---|"]
+    for label in labels:
+        at = {(r["policy"], r["budget"]): r for r in rows if r["recipe"] == label}
+        umia_kld = f"{at[('umia', 0.25)]['kld_mean']:.5f}" if ("umia", 0.25) in at else "–"
+        lines.append(f"| {label} | {at[('none', 0.0)]['kld_mean']:.5f} | {umia_kld} | "
+                     f"{at[('all', 1.0)]['kld_mean']:.5f} | {at[('none', 0.0)]['top1']:.4f} / "
+                     f"{at[('all', 1.0)]['top1']:.4f} |")
+    lines += ["", "The `(no imatrix)` rows are the same recipes converted without an importance matrix (base",
+              "only and all residuals). Per-policy tables:", ""]
     for label in labels:
         lines += [f"### {label}", "", "| policy | budget | rate | PPL | KLD | KLD p99 | top-1 | MiB/token |",
                   "|---|---|---|---|---|---|---|---|"]

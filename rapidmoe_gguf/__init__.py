@@ -1,6 +1,7 @@
 """rapidmoe_gguf: run Mixture-of-Experts LLMs from GGUF files with RESplit experts."""
 
 from .convert import ConvertReport, convert
+from .convert.imatrix import compute_imatrix, read_imatrix
 from .errors import (
     ContextFullError,
     FormatError,
@@ -42,8 +43,10 @@ __all__ = [
     "Tokenizer",
     "UnsupportedError",
     "__version__",
+    "compute_imatrix",
     "convert",
     "cpu_isa",
     "eval_batch",
     "open_gguf",
+    "read_imatrix",
 ]

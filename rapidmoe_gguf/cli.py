@@ -50,6 +50,8 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual-type", help="override the residual type, or 'none'")
     p.add_argument("--other-type", help="override the type of the other matrices")
     p.add_argument("--threads", type=int, default=0, help="quantizer threads (default: all cores)")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="llama.cpp importance matrix (llama-imatrix's GGUF) for the codebook bases (IQ2_XXS, IQ3_XXS)")
     p.add_argument("--calibrate", metavar="TEXT", help="calibrate UMIA on this text file in the same run")
     p.add_argument("--calibrate-tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
 
@@ -65,7 +67,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     r = convert(args.src, args.out, args.recipe, base_type=args.base_type,
                 residual_type=args.residual_type, other_type=args.other_type,
-                n_threads=args.threads, progress=None)
+                n_threads=args.threads, progress=None, imatrix=args.imatrix)
     print(f"wrote {r.base_path} ({_human_bytes(os.path.getsize(r.base_path))})")
     if r.residual_path:
         print(f"wrote {r.residual_path} ({_human_bytes(os.path.getsize(r.residual_path))})")
@@ -322,6 +324,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _imatrix_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help=".gguf to run (best the most precise one at hand, e.g. an f32 or q8_0 conversion)")
+    p.add_argument("-f", "--file", required=True, help="calibration text")
+    p.add_argument("-o", "--output", required=True, help="imatrix .gguf to write (llama.cpp's format)")
+    p.add_argument("--tokens", type=int, default=None, help="at most this many tokens (default: all)")
+    p.add_argument("--chunk", type=int, default=512, help="tokens per chunk (default: %(default)s)")
+    p.add_argument("--threads", "-t", type=int, default=0)
+
+
+def cmd_imatrix(args: argparse.Namespace) -> int:
+    from .convert.imatrix import compute_imatrix
+
+    with open(args.file, encoding="utf-8") as f:
+        text = f.read()
+    r = compute_imatrix(args.model, text, args.output, n_ctx=args.chunk, max_tokens=args.tokens,
+                        n_threads=args.threads, dataset=os.path.basename(args.file))
+    print(f"wrote {args.output}: {r['entries']} expert tensors, {r['chunks']} chunks of {args.chunk} tokens")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # plan
 # ---------------------------------------------------------------------------------------------
@@ -549,6 +571,8 @@ COMMANDS: dict[str, Subcommand] = {
                              _perplexity_args, cmd_perplexity),
     "calibrate": Subcommand("measure UMIA's tables on text and store them in the sidecar",
                             _calibrate_args, cmd_calibrate),
+    "imatrix": Subcommand("the importance of the experts' input columns on text (for --imatrix)",
+                          _imatrix_args, cmd_imatrix),
     "run": Subcommand("generate text from a prompt, streaming it", _run_args, cmd_run),
     "chat": Subcommand("chat in the terminal with the model's chat template", _chat_args, cmd_chat),
     "serve": Subcommand("an OpenAI-compatible HTTP server with a web chat page", _serve_args, cmd_serve),

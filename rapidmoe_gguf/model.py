@@ -442,6 +442,23 @@ class Model:
                                                  ffi.from_buffer("uint64_t[]", count), L * X))
         return delta.reshape(L, X), count.reshape(L, X)
 
+    def set_importance(self, on: bool) -> None:
+        """Turns the collection of the experts' input importance on (clearing its sums; the session
+        must run on the CPU) or off (freeing them)."""
+        _native.check(lib.rm_session_set_importance(self._live(), 1 if on else 0))
+
+    def importance(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Since collection was turned on: the sums of x^2 per input column of each expert's
+        gate/up matrices, shape (n_layer, n_expert, n_embd), and of its down matrix, shape
+        (n_layer, n_expert, n_ff_exp), and the rows summed, shape (n_layer, n_expert)."""
+        L, X, E, F = (self.info[k] for k in ("n_layer", "n_expert", "n_embd", "n_ff_exp"))
+        s_in, s_ff = np.zeros(L * X * E, np.float64), np.zeros(L * X * F, np.float64)
+        count = np.zeros(L * X, np.uint64)
+        _native.check(lib.rm_session_importance(self._live(), ffi.from_buffer("double[]", s_in), s_in.size,
+                                                ffi.from_buffer("double[]", s_ff), s_ff.size,
+                                                ffi.from_buffer("uint64_t[]", count), count.size))
+        return s_in.reshape(L, X, E), s_ff.reshape(L, X, F), count.reshape(L, X)
+
     def route_log(self) -> tuple[np.ndarray, np.ndarray]:
         """The experts and router weights of every position in the cache, recorded while
         calibrating, each of shape (n_past, n_layer, n_expert_used)."""

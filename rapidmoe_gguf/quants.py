@@ -31,6 +31,7 @@ class TypeInfo:
     vec_dot_type: str       # the activation type this type's dot product takes
     can_quantize: bool
     cuda_matmul_chunk: int = 0   # the CUDA kernels multiply by it, rows a multiple of this; 0: not
+    takes_importance: bool = False  # quantize() accepts an importance (per-column weights) for it
 
     def row_bytes(self, n: int) -> int:
         """Bytes taken by n elements; n must be a whole number of blocks."""
@@ -47,10 +48,10 @@ def _load_table() -> dict[str, TypeInfo]:
         if lib.rm_type_describe(type_id, info) == lib.RM_OK:
             raw[type_id] = (ffi.string(info.name).decode(), info.block_elems, info.block_bytes,
                             bool(info.is_quantized), info.vec_dot_type, bool(info.can_quantize),
-                            info.cuda_matmul_chunk)
+                            info.cuda_matmul_chunk, bool(info.takes_importance))
     return {
-        name: TypeInfo(type_id, name, elems, nbytes, quantized, raw[dot][0], can_q, chunk)
-        for type_id, (name, elems, nbytes, quantized, dot, can_q, chunk) in raw.items()
+        name: TypeInfo(type_id, name, elems, nbytes, quantized, raw[dot][0], can_q, chunk, imp)
+        for type_id, (name, elems, nbytes, quantized, dot, can_q, chunk, imp) in raw.items()
     }
 
 
@@ -99,20 +100,31 @@ def row_bytes(type_name: str | int, n: int) -> int:
     return type_info(type_name).row_bytes(n)
 
 
-def quantize(type_name: str | int, x: np.ndarray, n_threads: int = 0) -> bytes:
-    """Quantize x, of shape (..., n) with n a multiple of the block size, row by row, with ggml's
-    reference quantizer (byte-identical output). n_threads <= 0 uses every online CPU."""
+def quantize(type_name: str | int, x: np.ndarray, n_threads: int = 0,
+             importance: np.ndarray | None = None) -> bytes:
+    """Quantize x, of shape (..., n) with n a multiple of the block size, row by row. All types but
+    the IQ ones use ggml's reference quantizer (byte-identical output); IQ2_XXS and IQ3_XXS use our
+    own codebook search, which minimises the squared error weighted by ``importance`` (n values,
+    finite and >= 0: the importance of each input column, e.g. a row of an importance matrix) or
+    the plain squared error without one. n_threads <= 0 uses every online CPU."""
     t = type_info(type_name)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise InvalidArgumentError(f"quantize: {t.name}: x must have at least one dimension")
     n_per_row = x.shape[-1]
+    imp = ffi.NULL
+    if importance is not None:
+        importance = np.ascontiguousarray(importance, dtype=np.float32)
+        if importance.shape != (n_per_row,):
+            raise InvalidArgumentError(f"quantize: {t.name}: importance has shape {importance.shape}; "
+                                       f"it needs one value per column, ({n_per_row},)")
+        imp = ffi.from_buffer("float[]", importance)
     n_rows = x.size // n_per_row if n_per_row else 0
     if n_rows == 0 and n_per_row > 0 and n_per_row % t.block_elems == 0:
         return b""
     out = bytearray(n_rows * (n_per_row // t.block_elems) * t.block_bytes)
-    check(lib.rm_quantize(t.id, ffi.from_buffer("float[]", x), n_rows, n_per_row,
-                          ffi.from_buffer(out), len(out), n_threads))
+    check(lib.rm_quantize_weighted(t.id, ffi.from_buffer("float[]", x), n_rows, n_per_row, imp,
+                                   ffi.from_buffer(out), len(out), n_threads))
     return bytes(out)
 
 

@@ -326,7 +326,8 @@ def test_convert_bf16_checkpoint_is_read_exactly(tiny_hf, tmp_path):
 # Relative Frobenius error bounds over all expert tensors (Gaussian weights, std 0.05), and how many
 # times smaller base+residual must be than base alone. Measured on these checkpoints (base / total):
 # q4k-q8 0.071 / 0.00030, q3k-q8 0.151 / 0.00066, q2k-q4 0.297 / 0.0223, q4_0-q4_0 0.086 / 0.0059,
-# q8_0 0.0054, f16 0.0002; the bounds leave 20-50% headroom.
+# q8_0 0.0054, f16 0.0002, iq2xxs-q4 0.346 / 0.0244, iq3xxs-q8 0.179 / 0.00101; the bounds leave
+# 20-50% headroom (10-30% for the IQ recipes).
 RECIPE_BOUNDS = {
     #  recipe       base<=  total<=  factor>=  bpw_base  bpw_total
     "q4k-q8":      (0.09,   0.0005,  100.0,    4.5,      13.0),
@@ -335,6 +336,8 @@ RECIPE_BOUNDS = {
     "q4_0-q4_0":   (0.10,   0.008,   10.0,     4.5,      9.0),
     "q8_0":        (0.007,  0.007,   1.0,      8.5,      8.5),
     "f16":         (5e-4,   5e-4,    1.0,      16.0,     16.0),
+    "iq2xxs-q4":   (0.38,   0.03,    10.0,     2.0625,   6.5625),
+    "iq3xxs-q8":   (0.20,   0.0013,  100.0,    3.0625,   11.5625),
 }
 
 
@@ -991,3 +994,138 @@ def test_convert_model_load_refuses_non_finite_hyperparameters(tiny_hf, tmp_path
     path = _gguf_with(tiny_hf, tmp_path, {key: value})
     with pytest.raises(FormatError, match=rf"'{re.escape(key)}' = (inf|nan) is not a finite positive number"):
         rm.Model(path, n_ctx=16, n_threads=1)
+
+
+# -- IQ bases and importance matrices ------------------------------------------------------------
+
+def _write_imatrix(path, sums: dict[str, np.ndarray], counts: dict[str, np.ndarray], kind="imatrix"):
+    """An importance-matrix GGUF laid out as llama-imatrix writes it: NAME.in_sum2, ne {n_in, n_mat};
+    NAME.counts, ne {1, n_mat}."""
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_string("general.type", kind)
+    for name, s in sums.items():
+        w.add_tensor(name + ".in_sum2", np.ascontiguousarray(s, np.float32))
+        w.add_tensor(name + ".counts", np.asarray(counts[name], np.float32).reshape(-1, 1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _tiny_imatrix(path, n_layer=2, n_expert=4, n_in=256, n_ff=256, seed=0, skip=()):
+    """Skewed importances (a few columns matter far more), expert 3 of each tensor never routed."""
+    r = np.random.default_rng(seed)
+    sums, counts, imp = {}, {}, {}
+    for b in range(n_layer):
+        for part, cols in (("gate", n_in), ("up", n_in), ("down", n_ff)):
+            name = f"blk.{b}.ffn_{part}_exps.weight"
+            if name in skip:
+                continue
+            n = np.array([100.0, 50.0, 7.0, 0.0])[:n_expert]
+            per = (r.gamma(0.4, 1.0, (n_expert, cols)) ** 2).astype(np.float32)
+            sums[name], counts[name] = per * n[:, None], n
+            imp[name] = per
+    _write_imatrix(path, sums, counts)
+    return imp
+
+
+@pytest.mark.parametrize("recipe", ["iq2xxs-q4", "iq3xxs-q8"])
+def test_convert_iq_recipe_with_imatrix(recipe, tiny_hf, tmp_path):
+    """With --imatrix the IQ base's error, weighted by the importance, drops against the same
+    conversion without it; the unrouted expert (count 0) is quantized without weights; llama-
+    quantize's keys name the file; the pair decodes as gguf-py decodes it and runs."""
+    import rapidmoe_gguf as rm
+
+    arch = "qwen3_moe"
+    src = tiny_hf(arch)
+    imx = tmp_path / "tiny.imatrix.gguf"
+    imp = _tiny_imatrix(imx)
+    plain = convert(src, tmp_path / "plain.gguf", recipe)
+    rep = convert(src, tmp_path / "imx.gguf", recipe, imatrix=imx)
+    assert plain.imatrix_tensors == 0 and rep.imatrix_tensors == 6
+    kv = _kv(tmp_path / "imx.gguf")
+    assert kv["quantize.imatrix.file"] == "tiny.imatrix.gguf" and kv["quantize.imatrix.entries_count"] == 6
+    assert "quantize.imatrix.file" not in _kv(tmp_path / "plain.gguf")
+    hf = _hf_weights(src)
+    base_type = {"iq2xxs-q4": "IQ2_XXS", "iq3xxs-q8": "IQ3_XXS"}[recipe]
+    with_imx, without = _tensors(tmp_path / "imx.gguf"), _tensors(tmp_path / "plain.gguf")
+    for name, w_imp in imp.items():
+        t = with_imx[name]
+        assert t.tensor_type.name == base_type
+        w = _hf_tensor(hf, arch, name)          # (n_expert, rows, cols)
+        got, ref = _f32(t), _f32(without[name])
+        assert np.array_equal(got, gguf.quants.dequantize(t.data, t.tensor_type).reshape(got.shape))
+        for e in range(3):                      # routed experts: the importance is used
+            def werr(y):
+                return float((((w[e] - y[e]) ** 2) * w_imp[e]).sum())
+            assert werr(got) < 0.9 * werr(ref), (name, e)
+        assert np.array_equal(got[3], ref[3])   # never routed: quantized as without an imatrix
+    resplit.check_pair(tmp_path / "imx.gguf", rep.residual_path)
+    _check_ggml_rules(tmp_path / "imx.gguf")
+    with rm.Model(tmp_path / "imx.gguf", n_ctx=32, n_threads=2) as m:
+        assert np.all(np.isfinite(m.eval_logits([1, 2, 3])))
+
+
+def test_convert_iq_base_falls_back_for_rows_not_of_256(tiny_hf, tmp_path):
+    src = tiny_hf("qwen3_moe", moe_intermediate_size=288)  # down_exps rows of 288
+    imx = tmp_path / "i.gguf"
+    _tiny_imatrix(imx, n_ff=288)
+    rep = convert(src, tmp_path / "m.gguf", "iq2xxs-q4", imatrix=imx)
+    base = _tensors(tmp_path / "m.gguf")
+    assert base["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q4_0"
+    assert base["blk.1.ffn_gate_exps.weight"].tensor_type.name == "IQ2_XXS"
+    assert ("IQ2_XXS", "Q4_0") in {(f.wanted, f.used) for f in rep.fallbacks}
+    assert rep.imatrix_tensors == 4   # gate and up of 2 layers; Q4_0 takes no importance
+
+
+def test_convert_imatrix_missing_entries_and_unused(tiny_hf, tmp_path, caplog):
+    src = tiny_hf("qwen3_moe")
+    imx = tmp_path / "i.gguf"
+    _tiny_imatrix(imx, skip=("blk.1.ffn_up_exps.weight",))
+    with caplog.at_level(logging.WARNING, logger="rapidmoe_gguf"):
+        rep = convert(src, tmp_path / "m.gguf", "iq3xxs-q8", imatrix=imx)
+    assert rep.imatrix_tensors == 5
+    assert any("blk.1.ffn_up_exps.weight: no entry in the imatrix" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rapidmoe_gguf"):
+        rep = convert(src, tmp_path / "k.gguf", "q4k-q8", imatrix=imx)
+    assert rep.imatrix_tensors == 0
+    assert any("is not used" in r.message for r in caplog.records)
+
+
+def test_convert_imatrix_errors(tiny_hf, tmp_path):
+    src = tiny_hf("qwen3_moe")
+    out = tmp_path / "m.gguf"
+    dat = tmp_path / "old.dat"
+    dat.write_bytes(b"\x01\x00\x00\x00" + b"\0" * 64)
+    with pytest.raises(FormatError, match="not a GGUF imatrix .*legacy .dat"):
+        convert(src, out, "iq2xxs-q4", imatrix=dat)
+    with pytest.raises(InvalidArgumentError, match="no such file"):
+        convert(src, out, "iq2xxs-q4", imatrix=tmp_path / "missing.gguf")
+    other = tmp_path / "notimx.gguf"
+    _write_imatrix(other, {"blk.0.ffn_up_exps.weight": np.ones((4, 256))},
+                   {"blk.0.ffn_up_exps.weight": np.ones(4)}, kind="model")
+    with pytest.raises(FormatError, match="general.type is not 'imatrix'"):
+        convert(src, out, "iq2xxs-q4", imatrix=other)
+    wrong = tmp_path / "wrong.gguf"   # made for a model with 8 experts
+    _write_imatrix(wrong, {"blk.0.ffn_up_exps.weight": np.ones((8, 256))},
+                   {"blk.0.ffn_up_exps.weight": np.ones(8)})
+    with pytest.raises(FormatError, match="made for another model"):
+        convert(src, out, "iq2xxs-q4", imatrix=wrong)
+    neg = tmp_path / "neg.gguf"
+    _write_imatrix(neg, {"blk.0.ffn_up_exps.weight": -np.ones((4, 256))},
+                   {"blk.0.ffn_up_exps.weight": np.ones(4)})
+    with pytest.raises(FormatError, match="negative or non-finite"):
+        convert(src, out, "iq2xxs-q4", imatrix=neg)
+    assert not out.exists()
+
+
+def test_convert_cli_iq_recipe_with_imatrix(tiny_hf, tmp_path, capsys):
+    src = tiny_hf("qwen3_moe")
+    imx = tmp_path / "i.gguf"
+    _tiny_imatrix(imx)
+    assert cli_main(["convert", str(src), str(tmp_path / "m.gguf"), "--recipe", "iq2xxs-q4",
+                     "--imatrix", str(imx), "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "recipe iq2xxs-q4" in out and "2.062 bits/weight base" in out
+    assert _tensors(tmp_path / "m.gguf")["blk.0.ffn_up_exps.weight"].tensor_type.name == "IQ2_XXS"

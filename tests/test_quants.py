@@ -2,8 +2,9 @@
 
 gguf-py quantizes Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16 and BF16 and dequantizes those plus the
 K-quants and the IQ types; where it has no kernel (K-quant quantizers, Q8_1/Q8_K) the tests state
-error budgets or use a numpy formula. The IQ types have no quantizer here: their tests take random
-blocks (random bytes with a finite fp16 scale).
+error budgets or use a numpy formula. Most IQ types have no quantizer here: their tests take random
+blocks (random bytes with a finite fp16 scale); IQ2_XXS's and IQ3_XXS's are tested in
+test_quants_iq.py.
 """
 
 import numpy as np
@@ -20,6 +21,7 @@ GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"
 K_QUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 GGUF_DEQUANTIZES = ["F32"] + GGUF_QUANTIZES + K_QUANTS
 IQ_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M"]  # by id
+IQ_QUANTIZED = ["IQ2_XXS", "IQ3_XXS"]   # the IQ types with a quantizer (ours, not ggml's)
 QUANTIZABLE = [name for name, t in quants.TYPES.items() if t.can_quantize]
 
 
@@ -217,7 +219,7 @@ def test_quants_table_agrees_with_gguf_sizes():
         assert (t.block_elems, t.block_bytes) == GGML_QUANT_SIZES[gtype(name)], name
     for name, t in quants.TYPES.items():
         assert t.is_quantized == (t.block_elems > 1)
-        assert t.can_quantize == (name not in IQ_TYPES)
+        assert t.can_quantize == (name not in IQ_TYPES or name in IQ_QUANTIZED)
         assert quants.type_info(t.id) is t
         assert quants.type_info(gtype(name)) is t
         assert quants.type_info(name.lower()) is t
@@ -308,7 +310,8 @@ def test_quants_null_pointers_raise():
 
 
 def test_quants_iq_types_are_the_ones_without_a_quantizer():
-    assert [name for name, t in quants.TYPES.items() if not t.can_quantize] == IQ_TYPES
+    assert [name for name, t in quants.TYPES.items() if not t.can_quantize] == [
+        n for n in IQ_TYPES if n not in IQ_QUANTIZED]
 
 
 @pytest.mark.parametrize("name", IQ_TYPES)

@@ -22,6 +22,7 @@ rm -rf "$dir/pkg"
 mkdir -p "$pkg"
 cp rapidmoe_gguf/*.py "$pkg"/
 cp -r rapidmoe_gguf/convert "$pkg"/
+ln -s "$root/rapidmoe_gguf/models" "$pkg/models"   # the bundled model, read only (tests/test_quants_iq.py)
 RM_BUILD_DIR=$dir RM_PKG_DIR=$pkg PYTHON=$py tools/dev_build.sh \
     -DRM_SANITIZE=ON -DRM_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 

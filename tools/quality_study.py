@@ -2,12 +2,21 @@
 """Quality of RESplit + UMIA on the bundled trained model: writes docs/QUALITY.md and a plot.
 
     python tools/quality_study.py --run runs/tiny-moe [--chunks 24]
+    python tools/quality_study.py --bundled [--chunks 24]     # the IQ-base section only
 
 For each recipe (q2k-q4, q3k-q8) the trained checkpoint (RUN/hf) is converted and calibrated on
 training text; every policy runs on the held-out text at budgets 0.1, 0.25 and 0.5, plus base
 only and all residuals. Each row is compared with the f32 conversion of the same checkpoint (the
 full-precision model): perplexity, mean and 99th-percentile KL divergence, top-1 agreement, the
 realised residual rate, and the weight bytes read per token. Needs matplotlib for the plot.
+
+``--bundled`` needs no training run: it measures the codebook (IQ) bases beside the K-quant ones
+on the shipped pair alone, and rewrites only its own section of the page (between the
+``iq_bases`` markers). The reference is the pair's full-precision reconstruction W = B + R, every
+other tensor kept in F32; each recipe converts that file (other tensors stay F32, so the rows
+differ by their experts only), with an importance matrix computed on it (``compute_imatrix``) for
+the IQ bases. The held-out text is split: the first chunks are scored, its last CALIB_CHARS
+characters calibrate UMIA and the importance matrix.
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ from rapidmoe_gguf import umia  # noqa: E402
 from rapidmoe_gguf.evaluate import calibrate, perplexity  # noqa: E402
 
 RECIPES = ("q2k-q4", "q3k-q8")
+IQ_RECIPES = ("q2k-q4", "q3k-q8", "iq2xxs-q4", "iq3xxs-q8")   # --bundled: K-quant and IQ bases side by side
+CALIB_CHARS = 48000
+IQ_BEGIN, IQ_END = "<!-- iq_bases: begin -->", "<!-- iq_bases: end -->"
 POLICIES = ("umia", "gate", "expert", "layer", "random")
 BUDGETS = (0.1, 0.25, 0.5)
 
@@ -130,20 +142,162 @@ def write_markdown(rows: list[dict], meta: dict, path: Path, png: str) -> None:
               "layer at budget 0.5 and lost to the router weight alone there).",
               "", f"![KLD against bytes per token]({png})", ""]
     old = path.read_text(encoding="utf-8") if path.exists() else ""
-    begin, end = "<!-- umia_oracle: begin -->", "<!-- umia_oracle: end -->"
-    if begin in old and end in old:   # tools/umia_oracle.py's section stays until that tool rewrites it
-        lines += [old[old.index(begin):old.index(end) + len(end)], ""]
+    for begin, end in ((IQ_BEGIN, IQ_END), ("<!-- umia_oracle: begin -->", "<!-- umia_oracle: end -->")):
+        if begin in old and end in old:   # sections other runs write stay until those runs rewrite them
+            lines += [old[old.index(begin):old.index(end) + len(end)], ""]
     path.write_text("\n".join(lines))
+
+
+def pair_to_f32(base: Path, out: Path) -> None:
+    """A GGUF of the pair's full-precision model: experts W = dequant(B) + dequant(R), every other
+    tensor dequantized, all F32; the base's metadata but the rapidmoe.* keys."""
+    import gguf
+    import numpy as np
+
+    from rapidmoe_gguf import quants
+    from rapidmoe_gguf.resplit import residual_path
+
+    def f32(t) -> np.ndarray:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        return quants.dequantize(t.tensor_type.name, np.asarray(t.data).tobytes(), shape)
+
+    rb, rr = gguf.GGUFReader(base), gguf.GGUFReader(residual_path(base))
+    res = {t.name[:-len(".residual")] + ".weight": t for t in rr.tensors}
+    arch = bytes(rb.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(str(out), arch)
+    skip = ("general.architecture", "general.file_type", "general.quantization_version")
+    for k, f in rb.fields.items():
+        if k.startswith(("GGUF.", "rapidmoe.")) or k in skip:
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i].tolist()[0]
+                    for i in f.data]
+            w.add_key_value(k, vals, vt, sub_type=sub)
+        elif vt == gguf.GGUFValueType.STRING:
+            w.add_key_value(k, bytes(f.parts[-1]).decode(), vt)
+        else:
+            w.add_key_value(k, f.parts[-1].tolist()[0], vt)
+    w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
+    for t in rb.tensors:
+        x = f32(t)
+        if t.name in res:
+            x = x + f32(res[t.name])
+        w.add_tensor(t.name, np.ascontiguousarray(x, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def study_bundled(work: Path, chunks: int, n_ctx: int, threads: int) -> tuple[list[dict], dict]:
+    from rapidmoe_gguf.bundled import bundled_heldout_path, bundled_model_path
+    from rapidmoe_gguf.convert.imatrix import compute_imatrix
+
+    text = Path(bundled_heldout_path()).read_text(encoding="utf-8")
+    calib_text = text[-CALIB_CHARS:]
+    ref_path, imx = work / "ref-f32.gguf", work / "imatrix.gguf"
+    pair_to_f32(Path(bundled_model_path()), ref_path)
+    t0 = time.time()
+    info = compute_imatrix(ref_path, calib_text, imx, n_ctx=n_ctx, n_threads=threads, dataset="tiny-moe.heldout.txt (tail)")
+    meta = {"imatrix_tokens": info["tokens"], "imatrix_s": round(time.time() - t0, 1)}
+    rows = []
+    with rm.Model(ref_path, n_ctx=n_ctx, n_threads=threads) as ref:
+        ids = ref.tokenize(text, add_special=False)
+        scored_end = len(ref.tokenize(text[:-CALIB_CHARS], add_special=False))
+        if scored_end < chunks * n_ctx:
+            raise SystemExit(f"the scored chunks ({chunks} x {n_ctx}) would reach the calibration text")
+        meta["tokens"] = chunks * n_ctx // 2
+        runs_full = [("none", 0.0), ("all", 1.0)] + [(p, b) for b in BUDGETS for p in POLICIES]
+        variants = [(r, r.startswith("iq"), runs_full) for r in IQ_RECIPES]
+        variants += [(r, False, [("none", 0.0), ("all", 1.0)]) for r in IQ_RECIPES if r.startswith("iq")]
+        for recipe, with_imx, runs in variants:
+            label = recipe + ("" if with_imx or not recipe.startswith("iq") else " (no imatrix)")
+            path = work / f"{recipe}-{int(with_imx)}.gguf"
+            t0 = time.time()
+            rep = rm.convert(ref_path, path, recipe=recipe, progress=False, n_threads=threads,
+                             imatrix=imx if with_imx else None)
+            meta[f"convert_s {label}"] = round(time.time() - t0, 1)
+            meta[f"error {label}"] = (rep.error_base, rep.error_total, rep.bpw_base, rep.bpw_total)
+            if len(runs) > 2:
+                calibrate(str(path), calib_text, n_ctx=n_ctx, max_tokens=4096, n_threads=threads)
+            with rm.Model(path, n_ctx=n_ctx, n_threads=threads) as m:
+                for policy, budget in runs:
+                    m.set_residual(policy, budget)
+                    r = perplexity(m, ids, n_ctx, reference=ref, max_chunks=chunks)
+                    rows.append(dict(r.as_dict(), recipe=label, budget=budget))
+                    print(f"{label:22s} {policy:7s} b={budget:<4} ppl {r.ppl:8.3f} kld {r.kld_mean:.5f} "
+                          f"top1 {r.top1:.4f} rate {r.residual_rate:.3f}", flush=True)
+    return rows, meta
+
+
+def write_iq_section(rows: list[dict], meta: dict, path: Path, chunks: int, n_ctx: int) -> None:
+    labels = list(dict.fromkeys(r["recipe"] for r in rows))
+    lines = [IQ_BEGIN, "## Codebook (IQ) bases beside the K-quant ones: tiny-moe.gguf", "",
+             "Generated by `python tools/quality_study.py --bundled` (no training run needed). Reference: the",
+             "shipped pair's full-precision model, W = B + R for the experts (q4k-q8: within Q8_0 error of the",
+             "trained weights) and every other tensor in F32; each recipe converts that file, its other",
+             "tensors staying F32, so the rows differ by their experts alone (and MiB/token counts F32 dense",
+             "weights: compare rows with each other, not with the tables above). The IQ bases are quantized",
+             f"under an importance matrix that `compute_imatrix` measured on that model over the last",
+             f"{CALIB_CHARS} characters of the held-out text ({meta['imatrix_tokens']} tokens), the same text that",
+             "calibrates UMIA; the scored text is its first "
+             f"{chunks} chunks of {n_ctx} ({meta['tokens']} scored tokens), disjoint from it.",
+             "", "| recipe | bits base / base+residual | weight error base / base+residual |", "|---|---|---|"]
+    for label in labels:
+        eb, et, bb, bt = meta[f"error {label}"]
+        lines.append(f"| {label} | {bb:.3f} / {bt:.3f} | {eb:.4f} / {et:.5f} |")
+    lines += ["", "In short (KLD against the reference; UMIA at budget 0.25 where the recipe was calibrated):", "",
+              "| recipe | KLD base only | KLD UMIA 0.25 | KLD all residuals | top-1 base only / all |",
+              "|---|---|---|---|---|"]
+    for label in labels:
+        at = {(r["policy"], r["budget"]): r for r in rows if r["recipe"] == label}
+        umia_kld = f"{at[('umia', 0.25)]['kld_mean']:.5f}" if ("umia", 0.25) in at else "–"
+        lines.append(f"| {label} | {at[('none', 0.0)]['kld_mean']:.5f} | {umia_kld} | "
+                     f"{at[('all', 1.0)]['kld_mean']:.5f} | {at[('none', 0.0)]['top1']:.4f} / "
+                     f"{at[('all', 1.0)]['top1']:.4f} |")
+    lines += ["", "The `(no imatrix)` rows are the same recipes converted without an importance matrix (base",
+              "only and all residuals). Per-policy tables:", ""]
+    for label in labels:
+        lines += [f"### {label}", "", "| policy | budget | rate | PPL | KLD | KLD p99 | top-1 | MiB/token |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r["recipe"] == label):
+            lines.append(f"| {r['policy']} | {r['budget']:g} | {r['residual_rate']:.3f} | {r['ppl']:.3f} | "
+                         f"{r['kld_mean']:.5f} | {r['kld_p99']:.5f} | {r['top1']:.4f} | "
+                         f"{r['bytes_per_token'] / 2**20:.3f} |")
+        lines.append("")
+    lines.append(IQ_END)
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    section = "\n".join(lines)
+    if IQ_BEGIN in old and IQ_END in old:
+        new = old[:old.index(IQ_BEGIN)] + section + old[old.index(IQ_END) + len(IQ_END):]
+    else:
+        anchor = "<!-- umia_oracle: begin -->"
+        new = (old[:old.index(anchor)] + section + "\n\n" + old[old.index(anchor):]) if anchor in old \
+            else old.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(new, encoding="utf-8")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", required=True, help="output folder of tools/train_tiny_moe.py (hf/, heldout.txt, train.txt)")
+    ap.add_argument("--run", help="output folder of tools/train_tiny_moe.py (hf/, heldout.txt, train.txt)")
+    ap.add_argument("--bundled", action="store_true", help="only the IQ-base section, on the shipped pair")
     ap.add_argument("--chunks", type=int, default=24)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "docs" / "QUALITY.md"))
     args = ap.parse_args()
+    if args.bundled:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows, meta = study_bundled(Path(tmp), args.chunks, args.ctx, args.threads)
+        out = Path(args.out)
+        out.with_suffix(".iq.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        write_iq_section(rows, meta, out, args.chunks, args.ctx)
+        print(f"wrote {out}")
+        return 0
+    if not args.run:
+        ap.error("give --run RUN (or --bundled)")
     run = Path(args.run)
     shares: dict = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -109,6 +109,7 @@ typedef struct rm_type_info {
     int32_t      implemented;     /* the CPU computes with it (dequantize, dot, matmul) */
     int32_t      cuda_matmul_chunk; /* the CUDA kernels multiply by it (rows a multiple of this
                                      * many elements), in every build, CUDA or not; 0: they do not */
+    int32_t      takes_importance; /* rm_quantize_weighted accepts an importance for it */
 } rm_type_info;
 
 /* The types this build computes with. RM_E_UNSUPPORTED_TYPE for the others (the message names
@@ -126,6 +127,13 @@ uint64_t  rm_row_bytes(int32_t type, int64_t n);
  * which holds dst_cap bytes. Rows are split across n_threads threads (<= 0: all cores). */
 rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
                       void * dst, uint64_t dst_cap, int32_t n_threads);
+
+/* rm_quantize with the importance of each input column: importance (n_per_row entries, finite,
+ * >= 0, or NULL) weighs the squared error of every row's element in that column, as the mean of
+ * x^2 of the activations that meet it (an importance matrix row). Only the types whose quantizer
+ * searches under weights take one (IQ2_XXS, IQ3_XXS); the others answer RM_E_INVALID_ARG. */
+rm_status rm_quantize_weighted(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
+                               const float * importance, void * dst, uint64_t dst_cap, int32_t n_threads);
 
 /* Dequantize n elements (a whole number of blocks) of src (src_len bytes) into dst. */
 rm_status rm_dequantize(int32_t type, const void * src, uint64_t src_len, float * dst, int64_t n);
@@ -711,6 +719,15 @@ rm_status rm_session_last_routes(const rm_session * s, int32_t * experts, float 
  * RM_E_NEEDS_CPU on a device backend. */
 rm_status rm_session_set_calibration(rm_session * s, int32_t on);
 rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint64_t * count, uint64_t cap);
+/* Importance of the experts' input columns (what an importance matrix holds): while on, every
+ * row routed to an expert adds its x^2, column by column, to that expert's sums: the gate/up
+ * input (n_embd columns) and the down input (n_ff_exp columns, after the activation). Turning it
+ * on clears the sums; off frees them. CPU backend only (RM_E_NEEDS_CPU). rm_session_importance
+ * copies them: sum_in n_layer * n_expert * n_embd, sum_ff n_layer * n_expert * n_ff_exp, count
+ * n_layer * n_expert rows summed (layer-major, then expert); RM_E_STATE when not collecting. */
+rm_status rm_session_set_importance(rm_session * s, int32_t on);
+rm_status rm_session_importance(const rm_session * s, double * sum_in, uint64_t cap_in, double * sum_ff,
+                                uint64_t cap_ff, uint64_t * count, uint64_t cap_count);
 /* The routing of positions [0, n_past) recorded while calibrating: n_past * n_layer *
  * n_expert_used entries, position-major. RM_E_NOT_CALIBRATING when calibration is off. */
 rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap);

@@ -28,6 +28,7 @@ static rm_status check_batch(const rm_batch * b, int32_t * next, int32_t * n_out
                            j, s->be->ops->name);
         }
         if (s->calibrating) return rm_fail(RM_E_STATE, "rm_batch_eval: sessions[%d] is calibrating", j);
+        if (s->imp_in) return rm_fail(RM_E_STATE, "rm_batch_eval: sessions[%d] is collecting importance", j);
         if (s->n_ctx > ss[0]->n_ctx) {   /* the batch runs on sessions[0]'s scratch, sized for its context */
             return rm_fail(RM_E_INVALID_ARG, "rm_batch_eval: sessions[%d] has a context of %d, above sessions[0]'s %d; "
                            "put the session with the largest context first", j, s->n_ctx, ss[0]->n_ctx);

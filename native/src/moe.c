@@ -24,6 +24,14 @@ static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const
 
 /* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
  * the results land in s->ed. */
+/* Adds x^2 of c rows of n columns (on the backend) into sum, column by column. */
+static void importance_sums(rm_session * s, const float * rows, int64_t n, int32_t c, double * sum) {
+    for (int32_t j = 0; j < c; j++) {
+        s->be->ops->download(s->be, s->imp_host, rows + j * n, sizeof(float) * (uint64_t) n);
+        for (int64_t d = 0; d < n; d++) sum[d] += (double) s->imp_host[d] * s->imp_host[d];
+    }
+}
+
 static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c, int32_t c_res) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
@@ -47,6 +55,12 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
     rm_expert_bias(be, &L->gate_exps_b, e, s->eg, c);
     rm_expert_bias(be, &L->up_exps_b, e, s->eu, c);
     rm_expert_act(be, L, s->eg, s->eu, (int64_t) c * F);
+    if (s->imp_in) {
+        const int64_t il = L - s->m->layers, k = il * s->m->hp.n_expert + e;
+        importance_sums(s, s->ex, E, c, s->imp_in + k * E);
+        importance_sums(s, s->eg, F, c, s->imp_ff + k * F);
+        s->imp_n[k] += (uint64_t) c;
+    }
     expert_matmul(be, &L->down_exps, e, s->eg, F, c, s->ed, E, 0);
     if (c_res > 0) {
         expert_matmul(be, &L->down_res, e, s->eg, F, c_res, s->ed, E, 1);
@@ -252,11 +266,12 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     rm_stats_count(s, il, n);
     be->ops->zero(be, s->moe, sizeof(float) * (uint64_t) n * (uint64_t) E);
     rm_prof_mark(s, RM_PROF_ROUTER);
-    if (be->ops->moe_experts && !s->calibrating) {
+    const int by_ops = s->calibrating || s->imp_in;   /* both read each expert's rows on the host */
+    if (be->ops->moe_experts && !by_ops) {
         rm_moe_args a = {L, il, n, X, K, E, hp->n_ff_exp, s->xn, s->moe, s->routes, s->exp_n, s->exp_pairs, cap};
         be->ops->moe_experts(be, &a);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
-    } else if (be->ops->matmul_many && !s->calibrating) {
+    } else if (be->ops->matmul_many && !by_ops) {
         experts_batched(s, il, n);
     } else {
         experts_by_ops(s, il, n);

@@ -30,7 +30,8 @@ static void * xalloc(size_t n, int * failed) {
 
 static void session_free_buffers(rm_session * s) {
     void * host[] = {s->embd, s->router_host, s->mla_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
-                     s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log};
+                     s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
+                     s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
     }

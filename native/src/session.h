@@ -70,6 +70,13 @@ struct rm_session {
     double *   cal_delta;         /* n_layer * n_expert: sum of |delta| */
     uint64_t * cal_n;             /* n_layer * n_expert */
     rm_route * route_log;         /* n_ctx * n_layer * n_expert_used, allocated when calibrating */
+
+    /* importance (rm_session_set_importance): sums of x^2 per input column of each expert's
+     * matrices, over the rows routed to it; all NULL when not collecting */
+    double *   imp_in;            /* n_layer * n_expert * n_embd: gate and up inputs */
+    double *   imp_ff;            /* n_layer * n_expert * n_ff_exp: down inputs */
+    uint64_t * imp_n;             /* n_layer * n_expert: rows summed */
+    float *    imp_host;          /* one row of max(n_embd, n_ff_exp), brought to the host */
 };
 
 /* Runs n <= n_batch tokens of the sequences in runs (ordered by row, covering rows 0 .. n - 1)

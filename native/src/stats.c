@@ -165,6 +165,65 @@ rm_status rm_session_calibration(const rm_session * s, double * sum_delta, uint6
     return RM_OK;
 }
 
+/* ---- importance of the experts' input columns ---------------------------------------------- */
+
+static void importance_free(rm_session * s) {
+    free(s->imp_in), free(s->imp_ff), free(s->imp_n), free(s->imp_host);
+    s->imp_in = NULL, s->imp_ff = NULL, s->imp_n = NULL, s->imp_host = NULL;
+}
+
+rm_status rm_session_set_importance(rm_session * s, int32_t on) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_set_importance: NULL session");
+    }
+    if (!on) {
+        importance_free(s);
+        return RM_OK;
+    }
+    if (s->be->ops->moe_experts) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_session_set_importance: it runs on the CPU backend; load the model "
+                       "without a GPU to collect importance");
+    }
+    const rm_hparams * hp = &s->m->hp;
+    const size_t k = (size_t) hp->n_layer * (size_t) hp->n_expert;
+    const size_t E = (size_t) hp->n_embd, F = (size_t) hp->n_ff_exp;
+    importance_free(s);
+    s->imp_in = calloc(k * E, sizeof(double));
+    s->imp_ff = calloc(k * F, sizeof(double));
+    s->imp_n = calloc(k, sizeof(uint64_t));
+    s->imp_host = malloc(sizeof(float) * (E > F ? E : F));
+    if (!s->imp_in || !s->imp_ff || !s->imp_n || !s->imp_host) {
+        importance_free(s);
+        return rm_fail(RM_E_OOM, "rm_session_set_importance: out of memory for %zu x (%zu + %zu) sums", k, E, F);
+    }
+    return RM_OK;
+}
+
+rm_status rm_session_importance(const rm_session * s, double * sum_in, uint64_t cap_in, double * sum_ff,
+                                uint64_t cap_ff, uint64_t * count, uint64_t cap_count) {
+    rm_clear_error();
+    if (!s || !sum_in || !sum_ff || !count) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_importance: NULL argument");
+    }
+    if (!s->imp_in) {
+        return rm_fail(RM_E_STATE, "rm_session_importance: the session is not collecting importance");
+    }
+    const rm_hparams * hp = &s->m->hp;
+    const uint64_t k = (uint64_t) hp->n_layer * (uint64_t) hp->n_expert;
+    const uint64_t n_in = k * (uint64_t) hp->n_embd, n_ff = k * (uint64_t) hp->n_ff_exp;
+    if (cap_in < n_in || cap_ff < n_ff || cap_count < k) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_importance: buffers hold %llu, %llu and %llu entries; %llu, %llu "
+                       "and %llu needed", (unsigned long long) cap_in, (unsigned long long) cap_ff,
+                       (unsigned long long) cap_count, (unsigned long long) n_in, (unsigned long long) n_ff,
+                       (unsigned long long) k);
+    }
+    memcpy(sum_in, s->imp_in, sizeof(double) * n_in);
+    memcpy(sum_ff, s->imp_ff, sizeof(double) * n_ff);
+    memcpy(count, s->imp_n, sizeof(uint64_t) * k);
+    return RM_OK;
+}
+
 rm_status rm_session_route_log(const rm_session * s, int32_t * experts, float * weights, uint64_t cap) {
     rm_clear_error();
     if (!s || !experts || !weights) {

@@ -1,6 +1,7 @@
 /* types.c - the type-traits table and the public quantize / dequantize / dot entry points. */
 #include "types.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -39,10 +40,11 @@ static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
     [RM_TYPE_Q6_K] = { "Q6_K", RM_QK_K, sizeof(rm_block_q6_K), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_Q6_K, REF_KERNELS(q6_K) },
     [RM_TYPE_Q8_K] = { "Q8_K", RM_QK_K, sizeof(rm_block_q8_K), 1, RM_TYPE_Q8_K, 0,                  REF_KERNELS(q8_K) },
     [RM_TYPE_MXFP4] = { "MXFP4", RM_QK, sizeof(rm_block_mxfp4), 1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_MXFP4, REF_KERNELS(mxfp4) },
+    /* read, computed and written; the quantizer takes an importance */
+    [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K,  sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ2_XXS, REF_KERNELS(iq2_xxs), rm_iq2_xxs_quantize },
+    [RM_TYPE_IQ3_XXS] = { "IQ3_XXS", QK_K,  sizeof(rm_block_iq3_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ3_XXS, REF_KERNELS(iq3_xxs), rm_iq3_xxs_quantize },
     /* read and computed, not written: no quantizer */
-    [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K,  sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ2_XXS, DECODERS(iq2_xxs) },
     [RM_TYPE_IQ2_XS]  = { "IQ2_XS",  QK_K,  sizeof(rm_block_iq2_xs),  1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xs)  },
-    [RM_TYPE_IQ3_XXS] = { "IQ3_XXS", QK_K,  sizeof(rm_block_iq3_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ3_XXS, DECODERS(iq3_xxs) },
     [RM_TYPE_IQ1_S]   = { "IQ1_S",   QK_K,  sizeof(rm_block_iq1_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq1_s)   },
     [RM_TYPE_IQ4_NL]  = { "IQ4_NL",  RM_QK, sizeof(rm_block_iq4_nl),  1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_IQ4_NL, DECODERS(iq4_nl)  },
     [RM_TYPE_IQ3_S]   = { "IQ3_S",   QK_K,  sizeof(rm_block_iq3_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq3_s)   },
@@ -110,6 +112,7 @@ static void describe(const rm_type_traits * t, rm_type_info * out) {
         .can_quantize = t->from_float != NULL,
         .implemented = t->to_float != NULL,
         .cuda_matmul_chunk = t->cuda_chunk,
+        .takes_importance = t->quantize_imp != NULL,
     };
 }
 
@@ -151,15 +154,33 @@ uint64_t rm_row_bytes(int32_t type, int64_t n) {
 #define QUANTIZE_MIN_ELEMS_PER_THREAD (1 << 16)
 
 typedef struct quantize_job {
-    rm_from_float_fn from_float;
+    const rm_type_traits * t;
     const float *    src;
     uint8_t *        dst;
     int64_t          n;           /* elements, a whole number of blocks */
+    const float *    imp;         /* NULL, or the importance of each of a row's n_per_row columns */
+    int64_t          n_per_row;
+    int64_t          col0;        /* column of src[0] */
 } quantize_job;
 
+/* With an importance, the run is cut at row ends, so that each piece reads its columns' weights
+ * from one stretch of imp. */
 static void * quantize_worker(void * arg) {
     const quantize_job * job = arg;
-    job->from_float(job->src, job->dst, job->n);
+    if (job->imp == NULL) {
+        job->t->from_float(job->src, job->dst, job->n);
+        return NULL;
+    }
+    const size_t bytes_per_elem_block = (size_t)job->t->block_bytes;
+    int64_t done = 0, col = job->col0;
+    while (done < job->n) {
+        int64_t len = job->n_per_row - col;
+        if (len > job->n - done) len = job->n - done;
+        job->t->quantize_imp(job->src + done, job->dst + (size_t)(done / job->t->block_elems) * bytes_per_elem_block,
+                             len, job->imp + col);
+        done += len;
+        col = 0;
+    }
     return NULL;
 }
 
@@ -170,23 +191,34 @@ static int online_cpus(void) {
 
 rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
                       void * dst, uint64_t dst_cap, int32_t n_threads) {
+    return rm_quantize_weighted(type, src, n_rows, n_per_row, NULL, dst, dst_cap, n_threads);
+}
+
+rm_status rm_quantize_weighted(int32_t type, const float * src, int64_t n_rows, int64_t n_per_row,
+                               const float * importance, void * dst, uint64_t dst_cap, int32_t n_threads) {
     rm_clear_error();
-    const rm_type_traits * t = lookup(__func__, type);
+    const rm_type_traits * t = lookup("rm_quantize", type);
     if (t == NULL) return RM_E_UNSUPPORTED_TYPE;
-    if (t->from_float == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: type %s has no quantizer", __func__, t->name);
-    rm_status st = check_elems(__func__, t, "n_per_row", n_per_row);
+    if (t->from_float == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_quantize: type %s has no quantizer", t->name);
+    if (importance != NULL && t->quantize_imp == NULL)
+        return rm_fail(RM_E_INVALID_ARG, "rm_quantize: type %s's quantizer takes no importance", t->name);
+    rm_status st = check_elems("rm_quantize", t, "n_per_row", n_per_row);
     if (st != RM_OK) return st;
-    if (n_rows < 0) return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n_rows is %lld, must be >= 0", __func__, t->name, (long long)n_rows);
+    if (n_rows < 0) return rm_fail(RM_E_INVALID_ARG, "rm_quantize: type %s: n_rows is %lld, must be >= 0", t->name, (long long)n_rows);
     if (n_rows > 0 && n_per_row > INT64_MAX / n_rows)
-        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld rows of %lld elements overflow",
-                       __func__, t->name, (long long)n_rows, (long long)n_per_row);
+        return rm_fail(RM_E_INVALID_ARG, "rm_quantize: type %s: %lld rows of %lld elements overflow",
+                       t->name, (long long)n_rows, (long long)n_per_row);
     if (src == NULL || dst == NULL)
-        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %s is NULL", __func__, t->name, src == NULL ? "src" : "dst");
+        return rm_fail(RM_E_INVALID_ARG, "rm_quantize: type %s: %s is NULL", t->name, src == NULL ? "src" : "dst");
+    for (int64_t c = 0; importance != NULL && c < n_per_row; ++c)
+        if (!(importance[c] >= 0) || isinf(importance[c]))
+            return rm_fail(RM_E_INVALID_ARG, "rm_quantize: type %s: importance[%lld] is %g; it must be finite and >= 0",
+                           t->name, (long long)c, (double)importance[c]);
     const int64_t n = n_rows * n_per_row;
     const uint64_t need = bytes_of(t, n);
     if (dst_cap < need)
-        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld rows of %lld elements need %llu bytes, dst holds %llu",
-                       __func__, t->name, (long long)n_rows, (long long)n_per_row,
+        return rm_fail(RM_E_INVALID_ARG, "rm_quantize: type %s: %lld rows of %lld elements need %llu bytes, dst holds %llu",
+                       t->name, (long long)n_rows, (long long)n_per_row,
                        (unsigned long long)need, (unsigned long long)dst_cap);
     if (n == 0) return RM_OK;
 
@@ -203,10 +235,13 @@ rm_status rm_quantize(int32_t type, const float * src, int64_t n_rows, int64_t n
     for (int64_t k = 0; k < threads; ++k) {
         const int64_t b0 = n_blocks * k / threads, b1 = n_blocks * (k + 1) / threads;
         jobs[k] = (quantize_job){
-            .from_float = t->from_float,
+            .t = t,
             .src = src + b0 * t->block_elems,
             .dst = (uint8_t *)dst + (uint64_t)b0 * (uint64_t)t->block_bytes,
             .n = (b1 - b0) * t->block_elems,
+            .imp = importance,
+            .n_per_row = n_per_row,
+            .col0 = b0 * t->block_elems % n_per_row,
         };
     }
     /* job 0 runs here; a thread that fails to start has its job run here too */

@@ -237,6 +237,9 @@ static inline float rm_e8m0_to_fp32_half(uint8_t e) {
 
 typedef void (*rm_to_float_fn)(const void * src, float * dst, int64_t n);
 typedef void (*rm_from_float_fn)(const float * src, void * dst, int64_t n);
+/* A quantizer that weighs each element's error by imp[e] (n entries, >= 0), or by 1 when imp is
+ * NULL: src is n elements of one row, imp the importance of their input columns. */
+typedef void (*rm_quantize_imp_fn)(const float * src, void * dst, int64_t n, const float * imp);
 /* *out = dot(w, x) over n elements; w is n weights of the type, x_q n activations already in the
  * type's vec_dot_type. n is a whole number of blocks of both. */
 typedef void (*rm_vec_dot_fn)(int64_t n, float * out, const void * w, const void * x_q);
@@ -249,8 +252,10 @@ typedef struct rm_type_traits {
     int32_t          vec_dot_type;
     int32_t          cuda_chunk;    /* elements per step of the CUDA matmul kernels; 0: none */
     rm_to_float_fn   to_float;      /* dequantize n elements; NULL: not implemented here */
-    rm_from_float_fn from_float;    /* the reference quantizer (byte-identical to ggml's), or NULL */
+    rm_from_float_fn from_float;    /* the quantizer (for all but the IQ types byte-identical to
+                                     * ggml's reference), or NULL */
     rm_vec_dot_fn    vec_dot;       /* the scalar reference dot */
+    rm_quantize_imp_fn quantize_imp; /* the quantizer that takes an importance, or NULL */
 } rm_type_traits;
 
 /* The implemented types' rows; NULL for ids this build does not implement. */
@@ -303,8 +308,8 @@ RM_DECLARE_REF_KERNELS(q6_K);
 RM_DECLARE_REF_KERNELS(q8_K);
 RM_DECLARE_REF_KERNELS(mxfp4);
 
-/* The IQ types: dequantize and dot only (no quantizer: ggml's searches a codebook, and for the
- * smallest types wants an importance matrix). */
+/* The IQ types: dequantize and dot; IQ2_XXS and IQ3_XXS also quantize (quants_iq.c: a codebook
+ * search of our own, not ggml's, so not byte-identical to it, with an optional importance). */
 #define RM_DECLARE_REF_DECODERS(t)                                                  \
     void rm_##t##_to_float(const void * src, float * dst, int64_t n);              \
     void rm_##t##_vec_dot(int64_t n, float * out, const void * w, const void * x_q)
@@ -318,5 +323,10 @@ RM_DECLARE_REF_DECODERS(iq2_s);
 RM_DECLARE_REF_DECODERS(iq3_s);
 RM_DECLARE_REF_DECODERS(iq1_s);
 RM_DECLARE_REF_DECODERS(iq1_m);
+
+void rm_iq2_xxs_from_float(const float * src, void * dst, int64_t n);
+void rm_iq3_xxs_from_float(const float * src, void * dst, int64_t n);
+void rm_iq2_xxs_quantize(const float * src, void * dst, int64_t n, const float * imp);
+void rm_iq3_xxs_quantize(const float * src, void * dst, int64_t n, const float * imp);
 
 #endif

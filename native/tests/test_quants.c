@@ -39,6 +39,8 @@ static double rmse_bound(int32_t type) {
         case RM_TYPE_Q5_0: case RM_TYPE_Q5_1: case RM_TYPE_Q5_K: return 0.05;
         case RM_TYPE_Q6_K: return 0.025;
         case RM_TYPE_MXFP4: return 0.13;   /* 4 bits with a power-of-two scale: measured 0.115 */
+        case RM_TYPE_IQ2_XXS: return 0.36; /* a codebook of 256 per 8 weights: measured 0.347 */
+        case RM_TYPE_IQ3_XXS: return 0.19; /* measured 0.179 */
         default:           return 0.01;  /* the 8-bit types */
     }
 }

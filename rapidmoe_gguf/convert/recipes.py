@@ -3,8 +3,8 @@
 A recipe names the expert base type, the expert residual type (or none) and the type of the other
 matrices. Whatever the recipe, 1-D tensors (norms, biases, the shared-expert gate) and the router
 ``ffn_gate_inp`` stay F32, as llama.cpp keeps them. A type whose block does not divide a tensor's
-row length (``ne[0]``) falls back along ``FALLBACK`` until one fits: K-quants (256-element blocks)
-to a 32-block type of similar precision, 32-block types to F16.
+row length (``ne[0]``) falls back along ``FALLBACK`` until one fits: K-quants and the IQ types
+(256-element blocks) to a 32-block type of similar precision, 32-block types to F16.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from ..errors import InvalidArgumentError
 
 # Types the converter writes (rapidmoe_gguf.quants quantizes all of them).
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "IQ2_XXS", "IQ3_XXS")
 
 FALLBACK = {
     "Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
     "Q4_0": "F16", "Q4_1": "F16", "Q5_0": "F16", "Q5_1": "F16", "Q8_0": "F16", "MXFP4": "F16",
+    "IQ2_XXS": "Q4_0", "IQ3_XXS": "Q4_0",
 }
 
 # general.file_type describes the bulk of the weights, which in an MoE are the experts.
@@ -33,6 +34,7 @@ FILE_TYPE = {
     "Q3_K": LlamaFileType.MOSTLY_Q3_K_S, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
     "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
     "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE,
+    "IQ2_XXS": LlamaFileType.MOSTLY_IQ2_XXS, "IQ3_XXS": LlamaFileType.MOSTLY_IQ3_XXS,
 }
 
 
@@ -96,6 +98,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("mxfp4", "MXFP4", None, "Q8_0", "4.25-bit MXFP4 experts, no residual (an MXFP4 source is copied)"),
     Recipe("mxfp4-q8", "MXFP4", "Q8_0", "Q8_0", "4.25-bit MXFP4 base, 8.5-bit residual"),
     Recipe("q2k-q8", "Q2_K", "Q8_0", "Q8_0", "2.6-bit base, 8.5-bit residual (for MXFP4 sources)"),
+    # Codebook bases (rows a multiple of 256); their quantizer weighs its error by an importance
+    # matrix when the conversion is given one (--imatrix).
+    Recipe("iq2xxs-q4", "IQ2_XXS", "Q4_K", "Q8_0", "2.06-bit codebook base, 4.5-bit residual"),
+    Recipe("iq3xxs-q8", "IQ3_XXS", "Q8_0", "Q8_0", "3.06-bit codebook base, 8.5-bit residual"),
 )}
 
 

@@ -114,7 +114,7 @@ def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs
                log_level: str | None = None) -> Any:
     """A Ray Serve application (bound deployment) of ``replicas`` copies of the server on
     ``model_path``. ``model_kwargs`` go to Model (n_threads defaults to replica_threads(replicas,
-    cores)); ``config`` is each replica's ServerConfig (its host/port are not used: Ray's proxy
+    cores), use_mmap to True, so that the replicas share the file's pages); ``config`` is each replica's ServerConfig (its host/port are not used: Ray's proxy
     listens); ``log_level`` (e.g. "WARNING") sets the replicas' Serve log level (each request is
     logged at INFO). Pass it to ``serve.run``."""
     serve = _serve()
@@ -125,6 +125,10 @@ def deployment(model_path: str | os.PathLike, *, replicas: int = 2, model_kwargs
     share = replica_threads(replicas, cores)
     if not kwargs.get("n_threads"):
         kwargs["n_threads"] = share
+    # Replicas on one machine share a mapped file's pages in the page cache; read into memory (the
+    # default for one process where the file fits), each would hold a copy of its own.
+    if kwargs.get("use_mmap") is None and not os.environ.get("RAPIDMOE_MMAP"):
+        kwargs["use_mmap"] = True
     # Ray's CPUs for one replica: its threads, at most its part of this machine's cores (a fraction
     # when the replicas outnumber them), so that all replicas fit on one machine.
     num_cpus = min(kwargs["n_threads"], (cores or os.cpu_count() or 1) / replicas)

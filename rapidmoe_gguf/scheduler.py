@@ -196,6 +196,8 @@ class Scheduler:
     ``observer`` receives the counts and timings (the server's statistics and metrics).
     ``prefill_chunk`` and ``step_latency``: the prompt tokens a step may carry (StepBudget)."""
 
+    SHORT_PROMPT_TOKENS = 8   # prompt tokens a step carries at least while the oldest prompt is short
+
     def __init__(self, slots: Sequence[Model], name: str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  observer: Observer | None = None, step_latency: float | None = None):
         self.step_budget = StepBudget(prefill_chunk, step_latency)
@@ -318,7 +320,9 @@ class Scheduler:
 
         - Others decode: ``step_budget.prompt_tokens`` prompt tokens (``prefill_chunk``, fewer with
           ``step_latency``; none in a step it times), shared in arrival order (a prompt may end
-          its share mid-way).
+          its share mid-way); while the oldest prompt being read is no longer than
+          ``prefill_chunk``, at least SHORT_PROMPT_TOKENS (its first token comes within a few
+          steps even when a slow step has made a prompt token look dear).
         - Nothing decodes: the oldest prompt, and the whole prompts after it while all of them
           together fit in ``prefill_chunk`` and ``n_batch`` (short prompts start together); a
           prompt longer than that goes alone, in chunks of ``n_batch``."""
@@ -337,7 +341,10 @@ class Scheduler:
                 work.append((s, s.rest[s.done:].tolist()))
                 room -= s.left
             return work
-        room = min(max(1, min(self.prefill_chunk, n_batch - len(work))), self.step_budget.prompt_tokens(len(work)))
+        budget = self.step_budget.prompt_tokens(len(work))
+        if budget and reading[0].rest.size <= self.prefill_chunk:   # a short prompt starts within a few steps
+            budget = max(budget, self.SHORT_PROMPT_TOKENS)
+        room = min(max(1, min(self.prefill_chunk, n_batch - len(work))), budget)
         for s in reading:
             if room == 0:
                 break

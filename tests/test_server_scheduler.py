@@ -227,10 +227,21 @@ def test_scheduler_short_prompts_beside_decoding_take_the_step_budget(gguf):
     """Short prompts beside decoding tokens are bounded as long ones are: each step carries the
     prompt tokens the budget gives for its count of decoding tokens, none in a step it times
     (0), and a prompt that ends gives its first token and decodes in the next step."""
-    budget = FixedBudget([0, 5], 6)
+    budget = FixedBudget([0, 9], 12)
     short_prompts_beside_a_decoding_request(gguf, budget)
-    assert budget.seen[:7] == [(1, 0), (1, 5), (1, 5 + 1), (2, 6), (2, 3 + 3), (3, 6), (3, 1)]
-    assert budget.asked == [1, 1, 1, 2, 2, 3, 3]
+    assert budget.seen[:4] == [(1, 0), (1, 9), (1, 1 + 10 + 1), (3, 9)]
+    assert budget.asked == [1, 1, 1, 3]
+
+
+def test_scheduler_short_prompts_take_at_least_a_few_tokens_a_step(gguf):
+    """A budget below SHORT_PROMPT_TOKENS (8) while the oldest prompt is short gives 8, so a short
+    prompt starts within a few steps; 0 (a step to time) stays 0, and more than the chunk is the
+    chunk (16)."""
+    assert Scheduler.SHORT_PROMPT_TOKENS == 8
+    budget = FixedBudget([0, 2, 3], 20)
+    short_prompts_beside_a_decoding_request(gguf, budget)
+    assert budget.seen[:4] == [(1, 0), (1, 8), (1, 2 + 6), (2, 4 + 10)]
+    assert budget.asked == [1, 1, 1, 2]
 
 
 def test_step_budget_keeps_a_step_within_its_latency_multiple():

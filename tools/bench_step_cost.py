@@ -26,12 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", default="100,1900", help="prompt contexts C, comma-separated (default: %(default)s)")
     ap.add_argument("--prompt", default="16,64", help="prompt tokens P per step, comma-separated (default: %(default)s)")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--decoding-context", type=int, default=64, help="the decoding sequences' context (default: %(default)s)")
     a = ap.parse_args(argv)
+    try:
+        contexts = [int(x) for x in a.context.split(",")]
+        prompts = [int(x) for x in a.prompt.split(",")]
+    except ValueError:
+        ap.error("--context and --prompt take comma-separated whole numbers")
+    if min(contexts) < 1 or min(prompts) < 1 or a.runs < 1 or a.threads < 1 or a.decoding_context < 1:
+        ap.error("--context, --prompt, --runs, --threads and --decoding-context must be >= 1")
     from rapidmoe_gguf import Model, eval_batch
 
-    contexts = [int(x) for x in a.context.split(",")]
-    prompts = [int(x) for x in a.prompt.split(",")]
-    n_ctx = max(contexts) + a.runs * max(prompts) + 16
+    n_ctx = max(max(contexts) + max(prompts), a.decoding_context + 1)
     rng = np.random.default_rng(0)
     print("| context C | prompt tokens P | 4 decoding alone ms | with P prompt tokens ms | its attention ms |")
     print("|---|---|---|---|---|")
@@ -39,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         V = m.n_vocab
         decoding = [m.fork_session() for _ in range(4)]
         for d in decoding:
-            d.eval(rng.integers(0, V, 64).tolist())
+            d.eval(rng.integers(0, V, a.decoding_context).tolist())
         for c in contexts:
             for p in prompts:
                 with m.fork_session() as prompt:
@@ -49,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
                     alone, both, attn = [], [], []
                     for _ in range(a.runs):
                         for d in decoding:               # the same contexts every run
-                            d.truncate(64)
+                            d.truncate(a.decoding_context)
                         prompt.truncate(c)
                         t0 = time.perf_counter()
                         eval_batch([(d, [int(rng.integers(0, V))]) for d in decoding])
                         alone.append(time.perf_counter() - t0)
                         for d in decoding:
-                            d.truncate(64)
+                            d.truncate(a.decoding_context)
                         decoding[0].clear_stats()       # the batch runs on the first sequence's session
                         t0 = time.perf_counter()
                         eval_batch([(d, [int(rng.integers(0, V))]) for d in decoding]

@@ -58,8 +58,10 @@ class StepBudget:
     adds to a step (c), and gives the prompt tokens that keep a step within f * t_d:
     (f - 1) * t_d / c, at least 1, at most ``chunk``.
 
-    - t_d: an average of the latest steps of n decoding tokens alone. For an n not timed yet, the
-      t_d of the largest smaller n timed (more tokens take longer, so the bound stays); with none,
+    - t_d: the least of the latest TIMINGS steps of n decoding tokens alone (other work on the
+      machine only adds time, and a slow timing would widen every step's bound until the next).
+      For an n not timed yet, the t_d of the largest smaller n timed (more tokens take longer, so
+      the bound stays); with none,
       0 prompt tokens (a step of the decoding tokens alone, to time). Every REPROBE steps with
       prompt tokens, 0 again: t_d grows with the decoding requests' contexts.
     - c: it grows as a prompt's context grows (each token's attention reads all of it), and a
@@ -69,7 +71,8 @@ class StepBudget:
       has been timed, PROBE tokens (a full chunk at a long context can take many decoding
       steps' time)."""
 
-    SMOOTH = 0.5          # weight of the newest step in the averages
+    SMOOTH = 0.5          # weight of the newest step in the per-token cost's average
+    TIMINGS = 4           # steps of the decoding tokens alone that t_d is the least of
     REPROBE = 32          # steps with prompt tokens between two timings of the decoding tokens alone
     PROBE = 8             # prompt tokens beside decoding ones before their cost is known
 
@@ -80,6 +83,7 @@ class StepBudget:
             raise RapidMoEError(f"step_latency must be > 1 (a multiple of a decoding step's time), got {latency}")
         self.chunk, self.latency = chunk, latency
         self.t_decode: dict[int, float] = {}  # decoding tokens: seconds, a step of them alone
+        self._timings: dict[int, collections.deque] = {}   # and its latest TIMINGS times
         self.per_token: float | None = None   # seconds a prompt token adds to a step
         self.since_decode = 0                 # steps with prompt tokens since the last without
 
@@ -96,8 +100,9 @@ class StepBudget:
         if n_decode == 0:
             return                            # a prompt alone: nobody waited on it
         if n_prompt == 0:
-            t_d = self.t_decode.get(n_decode)
-            self.t_decode[n_decode] = seconds if t_d is None else a * seconds + (1 - a) * t_d
+            times = self._timings.setdefault(n_decode, collections.deque(maxlen=self.TIMINGS))
+            times.append(seconds)
+            self.t_decode[n_decode] = min(times)
             self.since_decode = 0
             return
         self.since_decode += 1
@@ -114,10 +119,8 @@ class StepBudget:
         t_d = self.decode_time(n_decode)
         if t_d is None or self.since_decode >= self.REPROBE:
             return 0
-        if self.per_token is None:
+        if not self.per_token:            # none seen, or steps that took no longer than t_d
             return min(self.chunk, self.PROBE)
-        if self.per_token == 0:
-            return self.chunk
         return int(max(1, min(self.chunk, (self.latency - 1) * t_d / self.per_token)))
 
 

@@ -249,7 +249,7 @@ def test_step_budget_keeps_a_step_within_its_latency_multiple():
     alone (per count of them; a larger count borrows a smaller one's time), PROBE tokens until it
     has timed prompt tokens, then (f - 1) * t_decode / per-token cost, between 1 and the chunk;
     a dearer per-token cost counts at once, a cheaper one by halves; a new timing every REPROBE
-    steps."""
+    steps, t_decode the least of the latest TIMINGS."""
     assert StepBudget(64).prompt_tokens(4) == 64
     b = StepBudget(64)
     b.observe(4, 0, 0.010)
@@ -274,8 +274,15 @@ def test_step_budget_keeps_a_step_within_its_latency_multiple():
     for _ in range(StepBudget.REPROBE - 11):
         b.observe(4, 1, 0.100)
     assert b.prompt_tokens(4) == 0                     # time the decoding tokens alone again
-    b.observe(4, 0, 0.200)
-    assert b.prompt_tokens(4) == 1 and b.since_decode == 0
+    b.observe(4, 0, 0.200)                             # a slow timing: the least of the latest stays
+    assert b.prompt_tokens(4) == 1 and b.since_decode == 0 and b.t_decode[4] == 0.010
+    for _ in range(StepBudget.TIMINGS - 1):
+        b.observe(4, 0, 0.300)
+    assert b.t_decode[4] == 0.200                      # the 10 ms timing has left the latest four
+    b = StepBudget(64, latency=2.5)
+    b.observe(4, 0, 0.010)
+    b.observe(4, 8, 0.009)                             # no longer than t_d: no cost to go by
+    assert b.per_token == 0 and b.prompt_tokens(4) == StepBudget.PROBE
     b = StepBudget(8, latency=100)
     b.observe(1, 0, 0.01)
     b.observe(1, 8, 0.018)

@@ -232,11 +232,12 @@ static void test_attention_window_sinks(rm_backend * be, const rm_model * m, int
 }
 
 /* Attention over contexts of several tiles of positions (the CPU backend reads K and V in tiles
- * for blocks of query rows that share a kv head): a group of 8 query heads per kv head, one token
- * (decode, the heads split among the threads), a few, and a block count that does not divide the
- * tokens; with a window that starts mid-tile, sinks, and a ring that wraps inside a tile. */
-static void test_attention_tiles(rm_backend * be, const rm_model * m, int n_tok, int W, int ring) {
-    const int D = 128, H = 16, HKV = 2, G = H / HKV, pos0 = 230, N_CTX = pos0 + n_tok;
+ * for blocks of query rows that share a kv head): groups of 8 and of 64 query heads per kv head
+ * (more than a job's 32 rows), one token (decode, the heads split among the threads), a few, and
+ * a block count that does not divide the tokens; with a window that starts mid-tile, sinks, and a
+ * ring that wraps inside a tile. */
+static void test_attention_tiles(rm_backend * be, const rm_model * m, int n_tok, int W, int ring, int H, int HKV) {
+    const int D = 128, G = H / HKV, pos0 = 230, N_CTX = pos0 + n_tok;
     const rm_weight * sinks = W > 0 ? &m->layers[0].attn_norm : NULL;
     const float * sk = sinks ? (const float *) sinks->data : NULL;
     float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
@@ -271,8 +272,8 @@ static void test_attention_tiles(rm_backend * be, const rm_model * m, int n_tok,
             }
         }
     }
-    char what[64];
-    snprintf(what, sizeof(what), "%d tokens at 230, window %d, ring %d", n_tok, W, ring);
+    char what[80];
+    snprintf(what, sizeof(what), "%d tokens at 230, window %d, ring %d, %d/%d heads", n_tok, W, ring, H, HKV);
     record(be->ops->name, "attention", what, worst / 4.0, 2e-5);
     be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
     free(q), free(k), free(v), free(o), free(kr), free(vr), free(s);
@@ -545,11 +546,13 @@ int main(int argc, char ** argv) {
             test_attention_window_sinks(cpu, m, 0);   /* after the others: their random inputs stay as they were */
             test_attention_window_sinks(cpu, m, 11);
             for (int n_tok = 1; n_tok <= 27; n_tok += 26) {   /* CPU only: contexts past the backends' n_ctx of 64 */
-                test_attention_tiles(cpu, m, n_tok, 0, 0);
-                test_attention_tiles(cpu, m, n_tok, 100, 0);
-                test_attention_tiles(cpu, m, n_tok, 100, 170);
+                test_attention_tiles(cpu, m, n_tok, 0, 0, 16, 2);
+                test_attention_tiles(cpu, m, n_tok, 100, 0, 16, 2);
+                test_attention_tiles(cpu, m, n_tok, 100, 170, 16, 2);
             }
-            test_attention_tiles(cpu, m, 6, 0, 0);
+            test_attention_tiles(cpu, m, 6, 0, 0, 16, 2);
+            test_attention_tiles(cpu, m, 1, 0, 0, 64, 1);   /* a group above the rows a job holds */
+            test_attention_tiles(cpu, m, 3, 0, 0, 64, 1);
             test_gpt_oss_ops(cpu);
         }
         cpu->ops->free(cpu);

@@ -645,7 +645,8 @@ static void attn_blocks(attn_task * t, int nth) {
     int32_t n_gs = (G + gs - 1) / gs;
     if (units * n_gs < want) {
         const int64_t split = (want + units - 1) / units;
-        gs = (int32_t) ((G + split - 1) / split);
+        const int32_t fewer = (int32_t) ((G + split - 1) / split);
+        gs = fewer < gs ? fewer : gs;   /* never above ATTN_ROWS, the rows a job keeps state for */
         n_gs = (G + gs - 1) / gs;
     }
     int64_t tb = units * n_gs / want;

@@ -464,9 +464,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens evaluated per step beside the running requests' next tokens: smaller keeps "
                         "their tokens coming while a long prompt is read, larger reads it sooner (default: 64)")
     p.add_argument("--step-latency", type=float, default=None, metavar="F",
-                   help="while a prompt longer than --prefill-chunk is read, fewer of its tokens per step where "
-                        "needed to keep a step within F times a step of the running requests' tokens alone, "
-                        "learnt from the steps' times; 0: off (default: 2.5)")
+                   help="fewer prompt tokens per step beside the running requests' tokens where needed to keep "
+                        "a step within F times a step of their tokens alone, learnt from the steps' times; "
+                        "0: off (default: 2.5)")
     p.add_argument("--name", help="the model name the API reports (default: the file name without .gguf)")
     p.add_argument("--alias", action="append", default=[], metavar="NAME",
                    help="another name requests may give the model (repeatable)")

@@ -5,10 +5,11 @@ prompt tokens of the requests still reading theirs (``Scheduler._plan`` has the 
 requests in flight read the weights once per step between them; short prompts that arrive
 together are read together (their first tokens come in the same step); and a long prompt goes in
 chunks between the others' tokens instead of stalling them for its whole prefill. The prompt
-tokens a step may carry beside decoding tokens are at most ``prefill_chunk`` and, while a prompt
-longer than that is read, with ``step_latency`` as many as keep the step within that multiple of
-a step of the decoding tokens alone (``StepBudget``, which learns both costs from the steps' times). When nothing else runs, a
-long prompt goes in chunks of ``n_batch``, the evaluation's own step.
+tokens a step may carry beside decoding tokens, long prompts' and short ones' alike, are at most
+``prefill_chunk`` and, with ``step_latency``, as many as keep the step within that multiple of a
+step of the decoding tokens alone (``StepBudget``, which learns both costs from the steps'
+times). When nothing else runs, a long prompt goes in chunks of ``n_batch``, the evaluation's own
+step.
 
 A request waits (FIFO) until a slot is free: a slot is a session of the model (``fork_session``)
 with its own KV cache, and a request takes the free slot whose cache holds the longest prefix of
@@ -50,22 +51,30 @@ DEFAULT_STEP_LATENCY = 2.5   # a step with prompt tokens: at most this many time
 
 
 class StepBudget:
-    """How many tokens of a long prompt a step may carry beside the decoding tokens of the running
-    requests.
+    """How many prompt tokens a step may carry beside the decoding tokens of the running requests.
 
     ``latency`` None: ``chunk`` always. ``latency`` f: from the times of the steps (``observe``) it
-    keeps what a step of n decoding tokens alone takes (t_d, per n, an average of the latest such
-    steps) and what each prompt token adds to a step (c, an average of the latest steps with
-    prompt tokens; it grows as a prompt's context grows, since each token's attention reads all
-    of it), and gives the prompt tokens that keep a step within f * t_d: (f - 1) * t_d / c, at
-    least 1, at most ``chunk``. It gives 0 (a step of the decoding tokens alone, to time) when it has no t_d, or
-    when REPROBE steps with prompt tokens have gone by since the last such step (t_d grows with
-    the decoding requests' contexts); ``chunk`` until it has timed a step with prompt tokens. So
-    the decoding requests' inter-token time stays within about f times their own while a long
-    prompt is read, and the prompt is read in the largest chunks that allow it."""
+    keeps what a step of n decoding tokens alone takes (t_d, per n) and what each prompt token
+    adds to a step (c), and gives the prompt tokens that keep a step within f * t_d:
+    (f - 1) * t_d / c, at least 1, at most ``chunk``.
 
-    SMOOTH = 0.5          # weight of the newest step in the averages
+    - t_d: the least of the latest TIMINGS steps of n decoding tokens alone (other work on the
+      machine only adds time, and a slow timing would widen every step's bound until the next).
+      For an n not timed yet, the t_d of the largest smaller n timed (more tokens take longer, so
+      the bound stays); with none,
+      0 prompt tokens (a step of the decoding tokens alone, to time). Every REPROBE steps with
+      prompt tokens, 0 again: t_d grows with the decoding requests' contexts.
+    - c: it grows as a prompt's context grows (each token's attention reads all of it), and a
+      step's time varies, so a step that costs more per prompt token than c sets c at once, and
+      one that costs less brings it down by halves: a step over its bound costs every decoding
+      request a late token, one under it only a slower prompt. Until a step with prompt tokens
+      has been timed, PROBE tokens (a full chunk at a long context can take many decoding
+      steps' time)."""
+
+    SMOOTH = 0.5          # weight of the newest step in the per-token cost's average
+    TIMINGS = 4           # steps of the decoding tokens alone that t_d is the least of
     REPROBE = 32          # steps with prompt tokens between two timings of the decoding tokens alone
+    PROBE = 8             # prompt tokens beside decoding ones before their cost is known
 
     def __init__(self, chunk: int, latency: float | None = None):
         if chunk < 1:
@@ -74,33 +83,44 @@ class StepBudget:
             raise RapidMoEError(f"step_latency must be > 1 (a multiple of a decoding step's time), got {latency}")
         self.chunk, self.latency = chunk, latency
         self.t_decode: dict[int, float] = {}  # decoding tokens: seconds, a step of them alone
+        self._timings: dict[int, collections.deque] = {}   # and its latest TIMINGS times
         self.per_token: float | None = None   # seconds a prompt token adds to a step
         self.since_decode = 0                 # steps with prompt tokens since the last without
+
+    def decode_time(self, n_decode: int) -> float | None:
+        """t_d for n_decode tokens: timed, or the largest smaller count's; None: neither."""
+        if n_decode in self.t_decode:
+            return self.t_decode[n_decode]
+        below = [n for n in self.t_decode if n < n_decode]
+        return self.t_decode[max(below)] if below else None
 
     def observe(self, n_decode: int, n_prompt: int, seconds: float) -> None:
         """A step of n_decode decoding tokens and n_prompt prompt tokens took seconds."""
         a = self.SMOOTH
         if n_decode == 0:
             return                            # a prompt alone: nobody waited on it
-        t_d = self.t_decode.get(n_decode)
         if n_prompt == 0:
-            self.t_decode[n_decode] = seconds if t_d is None else a * seconds + (1 - a) * t_d
+            times = self._timings.setdefault(n_decode, collections.deque(maxlen=self.TIMINGS))
+            times.append(seconds)
+            self.t_decode[n_decode] = min(times)
             self.since_decode = 0
             return
         self.since_decode += 1
+        t_d = self.decode_time(n_decode)
         if t_d is not None:
             c = max(seconds - t_d, 0.0) / n_prompt
-            self.per_token = c if self.per_token is None else a * c + (1 - a) * self.per_token
+            rise = self.per_token is None or c > self.per_token
+            self.per_token = c if rise else a * c + (1 - a) * self.per_token
 
     def prompt_tokens(self, n_decode: int) -> int:
         """Prompt tokens for the next step, which has n_decode (> 0) decoding tokens."""
         if self.latency is None:
             return self.chunk
-        t_d = self.t_decode.get(n_decode)
+        t_d = self.decode_time(n_decode)
         if t_d is None or self.since_decode >= self.REPROBE:
             return 0
-        if not self.per_token:
-            return self.chunk
+        if not self.per_token:            # none seen, or steps that took no longer than t_d
+            return min(self.chunk, self.PROBE)
         return int(max(1, min(self.chunk, (self.latency - 1) * t_d / self.per_token)))
 
 
@@ -178,6 +198,8 @@ class Scheduler:
     first slot's residual policy and budget (as they are now) after a request that chose its own.
     ``observer`` receives the counts and timings (the server's statistics and metrics).
     ``prefill_chunk`` and ``step_latency``: the prompt tokens a step may carry (StepBudget)."""
+
+    SHORT_PROMPT_TOKENS = 8   # prompt tokens a step carries at least while the oldest prompt is short
 
     def __init__(self, slots: Sequence[Model], name: str, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  observer: Observer | None = None, step_latency: float | None = None):
@@ -299,9 +321,11 @@ class Scheduler:
         """The step's batch: the next token of every decoding request, then prompt tokens of the
         requests still reading theirs, oldest first, under the step's prompt budget.
 
-        - Others decode: ``prefill_chunk`` prompt tokens, shared in arrival order (a prompt may end
-          its share mid-way); while the oldest prompt being read is longer than ``prefill_chunk``,
-          ``step_budget.prompt_tokens`` (fewer with ``step_latency``; none in a step it times).
+        - Others decode: ``step_budget.prompt_tokens`` prompt tokens (``prefill_chunk``, fewer with
+          ``step_latency``; none in a step it times), shared in arrival order (a prompt may end
+          its share mid-way); while the oldest prompt being read is no longer than
+          ``prefill_chunk``, at least SHORT_PROMPT_TOKENS (its first token comes within a few
+          steps even when a slow step has made a prompt token look dear).
         - Nothing decodes: the oldest prompt, and the whole prompts after it while all of them
           together fit in ``prefill_chunk`` and ``n_batch`` (short prompts start together); a
           prompt longer than that goes alone, in chunks of ``n_batch``."""
@@ -320,9 +344,10 @@ class Scheduler:
                 work.append((s, s.rest[s.done:].tolist()))
                 room -= s.left
             return work
-        room = max(1, min(self.prefill_chunk, n_batch - len(work)))
-        if reading[0].rest.size > self.prefill_chunk:    # a long prompt: bound the decoding steps' time
-            room = min(room, self.step_budget.prompt_tokens(len(work)))
+        budget = self.step_budget.prompt_tokens(len(work))
+        if budget and reading[0].rest.size <= self.prefill_chunk:   # a short prompt starts within a few steps
+            budget = max(budget, self.SHORT_PROMPT_TOKENS)
+        room = min(max(1, min(self.prefill_chunk, n_batch - len(work))), budget)
         for s in reading:
             if room == 0:
                 break

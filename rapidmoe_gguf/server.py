@@ -26,9 +26,9 @@ rather than ignored; fields it does not know at all are ignored.
 Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
 (``Model.fork_session``), each with its own KV cache. One thread, the scheduler
 (rapidmoe_gguf.scheduler), owns them and runs one evaluation per step: the next token of every
-running request and at most ``prefill_chunk`` tokens of the prompts being read (fewer of a long
-prompt where ``step_latency`` needs: scheduler.StepBudget), so the weights are read once per step for all of
-them and a long prompt does not stall the others. A
+running request and at most ``prefill_chunk`` tokens of the prompts being read (fewer where
+``step_latency`` needs: scheduler.StepBudget), so the weights are read once per step for all of
+them and a prompt does not stall the others. A
 request takes the free slot whose cache holds the longest prefix of its prompt (which it then does
 not evaluate again, see Model.generate); up to ``queue`` further requests wait for a slot, in order
 of arrival; beyond that the answer is 503. A client that goes away, while waiting, while its prompt

@@ -169,18 +169,18 @@ def test_scheduler_prompts_together_stay_within_n_batch(gguf):
         assert (text, finish, end.usage) == want_alone(gguf, req, 128)
 
 
-@pytest.mark.parametrize("step_latency", [None, 1.01])
-def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf, step_latency):
-    """While one request decodes, three 10-token prompts arrive together (chunk 16): the steps
-    read them oldest first, 16 prompt tokens a step, a prompt split where the budget ends:
-    10 + 6, then 4 + 10 beside the then two decoding requests. A step latency bound leaves
-    prompts no longer than the chunk alone (it is for long prompts)."""
+def short_prompts_beside_a_decoding_request(gguf, budget=None):
+    """While one request decodes, three 10-token prompts arrive together (chunk 16); with budget
+    (a stand-in for the StepBudget) the scheduler asks it for each step's prompt tokens. Returns
+    the steps from the first that saw the prompts, and each request's result and its text alone."""
     m = rm.Model(gguf, n_ctx=128, n_threads=2)
     m.tokenizer.eog_ids = frozenset()
     first, later = request(ids(3, 30), 30), [request(ids(10, 31 + i), 5) for i in range(3)]
     obs = Steps()
     with m:
-        sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 16, obs, step_latency=step_latency)
+        sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 16, obs)
+        if budget is not None:
+            sched.step_budget = budget
         try:
             j0 = Job(first)
             sched.submit(j0, j0)
@@ -194,16 +194,62 @@ def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf, step_late
             results = [j.result() for j in [j0] + jobs]
         finally:
             sched.close()
-    i = next(i for i in range(k, len(obs.steps)) if obs.steps[i][1] > 1)   # a step may have been under way
-    assert obs.steps[i:i + 2] == [(1 + 16, 3), (2 + 14, 4)]
     for req, (text, finish, end) in zip([first] + later, results):
         assert (text, finish, end.usage) == want_alone(gguf, req, 128)
+    return obs.steps[k:]
+
+
+def test_scheduler_prompts_share_the_step_budget_beside_decoding(gguf):
+    """Without a latency bound the steps read the prompts oldest first, 16 prompt tokens a step, a
+    prompt split where the budget ends: 10 + 6, then 4 + 10 beside the then two decoding
+    requests."""
+    steps = short_prompts_beside_a_decoding_request(gguf)
+    i = next(i for i in range(len(steps)) if steps[i][1] > 1)   # a step may have been under way
+    assert steps[i:i + 2] == [(1 + 16, 3), (2 + 14, 4)]
+
+
+class FixedBudget:
+    """A StepBudget that gives the prompt tokens it is told (then `rest`) and records the steps."""
+
+    def __init__(self, tokens, rest):
+        self.tokens, self.rest, self.asked, self.seen = list(tokens), rest, [], []
+
+    def prompt_tokens(self, n_decode):
+        self.asked.append(n_decode)
+        return self.tokens.pop(0) if self.tokens else self.rest
+
+    def observe(self, n_decode, n_prompt, seconds):
+        if self.asked:
+            self.seen.append((n_decode, n_prompt))
+
+
+def test_scheduler_short_prompts_beside_decoding_take_the_step_budget(gguf):
+    """Short prompts beside decoding tokens are bounded as long ones are: each step carries the
+    prompt tokens the budget gives for its count of decoding tokens, none in a step it times
+    (0), and a prompt that ends gives its first token and decodes in the next step."""
+    budget = FixedBudget([0, 9], 12)
+    short_prompts_beside_a_decoding_request(gguf, budget)
+    assert budget.seen[:4] == [(1, 0), (1, 9), (1, 1 + 10 + 1), (3, 9)]
+    assert budget.asked == [1, 1, 1, 3]
+
+
+def test_scheduler_short_prompts_take_at_least_a_few_tokens_a_step(gguf):
+    """A budget below SHORT_PROMPT_TOKENS (8) while the oldest prompt is short gives 8, so a short
+    prompt starts within a few steps; 0 (a step to time) stays 0, and more than the chunk is the
+    chunk (16)."""
+    assert Scheduler.SHORT_PROMPT_TOKENS == 8
+    budget = FixedBudget([0, 2, 3], 20)
+    short_prompts_beside_a_decoding_request(gguf, budget)
+    assert budget.seen[:4] == [(1, 0), (1, 8), (1, 2 + 6), (2, 4 + 10)]
+    assert budget.asked == [1, 1, 1, 2]
 
 
 def test_step_budget_keeps_a_step_within_its_latency_multiple():
     """StepBudget on given step times: 0 (a step to time) until it has timed the decoding tokens
-    alone (per count of them), the chunk until it has timed prompt tokens, then
-    (f - 1) * t_decode / per-token cost, between 1 and the chunk; a new timing every REPROBE steps."""
+    alone (per count of them; a larger count borrows a smaller one's time), PROBE tokens until it
+    has timed prompt tokens, then (f - 1) * t_decode / per-token cost, between 1 and the chunk;
+    a dearer per-token cost counts at once, a cheaper one by halves; a new timing every REPROBE
+    steps, t_decode the least of the latest TIMINGS."""
     assert StepBudget(64).prompt_tokens(4) == 64
     b = StepBudget(64)
     b.observe(4, 0, 0.010)
@@ -213,20 +259,30 @@ def test_step_budget_keeps_a_step_within_its_latency_multiple():
     b.observe(0, 100, 5.0)                             # a prompt alone: nobody waited
     assert b.prompt_tokens(4) == 0 and b.t_decode == {}   # first a step of decoding tokens alone
     b.observe(4, 0, 0.010)
-    assert b.prompt_tokens(4) == 64                    # no prompt-token cost seen yet
-    b.observe(4, 64, 0.074)                            # 1 ms a prompt token
+    assert b.prompt_tokens(4) == StepBudget.PROBE      # no prompt-token cost seen yet: a few tokens
+    b.observe(4, 8, 0.018)                             # 1 ms a prompt token
     assert b.prompt_tokens(4) == 15                    # 1.5 * 10 ms / 1 ms
     assert b.prompt_tokens(3) == 0                     # three decoding tokens: not timed yet
-    b.observe(4, 15, 0.010 + 15 * 0.003)               # 3 ms a token: the average 2 ms
+    assert b.prompt_tokens(6) == 15 and b.decode_time(6) == 0.010   # six: at least four's time
+    b.observe(4, 15, 0.010 + 15 * 0.0029)              # 2.9 ms a token: taken at once
+    assert b.prompt_tokens(4) == 5
+    b.observe(4, 5, 0.010 + 5 * 0.001)                 # 1 ms: the average, 1.95 ms
     assert b.prompt_tokens(4) == 7
     for _ in range(8):
         b.observe(4, 1, 0.100)                         # 90 ms a token: at least one
     assert b.prompt_tokens(4) == 1
-    for _ in range(StepBudget.REPROBE - 10):
+    for _ in range(StepBudget.REPROBE - 11):
         b.observe(4, 1, 0.100)
     assert b.prompt_tokens(4) == 0                     # time the decoding tokens alone again
-    b.observe(4, 0, 0.200)
-    assert b.prompt_tokens(4) == 1 and b.since_decode == 0
+    b.observe(4, 0, 0.200)                             # a slow timing: the least of the latest stays
+    assert b.prompt_tokens(4) == 1 and b.since_decode == 0 and b.t_decode[4] == 0.010
+    for _ in range(StepBudget.TIMINGS - 1):
+        b.observe(4, 0, 0.300)
+    assert b.t_decode[4] == 0.200                      # the 10 ms timing has left the latest four
+    b = StepBudget(64, latency=2.5)
+    b.observe(4, 0, 0.010)
+    b.observe(4, 8, 0.009)                             # no longer than t_d: no cost to go by
+    assert b.per_token == 0 and b.prompt_tokens(4) == StepBudget.PROBE
     b = StepBudget(8, latency=100)
     b.observe(1, 0, 0.01)
     b.observe(1, 8, 0.018)
@@ -234,6 +290,36 @@ def test_step_budget_keeps_a_step_within_its_latency_multiple():
     for bad in (dict(chunk=0), dict(chunk=8, latency=1.0), dict(chunk=8, latency=float("nan"))):
         with pytest.raises(RapidMoEError, match="prefill_chunk|step_latency"):
             StepBudget(**bad)
+
+
+def long_prompt_step_cost(p: int, ctx: int) -> float:
+    """A model of a step's seconds (the benchmark file's shape, 2 threads): 4 decoding tokens
+    take 28 ms; p prompt tokens at context ctx add 30 ms * (1 - (15/16)^p) for the experts they
+    touch that the decoding tokens did not, 0.2 ms each, and each its attention over its
+    context, 3.1 us a position (6 ms a token at 1,900)."""
+    if p == 0:
+        return 0.028
+    return 0.028 + 0.030 * (1 - (15 / 16) ** p) + sum(0.0002 + 3.1e-6 * (ctx + i) for i in range(p))
+
+
+@pytest.mark.parametrize("latency", [2.0, 2.5])
+def test_step_budget_bounds_a_long_prompt_on_a_cost_model(latency):
+    """StepBudget fed the step times of the model above, with no clock, while a 2,000-token prompt
+    is read beside 4 decoding tokens: no step passes 1.06 times its bound (the per-token cost it
+    uses is the previous step's, at a shorter context), and it takes at most 1.1 times the steps
+    of a planner that knew the model (the largest chunk within the bound at each context)."""
+    b, t_d, ctx, steps, worst = StepBudget(64, latency), long_prompt_step_cost(0, 0), 0, 0, 0.0
+    while ctx < 2000:
+        p = min(b.prompt_tokens(4), 2000 - ctx)
+        t = long_prompt_step_cost(p, ctx)
+        b.observe(4, p, t)
+        worst, ctx, steps = max(worst, t / t_d), ctx + p, steps + 1
+    best, ctx = 0, 0
+    while ctx < 2000:
+        p = max(q for q in range(1, 65) if q == 1 or long_prompt_step_cost(q, ctx) <= latency * t_d)
+        best, ctx = best + 1, ctx + p
+    assert worst <= 1.06 * latency
+    assert steps <= 1.1 * best
 
 
 def test_scheduler_with_a_step_latency_bound_gives_the_same_text(gguf):

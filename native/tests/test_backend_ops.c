@@ -231,6 +231,54 @@ static void test_attention_window_sinks(rm_backend * be, const rm_model * m, int
     free(q), free(k), free(v), free(o);
 }
 
+/* Attention over contexts of several tiles of positions (the CPU backend reads K and V in tiles
+ * for blocks of query rows that share a kv head): groups of 8 and of 64 query heads per kv head
+ * (more than a job's 32 rows), one token (decode, the heads split among the threads), a few, and
+ * a block count that does not divide the tokens; with a window that starts mid-tile, sinks, and a
+ * ring that wraps inside a tile. */
+static void test_attention_tiles(rm_backend * be, const rm_model * m, int n_tok, int W, int ring, int H, int HKV) {
+    const int D = 128, G = H / HKV, pos0 = 230, N_CTX = pos0 + n_tok;
+    const rm_weight * sinks = W > 0 ? &m->layers[0].attn_norm : NULL;
+    const float * sk = sinks ? (const float *) sinks->data : NULL;
+    float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
+    const int rows = ring > 0 ? ring : N_CTX;
+    float * kr = malloc(sizeof(float) * (size_t) (rows * HKV * D)), * vr = malloc(sizeof(float) * (size_t) (rows * HKV * D));
+    for (int p = 0; p < N_CTX; p++) {
+        memcpy(kr + (p % rows) * HKV * D, k + p * HKV * D, sizeof(float) * (size_t) (HKV * D));
+        memcpy(vr + (p % rows) * HKV * D, v + p * HKV * D, sizeof(float) * (size_t) (HKV * D));
+    }
+    float * qd = put(be, q, n_tok * H * D), * kd = put(be, kr, rows * HKV * D), * vd = put(be, vr, rows * HKV * D);
+    float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+    rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks, ring};
+    be->ops->attention(be, &a);
+    float * o = get(be, od, n_tok * H * D);
+    double * s = malloc(sizeof(double) * (size_t) N_CTX), worst = 0;
+    for (int i = 0; i < n_tok; i++) {
+        for (int h = 0; h < H; h++) {
+            const int n_kv = pos0 + i + 1, p0 = W > 0 && n_kv > W ? n_kv - W : 0, kh = h / G;
+            double mx = sk ? sk[h] : -1e300, z = 0;
+            for (int p = p0; p < n_kv; p++) {
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double) q[(i * H + h) * D + c] * k[(p * HKV + kh) * D + c];
+                s[p] = d / sqrt((double) D);
+                mx = fmax(mx, s[p]);
+            }
+            if (sk) z = exp(sk[h] - mx);
+            for (int p = p0; p < n_kv; p++) z += exp(s[p] - mx);
+            for (int c = 0; c < D; c++) {
+                double ref = 0;
+                for (int p = p0; p < n_kv; p++) ref += exp(s[p] - mx) / z * v[(p * HKV + kh) * D + c];
+                worst = fmax(worst, fabs(o[(i * H + h) * D + c] - ref));
+            }
+        }
+    }
+    char what[80];
+    snprintf(what, sizeof(what), "%d tokens at 230, window %d, ring %d, %d/%d heads", n_tok, W, ring, H, HKV);
+    record(be->ops->name, "attention", what, worst / 4.0, 2e-5);
+    be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
+    free(q), free(k), free(v), free(o), free(kr), free(vr), free(s);
+}
+
 /* gpt-oss's clamped SwiGLU on values that reach past the limit, and YaRN RoPE (factor 32). */
 static void test_gpt_oss_ops(rm_backend * be) {
     const int64_t n = 300;
@@ -497,6 +545,14 @@ int main(int argc, char ** argv) {
             test_route(cpu);
             test_attention_window_sinks(cpu, m, 0);   /* after the others: their random inputs stay as they were */
             test_attention_window_sinks(cpu, m, 11);
+            for (int n_tok = 1; n_tok <= 27; n_tok += 26) {   /* CPU only: contexts past the backends' n_ctx of 64 */
+                test_attention_tiles(cpu, m, n_tok, 0, 0, 16, 2);
+                test_attention_tiles(cpu, m, n_tok, 100, 0, 16, 2);
+                test_attention_tiles(cpu, m, n_tok, 100, 170, 16, 2);
+            }
+            test_attention_tiles(cpu, m, 6, 0, 0, 16, 2);
+            test_attention_tiles(cpu, m, 1, 0, 0, 64, 1);   /* a group above the rows a job holds */
+            test_attention_tiles(cpu, m, 3, 0, 0, 64, 1);
             test_gpt_oss_ops(cpu);
         }
         cpu->ops->free(cpu);

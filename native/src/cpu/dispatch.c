@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend.h"
 #include "../status.h"
 
 #if defined(RM_X86)
@@ -250,12 +249,12 @@ rm_attn_values_fn rm_cpu_attn_values_isa(rm_isa isa) {
     return rm_cpu_attn_values_ref;
 }
 
-rm_softmax_fn rm_cpu_softmax_isa(rm_isa isa) {
+rm_exp_sum_fn rm_cpu_exp_sum_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);
-        if (k && k->softmax) return k->softmax;
+        if (k && k->exp_sum) return k->exp_sum;
     }
-    return rm_softmax_sink;
+    return rm_cpu_exp_sum_ref;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -117,9 +117,10 @@ typedef void (*rm_attn_scores_fn)(int64_t d, int64_t n, const float * q, const f
 typedef void (*rm_attn_values_fn)(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
                                   int accumulate);
 
-/* Attention's softmax in place over n scores, with a sink logit (-INFINITY: none), as
- * rm_softmax_sink computes it, to float rounding: the sets take exp in vectors. */
-typedef void (*rm_softmax_fn)(float * x, int64_t n, float sink);
+/* Attention's exponentials of one tile of scores: x[j] = exp(x[j] - m) in place (x[j] <= m), and
+ * their sum, as rm_cpu_exp_sum_ref computes them to float rounding (the sets take exp in vectors
+ * and add in lanes). */
+typedef float (*rm_exp_sum_fn)(float * x, int64_t n, float m);
 
 /* The Gated DeltaNet layer's delta-rule step (recurrent form) and causal conv, as rm_gdn_recurrent
  * and rm_gdn_conv (cpu/gdn.h, their scalar twins) compute them, to float rounding. */
@@ -138,7 +139,7 @@ typedef struct rm_cpu_kernels {
     rm_axpy_fn          axpy;
     rm_attn_scores_fn   attn_scores;
     rm_attn_values_fn   attn_values;
-    rm_softmax_fn       softmax;
+    rm_exp_sum_fn       exp_sum;
     const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
     const rm_tile_kernels *   tile[RM_TYPE_COUNT];     /* optional: the tile form (AMX) */
     rm_gdn_recurrent_fn gdn_recurrent;
@@ -166,7 +167,7 @@ rm_from_float_fn    rm_cpu_quantize_isa(rm_isa isa, int32_t type);
 rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
 rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
-rm_softmax_fn       rm_cpu_softmax_isa(rm_isa isa);   /* rm_softmax_sink where a set has none */
+rm_exp_sum_fn       rm_cpu_exp_sum_isa(rm_isa isa);
 rm_gdn_recurrent_fn rm_cpu_gdn_recurrent_isa(rm_isa isa);   /* the twins where a set has none */
 rm_gdn_conv_fn      rm_cpu_gdn_conv_isa(rm_isa isa);
 rm_gdn_chunked_fn   rm_cpu_gdn_chunked_isa(rm_isa isa);
@@ -175,6 +176,7 @@ void rm_cpu_axpy_ref(int64_t n, float a, const float * x, float * y);
 void rm_cpu_attn_scores_ref(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s);
 void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
                             int accumulate);
+float rm_cpu_exp_sum_ref(float * x, int64_t n, float m);
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
@@ -190,7 +192,7 @@ static inline rm_from_float_fn    rm_cpu_quantize(int32_t t)      { return rm_cp
 static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cpu_axpy_isa(rm_isa_active()); }
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
-static inline rm_softmax_fn       rm_cpu_softmax(void)            { return rm_cpu_softmax_isa(rm_isa_active()); }
+static inline rm_exp_sum_fn       rm_cpu_exp_sum(void)            { return rm_cpu_exp_sum_isa(rm_isa_active()); }
 static inline rm_gdn_recurrent_fn rm_cpu_gdn_recurrent(void)      { return rm_cpu_gdn_recurrent_isa(rm_isa_active()); }
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
 static inline rm_gdn_chunked_fn   rm_cpu_gdn_chunked(void)        { return rm_cpu_gdn_chunked_isa(rm_isa_active()); }

@@ -3,6 +3,8 @@
  * lengths their vectors do not divide (simd_x86.h): a unit of their own, below both. */
 #include "dispatch.h"
 
+#include <math.h>
+
 void rm_cpu_axpy_ref(int64_t n, float a, const float * x, float * y) {
     for (int64_t i = 0; i < n; i++) {
         y[i] += a * x[i];
@@ -28,4 +30,13 @@ void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float *
     for (int64_t p = 0; p < n; p++) {
         rm_cpu_axpy_ref(d, s[p], v + p * stride, out);
     }
+}
+
+float rm_cpu_exp_sum_ref(float * x, int64_t n, float m) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        x[j] = expf(x[j] - m);
+        sum += x[j];
+    }
+    return sum;
 }

@@ -43,8 +43,8 @@ typedef struct cpu_ctx {
     uint64_t  xq_cap;
     float *   x_info;             /* their block scales and sums (rm_q8_0_act_info) */
     int64_t   x_info_cap;         /* floats */
-    float *   scores;             /* attention scores: ATTN_HEADS rows of n_ctx per thread */
-    int32_t   n_ctx;
+    float *   scores;             /* attention: per thread, a tile's scores */
+    int64_t   scores_room;        /* floats per thread: ATTN_TILE, rounded to a cache line */
     uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
     uint64_t  xt_cap;
     uint8_t * pack;               /* each thread's packed rows: pack_stride bytes apiece */
@@ -540,103 +540,136 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
     rm_pool_run_shared(c->pool, many_matmul_fn, m);
 }
 
-/* Attention jobs are (token, a block of up to ATTN_HEADS query heads that share one KV head):
- * the heads of a block take their scores, and then their values, ATTN_POSITIONS positions at a
- * time, so each block of cached rows is read from memory once for all of them and then from L1.
- * Every score and every output float is the same as one head's pass over all positions would
- * give (blocks start at multiples of 8 positions, and the values' sums go on across blocks), so
- * the blocking decides nothing about the result: decode and prefill agree whatever their jobs. */
-enum { ATTN_HEADS = 8, ATTN_POSITIONS = 32 };
+/* Attention goes in tiles of positions, flash attention's order: a job is a block of rows that
+ * share one kv head (a few tokens times a group of its query heads), and each tile of ATTN_TILE
+ * positions of K and V is read from memory once for all of them and passed over by each row
+ * while it is in cache. Each row keeps its running max and sum (the online softmax) and its
+ * output is rescaled when the max grows, so the scores of a whole context are never held. Reading
+ * the cache once per query row instead (as one job per token and head does) made a 16-token
+ * prompt chunk at context 1,900 spend most of its step streaming the same keys 128 times. */
+#define ATTN_TILE 64          /* positions: 64 rows of K and of V, 32 KiB each at head_dim 128 */
+#define ATTN_ROWS 32          /* query rows of a job at most */
+#define ATTN_JOBS_PER_THREAD 4
 
 typedef struct attn_task {
     const rm_attn_args * a;
     cpu_ctx *            c;
     rm_attn_scores_fn    scores;
     rm_attn_values_fn    values;
-    rm_axpy_fn           axpy;
-    rm_softmax_fn        softmax;
-    int32_t              heads;       /* query heads per job (a divisor of the group, at most ATTN_HEADS) */
-    atomic_llong         next_job;    /* jobs are (block of heads, token); later tokens see more positions */
+    rm_exp_sum_fn        exp_sum;
+    int32_t              tb, gs;      /* a job: tb tokens times gs query heads of one kv head */
+    int32_t              n_tb, n_gs;  /* token blocks; head groups per kv head */
+    atomic_llong         next_job;
 } attn_task;
 
-/* One run of cached rows [r0, r0 + n) for the job's heads: scores into s[j] + s0 (pass 0) or
- * their values added into out[j] (pass 1; `fresh` where out[j] holds nothing yet). */
-static void attn_run(const attn_task * t, int pass, int32_t nh, const float * const * q, float * const * out,
-                     float * const * s, int32_t s0, int64_t r0, int32_t n, int64_t head, int fresh) {
+/* The positions token i sees: [*p0, returned). */
+static inline int32_t attn_span(const rm_attn_args * a, int32_t i, int32_t * p0) {
+    const int32_t n_all = a->pos0 + i + 1;
+    *p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
+    return n_all;
+}
+
+static void attn_job(const attn_task * t, int64_t job, float * sc) {
     const rm_attn_args * a = t->a;
-    const int32_t D = a->head_dim;
-    const int64_t kv_stride = (int64_t) a->n_head_kv * D;
+    const int32_t D = a->head_dim, G = a->n_head / a->n_head_kv;
+    const int64_t q_stride = (int64_t) a->n_head * D, kv_stride = (int64_t) a->n_head_kv * D;
     const float scale = 1.0f / sqrtf((float) D);
-    for (int32_t b = 0; b < n; b += ATTN_POSITIONS) {
-        const int32_t m = n - b < ATTN_POSITIONS ? n - b : ATTN_POSITIONS;
-        for (int32_t j = 0; j < nh; j++) {
-            if (pass == 0) {
-                t->scores(D, m, q[j], a->k_cache + (r0 + b) * kv_stride + head, kv_stride, scale, s[j] + s0 + b);
-            } else {
-                t->values(D, m, s[j] + s0 + b, a->v_cache + (r0 + b) * kv_stride + head, kv_stride, out[j],
-                          !(fresh && b == 0));
-            }
+    const int32_t g = (int32_t) (job % t->n_gs), kvh = (int32_t) (job / t->n_gs % a->n_head_kv);
+    const int32_t i0 = (int32_t) (job / t->n_gs / a->n_head_kv) * t->tb;
+    const int32_t n_i = a->n_tok - i0 < t->tb ? a->n_tok - i0 : t->tb;
+    const int32_t h0 = kvh * G + g * t->gs, n_h = G - g * t->gs < t->gs ? G - g * t->gs : t->gs;
+    const int32_t R = n_i * n_h;      /* row r: token i0 + r / n_h, head h0 + r % n_h */
+    float m[ATTN_ROWS], l[ATTN_ROWS];
+    int empty[ATTN_ROWS];             /* its output not written yet */
+    for (int32_t r = 0; r < R; r++) {
+        m[r] = a->sinks ? ((const float *) a->sinks->data)[h0 + r % n_h] : -INFINITY;
+        l[r] = a->sinks ? 1.0f : 0.0f;   /* the sink's own share, e^(sink - m) */
+        empty[r] = 1;
+    }
+    int32_t lo, lo_last;              /* the job's positions: the first token's first to the last's last */
+    (void) attn_span(a, i0, &lo);
+    const int32_t hi = attn_span(a, i0 + n_i - 1, &lo_last);
+    const int64_t head = (int64_t) kvh * D;
+    for (int32_t p = lo; p < hi;) {
+        /* tiles end at multiples of ATTN_TILE (and where a ring wraps): a row's arithmetic is the
+         * same whichever rows share its job, so decode and prefill give the same floats */
+        int32_t pe = (p / ATTN_TILE + 1) * ATTN_TILE < hi ? (p / ATTN_TILE + 1) * ATTN_TILE : hi;
+        int64_t row = p;              /* the tile's first cache row */
+        if (a->ring > 0) {
+            row = p % a->ring;
+            if (pe - p > a->ring - row) pe = p + (int32_t) (a->ring - row);
         }
+        const float * kt = a->k_cache + row * kv_stride + head, * vt = a->v_cache + row * kv_stride + head;
+        for (int32_t r = 0; r < R; r++) {
+            int32_t r0;
+            const int32_t r1 = attn_span(a, i0 + r / n_h, &r0);
+            const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
+            if (b >= e) continue;
+            const int32_t n = e - b;
+            const float * q = a->q + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+            float * out = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+            t->scores(D, n, q, kt + (int64_t) (b - p) * kv_stride, kv_stride, scale, sc);
+            float mx = m[r];
+            for (int32_t j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+            if (mx > m[r]) {          /* the earlier positions' weights shrink by e^(m - mx) */
+                const float f = expf(m[r] - mx);
+                l[r] *= f;
+                for (int32_t c = 0; !empty[r] && c < D; c++) out[c] *= f;
+                m[r] = mx;
+            }
+            l[r] += t->exp_sum(sc, n, mx);
+            t->values(D, n, sc, vt + (int64_t) (b - p) * kv_stride, kv_stride, out, !empty[r]);
+            empty[r] = 0;
+        }
+        p = pe;
+    }
+    for (int32_t r = 0; r < R; r++) {   /* every row sees at least its own position */
+        float * out = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+        const float inv = 1.0f / l[r];
+        for (int32_t c = 0; c < D; c++) out[c] *= inv;
     }
 }
 
 static void attn_task_fn(void * p, int ith, int nth) {
     attn_task * t = p;
-    const rm_attn_args * a = t->a;
-    const int32_t D = a->head_dim, group = a->n_head / a->n_head_kv, nh = t->heads;
-    const int64_t q_stride = (int64_t) a->n_head * D;
-    const int64_t n_jobs = (int64_t) a->n_tok * (a->n_head / nh);
-    float * s[ATTN_HEADS];
-    const float * q[ATTN_HEADS];
-    float * out[ATTN_HEADS];
-    for (int32_t j = 0; j < nh; j++) {
-        s[j] = t->c->scores + ((int64_t) ith * ATTN_HEADS + j) * t->c->n_ctx;
-    }
+    float * sc = t->c->scores + (int64_t) ith * t->c->scores_room;
+    const int64_t n_jobs = (int64_t) t->n_tb * t->a->n_head_kv * t->n_gs;
     for (;;) {
         const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
-        if (job >= n_jobs) {
-            break;
-        }
-        /* block of heads major: its cached rows stay in this core's cache from token to token */
-        const int32_t i = (int32_t) (job % a->n_tok), h0 = (int32_t) (job / a->n_tok) * nh;
-        const int32_t n_all = a->pos0 + i + 1;
-        const int32_t p0 = a->window > 0 && n_all > a->window ? n_all - a->window : 0;   /* sliding window */
-        const int32_t n_kv = n_all - p0;
-        for (int32_t j = 0; j < nh; j++) {
-            q[j] = a->q + i * q_stride + (int64_t) (h0 + j) * D;
-            out[j] = a->out + i * q_stride + (int64_t) (h0 + j) * D;
-        }
-        /* the positions' rows: one run, or two where a ring wraps (rows r0.. then 0..) */
-        const int32_t r0 = a->ring > 0 ? p0 % a->ring : p0;
-        const int32_t n1 = a->ring > 0 && r0 + n_kv > a->ring ? a->ring - r0 : n_kv;
-        const int64_t head = (int64_t) (h0 / group) * D;
-        attn_run(t, 0, nh, q, out, s, 0, r0, n1, head, 1);
-        attn_run(t, 0, nh, q, out, s, n1, 0, n_kv - n1, head, 1);
-        for (int32_t j = 0; j < nh; j++) {
-            t->softmax(s[j], n_kv, a->sinks ? ((const float *) a->sinks->data)[h0 + j] : -INFINITY);
-        }
-        attn_run(t, 1, nh, q, out, s, 0, r0, n1, head, 1);
-        for (int32_t j = 0; j < nh; j++) {   /* the wrapped rows, added on */
-            for (int32_t p = n1; p < n_kv; p++) {
-                t->axpy(D, s[j][p], a->v_cache + (int64_t) (p - n1) * a->n_head_kv * D + head, out[j]);
-            }
-        }
+        if (job >= n_jobs) break;
+        attn_job(t, job, sc);
     }
     (void) nth;
+}
+
+/* Rows per job: all of a kv head's query heads and as many tokens as leave the threads
+ * ATTN_JOBS_PER_THREAD jobs each; with too few tokens for that (decode), the heads split. */
+static void attn_blocks(attn_task * t, int nth) {
+    const rm_attn_args * a = t->a;
+    const int32_t G = a->n_head / a->n_head_kv, want = ATTN_JOBS_PER_THREAD * nth;
+    const int64_t units = (int64_t) a->n_tok * a->n_head_kv;   /* a token's heads of one kv head */
+    int32_t gs = G < ATTN_ROWS ? G : ATTN_ROWS;
+    int32_t n_gs = (G + gs - 1) / gs;
+    if (units * n_gs < want) {
+        const int64_t split = (want + units - 1) / units;
+        const int32_t fewer = (int32_t) ((G + split - 1) / split);
+        gs = fewer < gs ? fewer : gs;   /* never above ATTN_ROWS, the rows a job keeps state for */
+        n_gs = (G + gs - 1) / gs;
+    }
+    int64_t tb = units * n_gs / want;
+    tb = tb < 1 ? 1 : tb > ATTN_ROWS / gs ? ATTN_ROWS / gs : tb;
+    tb = tb > a->n_tok ? a->n_tok : tb;
+    t->gs = gs;
+    t->n_gs = n_gs;
+    t->tb = (int32_t) tb;
+    t->n_tb = (int32_t) ((a->n_tok + tb - 1) / tb);
 }
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
     attn_task t = {.a = a, .c = c, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values(),
-                   .axpy = rm_cpu_axpy(), .softmax = rm_cpu_softmax(), .heads = 1};
-    /* as many heads of a group per job as divide it, while there are jobs enough for every thread */
-    const int32_t group = a->n_head / a->n_head_kv;
-    for (int32_t h = ATTN_HEADS; h > 1; h--) {
-        if (group % h == 0 && (int64_t) a->n_tok * (a->n_head / h) >= 2 * (int64_t) rm_pool_size(c->pool)) {
-            t.heads = h;
-            break;
-        }
-    }
+                   .exp_sum = rm_cpu_exp_sum()};
+    attn_blocks(&t, rm_pool_size(c->pool));
     atomic_init(&t.next_job, 0);
     rm_pool_run_shared(c->pool, attn_task_fn, &t);
 }
@@ -801,12 +834,12 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
         return NULL;
     }
     c->pool = pool;
-    c->n_ctx = n_ctx;
     c->xq_cap = (uint64_t) n_batch * (uint64_t) (max_in / 32 + 1) * 72 + 64;  /* room for F16 activations, the widest */
     c->xq = malloc(c->xq_cap);
     c->x_info_cap = (int64_t) n_batch * 2 * (max_in / 32 + 1);
     c->x_info = malloc(sizeof(float) * (size_t) c->x_info_cap);
-    c->scores = malloc(sizeof(float) * ATTN_HEADS * (size_t) n_ctx * (size_t) rm_pool_size(pool));
+    c->scores_room = ATTN_TILE + 16;
+    c->scores = malloc(sizeof(float) * (size_t) c->scores_room * (size_t) rm_pool_size(pool));
     /* matmul_many: a base and a residual type of n_batch rows, each row padded to 64 bytes */
     c->xq_many_cap = 2 * (uint64_t) n_batch * ((uint64_t) (max_in / 32 + 1) * 72 + 64);
     c->xq_many = malloc(c->xq_many_cap);

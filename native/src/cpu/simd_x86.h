@@ -147,51 +147,31 @@ static inline __m256 exp_neg_ps(__m256 x) {
     return _mm256_andnot_ps(zero, y);
 }
 
-/* rm_softmax_fn: the max, then exp in vectors (eight lane sums, added in double at the end), then
- * the scale; the tail of fewer than eight through the same vector step, masked. */
-static void softmax_x86(float * x, int64_t n, float sink) {
-    __m256 mv = _mm256_set1_ps(sink);
+/* rm_exp_sum_fn: eight at a time (the tail through the same step, masked), the lanes' sums added
+ * at the end. */
+static float exp_sum_x86(float * x, int64_t n, float m) {
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-    }
-    float mx = hmax_ps(mv);
-    for (; i < n; i++) {
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    const __m256 m8 = _mm256_set1_ps(mx);
-    __m256 acc = _mm256_setzero_ps();
-    for (i = 0; i + 8 <= n; i += 8) {
         const __m256 e = exp_neg_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
         _mm256_storeu_ps(x + i, e);
         acc = _mm256_add_ps(acc, e);
     }
     if (i < n) {
-        float t[8] = {0};
-        const int64_t m = n - i;
+        float t[8];
+        const int64_t k = n - i;
         for (int64_t j = 0; j < 8; j++) {
-            t[j] = j < m ? x[i + j] - mx : -INFINITY;
+            t[j] = j < k ? x[i + j] - m : -INFINITY;
         }
         const __m256 e = exp_neg_ps(_mm256_loadu_ps(t));
         _mm256_storeu_ps(t, e);
         acc = _mm256_add_ps(acc, e);
-        for (int64_t j = 0; j < m; j++) {
+        for (int64_t j = 0; j < k; j++) {
             x[i + j] = t[j];
         }
     }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    double sum = sink > -INFINITY ? (double) expf(sink - mx) : 0.0;
-    for (int j = 0; j < 8; j++) {
-        sum += lanes[j];
-    }
-    const __m256 inv = _mm256_set1_ps((float) (1.0 / sum));
-    for (i = 0; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    }
-    for (; i < n; i++) {
-        x[i] *= (float) (1.0 / sum);
-    }
+    return hsum_ps(acc);
 }
 
 /* The table entries (each kernel-set file has its own copy, built with its flags); a row length

@@ -603,7 +603,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     },
     .attn_scores = attn_scores_512,
     .attn_values = attn_values_512,
-    .softmax = softmax_x86,
+    .exp_sum = exp_sum_x86,
     .packed = {
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,

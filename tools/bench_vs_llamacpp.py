@@ -25,7 +25,8 @@ warms it up (a prompt and a few decode steps, so the mapping is paged in), then 
 
 Medians over --runs runs (>= 5 by default), with min..max. The ratio ours / llama.cpp comes with
 the spread of the per-pair ratios. The memory read bandwidth is measured with a small C streaming
-read compiled on the fly (numpy if there is no C compiler), with the same thread count; the decode
+read compiled on the fly (numpy if there is no C compiler), with the same thread count, over a
+buffer in huge pages where the kernel gives them (at the engines' priority with --rt); the decode
 ceiling is that bandwidth over the weight bytes one token reads,
 
     dense_bytes + base_expert_bytes * n_expert_used / n_expert      (rapidmoe's Model.info)
@@ -127,6 +128,7 @@ BANDWIDTH_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 typedef struct { const uint64_t * p; size_t n; uint64_t sum; } job;
 static void * reader(void * arg) {
@@ -140,8 +142,9 @@ static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
 int main(int argc, char ** argv) {
     const int nt = atoi(argv[1]);
     const size_t bytes = (size_t) atol(argv[2]) << 20, n = bytes / 8;
-    uint64_t * buf = malloc(bytes);
-    if (!buf) return 1;
+    uint64_t * buf = NULL;   /* in 2 MiB pages where the kernel gives them, as the weights are */
+    if (posix_memalign((void **) &buf, (size_t) 2 << 20, bytes) != 0) return 1;
+    madvise(buf, bytes, MADV_HUGEPAGE);
     memset(buf, 1, bytes);
     double best = 0;
     uint64_t total = 0;
@@ -163,8 +166,10 @@ int main(int argc, char ** argv) {
 """
 
 
-def memory_bandwidth(n_threads: int, mib: int = 1024) -> tuple[float, str]:
-    """Best read bandwidth in GB/s over 7 passes of a buffer much larger than the caches."""
+def memory_bandwidth(n_threads: int, mib: int = 1024, prefix: list[str] | None = None) -> tuple[float, str]:
+    """Best read bandwidth in GB/s over 7 passes of a buffer much larger than the caches, in huge
+    pages where the kernel has them (rapidmoe reads model files into such pages); ``prefix``: a
+    command prefix such as chrt's."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc:
         with tempfile.TemporaryDirectory() as d:
@@ -173,7 +178,8 @@ def memory_bandwidth(n_threads: int, mib: int = 1024) -> tuple[float, str]:
                 f.write(BANDWIDTH_C)
             if subprocess.run([cc, "-O3", "-march=native", "-pthread", src, "-o", exe],
                               capture_output=True).returncode == 0:
-                out = subprocess.run([exe, str(n_threads), str(mib)], capture_output=True, text=True, check=True)
+                out = subprocess.run([*(prefix or []), exe, str(n_threads), str(mib)], capture_output=True, text=True,
+                                     check=True)
                 return float(out.stdout.split()[0]), "C streaming read"
     import numpy as np
     from concurrent.futures import ThreadPoolExecutor
@@ -383,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.ours_model and not os.path.isfile(a.ours_model):
         ap.error(f"--ours-model: no such file: {a.ours_model}")
 
-    bw, bw_method = memory_bandwidth(a.threads)
-    print(f"memory read bandwidth, {a.threads} threads: {bw:.1f} GB/s ({bw_method})", file=sys.stderr)
     prefix = rt_prefix(a.rt)
+    bw, bw_method = memory_bandwidth(a.threads, prefix=prefix)
+    print(f"memory read bandwidth, {a.threads} threads: {bw:.1f} GB/s ({bw_method})", file=sys.stderr)
     pythons = {"ours": sys.executable, "llama.cpp": llama_python(a.llama_venv)}
     runs: dict[str, list[dict]] = {e: [] for e in engines}
     for k in range(a.runs):

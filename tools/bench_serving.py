@@ -32,7 +32,8 @@ n_ubatch 512) puts up to --llama-batch of its tokens into each step beside the 4
 
 Numbers from a machine shared with other work are noise (llama.cpp's threads wait for each other
 by spinning, so with more threads than free cores its steps take many times longer); run it on a
-quiet one, or with --rt. Medians of one
+quiet one, or with --rt (the server and llama.cpp at real-time priority 1, this process, whose
+clients time our streams, at 2). Medians of one
 run each; the table is printed and, with --json, written with the raw per-N data.
 """
 
@@ -369,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.llama_worker:
         print(json.dumps(llama_worker(a)))
         return 0
+    if a.rt and rt_prefix(True):
+        # The streams' clients take their timestamps in this process: above the server's priority,
+        # so that the server's busy threads do not delay them (llama.cpp's worker times itself).
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(2))
+        except (OSError, AttributeError) as e:
+            print(f"--rt: the clients stay at normal priority ({e}); their timestamps may lag", file=sys.stderr)
     llama = None if a.skip_llamacpp else run_llama(a)
     ours = run_ours(a)
     text = table(ours, llama, a)

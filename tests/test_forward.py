@@ -221,3 +221,19 @@ def test_forward_truncated_file_read_whole_is_refused(converted, tmp_path):
     for use_mmap in (True, False):
         with pytest.raises(rm.RapidMoEError, match="cut.gguf"):
             rm.Model(cut, n_ctx=128, use_mmap=use_mmap)
+
+
+def test_forward_tied_q4_0_embeddings_read_whole_are_kept(tiny_hf, tmp_path):
+    """A Q4_0 output matrix tied to the token embeddings is repacked at load on AVX-512; in a file
+    read into memory (unlike a mapping) its released pages would read back as zeros, so the
+    embeddings must stay: the logits of the read file are those of the mapped one."""
+    src = tiny_hf("qwen3_moe", weight_std=0.02, head_std=0.1, tie_word_embeddings=True)
+    out = tmp_path / "tied.gguf"
+    rm.convert(src, out, recipe="q4_0-q4_0", other_type="Q4_0", progress=False)
+    ids = list(range(3, 19))
+    logits = []
+    for use_mmap in (True, False):
+        with rm.Model(out, n_ctx=64, n_threads=2, use_mmap=use_mmap) as m:
+            logits.append(m.eval_logits(ids))
+    assert np.isfinite(logits[0]).all() and np.abs(logits[0]).max() > 0
+    assert logits[0].tobytes() == logits[1].tobytes()

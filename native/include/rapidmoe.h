@@ -378,12 +378,14 @@ typedef struct rm_model_params {
      * its residual copied to the GPU for that batch instead of computed by the CPU (the
      * crossover of rapidmoe plan); 0: never. */
     int32_t      residual_upload_min_tokens;
+    int32_t      reserved;        /* 0; keeps `load` past the end of ABI 6's struct (its size was 48) */
     /* RM_LOAD_MMAP maps the files: pages are read on first use and the kernel may drop them again
      * under memory pressure, so a model larger than the memory still runs. RM_LOAD_READ reads
      * them whole into anonymous memory, in 2 MiB pages where the kernel has transparent huge
      * pages: a decode streams every weight it uses once per token, and with the 4 KiB pages of a
      * mapped file each page costs a TLB miss. RM_LOAD_AUTO (0) reads a file when huge pages can
-     * be had and it fits in three quarters of the available memory, and maps it otherwise. */
+     * be had and it fits in three quarters of the available memory, and maps it otherwise (and
+     * always maps for a GPU placement, whose experts live on the device). */
     int32_t      load;
 } rm_model_params;
 

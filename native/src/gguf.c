@@ -764,7 +764,9 @@ static rm_status read_contents(const char * path, int fd, uint64_t size, const u
         munmap(q, (size_t) (a - q));
     }
     munmap(a + len, (size_t) (q + len + RM_HUGE_PAGE - (a + len)));
+#ifdef MADV_HUGEPAGE
     madvise(a, (size_t) len, MADV_HUGEPAGE);
+#endif
     for (uint64_t done = 0; done < size;) {
         const ssize_t n = pread(fd, a + done, (size_t) (size - done), (off_t) done);
         if (n <= 0 && !(n < 0 && errno == EINTR)) {
@@ -859,6 +861,11 @@ static rm_status map_file(const char * path, int32_t load, const uint8_t ** map,
 #ifndef RM_GGUF_READ_TO_HEAP
         *read = load == RM_LOAD_READ || (load == RM_LOAD_AUTO && read_pays(*size));
         st = *read ? read_contents(path, fd, *size, map) : map_contents(path, fd, *size, map);
+        if (st == RM_E_OOM && *read && load == RM_LOAD_AUTO) {   /* no room after all: map it */
+            rm_clear_error();
+            *read = 0;
+            st = map_contents(path, fd, *size, map);
+        }
 #else
         (void) load;
         *read = 0;
@@ -870,6 +877,8 @@ static rm_status map_file(const char * path, int32_t load, const uint8_t ** map,
 }
 
 rm_status rm_gguf_open(const char * path, rm_gguf ** out) { return rm_gguf_open_load(path, RM_LOAD_MMAP, out); }
+
+int rm_gguf_is_read(const rm_gguf * g) { return g->read; }
 
 rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out) {
     rm_clear_error();

@@ -26,6 +26,10 @@
  * (rm_model_params.load). rm_gguf_open maps. */
 rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out);
 
+/* 1 when the file was read into anonymous memory (RM_LOAD_READ, or RM_LOAD_AUTO's choice), 0 when
+ * it is mapped: released pages of a mapping read back from the file, those of a read copy as 0. */
+int rm_gguf_is_read(const rm_gguf * g);
+
 /* Integers: any of the eight integer kv types, as long as the value fits. */
 rm_status rm_gguf_get_u32(const rm_gguf * g, const char * key, uint32_t * out);
 rm_status rm_gguf_get_i32(const rm_gguf * g, const char * key, int32_t  * out);

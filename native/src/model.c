@@ -545,7 +545,9 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.load %d is not RM_LOAD_AUTO, RM_LOAD_MMAP or RM_LOAD_READ",
                        params->load);
     }
-    rm_status st = rm_gguf_open_load(path, params->load, &m->base);
+    /* a GPU placement copies its experts to the device: the host keeps them only as a mapping */
+    const int32_t load_mode = params->load == RM_LOAD_AUTO && params->use_gpu ? RM_LOAD_MMAP : params->load;
+    rm_status st = rm_gguf_open_load(path, load_mode, &m->base);
     if (st != RM_OK) {
         return st;
     }
@@ -558,7 +560,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return st;
     }
     if (params->residual_path) {
-        if ((st = rm_gguf_open_load(params->residual_path, params->load, &m->residual)) != RM_OK ||
+        if ((st = rm_gguf_open_load(params->residual_path, load_mode, &m->residual)) != RM_OK ||
             (st = check_sidecar(m, path, params->residual_path)) != RM_OK) {
             return st;
         }

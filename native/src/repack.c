@@ -1,5 +1,6 @@
 /* repack.c - weights in the CPU kernels' stored layout (repack.h). */
 #include "repack.h"
+#include "gguf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,9 @@ rm_dev_weights * rm_repack_model(const rm_model * m, rm_pool * pool, int * faile
     for (int64_t j = 0; j < n; j++) {   /* tensor by tensor, so the file's copy of each leaves at once */
         repack_job job = {src[j], r->ranges[j].dev, (int64_t) (r->ranges[j].bytes / src[j]->row_bytes)};
         rm_pool_run(pool, repack_fn, &job);
-        release_pages(r->ranges[j].host, r->ranges[j].bytes);
+        if (!rm_gguf_is_read(m->base)) {   /* a read copy's released pages would read back as 0 */
+            release_pages(r->ranges[j].host, r->ranges[j].bytes);
+        }
     }
     free(src);
     rm_dev_weights_sort(r);

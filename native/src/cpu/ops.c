@@ -528,7 +528,11 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
     }
     atomic_init(&m->next_chunk, 0);
     atomic_init(&m->next_row, 0);
-    if (m->first_row[m->n_quant] <= 2) {
+    int64_t n_quant_tok = 0;
+    for (int32_t q = 0; q < m->n_quant; q++) {
+        n_quant_tok += m->quant[q]->a->n_tok;
+    }
+    if (n_quant_tok <= 2) {   /* a microsecond: not worth waking the pool */
         for (int32_t q = 0; q < m->n_quant; q++) {
             for (int64_t u = 0; u < quant_units(m->quant[q]); u++) {
                 quantize_unit(m->quant[q], u);

@@ -36,6 +36,7 @@
 
 #include "../iq_grids.h"
 #include "dispatch.h"
+#include "iq_grid_x86.h"
 
 #define RM_AMX_INLINE static inline __attribute__((always_inline))
 #define TILE_BLOCK_BYTES 576   /* one block of RM_TILE_ROWS rows or 16 tokens: 512 levels + 64 scale bytes */
@@ -337,32 +338,13 @@ static void scale_min_k4(const uint8_t q[12], int j, int32_t * sc, int32_t * mn)
  * signs (rm_iq_ksigns) as signed levels, its scale 2s + 1, and d (the type's power-of-two step is
  * a float step of the tile, as in simd_x86.h's dot_iq_grid). */
 RM_AMX_INLINE void unpack_iq_grid(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], float * d, const int iq2) {
-    const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
     const uint8_t * qs = src + sizeof(rm_fp16);
     for (int j = 0; j < 8; j++) {
-        const uint8_t * q = qs + 8 * j;
-        uint32_t ss;
-        __m256i mag;
-        if (iq2) {   /* 4 index bytes, then the word */
-            memcpy(&ss, q + 4, 4);
-            uint64_t g[4];
-            for (int k = 0; k < 4; k++) memcpy(&g[k], rm_iq2xxs_grid[q[k]], 8);
-            mag = _mm256_setr_epi64x((long long) g[0], (long long) g[1], (long long) g[2], (long long) g[3]);
-        } else {     /* 8 index bytes; the words after all the indices */
-            memcpy(&ss, qs + RM_QK_K / 4 + 4 * j, 4);
-            uint32_t g[8];
-            for (int k = 0; k < 8; k++) memcpy(&g[k], rm_iq3xxs_grid[q[k]], 4);
-            mag = _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6],
-                                    (int) g[7]);
-        }
-        const __m256i sb = _mm256_setr_epi64x(
-            (long long) (rm_iq_ksigns[ss & 127] * 0x0101010101010101ULL),
-            (long long) (rm_iq_ksigns[(ss >> 7) & 127] * 0x0101010101010101ULL),
-            (long long) (rm_iq_ksigns[(ss >> 14) & 127] * 0x0101010101010101ULL),
-            (long long) (rm_iq_ksigns[(ss >> 21) & 127] * 0x0101010101010101ULL));
-        const __m256i sgn = _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sb, bits), bits), one);
-        _mm256_storeu_si256((__m256i *) (lev + 32 * j), _mm256_sign_epi8(mag, sgn));
-        sc[j] = (int32_t) (2 * (ss >> 28) + 1);
+        __m256i sgn;
+        int mul;
+        const __m256i mag = iq_grid_sub(qs, j, &sgn, &mul, iq2 ? IQ_GRID_2XXS : IQ_GRID_3XXS);
+        _mm256_store_si256((__m256i *) (lev + 32 * j), _mm256_sign_epi8(mag, sgn));
+        sc[j] = mul;
     }
     rm_fp16 h;
     memcpy(&h, src, sizeof(h));

@@ -179,6 +179,9 @@ RM_INLINE void dot_b32(int64_t n, float * out, const void * w, const void * x_q,
     int64_t i = 0;
     for (; i + 8 <= nb; i += 8) {
         const uint8_t * g = wb + (uint64_t) i * wbytes;
+        if (nc == 1) {
+            rm_stream_ahead(g, (int) (8 * wbytes));
+        }
         const __m256 dw = kind == B32_MXFP4 ? e8m0_half8(g, wbytes) : scales8(g, wbytes);
         __m256 mw = _mm256_setzero_ps();
         if (!sgn) {

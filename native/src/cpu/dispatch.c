@@ -174,6 +174,15 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type) {
     return NULL;
 }
 
+int rm_cpu_streams_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return 0;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->vec_dot[type]) return k->streams[type];   /* the set whose vec_dot runs */
+    }
+    return 0;
+}
+
 const rm_tile_kernels * rm_cpu_tile_isa(rm_isa isa, int32_t type) {
     const rm_cpu_kernels * k = kernels_of(isa);
     return k && type >= 0 && type < RM_TYPE_COUNT ? k->tile[type] : NULL;
@@ -382,6 +391,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
      * with the activations' block scales and sums worked out once */
     const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
     const rm_vec_dot_multi_fn multi = batched ? rm_cpu_vec_dot_multi_isa(which, type) : NULL;
+    const int burst = n_tok < 4 && !(n_tok == 1 && rm_cpu_streams_isa(which, type));
     const uint8_t * wb = w;
     const uint8_t * xb = x_q;
     float * info = NULL;
@@ -404,7 +414,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
         const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : (int) (n_tok - i);
         for (int64_t r = 0; r < n_rows; r++) {
             float v[RM_MULTI_MAX];
-            if (n_tok < 4) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
+            if (burst) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
             multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,
                   info_stride);
             for (int c = 0; c < nc; c++) {
@@ -415,7 +425,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
     }
     for (; i < n_tok; i++) {
         for (int64_t r = 0; r < n_rows; r++) {
-            if (n_tok < 4) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
+            if (burst) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
             dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
         }
     }

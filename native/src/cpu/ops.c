@@ -37,6 +37,54 @@
 #define MM_PACK_MIN_TOKENS RM_PACK_MIN_TOKENS
 #define MM_PACK_BYTES (24 << 10)
 
+/* A product's chunks, dealt in shares. Streaming (one to three tokens), each thread first takes
+ * the chunks of its own contiguous share in order, then helps with the others' from their ends'
+ * counters: a thread reads one long run of weights, which the prefetchers follow, instead of
+ * every other chunk (the Q8_0 output head streamed 26 GB/s in alternate 256 KiB chunks against
+ * 29 GB/s in two halves, two threads). A thread that misses the task (rm_pool_run_shared) has its
+ * share taken by the others. Compute-bound products deal one share, taken by all. */
+#define MM_MAX_SHARES 64
+
+typedef struct mm_deal {
+    struct {
+        _Alignas(64) atomic_llong next;   /* the share's next chunk */
+        int64_t end;                      /* one past its last */
+    } share[MM_MAX_SHARES];
+    int n_shares;
+} mm_deal;
+
+static void deal_init(mm_deal * d, int64_t n_chunks, int n_shares) {
+    n_shares = n_shares < 1 ? 1 : n_shares > MM_MAX_SHARES ? MM_MAX_SHARES : n_shares;
+    if (n_chunks < n_shares) {
+        n_shares = n_chunks > 0 ? (int) n_chunks : 1;
+    }
+    d->n_shares = n_shares;
+    for (int s = 0; s < n_shares; s++) {
+        atomic_init(&d->share[s].next, n_chunks * s / n_shares);
+        d->share[s].end = n_chunks * (s + 1) / n_shares;
+    }
+}
+
+/* Thread ith's next chunk, or -1 when every share is done. *from: the share it took from last
+ * (start it at -1); a thread visits its own share first, then the others in turn. */
+static int64_t deal_next(mm_deal * d, int ith, int * from) {
+    const int n = d->n_shares;
+    if (*from < 0) {
+        *from = 0;
+    }
+    for (; *from < n; ++*from) {
+        const int s = (ith + *from) % n;
+        if (atomic_load_explicit(&d->share[s].next, memory_order_relaxed) >= d->share[s].end) {
+            continue;
+        }
+        const int64_t k = atomic_fetch_add_explicit(&d->share[s].next, 1, memory_order_relaxed);
+        if (k < d->share[s].end) {
+            return k;
+        }
+    }
+    return -1;
+}
+
 typedef struct cpu_ctx {
     rm_pool * pool;
     uint8_t * xq;                 /* quantized activations: n_batch rows of up to max_in */
@@ -79,7 +127,9 @@ typedef struct mm_task {
     int64_t                chunk_rows;
     int64_t                tile_rows;
     int64_t                n_chunks;
-    atomic_llong           next_chunk;
+    int                    burst;       /* streaming to a kernel that does not prefetch: a row's lines
+                                           asked for ahead (rm_prefetch_row_ahead) before each row */
+    mm_deal *              deal;        /* who takes which chunk */
     atomic_llong           next_token;  /* the quantizers' next unit (quant_units) */
 } mm_task;
 
@@ -173,7 +223,7 @@ static void matmul_tile_stored(const mm_task * t, int64_t r0, int64_t r1) {
         const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
         for (int64_t r = r0; r < r1; r++) {
             float v[RM_MULTI_MAX];
-            if (a->n_tok < 4) rm_prefetch_row_ahead(t->stored + (uint64_t) r * rb, rb);
+            if (t->burst) rm_prefetch_row_ahead(t->stored + (uint64_t) r * rb, rb);
             t->pk->dot_stored(n_in, nc, v, t->stored + (uint64_t) r * rb, t->xt + (uint64_t) i * t->xt_stride,
                               t->xt_stride, t->x_info + i * t->x_info_stride, t->x_info_stride);
             for (int c = 0; c < nc; c++) {
@@ -215,7 +265,7 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
             const float * info = t->x_info ? t->x_info + i * t->x_info_stride : NULL;
             for (int64_t r = r0; r < r1; r++) {
                 float v[RM_MULTI_MAX];
-                if (a->n_tok < 4) rm_prefetch_row_ahead(t->wdata + (uint64_t) r * rb, rb);
+                if (t->burst) rm_prefetch_row_ahead(t->wdata + (uint64_t) r * rb, rb);
                 t->vec_dot_multi(n_in, nc, v, t->wdata + (uint64_t) r * rb, x, t->xq_stride, info, t->x_info_stride);
                 for (int c = 0; c < nc; c++) {
                     store(a, i + c, r, v[c]);
@@ -229,7 +279,7 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
         const uint8_t * x = t->xq + (uint64_t) i * t->xq_stride;
         for (int64_t r = r0; r < r1; r++) {
             float v;
-            if (a->n_tok < 4) rm_prefetch_row_ahead(t->wdata + (uint64_t) r * rb, rb);
+            if (t->burst) rm_prefetch_row_ahead(t->wdata + (uint64_t) r * rb, rb);
             t->vec_dot(n_in, &v, t->wdata + (uint64_t) r * rb, x);
             store(a, i, r, v);
         }
@@ -239,9 +289,10 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
 static void matmul_task(void * p, int ith, int nth) {
     mm_task * t = p;
     const int64_t n_rows = t->a->w->ne[1];
+    int from = -1;
     for (;;) {
-        const int64_t k = atomic_fetch_add_explicit(&t->next_chunk, 1, memory_order_relaxed);
-        if (k >= t->n_chunks) {
+        const int64_t k = deal_next(t->deal, ith, &from);
+        if (k < 0) {
             break;
         }
         const int64_t end = (k + 1) * t->chunk_rows < n_rows ? (k + 1) * t->chunk_rows : n_rows;
@@ -268,12 +319,12 @@ static void mm_setup(const cpu_ctx * c, mm_task * t, const rm_matmul_args * a, c
     t->wdata = rm_weight_matrix(w, a->mat);
     t->stored = c->repacked ? rm_dev_weights_find(c->repacked, t->wdata) : NULL;
     const int stream = a->n_tok < 4;
+    t->burst = stream && !(a->n_tok == 1 && rm_cpu_streams(w->type));
     const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
     const int64_t per_chunk = (n_rows + chunks_min - 1) / chunks_min;
     t->chunk_rows = clamp_rows((int64_t) (chunk_bytes / (int64_t) w->row_bytes), 1, per_chunk > 0 ? per_chunk : 1);
     t->tile_rows = clamp_rows((int64_t) (MM_TILE_BYTES / w->row_bytes), 1, t->chunk_rows);
     t->n_chunks = (n_rows + t->chunk_rows - 1) / t->chunk_rows;
-    atomic_init(&t->next_chunk, 0);
     atomic_init(&t->next_token, 0);
 }
 
@@ -364,6 +415,9 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
             rm_pool_run_shared(c->pool, quantize_task, &t);
         }
     }
+    mm_deal deal;
+    deal_init(&deal, t.n_chunks, a->n_tok < 4 ? rm_pool_size(c->pool) : 1);
+    t.deal = &deal;
     rm_pool_run_shared(c->pool, matmul_task, &t);
 }
 
@@ -383,7 +437,7 @@ typedef struct many_task {
     mm_task *      quant[2 * MM_MANY_MAX];     /* the tasks that own a quantized copy of their rows */
     int64_t        first_row[2 * MM_MANY_MAX + 1];
     int32_t        n_quant;
-    atomic_llong   next_chunk;
+    mm_deal        deal;
     atomic_llong   next_row;
 } many_task;
 
@@ -407,12 +461,16 @@ static void many_quantize_fn(void * p, int ith, int nth) {
 static void many_matmul_fn(void * p, int ith, int nth) {
     many_task * m = p;
     int32_t i = 0;
+    int from = -1;
     for (;;) {
-        const int64_t k = atomic_fetch_add_explicit(&m->next_chunk, 1, memory_order_relaxed);
-        if (k >= m->first_chunk[m->n]) {
+        const int64_t k = deal_next(&m->deal, ith, &from);
+        if (k < 0) {
             break;
         }
-        while (k >= m->first_chunk[i + 1]) {   /* a thread's chunks come in increasing order */
+        if (k < m->first_chunk[i]) {   /* a thread's chunks increase within a share */
+            i = 0;
+        }
+        while (k >= m->first_chunk[i + 1]) {
             i++;
         }
         const mm_task * t = &m->t[2 * i], * r = &m->t[2 * i + 1];
@@ -526,7 +584,11 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
         }
         return;
     }
-    atomic_init(&m->next_chunk, 0);
+    int stream = 1;
+    for (int32_t i = 0; i < n; i++) {
+        stream &= items[i].a.n_tok < 4;
+    }
+    deal_init(&m->deal, m->first_chunk[n], stream ? rm_pool_size(c->pool) : 1);
     atomic_init(&m->next_row, 0);
     int64_t n_quant_tok = 0;
     for (int32_t q = 0; q < m->n_quant; q++) {

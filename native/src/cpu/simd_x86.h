@@ -439,6 +439,9 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
                 break;
             }
             const int64_t i = i0 + k;
+            if (nc == 1) {
+                rm_stream_ahead(&b[i], (int) sizeof(*b));
+            }
             const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
             const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
             const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
@@ -494,6 +497,9 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
                 break;
             }
             const int64_t i = i0 + k;
+            if (nc == 1) {
+                rm_stream_ahead(&b[i], (int) sizeof(*b));
+            }
             const __m128i sc = scales_q3_K(b[i].scales);
             const rm_block_q8_K * a[RM_MULTI_MAX];
             __m256i sumi[RM_MULTI_MAX];
@@ -553,6 +559,9 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
                 break;
             }
             const int64_t i = i0 + k;
+            if (nc == 1) {
+                rm_stream_ahead((const uint8_t *) w + (size_t) i * bsize, (int) bsize);
+            }
             /* d, dmin and scales lie at the same offsets in both blocks */
             const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
             const uint8_t * qs = (const uint8_t *) b + qs_at;
@@ -625,6 +634,9 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
                 break;
             }
             const int64_t i = i0 + k;
+            if (nc == 1) {
+                rm_stream_ahead(&b[i], (int) sizeof(*b));
+            }
             const __m128i sc = _mm_loadu_si128((const __m128i *) b[i].scales);
             const rm_block_q8_K * a[RM_MULTI_MAX];
             __m256i sumi[RM_MULTI_MAX];
@@ -987,6 +999,9 @@ RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const vo
                 break;
             }
             const int64_t i = i0 + k;
+            if (nc == 1) {
+                rm_stream_ahead(&b[i], (int) sizeof(*b));
+            }
             const rm_block_q8_K * a[RM_MULTI_MAX];
             __m256i sumi[RM_MULTI_MAX];
             for (int c = 0; c < nc; c++) {
@@ -1067,6 +1082,9 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
                 break;
             }
             const int64_t i = i0 + k;
+            if (nc == 1) {
+                rm_stream_ahead((const uint8_t *) w + (uint64_t) i * bsize, (int) bsize);
+            }
             const uint8_t * blk = (const uint8_t *) w + (uint64_t) i * bsize;
             rm_fp16 d;
             memcpy(&d, blk, sizeof(d));

@@ -117,7 +117,11 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
         acc0[c] = _mm256_setzero_ps();
         acc1[c] = _mm256_setzero_ps();
     }
+    const size_t wblock = levels == levels_q8_0 ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
     for (int64_t i = 0; i < nb; i += 2) {
+        if (nc == 1 && i % 8 == 0) {
+            rm_stream_ahead((const uint8_t *) w + (uint64_t) i * wblock, (int) (8 * wblock));
+        }
         float d0, d1 = 0;
         const __m256i q0 = levels(w, i, &d0), a0 = _mm256_sign_epi8(q0, q0);
         const int two = i + 1 < nb;
@@ -315,6 +319,11 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .gdn_recurrent = gdn_recurrent_x86,
     .gdn_conv = gdn_conv_x86,
     .gdn_chunked = gdn_chunked_x86,
+    .streams = {
+        [RM_TYPE_Q4_0] = 1, [RM_TYPE_Q8_0] = 1, [RM_TYPE_Q2_K] = 1, [RM_TYPE_Q3_K] = 1, [RM_TYPE_Q4_K] = 1,
+        [RM_TYPE_Q5_K] = 1, [RM_TYPE_Q6_K] = 1, [RM_TYPE_MXFP4] = 1, [RM_TYPE_Q5_0] = 1, [RM_TYPE_Q4_1] = 1,
+        [RM_TYPE_Q5_1] = 1, [RM_TYPE_IQ4_NL] = 1, [RM_TYPE_IQ4_XS] = 1, [RM_TYPE_IQ2_XXS] = 1, [RM_TYPE_IQ3_XXS] = 1,
+    },
 };
 
 #endif /* RM_X86 */

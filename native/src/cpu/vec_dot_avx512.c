@@ -183,6 +183,9 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
     }
     int64_t i = 0;
     for (; i + 8 <= nb; i += 8) {
+        if (nc == 1) {
+            rm_stream_ahead(wb + (uint64_t) i * wblock, (int) (8 * wblock));
+        }
         const __m256 dw = scales8(wb + (uint64_t) i * wblock, wblock);   /* d is each block's first field */
         __m256i q[8], aq[8];
         if (x_info) {
@@ -453,6 +456,9 @@ RM_INLINE void dot_stored_q4_0_nc(int64_t n, float * out, const void * stored, c
         acc[c] = _mm256_setzero_ps();
     }
     for (int64_t i = 0; i + 8 <= nb; i += 8, g += 8 * sizeof(rm_block_q4_0)) {
+        if (nc == 1) {
+            rm_stream_ahead(g, 8 * sizeof(rm_block_q4_0));
+        }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g));
         __m512i q[4];   /* T_2m and T_2m+1 side by side, as dot_32_packed has them */
         for (int m = 0; m < 4; m++) {
@@ -614,6 +620,11 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .gdn_recurrent = gdn_recurrent_x86,
     .gdn_conv = gdn_conv_x86,
     .gdn_chunked = gdn_chunked_x86,
+    .streams = {
+        [RM_TYPE_Q4_0] = 1, [RM_TYPE_Q8_0] = 1, [RM_TYPE_Q2_K] = 1, [RM_TYPE_Q3_K] = 1, [RM_TYPE_Q4_K] = 1,
+        [RM_TYPE_Q5_K] = 1, [RM_TYPE_Q6_K] = 1, [RM_TYPE_MXFP4] = 1, [RM_TYPE_Q5_0] = 1, [RM_TYPE_Q4_1] = 1,
+        [RM_TYPE_Q5_1] = 1, [RM_TYPE_IQ4_NL] = 1, [RM_TYPE_IQ4_XS] = 1, [RM_TYPE_IQ2_XXS] = 1, [RM_TYPE_IQ3_XXS] = 1,
+    },
 };
 
 #endif /* RM_X86 */

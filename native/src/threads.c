@@ -1,7 +1,12 @@
 /* threads.c - the persistent worker pool.
  *
- * Workers wait on a generation counter: they spin briefly (a token's matrix products come in
- * quick succession), then sleep on a condition variable so an idle model costs no CPU.
+ * Workers wait on a generation counter: they spin for a while (a token's matrix products come in
+ * quick succession, with gaps of tens of microseconds between some: norms, attention's set-up,
+ * the caller's own work between tokens), then sleep on a condition variable so an idle model
+ * costs no CPU. A worker asleep must be woken by a system call and may join a task late or miss
+ * it, leaving the caller to do the work alone: spinning 20,000 loads (about 10 us here), a decode
+ * token slept and woke its worker 13 times. The caller takes the mutex and broadcasts only when a
+ * worker sleeps.
  *
  * A task is open from the moment its generation is posted until the caller closes it. A worker
  * joins it (counted in n_active) only while it is open, and the caller closes it only when no
@@ -14,9 +19,20 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
-#define RM_SPIN_ITERS 20000
+#define RM_SPIN_NS 300000        /* a worker's spin before it sleeps */
+#define RM_SPIN_CHECK 256         /* spins between looks at the clock */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define RM_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define RM_CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define RM_CPU_RELAX() ((void) 0)
+#endif
 
 struct rm_pool {
     int             n_threads;
@@ -27,6 +43,7 @@ struct rm_pool {
     atomic_int      n_pending;    /* rm_pool_run: workers still to run the current task */
     atomic_uint     open_gen;     /* the generation whose task workers may join; 0 when closed */
     atomic_int      n_active;     /* workers inside (or deciding whether to enter) a task */
+    atomic_int      n_sleeping;   /* workers asleep on cond, or about to be (under mutex) */
     atomic_int      stop;
     int             all;          /* the open task is an rm_pool_run one: every worker runs it */
     rm_task_fn      fn;
@@ -43,6 +60,12 @@ int rm_cpu_count(void) {
     return n > 0 ? (int) n : 1;
 }
 
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e9 * (double) t.tv_sec + (double) t.tv_nsec;
+}
+
 static void * worker_main(void * p) {
     worker_arg arg = *(worker_arg *) p;
     free(p);
@@ -51,16 +74,31 @@ static void * worker_main(void * p) {
     for (;;) {
         unsigned gen;
         int spins = 0;
+        double spin_from = -1;
         while ((gen = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen &&
                !atomic_load(&pool->stop)) {
-            if (++spins > RM_SPIN_ITERS) {
-                pthread_mutex_lock(&pool->mutex);
-                while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop)) {
-                    pthread_cond_wait(&pool->cond, &pool->mutex);
-                }
-                pthread_mutex_unlock(&pool->mutex);
-                spins = 0;
+            RM_CPU_RELAX();
+            if (++spins < RM_SPIN_CHECK) {
+                continue;
             }
+            spins = 0;
+            const double t = now_ns();
+            if (spin_from < 0) {
+                spin_from = t;
+            }
+            if (t - spin_from < RM_SPIN_NS) {
+                continue;
+            }
+            /* counted before the look (both seq_cst): a caller that posts after our look sees us
+             * counted and broadcasts under the mutex, which we hold until we wait */
+            pthread_mutex_lock(&pool->mutex);
+            atomic_fetch_add(&pool->n_sleeping, 1);
+            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop)) {
+                pthread_cond_wait(&pool->cond, &pool->mutex);
+            }
+            atomic_fetch_sub(&pool->n_sleeping, 1);
+            pthread_mutex_unlock(&pool->mutex);
+            spin_from = -1;
         }
         if (atomic_load(&pool->stop)) {
             return NULL;
@@ -138,13 +176,15 @@ static void run(rm_pool * pool, rm_task_fn fn, void * ctx, int all) {
     pool->ctx = ctx;
     pool->all = all;
     atomic_store(&pool->n_pending, pool->n_threads - 1);
-    pthread_mutex_lock(&pool->mutex);
     unsigned gen = atomic_load(&pool->generation) + 1;
     gen += gen == 0;                       /* 0 means closed */
     atomic_store(&pool->open_gen, gen);
-    atomic_store_explicit(&pool->generation, gen, memory_order_release);
-    pthread_cond_broadcast(&pool->cond);
-    pthread_mutex_unlock(&pool->mutex);
+    atomic_store(&pool->generation, gen);
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_broadcast(&pool->cond);
+        pthread_mutex_unlock(&pool->mutex);
+    }
     fn(ctx, 0, pool->n_threads);
     while (all && atomic_load_explicit(&pool->n_pending, memory_order_acquire) > 0) {
         /* the workers are on their share; nothing else to do */

@@ -325,9 +325,26 @@ def rt_prefix(want: bool) -> list[str]:
         return []
     chrt = shutil.which("chrt")
     if chrt and subprocess.run([chrt, "-f", "1", "true"], capture_output=True).returncode == 0:
+        throttle = rt_throttle()
+        if throttle:
+            print(f"--rt: the kernel throttles real-time tasks ({throttle}): a run that keeps the cores busy "
+                  "longer than that is stopped for the rest of each period, which shows as steps up to "
+                  "50 ms late; /proc/sys/kernel/sched_rt_runtime_us = -1 turns it off", file=sys.stderr)
         return [chrt, "-f", "1"]
     print("--rt: chrt -f 1 is not permitted here; running at normal priority", file=sys.stderr)
     return []
+
+
+def rt_throttle() -> str:
+    """The kernel's real-time throttling, as 'R of P us' ('' when off or unknown)."""
+    try:
+        with open("/proc/sys/kernel/sched_rt_runtime_us") as f:
+            runtime = int(f.read())
+        with open("/proc/sys/kernel/sched_rt_period_us") as f:
+            period = int(f.read())
+    except (OSError, ValueError):
+        return ""
+    return f"{runtime} of {period} us" if runtime >= 0 else ""
 
 
 def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
@@ -423,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": os.path.abspath(a.model), "threads": a.threads, "runs": a.runs, "realtime": bool(prefix),
         "method": {"prompt": a.prompt, "decode": a.decode, "prefill": a.prefill, "feed": a.feed,
                    "order": "alternating, fresh process per run"},
-        "bandwidth_gb_s": bw, "bandwidth_method": bw_method, "bytes_per_token": token_bytes,
+        "bandwidth_gb_s": bw, "bandwidth_method": bw_method, "rt_throttle": rt_throttle() if prefix else None, "bytes_per_token": token_bytes,
         "decode_ceiling_tok_s": ceiling,
         "engines": {e: {k: summary([r[k] for r in rs]) for k in keys} for e, rs in runs.items()},
         "raw": runs,

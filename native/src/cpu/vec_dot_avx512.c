@@ -34,6 +34,7 @@ static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+        rm_stream_ahead(a + i, 64 * sizeof(float));
         for (int k = 0; k < 4; k++) {
             acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(x + i + 16 * k), acc[k]);
         }
@@ -62,6 +63,9 @@ static void vec_dot_f32_multi(int64_t n, int nc, float * out, const void * w, co
         }
         int64_t i = 0;
         for (; i + 64 <= n; i += 64) {
+            if (nc == 1) {
+                rm_stream_ahead(a + i, 64 * sizeof(float));
+            }
             for (int k = 0; k < 4; k++) {
                 const __m512 ak = _mm512_loadu_ps(a + i + 16 * k);
                 for (int c = 0; c < 4; c++) {
@@ -90,6 +94,7 @@ static void vec_dot_f16(int64_t n, float * out, const void * w, const void * x_q
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
+        rm_stream_ahead(a + i, 64 * sizeof(rm_fp16));
         for (int k = 0; k < 4; k++) {
             const __m512 wk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (a + i + 16 * k)));
             acc[k] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + i + 16 * k), acc[k]);
@@ -621,6 +626,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .gdn_conv = gdn_conv_x86,
     .gdn_chunked = gdn_chunked_x86,
     .streams = {
+        [RM_TYPE_F32] = 1, [RM_TYPE_F16] = 1,
         [RM_TYPE_Q4_0] = 1, [RM_TYPE_Q8_0] = 1, [RM_TYPE_Q2_K] = 1, [RM_TYPE_Q3_K] = 1, [RM_TYPE_Q4_K] = 1,
         [RM_TYPE_Q5_K] = 1, [RM_TYPE_Q6_K] = 1, [RM_TYPE_MXFP4] = 1, [RM_TYPE_Q5_0] = 1, [RM_TYPE_Q4_1] = 1,
         [RM_TYPE_Q5_1] = 1, [RM_TYPE_IQ4_NL] = 1, [RM_TYPE_IQ4_XS] = 1, [RM_TYPE_IQ2_XXS] = 1, [RM_TYPE_IQ3_XXS] = 1,

@@ -4,7 +4,8 @@
  * steps of at most the first session's n_batch rows; each step is one forward pass on that
  * session's scratch (rm_session_forward) with one run per sequence, so every weight matrix, and
  * in the MoE block every routed expert, is read once per step for all the sequences, while
- * attention and the residual policy follow each run's own session. */
+ * attention (plain, multi-head latent, or a linear layer's recurrence) and the residual policy
+ * follow each run's own session. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,10 +37,6 @@ static rm_status check_batch(const rm_batch * b, int32_t * next, int32_t * n_out
         const rm_status st = s->be->ops->status(s->be);
         if (st != RM_OK) return rm_fail(st, "rm_batch_eval: sessions[%d]'s backend failed earlier: %s", j, rm_last_error());
         next[j] = s->n_past;
-    }
-    if (m->hp.kv_lora_rank > 0 || ss[0]->hy) {
-        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_batch_eval: %s: batches of sequences do not run %s layers yet", m->arch->name,
-                       ss[0]->hy ? "linear-attention (recurrent)" : "multi-head latent attention");
     }
     *n_out = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) {

@@ -297,9 +297,11 @@ uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
 }
 
 /* The attention of the step's sequences (s->runs) into s->attn. A run of several tokens (a
- * prompt's) runs the expanded form over its own session's latents; runs of one token (decoding)
- * that follow each other in the batch run the absorbed form together, so each head's
- * up-projections are read once for all of them. */
+ * prompt's) runs the expanded form over its own session's latents, reading each head's
+ * up-projections once per run (a run's tokens share them, other runs do not: the expansion is of
+ * that session's cache); runs of one token (decoding) that follow each other in the batch
+ * (rm_batch_eval puts them first) run the absorbed form together, so each head's up-projections
+ * are read once for all of them. */
 static void attend(rm_session * s, int il, float * scratch, const mla_layout * l, float scale) {
     const rm_hparams * hp = &s->m->hp;
     const rm_layer * L = &s->m->layers[il];

@@ -749,8 +749,8 @@ def eval_batch(seqs: Sequence[tuple[Model, Sequence[int]]], all_logits: bool = F
     """Feeds each Model's tokens after those already in its cache, all in one evaluation
     (rm_batch_eval): the Models are sessions of one loaded model (a Model and its forks), each
     at most once. Returns per sequence its last position's logits (n_vocab), or with all_logits
-    every position's (n_tokens, n_vocab). Runs on the CPU backend, for the architectures without
-    multi-head latent attention or linear layers."""
+    every position's (n_tokens, n_vocab). Runs on the CPU backend, for every architecture
+    (multi-head latent attention and linear-attention layers per sequence on its own session)."""
     if not seqs:
         raise InvalidArgumentError("eval_batch needs at least one sequence")
     models = [m for m, _ in seqs]

@@ -262,9 +262,9 @@ def test_prefix_server_picks_the_slot_with_the_longest_prefix(pair):
             srv.close()
 
 
-def test_prefix_hybrid_reuses_nothing_and_batches_are_refused(tmp_path):
+def test_prefix_hybrid_reuses_nothing(tmp_path):
     """Qwen3-Next: the linear layers' recurrent state describes the whole cache, so truncation
-    back into it is refused, generation evaluates from an empty cache, and rm_batch_eval refuses."""
+    back into it is refused and generation evaluates from an empty cache."""
     from test_arch_qwen35 import make_tiny_hybrid
 
     make_tiny_hybrid(tmp_path / "hf", "qwen3_next")
@@ -280,8 +280,122 @@ def test_prefix_hybrid_reuses_nothing_and_batches_are_refused(tmp_path):
         warm = m.eval(ids[:6] + [3])
         m.reset()
         np.testing.assert_array_equal(warm, m.eval(ids[:6] + [3]))
-        with pytest.raises(rm.UnsupportedError, match="linear-attention"):
-            rm.eval_batch([(m, [1]), (m.fork_session(), [2])])
+
+
+# -- multi-head latent attention and linear-attention layers ---------------------------------------
+
+@pytest.fixture(scope="module")
+def other_arch(tmp_path_factory):
+    """name -> an f32 file: DeepSeek-V3 with YaRN (deepseek2: multi-head latent attention, a
+    low-rank q, leading dense layer, shared experts) or Qwen3.5-MoE (qwen35moe: Gated DeltaNet
+    layers beside gated attention)."""
+    from test_arch_deepseek import make_checkpoint
+    from test_arch_qwen35 import make_tiny_hybrid
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            d = tmp_path_factory.mktemp(name)
+            if name == "qwen3_5_moe":
+                make_tiny_hybrid(d / "hf", name)
+            else:
+                make_checkpoint(d / "hf", name)
+            cache[name] = d / "m.gguf"
+            rm.convert(d / "hf", cache[name], recipe="f32", progress=False)
+        return cache[name]
+
+    return get
+
+
+OTHER_ARCHS = ("deepseek_v3_yarn", "qwen3_5_moe")
+
+
+def eval_all(m, ids):
+    """Every position's logits of ids fed after m's cache (rm_session_eval, all logits)."""
+    toks = np.asarray(ids, np.int32)
+    out = np.empty((toks.size, m.n_vocab), np.float32)
+    rm._native.check(lib.rm_session_eval(m._live(), ffi.from_buffer("int32_t[]", toks), int(toks.size), 1,
+                                         ffi.from_buffer("float[]", out), out.size))
+    return out
+
+
+def mixed_step(seqs, chunks):
+    """One rm_batch_eval of chunks[j] (maybe empty) for seqs[j], the tokens interleaved round-robin
+    (the library groups them by session) with their positions; every row's logits, per sequence."""
+    order = [(j, i) for i in range(max(map(len, chunks))) for j in range(len(seqs)) if i < len(chunks[j])]
+    n_past = [s.n_past for s in seqs]
+    out = raw_batch(seqs, [chunks[j][i] for j, i in order], [j for j, _ in order],
+                    [n_past[j] + i for j, i in order], [1] * len(order))
+    return [out[[k for k, (j, _) in enumerate(order) if j == jj]] for jj in range(len(seqs))]
+
+
+# Three sequences at different positions: per step, the tokens each evaluates (prompt chunks and
+# single decode tokens mixed; adjacent single tokens share MLA's absorbed form)
+HEAD = (9, 3, 0)                    # evaluated alone before the batches
+STEPS = ((1, 7, 12), (4, 1, 1), (1, 1, 1), (0, 5, 1), (1, 1, 20))
+
+
+@pytest.mark.parametrize("n_batch", [64, 8])
+@pytest.mark.parametrize("name", OTHER_ARCHS)
+def test_batch_mla_and_linear_layers_match_each_alone(other_arch, name, n_batch):
+    """Each sequence's logits in the mixed batches equal it run alone with the same chunks (with
+    n_batch 8 the steps cut the sequences' chunks elsewhere than alone: the linear layers' chunked
+    form then sums in another order), and after the batches each session goes on alone as one that
+    never was in a batch."""
+    path = other_arch(name)
+    rng = np.random.default_rng(21)
+    ids = [rng.integers(3, VOCAB, h + sum(st[j] for st in STEPS) + 2).tolist() for j, h in enumerate(HEAD)]
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=n_batch) as m:
+        seqs = [m, m.fork_session(), m.fork_session(n_ctx=48)]
+        for s, h, t in zip(seqs, HEAD, ids):
+            if h:
+                s.eval(t[:h])
+        at = list(HEAD)
+        got = [[] for _ in seqs]
+        for st in STEPS:
+            for j, rows in enumerate(mixed_step(seqs, [t[a:a + c] for t, a, c in zip(ids, at, st)])):
+                got[j].append(rows)
+            at = [a + c for a, c in zip(at, st)]
+        assert [s.n_past for s in seqs] == at
+        after = [np.stack([s.eval([t[a]]), s.eval([t[a + 1]])]) for s, t, a in zip(seqs, ids, at)]
+    for j, t in enumerate(ids):
+        with rm.Model(path, n_ctx=64, n_threads=2, n_batch=n_batch) as ref:
+            if HEAD[j]:
+                ref.eval(t[:HEAD[j]])
+            a, want = HEAD[j], []
+            for st in STEPS:
+                if st[j]:
+                    want.append(eval_all(ref, t[a:a + st[j]]))
+                a += st[j]
+            alone_after = np.stack([ref.eval([t[a]]), ref.eval([t[a + 1]])])
+        err = rel_err(np.concatenate([g for g in got[j] if len(g)]), np.concatenate(want))
+        assert err <= REL, f"{name} sequence {j}: rel err {err:.2e}"
+        err = rel_err(after[j], alone_after)
+        assert err <= REL, f"{name} sequence {j} after the batches: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("name", OTHER_ARCHS)
+def test_batch_mla_and_linear_layers_refused_batch_leaves_every_session(other_arch, name):
+    """A batch refused for its last token leaves every session's n_past, KV cache and (Qwen3.5)
+    recurrent states as they were: each then goes on as one that never saw the batch."""
+    path = other_arch(name)
+    a, b = prompts((12, 5), seed=22)
+    with rm.Model(path, n_ctx=32, n_threads=2) as m:
+        f = m.fork_session()
+        m.eval(a[:10])
+        f.eval(b[:3])
+        with pytest.raises(rm.InvalidArgumentError, match="outside the vocabulary"):
+            raw_batch([m, f], [a[10], b[3], m.n_vocab], [0, 1, 1])
+        with pytest.raises(rm.ContextFullError, match="context of 32"):
+            raw_batch([m, f], [a[10]] + [b[3]] * 30, [0] + [1] * 30)
+        assert (m.n_past, f.n_past) == (10, 3)
+        got = [m.eval(a[10:12]), f.eval(b[3:5])]
+    for ids, g in zip((a, b), got):
+        with rm.Model(path, n_ctx=32, n_threads=2) as ref:
+            n = 10 if ids is a else 3
+            ref.eval(ids[:n])
+            assert rel_err(g, ref.eval(ids[n:n + 2])) <= REL
 
 
 def test_batch_one_forward_pass_per_step(pair):

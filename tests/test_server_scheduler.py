@@ -415,20 +415,25 @@ def test_scheduler_reuses_the_longest_cached_prefix(gguf):
     assert (text, finish, end.usage) == alone(gguf, follow, n_ctx=128)
 
 
-def test_scheduler_hybrid_sequences_run_one_by_one(tmp_path):
-    """Qwen3-Next (linear-attention layers): no batch of sequences, so each is evaluated on its own
-    session in every step, with the results it has alone."""
+@pytest.mark.parametrize("kind", ["qwen3_next", "deepseek_v2"])
+def test_scheduler_hybrid_and_mla_sequences_batch(tmp_path, kind):
+    """Qwen3-Next (linear-attention layers) and DeepSeek-V2 (multi-head latent attention): the
+    sequences of a step share one evaluation, each with the results it has alone."""
+    from test_arch_deepseek import make_checkpoint
     from test_arch_qwen35 import make_tiny_hybrid
 
-    make_tiny_hybrid(tmp_path / "hf", "qwen3_next")
+    if kind == "qwen3_next":
+        make_tiny_hybrid(tmp_path / "hf", kind)
+    else:
+        make_checkpoint(tmp_path / "hf", kind)
     out = tmp_path / "h.gguf"
     rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
-    reqs = [request(ids(9, 13), 6), request(ids(4, 14), 8)]
+    reqs = [request(ids(9, 13), 6), request(ids(4, 14), 8), request(ids(1, 15), 5)]
     m = rm.Model(out, n_ctx=64, n_threads=2)
     with m:
-        jobs, obs, sched = serve_jobs(m, 2, reqs)
-        assert not sched.batched
-    assert max(s for _, s in obs.steps) == 2
+        jobs, obs, sched = serve_jobs(m, 3, reqs)
+        assert sched.batched
+    assert max(s for _, s in obs.steps) == 3
     for req, job in zip(reqs, jobs):
         text, finish, end = job.result()
         assert (text, finish, end.usage) == alone(out, req, n_ctx=64)

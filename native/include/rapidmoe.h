@@ -483,9 +483,12 @@ rm_status rm_session_truncate(rm_session * s, int32_t n_keep);
  * tokens routed to it; attention runs per sequence over its session's cache, and each token's
  * residual choices follow its session's policy. Token i's logits go to out when logits[i] is
  * nonzero, one row of n_vocab floats per such token, in batch order (logits NULL: none). More
- * tokens than sessions[0]'s n_batch run in several steps. The CPU backend only (RM_E_NEEDS_CPU);
- * architectures with multi-head latent attention or linear layers are refused
- * (RM_E_UNSUPPORTED_ARCH), as is a calibrating session (RM_E_STATE). On any error no cache changed. */
+ * tokens than sessions[0]'s n_batch run in several steps. Every architecture: multi-head latent
+ * attention runs per sequence over its session's latent cache, a linear (recurrent) layer's
+ * convolution and delta rule per sequence on its session's states. The CPU backend only
+ * (RM_E_NEEDS_CPU); a calibrating session is refused (RM_E_STATE). A refused batch changes no
+ * session; a backend that fails during the evaluation leaves every session's n_past as before,
+ * but (as rm_session_eval) not a hybrid's recurrent states, which then need rm_session_reset. */
 typedef struct rm_batch {
     uint32_t              struct_size;   /* sizeof(rm_batch) */
     int32_t               n_tokens;

@@ -4,7 +4,8 @@
  * steps of at most the first session's n_batch rows; each step is one forward pass on that
  * session's scratch (rm_session_forward) with one run per sequence, so every weight matrix, and
  * in the MoE block every routed expert, is read once per step for all the sequences, while
- * attention and the residual policy follow each run's own session. */
+ * attention (plain, multi-head latent, or a linear layer's recurrence) and the residual policy
+ * follow each run's own session. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,10 +38,6 @@ static rm_status check_batch(const rm_batch * b, int32_t * next, int32_t * n_out
         if (st != RM_OK) return rm_fail(st, "rm_batch_eval: sessions[%d]'s backend failed earlier: %s", j, rm_last_error());
         next[j] = s->n_past;
     }
-    if (m->hp.kv_lora_rank > 0 || ss[0]->hy) {
-        return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_batch_eval: %s: batches of sequences do not run %s layers yet", m->arch->name,
-                       ss[0]->hy ? "linear-attention (recurrent)" : "multi-head latent attention");
-    }
     *n_out = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) {
         const int32_t j = b->seq[i];
@@ -68,11 +65,20 @@ static rm_status check_batch(const rm_batch * b, int32_t * next, int32_t * n_out
     return RM_OK;
 }
 
-/* The batch order grouped by session: order[k] is the k-th token to run; dst[i]: token i's row of out (or -1). */
-static void group_by_session(const rm_batch * b, int32_t * order, int32_t * dst, int32_t * first) {
-    memset(first, 0, sizeof(int32_t) * (size_t) (b->n_sessions + 1));
-    for (int32_t i = 0; i < b->n_tokens; i++) first[b->seq[i] + 1]++;
-    for (int32_t j = 0; j < b->n_sessions; j++) first[j + 1] += first[j];
+/* The batch order grouped by session, the sessions with one token first (decoding: multi-head
+ * latent attention runs consecutive single tokens together), then the others, each group in
+ * session order: order[k] is the k-th token to run; dst[i]: token i's row of out (or -1).
+ * count[j]: session j's tokens; first: n_sessions entries of scratch. */
+static void group_by_session(const rm_batch * b, const int32_t * count, int32_t * order, int32_t * dst, int32_t * first) {
+    int32_t at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t j = 0; j < b->n_sessions; j++) {
+            if ((count[j] == 1) == (pass == 0)) {
+                first[j] = at;
+                at += count[j];
+            }
+        }
+    }
     int32_t row = 0;
     for (int32_t i = 0; i < b->n_tokens; i++) {
         order[first[b->seq[i]]++] = i;
@@ -140,7 +146,9 @@ rm_status rm_batch_eval(const rm_batch * b) {
     int32_t n_out = 0;
     rm_status rc = check_batch(b, next, &n_out);
     if (rc == RM_OK) {
-        group_by_session(b, order, dst, first);
+        memset(count, 0, sizeof(int32_t) * (size_t) S);
+        for (int32_t i = 0; i < N; i++) count[b->seq[i]]++;
+        group_by_session(b, count, order, dst, first);
         int regrouped = 0;
         for (int32_t k = 0; k < N; k++) regrouped |= order[k] != k;
         if (regrouped && n_out > 0) {   /* a step's rows of out may then not be consecutive */
@@ -149,8 +157,6 @@ rm_status rm_batch_eval(const rm_batch * b) {
         }
     }
     if (rc == RM_OK) {
-        memset(count, 0, sizeof(int32_t) * (size_t) S);
-        for (int32_t i = 0; i < N; i++) count[b->seq[i]]++;
         for (int32_t j = 0; j < S; j++) n_past0[j] = b->sessions[j]->n_past;
         rm_session * d = b->sessions[0];
         pthread_mutex_lock(&d->m->lock);

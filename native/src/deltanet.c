@@ -111,24 +111,31 @@ void rm_attn_gate_apply(rm_session * s, int32_t n) {
 /* softplus as torch computes it (linear above 20) */
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* The layer's shapes and where its state lives. */
+/* The layer's shapes. */
 typedef struct gdn_layer {
     const rm_layer * L;
+    int              il;
     int64_t          nk, nv, dk, dv, kd, di, cd;
-    float *          conv_state, * ssm_state;
     int              tiled;       /* value head h reads key head h % nk, else h / (nv / nk) */
 } gdn_layer;
 
 static gdn_layer layer_of(const rm_session * s, int il) {
     const rm_hparams * hp = &s->m->hp;
-    gdn_layer g = {&s->m->layers[il], hp->ssm_n_k, hp->ssm_n_v, hp->ssm_d_state, hp->ssm_d_inner / hp->ssm_n_v,
-                   (int64_t) hp->ssm_n_k * hp->ssm_d_state, hp->ssm_d_inner, 0, NULL, NULL, 0};
+    gdn_layer g = {&s->m->layers[il], il, hp->ssm_n_k, hp->ssm_n_v, hp->ssm_d_state, hp->ssm_d_inner / hp->ssm_n_v,
+                   (int64_t) hp->ssm_n_k * hp->ssm_d_state, hp->ssm_d_inner, 0, 0};
     g.cd = 2 * g.kd + g.di;
-    const int64_t li = s->hy->lin_index[il];
-    g.conv_state = s->hy->conv_state + li * (hp->ssm_d_conv - 1) * g.cd;
-    g.ssm_state = s->hy->ssm_state + li * g.nv * g.dk * g.dv;
     g.tiled = (g.L->kind & RM_LAYER_SSM_V_TILED) != 0;
     return g;
+}
+
+/* The layer's conv state in session o: d_conv - 1 rows of conv_dim. */
+static float * conv_state_of(const rm_session * o, const gdn_layer * g) {
+    return o->hy->conv_state + o->hy->lin_index[g->il] * (o->m->hp.ssm_d_conv - 1) * g->cd;
+}
+
+/* The layer's delta-rule state in session o: n_v matrices of d_state x head_v. */
+static float * ssm_state_of(const rm_session * o, const gdn_layer * g) {
+    return o->hy->ssm_state + o->hy->lin_index[g->il] * g->nv * g->dk * g->dv;
 }
 
 /* q/k/v, z and b/a from the normalised input, in one dispatch where the backend can. */
@@ -174,14 +181,18 @@ static void gates(rm_session * s, const gdn_layer * g, int32_t n) {
     }
 }
 
+/* The step's sequences (s->runs) take their rows of the scratch in h and their own session's
+ * states: the convolution and the delta rule run per sequence, in one pool dispatch for all. */
 typedef struct conv_task {
-    const gdn_layer * g;
-    rm_hybrid *       h;
-    const float *     w;      /* the filters as floats */
-    int32_t           n, d_conv;
+    const gdn_layer *  g;
+    rm_hybrid *        h;
+    const rm_seq_run * runs;
+    int32_t            n_runs;
+    const float *      w;      /* the filters as floats */
+    int32_t            d_conv;
 } conv_task;
 
-/* The causal conv over this thread's slice of the channels (whole groups of eight). */
+/* The causal conv of each sequence over this thread's slice of the channels (whole groups of eight). */
 static void conv_run(void * ctx, int ith, int nth) {
     const conv_task * task = ctx;
     const int64_t cd = task->g->cd;
@@ -189,20 +200,25 @@ static void conv_run(void * ctx, int ith, int nth) {
     rm_split((cd + 7) / 8, ith, nth, &lo, &hi);
     lo *= 8;
     hi = hi * 8 < cd ? hi * 8 : cd;
-    if (lo < hi) {
-        rm_cpu_gdn_conv()(task->h->conv_out + lo, task->h->mixed + lo, task->n, hi - lo, cd, task->g->conv_state + lo,
-                          task->w + lo * task->d_conv, task->d_conv);
+    for (int32_t r = 0; r < task->n_runs && lo < hi; r++) {
+        const rm_seq_run * run = &task->runs[r];
+        const int64_t at = (int64_t) run->row0 * cd + lo;
+        rm_cpu_gdn_conv()(task->h->conv_out + at, task->h->mixed + at, run->n, hi - lo, cd,
+                          conv_state_of(run->s, task->g) + lo, task->w + lo * task->d_conv, task->d_conv);
     }
 }
 
 typedef struct heads_task {
-    const gdn_layer * g;
-    rm_hybrid *       h;
+    const gdn_layer *  g;
+    rm_hybrid *        h;
     const rm_hparams * hp;
-    int32_t           n;
+    const rm_seq_run * runs;
+    int32_t            n_runs, n;
 } heads_task;
 
-/* The delta rule of the value heads [lo, hi) of this thread's share. */
+/* The delta rule of the value heads [lo, hi) of this thread's share, for each sequence in turn
+ * (a head's chunk scratch is this thread's alone): a run of one token (decoding) in the recurrent
+ * form, a longer one in the chunked form, as the sequence alone would run. */
 static void heads_run(void * ctx, int ith, int nth) {
     const heads_task * task = ctx;
     const gdn_layer * g = task->g;
@@ -213,14 +229,20 @@ static void heads_run(void * ctx, int ith, int nth) {
     rm_split(g->nv, ith, nth, &lo, &hi);
     for (int64_t v = lo; v < hi; v++) {
         const int64_t kh = g->tiled ? v % g->nk : v / (g->nv / g->nk);
-        const rm_gdn_head head = {h->conv_out + kh * g->dk, h->conv_out + g->kd + kh * g->dk, g->cd,
-                                  h->conv_out + 2 * g->kd + v * g->dv, g->cd, h->g + v, h->beta + v, g->nv,
-                                  h->core + v * g->dv, g->di, task->n, (int32_t) g->dk, (int32_t) g->dv};
-        float * S = g->ssm_state + v * g->dk * g->dv;
-        if (task->n == 1) {
-            rm_cpu_gdn_recurrent()(&head, S);
-        } else {
-            rm_cpu_gdn_chunked()(&head, S, h->chunk + v * chunk_floats);
+        for (int32_t r = 0; r < task->n_runs; r++) {
+            const rm_seq_run * run = &task->runs[r];
+            const float * row = h->conv_out + (int64_t) run->row0 * g->cd;
+            const int64_t t0 = run->row0;
+            const rm_gdn_head head = {row + kh * g->dk, row + g->kd + kh * g->dk, g->cd,
+                                      row + 2 * g->kd + v * g->dv, g->cd, h->g + t0 * g->nv + v, h->beta + t0 * g->nv + v,
+                                      g->nv, h->core + t0 * g->di + v * g->dv, g->di, run->n, (int32_t) g->dk,
+                                      (int32_t) g->dv};
+            float * S = ssm_state_of(run->s, g) + v * g->dk * g->dv;
+            if (run->n == 1) {
+                rm_cpu_gdn_recurrent()(&head, S);
+            } else {
+                rm_cpu_gdn_chunked()(&head, S, h->chunk + v * chunk_floats);
+            }
         }
     }
     for (int32_t t = 0; t < task->n && lo < hi; t++) {   /* the gated norm of these heads' outputs */
@@ -251,14 +273,14 @@ void rm_deltanet_block(rm_session * s, int il, int32_t n) {
         }
         filters = h->conv_w;
     }
-    conv_task ct = {&g, h, filters, n, hp->ssm_d_conv};
+    conv_task ct = {&g, h, s->runs, s->n_runs, filters, hp->ssm_d_conv};
     rm_pool_run(m->pool, conv_run, &ct);
     for (int64_t t = 0; t < n; t++) {   /* unit q and k per key head, q scaled by 1/sqrt(d_k) */
         float * row = h->conv_out + t * g.cd;
         rm_gdn_l2norm(row, g.nk, g.dk, g.dk, RM_GDN_L2_EPS, 1.0f / sqrtf((float) g.dk));
         rm_gdn_l2norm(row + g.kd, g.nk, g.dk, g.dk, RM_GDN_L2_EPS, 1.0f);
     }
-    heads_task task = {&g, h, hp, n};
+    heads_task task = {&g, h, hp, s->runs, s->n_runs, n};
     rm_pool_run(m->pool, heads_run, &task);
     rm_prof_mark(s, RM_PROF_ATTN);
     rm_matmul_args out = {&g.L->ssm_out, 0, h->core, g.di, n, s->x, E, 1};   /* x += W_out o */

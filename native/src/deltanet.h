@@ -33,8 +33,10 @@ rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out);
 void      rm_hybrid_free(rm_hybrid * h);
 void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);
 
-/* x += the Gated DeltaNet of layer il over the n tokens of s->x (decode: the recurrent form;
- * prefill: the chunked one). */
+/* x += the Gated DeltaNet of layer il over the n tokens of s->x, the step's sequences (s->runs)
+ * each on its own session's conv and delta-rule states. The projections, gates, norms and the
+ * output projection run over all n rows at once; the convolution and the delta rule per run (a
+ * run of one token, decoding: the recurrent form; longer: the chunked one). */
 void rm_deltanet_block(rm_session * s, int il, int32_t n);
 
 /* Gated attention: the q projection's rows (n rows of n_head heads of [q, gate]) into s->q and

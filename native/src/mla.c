@@ -146,23 +146,36 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
 /* One step's attention, split over the pool's threads by head, each thread taking the next head
  * (or block of heads) from a shared counter: a descheduled thread then holds up one, not a fixed
  * share. The score and weighted-sum loops are the CPU kernel set's attention halves
- * (rm_attn_scores_fn, rm_attn_values_fn), as plain attention uses them (cpu/ops.c). */
+ * (rm_attn_scores_fn, rm_attn_values_fn), as plain attention uses them (cpu/ops.c).
+ *
+ * Expanded: the n tokens of one sequence at positions pos.., over its latents in cache.
+ * Absorbed: n tokens of one position each, token i of the sequence runs[i] (a batch of several
+ * sequences decoding: each reads its own session's latents). */
 typedef struct mla_task {
-    const rm_session * s;
+    const rm_session * s;        /* whose scratch */
     const rm_layer *   L;
+    int                il;
     const float *      q;        /* n rows of n_head * head_dim */
-    const float *      cache;    /* this layer's latents, rows of kv_lora_rank + n_rot */
+    const float *      cache;    /* expanded: this layer's latents, rows of kv_lora_rank + n_rot */
+    const rm_seq_run * runs;     /* absorbed: n runs of one token */
     float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
     float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
+    float *            out;      /* expanded: n rows of n_head * head_dim_v */
     float *            thread;   /* rm_mla_thread_floats floats per thread */
     atomic_llong       next;     /* absorbed: the next (token, block of heads); expanded: head */
     uint64_t           per_thread;
-    int32_t            n;
+    int32_t            n, pos;
     float              scale;
     rm_attn_scores_fn  scores;
     rm_attn_values_fn  values;
     rm_axpy_fn         axpy;
 } mla_task;
+
+/* Layer il's latents in session o's cache: n_ctx rows of kv_lora_rank + n_rot. */
+static float * layer_cache(const rm_session * o, int il) {
+    const rm_hparams * hp = &o->m->hp;
+    return o->k_cache + (int64_t) il * o->n_ctx * (hp->kv_lora_rank + hp->n_rot);
+}
 
 /* Absorbed: head h's query is [Kb_h^T q_nope | q_rope], a row as wide as a cached latent, so its
  * scores are one dot product per position over the whole latent row; the weighted sums of the
@@ -176,7 +189,6 @@ static void absorbed_task(void * ctx, int ith, int nth) {
     const int64_t spread = ((int64_t) H * t->n + 2 * nth - 1) / (2 * nth);
     const int64_t hb = spread < 1 ? 1 : spread > MLA_HEADS ? MLA_HEADS : spread, per = (H + hb - 1) / hb;
     const mla_kernels k = {t->scores, t->values, t->axpy};
-    const mla_kv kv = {t->cache, LA, LA, t->cache, LA, C, MLA_LATENTS};
     float * sc = t->thread + (uint64_t) ith * t->per_thread, * tmp = sc + (int64_t) MLA_HEADS * t->s->n_ctx;
     for (;;) {
         const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
@@ -187,8 +199,10 @@ static void absorbed_task(void * ctx, int ith, int nth) {
         for (int64_t h = h0; h < h0 + nh; h++) {
             memcpy(t->qlat + (i * H + h) * LA + C, t->q + (i * H + h) * D + NP, sizeof(float) * (size_t) R);
         }
-        const mla_queries qs = {t->qlat + (i * H + h0) * LA, LA, (int32_t) nh, t->s->n_past + (int32_t) i + 1, 0,
-                                t->olat + (i * H + h0) * C, C};   /* causal: positions [0, n_past + i] */
+        const float * cache = layer_cache(t->runs[i].s, t->il);
+        const mla_kv kv = {cache, LA, LA, cache, LA, C, MLA_LATENTS};
+        const mla_queries qs = {t->qlat + (i * H + h0) * LA, LA, (int32_t) nh, t->runs[i].pos + 1, 0,
+                                t->olat + (i * H + h0) * C, C};   /* causal: positions [0, pos] */
         attend_queries(&k, &kv, &qs, t->scale, sc, t->s->n_ctx, tmp);
     }
 }
@@ -246,7 +260,7 @@ static void expanded_task(void * ctx, int ith, int nth) {
     const rm_hparams * hp = &s->m->hp;
     const int64_t H = hp->n_head, D = hp->head_dim, R = hp->n_rot, NP = D - R, DV = hp->head_dim_v;
     const int64_t C = hp->kv_lora_rank;
-    const int32_t P = s->n_past + t->n;
+    const int32_t P = t->pos + t->n;
     const mla_kernels k = {t->scores, t->values, t->axpy};
     float * kb = t->thread + (uint64_t) ith * t->per_thread;   /* C rows of NP: Kb_h^T */
     float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
@@ -261,10 +275,10 @@ static void expanded_task(void * ctx, int ith, int nth) {
         expand_keys(&k, t->cache, C, R, P, kb, NP, kexp, tmp);
         expand_values(&k, t->cache, C, R, P, vb, DV, vexp);
         const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS};
-        for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {   /* causal: token i sees [0, n_past + i] */
+        for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {   /* causal: token i sees [0, pos + i] */
             const mla_queries qs = {t->q + ((int64_t) i0 * H + h) * D, H * D,
-                                    t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, s->n_past + i0 + 1, 1,
-                                    s->attn + ((int64_t) i0 * H + h) * DV, H * DV};
+                                    t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, t->pos + i0 + 1, 1,
+                                    t->out + ((int64_t) i0 * H + h) * DV, H * DV};
             attend_queries(&k, &kv, &qs, t->scale, sc, s->n_ctx, tmp);
         }
     }
@@ -282,21 +296,41 @@ uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
     return expanded > absorbed ? expanded : absorbed;
 }
 
-static void attend(rm_session * s, const rm_layer * L, const float * cache, int32_t n, float * scratch,
-                   const mla_layout * l, float scale) {
+/* The attention of the step's sequences (s->runs) into s->attn. A run of several tokens (a
+ * prompt's) runs the expanded form over its own session's latents, reading each head's
+ * up-projections once per run (a run's tokens share them, other runs do not: the expansion is of
+ * that session's cache); runs of one token (decoding) that follow each other in the batch
+ * (rm_batch_eval puts them first) run the absorbed form together, so each head's up-projections
+ * are read once for all of them. */
+static void attend(rm_session * s, int il, float * scratch, const mla_layout * l, float scale) {
     const rm_hparams * hp = &s->m->hp;
+    const rm_layer * L = &s->m->layers[il];
     const int64_t H = hp->n_head, D = hp->head_dim, DV = hp->head_dim_v, C = hp->kv_lora_rank, LA = C + hp->n_rot;
-    mla_task t = {s, L, s->q, cache, scratch + l->qlat, scratch + l->olat, s->mla_host, 0,
-                  rm_mla_thread_floats(hp, s->n_ctx), n, scale, rm_cpu_attn_scores(), rm_cpu_attn_values(),
-                  rm_cpu_axpy()};
-    atomic_init(&t.next, 0);
-    if (n > 1) {
-        rm_pool_run(s->m->pool, expanded_task, &t);
-        return;
+    for (int32_t r = 0; r < s->n_runs;) {
+        const rm_seq_run * run = &s->runs[r];
+        mla_task t = {s, L, il, s->q + (int64_t) run->row0 * H * D, NULL, NULL, NULL, NULL, NULL, s->mla_host, 0,
+                      rm_mla_thread_floats(hp, s->n_ctx), run->n, run->pos, scale, rm_cpu_attn_scores(),
+                      rm_cpu_attn_values(), rm_cpu_axpy()};
+        atomic_init(&t.next, 0);
+        if (run->n > 1) {
+            t.cache = layer_cache(run->s, il);
+            t.out = s->attn + (int64_t) run->row0 * H * DV;
+            rm_pool_run(s->m->pool, expanded_task, &t);
+            r++;
+            continue;
+        }
+        int32_t g = 1;   /* this and the following runs of one token */
+        while (r + g < s->n_runs && s->runs[r + g].n == 1) {
+            g++;
+        }
+        t.runs = run, t.n = g;
+        t.qlat = scratch + l->qlat + (int64_t) run->row0 * H * LA;
+        t.olat = scratch + l->olat + (int64_t) run->row0 * H * C;
+        mm_heads(s, &L->wk_b, t.q, D, H * D, g, t.qlat, LA, H * LA);   /* qlat[h] = Kb_h^T q_nope[h] */
+        rm_pool_run(s->m->pool, absorbed_task, &t);
+        mm_heads(s, &L->wv_b, t.olat, C, H * C, g, s->attn + (int64_t) run->row0 * H * DV, DV, H * DV);   /* attn[h] = Vb_h olat[h] */
+        r += g;
     }
-    mm_heads(s, &L->wk_b, s->q, D, H * D, n, scratch + l->qlat, LA, H * LA);   /* qlat[h] = Kb_h^T q_nope[h] */
-    rm_pool_run(s->m->pool, absorbed_task, &t);
-    mm_heads(s, &L->wv_b, t.olat, C, H * C, n, s->attn, DV, H * DV);        /* attn[h] = Vb_h olat[h] */
 }
 
 void rm_mla_block(rm_session * s, int il, int32_t n) {
@@ -324,21 +358,28 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
         be->ops->rmsnorm(be, lat + t * LA, lat + t * LA, &L->kv_a_norm, 1, C, hp->rms_eps);
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
-    /* RoPE on each head's last n_rot dims, and on the shared rotary key after the latent */
+    /* per sequence: RoPE on each head's last n_rot dims and on the shared rotary key after the
+     * latent, from the run's position, and the latents into its session's cache */
+    rm_rope_yarn y = {0};
     if (hp->rope_yarn_factor > 0.0f) {   /* YaRN with DeepSeek's scale of cos and sin (model.c) */
-        rm_rope_yarn y;
         rm_rope_yarn_of(hp, &y);
         y.mscale = hp->yarn_rope_mult;
-        be->ops->rope_yarn(be, s->q + (D - R), n, (int32_t) H, (int32_t) D, (int32_t) R, s->n_past, &y, neox);
-        be->ops->rope_yarn(be, lat + C, n, 1, (int32_t) LA, (int32_t) R, s->n_past, &y, neox);
-    } else {
-        be->ops->rope(be, s->q + (D - R), n, (int32_t) H, (int32_t) D, (int32_t) R, s->n_past, hp->rope_base, neox);
-        be->ops->rope(be, lat + C, n, 1, (int32_t) LA, (int32_t) R, s->n_past, hp->rope_base, neox);
     }
-    float * cache = s->k_cache + (int64_t) il * s->n_ctx * LA;
-    be->ops->copy(be, cache + (int64_t) s->n_past * LA, lat, sizeof(float) * (uint64_t) n * (uint64_t) LA);
+    for (int32_t r = 0; r < s->n_runs; r++) {
+        const rm_seq_run * run = &s->runs[r];
+        float * q = s->q + (int64_t) run->row0 * H * D + (D - R), * lr = lat + (int64_t) run->row0 * LA;
+        if (hp->rope_yarn_factor > 0.0f) {
+            be->ops->rope_yarn(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, &y, neox);
+            be->ops->rope_yarn(be, lr + C, run->n, 1, (int32_t) LA, (int32_t) R, run->pos, &y, neox);
+        } else {
+            be->ops->rope(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, hp->rope_base, neox);
+            be->ops->rope(be, lr + C, run->n, 1, (int32_t) LA, (int32_t) R, run->pos, hp->rope_base, neox);
+        }
+        be->ops->copy(be, layer_cache(run->s, il) + (int64_t) run->pos * LA, lr,
+                      sizeof(float) * (uint64_t) run->n * (uint64_t) LA);
+    }
     const float scale = hp->kq_scale > 0.0f ? hp->kq_scale : 1.0f / sqrtf((float) D);
-    attend(s, L, cache, n, scratch, &l, scale);
+    attend(s, il, scratch, &l, scale);
     rm_prof_mark(s, RM_PROF_ATTN);
     mm(s, &L->wo, 0, s->attn, H * DV, n, s->x, E, 1);   /* x += Wo attn */
     rm_prof_mark(s, RM_PROF_ATTN_OUT);

@@ -19,8 +19,10 @@ uint64_t rm_mla_scratch_floats(const rm_size_params * p);
  * queries, and a block's partial sum. */
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
 
-/* The attention of layer il for n tokens at positions n_past..: x += Wo attn(x). CPU backend
- * only (the loader refuses a device for MLA models). */
+/* The attention of layer il for the n tokens of the step's sequences (s->runs: each run's rows
+ * at its positions, over its own session's latent cache): x += Wo attn(x). The projections and
+ * norms run over all n rows at once; RoPE, the cache and the attention core per run. CPU
+ * backend only (the loader refuses a device for MLA models). */
 void rm_mla_block(rm_session * s, int il, int32_t n);
 
 #endif

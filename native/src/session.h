@@ -81,8 +81,9 @@ struct rm_session {
 
 /* Runs n <= n_batch tokens of the sequences in runs (ordered by row, covering rows 0 .. n - 1)
  * through every layer on s's scratch, and advances each run's session. Logits: the rows
- * out_rows[0 .. n_out) (ascending; NULL: the last n_out rows) into out, n_vocab floats each. A run of another session needs
- * attention layers of the plain kinds (no MLA, no linear layers) and at most its own n_batch rows. */
+ * out_rows[0 .. n_out) (ascending; NULL: the last n_out rows) into out, n_vocab floats each. A run
+ * of another session has at most its own n_batch rows and a context no larger than s's (its MLA
+ * attention uses s's per-thread scratch). */
 void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs, const int32_t * tokens, int32_t n,
                         const int32_t * out_rows, int32_t n_out, float * out);
 

@@ -175,7 +175,9 @@ def short_prompts_beside_a_decoding_request(gguf, budget=None):
     the steps from the first that saw the prompts, and each request's result and its text alone."""
     m = rm.Model(gguf, n_ctx=128, n_threads=2)
     m.tokenizer.eog_ids = frozenset()
-    first, later = request(ids(3, 30), 30), [request(ids(10, 31 + i), 5) for i in range(3)]
+    # the first request decodes long enough to be still decoding when the prompts arrive, even
+    # when this thread gets the core late (the model's worker spins between products)
+    first, later = request(ids(3, 30), 100), [request(ids(10, 31 + i), 5) for i in range(3)]
     obs = Steps()
     with m:
         sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 16, obs)
@@ -191,6 +193,7 @@ def short_prompts_beside_a_decoding_request(gguf, budget=None):
                 for j in jobs:
                     sched.submit(j, j)
                 k = len(obs.steps)
+                assert not j0.done.is_set(), "the first request ended before the prompts came"
             results = [j.result() for j in [j0] + jobs]
         finally:
             sched.close()

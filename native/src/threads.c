@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RM_SPIN_NS 300000        /* a worker's spin before it sleeps */
+#define RM_SPIN_NS 100000        /* a worker's spin before it sleeps */
 #define RM_SPIN_CHECK 256         /* spins between looks at the clock */
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -256,15 +256,22 @@ static inline __m256i block_sums8(const __m256i p[8]) {
  *     acc = fma(-g_i, float(M_i), acc); out = hsum(acc). Only the integers S_i and M_i enter, so
  *     an AMX tile, which gets them another way, gives the same floats (matmul_amx.c); the sums of
  *     eight super-blocks come out of one tree of horizontal adds (block_sums8) instead of a
- *     convert and a multiply-add each. */
+ *     convert and a multiply-add each.
+ *   grouped one at a time (the AVX-512 set's one-token Q2_K and Q3_K kernels, RM_KQ_ONE): the
+ *     same float steps, lane for lane, but S_i and M_i are reduced to integers as soon as super-block
+ *     i is done and taken into lane i mod 8 alone. Eight super-blocks' lanes held for one tree of
+ *     adds do not fit in registers beside these two kernels' unpacking (they spilled, and Q3_K ran
+ *     at half speed); two integer reductions per super-block cost less. */
 #ifdef RM_KQ_GROUPED
 #define KQ_GROUPED 1
+#define KQ_ONE 2
 #else
 #define KQ_GROUPED 0
+#define KQ_ONE 0
 #endif
 /* The super-blocks a kernel's loop takes at a time: eight (unrolled) for the grouped steps, one
  * (the plain loop) for the others. */
-#define KQ_GROUP(grouped) ((grouped) ? 8 : 1)
+#define KQ_GROUP(grouped) ((grouped) == 1 ? 8 : 1)
 
 typedef struct kq_sum {
     __m256 acc, acc_m;
@@ -274,9 +281,10 @@ typedef struct kq_sum {
 #endif
 } kq_sum;
 
-/* Each function takes `grouped`, a constant: 1 for the grouped steps above (the types with AMX
- * tiles: Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS), 0 for the AVX2 steps (every type in the AVX2 set; Q2_K and
- * Q3_K in both). */
+/* Each function takes `grouped`, a constant: 1 for the grouped steps above (the AVX-512 set's
+ * kernels of several tokens, and its one-token ones for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS,
+ * IQ3_XXS), KQ_ONE for the same steps one super-block at a time (its one-token Q2_K and Q3_K), 0
+ * for the AVX2 steps (every type in the AVX2 set). */
 RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
     (void) grouped;
     q->acc = q->acc_m = _mm256_setzero_ps();
@@ -285,7 +293,7 @@ RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
 /* A group starts: its places cleared (each with a constant index, so none of them needs memory). */
 RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
 #ifdef RM_KQ_GROUPED
-    if (grouped) {
+    if (grouped == 1) {
         for (int j = 0; j < 8; j++) {
             q->s[j] = q->m[j] = _mm256_setzero_si256();
         }
@@ -303,6 +311,20 @@ RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
 RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __m256i mb, float f, float g,
                           const int mins) {
 #ifdef RM_KQ_GROUPED
+    if (grouped == KQ_ONE) {   /* k: the super-block's index mod 8 */
+        const __mmask8 lane = (__mmask8) (1u << k);
+        if (mins) {   /* S and M reduced together: [S, M, S, M] */
+            const __m256i h = _mm256_hadd_epi32(sumi, mb);
+            __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            v = _mm_hadd_epi32(v, v);
+            const __m128 sm = _mm_cvtepi32_ps(v);
+            q->acc = _mm256_mask3_fmadd_ps(_mm256_set1_ps(f), _mm256_broadcastss_ps(sm), q->acc, lane);
+            q->acc = _mm256_mask3_fnmadd_ps(_mm256_set1_ps(g), _mm256_broadcastss_ps(_mm_movehdup_ps(sm)), q->acc, lane);
+        } else {
+            q->acc = _mm256_mask3_fmadd_ps(_mm256_set1_ps(f), _mm256_set1_ps((float) hsum_epi32(sumi)), q->acc, lane);
+        }
+        return;
+    }
     if (grouped) {
         q->s[k] = sumi;
         q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
@@ -324,7 +346,7 @@ RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __
 /* The group is complete with its first cnt super-blocks (1 to 8): lanes 0..cnt-1 take them. */
 RM_INLINE void kq_sum_flush(const int grouped, kq_sum * q, int cnt, const int mins) {
 #ifdef RM_KQ_GROUPED
-    if (grouped) {
+    if (grouped == 1) {
         const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
         q->acc = _mm256_mask3_fmadd_ps(q->f, _mm256_cvtepi32_ps(block_sums8(q->s)), q->acc, used);
         if (mins) {
@@ -426,15 +448,15 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        kq_sum_init(0, &acc[c]);
+        kq_sum_init(KQ_ONE, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_ONE)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_ONE) ? (int) (nb - i0) : KQ_GROUP(KQ_ONE);
         for (int c = 0; c < nc; c++) {
-            kq_sum_begin(0, &acc[c]);
+            kq_sum_begin(KQ_ONE, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(0); k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_ONE); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -463,15 +485,15 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
             for (int c = 0; c < nc; c++) {
                 const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
-                kq_sum_add(0, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
+                kq_sum_add(KQ_ONE, &acc[c], (int) (i & 7), sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
             }
         }
         for (int c = 0; c < nc; c++) {
-            kq_sum_flush(0, &acc[c], cnt, 1);
+            kq_sum_flush(KQ_ONE, &acc[c], cnt, 1);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(0, &acc[c], 1);
+        out[c] = kq_sum_out(KQ_ONE, &acc[c], 1);
     }
 }
 
@@ -481,15 +503,15 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        kq_sum_init(0, &acc[c]);
+        kq_sum_init(KQ_ONE, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_ONE)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_ONE) ? (int) (nb - i0) : KQ_GROUP(KQ_ONE);
         for (int c = 0; c < nc; c++) {
-            kq_sum_begin(0, &acc[c]);
+            kq_sum_begin(KQ_ONE, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(0); k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_ONE); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -517,16 +539,18 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
             for (int c = 0; c < nc; c++) {
-                const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 4);
-                kq_sum_add(0, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
+                /* grouped, only the lanes' sum enters: the offset taken off lane by lane */
+                const __m256i t = KQ_ONE ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2))
+                                         : less_offset(sumi[c], a[c]->bsums, sc16, 4);
+                kq_sum_add(KQ_ONE, &acc[c], (int) (i & 7), t, t, a[c]->d * dw, 0.0f, 0);
             }
         }
         for (int c = 0; c < nc; c++) {
-            kq_sum_flush(0, &acc[c], cnt, 0);
+            kq_sum_flush(KQ_ONE, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(0, &acc[c], 0);
+        out[c] = kq_sum_out(KQ_ONE, &acc[c], 0);
     }
 }
 
@@ -954,8 +978,8 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
         }                                                                                                \
     }
 
-RM_KQ_ENTRY_POINTS(q2_K, 0, 0)
-RM_KQ_ENTRY_POINTS(q3_K, 4, 0)
+RM_KQ_ENTRY_POINTS(q2_K, 0, KQ_GROUPED)
+RM_KQ_ENTRY_POINTS(q3_K, 4, KQ_GROUPED)
 RM_KQ_ENTRY_POINTS(q4_K, 0, KQ_GROUPED)
 RM_KQ_ENTRY_POINTS(q5_K, 0, KQ_GROUPED)
 RM_KQ_ENTRY_POINTS(q6_K, 32, KQ_GROUPED)

@@ -1,6 +1,6 @@
 /* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8),
- * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS (further
- * down), each bit for bit the AVX-512 set's one-token kernel.
+ * for Q8_0 and Q4_0 (below) and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and
+ * IQ3_XXS (further down), each bit for bit the AVX-512 set's one-token kernel.
  *
  * One tdpbssd multiplies a tile of 16 weight rows x 32 int8 levels by a tile of 32 levels x 16
  * tokens into 16 x 16 int32 sums: one 32-element block of 16 rows against 16 tokens, 8192
@@ -223,10 +223,10 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
     matmul_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
 }
 
-/* ---- the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, IQ2_XXS and IQ3_XXS, against Q8_K ------------ *
+/* ---- the K-quants (Q2_K to Q6_K), IQ4_XS, IQ2_XXS and IQ3_XXS, against Q8_K ---------------- *
  *
  * A super-block's exact integer dot S (the reference's sumi) is sum_j sc_j * dot(levels_j, x_j)
- * over its sub-blocks j (Q4_K/Q5_K/IQ4_XS/IQ2_XXS/IQ3_XXS: 8 of 32 elements; Q6_K: 16 of 16),
+ * over its sub-blocks j (Q4_K/Q5_K/IQ4_XS/IQ2_XXS/IQ3_XXS: 8 of 32 elements; Q2_K/Q3_K/Q6_K: 16 of 16),
  * with integer sub-block scales sc_j. The packing folds each scale into its levels: w = level *
  * sc, at most 4096 in size for every type here (Q6_K: 32 * 128), split as w = 128 hi + lo with hi
  * in [-32, 32] and lo in [0, 127], both int8. Two tdpbssd per 64 elements (K = 64), one on the
@@ -236,6 +236,9 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
  * (signed), so it needs no offset term; IQ4_XS is Q4_K's shape with its table's signed levels and
  * signed scales (sc - 32), and no mins; IQ2_XXS and IQ3_XXS the same with their signed codebook
  * levels, scales 2s + 1 and a power-of-two step (d_x d_w step, the float the AVX-512 kernel takes).
+ * Q3_K's levels are taken less 4 (signed, -4..3) with its scales less 32, |w| <= 128. Q2_K's w =
+ * level * scale is at most 45, all lo: its his' places carry each element's 4-bit min instead, so
+ * the his' tile gives M (sixteen mins of 16 elements) directly, exact, with no bsums.
  *
  * The AVX-512 kernels reduce each super-block to the same S and M, and their float steps depend
  * on nothing else (simd_x86.h, kq_sum): super-block b goes to partial sum b mod 8 as
@@ -692,7 +695,8 @@ RM_TILE_MATMUL_KQ(matmul_q3_K, KQ_Q3_K)
 /* The fewest tokens that pay, measured against the AVX-512 prefill form (tools/bench_kernels.py
  * --compare avx512,amx, rows of 2048): Q8_0/Q4_0 break even at 12 tokens and win from 16; with the
  * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS win from 8 (1.05 to 1.2x; 1.4 to
- * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12). */
+ * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12), Q2_K and
+ * Q3_K from 8 (1.12 to 1.15x and 1.02 to 1.19x at 8; 1.58 and 1.44x at 10, 2.3x at 16). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q4_0};
 static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K};

@@ -248,10 +248,9 @@ static inline __m256i block_sums8(const __m256i p[8]) {
  * types with mins (Q2_K, Q4_K, Q5_K) lanes whose sum is M_i, the mins weighted by the activations'
  * sums; f_i = d_x d_w and g_i = d_x dmin_w are its float scales. What follows depends on the set:
  *
- *   per lane (the AVX2 set; Q2_K and Q3_K, which have no tiles, in both sets): acc += f_i *
- *     float(lanes of S_i), acc_m += g_i * float(lanes of M_i) lane by lane, and
- *     out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
- *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS):
+ *   per lane (the AVX2 set): acc += f_i * float(lanes of S_i), acc_m += g_i * float(lanes of M_i)
+ *     lane by lane, and out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
+ *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q2_K to Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS):
  *     lane i mod 8 of one accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
  *     acc = fma(-g_i, float(M_i), acc); out = hsum(acc). Only the integers S_i and M_i enter, so
  *     an AMX tile, which gets them another way, gives the same floats (matmul_amx.c); the sums of

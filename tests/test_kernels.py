@@ -130,11 +130,12 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
-# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 12 for Q6_K, 8 for the other
-# K-quants; Q8_0/Q4_0 rows of whole groups of eight blocks, K-quant rows of whole super-blocks).
+# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 10 for Q5_K/Q6_K, 8 for the
+# other K-quants and IQ types; Q8_0/Q4_0 rows of whole groups of eight blocks, K-quant rows of whole
+# super-blocks).
 # Every tile gives the AVX-512 set's floats bit for bit: the same integers, then the same float
 # steps (for the K-quants and IQ4_XS, simd_x86.h's kq_sum).
-AMX_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS"]
+AMX_TYPES = ["Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS"]
 needs_amx = pytest.mark.skipif("amx" not in kernels.supported_isas(), reason="this machine or build has no AMX")
 
 

@@ -11,9 +11,11 @@ cudaError_t rm_cu_gather_rows(cudaStream_t st, float * dst, const float * src, c
 /* dst[rows[j]] += scale[j] * src[j] for j < n; rows may repeat (atomic adds). */
 cudaError_t rm_cu_scatter_add(cudaStream_t st, float * dst, const float * src, const int32_t * rows,
                               const float * scale, int32_t n, int64_t width);
-/* The MoE sum, deterministic: out[i] += sum over k < n_slot of scale[i*n_slot + k] *
- * src[row[i*n_slot + k]], skipping row -1; each token's slots are added in order. */
-cudaError_t rm_cu_combine(cudaStream_t st, float * out, const float * src, const int32_t * row, const float * scale,
-                          int32_t n_tok, int32_t n_slot, int64_t width);
+/* The MoE sum of the split, deterministic (rm_split_device_ops.combine): out[i] += scale[s] * v_s
+ * for token i's places s = i*n_slot + k in order, v_s = dev[dev_row[s]], else fix[fix_row[s]] +
+ * host[host_row[s]], else host[host_row[s]] (the first row that is not -1 picks the case). */
+cudaError_t rm_cu_combine(cudaStream_t st, float * out, const float * dev, const float * fix, const float * host,
+                          const int32_t * dev_row, const int32_t * fix_row, const int32_t * host_row,
+                          const float * scale, int32_t n_tok, int32_t n_slot, int64_t width);
 
 #endif

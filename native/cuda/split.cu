@@ -126,10 +126,11 @@ static int cs_experts_bias(rm_backend * be, const rm_weight * b, const rm_split_
     return rm_cuda_check(c, rm_cu_add_expert_bias(c->st, y, ys, bd, b->ne[0], groups, n_groups, max_rows), what);
 }
 
-static int cs_combine(rm_backend * be, float * out, const float * src, const int32_t * row, const float * w, int32_t n_tok,
-                      int32_t K, int64_t E, const char * what) {
+static int cs_combine(rm_backend * be, float * out, const float * dev, const float * fix, const float * host,
+                      const int32_t * dev_row, const int32_t * fix_row, const int32_t * host_row, const float * w,
+                      int32_t n_tok, int32_t K, int64_t E, const char * what) {
     cuda_be * c = ctx_of(be);
-    return rm_cuda_check(c, rm_cu_combine(c->st, out, src, row, w, n_tok, K, E), what);
+    return rm_cuda_check(c, rm_cu_combine(c->st, out, dev, fix, host, dev_row, fix_row, host_row, w, n_tok, K, E), what);
 }
 
 static cudaEvent_t event_of(cuda_be * c, int ev, int il) {

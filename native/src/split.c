@@ -22,6 +22,17 @@ uint64_t rm_split_stage_bytes(const rm_model * m) {
     return rm_dev_round_up(most);
 }
 
+/* Slot s's place (rm_split_layout): its token's first place plus the number of the token's slots
+ * whose experts come before its own (a token's experts are distinct). */
+static int32_t place_of(const rm_moe_args * a, int32_t s) {
+    const int32_t K = a->n_expert_used, t0 = s / K * K, e = a->routes_host[s].expert;
+    int32_t before = 0;
+    for (int32_t k = 0; k < K; k++) {
+        before += a->routes_host[t0 + k].expert < e;
+    }
+    return t0 + before;
+}
+
 void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, int can_stage,
                         int32_t upload_min_tokens, uint8_t * t, int32_t * host_groups, rm_split_plan * p) {
     const int32_t K = a->n_expert_used, S = a->n_tok * K, X = a->n_expert;
@@ -34,13 +45,14 @@ void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, 
     p->fix_of_slot = (int32_t *) (t + p->lay.fix_of_slot);
     p->host_of_slot = (int32_t *) (t + p->lay.host_of_slot);
     p->fix_rows = (int32_t *) (t + p->lay.fix_rows);
-    p->w_gpu = (float *) (t + p->lay.w_gpu);
-    p->w_fix = (float *) (t + p->lay.w_fix);
-    p->w_host = (float *) (t + p->lay.w_host);
+    p->w = (float *) (t + p->lay.w);
     p->host_groups = host_groups;
     for (int32_t s = 0; s < S; s++) {
         p->slot_row[s] = p->fix_of_slot[s] = p->host_of_slot[s] = -1;
-        p->w_gpu[s] = p->w_fix[s] = p->w_host[s] = 0.0f;
+    }
+    /* slots by place (rm_split_layout): the weights go to their places here, the rows below */
+    for (int32_t s = 0; s < S; s++) {
+        p->w[place_of(a, s)] = a->routes_host[s].weight;
     }
     can_stage = can_stage && upload_min_tokens > 0;
     int32_t row = 0;
@@ -72,17 +84,13 @@ void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, 
         }
         const int32_t fix0 = p->n_fix;
         for (int32_t j = 0; j < cnt; j++) {
-            const int32_t s = pairs[j];
-            const float w = a->routes_host[s].weight;
+            const int32_t s = place_of(a, pairs[j]);
             if (j < c_res && !staged) {
                 p->fix_of_slot[s] = p->n_fix;
-                p->w_fix[s] = w;
                 p->host_of_slot[s] = p->n_fix;   /* its h'.R_d comes back as a host row */
-                p->w_host[s] = w;
                 p->fix_rows[p->n_fix++] = row + j;
             } else {
                 p->slot_row[s] = row + j;
-                p->w_gpu[s] = w;
             }
         }
         if (p->n_fix > fix0) {
@@ -97,8 +105,7 @@ void rm_split_make_plan(const rm_moe_args * a, const uint8_t * const * exp_tab, 
         const int32_t * hg = host_groups + 4 * h;
         const int32_t * pairs = a->exp_pairs_host + (int64_t) hg[0] * a->cap;
         for (int32_t j = 0; j < hg[2]; j++) {
-            p->host_of_slot[pairs[j]] = p->n_host_rows++;
-            p->w_host[pairs[j]] = a->routes_host[pairs[j]].weight;
+            p->host_of_slot[place_of(a, pairs[j])] = p->n_host_rows++;
         }
     }
 }
@@ -327,9 +334,12 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
     if (p.n_groups && L->down_exps_b.data) {
         RM_STEP(d->experts_bias(be, &L->down_exps_b, groups_d, p.n_groups, p.max_c, sp->dc, E, "split: down bias"));
     }
-    RM_STEP(d->combine(be, a->out, sp->dc, (const int32_t *) (td + p.lay.slot_row), (const float *) (td + p.lay.w_gpu),
-                       a->n_tok, K, E, "split: combine"));
+    /* one weighted sum of every slot, in the CPU backend's order (rm_split_layout) */
+    const int32_t * dev_row = (const int32_t *) (td + p.lay.slot_row), * fix_row = (const int32_t *) (td + p.lay.fix_of_slot);
+    const int32_t * host_row = (const int32_t *) (td + p.lay.host_of_slot);
+    const float * w = (const float *) (td + p.lay.w);
     if (!host_work) {
+        RM_STEP(d->combine(be, a->out, sp->dc, sp->df, sp->hr, dev_row, fix_row, host_row, w, a->n_tok, K, E, "split: combine"));
         return;
     }
     RM_STEP(d->record(be, RM_SPLIT_EV_BASE1, il, "split: event"));
@@ -365,14 +375,11 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
             RM_STEP(d->experts_bias(be, &L->down_exps_b, (const rm_split_group *) (td + p.lay.fix_groups),
                                     p.n_fix_groups, p.max_fix, sp->df, E, "split: fix down bias"));
         }
-        RM_STEP(d->combine(be, a->out, sp->df, (const int32_t *) (td + p.lay.fix_of_slot),
-                           (const float *) (td + p.lay.w_fix), a->n_tok, K, E, "split: combine fix rows"));
     }
     const uint64_t bytes = f * (uint64_t) p.n_host_rows * (uint64_t) E;
     RM_STEP(d->upload(be, sp->hr, sp->hr_h, bytes, "split: host results up"));
     be->stats.h2d_bytes += bytes;
-    RM_STEP(d->combine(be, a->out, sp->hr, (const int32_t *) (td + p.lay.host_of_slot),
-                       (const float *) (td + p.lay.w_host), a->n_tok, K, E, "split: combine host rows"));
+    RM_STEP(d->combine(be, a->out, sp->dc, sp->df, sp->hr, dev_row, fix_row, host_row, w, a->n_tok, K, E, "split: combine"));
 }
 
 #undef RM_STEP

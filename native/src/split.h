@@ -44,9 +44,12 @@ typedef struct rm_split_group {
 typedef struct rm_split_layout {
     uint64_t groups, fix_groups;          /* rm_split_group[S] each */
     uint64_t tok_of_row;                  /* int32[S]: token of each compact row */
-    uint64_t slot_row, fix_of_slot, host_of_slot;   /* int32[S] by slot, -1: none */
+    /* by place: token t's slots are places t * K .. t * K + K - 1 in the order of their experts,
+     * the order in which the CPU backend adds them (moe.c), so that the one combine adds the same
+     * floats in the same order */
+    uint64_t slot_row, fix_of_slot, host_of_slot;   /* int32[S] by place, -1: none */
     uint64_t fix_rows;                    /* int32[S]: compact row of each fix row */
-    uint64_t w_gpu, w_fix, w_host;        /* float[S] by slot */
+    uint64_t w;                           /* float[S] by place: the routing weight */
     uint64_t end;
 } rm_split_layout;
 
@@ -64,9 +67,7 @@ static inline rm_split_layout rm_split_layout_for(int64_t S) {
     RM_TAKE(fix_of_slot, i);
     RM_TAKE(host_of_slot, i);
     RM_TAKE(fix_rows, i);
-    RM_TAKE(w_gpu, i);
-    RM_TAKE(w_fix, i);
-    RM_TAKE(w_host, i);
+    RM_TAKE(w, i);
 #undef RM_TAKE
     l.end = o;
     return l;
@@ -81,7 +82,7 @@ typedef struct rm_split_plan {
     rm_split_group * groups;              /* device experts' rows (all their slots) */
     rm_split_group * fix_groups;          /* by fix row: the fix slots of each device expert */
     int32_t *        tok_of_row, * slot_row, * fix_of_slot, * host_of_slot, * fix_rows;
-    float *          w_gpu, * w_fix, * w_host;
+    float *          w;
     int32_t          n_groups, max_c, n_fix_groups, max_fix, n_fix;
     int32_t          n_host_groups;       /* experts the host computes whole */
     int32_t          n_host_rows;         /* host rows: the fix rows, then the host experts' rows */
@@ -171,8 +172,12 @@ typedef struct rm_split_device_ops {
      * group of groups_d (n_groups, the largest of max_rows rows) */
     int (*experts_bias)(rm_backend * be, const rm_weight * b, const rm_split_group * groups_d, int32_t n_groups,
                         int32_t max_rows, float * y_d, int64_t y_stride, const char * what);
-    /* out[t] += sum over t's slots s (t * K + k, k < K) with row_d[s] >= 0 of w_d[s] * src[row_d[s]] */
-    int (*combine)(rm_backend * be, float * out_d, const float * src_d, const int32_t * row_d, const float * w_d,
+    /* out[t] += w_d[s] * v_s for t's places s = t * K + k, k = 0 .. K - 1 in order, one add each
+     * (rows of E floats): v_s = dev[dev_row_d[s]] where that is >= 0, else fix[fix_row_d[s]] +
+     * host[host_row_d[s]] where fix_row_d[s] >= 0 (a fix slot: h'.B_d + h'.R_d, as the CPU's
+     * accumulating product adds them), else host[host_row_d[s]]; places with all three -1 add nothing */
+    int (*combine)(rm_backend * be, float * out_d, const float * dev_d, const float * fix_d, const float * host_d,
+                   const int32_t * dev_row_d, const int32_t * fix_row_d, const int32_t * host_row_d, const float * w_d,
                    int32_t n_tok, int32_t K, int64_t E, const char * what);
     /* marks point ev (RM_SPLIT_EV_*) of layer il on the stream; wait blocks the host until the
      * last mark of ev has passed */

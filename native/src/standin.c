@@ -399,17 +399,29 @@ static int sd_experts_bias(rm_backend * be, const rm_weight * b, const rm_split_
     return !c->err;
 }
 
-/* The GPU's k_combine, a token's slots in order. */
-static int sd_combine(rm_backend * be, float * out, const float * src, const int32_t * row, const float * w,
+/* The GPU's k_combine (rm_split_device_ops.combine): a token's places in order, each one add of
+ * w * v as the CPU backend's scatter_add makes it, so that the sum is the CPU's. */
+static int sd_combine(rm_backend * be, float * out, const float * dev, const float * fix, const float * host,
+                      const int32_t * dev_row, const int32_t * fix_row, const int32_t * host_row, const float * w,
                       int32_t n_tok, int32_t K, int64_t E, const char * what) {
     if (ctx_of(be)->err) return 0;
     for (int32_t t = 0; t < n_tok; t++) {
         float * y = out + (int64_t) t * E;
         for (int32_t k = 0; k < K; k++) {
-            const int32_t s = t * K + k, r = row[s];
-            if (r < 0) continue;
-            const float * x = src + (int64_t) r * E;
-            for (int64_t i = 0; i < E; i++) y[i] += w[s] * x[i];
+            const int32_t s = t * K + k;
+            if (dev_row[s] >= 0) {
+                const float * x = dev + (int64_t) dev_row[s] * E;
+                for (int64_t i = 0; i < E; i++) y[i] += w[s] * x[i];
+            } else if (fix_row[s] >= 0) {
+                const float * b = fix + (int64_t) fix_row[s] * E, * r = host + (int64_t) host_row[s] * E;
+                for (int64_t i = 0; i < E; i++) {
+                    const float v = b[i] + r[i];
+                    y[i] += w[s] * v;
+                }
+            } else if (host_row[s] >= 0) {
+                const float * x = host + (int64_t) host_row[s] * E;
+                for (int64_t i = 0; i < E; i++) y[i] += w[s] * x[i];
+            }
         }
     }
     return 1;

@@ -1,6 +1,6 @@
 /* matmul_amx.c - the AMX set: prefill matrix products on the tile registers (AMX-TILE, AMX-INT8),
- * for Q8_0 and Q4_0 (below) and the K-quants Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS (further
- * down), each bit for bit the AVX-512 set's one-token kernel.
+ * for Q8_0 and Q4_0 (below) and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and
+ * IQ3_XXS (further down), each bit for bit the AVX-512 set's one-token kernel.
  *
  * One tdpbssd multiplies a tile of 16 weight rows x 32 int8 levels by a tile of 32 levels x 16
  * tokens into 16 x 16 int32 sums: one 32-element block of 16 rows against 16 tokens, 8192
@@ -223,10 +223,10 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
     matmul_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, Q4_0_LEVELS);
 }
 
-/* ---- the K-quants (Q4_K, Q5_K, Q6_K), IQ4_XS, IQ2_XXS and IQ3_XXS, against Q8_K ------------ *
+/* ---- the K-quants (Q2_K to Q6_K), IQ4_XS, IQ2_XXS and IQ3_XXS, against Q8_K ---------------- *
  *
  * A super-block's exact integer dot S (the reference's sumi) is sum_j sc_j * dot(levels_j, x_j)
- * over its sub-blocks j (Q4_K/Q5_K/IQ4_XS/IQ2_XXS/IQ3_XXS: 8 of 32 elements; Q6_K: 16 of 16),
+ * over its sub-blocks j (Q4_K/Q5_K/IQ4_XS/IQ2_XXS/IQ3_XXS: 8 of 32 elements; Q2_K/Q3_K/Q6_K: 16 of 16),
  * with integer sub-block scales sc_j. The packing folds each scale into its levels: w = level *
  * sc, at most 4096 in size for every type here (Q6_K: 32 * 128), split as w = 128 hi + lo with hi
  * in [-32, 32] and lo in [0, 127], both int8. Two tdpbssd per 64 elements (K = 64), one on the
@@ -236,6 +236,9 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
  * (signed), so it needs no offset term; IQ4_XS is Q4_K's shape with its table's signed levels and
  * signed scales (sc - 32), and no mins; IQ2_XXS and IQ3_XXS the same with their signed codebook
  * levels, scales 2s + 1 and a power-of-two step (d_x d_w step, the float the AVX-512 kernel takes).
+ * Q3_K's levels are taken less 4 (signed, -4..3) with its scales less 32, |w| <= 128. Q2_K's w =
+ * level * scale is at most 45, all lo: its his' places carry each element's 4-bit min instead, so
+ * the his' tile gives M (sixteen mins of 16 elements) directly, exact, with no bsums.
  *
  * The AVX-512 kernels reduce each super-block to the same S and M, and their float steps depend
  * on nothing else (simd_x86.h, kq_sum): super-block b goes to partial sum b mod 8 as
@@ -255,7 +258,10 @@ static void matmul_q4_0(int64_t n, const void * w, int stored, uint64_t row_byte
 #define KQ_W_D 8448
 #define KQ_X_BYTES (4096 + 64 + 256)
 
-enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_IQ4_XS, KQ_IQ2_XXS, KQ_IQ3_XXS };
+enum { KQ_Q4_K, KQ_Q5_K, KQ_Q6_K, KQ_IQ4_XS, KQ_IQ2_XXS, KQ_IQ3_XXS, KQ_Q2_K, KQ_Q3_K };
+
+/* sub-blocks of 16 elements (sixteen scales), not 32 */
+#define KQ_SIXTEEN(kind) ((kind) == KQ_Q6_K || (kind) == KQ_Q2_K || (kind) == KQ_Q3_K)
 
 static int usable_kq(int64_t n) { return n > 0 && n % RM_QK_K == 0; }
 
@@ -351,11 +357,49 @@ RM_AMX_INLINE void unpack_iq_grid(const uint8_t * src, int8_t lev[RM_QK_K], int3
     d[0] = rm_fp16_to_fp32(h);
 }
 
+/* Q2_K (element 128h + 32g + l: bits 2g of qs byte 32h + l; scale and min of sub-block j in the
+ * low and high nibbles of scales[j]) or Q3_K (the same two bits, less 4 where bit 4h + g of hmask
+ * byte l is clear; sixteen 6-bit scales, stored + 32, in 12 bytes). */
+RM_AMX_INLINE void unpack_q23_K(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], int32_t mn[16], float d[2],
+                                const int q3) {
+    const rm_block_q2_K * b2 = (const rm_block_q2_K *) src;
+    const rm_block_q3_K * b3 = (const rm_block_q3_K *) src;
+    const __m256i m2 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *) b3->hmask) : _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) ((q3 ? b3->qs : b2->qs) + 32 * h));
+        for (int g = 0; g < 4; g++) {
+            __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), m2);
+            if (q3) {   /* less 4 where the high bit is clear */
+                const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
+                const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+                l = _mm256_sub_epi8(l, _mm256_and_si256(clear, four));
+            }
+            _mm256_store_si256((__m256i *) (lev + 128 * h + 32 * g), l);
+        }
+    }
+    for (int j = 0; j < 16; j++) {
+        if (q3) {
+            sc[j] = (((b3->scales[j % 8] >> (j < 8 ? 0 : 4)) & 0x0f) | (((b3->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+        } else {
+            sc[j] = b2->scales[j] & 0x0f;
+            mn[j] = b2->scales[j] >> 4;
+        }
+    }
+    d[0] = rm_fp16_to_fp32(q3 ? b3->d : b2->d);
+    d[1] = q3 ? 0.0f : rm_fp16_to_fp32(b2->dmin);
+}
+
 /* A row's super-block in element order: its signed levels, its sub-block scales (of 16 elements
- * for Q6_K, 32 for the others), and for Q4_K/Q5_K its mins and dmin; d[0] d, d[1] dmin. */
-RM_AMX_INLINE void unpack_kq(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], int32_t mn[8], float d[2],
+ * for Q6_K, Q2_K and Q3_K, 32 for the others), and for Q4_K/Q5_K/Q2_K its mins and dmin; d[0] d,
+ * d[1] dmin. */
+RM_AMX_INLINE void unpack_kq(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], int32_t mn[16], float d[2],
                              const int kind) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (kind == KQ_Q2_K || kind == KQ_Q3_K) {
+        unpack_q23_K(src, lev, sc, mn, d, kind == KQ_Q3_K);
+        return;
+    }
     if (kind == KQ_IQ4_XS) {   /* sub-block j: the table's levels of 16 qs bytes' low, then high nibbles */
         const rm_block_iq4_xs * b = (const rm_block_iq4_xs *) src;
         const __m128i table = _mm_loadu_si128((const __m128i *) rm_iq4nl_values), m4l = _mm_set1_epi8(0x0f);
@@ -423,31 +467,38 @@ RM_AMX_INLINE void unpack_kq(const uint8_t * src, int8_t lev[RM_QK_K], int32_t s
  * shuffles): the products' bits 7-14 are the hi bytes, bits 0-6 the lo bytes. */
 RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const int kind) {
     int8_t lev[RM_QK_K] __attribute__((aligned(64)));
-    int32_t sc[16], mn[8];
+    int32_t sc[16], mn[16];
     float d[2];
     unpack_kq(src, lev, sc, mn, d, kind);
     const __m512i low_bytes = _mm512_set1_epi16(0x00ff), low7 = _mm512_set1_epi16(0x7f7f);
-    __m512i sc6 = _mm512_setzero_si512();
-    if (kind == KQ_Q6_K) {
-        int16_t s16[16];
+    __m512i sc6 = _mm512_setzero_si512(), mn2 = _mm512_setzero_si512();
+    if (KQ_SIXTEEN(kind)) {
+        int16_t s16[16], m16[16];
         for (int j = 0; j < 16; j++) {
             s16[j] = (int16_t) sc[j];
+            m16[j] = kind == KQ_Q2_K ? (int16_t) mn[j] : 0;
         }
         sc6 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) s16));
+        mn2 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) m16));
     }
     for (int t = 0; t < 4; t++) {
         const __m512i l = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256((const __m256i *) (lev + 64 * t))),
                                              _mm256_load_si256((const __m256i *) (lev + 64 * t + 32)), 1);
-        /* lane i holds elements 2i and 2i + 1: Q6_K's sub-block (64t + 2i) / 16, the others' (64t + 2i) / 32 */
-        const __m512i s = kind == KQ_Q6_K
-            ? _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_set1_epi16((int16_t) (4 * t)),
-                                                        _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
-                                                                                           15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3)), sc6)
+        /* lane i holds elements 2i and 2i + 1: sub-block (64t + 2i) / 16 of sixteen, (64t + 2i) / 32 of eight */
+        const __m512i sub16 = _mm512_add_epi16(_mm512_set1_epi16((int16_t) (4 * t)),
+                                               _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                                                                  15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
+        const __m512i s = KQ_SIXTEEN(kind)
+            ? _mm512_permutexvar_epi16(sub16, sc6)
             : _mm512_inserti64x4(_mm512_set1_epi16((int16_t) sc[2 * t]), _mm256_set1_epi16((int16_t) sc[2 * t + 1]), 1);
         const __m512i we = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(l, 8), 8), s);
         const __m512i wo = _mm512_mullo_epi16(_mm512_srai_epi16(l, 8), s);
         /* low byte from the even product, high byte from the odd one: (c ? a : b) bitwise, 0xe4 */
-        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srai_epi16(we, 7), _mm512_slli_epi16(wo, 1), low_bytes, 0xe4);
+        __m512i hi = _mm512_ternarylogic_epi32(_mm512_srai_epi16(we, 7), _mm512_slli_epi16(wo, 1), low_bytes, 0xe4);
+        if (kind == KQ_Q2_K) {   /* w in 0..45 is all lo: the his' places take each element's min */
+            const __m512i m = _mm512_permutexvar_epi16(sub16, mn2);
+            hi = _mm512_or_si512(m, _mm512_slli_epi16(m, 8));
+        }
         const __m512i lo = _mm512_and_si512(_mm512_ternarylogic_epi32(we, _mm512_slli_epi16(wo, 8), low_bytes, 0xe4), low7);
         _mm512_storeu_si512(wb + 1024 * t + 64 * r, hi);
         _mm512_storeu_si512(wb + KQ_W_LO + 1024 * t + 64 * r, lo);
@@ -459,6 +510,8 @@ RM_AMX_INLINE void pack_row_kq(const uint8_t * src, int r, uint8_t * wb, const i
         for (int p = 0; p < 4; p++) {
             mins[16 * p + r] = (int32_t) ((uint32_t) mn[2 * p] | ((uint32_t) mn[2 * p + 1] << 16));
         }
+    }
+    if (kind == KQ_Q4_K || kind == KQ_Q5_K || kind == KQ_Q2_K) {
         dd[16 + r] = d[1];
     }
 }
@@ -467,7 +520,8 @@ static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
                          const int kind) {
     const size_t bsize = kind == KQ_Q6_K ? sizeof(rm_block_q6_K) : kind == KQ_Q5_K ? sizeof(rm_block_q5_K)
                        : kind == KQ_IQ4_XS ? sizeof(rm_block_iq4_xs) : kind == KQ_IQ2_XXS ? sizeof(rm_block_iq2_xxs)
-                       : kind == KQ_IQ3_XXS ? sizeof(rm_block_iq3_xxs) : sizeof(rm_block_q4_K);
+                       : kind == KQ_IQ3_XXS ? sizeof(rm_block_iq3_xxs) : kind == KQ_Q2_K ? sizeof(rm_block_q2_K)
+                       : kind == KQ_Q3_K ? sizeof(rm_block_q3_K) : sizeof(rm_block_q4_K);
     if (r1 - r0 < RM_TILE_ROWS) {   /* rows past the matrix: all zero */
         memset(room, 0, (size_t) (n / RM_QK_K) * KQ_W_BYTES);
     }
@@ -487,6 +541,8 @@ static void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64
             case KQ_IQ4_XS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ4_XS); break;
             case KQ_IQ2_XXS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ2_XXS); break;
             case KQ_IQ3_XXS: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_IQ3_XXS); break;
+            case KQ_Q2_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q2_K); break;
+            case KQ_Q3_K: pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q3_K); break;
             default:      pack_row_kq(w + (uint64_t) r * row_bytes + (uint64_t) b * bsize, (int) (r - r0), wb, KQ_Q6_K); break;
             }
         }
@@ -528,6 +584,14 @@ RM_AMX_INLINE void kq_steps(__m512 acc[RM_TILE_ROWS][8], int32_t sums[2][RM_TILE
     const float * d = (const float *) (wb + KQ_W_D);
     const __m512 dx = _mm512_loadu_ps(xb + 4096);
     const int l = (int) (b % 8);
+    if (kind == KQ_Q2_K) {   /* S from the los alone, M from the mins in the his' places */
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            const __m512 dxw = _mm512_mul_ps(_mm512_set1_ps(d[r]), dx), dxm = _mm512_mul_ps(_mm512_set1_ps(d[16 + r]), dx);
+            acc[r][l] = _mm512_fmadd_ps(dxw, _mm512_cvtepi32_ps(_mm512_load_si512(sums[1][r])), acc[r][l]);
+            acc[r][l] = _mm512_fnmadd_ps(dxm, _mm512_cvtepi32_ps(_mm512_load_si512(sums[0][r])), acc[r][l]);
+        }
+        return;
+    }
     for (int r = 0; r < RM_TILE_ROWS; r++) {
         const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[0][r]), 7),
                                               _mm512_load_si512(sums[1][r]));
@@ -625,11 +689,14 @@ RM_TILE_MATMUL_KQ(matmul_q6_K, KQ_Q6_K)
 RM_TILE_MATMUL_KQ(matmul_iq4_xs, KQ_IQ4_XS)
 RM_TILE_MATMUL_KQ(matmul_iq2_xxs, KQ_IQ2_XXS)
 RM_TILE_MATMUL_KQ(matmul_iq3_xxs, KQ_IQ3_XXS)
+RM_TILE_MATMUL_KQ(matmul_q2_K, KQ_Q2_K)
+RM_TILE_MATMUL_KQ(matmul_q3_K, KQ_Q3_K)
 
 /* The fewest tokens that pay, measured against the AVX-512 prefill form (tools/bench_kernels.py
  * --compare avx512,amx, rows of 2048): Q8_0/Q4_0 break even at 12 tokens and win from 16; with the
  * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS win from 8 (1.05 to 1.2x; 1.4 to
- * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12). */
+ * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12), Q2_K and
+ * Q3_K from 8 (1.12 to 1.15x and 1.02 to 1.19x at 8; 1.58 and 1.44x at 10, 2.3x at 16). */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q8_0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q4_0};
 static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K};
@@ -638,6 +705,8 @@ static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_gr
 static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq4_xs};
 static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq2_xxs};
 static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq3_xxs};
+static const rm_tile_kernels tile_q2_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q2_K};
+static const rm_tile_kernels tile_q3_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q3_K};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {
@@ -649,6 +718,8 @@ const rm_cpu_kernels rm_cpu_kernels_amx = {
         [RM_TYPE_IQ4_XS] = &tile_iq4_xs,
         [RM_TYPE_IQ2_XXS] = &tile_iq2_xxs,
         [RM_TYPE_IQ3_XXS] = &tile_iq3_xxs,
+        [RM_TYPE_Q2_K] = &tile_q2_K,
+        [RM_TYPE_Q3_K] = &tile_q3_K,
     },
 };
 

@@ -248,35 +248,64 @@ static inline __m256i block_sums8(const __m256i p[8]) {
  * types with mins (Q2_K, Q4_K, Q5_K) lanes whose sum is M_i, the mins weighted by the activations'
  * sums; f_i = d_x d_w and g_i = d_x dmin_w are its float scales. What follows depends on the set:
  *
- *   per lane (the AVX2 set; Q2_K and Q3_K, which have no tiles, in both sets): acc += f_i *
- *     float(lanes of S_i), acc_m += g_i * float(lanes of M_i) lane by lane, and
- *     out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
- *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS):
+ *   per lane (the AVX2 set): acc += f_i * float(lanes of S_i), acc_m += g_i * float(lanes of M_i)
+ *     lane by lane, and out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
+ *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q2_K to Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS):
  *     lane i mod 8 of one accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
  *     acc = fma(-g_i, float(M_i), acc); out = hsum(acc). Only the integers S_i and M_i enter, so
  *     an AMX tile, which gets them another way, gives the same floats (matmul_amx.c); the sums of
  *     eight super-blocks come out of one tree of horizontal adds (block_sums8) instead of a
- *     convert and a multiply-add each. */
+ *     convert and a multiply-add each.
+ *   grouped and paired (the AVX-512 set's one-token Q2_K and Q3_K kernels, KQ_PAIRED): the same
+ *     steps, but a super-block's S and M lanes are paired by a horizontal add as soon as it is
+ *     done, and two super-blocks' pairs by another (as kq_run_grouped does for several tokens), so
+ *     a group is four registers. Eight super-blocks' lanes held for block_sums8 do not fit beside
+ *     these two kernels' unpacking (they spilled, and Q3_K ran at half speed).
+ *   grouped one at a time (the AVX-512 set's one-token Q3_K kernel, KQ_ONE): the same steps, S_i
+ *     reduced to an integer as soon as super-block i is done and taken into lane i mod 8 alone
+ *     (a masked multiply-add), in the plain loop: unrolled by eight, even the paired form spills. */
 #ifdef RM_KQ_GROUPED
 #define KQ_GROUPED 1
+#define KQ_PAIRED 2
+#define KQ_ONE 3
 #else
 #define KQ_GROUPED 0
+#define KQ_PAIRED 0
+#define KQ_ONE 0
 #endif
 /* The super-blocks a kernel's loop takes at a time: eight (unrolled) for the grouped steps, one
  * (the plain loop) for the others. */
-#define KQ_GROUP(grouped) ((grouped) ? 8 : 1)
+#define KQ_GROUP(grouped) ((grouped) == 1 || (grouped) == KQ_PAIRED ? 8 : 1)
+
+/* Four vectors h[p] = _mm256_hadd_epi32(v_2p, v_2p+1), where v_k holds, per 128-bit half, the pair
+ * sums of super-block k's S lanes and of its M lanes ([s s m m], _mm256_hadd_epi32(S lanes, M
+ * lanes)) -> the eight S and the eight M, in order. */
+static inline void kq_split_sums4(const __m256i h[4], __m256i * S, __m256i * M) {
+    /* h[p] per half: [S_2p M_2p S_2p+1 M_2p+1]; the S (even) and M (odd) places gathered */
+    const __m256 h01 = _mm256_castsi256_ps(h[0]), h23 = _mm256_castsi256_ps(h[1]);
+    const __m256 h45 = _mm256_castsi256_ps(h[2]), h67 = _mm256_castsi256_ps(h[3]);
+    const __m256i s03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256i m03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m256i s47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(2, 0, 2, 0)));
+    const __m256i m47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* each half holds its own part of every sum: add the halves */
+    *S = _mm256_add_epi32(_mm256_permute2x128_si256(s03, s47, 0x20), _mm256_permute2x128_si256(s03, s47, 0x31));
+    *M = _mm256_add_epi32(_mm256_permute2x128_si256(m03, m47, 0x20), _mm256_permute2x128_si256(m03, m47, 0x31));
+}
+
 
 typedef struct kq_sum {
     __m256 acc, acc_m;
 #ifdef RM_KQ_GROUPED
-    __m256i s[8], m[8];   /* the current group of eight super-blocks' lanes */
+    __m256i s[8], m[8];   /* the current group of eight super-blocks' lanes (paired: h in s[0..3], s[4] the last) */
     __m256 f, g;          /* and their scales */
 #endif
 } kq_sum;
 
-/* Each function takes `grouped`, a constant: 1 for the grouped steps above (the types with AMX
- * tiles: Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS), 0 for the AVX2 steps (every type in the AVX2 set; Q2_K and
- * Q3_K in both). */
+/* Each function takes `grouped`, a constant: 1 for the grouped steps above (the AVX-512 set's
+ * kernels of several tokens, and its one-token ones for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS,
+ * IQ3_XXS), KQ_PAIRED for the same steps with the lanes paired as they come (its one-token Q2_K
+ * and Q3_K), 0 for the AVX2 steps (every type in the AVX2 set). */
 RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
     (void) grouped;
     q->acc = q->acc_m = _mm256_setzero_ps();
@@ -285,8 +314,8 @@ RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
 /* A group starts: its places cleared (each with a constant index, so none of them needs memory). */
 RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
 #ifdef RM_KQ_GROUPED
-    if (grouped) {
-        for (int j = 0; j < 8; j++) {
+    if (grouped == 1 || grouped == KQ_PAIRED) {
+        for (int j = 0; j < (grouped == KQ_PAIRED ? 4 : 8); j++) {
             q->s[j] = q->m[j] = _mm256_setzero_si256();
         }
         q->f = q->g = _mm256_setzero_ps();
@@ -303,6 +332,24 @@ RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
 RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __m256i mb, float f, float g,
                           const int mins) {
 #ifdef RM_KQ_GROUPED
+    if (grouped == KQ_PAIRED) {   /* per half [S_k M_k], then [S_k-1 M_k-1 S_k M_k] (kq_split_sums4) */
+        q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
+        if (mins) {
+            q->g = _mm256_mask_broadcastss_ps(q->g, (__mmask8) (1u << k), _mm_set_ss(g));
+        }
+        const __m256i v = _mm256_hadd_epi32(sumi, mins ? mb : sumi);
+        if (k % 2) {
+            q->s[k / 2] = _mm256_hadd_epi32(q->s[4], v);
+        } else {
+            q->s[4] = v;   /* a group that ends here pairs it with zeros (kq_sum_flush) */
+        }
+        return;
+    }
+    if (grouped == KQ_ONE) {   /* k: the super-block's index mod 8 */
+        q->acc = _mm256_mask3_fmadd_ps(_mm256_set1_ps(f), _mm256_set1_ps((float) hsum_epi32(sumi)), q->acc,
+                                       (__mmask8) (1u << k));
+        return;
+    }
     if (grouped) {
         q->s[k] = sumi;
         q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
@@ -324,7 +371,24 @@ RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __
 /* The group is complete with its first cnt super-blocks (1 to 8): lanes 0..cnt-1 take them. */
 RM_INLINE void kq_sum_flush(const int grouped, kq_sum * q, int cnt, const int mins) {
 #ifdef RM_KQ_GROUPED
-    if (grouped) {
+    if (grouped == KQ_PAIRED) {
+        const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
+        switch (cnt) {   /* an odd count: the last one alone (constant places, kept in registers) */
+        case 1: q->s[0] = _mm256_hadd_epi32(q->s[4], _mm256_setzero_si256()); break;
+        case 3: q->s[1] = _mm256_hadd_epi32(q->s[4], _mm256_setzero_si256()); break;
+        case 5: q->s[2] = _mm256_hadd_epi32(q->s[4], _mm256_setzero_si256()); break;
+        case 7: q->s[3] = _mm256_hadd_epi32(q->s[4], _mm256_setzero_si256()); break;
+        default: break;
+        }
+        __m256i S, M;
+        kq_split_sums4(q->s, &S, &M);
+        q->acc = _mm256_mask3_fmadd_ps(q->f, _mm256_cvtepi32_ps(S), q->acc, used);
+        if (mins) {
+            q->acc = _mm256_mask3_fnmadd_ps(q->g, _mm256_cvtepi32_ps(M), q->acc, used);
+        }
+        return;
+    }
+    if (grouped == 1) {
         const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
         q->acc = _mm256_mask3_fmadd_ps(q->f, _mm256_cvtepi32_ps(block_sums8(q->s)), q->acc, used);
         if (mins) {
@@ -340,7 +404,7 @@ RM_INLINE void kq_sum_flush(const int grouped, kq_sum * q, int cnt, const int mi
 }
 
 RM_INLINE float kq_sum_out(const int grouped, const kq_sum * q, const int mins) {
-    if (grouped) {
+    if (grouped) {   /* every grouped form */
         return hsum_ps(q->acc);
     }
     return mins ? hsum_ps(q->acc) - hsum_ps(q->acc_m) : hsum_ps(q->acc);
@@ -426,15 +490,15 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        kq_sum_init(0, &acc[c]);
+        kq_sum_init(KQ_PAIRED, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_PAIRED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_PAIRED) ? (int) (nb - i0) : KQ_GROUP(KQ_PAIRED);
         for (int c = 0; c < nc; c++) {
-            kq_sum_begin(0, &acc[c]);
+            kq_sum_begin(KQ_PAIRED, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(0); k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_PAIRED); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -466,15 +530,15 @@ RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
             for (int c = 0; c < nc; c++) {
                 const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
-                kq_sum_add(0, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
+                kq_sum_add(KQ_PAIRED, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
             }
         }
         for (int c = 0; c < nc; c++) {
-            kq_sum_flush(0, &acc[c], cnt, 1);
+            kq_sum_flush(KQ_PAIRED, &acc[c], cnt, 1);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(0, &acc[c], 1);
+        out[c] = kq_sum_out(KQ_PAIRED, &acc[c], 1);
     }
 }
 
@@ -484,15 +548,15 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        kq_sum_init(0, &acc[c]);
+        kq_sum_init(KQ_ONE, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(0)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(0) ? (int) (nb - i0) : KQ_GROUP(0);
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_ONE)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_ONE) ? (int) (nb - i0) : KQ_GROUP(KQ_ONE);
         for (int c = 0; c < nc; c++) {
-            kq_sum_begin(0, &acc[c]);
+            kq_sum_begin(KQ_ONE, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(0); k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_ONE); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -523,16 +587,18 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
             for (int c = 0; c < nc; c++) {
-                const __m256i t = less_offset(sumi[c], a[c]->bsums, sc16, 4);
-                kq_sum_add(0, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
+                /* grouped, only the lanes' sum enters: the offset taken off lane by lane */
+                const __m256i t = KQ_ONE ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2))
+                                         : less_offset(sumi[c], a[c]->bsums, sc16, 4);
+                kq_sum_add(KQ_ONE, &acc[c], (int) (i & 7), t, t, a[c]->d * dw, 0.0f, 0);
             }
         }
         for (int c = 0; c < nc; c++) {
-            kq_sum_flush(0, &acc[c], cnt, 0);
+            kq_sum_flush(KQ_ONE, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(0, &acc[c], 0);
+        out[c] = kq_sum_out(KQ_ONE, &acc[c], 0);
     }
 }
 
@@ -811,22 +877,6 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
  * one-token kernel's. */
 #define KQ_RUN 8
 
-/* Four vectors h[p] = _mm256_hadd_epi32(v_2p, v_2p+1), where v_k holds, per 128-bit half, the pair
- * sums of super-block k's S lanes and of its M lanes ([s s m m], _mm256_hadd_epi32(S lanes, M
- * lanes)) -> the eight S and the eight M, in order. */
-static inline void kq_split_sums4(const __m256i h[4], __m256i * S, __m256i * M) {
-    /* h[p] per half: [S_2p M_2p S_2p+1 M_2p+1]; the S (even) and M (odd) places gathered */
-    const __m256 h01 = _mm256_castsi256_ps(h[0]), h23 = _mm256_castsi256_ps(h[1]);
-    const __m256 h45 = _mm256_castsi256_ps(h[2]), h67 = _mm256_castsi256_ps(h[3]);
-    const __m256i s03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)));
-    const __m256i m03 = _mm256_castps_si256(_mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m256i s47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(2, 0, 2, 0)));
-    const __m256i m47 = _mm256_castps_si256(_mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(3, 1, 3, 1)));
-    /* each half holds its own part of every sum: add the halves */
-    *S = _mm256_add_epi32(_mm256_permute2x128_si256(s03, s47, 0x20), _mm256_permute2x128_si256(s03, s47, 0x31));
-    *M = _mm256_add_epi32(_mm256_permute2x128_si256(m03, m47, 0x20), _mm256_permute2x128_si256(m03, m47, 0x31));
-}
-
 #ifdef RM_KQ_GROUPED
 /* Grouped steps for nt tokens (1 to 4: they share each chunk's unpacked levels and scales) against
  * a run of cnt super-blocks unpacked in u (one group of kq_sum's); a[t]: token t's block of the
@@ -966,8 +1016,8 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
         }                                                                                                \
     }
 
-RM_KQ_ENTRY_POINTS(q2_K, 0, 0)
-RM_KQ_ENTRY_POINTS(q3_K, 4, 0)
+RM_KQ_ENTRY_POINTS(q2_K, 0, KQ_GROUPED)
+RM_KQ_ENTRY_POINTS(q3_K, 4, KQ_GROUPED)
 RM_KQ_ENTRY_POINTS(q4_K, 0, KQ_GROUPED)
 RM_KQ_ENTRY_POINTS(q5_K, 0, KQ_GROUPED)
 RM_KQ_ENTRY_POINTS(q6_K, 32, KQ_GROUPED)

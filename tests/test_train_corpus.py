@@ -107,6 +107,12 @@ def test_train_mixtral_on_docs_end_to_end(tmp_path):
     info = json.loads((out / "train_info.json").read_text())
     assert info["corpus_license"] == "PSF-2.0" and info["architecture"] == "MixtralForCausalLM"
     assert json.loads((out / "hf" / "config.json").read_text())["model_type"] == "mixtral"
+    # a resumed run keeps its architecture and corpus without being told them again
+    r = subprocess.run([sys.executable, str(TOOL), "--out", str(out), "--resume", "--steps", "3", "--threads", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    info = json.loads((out / "train_info.json").read_text())
+    assert (info["steps"], info["corpus_file"], info["architecture"]) == (3, str(docs), "MixtralForCausalLM")
     gguf = tmp_path / "m.gguf"
     rm.convert(out / "hf", gguf, recipe="q2k-q4", progress=False)
     with rm.Model(str(gguf), n_ctx=64, n_threads=1) as m:

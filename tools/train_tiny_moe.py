@@ -654,6 +654,7 @@ def parse_args(argv=None):
     g.add_argument("--eval-windows", type=int, default=32, help="held-out windows scored during training")
     g.add_argument("--ckpt-minutes", type=float, default=5.0)
     args = p.parse_args(argv)
+    args.corpus_given = args.corpus is not None
     if args.corpus is None:
         args.corpus = CORPORA[args.corpus_kind][0]
     return args
@@ -681,6 +682,8 @@ def main(argv=None) -> None:
             setattr(args, name, saved[name])
         for name, default in (("arch", "qwen3moe"), ("corpus_kind", "gcide")):
             setattr(args, name, saved.get(name, default))
+        if not args.corpus_given:           # the run's own corpus, not the default kind's
+            args.corpus = saved.get("corpus", CORPORA[args.corpus_kind][0])
         log(f"resuming from step {ckpt['state']['step']} of {ckpt['state']['total_steps']}")
         t_start -= ckpt["state"]["elapsed"]
     seed_everything(args.seed)
@@ -732,7 +735,7 @@ def main(argv=None) -> None:
         curve = {"unigram_ppl": unigram_full, "unigram_ppl_eval_slice": unigram_slice, "train": [], "eval": []}
     state["args"] = {name: getattr(args, name) for name in MODEL_ARGS}
     if args.arch != "qwen3moe" or args.corpus_kind != "gcide":
-        state["args"].update(arch=args.arch, corpus_kind=args.corpus_kind)
+        state["args"].update(arch=args.arch, corpus_kind=args.corpus_kind, corpus=str(args.corpus))
     model.train()
 
     def run_eval(step: int) -> float:

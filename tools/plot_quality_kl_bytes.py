@@ -100,7 +100,7 @@ def panel(meta: dict, rows: list[dict], ox: float, legend: bool) -> list[str]:
                f'transform="rotate(-90 {ox + 16} {top + ph / 2:.1f})">KL(reference ‖ policy) per token</text>')
     if full is not None:
         out.append(f'<text x="{left + pw / 2:.1f}" y="{top + ph + 54}" text-anchor="middle" font-size="10" '
-                   f'fill="#555">base only: KL {fmt(none["kld_mean"])}; all residuals: KL {fmt(full["kld_mean"])} at '
+                   f'fill="#555">base only: KL {none["kld_mean"]:.3g}; all residuals: KL {full["kld_mean"]:.3g} at '
                    f'{fmt((full["bytes_per_token"] - none["bytes_per_token"]) / MiB)} MiB/token (not drawn)</text>')
     for p in reversed(POLICIES):          # the oracle on top
         if p not in lines:

@@ -19,7 +19,9 @@ documentation, PSF-2.0 per /usr/share/doc/python3.11-doc/copyright):
 
     apt-get install python3.11-doc      # provides /usr/share/doc/python3.11/html/_sources
     python tools/train_tiny_moe.py --out runs/pydoc-mixtral --arch mixtral --corpus-kind python-doc \\
-        --vocab-size 4096 --layers 4 --heads 4 --kv-heads 2 --head-dim 64 --max-minutes 25
+        --vocab-size 4096 --heldout-every 100 --steps 290 --threads 2
+
+(docs/QUALITY.md, "The second model": the rest of the command sequence and its numbers.)
 
 Smoke test (a couple of minutes):
     python tools/train_tiny_moe.py --out /tmp/tm-smoke --steps 20 --layers 1 \\

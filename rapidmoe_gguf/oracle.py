@@ -5,7 +5,10 @@ text, the reference's outputs, gradients). An upper reference for UMIA (docs/UMI
 Two engines work together:
 
 - ``TorchPair``: an f32 torch twin of a RESplit pair, from the GGUF files themselves (every tensor
-  dequantized with gguf.quants; the experts once as base ``B`` and once as ``B + R``). Each slot's
+  dequantized with gguf.quants; the experts once as base ``B`` and once as ``B + R``), for the
+  Qwen3-MoE layer (per-head q/k RMSNorm, NEOX RoPE) and the Mixtral one (GGUF architecture
+  ``llama``: no q/k norm, interleaved RoPE on the converter's permuted q/k rows, the chosen
+  experts weighted by a softmax over their logits). Each slot's
   expert output is ``f_B(x) + m · (f_{B+R}(x) − f_B(x))`` with a mixing variable ``m``: m = 0 is
   base only, m = 1 the residual, and the gradient of the KL with respect to every m comes from one
   backward pass.
@@ -30,7 +33,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, RapidMoEError
 
-SUPPORTED_ARCHS = ("qwen3moe",)
+SUPPORTED_ARCHS = ("qwen3moe", "llama")
 
 
 def _torch():
@@ -66,6 +69,9 @@ class TorchPair:
             f = rb.fields.get(f"{arch}.{key}")
             return f.contents() if f is not None else default
 
+        if kv("expert_count") is None:
+            raise RapidMoEError(f"TorchPair: {base_path}: {arch!r} without experts: the oracle needs a MoE")
+
         def tensors(reader):
             return {t.name: torch.from_numpy(np.array(
                 dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)]), dtype=np.float32))
@@ -77,7 +83,12 @@ class TorchPair:
         self.head_dim = kv("attention.key_length", t["blk.0.attn_q.weight"].shape[0] // self.n_head)
         self.n_expert, self.k = kv("expert_count"), kv("expert_used_count")
         self.eps, self.theta = kv("attention.layer_norm_rms_epsilon"), kv("rope.freq_base", 10000.0)
-        self.norm_topk = bool(kv("expert_weights_norm", False))
+        # the runtime's defaults (native/src/arch.c): both renormalise the top-k unless told otherwise
+        self.norm_topk = bool(kv("expert_weights_norm", True))
+        self.qk_norm = arch == "qwen3moe"
+        self.rope_neox = arch == "qwen3moe"     # llama: adjacent pairs rotate together
+        if kv("rope.dimension_count", self.head_dim) != self.head_dim:
+            raise RapidMoEError(f"TorchPair: {base_path}: partial RoPE is not modelled")
         self.embd = t["token_embd.weight"]
         self.out_norm = t["output_norm.weight"]
         self.output = t.get("output.weight", self.embd)
@@ -92,9 +103,10 @@ class TorchPair:
                 if r is None:
                     raise RapidMoEError(f"TorchPair: {residual_path}: no residual {name}.residual")
                 experts[mat] = (base, base + r)    # (expert, out, in)
+            qk = dict(q_norm=p("attn_q_norm"), k_norm=p("attn_k_norm")) if self.qk_norm else {}
             self.layers.append(dict(attn_norm=p("attn_norm"), q=p("attn_q"), k=p("attn_k"), v=p("attn_v"),
-                                    o=p("attn_output"), q_norm=p("attn_q_norm"), k_norm=p("attn_k_norm"),
-                                    ffn_norm=p("ffn_norm"), router=p("ffn_gate_inp"), experts=experts))
+                                    o=p("attn_output"), ffn_norm=p("ffn_norm"), router=p("ffn_gate_inp"),
+                                    experts=experts, **qk))
 
     def _rms(self, x, w):
         return x * (x.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt() * w
@@ -102,17 +114,27 @@ class TorchPair:
     def _attention(self, x, L):
         torch = _torch()
         T, D = x.shape[0], self.head_dim
-        q = self._rms((x @ L["q"].T).view(T, self.n_head, D), L["q_norm"])
-        k = self._rms((x @ L["k"].T).view(T, self.n_head_kv, D), L["k_norm"])
+        q = (x @ L["q"].T).view(T, self.n_head, D)
+        k = (x @ L["k"].T).view(T, self.n_head_kv, D)
+        if self.qk_norm:
+            q, k = self._rms(q, L["q_norm"]), self._rms(k, L["k_norm"])
         v = (x @ L["v"].T).view(T, self.n_head_kv, D)
-        # NEOX rope: the two halves of each head rotate together
         inv = self.theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
         ang = torch.arange(T, dtype=torch.float32)[:, None] * inv[None, :]      # (T, D/2)
-        cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+        if self.rope_neox:
+            # NEOX rope: element i rotates with element i + D/2
+            cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
 
-        def rope(a):
-            a1, a2 = a[..., : D // 2], a[..., D // 2:]
-            return a * cos + torch.cat([-a2, a1], -1) * sin
+            def rope(a):
+                a1, a2 = a[..., : D // 2], a[..., D // 2:]
+                return a * cos + torch.cat([-a2, a1], -1) * sin
+        else:
+            # interleaved rope: element 2i rotates with element 2i + 1
+            cos, sin = ang.cos()[:, None], ang.sin()[:, None]
+
+            def rope(a):
+                a0, a1 = a[..., 0::2], a[..., 1::2]
+                return torch.stack([a0 * cos - a1 * sin, a0 * sin + a1 * cos], -1).flatten(-2)
 
         q, k = rope(q), rope(k)
         rep = self.n_head // self.n_head_kv
@@ -121,10 +143,15 @@ class TorchPair:
         att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf")).softmax(-1)
         return torch.einsum("hts,shd->thd", att, v).reshape(T, -1) @ L["o"].T
 
-    def _moe(self, h, L, m):
-        """h: (T, n_embd); m: (T, k) mixing of each slot (0 base, 1 base + residual)."""
+    def _moe(self, h, L, m, margins=None):
+        """h: (T, n_embd); m: (T, k) mixing of each slot (0 base, 1 base + residual); margins: a
+        list that gets, per token, the router logit gap between the k-th and the next expert."""
         torch = _torch()
-        p = (h @ L["router"].T).softmax(-1)
+        logits = h @ L["router"].T
+        if margins is not None:
+            top = logits.topk(self.k + 1, -1).values
+            margins.append((top[:, self.k - 1] - top[:, self.k]).detach())
+        p = logits.softmax(-1)
         w, idx = p.topk(self.k, -1)          # sorted by weight, as the runtime's slots are
         if self.norm_topk:
             w = w / w.sum(-1, keepdim=True)
@@ -141,13 +168,15 @@ class TorchPair:
             out = out.index_add(0, tok, w[tok, slot, None] * y)
         return out
 
-    def logits(self, ids, m):
-        """Logits (T, n_vocab) of a fresh sequence ids with slot mixing m: (T, n_layer, k)."""
+    def logits(self, ids, m, margins=None):
+        """Logits (T, n_vocab) of a fresh sequence ids with slot mixing m: (T, n_layer, k).
+        margins: a list that gets one (T,) tensor per layer, the router's gap at the k-th expert
+        (a near-zero gap is a near-tie that the runtime's rounding may resolve the other way)."""
         torch = _torch()
         x = self.embd[torch.as_tensor(np.asarray(ids), dtype=torch.long)]
         for il, L in enumerate(self.layers):
             x = x + self._attention(self._rms(x, L["attn_norm"]), L)
-            x = x + self._moe(self._rms(x, L["ffn_norm"]), L, m[:, il])
+            x = x + self._moe(self._rms(x, L["ffn_norm"]), L, m[:, il], margins)
         return self._rms(x, self.out_norm) @ self.output.T
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -142,10 +143,24 @@ def write_markdown(rows: list[dict], meta: dict, path: Path, png: str) -> None:
               "layer at budget 0.5 and lost to the router weight alone there).",
               "", f"![KLD against bytes per token]({png})", ""]
     old = path.read_text(encoding="utf-8") if path.exists() else ""
-    for begin, end in ((IQ_BEGIN, IQ_END), ("<!-- umia_oracle: begin -->", "<!-- umia_oracle: end -->")):
-        if begin in old and end in old:   # sections other runs write stay until those runs rewrite them
-            lines += [old[old.index(begin):old.index(end) + len(end)], ""]
+    lines += [block for block in kept_sections(old) for block in (block, "")]
     path.write_text("\n".join(lines))
+
+
+def kept_sections(text: str) -> list[str]:
+    """The sections other runs write (``<!-- NAME: begin -->`` ... ``<!-- NAME: end -->``, the
+    IQ bases, the oracle tables, the second model), outermost ones only, in their order: they stay
+    until those runs rewrite them."""
+    blocks, pos = [], 0
+    for m in re.finditer(r"<!-- ([\w .-]+): begin -->", text):
+        if m.start() < pos:
+            continue                      # inside a block already kept
+        end = f"<!-- {m.group(1)}: end -->"
+        j = text.find(end, m.end())
+        if j >= 0:
+            blocks.append(text[m.start():j + len(end)])
+            pos = j + len(end)
+    return blocks
 
 
 def pair_to_f32(base: Path, out: Path) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Train a tiny Qwen3-MoE language model on the GNU Collaborative International
-Dictionary of English (GCIDE), on CPU, as a small test model for the runtime.
+"""Train a tiny MoE language model (Qwen3-MoE on the GNU Collaborative International
+Dictionary of English (GCIDE) by default; Mixtral on the Python documentation with
+``--arch mixtral --corpus-kind python-doc``), on CPU, as a small test model for the runtime.
 
 The result is an ordinary Hugging Face checkpoint (``OUT/hf``) that the GGUF
 converter can consume: ``config.json``, ``model.safetensors``,
@@ -12,6 +13,15 @@ Usage
     python tools/train_tiny_moe.py --out runs/tiny-moe --threads 2 --max-minutes 65
     python tools/train_tiny_moe.py --out runs/tiny-moe --resume      # continue after an interruption
     python tools/train_tiny_moe.py --out runs/tiny-moe --resume --steps 1100   # ... ending at another step
+
+The second model (Mixtral, 8 experts, top-2, on the reStructuredText sources of the Python 3.11
+documentation, PSF-2.0 per /usr/share/doc/python3.11-doc/copyright):
+
+    apt-get install python3.11-doc      # provides /usr/share/doc/python3.11/html/_sources
+    python tools/train_tiny_moe.py --out runs/pydoc-mixtral --arch mixtral --corpus-kind python-doc \\
+        --vocab-size 4096 --heldout-every 100 --steps 290 --threads 2
+
+(docs/QUALITY.md, "The second model": the rest of the command sequence and its numbers.)
 
 Smoke test (a couple of minutes):
     python tools/train_tiny_moe.py --out /tmp/tm-smoke --steps 20 --layers 1 \\
@@ -28,6 +38,11 @@ Pipeline
    ``['e]`` become plain ASCII letters, source tags such as ``[1913 Webster]``
    are removed, and all whitespace is collapsed, so that each entry is a
    single line.  Entries are separated by a blank line.
+   With ``--corpus-kind python-doc`` the corpus is the directory of ``*.rst.txt``
+   sources; an entry is a paragraph (lines up to a blank line) of the files in
+   sorted path order.  Section underlines (a line of one repeated punctuation
+   character) are dropped, trailing spaces are stripped and each paragraph is
+   dedented, keeping the relative indentation of code and the line breaks.
 2. Split.  Entries are numbered in file order (0, 1, 2, ...).  Entry i is a
    held-out candidate when ``i % --heldout-every == 0``; every other entry is
    training text.  ``heldout.txt`` holds the candidates, in order, until
@@ -44,7 +59,9 @@ Pipeline
    windows of ``--seq-len`` tokens, starting at a random shift, and visits them
    in a random order; both come from ``numpy.random.default_rng(seed + epoch)``,
    so the data order is fully determined by (seed, epoch, position).
-5. Model.  ``Qwen3MoeForCausalLM`` trained with AdamW, linear warmup and
+5. Model.  ``Qwen3MoeForCausalLM`` (``--arch qwen3moe``) or ``MixtralForCausalLM``
+   (``--arch mixtral``: no QK norm, untied output, the experts ``--moe-intermediate-size``
+   wide) trained with AdamW, linear warmup and
    cosine decay to ``--min-lr-ratio`` of the peak, gradient clipping, plus the
    router load-balancing loss (``--router-aux-coef``).
 6. Evaluation.  Held-out perplexity: the whole of ``heldout.txt`` is
@@ -89,6 +106,12 @@ import torch
 DEFAULT_CORPUS = "/usr/share/dictd/gcide.dict.dz"
 CORPUS_NAME = "GNU Collaborative International Dictionary of English (GCIDE) 0.48, Debian package dict-gcide"
 CORPUS_LICENSE = "GPL-3.0-or-later"
+# The second corpus: the documentation sources of the Debian package python3.11-doc, under the
+# Python Software Foundation License Version 2 (/usr/share/doc/python3.11-doc/copyright).
+PYDOC_CORPUS = "/usr/share/doc/python3.11/html/_sources"
+PYDOC_NAME = "Python 3.11 documentation sources (*.rst.txt), Debian package python3.11-doc"
+PYDOC_LICENSE = "PSF-2.0"
+CORPORA = {"gcide": (DEFAULT_CORPUS, CORPUS_NAME, CORPUS_LICENSE), "python-doc": (PYDOC_CORPUS, PYDOC_NAME, PYDOC_LICENSE)}
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS_TOKEN = "<|endoftext|>"
@@ -197,6 +220,42 @@ def read_gcide(corpus: Path, max_entries: int = 0) -> list[str]:
     return entries
 
 
+_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+.:_])\1{2,}$")
+
+
+def read_python_doc(corpus: Path, max_entries: int = 0) -> list[str]:
+    """Return the paragraphs of the documentation sources under corpus, in sorted path order."""
+    import textwrap
+
+    if not corpus.is_dir():
+        sys.exit(
+            f"error: corpus directory {corpus} not found.\n"
+            "Install it with:  apt-get update && apt-get install -y python3.11-doc\n"
+            "or point --corpus at a directory of .rst.txt files."
+        )
+    files = sorted(p for p in corpus.rglob("*.rst.txt") if p.is_file())
+    if not files:
+        sys.exit(f"error: no .rst.txt files under {corpus}")
+    entries: list[str] = []
+    for path in files:
+        lines = [ln.rstrip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+        lines = ["" if _UNDERLINE.match(ln.strip()) else ln.replace("\t", "    ") for ln in lines]
+        para: list[str] = []
+        for ln in lines + [""]:
+            if ln.strip():
+                para.append(ln)
+            elif para:
+                entries.append(textwrap.dedent("\n".join(para)).strip("\n"))
+                para = []
+                if max_entries and len(entries) >= max_entries:
+                    return entries
+    return entries
+
+
+def read_corpus(kind: str, corpus: Path, max_entries: int = 0) -> list[str]:
+    return read_gcide(corpus, max_entries) if kind == "gcide" else read_python_doc(corpus, max_entries)
+
+
 def split_entries(entries: list[str], every: int, max_bytes: int) -> tuple[list[str], list[str]]:
     train, heldout, heldout_bytes, full = [], [], 0, False
     for i, entry in enumerate(entries):
@@ -218,7 +277,7 @@ def prepare_corpus(args, out: Path) -> tuple[str, str]:
         log(f"reusing {train_path} and {heldout_path}")
     else:
         log(f"reading {args.corpus}")
-        entries = read_gcide(Path(args.corpus), args.corpus_max_entries)
+        entries = read_corpus(args.corpus_kind, Path(args.corpus), args.corpus_max_entries)
         train, heldout = split_entries(entries, args.heldout_every, args.heldout_max_bytes)
         atomic_write_text(train_path, ENTRY_SEPARATOR.join(train) + "\n")
         atomic_write_text(heldout_path, ENTRY_SEPARATOR.join(heldout) + "\n")
@@ -333,14 +392,23 @@ def encode_entries(tokenizer, text: str) -> np.ndarray:
     return np.asarray(ids, dtype=np.uint16)
 
 
-def load_or_encode_train(tokenizer, out: Path, train_text: str) -> np.ndarray:
+def encode_text(tokenizer, text: str, corpus_kind: str) -> np.ndarray:
+    """The training token stream: entry by entry for GCIDE (equal to the whole-text tokenization,
+    checked on the held-out text); the whole text in one call for the documentation, whose entries
+    hold line breaks, so that the BPE may merge the separator with an entry's last character."""
+    if corpus_kind == "gcide":
+        return encode_entries(tokenizer, text)
+    return np.asarray(tokenizer.encode(text).ids, dtype=np.uint16)
+
+
+def load_or_encode_train(tokenizer, out: Path, train_text: str, corpus_kind: str = "gcide") -> np.ndarray:
     path = out / "train_ids.npy"
     if path.exists():
         ids = np.load(path)
         log(f"reusing {path}: {len(ids):,} tokens")
         return ids
     t0 = time.time()
-    ids = encode_entries(tokenizer, train_text)
+    ids = encode_text(tokenizer, train_text, corpus_kind)
     tmp = out / "train_ids.tmp.npy"
     np.save(tmp, ids)
     os.replace(tmp, path)
@@ -386,11 +454,34 @@ class WindowSampler:
 
 
 def build_config(args, eos_id: int):
-    from transformers import Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen3MoeConfig
 
     for name in ("hidden_size", "moe_intermediate_size", "intermediate_size"):
         if getattr(args, name) % 256:
             sys.exit(f"error: --{name.replace('_', '-')} must be a multiple of 256 (K-quant block width)")
+    if args.arch == "mixtral":
+        return MixtralConfig(
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            intermediate_size=args.moe_intermediate_size,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            num_local_experts=args.experts,
+            num_experts_per_tok=args.top_k,
+            max_position_embeddings=args.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": args.rope_theta},
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            output_router_logits=True,
+            router_aux_loss_coef=args.router_aux_coef,
+            initializer_range=0.02,
+            use_cache=False,
+            bos_token_id=None,
+            eos_token_id=eos_id,
+            pad_token_id=eos_id,
+        )
     return Qwen3MoeConfig(
         vocab_size=args.vocab_size,
         hidden_size=args.hidden_size,
@@ -420,9 +511,10 @@ def build_config(args, eos_id: int):
 
 
 def build_model(config, experts_impl: str):
-    from transformers import Qwen3MoeForCausalLM
+    from transformers import MixtralForCausalLM, Qwen3MoeForCausalLM
 
-    return Qwen3MoeForCausalLM._from_config(config, attn_implementation="sdpa", experts_implementation=experts_impl)
+    cls = MixtralForCausalLM if config.model_type == "mixtral" else Qwen3MoeForCausalLM
+    return cls._from_config(config, attn_implementation="sdpa", experts_implementation=experts_impl)
 
 
 def count_params(model, config) -> dict:
@@ -520,7 +612,11 @@ MODEL_ARGS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediat
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--corpus", default=DEFAULT_CORPUS, help="GCIDE dictd file (.dict.dz, with its .index alongside)")
+    p.add_argument("--corpus-kind", default="gcide", choices=sorted(CORPORA),
+                   help="gcide: the dictd dictionary; python-doc: a directory of .rst.txt documentation sources")
+    p.add_argument("--corpus", default=None, help="GCIDE dictd file (.dict.dz, with its .index alongside) or the "
+                   f"python-doc directory (defaults: {DEFAULT_CORPUS}, {PYDOC_CORPUS})")
+    p.add_argument("--arch", default="qwen3moe", choices=["qwen3moe", "mixtral"], help="model architecture")
     p.add_argument("--corpus-max-entries", type=int, default=0, help="use only the first N entries (0 = all; for tests)")
     p.add_argument("--heldout-every", type=int, default=200, help="entry i is a held-out candidate when i %% N == 0")
     p.add_argument("--heldout-max-bytes", type=int, default=200_000, help="cap on the size of heldout.txt")
@@ -559,7 +655,11 @@ def parse_args(argv=None):
     g.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0 = about 20 per run)")
     g.add_argument("--eval-windows", type=int, default=32, help="held-out windows scored during training")
     g.add_argument("--ckpt-minutes", type=float, default=5.0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.corpus_given = args.corpus is not None
+    if args.corpus is None:
+        args.corpus = CORPORA[args.corpus_kind][0]
+    return args
 
 
 def main(argv=None) -> None:
@@ -582,6 +682,10 @@ def main(argv=None) -> None:
         saved = ckpt["state"]["args"]
         for name in MODEL_ARGS:
             setattr(args, name, saved[name])
+        for name, default in (("arch", "qwen3moe"), ("corpus_kind", "gcide")):
+            setattr(args, name, saved.get(name, default))
+        if not args.corpus_given:           # the run's own corpus, not the default kind's
+            args.corpus = saved.get("corpus", CORPORA[args.corpus_kind][0])
         log(f"resuming from step {ckpt['state']['step']} of {ckpt['state']['total_steps']}")
         t_start -= ckpt["state"]["elapsed"]
     seed_everything(args.seed)
@@ -591,11 +695,11 @@ def main(argv=None) -> None:
     train_text, heldout_text = prepare_corpus(args, out)
     tokenizer = load_or_train_tokenizer(args, out, train_text, heldout_text)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    train_ids = load_or_encode_train(tokenizer, out, train_text)
+    train_ids = load_or_encode_train(tokenizer, out, train_text, args.corpus_kind)
     del train_text
 
     heldout_ids = np.asarray(tokenizer.encode(heldout_text).ids, dtype=np.uint16)
-    if not np.array_equal(heldout_ids, encode_entries(tokenizer, heldout_text)):
+    if not np.array_equal(heldout_ids, encode_text(tokenizer, heldout_text, args.corpus_kind)):
         raise RuntimeError("entry-wise tokenization differs from whole-text tokenization")
     windows = heldout_windows(heldout_ids, args.seq_len)
     eval_slice = windows[: args.eval_windows]
@@ -607,7 +711,7 @@ def main(argv=None) -> None:
     config = build_config(args, eos_id)
     model = build_model(config, args.experts_impl)
     params = count_params(model, config)
-    log(f"Qwen3MoeForCausalLM: {params['total']:,} parameters, {params['active_per_token']:,} active per token "
+    log(f"{type(model).__name__}: {params['total']:,} parameters, {params['active_per_token']:,} active per token "
         f"(experts {params['experts']:,}, embedding {params['embedding']:,})")
     optimizer = make_optimizer(model, args)
 
@@ -632,6 +736,8 @@ def main(argv=None) -> None:
         sampler = WindowSampler(train_ids, args.seq_len, args.seed)
         curve = {"unigram_ppl": unigram_full, "unigram_ppl_eval_slice": unigram_slice, "train": [], "eval": []}
     state["args"] = {name: getattr(args, name) for name in MODEL_ARGS}
+    if args.arch != "qwen3moe" or args.corpus_kind != "gcide":
+        state["args"].update(arch=args.arch, corpus_kind=args.corpus_kind, corpus=str(args.corpus))
     model.train()
 
     def run_eval(step: int) -> float:
@@ -731,8 +837,8 @@ def main(argv=None) -> None:
 
     wall = time.time() - t_start
     info = {
-        "corpus": CORPUS_NAME,
-        "corpus_license": CORPUS_LICENSE,
+        "corpus": CORPORA[args.corpus_kind][1],
+        "corpus_license": CORPORA[args.corpus_kind][2],
         "corpus_file": str(args.corpus),
         "heldout_rule": f"entry index % {args.heldout_every} == 0, first {args.heldout_max_bytes} bytes",
         "seed": args.seed,
@@ -745,6 +851,7 @@ def main(argv=None) -> None:
         "heldout_tokens": int(len(heldout_ids)),
         "parameters": params,
         "model": {name: getattr(args, name) for name in MODEL_ARGS},
+        **({"architecture": type(model).__name__} if args.arch != "qwen3moe" else {}),
         "heldout_ppl": final_ppl,
         "heldout_predicted_tokens": final_n,
         "heldout_ppl_method": (

@@ -2,14 +2,17 @@
 """UMIA and its ablations against the residual oracle (rapidmoe_gguf/oracle.py, docs/UMIA.md).
 
     python tools/umia_oracle.py [--model PAIR.gguf] [--text TEXT] [--chunks 24] [--budgets 0.05,0.1,0.25]
-                                [--markdown docs/QUALITY.md] [--json ROWS.json | --from-json ROWS.json]
+                                [--markdown docs/QUALITY.md] [--section NAME]
+                                [--json ROWS.json | --from-json ROWS.json]
 
 Defaults: the bundled pair and its held-out text. Reference: the same pair with every residual
 (KL(all || selection)), or --reference F32.gguf. Every policy (none, all, umia, gate, expert,
 layer, random) and the oracle run on the same chunks; "closed" is 1 - KLD / KLD(none), and UMIA's
 share is its closure over the oracle's. With --markdown the section between the markers
 ``<!-- umia_oracle: begin -->`` and ``<!-- umia_oracle: end -->`` of that file is rewritten (added
-at its end when absent); --json keeps every row.
+at its end when absent); with --section NAME the markers are ``<!-- umia_oracle NAME: begin -->``
+and ``<!-- umia_oracle NAME: end -->``, so that each model keeps its own table; --json keeps every
+row.
 """
 
 from __future__ import annotations
@@ -35,11 +38,20 @@ POLICIES = ("umia", "gate", "expert", "layer", "random")
 BEGIN, END = "<!-- umia_oracle: begin -->", "<!-- umia_oracle: end -->"
 
 
+def markers(section: str | None) -> tuple[str, str]:
+    if not section:
+        return BEGIN, END
+    if not section.replace("-", "").replace("_", "").isalnum():
+        raise SystemExit(f"--section {section!r}: letters, digits, '-' and '_' only")
+    return f"<!-- umia_oracle {section}: begin -->", f"<!-- umia_oracle {section}: end -->"
+
+
 def run(args) -> tuple[list[dict], dict]:
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
     model_path = args.model or bundled_model_path()
+    bundled = args.model is None or os.path.realpath(args.model) == os.path.realpath(bundled_model_path())
     text = Path(args.text or bundled_heldout_path()).read_text(encoding="utf-8")
     budgets = [float(b) for b in args.budgets.split(",")]
     rows, meta = [], {}
@@ -59,8 +71,9 @@ def run(args) -> tuple[list[dict], dict]:
             st = m.stats()
             layer_rate = st["residual"].sum(1) / np.maximum(st["active"].sum(1), 1)
             rows.append(dict(r.as_dict(), policy=name, budget=budget, layer_rate=layer_rate.round(3).tolist(), **extra))
-            print(f"{name:7s} b={budget:<5g} kld {r.kld_mean:.6f} p99 {r.kld_p99:.5f} top1 {r.top1:.4f} "
-                  f"rate {r.residual_rate:.4f} [{time.time() - t0:.0f}s]", flush=True)
+            closed = 1.0 - r.kld_mean / rows[0]["kld_mean"] if rows[0]["kld_mean"] > 0 else float("nan")
+            print(f"{name:7s} b={budget:<5g} kld {r.kld_mean:.6f} closed {closed:6.1%} p99 {r.kld_p99:.5f} "
+                  f"top1 {r.top1:.4f} rate {r.residual_rate:.4f} [{time.time() - t0:.0f}s]", flush=True)
 
         for policy, budget in (("none", 0.0), ("all", 1.0)):
             m.set_residual(policy)
@@ -74,27 +87,39 @@ def run(args) -> tuple[list[dict], dict]:
             row("oracle", b, masks=res.selection, gradients=res.n_gradients, measurements=res.n_measurements,
                 search_kl=res.kl)
         meta = dict(model=os.path.basename(model_path), recipe=m.metadata.get("rapidmoe.recipe", "?"),
+                    bundled=bundled, arch=m.info["arch"], n_layer=m.info["n_layer"],
+                    n_expert=m.info["n_expert"], n_expert_used=m.info["n_expert_used"],
                     reference=os.path.basename(args.reference) if args.reference
                     else "all", tokens=rows[0]["n_tokens"], chunks=len(problem.chunks), n_ctx=args.ctx,
                     seconds=round(time.time() - t0), threads=args.threads, budgets=budgets)
     return rows, meta
 
 
-def markdown(rows: list[dict], meta: dict) -> str:
+def markdown(rows: list[dict], meta: dict, section: str | None = None) -> str:
     none = next(r["kld_mean"] for r in rows if r["policy"] == "none")
     ref = "the same pair with every residual (KL(all ‖ policy))" if meta["reference"] == "all" else meta["reference"]
+    begin, end = markers(section)
+    command = "python tools/umia_oracle.py --markdown docs/QUALITY.md" if meta.get("bundled", True) else (
+        f"python tools/umia_oracle.py --model {meta['model']} --text HELDOUT --markdown docs/QUALITY.md "
+        f"--section {section}" if section else f"python tools/umia_oracle.py --model {meta['model']} --text HELDOUT "
+        "--markdown docs/QUALITY.md")
+    where = ("Unlike the tables above (which need the training run, `tools/quality_study.py --run`), this one "
+             "runs on the shipped pair." if meta.get("bundled", True) else
+             "The pair and its held-out text (HELDOUT) live outside the package; how they are made is "
+             "said above the table.")
     lines = [
-        BEGIN,
+        begin,
         f"## Against the oracle: {meta['model']} ({meta['recipe']})",
         "",
-        "Generated by `python tools/umia_oracle.py --markdown docs/QUALITY.md` (docs/UMIA.md, \"The",
-        f"oracle\"). Text: {meta['tokens']} scored held-out tokens ({meta['chunks']} chunks of {meta['n_ctx']}). "
+        f"Generated by `{command}` (docs/UMIA.md, \"The oracle\"). "
+        + (f"Architecture `{meta['arch']}`, {meta['n_layer']} layers, {meta['n_expert']} experts, top-{meta['n_expert_used']}. "
+           if "arch" in meta else "")
+        + f"Text: {meta['tokens']} scored held-out tokens ({meta['chunks']} chunks of {meta['n_ctx']}). "
         f"Reference: {ref}.",
         "closed: 1 − KLD / KLD(none); share: a policy's closure over the oracle's at that budget. The",
         "oracle knows the reference's outputs and the whole text (not deployable); it spends the budget",
         "exactly, in the context half and the scored half of each chunk alike. "
-        f"The run took {meta['seconds']} s on {meta['threads']} thread(s). Unlike the tables above (which",
-        "need the training run, `tools/quality_study.py --run`), this one runs on the shipped pair.",
+        f"The run took {meta['seconds']} s on {meta['threads']} thread(s). {where}",
         "",
         "| policy | budget | rate | PPL | KLD | closed | share of oracle | KLD p99 | top-1 | MiB/token |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -113,7 +138,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
                 f"{r['policy']} {r['layer_rate']}" for r in rows
                 if r["budget"] == b and r["policy"] in ("umia", "gate", "oracle")))
     lines += ["", "UMIA's share of the oracle's closure: " + "; ".join(
-        f"budget {b:g}: {_share(rows, b, none):.0%}" for b in meta["budgets"]) + ".", END]
+        f"budget {b:g}: {_share(rows, b, none):.0%}" for b in meta["budgets"]) + ".", end]
     return "\n".join(lines)
 
 
@@ -122,10 +147,11 @@ def _share(rows, b, none) -> float:
     return (1.0 - kl["umia"] / none) / (1.0 - kl["oracle"] / none)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, name: str | None = None) -> None:
+    begin, end = markers(name)
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text, encoding="utf-8")
@@ -142,6 +168,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--polish", type=int, default=300, help="chunk evaluations for the oracle's single swaps")
     ap.add_argument("--markdown", help="file whose oracle section is (re)written")
+    ap.add_argument("--section", help="name of the section (its markers) in --markdown, one per model")
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--verbose", action="store_true", help="print every candidate the search measures")
     ap.add_argument("--from-json", help="write the section from the rows a --json run kept, without running")
@@ -151,12 +178,12 @@ def main() -> int:
         rows, meta = saved["rows"], saved["meta"]
     else:
         rows, meta = run(args)
-    section = markdown(rows, meta)
+    section = markdown(rows, meta, args.section)
     print(section)
     if args.json and not args.from_json:
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     if args.markdown:
-        write_section(Path(args.markdown), section)
+        write_section(Path(args.markdown), section, args.section)
     return 0
 
 

@@ -459,47 +459,18 @@ def build_config(args, eos_id: int):
     for name in ("hidden_size", "moe_intermediate_size", "intermediate_size"):
         if getattr(args, name) % 256:
             sys.exit(f"error: --{name.replace('_', '-')} must be a multiple of 256 (K-quant block width)")
-    if args.arch == "mixtral":
-        return MixtralConfig(
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden_size,
-            intermediate_size=args.moe_intermediate_size,
-            num_hidden_layers=args.layers,
-            num_attention_heads=args.heads,
-            num_key_value_heads=args.kv_heads,
-            head_dim=args.head_dim,
-            num_local_experts=args.experts,
-            num_experts_per_tok=args.top_k,
-            max_position_embeddings=args.max_position_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": args.rope_theta},
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            output_router_logits=True,
-            router_aux_loss_coef=args.router_aux_coef,
-            initializer_range=0.02,
-            use_cache=False,
-            bos_token_id=None,
-            eos_token_id=eos_id,
-            pad_token_id=eos_id,
-        )
-    return Qwen3MoeConfig(
+    # what both architectures take alike; the bundled Qwen3-MoE ties its embeddings, the Mixtral not
+    common = dict(
         vocab_size=args.vocab_size,
         hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        moe_intermediate_size=args.moe_intermediate_size,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim,
-        num_experts=args.experts,
         num_experts_per_tok=args.top_k,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
         max_position_embeddings=args.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": args.rope_theta},
         rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
         output_router_logits=True,
         router_aux_loss_coef=args.router_aux_coef,
         initializer_range=0.02,
@@ -508,6 +479,12 @@ def build_config(args, eos_id: int):
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
+    if args.arch == "mixtral":
+        return MixtralConfig(**common, intermediate_size=args.moe_intermediate_size, num_local_experts=args.experts,
+                             tie_word_embeddings=False)
+    return Qwen3MoeConfig(**common, intermediate_size=args.intermediate_size,
+                          moe_intermediate_size=args.moe_intermediate_size, num_experts=args.experts,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=True)
 
 
 def build_model(config, experts_impl: str):

@@ -911,7 +911,8 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->xq_many = malloc(c->xq_many_cap);
     c->x_info_many_cap = 2 * c->x_info_cap;
     c->x_info_many = malloc(sizeof(float) * (size_t) c->x_info_many_cap);
-    c->many = malloc(sizeof(struct many_task));
+    /* its deal's shares sit on cache lines of their own: the struct wants 64-byte alignment */
+    c->many = aligned_alloc(64, (sizeof(struct many_task) + 63) / 64 * 64);
     /* the prefill form: transposed activations (at most the quantized bytes), packing room */
     c->xt_cap = c->xq_cap;
     c->xt = malloc(c->xt_cap);

@@ -33,7 +33,9 @@ n_ubatch 512) puts up to --llama-batch of its tokens into each step beside the 4
 Numbers from a machine shared with other work are noise (llama.cpp's threads wait for each other
 by spinning, so with more threads than free cores its steps take many times longer); run it on a
 quiet one, or with --rt (the server and llama.cpp at real-time priority 1, this process, whose
-clients time our streams, at 2). Medians of one
+clients time our streams, at 2; the server's event loop then waits behind its compute threads,
+which adds to the long-prompt p99: 3.4x the p50 where a quiet machine without --rt gave 2.7-2.8x,
+docs/PERFORMANCE.md). Medians of one
 run each; the table is printed and, with --json, written with the raw per-N data.
 """
 

@@ -391,7 +391,7 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
      * with the activations' block scales and sums worked out once */
     const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
     const rm_vec_dot_multi_fn multi = batched ? rm_cpu_vec_dot_multi_isa(which, type) : NULL;
-    const int burst = n_tok < 4 && !(n_tok == 1 && rm_cpu_streams_isa(which, type));
+    const int burst = rm_cpu_row_burst_isa(which, type, n_tok);
     const uint8_t * wb = w;
     const uint8_t * xb = x_q;
     float * info = NULL;

@@ -109,7 +109,8 @@ static inline void rm_prefetch_row_ahead(const void * row, uint64_t row_bytes) {
  * weights as it takes the step: the requests then go out at the pace the data is used instead of
  * a row's worth at once, which fills the line-fill buffers and stalls (a Q8_0 matrix of 70 MB,
  * two threads: 28 GB/s with a burst per row, 34 GB/s spread, a plain read 37). Kernels that do
- * so are marked in rm_cpu_kernels.streams; the backend skips its burst for them. */
+ * so are marked in rm_cpu_kernels.streams; the backend skips its burst for one token to them
+ * (rm_cpu_row_burst_isa). */
 static inline void rm_stream_ahead(const void * step, int bytes) {
     const char * p = (const char *) step + RM_PREFETCH_AHEAD;
     for (int o = 0; o < bytes; o += 64) {
@@ -202,6 +203,11 @@ const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);
 uint64_t                  rm_cpu_tile_room_isa(rm_isa isa, int64_t n);
 /* Whether the one-token kernels `isa` runs for a type prefetch ahead themselves. */
 int                       rm_cpu_streams_isa(rm_isa isa, int32_t type);
+/* Whether a product of n_tok tokens streaming weights of a type asks for each row ahead in a burst
+ * (rm_prefetch_row_ahead): one to three tokens, unless it is one token to a kernel that streams. */
+static inline int rm_cpu_row_burst_isa(rm_isa isa, int32_t type, int64_t n_tok) {
+    return n_tok < 4 && !(n_tok == 1 && rm_cpu_streams_isa(isa, type));
+}
 
 /* The same for the set in use: what the CPU backend calls. */
 static inline rm_vec_dot_fn       rm_cpu_vec_dot(int32_t t)       { return rm_cpu_vec_dot_isa(rm_isa_active(), t); }
@@ -216,6 +222,5 @@ static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cp
 static inline rm_gdn_chunked_fn   rm_cpu_gdn_chunked(void)        { return rm_cpu_gdn_chunked_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 static inline const rm_tile_kernels *   rm_cpu_tile(int32_t t)    { return rm_cpu_tile_isa(rm_isa_active(), t); }
-static inline int                       rm_cpu_streams(int32_t t) { return rm_cpu_streams_isa(rm_isa_active(), t); }
 
 #endif

@@ -65,13 +65,10 @@ static void deal_init(mm_deal * d, int64_t n_chunks, int n_shares) {
     }
 }
 
-/* Thread ith's next chunk, or -1 when every share is done. *from: the share it took from last
- * (start it at -1); a thread visits its own share first, then the others in turn. */
+/* Thread ith's next chunk, or -1 when every share is done. *from: how many shares past its own
+ * it has come (start it at 0); a thread visits its own share first, then the others in turn. */
 static int64_t deal_next(mm_deal * d, int ith, int * from) {
     const int n = d->n_shares;
-    if (*from < 0) {
-        *from = 0;
-    }
     for (; *from < n; ++*from) {
         const int s = (ith + *from) % n;
         if (atomic_load_explicit(&d->share[s].next, memory_order_relaxed) >= d->share[s].end) {
@@ -289,7 +286,7 @@ static void matmul_tile(const mm_task * t, int ith, int64_t r0, int64_t r1) {
 static void matmul_task(void * p, int ith, int nth) {
     mm_task * t = p;
     const int64_t n_rows = t->a->w->ne[1];
-    int from = -1;
+    int from = 0;
     for (;;) {
         const int64_t k = deal_next(t->deal, ith, &from);
         if (k < 0) {
@@ -319,7 +316,7 @@ static void mm_setup(const cpu_ctx * c, mm_task * t, const rm_matmul_args * a, c
     t->wdata = rm_weight_matrix(w, a->mat);
     t->stored = c->repacked ? rm_dev_weights_find(c->repacked, t->wdata) : NULL;
     const int stream = a->n_tok < 4;
-    t->burst = stream && !(a->n_tok == 1 && rm_cpu_streams(w->type));
+    t->burst = rm_cpu_row_burst_isa(rm_isa_active(), w->type, a->n_tok);
     const int64_t chunk_bytes = stream ? MM_STREAM_CHUNK_BYTES : MM_BATCH_CHUNK_BYTES;
     const int64_t per_chunk = (n_rows + chunks_min - 1) / chunks_min;
     t->chunk_rows = clamp_rows((int64_t) (chunk_bytes / (int64_t) w->row_bytes), 1, per_chunk > 0 ? per_chunk : 1);
@@ -461,7 +458,7 @@ static void many_quantize_fn(void * p, int ith, int nth) {
 static void many_matmul_fn(void * p, int ith, int nth) {
     many_task * m = p;
     int32_t i = 0;
-    int from = -1;
+    int from = 0;
     for (;;) {
         const int64_t k = deal_next(&m->deal, ith, &from);
         if (k < 0) {

@@ -55,7 +55,7 @@ import tempfile
 from bench_vs_llamacpp import DEFAULT_VENV, LLAMA_CPP_VERSION, REPO, llama_cmake_args, llama_python
 
 # llama.cpp's llama_ftype values (include/llama.h) for the files we benchmark
-FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
+FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
           "Q5_K_M": 17, "Q6_K": 18, "IQ3_XXS": 23, "IQ4_NL": 25, "IQ3_S": 26, "IQ4_XS": 30,
           "MXFP4_MOE": 38,   # MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere (gpt-oss, make_bench_model.py --arch gpt-oss)
           "IQ2_XXS": 19, "IQ2_XS": 20, "IQ3_XS": 22, "IQ1_S": 24, "IQ2_S": 28, "IQ2_M": 29, "IQ1_M": 31}

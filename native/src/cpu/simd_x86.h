@@ -260,18 +260,13 @@ static inline __m256i block_sums8(const __m256i p[8]) {
  *     steps, but a super-block's S and M lanes are paired by a horizontal add as soon as it is
  *     done, and two super-blocks' pairs by another (as kq_run_grouped does for several tokens), so
  *     a group is four registers. Eight super-blocks' lanes held for block_sums8 do not fit beside
- *     these two kernels' unpacking (they spilled, and Q3_K ran at half speed).
- *   grouped one at a time (the AVX-512 set's one-token Q3_K kernel, KQ_ONE): the same steps, S_i
- *     reduced to an integer as soon as super-block i is done and taken into lane i mod 8 alone
- *     (a masked multiply-add), in the plain loop: unrolled by eight, even the paired form spills. */
+ *     these two kernels' unpacking (they spilled, and Q3_K ran at half speed). */
 #ifdef RM_KQ_GROUPED
 #define KQ_GROUPED 1
 #define KQ_PAIRED 2
-#define KQ_ONE 3
 #else
 #define KQ_GROUPED 0
 #define KQ_PAIRED 0
-#define KQ_ONE 0
 #endif
 /* The super-blocks a kernel's loop takes at a time: eight (unrolled) for the grouped steps, one
  * (the plain loop) for the others. */
@@ -345,11 +340,6 @@ RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __
         }
         return;
     }
-    if (grouped == KQ_ONE) {   /* k: the super-block's index mod 8 */
-        q->acc = _mm256_mask3_fmadd_ps(_mm256_set1_ps(f), _mm256_set1_ps((float) hsum_epi32(sumi)), q->acc,
-                                       (__mmask8) (1u << k));
-        return;
-    }
     if (grouped) {
         q->s[k] = sumi;
         q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
@@ -411,15 +401,20 @@ RM_INLINE float kq_sum_out(const int grouped, const kq_sum * q, const int mins) 
 }
 
 /* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
- * of 8-15 in their high nibbles; the top 2 bits of scale j sit in byte 8 + j % 4 at bit 2 (j / 4). */
-static inline __m128i scales_q3_K(const uint8_t q[12]) {
-    uint32_t u[3];
-    memcpy(u, q, 12);
-    const __m128i v = _mm_setr_epi32((int) ((u[0] & 0x0f0f0f0f) | (((u[2] >> 0) & 0x03030303) << 4)),
-                                     (int) ((u[1] & 0x0f0f0f0f) | (((u[2] >> 2) & 0x03030303) << 4)),
-                                     (int) (((u[0] >> 4) & 0x0f0f0f0f) | (((u[2] >> 4) & 0x03030303) << 4)),
-                                     (int) (((u[1] >> 4) & 0x0f0f0f0f) | (((u[2] >> 6) & 0x03030303) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
+ * of 8-15 in their high nibbles; the top 2 bits of scale j sit in byte 8 + j % 4 at bit 2 (j / 4).
+ * As 32-bit words u0, u1, u2 of the 12 bytes, word k of the result is (u_{k%2} >> 4 (k / 2)) & 0x0f..
+ * | ((u2 >> 2k) & 0x03..) << 4, made in vector lanes. Reads the 16 bytes that end with the block's
+ * d: the last two of qs, the scales, d (all the block's own). */
+static inline __m128i scales_q3_K(const rm_block_q3_K * b) {
+    const __m128i v = _mm_loadu_si128((const __m128i *) (b->scales + 12 + sizeof(rm_fp16) - 16));
+    const int at = 16 - 12 - (int) sizeof(rm_fp16);   /* where the scales start in v */
+    const __m128i u0101 = _mm_shuffle_epi8(v, _mm_setr_epi8(at, at + 1, at + 2, at + 3, at + 4, at + 5, at + 6, at + 7,
+                                                            at, at + 1, at + 2, at + 3, at + 4, at + 5, at + 6, at + 7));
+    const __m128i u2 = _mm_shuffle_epi8(v, _mm_setr_epi8(at + 8, at + 9, at + 10, at + 11, at + 8, at + 9, at + 10, at + 11,
+                                                         at + 8, at + 9, at + 10, at + 11, at + 8, at + 9, at + 10, at + 11));
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(u0101, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(u2, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
 
 /* Q4_K / Q5_K: eight 6-bit scales (bytes 0-7 of the result) and mins (bytes 8-15) from 12 bytes.
@@ -442,9 +437,18 @@ static inline __m128i scales_k4(const uint8_t q[12]) {
 /* Q3_K, elements 128h + 32g + l: two low bits of qs byte 32h + l at bit 2g, plus 4 where the
  * high bit (hmask bit 4h + g of byte l) is set: q + 4 in 0..7. */
 static inline __m256i levels_q3_K(__m256i q, __m256i hm, int h, int g) {
+    const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
+#ifdef RM_KQ_GROUPED
+    /* the AVX-512 set: hmask shifted so that bit 4h + g of each byte lands on bit 2 (a 16-bit shift
+     * of at most 5 right or 2 left moves no other byte's bit there), put in with one vpternlog:
+     * low | (hi & 4) */
+    const int e = 4 * h + g - 2;
+    const __m256i hi = e < 0 ? _mm256_slli_epi16(hm, -e) : _mm256_srli_epi16(hm, e);
+    return _mm256_ternarylogic_epi32(low, hi, _mm256_set1_epi8(4), 0xf8);
+#else
     const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4));
-    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3)), high);
+    return _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
+#endif
 }
 
 /* Q4_K / Q5_K, elements 64p + l (lo) and 64p + 32 + l (hi): the nibbles of qs byte 32p + l, and
@@ -548,15 +552,15 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        kq_sum_init(KQ_ONE, &acc[c]);
+        kq_sum_init(KQ_PAIRED, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_ONE)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(KQ_ONE) ? (int) (nb - i0) : KQ_GROUP(KQ_ONE);
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_PAIRED)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(KQ_PAIRED) ? (int) (nb - i0) : KQ_GROUP(KQ_PAIRED);
         for (int c = 0; c < nc; c++) {
-            kq_sum_begin(KQ_ONE, &acc[c]);
+            kq_sum_begin(KQ_PAIRED, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(KQ_ONE); k++) {
+        for (int k = 0; k < KQ_GROUP(KQ_PAIRED); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -564,7 +568,7 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             if (nc == 1) {
                 rm_stream_ahead(&b[i], (int) sizeof(*b));
             }
-            const __m128i sc = scales_q3_K(b[i].scales);
+            const __m128i sc = scales_q3_K(&b[i]);
             const rm_block_q8_K * a[RM_MULTI_MAX];
             __m256i sumi[RM_MULTI_MAX];
             for (int c = 0; c < nc; c++) {
@@ -588,17 +592,17 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
             for (int c = 0; c < nc; c++) {
                 /* grouped, only the lanes' sum enters: the offset taken off lane by lane */
-                const __m256i t = KQ_ONE ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2))
-                                         : less_offset(sumi[c], a[c]->bsums, sc16, 4);
-                kq_sum_add(KQ_ONE, &acc[c], (int) (i & 7), t, t, a[c]->d * dw, 0.0f, 0);
+                const __m256i t = KQ_PAIRED ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2))
+                                            : less_offset(sumi[c], a[c]->bsums, sc16, 4);
+                kq_sum_add(KQ_PAIRED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
             }
         }
         for (int c = 0; c < nc; c++) {
-            kq_sum_flush(KQ_ONE, &acc[c], cnt, 0);
+            kq_sum_flush(KQ_PAIRED, &acc[c], cnt, 0);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(KQ_ONE, &acc[c], 0);
+        out[c] = kq_sum_out(KQ_PAIRED, &acc[c], 0);
     }
 }
 
@@ -775,7 +779,7 @@ static inline void unpack_q2_K(const void * w, int64_t i, kq_unpacked * u) {
 
 static inline void unpack_q3_K(const void * w, int64_t i, kq_unpacked * u) {
     const rm_block_q3_K * b = (const rm_block_q3_K *) w + i;
-    const __m128i sc = scales_q3_K(b->scales);
+    const __m128i sc = scales_q3_K(b);
     const __m256i hm = _mm256_loadu_si256((const __m256i *) b->hmask);
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));

@@ -1149,6 +1149,19 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
                 sumi[c] = _mm256_setzero_si256();
             }
             for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block decoded once, for every token */
+#ifdef RM_KQ_GROUPED
+                /* the AVX-512 set: the signs as a mask, the activations of negative levels negated
+                 * by a masked subtraction (the same bytes as vpsignb's) */
+                uint32_t ss;
+                const __m256i mag = iq_grid_mag(blk + sizeof(rm_fp16), j, &ss, kind);
+                const __mmask32 neg = (__mmask32) iq_grid_sign_bits(ss);
+                const __m256i s = _mm256_set1_epi16((short) (2 * (ss >> 28) + 1));
+                for (int c = 0; c < nc; c++) {
+                    const __m256i x0 = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));
+                    const __m256i x = _mm256_mask_sub_epi8(x0, neg, _mm256_setzero_si256(), x0);
+                    sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(mag, x), s);
+                }
+#else
                 __m256i sgn;
                 int mul;
                 const __m256i mag = iq_grid_sub(blk + sizeof(rm_fp16), j, &sgn, &mul, kind);
@@ -1157,6 +1170,7 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
                     const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j)), sgn);
                     sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(mag, x), s);
                 }
+#endif
             }
             const float dw = fp16(d);
             for (int c = 0; c < nc; c++) {

@@ -32,12 +32,46 @@ static inline __attribute__((always_inline)) __m256i iq_grid_mag(const uint8_t *
     return _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6], (int) g[7]);
 }
 
-/* The signs of a sub-block as bits: bit 8k + l set where level l of entry group k (eight levels,
- * sign index k of the word) is negative. */
-static inline uint32_t iq_grid_sign_bits(uint32_t ss) {
-    return (uint32_t) rm_iq_ksigns[ss & 127] | (uint32_t) rm_iq_ksigns[(ss >> 7) & 127] << 8 |
-           (uint32_t) rm_iq_ksigns[(ss >> 14) & 127] << 16 | (uint32_t) rm_iq_ksigns[(ss >> 21) & 127] << 24;
+#ifdef __AVX512VL__
+/* The AVX-512 set, a super-block at a time: from the eight sub-blocks' words (dwords of ss), each
+ * sub-block's four sign bytes (rm_iq_ksigns' bytes: the 7-bit index with its parity on top) in
+ * signs[j], and its multiplier 2s + 1 in both 16-bit halves of mul[j]. */
+static inline __attribute__((always_inline)) void iq_grid_words(__m256i ss, uint32_t signs[8], uint32_t mul[8]) {
+    /* the four 7-bit fields of each word, one a byte (0xca: the first operand selects the second
+     * where set, the third elsewhere; the top bit of each byte cleared last) */
+    const __m256i f01 = _mm256_ternarylogic_epi32(_mm256_set1_epi32(0x000000ff), ss, _mm256_slli_epi32(ss, 1), 0xca);
+    const __m256i f23 = _mm256_ternarylogic_epi32(_mm256_set1_epi32(0x00ff0000), _mm256_slli_epi32(ss, 2), _mm256_slli_epi32(ss, 3), 0xca);
+    const __m256i w = _mm256_and_si256(_mm256_ternarylogic_epi32(_mm256_set1_epi32(0x0000ffff), f01, f23, 0xca),
+                                       _mm256_set1_epi32(0x7f7f7f7f));
+    /* each byte's parity to its bit 0 (shifts by 4, 2, 1 stay within the low nibble's reach) */
+    __m256i p = _mm256_xor_si256(w, _mm256_srli_epi32(w, 4));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    /* w | (parity << 7) */
+    const __m256i sb = _mm256_ternarylogic_epi32(w, _mm256_slli_epi32(p, 7), _mm256_set1_epi32((int) 0x80808080u), 0xf8);
+    _mm256_storeu_si256((__m256i *) signs, sb);
+    const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(ss, 28), 1), _mm256_set1_epi32(1));
+    _mm256_storeu_si256((__m256i *) mul, _mm256_or_si256(m, _mm256_slli_epi32(m, 16)));
 }
+
+/* The eight words of a super-block's qs (IQ2_XXS: the odd dwords of its 64 bytes; IQ3_XXS: the 32
+ * bytes after the indices). */
+static inline __attribute__((always_inline)) __m256i iq_grid_ss(const uint8_t * qs, const int kind) {
+    if (kind == IQ_GRID_2XXS) {
+        return _mm256_permutex2var_epi32(_mm256_loadu_si256((const __m256i *) qs), _mm256_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15),
+                                         _mm256_loadu_si256((const __m256i *) (qs + 32)));
+    }
+    return _mm256_loadu_si256((const __m256i *) (qs + RM_QK_K / 4));
+}
+
+/* Sub-block j's sign mask from its four sign bytes: bit 8k + l = bit l of byte k. */
+static inline __mmask32 iq_grid_neg(uint32_t signs) {
+    const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32((int) signs),
+                                            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    return _mm256_test_epi8_mask(rep, _mm256_set1_epi64x((long long) 0x8040201008040201ULL));
+}
+#endif
 
 /* Sub-block j: its magnitudes, and each level's sign as +-1 bytes; *mul: 2s + 1. */
 static inline __attribute__((always_inline)) __m256i iq_grid_sub(const uint8_t * qs, int j, __m256i * sgn, int * mul, const int kind) {

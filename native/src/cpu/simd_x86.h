@@ -1148,14 +1148,18 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
                 a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
                 sumi[c] = _mm256_setzero_si256();
             }
+#ifdef RM_KQ_GROUPED
+            uint32_t signs[8], mul[8];
+            iq_grid_words(iq_grid_ss(blk + sizeof(rm_fp16), kind), signs, mul);
+#endif
             for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block decoded once, for every token */
 #ifdef RM_KQ_GROUPED
                 /* the AVX-512 set: the signs as a mask, the activations of negative levels negated
                  * by a masked subtraction (the same bytes as vpsignb's) */
                 uint32_t ss;
                 const __m256i mag = iq_grid_mag(blk + sizeof(rm_fp16), j, &ss, kind);
-                const __mmask32 neg = (__mmask32) iq_grid_sign_bits(ss);
-                const __m256i s = _mm256_set1_epi16((short) (2 * (ss >> 28) + 1));
+                const __mmask32 neg = iq_grid_neg(signs[j]);
+                const __m256i s = _mm256_set1_epi32((int) mul[j]);
                 for (int c = 0; c < nc; c++) {
                     const __m256i x0 = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));
                     const __m256i x = _mm256_mask_sub_epi8(x0, neg, _mm256_setzero_si256(), x0);

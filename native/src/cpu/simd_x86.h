@@ -402,7 +402,7 @@ RM_INLINE float kq_sum_out(const int grouped, const kq_sum * q, const int mins) 
 
 /* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
  * of 8-15 in their high nibbles; the top 2 bits of scale j sit in byte 8 + j % 4 at bit 2 (j / 4).
- * As 32-bit words u0, u1, u2 of the 12 bytes, word k of the result is (u_{k%2} >> 4 (k / 2)) & 0x0f..
+ * As 32-bit words u0, u1, u2 of the 12 bytes, word k of the result is (u_{k%2} >> 4 * (k / 2)) & 0x0f..
  * | ((u2 >> 2k) & 0x03..) << 4, made in vector lanes. Reads the 16 bytes that end with the block's
  * d: the last two of qs, the scales, d (all the block's own). */
 static inline __m128i scales_q3_K(const rm_block_q3_K * b) {

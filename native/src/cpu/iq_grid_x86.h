@@ -64,13 +64,6 @@ static inline __attribute__((always_inline)) __m256i iq_grid_ss(const uint8_t * 
     return _mm256_loadu_si256((const __m256i *) (qs + RM_QK_K / 4));
 }
 
-/* Sub-block j's sign mask from its four sign bytes: bit 8k + l = bit l of byte k. */
-static inline __mmask32 iq_grid_neg(uint32_t signs) {
-    const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32((int) signs),
-                                            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    return _mm256_test_epi8_mask(rep, _mm256_set1_epi64x((long long) 0x8040201008040201ULL));
-}
 #endif
 
 /* Sub-block j: its magnitudes, and each level's sign as +-1 bytes; *mul: 2s + 1. */

@@ -1158,7 +1158,7 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
                  * by a masked subtraction (the same bytes as vpsignb's) */
                 uint32_t ss;
                 const __m256i mag = iq_grid_mag(blk + sizeof(rm_fp16), j, &ss, kind);
-                const __mmask32 neg = iq_grid_neg(signs[j]);
+                const __mmask32 neg = (__mmask32) signs[j];   /* bit 8k + l: bit l of sign byte k */
                 const __m256i s = _mm256_set1_epi32((int) mul[j]);
                 for (int c = 0; c < nc; c++) {
                     const __m256i x0 = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));

@@ -1111,8 +1111,10 @@ static void vec_dot_iq4_xs_multi(int64_t n, int nc, float * out, const void * w,
 /* IQ2_XXS and IQ3_XXS against Q8_K, for nc tokens. Per sub-block of 32: the codebook magnitudes
  * (four 8-level IQ2_XXS entries, or eight 4-level IQ3_XXS ones), and a word of four 7-bit sign
  * indices (rm_iq_ksigns: one byte of signs per 8 levels) with the 4-bit scale s on top, mul =
- * 2s + 1. The signs go onto the activations (each sign byte spread over its 8 lanes, bit j of
- * lane j tested), the magnitudes stay unsigned for vpmaddubsw; the rest is vec_dot_iq4_xs's.
+ * 2s + 1. The signs go onto the activations (AVX2: each sign byte spread over its 8 lanes, bit j
+ * of lane j tested, then vpsignb; AVX-512: a super-block's sign bytes and multipliers made at
+ * once in vector lanes, iq_grid_words, a sub-block's four sign bytes then its mask for a masked
+ * subtraction), the magnitudes stay unsigned for vpmaddubsw; the rest is vec_dot_iq4_xs's.
  * step: the power of two of the type's scale (quants_ref.c's IQ_KERNELS). */
 /* The float steps are kq_sum's, f = d_x d_w step (grouped in the AVX-512 set, so that the AMX
  * tiles give the same floats; per lane in the AVX2 set). */

@@ -1036,7 +1036,6 @@ RM_KQ_ENTRY_POINTS(q6_K, 32, KQ_GROUPED)
 RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     const rm_block_iq4_xs * b = w;
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) rm_iq4nl_values));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
@@ -1062,13 +1061,38 @@ RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const vo
                 a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
                 sumi[c] = _mm256_setzero_si256();
             }
+#ifdef RM_KQ_GROUPED
+            /* the AVX-512 set: the eight sub-blocks' scales less 32 made at once in vector lanes,
+             * each in both 16-bit halves of mul[j], and broadcast from there */
+            uint32_t mul[8];
+            {
+                uint32_t sl;
+                memcpy(&sl, b[i].scales_l, 4);
+                const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int) sl), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                                    _mm256_set1_epi32(0x0f));
+                const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[i].scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                                    _mm256_set1_epi32(3));
+                const __m256i m = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+                _mm256_storeu_si256((__m256i *) mul, _mm256_or_si256(_mm256_and_si256(m, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(m, 16)));
+            }
+#endif
             for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block's levels once, for every token */
+#ifdef RM_KQ_GROUPED
+                /* the 16 bytes in both halves, the high nibbles shifted down in the upper one */
+                const __m256i q2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) (b[i].qs + 16 * j)));
+                const __m256i lv = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srlv_epi16(q2, _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0,
+                                                                                                                  4, 4, 4, 4, 4, 4, 4, 4)),
+                                                                                _mm256_set1_epi8(0x0f)));
+                const __m256i s = _mm256_set1_epi32((int) mul[j]);
+#else
                 const __m128i q = _mm_loadu_si128((const __m128i *) (b[i].qs + 16 * j));
+                const __m128i m4 = _mm_set1_epi8(0x0f);
                 const __m256i lv = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4),
                                                                                 _mm_and_si128(q, m4)));
-                const __m256i alv = _mm256_sign_epi8(lv, lv);
                 const int mul = (((b[i].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b[i].scales_h >> (2 * j)) & 3) << 4)) - 32;
                 const __m256i s = _mm256_set1_epi16((short) mul);
+#endif
+                const __m256i alv = _mm256_sign_epi8(lv, lv);
                 for (int c = 0; c < nc; c++) {
                     const __m256i x = _mm256_loadu_si256((const __m256i *) (a[c]->qs + 32 * j));
                     sumi[c] = RM_KQ_ACC(sumi[c], _mm256_maddubs_epi16(alv, _mm256_sign_epi8(x, lv)), s);

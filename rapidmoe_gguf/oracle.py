@@ -207,21 +207,27 @@ class Problem:
         return np.broadcast_to(g[None, :, None, None], (len(self.chunks), self.n_ctx, self.n_layer, self.k)).copy()
 
 
+def _scored_lp(model, chunk: list[int], first: int) -> np.ndarray:
+    """model's log-probabilities at a chunk's scored positions, computed in f64 and kept in f32
+    (as the reference's): the measured side is rounded as the reference is, so an output equal to
+    the reference's bit for bit is at KL 0 exactly, not at the rounding's +-1e-8 (which differs
+    with the kernel set)."""
+    return _log_softmax(model.eval_logits(chunk)[first - 1:-1].astype(np.float64)).astype(np.float32)
+
+
 def make_problem(reference, ids: list[int], n_ctx: int, max_chunks: int | None, n_layer: int, k: int) -> Problem:
     """The chunks of ids and the log-probabilities of ``reference`` (a Model with its policy set)."""
     from .evaluate import _chunks
 
     chunks = _chunks(ids, n_ctx, max_chunks)
-    first = n_ctx // 2
-    ref = [_log_softmax(reference.eval_logits(c)[first - 1:-1].astype(np.float64)).astype(np.float32) for c in chunks]
+    ref = [_scored_lp(reference, c, n_ctx // 2) for c in chunks]
     return Problem(chunks, ref, n_layer, k)
 
 
 def chunk_kl(model, problem: Problem, sel: np.ndarray, c: int) -> float:
     """Sum over chunk c's scored tokens of KL(reference || model with selection sel[c])."""
-    first = problem.first
     model.set_residual_mask(sel[c])
-    lq = _log_softmax(model.eval_logits(problem.chunks[c])[first - 1:-1].astype(np.float64))
+    lq = _scored_lp(model, problem.chunks[c], problem.first).astype(np.float64)
     lr = problem.ref_lp[c].astype(np.float64)
     return float((np.exp(lr) * (lr - lq)).sum())
 

@@ -345,12 +345,15 @@ static void scale_min_k4(const uint8_t q[12], int j, int32_t * sc, int32_t * mn)
  * a float step of the tile, as in simd_x86.h's dot_iq_grid). */
 RM_AMX_INLINE void unpack_iq_grid(const uint8_t * src, int8_t lev[RM_QK_K], int32_t sc[16], float * d, const int iq2) {
     const uint8_t * qs = src + sizeof(rm_fp16);
+    const int kind = iq2 ? IQ_GRID_2XXS : IQ_GRID_3XXS;
+    uint32_t signs[8], mul[8];
+    iq_grid_words(iq_grid_ss(qs, kind), signs, mul);   /* as the one-token kernels take them */
     for (int j = 0; j < 8; j++) {
-        __m256i sgn;
-        int mul;
-        const __m256i mag = iq_grid_sub(qs, j, &sgn, &mul, iq2 ? IQ_GRID_2XXS : IQ_GRID_3XXS);
-        _mm256_store_si256((__m256i *) (lev + 32 * j), _mm256_sign_epi8(mag, sgn));
-        sc[j] = mul;
+        uint32_t ss;
+        const __m256i mag = iq_grid_mag(qs, j, &ss, kind);
+        /* bit 8k + l of the sign bytes: level 8k + l is negative */
+        _mm256_store_si256((__m256i *) (lev + 32 * j), _mm256_mask_sub_epi8(mag, (__mmask32) signs[j], _mm256_setzero_si256(), mag));
+        sc[j] = (int16_t) mul[j];
     }
     rm_fp16 h;
     memcpy(&h, src, sizeof(h));

@@ -12,21 +12,26 @@
 
 enum { IQ_GRID_2XXS, IQ_GRID_3XXS };
 
-/* Sub-block j of an IQ2_XXS or IQ3_XXS super-block: its codebook magnitudes (unsigned), each
- * entry loaded straight into its place in the vector, and *ss, the word of four 7-bit sign indices
- * with the 4-bit scale s on top. */
-static inline __attribute__((always_inline)) __m256i iq_grid_mag(const uint8_t * qs, int j, uint32_t * ss, const int kind) {
+/* Sub-block j of an IQ2_XXS or IQ3_XXS super-block: its word of four 7-bit sign indices with the
+ * 4-bit scale s on top (IQ2_XXS: after the sub-block's 4 index bytes; IQ3_XXS: after all the
+ * indices). */
+static inline uint32_t iq_grid_word(const uint8_t * qs, int j, const int kind) {
+    uint32_t ss;
+    memcpy(&ss, kind == IQ_GRID_2XXS ? qs + 8 * j + 4 : qs + RM_QK_K / 4 + 4 * j, 4);
+    return ss;
+}
+
+/* Sub-block j's codebook magnitudes (unsigned), each entry loaded straight into its place. */
+static inline __attribute__((always_inline)) __m256i iq_grid_mag(const uint8_t * qs, int j, const int kind) {
     const uint8_t * q = qs + 8 * j;
-    if (kind == IQ_GRID_2XXS) {   /* 4 index bytes, then the word */
-        memcpy(ss, q + 4, 4);
+    if (kind == IQ_GRID_2XXS) {   /* 4 index bytes */
         const __m128i g01 = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *) rm_iq2xxs_grid[q[0]])),
                                                           (const double *) rm_iq2xxs_grid[q[1]]));
         const __m128i g23 = _mm_castpd_si128(_mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *) rm_iq2xxs_grid[q[2]])),
                                                           (const double *) rm_iq2xxs_grid[q[3]]));
         return _mm256_inserti128_si256(_mm256_castsi128_si256(g01), g23, 1);
     }
-    /* 8 index bytes of qs; the words after all the indices */
-    memcpy(ss, qs + RM_QK_K / 4 + 4 * j, 4);
+    /* 8 index bytes */
     uint32_t g[8];
     for (int k = 0; k < 8; k++) memcpy(&g[k], rm_iq3xxs_grid[q[k]], 4);
     return _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6], (int) g[7]);
@@ -69,8 +74,8 @@ static inline __attribute__((always_inline)) __m256i iq_grid_ss(const uint8_t * 
 /* Sub-block j: its magnitudes, and each level's sign as +-1 bytes; *mul: 2s + 1. */
 static inline __attribute__((always_inline)) __m256i iq_grid_sub(const uint8_t * qs, int j, __m256i * sgn, int * mul, const int kind) {
     const __m256i bits = _mm256_set1_epi64x((long long) 0x8040201008040201ULL), one = _mm256_set1_epi8(1);
-    uint32_t ss;
-    const __m256i mag = iq_grid_mag(qs, j, &ss, kind);
+    const uint32_t ss = iq_grid_word(qs, j, kind);
+    const __m256i mag = iq_grid_mag(qs, j, kind);
     const __m256i sb = _mm256_setr_epi64x(
         (long long) (rm_iq_ksigns[ss & 127] * 0x0101010101010101ULL),
         (long long) (rm_iq_ksigns[(ss >> 7) & 127] * 0x0101010101010101ULL),

@@ -349,8 +349,7 @@ RM_AMX_INLINE void unpack_iq_grid(const uint8_t * src, int8_t lev[RM_QK_K], int3
     uint32_t signs[8], mul[8];
     iq_grid_words(iq_grid_ss(qs, kind), signs, mul);   /* as the one-token kernels take them */
     for (int j = 0; j < 8; j++) {
-        uint32_t ss;
-        const __m256i mag = iq_grid_mag(qs, j, &ss, kind);
+        const __m256i mag = iq_grid_mag(qs, j, kind);
         /* bit 8k + l of the sign bytes: level 8k + l is negative */
         _mm256_store_si256((__m256i *) (lev + 32 * j), _mm256_mask_sub_epi8(mag, (__mmask32) signs[j], _mm256_setzero_si256(), mag));
         sc[j] = (int16_t) mul[j];

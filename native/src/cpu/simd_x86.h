@@ -1182,8 +1182,7 @@ RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * 
 #ifdef RM_KQ_GROUPED
                 /* the AVX-512 set: the signs as a mask, the activations of negative levels negated
                  * by a masked subtraction (the same bytes as vpsignb's) */
-                uint32_t ss;
-                const __m256i mag = iq_grid_mag(blk + sizeof(rm_fp16), j, &ss, kind);
+                const __m256i mag = iq_grid_mag(blk + sizeof(rm_fp16), j, kind);
                 const __mmask32 neg = (__mmask32) signs[j];   /* bit 8k + l: bit l of sign byte k */
                 const __m256i s = _mm256_set1_epi32((int) mul[j]);
                 for (int c = 0; c < nc; c++) {

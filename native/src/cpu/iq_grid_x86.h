@@ -37,6 +37,12 @@ static inline __attribute__((always_inline)) __m256i iq_grid_mag(const uint8_t *
     return _mm256_setr_epi32((int) g[0], (int) g[1], (int) g[2], (int) g[3], (int) g[4], (int) g[5], (int) g[6], (int) g[7]);
 }
 
+/* Signed 16-bit values m (one per 32-bit lane) in both halves of their lane: a lane broadcast
+ * from there is a vector of int16 m, for vpmaddwd / vpdpwssd. */
+static inline __m256i iq_both_halves16(__m256i m) {
+    return _mm256_or_si256(_mm256_and_si256(m, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(m, 16));
+}
+
 #ifdef __AVX512VL__
 /* The AVX-512 set, a super-block at a time: from the eight sub-blocks' words (dwords of ss), each
  * sub-block's four sign bytes (rm_iq_ksigns' bytes: the 7-bit index with its parity on top) in
@@ -56,7 +62,7 @@ static inline __attribute__((always_inline)) void iq_grid_words(__m256i ss, uint
     const __m256i sb = _mm256_ternarylogic_epi32(w, _mm256_slli_epi32(p, 7), _mm256_set1_epi32((int) 0x80808080u), 0xf8);
     _mm256_storeu_si256((__m256i *) signs, sb);
     const __m256i m = _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(ss, 28), 1), _mm256_set1_epi32(1));
-    _mm256_storeu_si256((__m256i *) mul, _mm256_or_si256(m, _mm256_slli_epi32(m, 16)));
+    _mm256_storeu_si256((__m256i *) mul, iq_both_halves16(m));
 }
 
 /* The eight words of a super-block's qs (IQ2_XXS: the odd dwords of its 64 bytes; IQ3_XXS: the 32

@@ -1073,7 +1073,7 @@ RM_INLINE void dot_iq4_xs_multi(int64_t n, float * out, const void * w, const vo
                 const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[i].scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
                                                     _mm256_set1_epi32(3));
                 const __m256i m = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-                _mm256_storeu_si256((__m256i *) mul, _mm256_or_si256(_mm256_and_si256(m, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(m, 16)));
+                _mm256_storeu_si256((__m256i *) mul, iq_both_halves16(m));
             }
 #endif
             for (int j = 0; j < RM_QK_K / 32; j++) {   /* a sub-block's levels once, for every token */

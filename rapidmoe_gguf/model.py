@@ -362,7 +362,10 @@ class Model:
         start = AUTO_BUDGET["start"] if auto else budget
         if policy != "none" and self.residual_path is None:
             raise NoResidualError(f"policy {policy!r} needs a residual sidecar, and this model was loaded without one")
-        if (policy, budget) != (getattr(self, "residual_policy", None), getattr(self, "residual_budget", None)):
+        same = (policy, budget) == (getattr(self, "residual_policy", None), getattr(self, "residual_budget", None))
+        if same and not auto:
+            return   # as it is: the controllers' states along the cache stay, and its prefix is reused as is
+        if not same:
             self._cached = []   # the cache holds other residuals' results: no prefix of it is reused
         self._apply_policy(umia.build(policy, start, self.umia_tables, self.info["n_layer"], self.info["n_expert"],
                                       umia.moe_layers(self.info)))

@@ -372,7 +372,8 @@ class Scheduler:
             slot = self.slots[job.slot]
             try:
                 if slot.residual_path is not None:
-                    # Set for every request, as it also restarts the budget controller: a request's
+                    # Set for every request: a request's own policy, or the server's back. The
+                    # controllers step per position of the sequence (policy.h), so a request's
                     # residual decisions do not depend on what its slot served before.
                     slot.set_residual(job.req.policy or self.policy,
                                       self.budget if job.req.budget is None else job.req.budget)

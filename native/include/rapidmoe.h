@@ -584,7 +584,11 @@ rm_status rm_sampler_sample(rm_sampler * smp, const float * logits, int32_t n_vo
  * log(score) >= the layer's threshold. Each layer's threshold starts at threshold0[l] (from
  * calibration) and is kept on that layer's target rate layer_budget[l] by an integral controller:
  * after every token, threshold[l] += gain * (slots selected - target). Decisions for layer l never
- * wait for a later layer, and a batch is decided token by token, exactly as decode would.
+ * wait for a later layer, and a batch is decided token by token, exactly as decode would. The
+ * controllers' state belongs to the sequence's positions (the threshold before position p follows
+ * from positions 0 .. p - 1 alone), so a sequence's decisions do not depend on the other sequences
+ * of its batch, on how its prompt was cut into steps, or on what the session evaluated before;
+ * truncating the cache rewinds them. RANDOM and LAYER draw per (seed, position, layer, slot).
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum rm_policy_kind {
@@ -604,8 +608,8 @@ const char * rm_policy_kind_name(int32_t kind);
 
 /* log(score) of n slots of layer l under a deterministic scored kind (UMIA, GATE or EXPERT), by
  * the formula a session selects with: experts[i] and gates[i] (the router weight) of slot i,
- * expert_score the layer's n_expert scores, layer_score the layer's. RANDOM and LAYER draw from
- * the session's generator and are refused here (RM_E_INVALID_ARG). */
+ * expert_score the layer's n_expert scores, layer_score the layer's. RANDOM and LAYER draw per
+ * slot and are refused here (RM_E_INVALID_ARG). */
 rm_status rm_policy_log_scores(int32_t kind, float gate_power, const float * expert_score, int32_t n_expert,
                                float layer_score, const int32_t * experts, const float * gates, int64_t n,
                                float * out);
@@ -624,7 +628,8 @@ typedef struct rm_residual_policy {
 } rm_residual_policy;
 
 /* The policy is copied; the arrays may be freed after the call. RM_E_NO_RESIDUAL without a
- * sidecar unless kind is NONE. Resets the controllers. */
+ * sidecar unless kind is NONE. Restarts the controllers: the next token, and any position up to it
+ * that the cache is later truncated to, starts from threshold0. */
 rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * policy);
 
 /* A given selection instead of the policy, for offline studies (the oracle of tools/umia_oracle.py):

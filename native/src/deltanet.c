@@ -133,9 +133,10 @@ static float * conv_state_of(const rm_session * o, const gdn_layer * g) {
     return o->hy->conv_state + o->hy->lin_index[g->il] * (o->m->hp.ssm_d_conv - 1) * g->cd;
 }
 
-/* The layer's delta-rule state in session o: n_v matrices of d_state x head_v. */
-static float * ssm_state_of(const rm_session * o, const gdn_layer * g) {
-    return o->hy->ssm_state + o->hy->lin_index[g->il] * g->nv * g->dk * g->dv;
+/* Value head v's delta-rule state in session o (rm_gdn_state_floats each). */
+static float * ssm_state_of(const rm_session * o, const gdn_layer * g, int64_t v) {
+    const int64_t per_head = rm_gdn_state_floats((int32_t) g->dk, (int32_t) g->dv);
+    return o->hy->ssm_state + (o->hy->lin_index[g->il] * g->nv + v) * per_head;
 }
 
 /* q/k/v, z and b/a from the normalised input, in one dispatch where the backend can. */
@@ -216,9 +217,9 @@ typedef struct heads_task {
     int32_t            n_runs, n;
 } heads_task;
 
-/* The delta rule of the value heads [lo, hi) of this thread's share, for each sequence in turn
- * (a head's chunk scratch is this thread's alone): a run of one token (decoding) in the recurrent
- * form, a longer one in the chunked form, as the sequence alone would run. */
+/* The delta rule of the value heads [lo, hi) of this thread's share, for each sequence in turn at
+ * its own positions (a head's scratch is this thread's alone): its chunks are aligned to
+ * positions, so each token's output is what the sequence alone gives it, however the step cut it. */
 static void heads_run(void * ctx, int ith, int nth) {
     const heads_task * task = ctx;
     const gdn_layer * g = task->g;
@@ -237,12 +238,7 @@ static void heads_run(void * ctx, int ith, int nth) {
                                       row + 2 * g->kd + v * g->dv, g->cd, h->g + t0 * g->nv + v, h->beta + t0 * g->nv + v,
                                       g->nv, h->core + t0 * g->di + v * g->dv, g->di, run->n, (int32_t) g->dk,
                                       (int32_t) g->dv};
-            float * S = ssm_state_of(run->s, g) + v * g->dk * g->dv;
-            if (run->n == 1) {
-                rm_cpu_gdn_recurrent()(&head, S);
-            } else {
-                rm_cpu_gdn_chunked()(&head, S, h->chunk + v * chunk_floats);
-            }
+            rm_cpu_gdn_rule()(&head, run->pos, ssm_state_of(run->s, g, v), h->chunk + v * chunk_floats);
         }
     }
     for (int32_t t = 0; t < task->n && lo < hi; t++) {   /* the gated norm of these heads' outputs */

@@ -2,8 +2,8 @@
  * with a recurrent state) and the sigmoid output gate of their full-attention layers.
  *
  * A session of a hybrid model holds, beside its KV cache, each linear layer's conv state (the
- * last d_conv - 1 inputs of its convolution) and delta-rule state (n_v matrices d_state x
- * head_v). Together with the KV cache they are the whole context: a cache entry alone no longer
+ * last d_conv - 1 inputs of its convolution) and delta-rule state (per value head, the d_state x
+ * head_v state at its chunk's start and the chunk's rows so far). Together with the KV cache they are the whole context: a cache entry alone no longer
  * describes it, so anything that reuses or rewinds a context must snapshot these states too.
  * These layers run on the CPU backend only (the loader refuses a device for them). */
 #ifndef RM_DELTANET_H
@@ -15,7 +15,8 @@ typedef struct rm_hybrid {
     int32_t * lin_index;          /* n_layer: the layer's index among the linear layers, or -1 */
     int32_t * kv_index;           /* n_layer: the layer's index among the attention layers (its KV cache), or -1 */
     float *   conv_state;         /* per linear layer: d_conv - 1 rows of conv_dim */
-    float *   ssm_state;          /* per linear layer: n_v matrices of d_state x head_v */
+    float *   ssm_state;          /* per linear layer and value head: rm_gdn_state_floats (the state at
+                                   * the chunk's start and the unfinished chunk's rows) */
     float *   mixed;              /* n_batch rows of conv_dim: the q/k/v projection */
     float *   conv_out;           /* n_batch rows of conv_dim: after the convolution */
     float *   z;                  /* n_batch rows of d_inner: the output gate */
@@ -35,8 +36,8 @@ void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);
 
 /* x += the Gated DeltaNet of layer il over the n tokens of s->x, the step's sequences (s->runs)
  * each on its own session's conv and delta-rule states. The projections, gates, norms and the
- * output projection run over all n rows at once; the convolution and the delta rule per run (a
- * run of one token, decoding: the recurrent form; longer: the chunked one). */
+ * output projection run over all n rows at once; the convolution and the delta rule per run, at
+ * the run's positions. */
 void rm_deltanet_block(rm_session * s, int il, int32_t n);
 
 /* Gated attention: the q projection's rows (n rows of n_head heads of [q, gate]) into s->q and

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rng.h"
 #include "session.h"
 #include "status.h"
 
@@ -30,16 +29,28 @@ const char * rm_policy_kind_name(int32_t kind) {
 /* Kinds that select by score and so need a budget per layer (all but NONE and ALL). */
 static int kind_is_scored(int32_t kind) { return kind >= RM_POLICY_UMIA; }
 
+/* A uniform draw in [0, 1) for slot k of layer il at cache position pos: a hash of the four, so
+ * that the draw belongs to the slot and not to the order the session met its slots in. */
+static double slot_unit(uint64_t seed, int64_t pos, int il, int k) {
+    /* splitmix64's finaliser over the four, each spread by its own odd constant */
+    uint64_t z = seed + (uint64_t) pos * 0x9E3779B97F4A7C15ULL + (uint64_t) il * 0xD1B54A32D192ED03ULL +
+                 (uint64_t) k * 0x8CB92BA72F3D8DD7ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (double) (z >> 11) * (1.0 / 9007199254740992.0);
+}
+
 /* log(score) of one slot: gate its router weight, se its expert's score, sl its layer's. RANDOM
- * and LAYER draw from rng. */
-static float log_score(int32_t kind, float gate_power, float gate, float se, float sl, uint64_t * rng) {
+ * and LAYER use the slot's draw u. */
+static float log_score(int32_t kind, float gate_power, float gate, float se, float sl, double u) {
     const float g = gate > 1e-30f ? gate : 1e-30f;
     switch (kind) {
         case RM_POLICY_UMIA:   return gate_power * logf(g) + logf(se) + logf(sl);
         case RM_POLICY_GATE:   return logf(g);
         case RM_POLICY_EXPERT: return logf(se);
-        case RM_POLICY_LAYER:  return logf(sl) + (float) rm_rng_unit(rng);   /* random within a layer */
-        case RM_POLICY_RANDOM: return logf((float) (1.0 - rm_rng_unit(rng)));
+        case RM_POLICY_LAYER:  return logf(sl) + (float) u;   /* random within a layer */
+        case RM_POLICY_RANDOM: return logf((float) (1.0 - u));
         default:               return 0.0f;
     }
 }
@@ -60,23 +71,25 @@ rm_status rm_policy_log_scores(int32_t kind, float gate_power, const float * exp
             return rm_fail(RM_E_INVALID_ARG, "rm_policy_log_scores: experts[%lld] = %d is outside [0, %d)",
                            (long long) i, experts[i], n_expert);
         }
-        out[i] = log_score(kind, gate_power, gates[i], expert_score[experts[i]], layer_score, NULL);
+        out[i] = log_score(kind, gate_power, gates[i], expert_score[experts[i]], layer_score, 0.0);
     }
     return RM_OK;
 }
 
 /* ---- the session's state ------------------------------------------------------------------ */
 
-int rm_policy_state_init(rm_policy_state * p, int32_t n_layer, int32_t n_expert, int has_residual) {
+int rm_policy_state_init(rm_policy_state * p, int32_t n_layer, int32_t n_expert, int32_t n_ctx, int has_residual) {
     const size_t NL = n_layer > 0 ? (size_t) n_layer : 1, NX = NL * (n_expert > 0 ? (size_t) n_expert : 1);
     memset(p, 0, sizeof(*p));
+    p->n_pos = (n_ctx > 0 ? n_ctx : 0) + 1;
     p->expert_score = calloc(NX, sizeof(float));
     p->layer_score = calloc(NL, sizeof(float));
     p->layer_budget = calloc(NL, sizeof(float));
     p->budget_ref = calloc(NL, sizeof(float));
-    p->threshold = calloc(NL, sizeof(float));
+    p->threshold = has_residual ? calloc((size_t) p->n_pos * NL, sizeof(float)) : NULL;
     p->layer_mask = calloc(NL, 1);
-    if (!p->expert_score || !p->layer_score || !p->layer_budget || !p->budget_ref || !p->threshold || !p->layer_mask) {
+    if (!p->expert_score || !p->layer_score || !p->layer_budget || !p->budget_ref || !p->layer_mask ||
+        (has_residual && !p->threshold)) {
         return 0;
     }
     p->kind = has_residual ? RM_POLICY_ALL : RM_POLICY_NONE;
@@ -122,15 +135,20 @@ static void select_rows(rm_policy_state * p, const rm_model * m, rm_route * rout
     }
     const float * se = p->expert_score + (int64_t) il * m->hp.n_expert;
     const float target = p->layer_budget[il] * (float) K;
+    const int64_t NL = m->hp.n_layer;
+    const int draws = p->kind == RM_POLICY_RANDOM || p->kind == RM_POLICY_LAYER;
     for (int32_t i = 0; i < n; i++) {
+        const int64_t pos = (int64_t) pos0 + i;   /* < n_ctx, so row pos + 1 exists */
+        const float thr = p->threshold[pos * NL + il];
         rm_route * r = routes + (int64_t) i * K;
         int32_t selected = 0;
         for (int32_t k = 0; k < K; k++) {
-            const float score = log_score(p->kind, p->gate_power, r[k].weight, se[r[k].expert], p->layer_score[il], &p->rng);
-            r[k].residual = score >= p->threshold[il];
+            const double u = draws ? slot_unit(p->seed, pos, il, k) : 0.0;
+            const float score = log_score(p->kind, p->gate_power, r[k].weight, se[r[k].expert], p->layer_score[il], u);
+            r[k].residual = score >= thr;
             selected += r[k].residual;
         }
-        p->threshold[il] += p->gain * ((float) selected - target);
+        p->threshold[(pos + 1) * NL + il] = thr + p->gain * ((float) selected - target);
     }
 }
 
@@ -200,15 +218,22 @@ rm_status rm_session_set_policy(rm_session * s, const rm_residual_policy * pol) 
     p->mask = NULL;
     p->mask_pos = 0;
     p->kind = pol->kind;
-    p->rng = rm_rng_seed(pol->seed);
+    p->seed = pol->seed;
     p->gate_power = pol->gate_power;
     p->gain = pol->gain;
     for (int64_t i = 0; i < NL * X; i++) p->expert_score[i] = pol->expert_score ? pol->expert_score[i] : 1.0f;
     for (int64_t l = 0; l < NL; l++) {
         p->layer_score[l] = pol->layer_score ? pol->layer_score[l] : 1.0f;
         p->layer_budget[l] = pol->layer_budget ? pol->layer_budget[l] : 0.0f;
-        p->threshold[l] = pol->threshold0 ? pol->threshold0[l] : 0.0f;
         p->layer_mask[l] = pol->layer_mask ? (pol->layer_mask[l] != 0) : 1;
+    }
+    /* the controllers restart: at position 0 and at every position up to the next token's, so the
+     * next token starts from threshold0 whatever the cache holds, and so do earlier positions
+     * should the cache be truncated */
+    for (int64_t pos = 0; p->threshold && pos <= s->n_past; pos++) {
+        for (int64_t l = 0; l < NL; l++) {
+            p->threshold[pos * NL + l] = pol->threshold0 ? pol->threshold0[l] : 0.0f;
+        }
     }
     memcpy(p->budget_ref, p->layer_budget, sizeof(float) * (size_t) NL);
     p->auto_on = 0;

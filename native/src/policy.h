@@ -6,14 +6,22 @@
 
 #include "rapidmoe.h"
 
+/* The controllers' state is a function of the sequence's own tokens: threshold[p][l] is layer l's
+ * threshold before the token at cache position p, row 0 the calibrated start. Deciding position p
+ * reads row p and writes row p + 1, so a sequence decides the same whatever else shares its batch,
+ * however its prompt was cut into steps, and whatever the session evaluated before: a truncated or
+ * reset cache rewinds its controllers with it. RANDOM and LAYER draw from a hash of (seed,
+ * position, layer, slot), not from a stream, for the same reason. */
 typedef struct rm_policy_state {
     int32_t    kind;              /* rm_policy_kind */
-    uint64_t   rng;               /* RANDOM and LAYER draws */
+    uint64_t   seed;              /* RANDOM and LAYER draws */
     float      gate_power, gain;
+    int32_t    n_pos;             /* rows of threshold: n_ctx + 1 */
     float *    expert_score;      /* n_layer * n_expert */
     float *    layer_score;       /* n_layer */
     float *    layer_budget;      /* n_layer: each layer's target share of its slots */
-    float *    threshold;         /* n_layer: the controllers' state, in log-score units */
+    float *    threshold;         /* ne = {n_layer, n_ctx + 1}: the controllers' state by position, in
+                                   * log-score units (NULL without a sidecar) */
     uint8_t *  layer_mask;        /* n_layer: 0 = never a residual in that layer */
 
     /* residual_budget = "auto" (rm_auto_budget): on when auto_on */
@@ -26,13 +34,15 @@ typedef struct rm_policy_state {
     int64_t        mask_pos;      /* n_pos */
 } rm_policy_state;
 
-/* Allocates the arrays for n_layer layers of n_expert experts, kind ALL with a sidecar, else
- * NONE; 0 when out of memory (then rm_policy_state_free releases what was allocated). */
-int  rm_policy_state_init(rm_policy_state * p, int32_t n_layer, int32_t n_expert, int has_residual);
+/* Allocates the arrays for n_layer layers of n_expert experts and a cache of n_ctx positions, kind
+ * ALL with a sidecar, else NONE; 0 when out of memory (then rm_policy_state_free releases what was
+ * allocated). */
+int  rm_policy_state_init(rm_policy_state * p, int32_t n_layer, int32_t n_expert, int32_t n_ctx, int has_residual);
 void rm_policy_state_free(rm_policy_state * p);
 
 /* Marks routes[i * n_expert_used + k].residual for the n tokens routed in layer il, token by token
- * (each layer's controller updated after each token, so a batch decides as decode would). */
+ * at their cache positions (each layer's controller stepped after each token, so a batch decides
+ * as decode would). */
 void rm_policy_select(rm_session * s, int il, int32_t n);
 
 /* After a decoded token: one step of the auto budget controller on the backend's measured

@@ -119,7 +119,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->last_routes = xalloc(sizeof(rm_route) * NL * K, &failed);
     s->cal_delta = xalloc(sizeof(double) * NL * X, &failed);
     s->cal_n = xalloc(sizeof(uint64_t) * NL * X, &failed);
-    if (!rm_policy_state_init(&s->policy, hp->n_layer, hp->n_expert, m->residual != NULL)) {
+    if (!rm_policy_state_init(&s->policy, hp->n_layer, hp->n_expert, s->n_ctx, m->residual != NULL)) {
         failed = 1;
     }
     if (rm_hybrid_new(m, s->n_batch, &s->hy) != RM_OK) {

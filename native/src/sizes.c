@@ -40,7 +40,7 @@ void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_
     const uint64_t DI = NV * (uint64_t) p->ssm_head_v, Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
     const uint64_t sizes[RM_RECURRENT_BUF_COUNT] = {
         [RM_RECURRENT_BUF_CONV_STATE] = f * NL * (uint64_t) (p->ssm_d_conv - 1) * C,
-        [RM_RECURRENT_BUF_SSM_STATE] = f * NL * NV * (uint64_t) p->ssm_d_state * (uint64_t) p->ssm_head_v,
+        [RM_RECURRENT_BUF_SSM_STATE] = f * NL * NV * (uint64_t) rm_gdn_state_floats(p->ssm_d_state, p->ssm_head_v),
         [RM_RECURRENT_BUF_MIXED] = f * B * C,  [RM_RECURRENT_BUF_CONV_OUT] = f * B * C,
         [RM_RECURRENT_BUF_Z] = f * B * DI,     [RM_RECURRENT_BUF_BA] = f * B * 2 * NV,
         [RM_RECURRENT_BUF_G] = f * B * NV,     [RM_RECURRENT_BUF_BETA] = f * B * NV,

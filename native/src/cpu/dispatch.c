@@ -218,12 +218,12 @@ rm_axpy_fn rm_cpu_axpy_isa(rm_isa isa) {
     return rm_cpu_axpy_ref;
 }
 
-rm_gdn_recurrent_fn rm_cpu_gdn_recurrent_isa(rm_isa isa) {
+rm_gdn_rule_fn rm_cpu_gdn_rule_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);
-        if (k && k->gdn_recurrent) return k->gdn_recurrent;
+        if (k && k->gdn_rule) return k->gdn_rule;
     }
-    return rm_gdn_recurrent;
+    return rm_gdn_rule;
 }
 
 rm_gdn_conv_fn rm_cpu_gdn_conv_isa(rm_isa isa) {
@@ -232,14 +232,6 @@ rm_gdn_conv_fn rm_cpu_gdn_conv_isa(rm_isa isa) {
         if (k && k->gdn_conv) return k->gdn_conv;
     }
     return rm_gdn_conv;
-}
-
-rm_gdn_chunked_fn rm_cpu_gdn_chunked_isa(rm_isa isa) {
-    for (int i = isa; i > RM_ISA_SCALAR; i--) {
-        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
-        if (k && k->gdn_chunked) return k->gdn_chunked;
-    }
-    return rm_gdn_chunked;
 }
 
 rm_attn_scores_fn rm_cpu_attn_scores_isa(rm_isa isa) {

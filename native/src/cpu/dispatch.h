@@ -135,13 +135,11 @@ typedef void (*rm_attn_values_fn)(int64_t d, int64_t n, const float * s, const f
  * and add in lanes). */
 typedef float (*rm_exp_sum_fn)(float * x, int64_t n, float m);
 
-/* The Gated DeltaNet layer's delta-rule step (recurrent form) and causal conv, as rm_gdn_recurrent
- * and rm_gdn_conv (cpu/gdn.h, their scalar twins) compute them, to float rounding. */
-typedef void (*rm_gdn_recurrent_fn)(const rm_gdn_head * h, float * S);
+/* The Gated DeltaNet layer's delta rule and causal conv, as rm_gdn_rule and rm_gdn_conv (cpu/gdn.h,
+ * their scalar twins) compute them, to float rounding. */
+typedef void (*rm_gdn_rule_fn)(const rm_gdn_head * h, int32_t pos, float * state, float * scratch);
 typedef void (*rm_gdn_conv_fn)(float * out, const float * x, int32_t n_tok, int64_t n_ch, int64_t stride,
                                float * state, const float * w, int32_t d_conv);
-/* ... and its chunked form, as rm_gdn_chunked computes it, to float rounding. */
-typedef void (*rm_gdn_chunked_fn)(const rm_gdn_head * h, float * S, float * scratch);
 
 /* One instruction set's kernels, by ggml type id; NULL where the set has none. */
 typedef struct rm_cpu_kernels {
@@ -159,9 +157,8 @@ typedef struct rm_cpu_kernels {
                                                           vec_dot_multi with one token, the stored
                                                           form's dot) prefetch ahead themselves
                                                           (rm_stream_ahead) */
-    rm_gdn_recurrent_fn gdn_recurrent;
+    rm_gdn_rule_fn      gdn_rule;
     rm_gdn_conv_fn      gdn_conv;
-    rm_gdn_chunked_fn   gdn_chunked;
 } rm_cpu_kernels;
 
 #if defined(RM_X86)
@@ -185,9 +182,8 @@ rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
 rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
 rm_exp_sum_fn       rm_cpu_exp_sum_isa(rm_isa isa);
-rm_gdn_recurrent_fn rm_cpu_gdn_recurrent_isa(rm_isa isa);   /* the twins where a set has none */
+rm_gdn_rule_fn      rm_cpu_gdn_rule_isa(rm_isa isa);   /* the twins where a set has none */
 rm_gdn_conv_fn      rm_cpu_gdn_conv_isa(rm_isa isa);
-rm_gdn_chunked_fn   rm_cpu_gdn_chunked_isa(rm_isa isa);
 /* The plain twins (float_ref.c), what the sets above fall back to. */
 void rm_cpu_axpy_ref(int64_t n, float a, const float * x, float * y);
 void rm_cpu_attn_scores_ref(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s);
@@ -217,9 +213,8 @@ static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cp
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
 static inline rm_exp_sum_fn       rm_cpu_exp_sum(void)            { return rm_cpu_exp_sum_isa(rm_isa_active()); }
-static inline rm_gdn_recurrent_fn rm_cpu_gdn_recurrent(void)      { return rm_cpu_gdn_recurrent_isa(rm_isa_active()); }
+static inline rm_gdn_rule_fn      rm_cpu_gdn_rule(void)           { return rm_cpu_gdn_rule_isa(rm_isa_active()); }
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
-static inline rm_gdn_chunked_fn   rm_cpu_gdn_chunked(void)        { return rm_cpu_gdn_chunked_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 static inline const rm_tile_kernels *   rm_cpu_tile(int32_t t)    { return rm_cpu_tile_isa(rm_isa_active(), t); }
 

@@ -49,139 +49,65 @@ void rm_gdn_l2norm(float * x, int64_t n_rows, int64_t stride, int64_t n, float e
     }
 }
 
-void rm_gdn_recurrent(const rm_gdn_head * h, float * S) {
-    const int32_t dk = h->d_k, dv = h->d_v;
-    float u[1024];   /* d_v <= 1024 (checked at load) */
-    for (int32_t t = 0; t < h->n_tok; t++) {
-        const float * q = h->q + t * h->qk_stride, * k = h->k + t * h->qk_stride, * v = h->v + t * h->v_stride;
-        const float decay = expf(h->g[t * h->gb_stride]), beta = h->beta[t * h->gb_stride];
-        for (int32_t j = 0; j < dv; j++) {
-            u[j] = 0.0f;
-        }
-        for (int32_t i = 0; i < dk; i++) {   /* S <- decay S; u = S^T k */
-            float * row = S + (int64_t) i * dv;
-            for (int32_t j = 0; j < dv; j++) {
-                row[j] *= decay;
-                u[j] += row[j] * k[i];
-            }
-        }
-        for (int32_t j = 0; j < dv; j++) {
-            u[j] = beta * (v[j] - u[j]);
-        }
-        float * o = h->o + t * h->o_stride;
-        for (int32_t j = 0; j < dv; j++) {
-            o[j] = 0.0f;
-        }
-        for (int32_t i = 0; i < dk; i++) {   /* S <- S + k u^T; o = S^T q */
-            float * row = S + (int64_t) i * dv;
-            for (int32_t j = 0; j < dv; j++) {
-                row[j] += k[i] * u[j];
-                o[j] += row[j] * q[i];
-            }
-        }
-    }
+int64_t rm_gdn_state_floats(int32_t d_k, int32_t d_v) {
+    return (int64_t) d_k * d_v + (int64_t) RM_GDN_CHUNK * (d_k + d_v + 1);
 }
 
 int64_t rm_gdn_chunk_scratch(int32_t d_k, int32_t d_v) {
     (void) d_k;
-    const int64_t C = RM_GDN_CHUNK;
-    return C                /* G: cumulative log-decay */
-           + 2 * C * C      /* k.k and q.k */
-           + 2 * C * d_v;   /* u, and S0^T q */
+    return d_v;
 }
 
-/* One chunk of c tokens starting at row t0. */
-static void chunk(const rm_gdn_head * h, int32_t t0, int32_t c, float * S, float * scratch) {
-    const int32_t dk = h->d_k, dv = h->d_v, C = RM_GDN_CHUNK;
-    float * G = scratch, * KK = G + C, * QK = KK + C * C, * U = QK + C * C, * R = U + C * dv;
-    const float * q0 = h->q + t0 * h->qk_stride, * k0 = h->k + t0 * h->qk_stride;
+/* ---- the delta rule's vector steps in plain loops, then the skeleton over them ---- */
+
+static float gdn_dot(const float * a, const float * b, int32_t n) {
     float acc = 0.0f;
-    for (int32_t t = 0; t < c; t++) {
-        acc += h->g[(t0 + t) * h->gb_stride];
-        G[t] = acc;
+    for (int32_t i = 0; i < n; i++) {
+        acc += a[i] * b[i];
     }
-    for (int32_t t = 0; t < c; t++) {   /* the lower triangles of k k^T and q k^T */
-        const float * kt = k0 + t * h->qk_stride, * qt = q0 + t * h->qk_stride;
-        for (int32_t s = 0; s <= t; s++) {
-            const float * ks = k0 + s * h->qk_stride;
-            float dkk = 0.0f, dqk = 0.0f;
-            for (int32_t i = 0; i < dk; i++) {
-                dkk += kt[i] * ks[i];
-                dqk += qt[i] * ks[i];
-            }
-            KK[t * C + s] = dkk;
-            QK[t * C + s] = dqk;
-        }
-    }
-    for (int32_t t = 0; t < c; t++) {   /* U = S0^T k, R = S0^T q */
-        const float * kt = k0 + t * h->qk_stride, * qt = q0 + t * h->qk_stride;
-        float * ut = U + t * dv, * rt = R + t * dv;
-        memset(ut, 0, sizeof(float) * (size_t) dv);
-        memset(rt, 0, sizeof(float) * (size_t) dv);
-        for (int32_t i = 0; i < dk; i++) {
-            const float * row = S + (int64_t) i * dv;
-            for (int32_t j = 0; j < dv; j++) {
-                ut[j] += row[j] * kt[i];
-                rt[j] += row[j] * qt[i];
-            }
-        }
-    }
-    for (int32_t t = 0; t < c; t++) {   /* forward substitution for u_t */
-        const float beta = h->beta[(t0 + t) * h->gb_stride], et = expf(G[t]);
-        const float * vt = h->v + (t0 + t) * h->v_stride;
-        float * ut = U + t * dv;
-        for (int32_t j = 0; j < dv; j++) {
-            ut[j] = beta * (vt[j] - et * ut[j]);
-        }
-        for (int32_t s = 0; s < t; s++) {
-            const float a = beta * KK[t * C + s] * expf(G[t] - G[s]);
-            const float * us = U + s * dv;
-            for (int32_t j = 0; j < dv; j++) {
-                ut[j] -= a * us[j];
-            }
-        }
-    }
-    for (int32_t t = 0; t < c; t++) {   /* outputs */
-        float * o = h->o + (t0 + t) * h->o_stride;
-        const float et = expf(G[t]);
-        const float * rt = R + t * dv;
-        for (int32_t j = 0; j < dv; j++) {
-            o[j] = et * rt[j];
-        }
-        for (int32_t s = 0; s <= t; s++) {
-            const float a = QK[t * C + s] * expf(G[t] - G[s]);
-            const float * us = U + s * dv;
-            for (int32_t j = 0; j < dv; j++) {
-                o[j] += a * us[j];
-            }
-        }
-    }
-    const float ec = expf(G[c - 1]);   /* the state after the chunk */
+    return acc;
+}
+
+static void gdn_matvec2(const float * S, const float * k, const float * q, int32_t dk, int32_t dv, float * u, float * r) {
+    memset(u, 0, sizeof(float) * (size_t) dv);
+    memset(r, 0, sizeof(float) * (size_t) dv);
     for (int32_t i = 0; i < dk; i++) {
-        float * row = S + (int64_t) i * dv;
+        const float * row = S + (int64_t) i * dv;
         for (int32_t j = 0; j < dv; j++) {
-            row[j] *= ec;
-        }
-    }
-    for (int32_t s = 0; s < c; s++) {
-        const float * ks = k0 + s * h->qk_stride;
-        const float * us = U + s * dv;
-        const float e = expf(G[c - 1] - G[s]);
-        for (int32_t i = 0; i < dk; i++) {
-            float * row = S + (int64_t) i * dv;
-            const float a = e * ks[i];
-            for (int32_t j = 0; j < dv; j++) {
-                row[j] += a * us[j];
-            }
+            u[j] += row[j] * k[i];
+            r[j] += row[j] * q[i];
         }
     }
 }
 
-void rm_gdn_chunked(const rm_gdn_head * h, float * S, float * scratch) {
-    for (int32_t t0 = 0; t0 < h->n_tok; t0 += RM_GDN_CHUNK) {
-        const int32_t c = h->n_tok - t0 < RM_GDN_CHUNK ? h->n_tok - t0 : RM_GDN_CHUNK;
-        chunk(h, t0, c, S, scratch);
+static void gdn_urow(int32_t n, float beta, float e, const float * v, float * u) {
+    for (int32_t j = 0; j < n; j++) {
+        u[j] = beta * (v[j] - e * u[j]);
     }
+}
+
+static void gdn_scale(int32_t n, float a, const float * x, float * y) {
+    for (int32_t j = 0; j < n; j++) {
+        y[j] = a * x[j];
+    }
+}
+
+static void gdn_axpy(int32_t n, float a, const float * x, float * y) {
+    for (int32_t j = 0; j < n; j++) {
+        y[j] += a * x[j];
+    }
+}
+
+#define GDN_RULE_NAME gdn_rule_plain
+#define GDN_DOT       gdn_dot
+#define GDN_MATVEC2   gdn_matvec2
+#define GDN_UROW      gdn_urow
+#define GDN_SCALE     gdn_scale
+#define GDN_AXPY      gdn_axpy
+#include "gdn_rule.h"
+
+void rm_gdn_rule(const rm_gdn_head * h, int32_t pos, float * state, float * scratch) {
+    gdn_rule_plain(h, pos, state, scratch);
 }
 
 void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_rows, int64_t n, float eps) {

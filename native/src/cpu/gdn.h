@@ -1,6 +1,6 @@
 /* gdn.h - the host math of a Gated DeltaNet layer (Qwen3-Next, Qwen3.5): the short causal
- * convolution with its rolling state, L2 normalisation, the gated delta rule in its recurrent and
- * its chunked form, and the gated RMSNorm. Plain float loops over host arrays; deltanet.c calls
+ * convolution with its rolling state, L2 normalisation, the gated delta rule in position-aligned
+ * chunks, and the gated RMSNorm. Plain float loops over host arrays; deltanet.c calls
  * them on the CPU backend's activations.
  *
  * The delta rule of one value head, with state S (d_k x d_v, row-major: S[i*d_v + j]) and, per
@@ -9,15 +9,19 @@
  *
  *     S <- exp(g_t) S;   u_t = beta_t (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T q_t
  *
- * The chunked form computes the same outputs and final state a chunk of C tokens at a time: with
- * G_t the cumulative log-decay inside the chunk and S0 the state before it,
+ * It is computed in chunks of C = RM_GDN_CHUNK tokens aligned to cache positions (chunk j holds
+ * positions [jC, (j+1)C)): with G_t the cumulative log-decay inside the chunk and S0 the state at
+ * its start,
  *
  *     u_t = beta_t (v_t - e^{G_t} S0^T k_t) - sum_{s<t} beta_t (k_t . k_s) e^{G_t - G_s} u_s
  *     o_t = e^{G_t} S0^T q_t + sum_{s<=t} (q_t . k_s) e^{G_t - G_s} u_s
- *     S   = e^{G_C} S0 + sum_s e^{G_C - G_s} k_s u_s^T
+ *     S   = e^{G_C} S0 + sum_s e^{G_C - G_s} k_s u_s^T        (once the chunk is complete)
  *
- * (the triangular system for u solved by forward substitution): matrix products inside the
- * chunk, the state carried between chunks. */
+ * (the triangular system for u solved by forward substitution). Token t's output takes the same
+ * operations on the same operands (S0 and the chunk's rows before it) however the tokens arrive:
+ * a whole prompt, a prompt cut into steps anywhere, or one token at a time. So a sequence gets the
+ * same floats alone, in a batch, in prefill and in decode. Between calls a head keeps S0 and the
+ * rows of the unfinished chunk (rm_gdn_state_floats). */
 #ifndef RM_CPU_GDN_H
 #define RM_CPU_GDN_H
 
@@ -55,12 +59,15 @@ typedef struct rm_gdn_head {
     int32_t       n_tok, d_k, d_v;
 } rm_gdn_head;
 
-/* The recurrent form, token by token; S is updated in place. */
-void rm_gdn_recurrent(const rm_gdn_head * h, float * S);
+/* One head's state between calls: S0 (d_k x d_v, row-major), then the unfinished chunk's rows:
+ * their keys (ne = {d_k, C}), their u (ne = {d_v, C}) and cumulative log-decays (C). All zeros is
+ * the empty state. */
+int64_t rm_gdn_state_floats(int32_t d_k, int32_t d_v);
 
-/* The chunked form; scratch holds rm_gdn_chunk_scratch(d_k, d_v) floats. */
+/* The n_tok tokens of h at cache positions pos, pos + 1, ... (the state holds positions < pos):
+ * outputs into h->o, state advanced. scratch holds rm_gdn_chunk_scratch(d_k, d_v) floats. */
 int64_t rm_gdn_chunk_scratch(int32_t d_k, int32_t d_v);
-void    rm_gdn_chunked(const rm_gdn_head * h, float * S, float * scratch);
+void    rm_gdn_rule(const rm_gdn_head * h, int32_t pos, float * state, float * scratch);
 
 /* y <- rmsnorm(y) * w * silu(z) over n_rows rows of n (the value heads' outputs). */
 void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_rows, int64_t n, float eps);

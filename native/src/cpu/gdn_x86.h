@@ -1,8 +1,8 @@
-/* gdn_x86.h - internal: the Gated DeltaNet layer's delta-rule step, its chunked form and the
- * causal conv in 256-bit vectors (rm_gdn_recurrent_fn, rm_gdn_chunked_fn, rm_gdn_conv_fn of
- * dispatch.h); their scalar twins are rm_gdn_recurrent, rm_gdn_chunked and rm_gdn_conv (cpu/gdn.c). Included by vec_dot_avx2.c and vec_dot_avx512.c,
- * so each set compiles them with its own flags. The same sums in the same order per lane as the
- * twins, with multiply-adds fused: the results agree to float rounding, not bit for bit. */
+/* gdn_x86.h - internal: the Gated DeltaNet layer's delta rule and causal conv in 256-bit vectors
+ * (rm_gdn_rule_fn, rm_gdn_conv_fn of dispatch.h); their scalar twins are rm_gdn_rule and
+ * rm_gdn_conv (cpu/gdn.c). Included by vec_dot_avx2.c and vec_dot_avx512.c, so each set compiles
+ * them with its own flags. The same sums in the same order per lane as the twins, with
+ * multiply-adds fused: the results agree to float rounding, not bit for bit. */
 #ifndef RM_CPU_GDN_X86_H
 #define RM_CPU_GDN_X86_H
 
@@ -10,40 +10,6 @@
 #include <math.h>
 
 #include "gdn.h"
-
-/* The recurrent form, eight value columns at a time: for each block of columns j, the decayed
- * state's rows give u = S^T k in one register, then S + k u^T and o = S^T q in a second pass.
- * d_v not a multiple of 8: the scalar twin. */
-static void gdn_recurrent_x86(const rm_gdn_head * h, float * S) {
-    const int32_t dk = h->d_k, dv = h->d_v;
-    if (dv % 8 != 0) {
-        rm_gdn_recurrent(h, S);
-        return;
-    }
-    for (int32_t t = 0; t < h->n_tok; t++) {
-        const float * q = h->q + t * h->qk_stride, * k = h->k + t * h->qk_stride, * v = h->v + t * h->v_stride;
-        const __m256 decay = _mm256_set1_ps(expf(h->g[t * h->gb_stride])), beta = _mm256_set1_ps(h->beta[t * h->gb_stride]);
-        float * o = h->o + t * h->o_stride;
-        for (int32_t j = 0; j < dv; j += 8) {
-            __m256 u = _mm256_setzero_ps();
-            for (int32_t i = 0; i < dk; i++) {   /* S <- decay S; u = S^T k */
-                float * row = S + (int64_t) i * dv + j;
-                const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row), decay);
-                _mm256_storeu_ps(row, r);
-                u = _mm256_fmadd_ps(r, _mm256_set1_ps(k[i]), u);
-            }
-            u = _mm256_mul_ps(beta, _mm256_sub_ps(_mm256_loadu_ps(v + j), u));
-            __m256 acc = _mm256_setzero_ps();
-            for (int32_t i = 0; i < dk; i++) {   /* S <- S + k u^T; o = S^T q */
-                float * row = S + (int64_t) i * dv + j;
-                const __m256 r = _mm256_fmadd_ps(_mm256_set1_ps(k[i]), u, _mm256_loadu_ps(row));
-                _mm256_storeu_ps(row, r);
-                acc = _mm256_fmadd_ps(r, _mm256_set1_ps(q[i]), acc);
-            }
-            _mm256_storeu_ps(o + j, acc);
-        }
-    }
-}
 
 /* The causal conv, eight channels at a time with their taps in registers (d_conv <= 8); silu on
  * the sums as the twin computes it. Other shapes: the scalar twin. */
@@ -85,7 +51,64 @@ static inline float gdn_hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
 }
 
-/* y[j] += a * x[j] for n floats, n a multiple of 8 */
+/* ---- the delta rule's vector steps (gdn_rule.h) eight floats at a time: n, d_k and d_v are
+ * multiples of 8 here (gdn_rule_x86 sends other shapes to the twin) ---- */
+
+static inline float gdn_dot8(const float * a, const float * b, int32_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int32_t i = 0; i < n; i += 8) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    }
+    return gdn_hsum8(acc);
+}
+
+/* u = S^T k, r = S^T q: 16 columns per pass over S */
+static inline void gdn_matvec2_8(const float * S, const float * k, const float * q, int32_t dk, int32_t dv, float * u,
+                                 float * r) {
+    int32_t j = 0;
+    for (; j + 16 <= dv; j += 16) {
+        __m256 u0 = _mm256_setzero_ps(), u1 = _mm256_setzero_ps(), r0 = _mm256_setzero_ps(), r1 = _mm256_setzero_ps();
+        for (int32_t i = 0; i < dk; i++) {
+            const float * row = S + (int64_t) i * dv + j;
+            const __m256 s0 = _mm256_loadu_ps(row), s1 = _mm256_loadu_ps(row + 8);
+            const __m256 vk = _mm256_set1_ps(k[i]), vq = _mm256_set1_ps(q[i]);
+            u0 = _mm256_fmadd_ps(s0, vk, u0);
+            u1 = _mm256_fmadd_ps(s1, vk, u1);
+            r0 = _mm256_fmadd_ps(s0, vq, r0);
+            r1 = _mm256_fmadd_ps(s1, vq, r1);
+        }
+        _mm256_storeu_ps(u + j, u0);
+        _mm256_storeu_ps(u + j + 8, u1);
+        _mm256_storeu_ps(r + j, r0);
+        _mm256_storeu_ps(r + j + 8, r1);
+    }
+    for (; j < dv; j += 8) {
+        __m256 u0 = _mm256_setzero_ps(), r0 = _mm256_setzero_ps();
+        for (int32_t i = 0; i < dk; i++) {
+            const __m256 s0 = _mm256_loadu_ps(S + (int64_t) i * dv + j);
+            u0 = _mm256_fmadd_ps(s0, _mm256_set1_ps(k[i]), u0);
+            r0 = _mm256_fmadd_ps(s0, _mm256_set1_ps(q[i]), r0);
+        }
+        _mm256_storeu_ps(u + j, u0);
+        _mm256_storeu_ps(r + j, r0);
+    }
+}
+
+static inline void gdn_urow8(int32_t n, float beta, float e, const float * v, float * u) {
+    const __m256 vb = _mm256_set1_ps(beta), ve = _mm256_set1_ps(e);
+    for (int32_t j = 0; j < n; j += 8) {
+        const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(v + j), _mm256_mul_ps(ve, _mm256_loadu_ps(u + j)));
+        _mm256_storeu_ps(u + j, _mm256_mul_ps(vb, x));
+    }
+}
+
+static inline void gdn_scale8(int32_t n, float a, const float * x, float * y) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (int32_t j = 0; j < n; j += 8) {
+        _mm256_storeu_ps(y + j, _mm256_mul_ps(va, _mm256_loadu_ps(x + j)));
+    }
+}
+
 static inline void gdn_axpy8(int32_t n, float a, const float * x, float * y) {
     const __m256 va = _mm256_set1_ps(a);
     for (int32_t j = 0; j < n; j += 8) {
@@ -93,113 +116,21 @@ static inline void gdn_axpy8(int32_t n, float a, const float * x, float * y) {
     }
 }
 
-/* One chunk of the chunked form (rm_gdn_chunked's steps, in the same order, eight value columns or
- * eight key dims at a time): the lower triangles of k k^T and q k^T, U = S0^T k and R = S0^T q,
- * the forward substitution, the outputs, then the state. */
-static void gdn_chunk_x86(const rm_gdn_head * h, int32_t t0, int32_t c, float * S, float * scratch) {
-    const int32_t dk = h->d_k, dv = h->d_v, C = RM_GDN_CHUNK;
-    float * G = scratch, * KK = G + C, * QK = KK + C * C, * U = QK + C * C, * R = U + C * dv;
-    const float * q0 = h->q + t0 * h->qk_stride, * k0 = h->k + t0 * h->qk_stride;
-    float acc = 0.0f;
-    for (int32_t t = 0; t < c; t++) {
-        acc += h->g[(t0 + t) * h->gb_stride];
-        G[t] = acc;
-    }
-    for (int32_t t = 0; t < c; t++) {
-        const float * kt = k0 + t * h->qk_stride, * qt = q0 + t * h->qk_stride;
-        for (int32_t s = 0; s <= t; s++) {
-            const float * ks = k0 + s * h->qk_stride;
-            __m256 akk = _mm256_setzero_ps(), aqk = _mm256_setzero_ps();
-            for (int32_t i = 0; i < dk; i += 8) {
-                const __m256 vs = _mm256_loadu_ps(ks + i);
-                akk = _mm256_fmadd_ps(_mm256_loadu_ps(kt + i), vs, akk);
-                aqk = _mm256_fmadd_ps(_mm256_loadu_ps(qt + i), vs, aqk);
-            }
-            KK[t * C + s] = gdn_hsum8(akk);
-            QK[t * C + s] = gdn_hsum8(aqk);
-        }
-    }
-    for (int32_t t = 0; t < c; t++) {   /* U = S0^T k, R = S0^T q: 16 columns per pass over S */
-        const float * kt = k0 + t * h->qk_stride, * qt = q0 + t * h->qk_stride;
-        float * ut = U + t * dv, * rt = R + t * dv;
-        int32_t j = 0;
-        for (; j + 16 <= dv; j += 16) {
-            __m256 u0 = _mm256_setzero_ps(), u1 = _mm256_setzero_ps(), r0 = _mm256_setzero_ps(), r1 = _mm256_setzero_ps();
-            for (int32_t i = 0; i < dk; i++) {
-                const float * row = S + (int64_t) i * dv + j;
-                const __m256 s0 = _mm256_loadu_ps(row), s1 = _mm256_loadu_ps(row + 8);
-                const __m256 vk = _mm256_set1_ps(kt[i]), vq = _mm256_set1_ps(qt[i]);
-                u0 = _mm256_fmadd_ps(s0, vk, u0);
-                u1 = _mm256_fmadd_ps(s1, vk, u1);
-                r0 = _mm256_fmadd_ps(s0, vq, r0);
-                r1 = _mm256_fmadd_ps(s1, vq, r1);
-            }
-            _mm256_storeu_ps(ut + j, u0);
-            _mm256_storeu_ps(ut + j + 8, u1);
-            _mm256_storeu_ps(rt + j, r0);
-            _mm256_storeu_ps(rt + j + 8, r1);
-        }
-        for (; j < dv; j += 8) {
-            __m256 u0 = _mm256_setzero_ps(), r0 = _mm256_setzero_ps();
-            for (int32_t i = 0; i < dk; i++) {
-                const __m256 s0 = _mm256_loadu_ps(S + (int64_t) i * dv + j);
-                u0 = _mm256_fmadd_ps(s0, _mm256_set1_ps(kt[i]), u0);
-                r0 = _mm256_fmadd_ps(s0, _mm256_set1_ps(qt[i]), r0);
-            }
-            _mm256_storeu_ps(ut + j, u0);
-            _mm256_storeu_ps(rt + j, r0);
-        }
-    }
-    for (int32_t t = 0; t < c; t++) {   /* forward substitution for u_t */
-        const float beta = h->beta[(t0 + t) * h->gb_stride];
-        const __m256 vb = _mm256_set1_ps(beta), ve = _mm256_set1_ps(expf(G[t]));
-        const float * vt = h->v + (t0 + t) * h->v_stride;
-        float * ut = U + t * dv;
-        for (int32_t j = 0; j < dv; j += 8) {
-            const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(vt + j), _mm256_mul_ps(ve, _mm256_loadu_ps(ut + j)));
-            _mm256_storeu_ps(ut + j, _mm256_mul_ps(vb, x));
-        }
-        for (int32_t s = 0; s < t; s++) {
-            gdn_axpy8(dv, -(beta * KK[t * C + s] * expf(G[t] - G[s])), U + s * dv, ut);
-        }
-    }
-    for (int32_t t = 0; t < c; t++) {   /* outputs */
-        float * o = h->o + (t0 + t) * h->o_stride;
-        const __m256 ve = _mm256_set1_ps(expf(G[t]));
-        const float * rt = R + t * dv;
-        for (int32_t j = 0; j < dv; j += 8) {
-            _mm256_storeu_ps(o + j, _mm256_mul_ps(ve, _mm256_loadu_ps(rt + j)));
-        }
-        for (int32_t s = 0; s <= t; s++) {
-            gdn_axpy8(dv, QK[t * C + s] * expf(G[t] - G[s]), U + s * dv, o);
-        }
-    }
-    const __m256 vc = _mm256_set1_ps(expf(G[c - 1]));   /* the state after the chunk */
-    for (int32_t i = 0; i < dk; i++) {
-        float * row = S + (int64_t) i * dv;
-        for (int32_t j = 0; j < dv; j += 8) {
-            _mm256_storeu_ps(row + j, _mm256_mul_ps(vc, _mm256_loadu_ps(row + j)));
-        }
-    }
-    for (int32_t s = 0; s < c; s++) {
-        const float * ks = k0 + s * h->qk_stride;
-        const float * us = U + s * dv;
-        const float e = expf(G[c - 1] - G[s]);
-        for (int32_t i = 0; i < dk; i++) {
-            gdn_axpy8(dv, e * ks[i], us, S + (int64_t) i * dv);
-        }
-    }
-}
+#define GDN_RULE_NAME gdn_rule_x86_8
+#define GDN_DOT       gdn_dot8
+#define GDN_MATVEC2   gdn_matvec2_8
+#define GDN_UROW      gdn_urow8
+#define GDN_SCALE     gdn_scale8
+#define GDN_AXPY      gdn_axpy8
+#include "gdn_rule.h"
 
-/* The chunked form (rm_gdn_chunked's twin); key or value dims not a multiple of 8: the twin. */
-static void gdn_chunked_x86(const rm_gdn_head * h, float * S, float * scratch) {
+/* The delta rule (rm_gdn_rule's twin); key or value dims not a multiple of 8: the twin. */
+static void gdn_rule_x86(const rm_gdn_head * h, int32_t pos, float * state, float * scratch) {
     if (h->d_k % 8 != 0 || h->d_v % 8 != 0) {
-        rm_gdn_chunked(h, S, scratch);
+        rm_gdn_rule(h, pos, state, scratch);
         return;
     }
-    for (int32_t t0 = 0; t0 < h->n_tok; t0 += RM_GDN_CHUNK) {
-        gdn_chunk_x86(h, t0, h->n_tok - t0 < RM_GDN_CHUNK ? h->n_tok - t0 : RM_GDN_CHUNK, S, scratch);
-    }
+    gdn_rule_x86_8(h, pos, state, scratch);
 }
 
 #endif

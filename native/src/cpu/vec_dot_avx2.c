@@ -316,9 +316,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .attn_scores = attn_scores,
     .attn_values = attn_values,
     .exp_sum = exp_sum_x86,
-    .gdn_recurrent = gdn_recurrent_x86,
+    .gdn_rule = gdn_rule_x86,
     .gdn_conv = gdn_conv_x86,
-    .gdn_chunked = gdn_chunked_x86,
     .streams = {
         [RM_TYPE_Q4_0] = 1, [RM_TYPE_Q8_0] = 1, [RM_TYPE_Q2_K] = 1, [RM_TYPE_Q3_K] = 1, [RM_TYPE_Q4_K] = 1,
         [RM_TYPE_Q5_K] = 1, [RM_TYPE_Q6_K] = 1, [RM_TYPE_MXFP4] = 1, [RM_TYPE_Q5_0] = 1, [RM_TYPE_Q4_1] = 1,

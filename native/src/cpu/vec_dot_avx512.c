@@ -622,9 +622,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_IQ4_NL] = &packed_iq4_nl,
         [RM_TYPE_MXFP4] = &packed_mxfp4,
     },
-    .gdn_recurrent = gdn_recurrent_x86,
+    .gdn_rule = gdn_rule_x86,
     .gdn_conv = gdn_conv_x86,
-    .gdn_chunked = gdn_chunked_x86,
     .streams = {
         [RM_TYPE_F32] = 1, [RM_TYPE_F16] = 1,
         [RM_TYPE_Q4_0] = 1, [RM_TYPE_Q8_0] = 1, [RM_TYPE_Q2_K] = 1, [RM_TYPE_Q3_K] = 1, [RM_TYPE_Q4_K] = 1,

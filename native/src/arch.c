@@ -144,7 +144,8 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
 
 /* name, field, presence, the kind bits a layer needs, read as floats, shape */
 #define T(name, f, presence, when, f32, ne) {name, #f, LOFF(f), 0, presence, 0, when, f32, 0, ne}
-#define T_BIAS(name, f, ne) {name, #f, LOFF(f), 0, RM_TENSOR_REQUIRED_WHEN, RM_LAYER_BIAS, 0, 1, 0, ne}
+#define T_BIAS(name, f, ne, group) {name, #f, LOFF(f), 0, RM_TENSOR_REQUIRED_WHEN, RM_LAYER_BIAS, 0, 1, 0, ne, group}
+#define T_PAIRED(name, f, group, when, ne) {name, #f, LOFF(f), 0, RM_TENSOR_OPTIONAL, 0, when, 1, 0, ne, group}
 #define T_EXP(name, f, residual, ne) {name, #f, LOFF(f), residual, RM_TENSOR_REQUIRED, 0, RM_LAYER_FFN_MOE, 0, 1, ne}
 
 #define ATTN_QKV (RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_SLIDING)   /* plain multi-head attention */
@@ -156,9 +157,9 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
     T("blk.%d.attn_q.weight",      wq,        REQ, ATTN_QKV, 0, NE(EMBD, Q, ONE)),                  \
     T("blk.%d.attn_k.weight",      wk,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),                 \
     T("blk.%d.attn_v.weight",      wv,        REQ, ATTN_QKV, 0, NE(EMBD, KV, ONE)),                 \
-    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE)),                  \
-    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE)),                 \
-    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE)),                 \
+    T_BIAS("blk.%d.attn_q.bias",   bq,                           NE(Q, ONE, ONE), RM_GROUP_QKV_BIAS),  \
+    T_BIAS("blk.%d.attn_k.bias",   bk,                           NE(KV, ONE, ONE), RM_GROUP_QKV_BIAS), \
+    T_BIAS("blk.%d.attn_v.bias",   bv,                           NE(KV, ONE, ONE), RM_GROUP_QKV_BIAS), \
     T("blk.%d.attn_output.weight", wo,        REQ, ATTN_QKV, 0, NE(Q, EMBD, ONE))
 
 /* Rows every MoE layer shares: the routed experts, their residuals (bound only with a sidecar) and
@@ -209,8 +210,8 @@ static const rm_tensor_row MOE_LAYER[] = {
  * FFN's input norm post_attention_norm. */
 static const rm_tensor_row GLM4MOE_LAYER[] = {
     PLAIN_ATTENTION,
-    T("blk.%d.attn_q_norm.weight", q_norm,    RM_TENSOR_OPTIONAL, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
-    T("blk.%d.attn_k_norm.weight", k_norm,    RM_TENSOR_OPTIONAL, RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T_PAIRED("blk.%d.attn_q_norm.weight", q_norm, RM_GROUP_QK_NORM, RM_LAYER_QK_NORM_HEAD, NE(HEAD, ONE, ONE)),
+    T_PAIRED("blk.%d.attn_k_norm.weight", k_norm, RM_GROUP_QK_NORM, RM_LAYER_QK_NORM_HEAD, NE(HEAD, ONE, ONE)),
     DEEPSEEK_FFN("blk.%d.post_attention_norm.weight"),
 };
 
@@ -247,7 +248,7 @@ static const rm_kind_rule DEEPSEEK2_RULES[] = {
 #define T_F32(name, f, when, ne) {name, #f, LOFF(f), 0, REQ, 0, when, 1, 0, ne}
 static const rm_tensor_row GPT_OSS_LAYER[] = {
     PLAIN_ATTENTION,
-    T_BIAS("blk.%d.attn_output.bias", bo,                        NE(EMBD, ONE, ONE)),
+    T_BIAS("blk.%d.attn_output.bias", bo,                        NE(EMBD, ONE, ONE), RM_GROUP_NONE),
     T_F32("blk.%d.attn_sinks.weight", sinks, RM_LAYER_SINKS,     NE(HEADS, ONE, ONE)),
     T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
     T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),

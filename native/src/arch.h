@@ -75,6 +75,15 @@ typedef enum rm_presence {
     RM_TENSOR_REQUIRED_WHEN = 2   /* required when the layer has the bits required_when, else optional */
 } rm_presence;
 
+/* Optional rows the forward pass uses together: in a layer, the rows of one group are all present
+ * or all absent (a file with one of them alone is damaged, and refused). */
+typedef enum rm_tensor_group {
+    RM_GROUP_NONE     = 0,
+    RM_GROUP_QKV_BIAS = 1,        /* the q, k and v projections' biases */
+    RM_GROUP_QK_NORM  = 2,        /* the q and k norms */
+    RM_GROUP_COUNT
+} rm_tensor_group;
+
 typedef struct rm_tensor_row {
     const char * name;            /* printf pattern over the layer */
     const char * field;           /* the rm_layer field's name */
@@ -86,6 +95,7 @@ typedef struct rm_tensor_row {
     uint8_t      f32;             /* read as floats by the forward pass */
     uint8_t      expert;          /* a routed expert's base or residual: ne[2] = n_expert */
     uint8_t      ne[3];           /* rm_dim */
+    uint8_t      group;           /* rm_tensor_group */
 } rm_tensor_row;
 
 /* How the layers' kinds vary with a hyperparameter n (the int32 field at n_off): the layers the

@@ -337,6 +337,30 @@ static rm_status load_layer(rm_model * m, int il, const char * path, const char 
     return RM_OK;
 }
 
+/* The optional rows of one group (rm_tensor_group) come together in each layer: the forward pass
+ * uses them together, and one alone (a renamed or dropped tensor) would be read where it is not. */
+static rm_status check_groups(const rm_model * m, int il, const char * path) {
+    const rm_layer * L = &m->layers[il];
+    for (int g = RM_GROUP_NONE + 1; g < RM_GROUP_COUNT; g++) {
+        const rm_tensor_row * present = NULL, * absent = NULL;
+        for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+            const rm_tensor_row * t = &m->arch->tensors[i];
+            if (t->group == g && rm_layer_kind_has(L->kind, t->when)) {
+                const rm_weight * w = (const rm_weight *) ((const char *) L + t->off);
+                *(w->data ? &present : &absent) = t;
+            }
+        }
+        if (present && absent) {
+            char has[96], lacks[96];
+            snprintf(has, sizeof(has), present->name, il);
+            snprintf(lacks, sizeof(lacks), absent->name, il);
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: tensor '%s' is present but '%s' is missing: the layer "
+                           "needs them together or not at all", path, has, lacks);
+        }
+    }
+    return RM_OK;
+}
+
 /* Norms, biases and the shared expert's gate are read as floats by the forward pass (the rows
  * marked f32). Checked once every layer is bound, so a shape error anywhere comes first. */
 static rm_status check_float_types(rm_model * m, const char * path) {
@@ -583,7 +607,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
     }
     for (int il = 0; il < m->hp.n_layer; il++) {
-        if ((st = load_layer(m, il, path, params->residual_path)) != RM_OK) {
+        if ((st = load_layer(m, il, path, params->residual_path)) != RM_OK || (st = check_groups(m, il, path)) != RM_OK) {
             return st;
         }
     }

@@ -4,9 +4,11 @@
  * through every accessor (the public ones and the loader's typed getters), touching the first and
  * last byte of every string and tensor it hands out. Under AddressSanitizer the reader copies the
  * file into a heap block of exactly its size (gguf.c), so any byte read past the end is reported.
- * A rejected input must leave a message naming the function. */
+ * A rejected input must leave a message naming the function. Besides libFuzzer's byte mutations,
+ * tensors are dropped, renamed and swapped (gguf_mutate.h). */
 #include "fuzz_file.h"
 #include "gguf.h"
+#include "gguf_mutate.h"
 
 #include <string.h>
 
@@ -114,4 +116,8 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     read_tensors(g);
     rm_gguf_close(g);
     return 0;
+}
+
+size_t LLVMFuzzerCustomMutator(uint8_t * data, size_t size, size_t max_size, unsigned int seed) {
+    return gm_mutate_file(data, size, max_size, seed);
 }

@@ -9,8 +9,12 @@
  * The loader promises that the forward pass needs no checks of its own (model.c), so a model it
  * accepts is also run: a session of a few positions, a two-token prefill and one decoded token,
  * with every residual applied when there is a sidecar. Any out-of-bounds read there is a shape
- * the loader should have refused. */
+ * the loader should have refused.
+ *
+ * Besides libFuzzer's byte mutations, the base's or the sidecar's tensors are dropped, renamed and
+ * swapped (gguf_mutate.h): a feature's tensor gone while the others stay must be refused too. */
 #include "fuzz_file.h"
+#include "gguf_mutate.h"
 #include "rapidmoe.h"
 
 #include <string.h>
@@ -75,4 +79,29 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     run(m);
     rm_model_free(m);
     return 0;
+}
+
+/* A quarter of the inputs: one structural mutation of the base or of the sidecar, the length
+ * prefix and the sidecar's place kept right; the rest: libFuzzer's byte mutations of the whole. */
+size_t LLVMFuzzerCustomMutator(uint8_t * data, size_t size, size_t max_size, unsigned int seed) {
+    const uint64_t r = gm_draw(seed);
+    if (size < 4 || r % 4 != 0) {
+        return LLVMFuzzerMutate(data, size, max_size);
+    }
+    uint32_t n;
+    memcpy(&n, data, 4);
+    const size_t rest = size - 4, n_base = n < rest ? n : rest;
+    const int sidecar = n_base < rest && (r >> 2) % 2;
+    uint8_t * file = data + 4 + (sidecar ? n_base : 0);
+    const size_t len = sidecar ? rest - n_base : n_base;
+    const size_t m = gguf_mutate(file, len, len, r >> 3);
+    if (m == 0) {
+        return LLVMFuzzerMutate(data, size, max_size);
+    }
+    if (!sidecar && n_base < rest) {   /* the base shrank: the sidecar follows it */
+        memmove(data + 4 + m, data + 4 + n_base, rest - n_base);
+        n = (uint32_t) m;
+        memcpy(data, &n, 4);
+    }
+    return size - (len - m);
 }

@@ -477,6 +477,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "400 before they are tokenized (default: 16 per context token)")
     p.add_argument("--template-timeout", type=float, default=None,
                    help="seconds one render of the model's chat template may take (default: 2)")
+    p.add_argument("--header-timeout", type=float, default=None, metavar="S",
+                   help="seconds a client has to send a request's line and headers, from connecting or from its "
+                        "first byte on a kept-alive connection; later, the connection is closed (with 408 if part "
+                        "of a head came); 0: no limit (default: 10; under --ray-replicas Ray's proxy reads heads)")
+    p.add_argument("--body-timeout", type=float, default=None, metavar="S",
+                   help="seconds from a request's head to the last byte of its body; later, 408 and the "
+                        "connection is closed; 0: no limit (default: 30)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name to serve besides localhost and IP addresses (repeatable; other names get 421, "
                         "against DNS rebinding)")
@@ -501,6 +508,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           allowed_hosts=args.allowed_host, cors_origins=args.cors_origin)
     if args.template_timeout is not None:
         config.template_timeout = args.template_timeout
+    for name in ("header_timeout", "body_timeout"):        # 0: off (None in ServerConfig)
+        seconds = getattr(args, name)
+        if seconds is not None:
+            if not 0 <= seconds < float("inf"):
+                raise RapidMoEError(f"--{name.replace('_', '-')} must be >= 0 seconds (0: no limit), got {seconds}")
+            setattr(config, name, seconds or None)
     if args.prefill_chunk is not None:
         config.prefill_chunk = args.prefill_chunk
     if args.step_latency is not None:

@@ -46,12 +46,19 @@ this server's address); and no cross-origin answer is shared unless ``cors_origi
 origin.
 
 Errors are OpenAI's object, ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad
-request (malformed or too deeply nested JSON, a wrong type, a value out of range or beyond its C
-type, a prompt longer than the context or ``max_prompt_chars``, a chat template that fails or goes
-over its limits), 401 for a missing or wrong API key, 404 for an unknown model or path, 413 for a
-body over ``max_body`` bytes, 415 for a POST body that is not JSON, 421 for a Host not served, 503
-when the queue is full. A 500 says only that something failed inside; the cause goes to the log.
-Every error leaves the connection open for the client's next request.
+request (malformed or too deeply nested JSON, a string with a lone surrogate escape such as
+``\\ud800``, a wrong type, a value out of range or beyond its C type, a prompt longer than the
+context or ``max_prompt_chars``, a chat template that fails or goes over its limits), 401 for a
+missing or wrong API key, 404 for an unknown model or path, 408 for a body that does not arrive
+within ``body_timeout`` seconds, 413 for a body over ``max_body`` bytes, 415 for a POST body that
+is not JSON, 421 for a Host not served, 503 when the queue is full. A 500 says only that something
+failed inside; the cause goes to the log. Every error but the 408 (whose body is still coming)
+leaves the connection open for the client's next request.
+
+Slow clients: ``rapidmoe serve`` runs uvicorn with the protocol of ``timed_protocol``, which
+closes a connection whose request head does not arrive within ``header_timeout`` seconds (a
+slowloris client), or whose body is still coming ``BODY_GRACE`` after ``body_timeout`` (a body
+the app does not read; it answers 408 to one it reads).
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -109,6 +117,8 @@ class ServerConfig:
     template_timeout: float = chat.TEMPLATE_TIMEOUT  # seconds one chat template render may take
     allowed_hosts: list[str] = dataclasses.field(default_factory=list)   # Host names served besides localhost
     cors_origins: list[str] = dataclasses.field(default_factory=list)    # origins whose pages may read answers
+    header_timeout: float | None = 10.0   # seconds for a request's line and headers (uvicorn_config's protocol)
+    body_timeout: float | None = 30.0     # seconds from the head to the body's last byte (None: no limit, both)
 
 
 def check_api_key(key: str | None) -> None:
@@ -119,18 +129,28 @@ def check_api_key(key: str | None) -> None:
                                    "visible ASCII characters, or none to serve without one")
 
 
+def _printable(text: str) -> str:
+    """``text`` as it can be encoded in UTF-8: a lone surrogate (which a JSON escape such as
+    \\ud800 gives) written as that escape. An error message that echoes a request's string must
+    not fail while the answer is encoded."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class ApiError(Exception):
-    """An error answered as OpenAI's error object."""
+    """An error answered as OpenAI's error object (with ``headers`` besides, e.g. Connection: close)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        message, param = _printable(message), param and _printable(param)
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
         self.type = type or ("server_error" if status >= 500 else "invalid_request_error")
 
+    def content(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
+        return JSONResponse(self.content(), status_code=self.status, headers=self.headers)
 
 
 def api_error(exc: BaseException) -> ApiError:
@@ -189,6 +209,44 @@ UNSUPPORTED: dict[str, tuple] = {
 }
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(body: Any) -> tuple[str, str] | None:
+    """The first string or key of a decoded JSON body that holds a lone surrogate, as (its path
+    in OpenAI's param style, e.g. ``messages[0].content``, the surrogate); None if there is none.
+
+    JSON may escape one (``"\\ud800"``) and json.loads keeps it, but it is not Unicode text: the
+    tokenizer, the chat template and the UTF-8 encoding of an answer all fail on it. Every string
+    is checked, the fields this server ignores too, so none reaches any of them. A stack, not
+    recursion: the body may be nested as deeply as json.loads allows."""
+    stack = [(body, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            found = _SURROGATE.search(value)
+            if found:
+                return path, found.group()
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):        # reversed: popped in document order
+                sub = f"{path}.{key}" if path else key
+                stack.append((item, sub))
+                stack.append((key, sub))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in reversed(list(enumerate(value)))
+                         if isinstance(item, (str, list, dict)))
+    return None
+
+
+def _check_text(body: dict) -> None:
+    bad = _lone_surrogate(body)
+    if bad is not None:
+        path, char = bad
+        raise ApiError(400, f"'{path}' holds a lone surrogate (U+{ord(char):04X}), which is not Unicode "
+                       "text: JSON's \\ud800-\\udfff escapes must come in pairs (send text as UTF-8)",
+                       param=path, code="invalid_unicode")
+
+
 def _check_fields(body: dict, fields: dict) -> dict:
     out = {}
     for name, (types, default) in fields.items():
@@ -243,6 +301,7 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
     ``names``: the model names a request may give (None: any)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    _check_text(body)
     f = _check_fields(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS)
     if f["model"] is not None and names is not None and f["model"] not in names:
         raise ApiError(404, f"the model '{f['model']}' does not exist; this server has {sorted(names)[0]!r}",
@@ -360,6 +419,11 @@ class Server(Observer):
         if config.prefill_chunk < 1 or config.step_latency is not None and not config.step_latency > 1:
             raise InvalidArgumentError(f"prefill_chunk must be >= 1 and step_latency > 1 (or None), got "
                                        f"{config.prefill_chunk} and {config.step_latency}")
+        for name in ("header_timeout", "body_timeout"):
+            seconds = getattr(config, name)
+            if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+                raise InvalidArgumentError(f"{name} must be a number of seconds > 0, or None for no limit; "
+                                           f"got {seconds}")
         check_api_key(config.api_key)
         self.model, self.config = model, config
         self.max_prompt_chars = config.max_prompt_chars or 16 * model.n_ctx
@@ -655,25 +719,36 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
                 return api_error(exc).response()
         return handle
 
+    async def read_body(request: Request) -> bytes:
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > config.max_body:
+                raise ApiError(413, f"the request body is over {config.max_body} bytes", code="request_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def read_json(request: Request) -> Any:
         size = request.headers.get("content-length")
         if size is not None and (not size.isdigit() or int(size) > config.max_body):
             raise ApiError(413, f"the request body is over {config.max_body} bytes", code="request_too_large")
-        chunks, n = [], 0
         try:
-            async for chunk in request.stream():
-                n += len(chunk)
-                if n > config.max_body:
-                    raise ApiError(413, f"the request body is over {config.max_body} bytes", code="request_too_large")
-                chunks.append(chunk)
+            # The head has just arrived (the app is called on it), so this bounds the time from the
+            # head to the body's last byte: a client sending a byte now and then holds no connection.
+            body = await asyncio.wait_for(read_body(request), config.body_timeout)
         except ClientDisconnect:
             raise ApiError(400, "the client disconnected while sending the request") from None
+        except asyncio.TimeoutError:
+            # The rest of the body is still to come, so the connection cannot carry another request.
+            raise ApiError(408, f"the request body did not arrive within {config.body_timeout:g} s "
+                           "(the server's --body-timeout)", code="request_timeout",
+                           headers={"Connection": "close"}) from None
 
         def reject_constant(name):
             raise ValueError(f"{name} is not valid JSON")
 
         try:
-            return json.loads(b"".join(chunks), parse_constant=reject_constant)
+            return json.loads(body, parse_constant=reject_constant)
         except RecursionError:
             raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
         except (ValueError, UnicodeDecodeError) as exc:
@@ -765,6 +840,121 @@ def _model_card(server: Server, name: str) -> dict:
                      "residual_sidecar": m.residual_path is not None, "parallel": len(server.slots)}}
 
 
+# ---------------------------------------------------------------------------------------------
+# Slow clients
+# ---------------------------------------------------------------------------------------------
+
+# Seconds a connection outlives an unfinished body past body_timeout: the app answers 408 to a
+# body it reads at body_timeout; this cuts off one that nothing reads (the answer went without it).
+BODY_GRACE = 1.0
+
+
+def timed_protocol(header_timeout: float | None, body_timeout: float | None) -> type:
+    """uvicorn's h11 protocol with time limits on a request's head and body; None: no limit.
+
+    uvicorn closes a connection idle between requests (``timeout_keep_alive``) but waits for ever
+    for a head that trickles in, or for the rest of a body, so a few clients sending a byte a
+    second (slowloris) would hold their connections as long as they like. The head must arrive
+    within ``header_timeout`` of the connection being made, or of its first byte on a kept-alive
+    connection; otherwise the connection is closed, after a 408 when part of a head came. A body
+    the app reads times out there (read_json: 408); one still coming ``BODY_GRACE`` after that
+    closes the connection. h11, not httptools (uvicorn's choice when it is installed): one
+    implementation whose state (``conn.their_state``) says where the request is, and the parser's
+    cost is nothing beside a token's."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_head()                   # a connection that never sends a head is closed too
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._follow()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()     # may start on a pipelined request already received
+            self._follow()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head()
+            self._stop_body()
+            super().connection_lost(exc)
+
+        def _follow(self) -> None:
+            """Arms or stops the timers for where the request now is."""
+            state = self.conn.their_state
+            if state is h11.IDLE:              # between requests: a head starts with its first byte
+                self._stop_body()
+                if self.conn.trailing_data[0]:
+                    if self._head_timer is None:
+                        self._arm_head()
+                elif self._head_timer is None and self.timeout_keep_alive_task is None:
+                    # The body of a request answered before it ended has now ended: the connection
+                    # is idle, but uvicorn arms its keep-alive limit only when an answer completes.
+                    self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                        self.timeout_keep_alive_handler)
+            elif state is h11.SEND_BODY:
+                self._stop_head()
+                if self._body_timer is None and body_timeout is not None:
+                    self._body_timer = self.loop.call_later(body_timeout + BODY_GRACE, self._body_timed_out)
+            else:                              # the request is in, or the connection is ending
+                self._stop_head()
+                self._stop_body()
+
+        def _arm_head(self) -> None:
+            if header_timeout is not None:
+                self._head_timer = self.loop.call_later(header_timeout, self._head_timed_out)
+
+        def _stop_head(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _stop_body(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+                return
+            if self.conn.trailing_data[0]:     # part of a request came: say why it gets no answer
+                self.transport.write(_timeout_response(f"the request line and headers did not arrive within "
+                                                       f"{header_timeout:g} s (the server's --header-timeout)"))
+            log.info("closed a connection from %s: no request head within %g s", self.client, header_timeout)
+            self.transport.close()
+
+        def _body_timed_out(self) -> None:
+            self._body_timer = None
+            if not self.transport.is_closing() and self.conn.their_state is h11.SEND_BODY:
+                log.info("closed a connection from %s: the request body did not end within %g s",
+                         self.client, body_timeout + BODY_GRACE)
+                self.transport.close()
+
+    return TimedH11Protocol
+
+
+def _timeout_response(message: str) -> bytes:
+    """A whole 408 answer with OpenAI's error object, written by the protocol (no app saw the request)."""
+    body = json.dumps(ApiError(408, message, code="request_timeout").content()).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)) + body
+
+
+def uvicorn_config(app, config: ServerConfig, log_level: str = "info"):
+    """uvicorn's configuration for ``app``: the address, and the protocol with the time limits."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, timeout_graceful_shutdown=5,
+                          http=timed_protocol(config.header_timeout, config.body_timeout))
+
+
 def serve(model: Model, config: ServerConfig, log_level: str = "info") -> None:
     """Runs the server until interrupted. Ctrl-C (SIGINT) stops it, cancelling what runs; SIGTERM
     drains it: new requests get 503 while the running and waiting ones finish, then it returns
@@ -782,8 +972,7 @@ def serve(model: Model, config: ServerConfig, log_level: str = "info") -> None:
                 return
             super().handle_exit(sig, frame)
 
-    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                                           timeout_graceful_shutdown=5))
+    server = DrainingServer(uvicorn_config(app, config, log_level))
     try:
         server.run()
     except KeyboardInterrupt:   # uvicorn raises Ctrl-C's signal again once it has shut down (as uvicorn.run)

@@ -4,9 +4,12 @@ and API keys that cannot be mistaken. The servers are real (uvicorn on a local p
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import socket
+import threading
 import time
 
 import httpx
@@ -279,3 +282,206 @@ def test_server_stats_reveal_no_paths(hardened):
         assert folder not in text and folder.replace("/", "\\/") not in text, path
     st = httpx.get(url + "/v1/rapidmoe/stats").json()
     assert st["residual_sidecar"] in (None, os.path.basename(model.residual_path or ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Lone surrogates: legal JSON escapes ("\ud800") that are not Unicode text
+
+# (path, raw body, the param the 400 must name)
+SURROGATES = [
+    ("/v1/completions", rb'{"model": "x", "prompt": "a\ud800b"}', "prompt"),
+    ("/v1/completions", rb'{"prompt": "\udfff"}', "prompt"),
+    ("/v1/completions", rb'{"prompt": ["ok", "a\udc00"]}', "prompt[1]"),
+    ("/v1/completions", rb'{"model": "\ud800", "prompt": "x"}', "model"),
+    ("/v1/completions", rb'{"prompt": "x", "stop": ["\n", "\udbff"]}', "stop[1]"),
+    ("/v1/completions", rb'{"prompt": "x", "user": "\ud800"}', "user"),               # a field not used
+    ("/v1/completions", rb'{"prompt": "x", "a\ud800": 1}', "a\\ud800"),             # in a key
+    ("/v1/chat/completions", rb'{"messages": [{"role": "user", "content": "a\ud800"}]}', "messages[0].content"),
+    ("/v1/chat/completions", rb'{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": '
+                             rb'[{"type": "text", "text": "\udfff"}]}]}', "messages[1].content[0].text"),
+    ("/v1/chat/completions", rb'{"model": "\udfff", "messages": [{"role": "user", "content": "x"}]}', "model"),
+]
+
+
+def test_server_lone_surrogates_are_400(hardened):
+    """Each answered 400 naming the field, on the same connection; a surrogate pair (an emoji
+    escaped as JSON escapes it) is text and is served."""
+    url, _ = hardened
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.connect()
+    sock = conn.sock
+    for path, body, param in SURROGATES:
+        status, data, r = _request(conn, "POST", path, body, {})
+        assert status == 400, (body, status, data[:300])
+        err = json.loads(data)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == "invalid_unicode", body
+        assert err["param"] == param and "surrogate" in err["message"], (body, err)
+        assert conn.sock is sock and r.getheader("connection") != "close", body
+    status, data, _ = _request(conn, "POST", "/v1/completions", rb'{"prompt": "\ud83d\ude00", "max_tokens": 1}', {})
+    assert status == 200, data[:300]
+    conn.close()
+
+
+def test_api_error_with_a_surrogate_still_renders():
+    """An error that echoes a user string cannot fail while it is encoded (it was a second error, a 500)."""
+    err = srv.ApiError(404, "the model 'a\ud800' does not exist", param="m\udfff")
+    body = json.loads(err.response().body)["error"]
+    assert body["message"] == "the model 'a\\ud800' does not exist" and body["param"] == "m\\udfff"
+
+
+def test_parse_request_refuses_lone_surrogates(gguf):
+    with rm.Model(gguf, n_ctx=128, n_threads=2) as m:
+        with pytest.raises(srv.ApiError) as e:
+            srv.parse_request("chat", {"messages": [{"role": "user", "content": "\ud800"}]}, m, None)
+        assert (e.value.status, e.value.param) == (400, "messages[0].content")
+        assert srv.parse_request("completion", {"prompt": "\U0001F600 ok"}, m, None).prompt_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow clients: the head and the body of a request must arrive in time
+
+@contextlib.contextmanager
+def serving(model, keep_alive: float = 5, **config):
+    """As test_server.running, but with the uvicorn configuration ``rapidmoe serve`` uses (its
+    protocol with the header and body time limits), and ``keep_alive`` seconds for an idle
+    connection (uvicorn's timeout_keep_alive); yields (host, port)."""
+    import uvicorn
+
+    cfg = srv.ServerConfig(**config)
+    app = srv.create_app(model, cfg)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    uconfig = srv.uvicorn_config(app, cfg, log_level="warning")
+    uconfig.timeout_keep_alive = keep_alive
+    server = uvicorn.Server(uconfig)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield sock.getsockname()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        model.close()
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> tuple[float, bytes] | None:
+    """Waits for the server to close ``sock``, sending one byte of ``trickle`` every 0.25 s
+    meanwhile (a slowloris); returns (seconds it took, what the server sent), or None if the
+    connection is still open after ``seconds``."""
+    t0, got = time.monotonic(), b""
+    sock.settimeout(0.25)
+    while time.monotonic() - t0 < seconds:
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            if trickle:
+                try:
+                    sock.sendall(trickle[:1])
+                except (BrokenPipeError, ConnectionResetError):
+                    return time.monotonic() - t0, got
+                trickle = trickle[1:]
+            continue
+        except ConnectionResetError:
+            return time.monotonic() - t0, got
+        if not data:
+            return time.monotonic() - t0, got
+        got += data
+    return None
+
+
+def _connect(addr) -> socket.socket:
+    return socket.create_connection(addr, timeout=5)
+
+
+def test_server_closes_slow_request_heads(gguf):
+    """A head that trickles in, one that stops midway, a connection that sends nothing and a second
+    request on a kept-alive connection that trickles: each closed after the header time limit
+    (408 where part of a head came), while other connections are served meanwhile."""
+    with serving(rm.Model(gguf, n_ctx=128, n_threads=2), header_timeout=1, body_timeout=1) as addr:
+        slow_head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+        trickling, stopped, silent, kept = (_connect(addr) for _ in range(4))
+        trickling.sendall(slow_head[:10])
+        stopped.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        kept.settimeout(5)
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        kept.sendall(slow_head[:10])
+        # served meanwhile, on a new connection
+        assert httpx.get(f"http://{addr[0]}:{addr[1]}/health").status_code == 200
+        for name, sock, trickle in [("trickling", trickling, slow_head[10:]), ("stopped", stopped, b""),
+                                    ("silent", silent, b""), ("kept alive", kept, slow_head[10:])]:
+            closed = _closed_within(sock, 6, trickle)
+            assert closed is not None, f"{name}: the connection is still open"
+            seconds, got = closed
+            assert seconds < 5, (name, seconds)
+            if name == "silent":
+                assert got == b"", got                  # nothing to answer: it asked nothing
+            else:
+                head, _, body = got.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 408"), (name, got[:300])
+                assert json.loads(body)["error"]["code"] == "request_timeout", (name, body)
+            sock.close()
+        assert httpx.get(f"http://{addr[0]}:{addr[1]}/health").status_code == 200
+
+
+def test_server_times_out_slow_request_bodies(gguf):
+    """A body that stops midway gets 408 (OpenAI's error object) and the connection is closed; a
+    body nobody reads (sent to a route that answers without it) is cut off after the time limit,
+    and one that ends after its answer leaves an idle connection, closed after the keep-alive
+    time (uvicorn's own protocols keep that one for ever); a body that comes in time is served."""
+    with serving(rm.Model(gguf, n_ctx=128, n_threads=2), keep_alive=1, header_timeout=1, body_timeout=1) as addr:
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: 100\r\n\r\n").encode()
+        stopped, unread = _connect(addr), _connect(addr)
+        stopped.sendall(head + b'{"prompt": "he')
+        unread.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+        t0 = time.monotonic()
+        closed = _closed_within(stopped, 6, b"llo world" * 10)
+        assert closed is not None, "the connection is still open"
+        seconds, got = closed
+        head_got, _, body = got.partition(b"\r\n\r\n")
+        assert head_got.startswith(b"HTTP/1.1 408") and b"connection: close" in head_got.lower(), got[:300]
+        err = json.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["code"] == "request_timeout", err
+        assert seconds < 4, seconds
+        closed = _closed_within(unread, 6 - (time.monotonic() - t0), b"x" * 99)
+        assert closed is not None and closed[1].startswith(b"HTTP/1.1 200"), closed
+        r = httpx.post(f"http://{addr[0]}:{addr[1]}/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        ended = _connect(addr)
+        ended.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n\r\n{")
+        assert ended.recv(65536).startswith(b"HTTP/1.1 200")
+        ended.sendall(b"}}")              # the body ends after its answer, within the keep-alive time
+        closed = _closed_within(ended, 4)
+        assert closed is not None and closed[1] == b"", closed
+
+
+def test_server_time_limits_can_be_off(gguf):
+    with rm.Model(gguf, n_ctx=128, n_threads=2) as m:
+        for bad in ({"header_timeout": 0}, {"body_timeout": -1}, {"header_timeout": float("nan")}):
+            with pytest.raises(rm.InvalidArgumentError, match="timeout"):
+                srv.create_app(m, srv.ServerConfig(**bad))
+    with serving(rm.Model(gguf, n_ctx=128, n_threads=2), header_timeout=None, body_timeout=None) as addr:
+        sock = _connect(addr)
+        sock.sendall(b"GET /health HTTP/1.1\r\n")
+        assert _closed_within(sock, 2) is None           # no limit: still open
+        sock.sendall(b"Host: 127.0.0.1\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.close()
+
+
+def test_server_cli_time_limit_options(gguf, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(srv, "serve", lambda model, config, log_level: seen.update(config=config))
+    monkeypatch.delenv("RAPIDMOE_API_KEY", raising=False)
+    assert cli.main(["serve", str(gguf), "--ctx", "128"]) == 0
+    assert (seen["config"].header_timeout, seen["config"].body_timeout) == (10.0, 30.0)
+    assert cli.main(["serve", str(gguf), "--ctx", "128", "--header-timeout", "2.5", "--body-timeout", "0"]) == 0
+    assert (seen["config"].header_timeout, seen["config"].body_timeout) == (2.5, None)
+    assert cli.main(["serve", str(gguf), "--ctx", "128", "--body-timeout", "-1"]) == 1

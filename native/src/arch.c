@@ -143,10 +143,10 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
 #define NE(a, b, c) {RM_DIM_##a, RM_DIM_##b, RM_DIM_##c}
 
 /* name, field, presence, the kind bits a layer needs, read as floats, shape */
-#define T(name, f, presence, when, f32, ne) {name, #f, LOFF(f), 0, presence, 0, when, f32, 0, ne}
+#define T(name, f, presence, when, f32, ne) {name, #f, LOFF(f), 0, presence, 0, when, f32, 0, ne, RM_GROUP_NONE}
 #define T_BIAS(name, f, ne, group) {name, #f, LOFF(f), 0, RM_TENSOR_REQUIRED_WHEN, RM_LAYER_BIAS, 0, 1, 0, ne, group}
 #define T_PAIRED(name, f, group, when, ne) {name, #f, LOFF(f), 0, RM_TENSOR_OPTIONAL, 0, when, 1, 0, ne, group}
-#define T_EXP(name, f, residual, ne) {name, #f, LOFF(f), residual, RM_TENSOR_REQUIRED, 0, RM_LAYER_FFN_MOE, 0, 1, ne}
+#define T_EXP(name, f, residual, ne) {name, #f, LOFF(f), residual, RM_TENSOR_REQUIRED, 0, RM_LAYER_FFN_MOE, 0, 1, ne, RM_GROUP_NONE}
 
 #define ATTN_QKV (RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_SLIDING)   /* plain multi-head attention */
 #define REQ RM_TENSOR_REQUIRED
@@ -245,7 +245,7 @@ static const rm_kind_rule DEEPSEEK2_RULES[] = {
 
 /* gpt-oss: biased q/k/v/o projections, per-head sinks, the norm before the experts named
  * post_attention_norm, a biased router and experts with a bias on each of their three products. */
-#define T_F32(name, f, when, ne) {name, #f, LOFF(f), 0, REQ, 0, when, 1, 0, ne}
+#define T_F32(name, f, when, ne) {name, #f, LOFF(f), 0, REQ, 0, when, 1, 0, ne, RM_GROUP_NONE}
 static const rm_tensor_row GPT_OSS_LAYER[] = {
     PLAIN_ATTENTION,
     T_BIAS("blk.%d.attn_output.bias", bo,                        NE(EMBD, ONE, ONE), RM_GROUP_NONE),

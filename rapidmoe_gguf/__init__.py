@@ -15,7 +15,7 @@ from .errors import (
     UnsupportedError,
 )
 from .gguf_file import GGUFFile, open_gguf
-from .kernels import cpu_isa
+from .kernels import cpu_isa, cpu_isa_reason
 from .model import Model, SamplingParams, eval_batch
 from .planner import Hardware, Plan, PlanError
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -46,6 +46,7 @@ __all__ = [
     "compute_imatrix",
     "convert",
     "cpu_isa",
+    "cpu_isa_reason",
     "eval_batch",
     "open_gguf",
     "read_imatrix",

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from .kernels import cpu_isa
+from .kernels import cpu_isa, cpu_isa_reason
 
 PARTS_DOC = {
     "embed": "token rows looked up",
@@ -65,7 +65,7 @@ def run(model, *, prompt: int = 16, decode: int = 64, prefill: int = 512, runs: 
         pre_rates.append(prefill / (time.perf_counter() - t0))
         prof_pre.append(model.profile())
     out = {"model": model.path, "n_threads": model.info["n_threads"], "backend": model.backend,
-           "cpu_kernels": cpu_isa(),
+           "cpu_kernels": cpu_isa(), "cpu_kernels_reason": cpu_isa_reason(),
            "residual_policy": model.residual_policy if model.residual_path else None,
            "residual_budget": model.residual_budget if model.residual_path else None,
            "runs": runs, "prompt": prompt, "decode_tokens": decode, "prefill_tokens": prefill,
@@ -85,6 +85,7 @@ def run(model, *, prompt: int = 16, decode: int = 64, prefill: int = 512, runs: 
 def format_report(r: dict) -> str:
     lines = [f"{r['model']}: {r['backend']} ({r['cpu_kernels']} kernels), {r['n_threads']} threads"
              + (f", residual {r['residual_policy']} at {r['residual_budget']}" if r["residual_policy"] else ""),
+             f"  kernels: {r['cpu_kernels']}, {r.get('cpu_kernels_reason', '')}",
              f"  decode  {r['decode_tok_s']:8.2f} tok/s   per token p50 {r['decode_p50_ms']:.2f} ms, "
              f"p99 {r['decode_p99_ms']:.2f} ms   ({r['decode_tokens']} tokens after {r['prompt']}, "
              f"median of {r['runs']})",

@@ -18,7 +18,7 @@ from ._native import check, ffi, lib
 from .errors import InvalidArgumentError
 from .quants import type_info
 
-__all__ = ["ISAS", "cpu_isa", "quantize_activations", "supported_isas", "vec_dot_rows"]
+__all__ = ["ISAS", "cpu_isa", "cpu_isa_reason", "quantize_activations", "supported_isas", "vec_dot_rows"]
 
 ISAS = ("scalar", "avx2", "avx512", "amx")
 """Every kernel set a build can have, worst to best."""
@@ -27,6 +27,12 @@ ISAS = ("scalar", "avx2", "avx512", "amx")
 def cpu_isa() -> str:
     """The kernel set the runtime uses in this process."""
     return ffi.string(lib.rm_cpu_isa()).decode()
+
+
+def cpu_isa_reason() -> str:
+    """Why the runtime uses ``cpu_isa()``: the best set of this CPU and build, a lower one measured
+    faster on this CPU family (AMD Zen 4: avx2), or $RAPIDMOE_ISA."""
+    return ffi.string(lib.rm_cpu_isa_reason()).decode()
 
 
 def supported_isas() -> list[str]:

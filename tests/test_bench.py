@@ -5,12 +5,13 @@ reports medians with the profile. No timing is asserted beyond consistency."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
 
 import rapidmoe_gguf as rm
-from rapidmoe_gguf import bench, cli
+from rapidmoe_gguf import bench, cli, kernels
 from rapidmoe_gguf.bundled import bundled_model_path
 
 
@@ -45,6 +46,7 @@ def test_bench_cli_reports_medians_and_the_profile(capsys):
     assert r["runs"] == 2 and len(r["decode_tok_s_all"]) == 2 and len(r["prefill_tok_s_all"]) == 2
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
     assert r["cpu_kernels"] == rm.cpu_isa() and r["cpu_kernels"] in ("scalar", "avx2", "avx512", "amx")
+    assert r["cpu_kernels_reason"] == kernels.cpu_isa_reason() != ""
     assert 0 < r["decode_p50_ms"] <= r["decode_p99_ms"]
     assert sorted(r["decode_tok_s_all"])[0] <= r["decode_tok_s"] <= sorted(r["decode_tok_s_all"])[1]
     assert set(r["profile"]["decode_ms_per_token"]) == set(bench.PARTS_DOC)
@@ -52,7 +54,24 @@ def test_bench_cli_reports_medians_and_the_profile(capsys):
     assert cli.main(["bench", "--runs", "1", "--prefill", "8", "--decode", "2", "--profile"]) == 0
     text = capsys.readouterr().out
     assert "decode" in text and "experts_in" in text and "total" in text
-    assert f"({rm.cpu_isa()} kernels)" in text
+    assert f"({rm.cpu_isa()} kernels)" in text and kernels.cpu_isa_reason() in text
+
+
+def test_bench_says_why_a_kernel_set_was_chosen():
+    """The set in use and why: the CPU's best (or a lower one measured faster on its family), or the
+    one $RAPIDMOE_ISA names, in a fresh process."""
+    import subprocess
+    import sys
+
+    code = "import rapidmoe_gguf as rm; from rapidmoe_gguf import kernels; print(rm.cpu_isa(), kernels.cpu_isa_reason())"
+    for isa in kernels.supported_isas():
+        env = dict(os.environ, RAPIDMOE_ISA=isa)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == f"{isa} RAPIDMOE_ISA={isa}"
+    env = {k: v for k, v in os.environ.items() if k != "RAPIDMOE_ISA"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    isa, why = out.strip().split(" ", 1)
+    assert isa in kernels.supported_isas() and why and not why.startswith("RAPIDMOE_ISA")
 
 
 @pytest.mark.parametrize("bad", [["--runs", "0"], ["--decode", "0"], ["--batch", "0"]])

@@ -148,10 +148,14 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
  * ("amx": AVX-512 plus AMX tiles for prefill; granted by the OS at first use)
  * ------------------------------------------------------------------------------------------- */
 
-/* The set the CPU backend uses. Chosen at first use: the best this CPU and build support, or the
- * one the environment variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not
- * available falls back to the best one, with a warning on stderr. */
+/* The set the CPU backend uses. Chosen at first use: the best this CPU and build support (a lower
+ * one on CPUs where that was measured faster, e.g. avx2 on AMD Zen 4), or the one the environment
+ * variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not available falls back,
+ * with a warning on stderr. */
 const char * rm_cpu_isa(void);
+
+/* Why rm_cpu_isa is the set it is, in words (for `rapidmoe bench` and logs). */
+const char * rm_cpu_isa_reason(void);
 
 /* 1 when this CPU and build can run the set named isa, else 0. */
 int32_t   rm_cpu_isa_supported(const char * isa);

@@ -86,17 +86,78 @@ static rm_isa probe(void) {
     const int tile_state = (xcr & 0x60000) == 0x60000;   /* XTILECFG, XTILEDATA */
     return amx_tile && amx_int8 && tile_state && amx_granted() ? RM_ISA_AMX : RM_ISA_AVX512;
 }
+
+/* The CPU's vendor string and its family and model as cpuid gives them (extended fields added). */
+static void cpu_identity(char vendor[13], uint32_t * family, uint32_t * model) {
+    unsigned a, b, c, d;
+    memset(vendor, 0, 13);
+    *family = *model = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+        memcpy(vendor, &b, 4);
+        memcpy(vendor + 4, &d, 4);
+        memcpy(vendor + 8, &c, 4);
+    }
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        const uint32_t base = (a >> 8) & 0xf;
+        *family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+        *model = base == 0xf || base == 0x6 ? ((a >> 4) & 0xf) | (((a >> 16) & 0xf) << 4) : (a >> 4) & 0xf;
+    }
+}
 #else
 static rm_isa probe(void) { return RM_ISA_SCALAR; }
+static void cpu_identity(char vendor[13], uint32_t * family, uint32_t * model) {
+    memset(vendor, 0, 13);
+    *family = *model = 0;
+}
 #endif
+
+/* CPUs whose best set by their flags is not their fastest, as measured on them: the set to use
+ * instead, and why. RAPIDMOE_ISA still selects any set the CPU has. */
+static const struct isa_rule {
+    const char * vendor;
+    uint32_t     family, model_lo, model_hi;
+    rm_isa       from, to;
+    const char * why;
+} ISA_RULES[] = {
+    /* Zen 4 (family 19h; its Zen 3 models have no AVX-512) splits each 512-bit operation into two
+     * 256-bit halves, and its 512-bit shuffles are slow: on an EPYC Zen 4 the avx2 set prefilled
+     * 312 against 287 tok/s (Q4_K_M) and decoded 155 against 135 (docs/PERFORMANCE.md). Zen 5
+     * (family 1Ah) has full-width units and keeps avx512. */
+    {"AuthenticAMD", 0x19, 0x00, 0xff, RM_ISA_AVX512, RM_ISA_AVX2,
+     "AMD Zen 4 runs 512-bit operations as two 256-bit halves; its avx2 set measured faster"},
+};
+
+rm_isa rm_isa_preferred(const char * vendor, uint32_t family, uint32_t model, rm_isa best, const char ** why) {
+    for (size_t i = 0; i < sizeof(ISA_RULES) / sizeof(ISA_RULES[0]); i++) {
+        const struct isa_rule * r = &ISA_RULES[i];
+        if (best == r->from && strcmp(vendor, r->vendor) == 0 && family == r->family && model >= r->model_lo &&
+            model <= r->model_hi) {
+            *why = r->why;
+            return r->to;
+        }
+    }
+    *why = NULL;
+    return best;
+}
 
 static pthread_once_t choose_once = PTHREAD_ONCE_INIT;
 static rm_isa best_isa = RM_ISA_SCALAR;
 static rm_isa active_isa = RM_ISA_SCALAR;
+static char   active_why[256];
 
 static void choose(void) {
     best_isa = probe();
-    active_isa = best_isa;
+    char vendor[13];
+    uint32_t family, model;
+    cpu_identity(vendor, &family, &model);
+    const char * rule = NULL;
+    active_isa = rm_isa_preferred(vendor, family, model, best_isa, &rule);
+    if (rule) {
+        snprintf(active_why, sizeof(active_why), "%s (best by the CPU's flags: %s; RAPIDMOE_ISA=%s selects it)", rule,
+                 rm_isa_name(best_isa), rm_isa_name(best_isa));
+    } else {
+        snprintf(active_why, sizeof(active_why), "the best set this CPU and build run");
+    }
     const char * want = getenv("RAPIDMOE_ISA");
     if (!want || !*want) {
         return;
@@ -104,12 +165,13 @@ static void choose(void) {
     rm_isa isa;
     if (!rm_isa_parse(want, &isa)) {
         fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s is not one of " ISA_LIST "; using %s\n",
-                want, rm_isa_name(best_isa));
+                want, rm_isa_name(active_isa));
     } else if (isa > best_isa) {
         fprintf(stderr, "rapidmoe: RAPIDMOE_ISA=%s: this CPU or build does not have it; using %s\n",
-                want, rm_isa_name(best_isa));
+                want, rm_isa_name(active_isa));
     } else {
         active_isa = isa;
+        snprintf(active_why, sizeof(active_why), "RAPIDMOE_ISA=%s", want);
     }
 }
 
@@ -263,6 +325,11 @@ rm_exp_sum_fn rm_cpu_exp_sum_isa(rm_isa isa) {
  * ------------------------------------------------------------------------------------------- */
 
 const char * rm_cpu_isa(void) { return rm_isa_name(rm_isa_active()); }
+
+const char * rm_cpu_isa_reason(void) {
+    rm_isa_active();
+    return active_why;
+}
 
 int32_t rm_cpu_isa_supported(const char * isa) {
     rm_isa i;

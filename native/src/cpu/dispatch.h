@@ -173,6 +173,10 @@ const char * rm_isa_name(rm_isa isa);
 int          rm_isa_parse(const char * name, rm_isa * out);   /* 1 on success */
 rm_isa       rm_isa_best(void);                               /* the best this CPU and build run */
 rm_isa       rm_isa_active(void);                             /* the set in use (first call decides) */
+/* The set to use on a CPU (cpuid's vendor string, family and model) whose best set by its flags is
+ * best: best, or a lower set where ISA_RULES (dispatch.c) measured that one faster, with *why
+ * saying so (else NULL). */
+rm_isa       rm_isa_preferred(const char * vendor, uint32_t family, uint32_t model, rm_isa best, const char ** why);
 
 /* The kernels of `isa` (falling back to lower sets, then the reference) for a type. */
 rm_vec_dot_fn       rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);

@@ -3,12 +3,19 @@
 
     python tools/bench_vs_llamacpp.py MODEL.gguf [--threads 2] [--runs 5] [--json out.json] [--rt]
     python tools/bench_vs_llamacpp.py --install-only        # just build llama-cpp-python
+    python tools/bench_vs_llamacpp.py MODEL.gguf --isa avx2  # both engines on AVX2 alone
 
 llama.cpp runs through llama-cpp-python 0.3.36, installed on first use into its own virtual
 environment (default ~/.cache/rapidmoe/llamacpp-venv) and built from source with native tuning
 and AMX off (ggml's AMX kernels crash on quantized models on some machines): native tuning off,
 and each x86 feature option on when this CPU has it (an AVX2-only CPU gets no AVX-512 code). The build takes about 15 minutes on 2 cores and runs
 at nice 10.
+
+Kernel sets. --isa SET runs our engine with that kernel set (RAPIDMOE_ISA in its worker's
+environment). --llama-isa avx2 runs llama.cpp from a second build, in ~/.cache/rapidmoe/
+llamacpp-venv-avx2, with only the instructions our avx2 set uses (AVX2, FMA, F16C: no AVX-512,
+AVX-VNNI or AMX); --isa avx2 picks it unless --llama-isa says otherwise. The output records the
+CPU (/proc/cpuinfo), the kernel set our engine used and the features of the llama.cpp build.
 
 Method. The two engines alternate, A B A B ..., each run in a fresh subprocess (so peak RSS is
 that engine's alone), with the same thread count for decode and batch. A run loads the model,
@@ -48,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -62,26 +70,47 @@ LLAMA_CPP_VERSION = "0.3.36"
 LLAMA_ISA_OPTIONS = [
     ("GGML_AVX", ["avx"]), ("GGML_AVX2", ["avx2"]), ("GGML_FMA", ["fma"]), ("GGML_F16C", ["f16c"]),
     ("GGML_BMI2", ["bmi2"]), ("GGML_AVX_VNNI", ["avx_vnni"]), ("GGML_AVX512", ["avx512f", "avx512bw", "avx512vl", "avx512dq"]),
-    ("GGML_AVX512_VBMI", ["avx512_vbmi"]), ("GGML_AVX512_VNNI", ["avx512_vnni"]), ("GGML_AVX512_BF16", ["avx512_bf16"]),
+    ("GGML_AVX512_VBMI", ["avx512vbmi"]), ("GGML_AVX512_VNNI", ["avx512_vnni"]), ("GGML_AVX512_BF16", ["avx512_bf16"]),
 ]
 LLAMA_FIXED_ARGS = (
     "-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAVA_BUILD=OFF "
     "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 )
+# The llama.cpp builds: "best" turns on every option above this CPU has; "avx2" the same without
+# AVX-512, as llama.cpp runs on a desktop CPU without it (Intel Core: AVX2 with AVX-VNNI, which
+# ggml's AVX2 path uses for its int8 dot products where the CPU has it), so that an --isa avx2
+# comparison holds our avx2 set against what such a CPU's llama.cpp does.
+LLAMA_ISAS = ("best", "avx2")
+LLAMA_AVX2_OPTIONS = {"GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2", "GGML_AVX_VNNI"}
+# rapidmoe_gguf.kernels.ISAS, spelled out: the llama.cpp worker parses these arguments too, in an
+# environment without rapidmoe
+OUR_ISAS = ("scalar", "avx2", "avx512", "amx")
 
 
-def llama_cmake_args() -> str:
+def cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
+            return set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
     except OSError:
-        flags = set()
-    isa = " ".join(f"-D{opt}={'ON' if all(x in flags for x in need) else 'OFF'}" for opt, need in LLAMA_ISA_OPTIONS)
-    return f"{isa} {LLAMA_FIXED_ARGS}"
+        return set()
+
+
+def llama_cmake_args(isa: str = "best", flags: set[str] | None = None) -> str:
+    """CMAKE_ARGS of the llama.cpp build ``isa`` (LLAMA_ISAS) for a CPU with ``flags`` (this one's)."""
+    flags = cpu_flags() if flags is None else flags
+    wanted = [opt for opt, need in LLAMA_ISA_OPTIONS
+              if all(x in flags for x in need) and (isa == "best" or opt in LLAMA_AVX2_OPTIONS)]
+    on = " ".join(f"-D{opt}={'ON' if opt in wanted else 'OFF'}" for opt, _ in LLAMA_ISA_OPTIONS)
+    return f"{on} {LLAMA_FIXED_ARGS}"
 
 
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "rapidmoe", "llamacpp-venv")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_venv(llama_isa: str) -> str:
+    """Each llama.cpp build in its own environment: the best one where it always was."""
+    return DEFAULT_VENV if llama_isa == "best" else f"{DEFAULT_VENV}-{llama_isa}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,22 +129,80 @@ def llama_installed(venv: str) -> bool:
     return subprocess.run([py, "-c", code], capture_output=True).returncode == 0
 
 
-def install_llama(venv: str, jobs: int) -> None:
+def install_llama(venv: str, jobs: int, isa: str = "best") -> None:
     if llama_installed(venv):
         return
-    print(f"installing llama-cpp-python=={LLAMA_CPP_VERSION} into {venv} (builds llama.cpp: ~15 min on 2 cores)",
-          file=sys.stderr)
+    print(f"installing llama-cpp-python=={LLAMA_CPP_VERSION} ({isa} build) into {venv} "
+          "(builds llama.cpp: ~15 min on 2 cores)", file=sys.stderr)
     if not os.path.exists(llama_python(venv)):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    env = dict(os.environ, CMAKE_ARGS=llama_cmake_args(), CMAKE_BUILD_PARALLEL_LEVEL=str(jobs), FORCE_CMAKE="1")
+    env = dict(os.environ, CMAKE_ARGS=llama_cmake_args(isa), CMAKE_BUILD_PARALLEL_LEVEL=str(jobs), FORCE_CMAKE="1")
     cmd = ["nice", "-n", "10", llama_python(venv), "-m", "pip", "install", "--no-cache-dir",
            f"llama-cpp-python=={LLAMA_CPP_VERSION}", "numpy"]
-    log = os.path.join(os.path.dirname(venv), "llamacpp-build.log")
+    log = os.path.join(os.path.dirname(venv), "llamacpp-build.log" if isa == "best" else f"llamacpp-build-{isa}.log")
     with open(log, "w") as f:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0 or not llama_installed(venv):
         raise SystemExit(f"llama-cpp-python build failed (exit {rc}); see {log}")
     print(f"llama-cpp-python installed (build log: {log})", file=sys.stderr)
+
+
+def llama_system_info(python: str) -> str:
+    """llama_print_system_info() of the llama-cpp-python at ``python`` ('' when it cannot say)."""
+    code = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode(errors='replace'))"
+    p = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else ""
+
+
+def llama_features(system_info: str) -> list[str]:
+    """The features a system-info string says are on: 'CPU : AVX2 = 1 | AVX512 = 0 | ' -> ['AVX2']."""
+    return re.findall(r"([A-Za-z0-9_]+) = 1\b", system_info)
+
+
+def check_llama_build(llama_isa: str, features: list[str], venv: str) -> None:
+    """An avx2 comparison against a build with wider instructions would compare instruction sets,
+    not engines: e.g. --llama-venv pointing at the best build."""
+    wider = [f for f in features if f.startswith(("AVX512", "AMX"))]
+    if llama_isa == "avx2" and wider:
+        raise SystemExit(f"--llama-isa avx2: the llama.cpp build in {venv} has {', '.join(wider)}; "
+                         "give a --llama-venv of its own")
+
+
+# ---------------------------------------------------------------------------------------------
+# What ran: the CPU and our engine's package
+# ---------------------------------------------------------------------------------------------
+
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_info(text: str | None = None) -> dict:
+    """The CPU as /proc/cpuinfo (or ``text``) gives its first processor: model name, vendor, family
+    and model numbers, and which of CPU_FLAGS it has (None where a field is missing, as off x86)."""
+    if text is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    fields = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+
+    def number(key: str) -> int | None:
+        return int(fields[key]) if fields.get(key, "").isdigit() else None
+
+    return {"model_name": fields.get("model name"), "vendor": fields.get("vendor_id"),
+            "family": number("cpu family"), "model": number("model"), "flags": {f: f in flags for f in CPU_FLAGS}}
+
+
+def package_root() -> str:
+    """The folder holding the rapidmoe_gguf this process imports: installed, or a built tree on
+    PYTHONPATH."""
+    import rapidmoe_gguf
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(rapidmoe_gguf.__file__)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +303,7 @@ def peak_rss_mib() -> float:
 class OursEngine:
     def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, policy: str | None = None,
                  budget: float = 0.25):
-        sys.path.insert(0, REPO)
+        import rapidmoe_gguf
         from rapidmoe_gguf import Model, kernels
 
         if policy:
@@ -226,7 +313,8 @@ class OursEngine:
             self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, residual=None)
         self.n_vocab = self.m.n_vocab
         self.extra = {"info": {k: v for k, v in self.m.info.items() if not k.startswith("_")},
-                      "cpu_isa": kernels.cpu_isa(), "residual_policy": self.m.residual_policy if policy else None}
+                      "cpu_isa": kernels.cpu_isa(), "package": os.path.dirname(os.path.abspath(rapidmoe_gguf.__file__)),
+                      "residual_policy": self.m.residual_policy if policy else None}
 
     def reset(self) -> None:
         self.m.reset()
@@ -347,20 +435,43 @@ def rt_throttle() -> str:
     return f"{runtime} of {period} us" if runtime >= 0 else ""
 
 
+def worker_env(engine: str, isa: str | None) -> dict:
+    # numpy's BLAS threads would compete with the engine's own for the cores (neither uses them)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if engine == "ours":
+        # the package this process imports, not the source tree around this file: in an installed
+        # run that tree is not built (no native library), and ahead on the path it would shadow the
+        # installed package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [package_root(), os.environ.get("PYTHONPATH")] if p)
+        if isa:
+            env["RAPIDMOE_ISA"] = isa      # read by the native library when it first picks its kernels
+    return env
+
+
 def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
     model = a.ours_model if engine == "ours" and a.ours_model else a.model
     cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, model, "--threads", str(a.threads),
                     "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill), "--feed", a.feed]
     if engine == "ours" and a.ours_model:
         cmd += ["--policy", a.policy, "--budget", str(a.budget), "--ours-model", a.ours_model]
-    # numpy's BLAS threads would compete with the engine's own for the cores (neither uses them)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    if engine == "ours":
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(engine, a.isa), timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"{engine} run failed (exit {p.returncode}):\n{p.stderr[-4000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def instruction_sets_header(result: dict) -> str:
+    """The CPU and what each engine ran on it, for the table's header."""
+    cpu = result["cpu"]
+    flags = " ".join(f for f, on in cpu["flags"].items() if on) or "none of " + " ".join(CPU_FLAGS)
+    lines = [f"CPU: {cpu['model_name']} ({cpu['vendor']}, family {cpu['family']}, model {cpu['model']}; {flags})"]
+    if result["ours_isa"]:
+        asked = result["ours_isa"]["requested"]
+        lines.append(f"ours: {result['ours_isa']['used']} kernels" + (f" (--isa {asked})" if asked else ""))
+    if result["llama_cpp"]:
+        ll = result["llama_cpp"]
+        lines.append(f"llama.cpp: {ll['isa']} build ({ll['venv']}): {' '.join(ll['features']) or 'features unknown'}")
+    return "\n".join(lines)
 
 
 def summary(values: list[float]) -> dict:
@@ -379,9 +490,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feed", choices=["script", "greedy"], default="script",
                     help="decode input: a fixed random token script (default) or the greedy choice")
     ap.add_argument("--engines", default="ours,llama.cpp", help="comma-separated subset of ours,llama.cpp")
-    ap.add_argument("--llama-venv", default=DEFAULT_VENV)
+    ap.add_argument("--isa", choices=OUR_ISAS,
+                    help="run our engine with this kernel set (RAPIDMOE_ISA; default: the best the CPU has)")
+    ap.add_argument("--llama-isa", choices=LLAMA_ISAS,
+                    help="llama.cpp build: best (every x86 option this CPU has, AMX off) or avx2 (AVX2, FMA, "
+                         "F16C only: no AVX-512, AVX-VNNI or AMX); default avx2 with --isa avx2, else best")
+    ap.add_argument("--llama-venv", help="its environment (default: ~/.cache/rapidmoe/llamacpp-venv, "
+                                         "with -avx2 appended for the avx2 build)")
     ap.add_argument("--build-jobs", type=int, default=2)
-    ap.add_argument("--install-only", action="store_true", help="build llama-cpp-python and exit")
+    ap.add_argument("--install-only", action="store_true", help="build llama-cpp-python (--llama-isa's) and exit")
     ap.add_argument("--rt", action="store_true", help="run the engines at real-time priority (chrt -f 1)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--ours-model", help="rapidmoe runs this base file with its residual sidecar instead of MODEL")
@@ -397,14 +514,29 @@ def main(argv: list[str] | None = None) -> int:
     engines = [e for e in a.engines.split(",") if e]
     if any(e not in ("ours", "llama.cpp") for e in engines):
         ap.error("--engines: choose from ours, llama.cpp")
+    # --isa avx2 alone gives a like-for-like comparison: llama.cpp without AVX-512 too
+    a.llama_isa = a.llama_isa or ("avx2" if a.isa == "avx2" else "best")
+    a.llama_venv = a.llama_venv or default_venv(a.llama_isa)
     if "llama.cpp" in engines or a.install_only:
-        install_llama(a.llama_venv, a.build_jobs)
+        install_llama(a.llama_venv, a.build_jobs, a.llama_isa)
     if a.install_only:
         return 0
     if not a.model or not os.path.isfile(a.model):
         ap.error("give the GGUF file to run")
     if a.ours_model and not os.path.isfile(a.ours_model):
         ap.error(f"--ours-model: no such file: {a.ours_model}")
+    if a.isa and "ours" in engines:
+        from rapidmoe_gguf import kernels
+
+        # the native library would fall back to its best set with a warning, and the run be mislabelled
+        if a.isa not in kernels.supported_isas():
+            ap.error(f"--isa {a.isa}: this CPU and build have {', '.join(kernels.supported_isas())}")
+    llama_info = None
+    if "llama.cpp" in engines:
+        system_info = llama_system_info(llama_python(a.llama_venv))
+        llama_info = {"isa": a.llama_isa, "venv": a.llama_venv, "system_info": system_info,
+                      "features": llama_features(system_info)}
+        check_llama_build(a.llama_isa, llama_info["features"], a.llama_venv)
 
     prefix = rt_prefix(a.rt)
     bw, bw_method = memory_bandwidth(a.threads, prefix=prefix)
@@ -422,7 +554,6 @@ def main(argv: list[str] | None = None) -> int:
     # bytes one decoded token reads, from rapidmoe's view of the file (a quick load if it did not run)
     info = runs["ours"][0]["info"] if "ours" in runs and not a.ours_model else None
     if info is None:
-        sys.path.insert(0, REPO)
         from rapidmoe_gguf import Model
 
         with Model(a.model, n_ctx=64, n_threads=1, residual=None) as m:
@@ -440,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": os.path.abspath(a.model), "threads": a.threads, "runs": a.runs, "realtime": bool(prefix),
         "method": {"prompt": a.prompt, "decode": a.decode, "prefill": a.prefill, "feed": a.feed,
                    "order": "alternating, fresh process per run"},
+        "cpu": cpu_info(), "llama_cpp": llama_info,
+        "ours_isa": {"requested": a.isa, "used": runs["ours"][0]["cpu_isa"]} if "ours" in runs else None,
         "bandwidth_gb_s": bw, "bandwidth_method": bw_method, "rt_throttle": rt_throttle() if prefix else None, "bytes_per_token": token_bytes,
         "decode_ceiling_tok_s": ceiling,
         "engines": {e: {k: summary([r[k] for r in rs]) for k in keys} for e, rs in runs.items()},
@@ -464,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{os.path.basename(a.model)}: {a.threads} threads, median of {a.runs} runs (min..max); "
           f"bandwidth {bw:.1f} GB/s, {token_bytes / 1e6:.0f} MB read per token -> ceiling {ceiling:.1f} tok/s")
+    print(instruction_sets_header(result))
     if ours_bytes is not None:
         print(f"ours runs {os.path.basename(a.ours_model)} + its residual sidecar, policy {a.policy} at {a.budget}: "
               f"{ours_bytes / 1e6:.0f} MB read per token -> ceiling {bw * 1e9 / ours_bytes:.1f} tok/s")

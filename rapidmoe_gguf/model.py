@@ -296,9 +296,12 @@ class Model:
         return n
 
     def _keep_prefix(self, prompt: Sequence[int]) -> int:
-        """Truncates the cache to the longest part of it that prompt repeats (or empties it where
-        the cache cannot go back; see truncate) and returns how many tokens were kept."""
+        """Truncates the cache to the longest part of it that prompt repeats and that it can go back
+        to (a hybrid model: the latest checkpoint inside it; see truncate), or empties it, and
+        returns how many tokens were kept."""
         keep = self._reusable(prompt)
+        if keep > 0:
+            keep = int(lib.rm_session_reusable(self._live(), keep))
         if keep > 0:
             try:
                 self.truncate(keep)
@@ -307,6 +310,16 @@ class Model:
                 pass
         self.reset()
         return 0
+
+    def _checkpoint(self) -> None:
+        """Marks the cache's end as a place a later prompt may go back to: a hybrid model keeps a
+        copy of its recurrent states there (the last two such places; rm_session_checkpoint), so
+        that the next turn of a chat, which repeats this prompt, evaluates only what follows it.
+        Without the memory for the copy, the next prompt evaluates from the start (logged)."""
+        try:
+            _native.check(lib.rm_session_checkpoint(self._live()))
+        except MemoryError as exc:
+            log.warning("no checkpoint of the recurrent states: %s", exc)
 
     def _as_tokens(self, ids: Sequence[int]) -> np.ndarray:
         arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
@@ -555,6 +568,7 @@ class Model:
             if self.cancel is not None and self.cancel.is_set():
                 return
             logits = self.eval(rest[i:i + self.n_batch])
+        self._checkpoint()
         t1 = time.perf_counter()
         self.last_timings["prompt_s"] = t1 - t0
         for _ in range(max_tokens):
@@ -688,6 +702,8 @@ class Model:
         seqs = [self] + self._batch_forks[:len(ids) - 1]
         keep = [m._keep_prefix(p) for m, p in zip(seqs, ids)]
         logits = eval_batch([(m, p[k:]) for m, p, k in zip(seqs, ids, keep)])
+        for m in seqs:
+            m._checkpoint()
         samplers = [Sampler(sp) for sp in samplings]
         history = [list(p) for p in ids]
         out: list[list[int]] = [[] for _ in ids]

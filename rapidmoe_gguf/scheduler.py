@@ -315,6 +315,7 @@ class Scheduler:
                 s.done += len(toks)
                 if s.prefilling:
                     continue
+                s.slot._checkpoint()             # the prompt's end: the next turn goes back to it
             self._next_token(s, got)
         self.observer.queued(len(self._waiting), len(self._running))
 

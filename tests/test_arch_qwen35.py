@@ -273,7 +273,8 @@ def test_hybrid_logits_match_llama_cpp(hybrid, model_type, tmp_path):
 
 def test_hybrid_session_sizes_count_the_states():
     """rm_session_sizes_get: the KV cache of the attention layers only, and the linear layers'
-    conv and delta-rule states beside it (with their scratch)."""
+    conv and delta-rule states beside it (with their scratch, and the two checkpoint copies of
+    both that prefix reuse keeps)."""
     from rapidmoe_gguf._native import check, ffi, lib
 
     p = ffi.new("rm_size_params *")
@@ -292,8 +293,12 @@ def test_hybrid_session_sizes_count_the_states():
     p.ssm_conv_dim = 2 * 16 * 128 + 32 * 128
     check(lib.rm_session_sizes_get(p, out))
     assert out.kv_cache == all_layers // 4
-    states = 4 * 30 * (3 * p.ssm_conv_dim + 32 * 128 * 128)
-    assert states < out.recurrent_state < states + 4 * 256 * (2 * 8192 + 5 * 4096 + 4 * 32) + (64 << 20)
+    # per value head: the d_k x d_v state at its chunk's start, and the unfinished chunk's keys, u
+    # and log-decays (64 rows of d_k + d_v + 1)
+    head = 128 * 128 + 64 * (128 + 128 + 1)
+    states = 4 * 30 * (3 * p.ssm_conv_dim + 32 * head)
+    kept = 3 * states   # the states and their two checkpoints
+    assert kept < out.recurrent_state < kept + 4 * 256 * (2 * 8192 + 5 * 4096 + 4 * 32) + (64 << 20)
 
 
 @pytest.mark.parametrize("model_type", KINDS)

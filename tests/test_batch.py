@@ -262,24 +262,66 @@ def test_prefix_server_picks_the_slot_with_the_longest_prefix(pair):
             srv.close()
 
 
-def test_prefix_hybrid_reuses_nothing(tmp_path):
-    """Qwen3-Next: the linear layers' recurrent state describes the whole cache, so truncation
-    back into it is refused and generation evaluates from an empty cache."""
+@pytest.fixture(scope="module")
+def hybrid_pair(tmp_path_factory):
+    """A Qwen3.5-MoE RESplit pair (Gated DeltaNet layers beside gated attention), calibrated."""
     from test_arch_qwen35 import make_tiny_hybrid
 
-    make_tiny_hybrid(tmp_path / "hf", "qwen3_next")
-    out = tmp_path / "h.gguf"
-    rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
-    ids = prompts((12,), seed=11)[0]
-    with rm.Model(out, n_ctx=64, n_threads=2) as m:
-        m.eval(ids)
-        with pytest.raises(rm.StateError, match="recurrent state"):
-            m.truncate(6)
-        m.truncate(len(ids))   # keeping everything is allowed
-        assert m._keep_prefix(ids[:6] + [3]) == 0 and m.n_past == 0
-        warm = m.eval(ids[:6] + [3])
+    d = tmp_path_factory.mktemp("hybrid-prefix")
+    make_tiny_hybrid(d / "hf", "qwen3_5_moe")
+    out = d / "h.gguf"
+    rm.convert(d / "hf", out, recipe="q4_0-q4_0", progress=False)
+    evaluate.calibrate(str(out), " ".join(_CORPUS), n_ctx=64, max_tokens=128, n_threads=2)
+    return out
+
+
+def test_prefix_hybrid_goes_back_to_a_checkpoint(hybrid_pair):
+    """The linear layers' recurrent state describes the whole cache: truncation goes back only to a
+    position whose states were kept (rm_session_checkpoint, the last two), and what follows is bit
+    for bit a cold prefill's (the delta rule's chunks are aligned to positions)."""
+    first, second, tail = prompts((90, 40, 30), seed=11)
+    with rm.Model(hybrid_pair, n_ctx=256, n_threads=2, n_batch=32) as m:
+        m.eval(first)
+        with pytest.raises(rm.StateError, match="no checkpoint was taken at 50"):
+            m.truncate(50)
+        assert m._keep_prefix(first[:50] + [3]) == 0 and m.n_past == 0   # nothing kept: from the start
+        m.eval(first)
+        m._checkpoint()                                 # at 90
+        m.eval(second)
+        m._checkpoint()                                 # at 130
+        m.eval(tail)
+        assert lib.rm_session_reusable(m._live(), 129) == 90 and lib.rm_session_reusable(m._live(), 89) == 0
+        warm_at = m._keep_prefix(first + second + [7, 8])
+        assert warm_at == 130 and m.n_past == 130
+        warm = m.eval([7, 8])
+        assert m._keep_prefix(first + [5, 6]) == 90   # the checkpoint at 130 is gone with its tokens
+        warm2 = m.eval([5, 6])
         m.reset()
-        np.testing.assert_array_equal(warm, m.eval(ids[:6] + [3]))
+        cold = m.eval(first + second + [7, 8])
+        m.reset()
+        cold2 = m.eval(first + [5, 6])
+    np.testing.assert_array_equal(warm, cold)
+    np.testing.assert_array_equal(warm2, cold2)
+
+
+def test_prefix_hybrid_next_chat_turn_evaluates_only_the_new_tokens(hybrid_pair):
+    """generate keeps the prompt's end, so a second prompt that repeats the first and adds to it
+    evaluates only what is new, and answers (greedy and seeded, the default UMIA policy) exactly as
+    on a fresh model."""
+    turn1 = " ".join(_CORPUS)[:200]
+    turn2 = turn1 + " and then some more words about experts"
+    with rm.Model(hybrid_pair, n_ctx=512, n_threads=2, n_batch=32) as m:
+        assert m.residual_policy == "umia"
+        m.generate(turn1, 10, temperature=0)
+        n1 = len(m.tokenize(turn1))
+        got = m.generate(turn2, 12, temperature=0)
+        assert m.last_timings["prompt_reused"] > 0.9 * n1
+        got_seeded = m.generate(turn2 + " again", 12, temperature=0.9, seed=3)
+        assert m.last_timings["prompt_reused"] >= len(m.tokenize(turn2)) - 2
+    with rm.Model(hybrid_pair, n_ctx=512, n_threads=2, n_batch=32) as m:
+        assert got == m.generate(turn2, 12, temperature=0)
+        m.reset()
+        assert got_seeded == m.generate(turn2 + " again", 12, temperature=0.9, seed=3)
 
 
 # -- multi-head latent attention and linear-attention layers ---------------------------------------

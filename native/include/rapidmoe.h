@@ -475,10 +475,22 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
 
 /* Keeps the first n_keep positions of the cache and drops the rest, so that the next tokens
  * follow them (a prompt that shares a prefix with what the cache holds evaluates only the rest).
- * RM_E_INVALID_ARG outside [0, n_past]; RM_E_STATE where the cache cannot go back that far: a
- * hybrid model's recurrent state describes all n_past positions (only n_keep = 0 or n_past), and
- * a sliding-window layer's ring keeps n_batch positions beyond its window. */
+ * RM_E_INVALID_ARG outside [0, n_past]; RM_E_STATE where the cache cannot go back there: a
+ * hybrid model's recurrent state describes all n_past positions, so it goes back only to 0,
+ * n_past or a position rm_session_checkpoint kept; a sliding-window layer's ring keeps n_batch
+ * positions beyond its window. The results after a truncation are bit for bit those of the
+ * kept tokens evaluated anew. */
 rm_status rm_session_truncate(rm_session * s, int32_t n_keep);
+
+/* The most positions <= n_keep that rm_session_truncate can keep (0: none). */
+int32_t   rm_session_reusable(const rm_session * s, int32_t n_keep);
+
+/* A hybrid model: keeps a copy of the recurrent states at n_past, so that the cache can later be
+ * truncated back to it (the last RM_HYBRID_CHECKPOINTS = 2 such positions per session; the
+ * copies take rm_session_sizes' recurrent_state's share of the conv and delta-rule states each).
+ * Other models: nothing to keep, RM_OK. Take one where a later prompt may diverge: at the end of
+ * a prompt (the next turn of a chat repeats it). */
+rm_status rm_session_checkpoint(rm_session * s);
 
 /* Several sequences in one evaluation: token i belongs to sessions[seq[i]] (sessions of one model,
  * each at most once) at position pos[i], which must follow that session's cache and its previous
@@ -547,7 +559,8 @@ typedef struct rm_session_sizes {
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
     uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
-    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, and their scratch (host) */
+    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, their scratch and
+                                   * checkpoint copies (rm_session_checkpoint) (host) */
 } rm_session_sizes;
 
 /* The bytes one session allocates on its backend: on a device (CUDA or the stand-in) all five

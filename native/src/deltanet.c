@@ -51,6 +51,9 @@ rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out) {
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory for the recurrent state of %d linear layers",
                        m->hp.n_layer_linear);
     }
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
+        h->ckpt_pos[i] = -1;
+    }
     for (int32_t il = 0, n = 0, na = 0; il < m->hp.n_layer; il++) {
         const int linear = (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) != 0;
         h->lin_index[il] = linear ? n++ : -1;
@@ -63,6 +66,9 @@ rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out) {
 void rm_hybrid_free(rm_hybrid * h) {
     if (!h) {
         return;
+    }
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
+        free(h->ckpt[i]);
     }
     float * bufs[] = {h->conv_state, h->ssm_state, h->mixed, h->conv_out, h->z, h->ba, h->g, h->beta,
                       h->core, h->conv_w, h->chunk, h->qg, h->gate};
@@ -83,6 +89,66 @@ void rm_hybrid_reset(rm_hybrid * h, const rm_model * m) {
     rm_recurrent_buf_bytes(&p, bytes);
     memset(h->conv_state, 0, bytes[RM_RECURRENT_BUF_CONV_STATE]);
     memset(h->ssm_state, 0, bytes[RM_RECURRENT_BUF_SSM_STATE]);
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
+        h->ckpt_pos[i] = -1;
+    }
+}
+
+/* The bytes of the conv and the delta-rule states (a checkpoint holds both, in that order). */
+static void state_bytes(const rm_model * m, uint64_t * conv, uint64_t * ssm) {
+    const rm_size_params p = params_of(m, 1);
+    uint64_t bytes[RM_RECURRENT_BUF_COUNT];
+    rm_recurrent_buf_bytes(&p, bytes);
+    *conv = bytes[RM_RECURRENT_BUF_CONV_STATE];
+    *ssm = bytes[RM_RECURRENT_BUF_SSM_STATE];
+}
+
+rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos) {
+    if (!h) {
+        return RM_OK;
+    }
+    int slot = h->ckpt_next;
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
+        if (h->ckpt_pos[i] == pos) {
+            slot = i;
+        }
+    }
+    uint64_t conv, ssm;
+    state_bytes(m, &conv, &ssm);
+    if (!h->ckpt[slot] && !(h->ckpt[slot] = malloc(conv + ssm))) {
+        return rm_fail(RM_E_OOM, "rm_session_checkpoint: out of memory for a copy of the recurrent states (%llu bytes)",
+                       (unsigned long long) (conv + ssm));
+    }
+    memcpy(h->ckpt[slot], h->conv_state, conv);
+    memcpy((char *) h->ckpt[slot] + conv, h->ssm_state, ssm);
+    h->ckpt_pos[slot] = pos;
+    if (slot == h->ckpt_next) {
+        h->ckpt_next = (slot + 1) % RM_HYBRID_CHECKPOINTS;
+    }
+    return RM_OK;
+}
+
+int32_t rm_hybrid_rewind(rm_hybrid * h, const rm_model * m, int32_t n, int restore) {
+    int best = -1;
+    for (int i = 0; h && i < RM_HYBRID_CHECKPOINTS; i++) {
+        if (h->ckpt_pos[i] >= 0 && h->ckpt_pos[i] <= n && (best < 0 || h->ckpt_pos[i] > h->ckpt_pos[best])) {
+            best = i;
+        }
+    }
+    if (best < 0 || !restore) {
+        return best < 0 ? -1 : h->ckpt_pos[best];
+    }
+    uint64_t conv, ssm;
+    state_bytes(m, &conv, &ssm);
+    memcpy(h->conv_state, h->ckpt[best], conv);
+    memcpy(h->ssm_state, (const char *) h->ckpt[best] + conv, ssm);
+    const int32_t pos = h->ckpt_pos[best];
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {   /* later positions will hold other tokens */
+        if (h->ckpt_pos[i] > pos) {
+            h->ckpt_pos[i] = -1;
+        }
+    }
+    return pos;
 }
 
 /* ---- gated attention ------------------------------------------------------------------------ */

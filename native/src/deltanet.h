@@ -27,12 +27,27 @@ typedef struct rm_hybrid {
     float *   chunk;              /* n_v chunk scratches (rm_gdn_chunk_scratch) */
     float *   qg;                 /* n_batch rows of 2*n_head*head_dim: q and gate, per head */
     float *   gate;               /* n_batch rows of n_head*head_dim */
+
+    /* the conv and delta-rule states as they were at positions ckpt_pos (-1: an empty slot), each
+     * a copy of both (allocated at the first checkpoint); the delta rule's chunks are aligned to
+     * positions, so a state restored at p continues exactly as the sequence evaluated at once */
+    float *   ckpt[RM_HYBRID_CHECKPOINTS];
+    int32_t   ckpt_pos[RM_HYBRID_CHECKPOINTS];
+    int32_t   ckpt_next;          /* the slot the next checkpoint takes, round robin */
 } rm_hybrid;
 
 /* The session's hybrid state, zeroed; *out = NULL for a model without hybrid layers. */
 rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out);
 void      rm_hybrid_free(rm_hybrid * h);
-void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);
+void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);   /* states zeroed, checkpoints dropped */
+
+/* Keeps a copy of the states as they are now, at cache position pos (replacing one at pos, else
+ * the oldest). RM_E_OOM when its memory cannot be had (the states are unchanged). */
+rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos);
+
+/* The latest checkpointed position <= n (-1: none); with restore, the states are set back to it
+ * and the checkpoints after it dropped. */
+int32_t   rm_hybrid_rewind(rm_hybrid * h, const rm_model * m, int32_t n, int restore);
 
 /* x += the Gated DeltaNet of layer il over the n tokens of s->x, the step's sequences (s->runs)
  * each on its own session's conv and delta-rule states. The projections, gates, norms and the

@@ -210,6 +210,44 @@ static int64_t kv_place(const rm_session * s, int il, int32_t * ring) {
     return row0;
 }
 
+/* 1 when every sliding-window layer's ring still holds the window of position n_keep. */
+static int rings_keep(const rm_session * s, int32_t n_keep, int * layer, int32_t * ring_out) {
+    for (int il = 0; il < s->m->hp.n_layer; il++) {
+        int32_t ring = 0;
+        kv_place(s, il, &ring);
+        if (ring && ring < s->n_ctx && s->n_past - n_keep > ring - s->m->hp.n_swa) {   /* it lost n_keep's window */
+            *layer = il;
+            *ring_out = ring;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int32_t rm_session_reusable(const rm_session * s, int32_t n_keep) {
+    if (!s || n_keep <= 0) {
+        return 0;
+    }
+    if (n_keep >= s->n_past) {
+        return s->n_past;
+    }
+    if (s->hy) {
+        const int32_t p = rm_hybrid_rewind(s->hy, s->m, n_keep, 0);
+        return p > 0 ? p : 0;
+    }
+    int il;
+    int32_t ring;
+    return rings_keep(s, n_keep, &il, &ring) ? n_keep : 0;
+}
+
+rm_status rm_session_checkpoint(rm_session * s) {
+    rm_clear_error();
+    if (!s) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_checkpoint: NULL session");
+    }
+    return s->hy && s->n_past > 0 ? rm_hybrid_checkpoint(s->hy, s->m, s->n_past) : RM_OK;
+}
+
 rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
     rm_clear_error();
     if (!s) {
@@ -226,16 +264,20 @@ rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
         return rm_session_reset(s);
     }
     if (s->hy) {
-        return rm_fail(RM_E_STATE, "rm_session_truncate: %s: the recurrent state of the linear layers describes all %d "
-                       "positions and cannot go back to %d", s->m->arch->name, s->n_past, n_keep);
-    }
-    for (int il = 0; il < s->m->hp.n_layer; il++) {
-        int32_t ring = 0;
-        kv_place(s, il, &ring);
-        if (ring && ring < s->n_ctx && s->n_past - n_keep > ring - s->m->hp.n_swa) {   /* it lost n_keep's window */
-            return rm_fail(RM_E_STATE, "rm_session_truncate: layer %d's sliding window ring of %d positions cannot go back "
-                           "from %d to %d", il, ring, s->n_past, n_keep);
+        if (rm_hybrid_rewind(s->hy, s->m, n_keep, 0) != n_keep) {
+            return rm_fail(RM_E_STATE, "rm_session_truncate: %s: the recurrent state of the linear layers describes all "
+                           "%d positions, and no checkpoint was taken at %d (rm_session_reusable: %d)", s->m->arch->name,
+                           s->n_past, n_keep, rm_session_reusable(s, n_keep));
         }
+        rm_hybrid_rewind(s->hy, s->m, n_keep, 1);
+        s->n_past = n_keep;
+        return RM_OK;
+    }
+    int il;
+    int32_t ring;
+    if (!rings_keep(s, n_keep, &il, &ring)) {
+        return rm_fail(RM_E_STATE, "rm_session_truncate: layer %d's sliding window ring of %d positions cannot go back "
+                       "from %d to %d", il, ring, s->n_past, n_keep);
     }
     s->n_past = n_keep;
     return RM_OK;

@@ -134,5 +134,6 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
     uint64_t r[RM_RECURRENT_BUF_COUNT];
     rm_recurrent_buf_bytes(&q, r);
     for (int i = 0; i < RM_RECURRENT_BUF_COUNT; i++) out->recurrent_state += r[i];
+    out->recurrent_state += RM_HYBRID_CHECKPOINTS * (r[RM_RECURRENT_BUF_CONV_STATE] + r[RM_RECURRENT_BUF_SSM_STATE]);
     return RM_OK;
 }

@@ -285,7 +285,9 @@ class Model:
 
     def _reusable(self, prompt: Sequence[int]) -> int:
         """How many leading positions of the cache a prompt can keep: its common prefix with the
-        cached tokens, less one, so that at least one token is evaluated and gives logits."""
+        cached tokens, less one, so that at least one token is evaluated and gives logits, as far
+        as the cache can go back to (rm_session_reusable: a hybrid model, its latest checkpoint
+        inside that prefix)."""
         if not self.reuse_prefix or len(self._cached) != self.n_past:
             return 0
         n = 0
@@ -293,15 +295,13 @@ class Model:
             if a != b:
                 break
             n += 1
-        return n
+        return int(lib.rm_session_reusable(self._live(), n)) if n > 0 else 0
 
     def _keep_prefix(self, prompt: Sequence[int]) -> int:
         """Truncates the cache to the longest part of it that prompt repeats and that it can go back
         to (a hybrid model: the latest checkpoint inside it; see truncate), or empties it, and
         returns how many tokens were kept."""
         keep = self._reusable(prompt)
-        if keep > 0:
-            keep = int(lib.rm_session_reusable(self._live(), keep))
         if keep > 0:
             try:
                 self.truncate(keep)

@@ -903,15 +903,25 @@ RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_
         if (k >= cnt) {
             break;
         }
+        /* chunks 2p and 2p + 1 side by side in 512-bit registers (the levels, scales and
+         * activations of the two lie next to each other in memory): half the multiplies of
+         * 256-bit steps. Lane l of the low half sums the even chunks' lane l, of the high half
+         * the odd ones'; their sum is the one-token kernels' lane l, the same integer. */
+        __m512i wide[4];
+        for (int t = 0; t < nt; t++) {
+            wide[t] = _mm512_setzero_si512();
+        }
+        for (int p = 0; p < 4; p++) {
+            const __m512i q2 = _mm512_loadu_si512((const void *) &u[k].q[2 * p]);
+            const __m512i s2 = _mm512_loadu_si512((const void *) &u[k].s[2 * p]);
+            for (int t = 0; t < nt; t++) {
+                const __m512i x = _mm512_loadu_si512((const void *) (a[t][k].qs + 64 * p));
+                wide[t] = _mm512_dpwssd_epi32(wide[t], _mm512_maddubs_epi16(q2, x), s2);
+            }
+        }
         __m256i sumi[4];
         for (int t = 0; t < nt; t++) {
-            sumi[t] = _mm256_setzero_si256();
-        }
-        for (int j = 0; j < 8; j++) {
-            for (int t = 0; t < nt; t++) {
-                const __m256i x = _mm256_loadu_si256((const __m256i *) (a[t][k].qs + 32 * j));
-                sumi[t] = RM_KQ_ACC(sumi[t], _mm256_maddubs_epi16(u[k].q[j], x), u[k].s[j]);
-            }
+            sumi[t] = _mm256_add_epi32(_mm512_castsi512_si256(wide[t]), _mm512_extracti64x4_epi64(wide[t], 1));
         }
         for (int t = 0; t < nt; t++) {
             const __m256i bm = bsums_madd16(a[t][k].bsums, u[k].bw);
@@ -927,9 +937,10 @@ RM_INLINE void kq_run_grouped(const kq_unpacked * u, int cnt, const rm_block_q8_
             }
             if (k % 2) {
                 h[t][k / 2] = _mm256_hadd_epi32(prev[t], v);
+            } else if (k == cnt - 1) {
+                h[t][k / 2] = _mm256_hadd_epi32(v, _mm256_setzero_si256());   /* the run ends here */
             } else {
                 prev[t] = v;
-                h[t][k / 2] = _mm256_hadd_epi32(v, _mm256_setzero_si256());   /* if the run ends here */
             }
         }
     }

@@ -11,8 +11,9 @@ ratio.
 
     python tools/bench_prefix_reuse.py MODEL.gguf [--history 1000] [--turn 24] [--runs 5] [--threads 2]
 
-Architectures whose recurrent layers cannot reuse a prefix (the hybrid ones) evaluate cold in
-both cases; the tool says so.
+The hybrid architectures (Qwen3.5-MoE, Qwen3-Next) go back to the checkpoint of their recurrent
+states at the end of the last prompt (docs/ARCHITECTURE.md): where the cache still ends inside
+the new prompt they keep all of it, otherwise they re-evaluate from that checkpoint.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def main() -> None:
     print(f"  time to first token, cold prefill:  {c * 1e3:.1f} ms")
     print(f"  cold / reused: {c / w:.1f}x")
     if statistics.median(kept) == 0:
-        print("  (this architecture reuses no prefix: its recurrent state describes the whole context)")
+        print("  (no prefix was reused)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "threads": a.threads, "history": a.history, "answer": a.answer,

@@ -11,11 +11,14 @@ writer here calls it on its folder before it starts.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
 import secrets
 from typing import BinaryIO
+
+from .errors import RapidMoEError
 
 log = logging.getLogger("rapidmoe_gguf")
 
@@ -34,6 +37,45 @@ def create_temp(target: str) -> tuple[str, BinaryIO]:
         except FileExistsError:  # 64 random bits: only someone else's file can be in the way
             continue
         return path, os.fdopen(fd, "wb")
+
+
+class WriteError(RapidMoEError, OSError):
+    """A file could not be written; the message names it and the cause. Still an OSError, with
+    the cause's errno, for callers that catch those."""
+
+
+# ENOSPC: the file system is full; EDQUOT (absent on some systems): the user's quota is
+_NO_ROOM = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def write_error(target: str, exc: OSError, need: int | None = None) -> WriteError:
+    """The error to raise when writing ``target`` failed with ``exc``: it names the file and, when
+    the disk or the quota is full, the room left there and about how much the file wants
+    (``need`` bytes). Call it after removing the temporary, so that the room counts its space."""
+    msg = f"cannot write {target}: {exc.strerror or exc}"
+    if exc.errno in _NO_ROOM:
+        msg += ": " + _room_note(os.path.dirname(os.path.abspath(target)), exc.errno, need)
+    elif exc.filename:
+        msg += f" ({exc.filename})"
+    err = WriteError(msg)
+    err.errno = exc.errno   # not strerror: with both set, str() would become "[Errno 28] ..."
+    return err
+
+
+def _room_note(folder: str, err: int, need: int | None) -> str:
+    wants = f"; it needs about {_mib(need)}" if need else ""
+    if err != errno.ENOSPC:  # a quota's room is not what statvfs reports for the disk
+        return f"the disk quota for {folder} is used up{wants}"
+    try:
+        st = os.statvfs(folder)
+        free = f" ({_mib(st.f_bavail * st.f_frsize)} free there)"
+    except (OSError, AttributeError):  # no statvfs on Windows
+        free = ""
+    return f"the disk holding {folder} is full{free}{wants}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def fsync_file(f: BinaryIO) -> None:

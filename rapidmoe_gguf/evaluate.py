@@ -189,7 +189,7 @@ def _copy_with_kv(src: str, dst, kv: dict[str, object]) -> None:
         else:
             w.add_key_value(name, float(value), V.FLOAT32)
     for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        w.add_tensor(t.name, _WrittenByFile(t.data), raw_dtype=t.tensor_type)
     w.fout, w.state = [dst], WriterState.EMPTY  # our own file, not one the writer opens
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -198,18 +198,33 @@ def _copy_with_kv(src: str, dst, kv: dict[str, object]) -> None:
     w.close()
 
 
+class _WrittenByFile:
+    """A tensor that GGUFWriter stores with the file's write, not ndarray.tofile: a short write
+    of tofile raises only "N requested and M written", losing the errno (ENOSPC) that says why."""
+
+    def __init__(self, data: np.ndarray):
+        self.data = np.ascontiguousarray(data)
+        self.shape, self.dtype, self.nbytes = self.data.shape, self.data.dtype, self.data.nbytes
+
+    def tofile(self, f) -> None:
+        f.write(memoryview(self.data).cast("B"))
+
+
 def rewrite_with_kv(path: str, kv: dict[str, object]) -> None:
     """Adds or replaces keys of a GGUF file atomically: the old file stays intact on any failure,
     and the new one is on disk (file and folder fsync'd) when this returns."""
     path = os.path.abspath(path)
     atomic.sweep_leftovers(os.path.dirname(path))
+    need = os.path.getsize(path) if os.path.isfile(path) else None   # about the new file's size
     tmp, f = atomic.create_temp(path)
     try:
         with f:
             _copy_with_kv(path, f, kv)
         os.replace(tmp, path)
-    except BaseException:
-        atomic.remove_quietly(tmp)
+    except BaseException as exc:
+        atomic.remove_quietly(tmp)   # first: the room write_error reports counts the temporary's
+        if isinstance(exc, OSError) and not exc.filename:   # a write to the temporary (reads name their file)
+            raise atomic.write_error(path, exc, need=need) from exc
         raise
     atomic.fsync_dir(os.path.dirname(path))
 

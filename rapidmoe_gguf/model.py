@@ -69,7 +69,8 @@ class Model:
     under memory pressure, so a model larger than the memory still runs); ``False`` reads them
     whole into memory in 2 MiB pages where the kernel has transparent huge pages, which decodes
     faster (one TLB miss per 2 MiB of weights streamed, not per 4 KiB); ``None`` (default) reads
-    when the files fit in three quarters of the available memory and huge pages can be had, and
+    when the files fit in three quarters of the available memory (a container's memory limit
+    counted: the cgroup's, where it is less than the host's) and huge pages can be had, and
     maps otherwise. The environment variable ``RAPIDMOE_MMAP`` (``1``/``0``) sets it where the
     argument is ``None`` (e.g. for the command line).
     """

@@ -20,7 +20,8 @@ complete answer; a bad one must get a 4xx (a non-JSON content type or a foreign 
 served). Afterwards /health must show every slot idle and nothing waiting, and a last request must
 still be served. The server's resident memory (RSS) is read after the model is loaded, after a
 warm-up, every second of the run (the highest of each quarter is reported: a leak keeps climbing,
-an allocator's working set levels off) and at the end.
+an allocator's working set levels off) and at the end; with --rss-every N also after every N
+requests answered, as a curve of (requests, MiB); --valid-only sends valid requests alone.
 
 Exit status 1 on any unexpected 5xx, connection reset or truncated answer, a client timeout, a
 bad request answered 2xx, a slot not freed, or an error logged by the server (when it was started
@@ -372,14 +373,28 @@ class Soak:
         self.failures: list[str] = []
         self.n_sent = 0
         self.stop_at = 0.0
+        self.n_done = 0
+        self.rss_curve: list[tuple[int, int]] = []   # (requests answered, RSS KiB) every --rss-every
+        self.pid: int | None = None
+
+    def _done(self) -> None:
+        """Counts an answered request (the lock held); samples RSS every --rss-every of them."""
+        self.n_done += 1
+        every = self.args.rss_every
+        if every and self.n_done % every == 0:
+            kib = rss_kib(self.pid)
+            if kib is not None:
+                self.rss_curve.append((self.n_done, kib))
 
     def count(self, name: str, outcome: str) -> None:
         with self.lock:
             self.outcomes[name][outcome] += 1
+            self._done()
 
     def fail(self, name: str, outcome: str, detail: str) -> None:
         with self.lock:
             self.outcomes[name][outcome] += 1
+            self._done()
             if len(self.failures) < 50:
                 self.failures.append(f"{name}: {outcome}: {detail}")
 
@@ -392,7 +407,7 @@ class Soak:
 
     def client(self, seed: int) -> None:
         c = Client(self, random.Random(seed))
-        mix = [("valid", 0.55), ("disconnect", 0.2), ("bad", 0.25)]
+        mix = [("valid", 1.0)] if self.args.valid_only else [("valid", 0.55), ("disconnect", 0.2), ("bad", 0.25)]
         while self.take():
             pick = c.rng.choices([m for m, _ in mix], [w for _, w in mix])[0]
             try:
@@ -454,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue", type=int, default=16, help="queue of the started server (default: %(default)s)")
     p.add_argument("--ctx", type=int, default=512, help="context of the started server (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of the started server (default: %(default)s)")
+    p.add_argument("--valid-only", action="store_true", help="send valid requests only (e.g. to measure RSS)")
+    p.add_argument("--rss-every", type=int, default=0, metavar="N",
+                   help="also sample the server's RSS after every N requests answered")
     p.add_argument("--json", help="write the figures to this file as JSON")
     args = p.parse_args(argv)
 
@@ -480,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         rss_before = rss_kib(pid)
 
         soak = Soak(args, host, port)
+        soak.pid = pid
         samples: list[int] = []                        # RSS every second of the run, to tell growth from a plateau
         done = threading.Event()
 
@@ -522,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         "server_counts": {k: stats.get(k) for k in ("requests", "cancelled", "errors", "prompt_tokens",
                                                       "completion_tokens")},
         "rss_kib": {"loaded": rss_loaded, "warm": rss_before, "after": rss_after,
-                    "max_by_quarter": quarters(samples)},
+                    "max_by_quarter": quarters(samples), "by_requests": soak.rss_curve},
         "failures": failures,
     }
     print(f"soak: {n} requests in {elapsed:.1f} s from {args.clients} clients")
@@ -535,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  server RSS: {rss_loaded / 1024:.0f} MiB loaded, {rss_before / 1024:.0f} MiB warm, "
               f"{rss_after / 1024:.0f} MiB after ({growth:+.1f} MiB); the highest of each quarter of the run: "
               + ", ".join(f"{q / 1024:.0f}" for q in quarters(samples)) + " MiB")
+        if soak.rss_curve:
+            print("  server RSS by requests answered: "
+                  + ", ".join(f"{n}: {kib / 1024:.1f}" for n, kib in soak.rss_curve) + " MiB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -388,7 +388,8 @@ typedef struct rm_model_params {
      * them whole into anonymous memory, in 2 MiB pages where the kernel has transparent huge
      * pages: a decode streams every weight it uses once per token, and with the 4 KiB pages of a
      * mapped file each page costs a TLB miss. RM_LOAD_AUTO (0) reads a file when huge pages can
-     * be had and it fits in three quarters of the available memory, and maps it otherwise (and
+     * be had and it fits in three quarters of the available memory (MemAvailable, or the room under
+     * the process's memory cgroup limit where that is less: a container's), and maps it otherwise (and
      * always maps for a GPU placement, whose experts live on the device). */
     int32_t      load;
 } rm_model_params;

@@ -782,8 +782,137 @@ static rm_status read_contents(const char * path, int fd, uint64_t size, const u
     return RM_OK;
 }
 
+#ifdef __linux__
+/* A memory cgroup's files: v2 keeps them in the group's folder, v1 under the memory controller's
+ * own hierarchy. Page cache counts towards the usage, but the kernel reclaims its inactive part
+ * before it kills, so that part is room (as MemAvailable counts it). */
+typedef struct cgroup_files {
+    const char * controller;  /* the controller named in /proc/self/cgroup: "" for v2's "0::" line */
+    const char * sub;         /* the hierarchy's folder under the cgroup root */
+    const char * limit, * usage, * inactive_key;
+} cgroup_files;
+
+static const cgroup_files CGROUP_V2 = {"", "", "memory.max", "memory.current", "inactive_file"};
+static const cgroup_files CGROUP_V1 = {"memory", "/memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                       "total_inactive_file"};
+
+enum { CGROUP_PATH_MAX = 4096, CGROUP_DIR_MAX = 2 * CGROUP_PATH_MAX + 64 };   /* root + group */
+
+static const char * cgroup_root(void) {
+    const char * root = getenv("RAPIDMOE_CGROUP_ROOT");   /* a testing hook: a fake tree */
+    return root && *root ? root : "/sys/fs/cgroup";
+}
+
+/* The number in dir/name, or after "key " on one of its lines when key is given. 0 when the
+ * file or the key is missing or holds no number (v2's "max": no limit). */
+static int cgroup_value(const char * dir, const char * name, const char * key, uint64_t * out) {
+    char path[CGROUP_DIR_MAX + 64], line[256];
+    if ((size_t) snprintf(path, sizeof(path), "%s/%s", dir, name) >= sizeof(path)) {
+        return 0;
+    }
+    FILE * f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    const size_t n = key ? strlen(key) : 0;
+    unsigned long long v = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f)) {
+        if (key == NULL) {
+            found = sscanf(line, "%llu", &v) == 1;
+            break;
+        }
+        found = !strncmp(line, key, n) && line[n] == ' ' && sscanf(line + n + 1, "%llu", &v) == 1;
+    }
+    fclose(f);
+    *out = (uint64_t) v;
+    return found;
+}
+
+/* The room under the limit of the group in dir: UINT64_MAX without a limit there. */
+static uint64_t cgroup_room_in(const char * dir, const cgroup_files * k) {
+    uint64_t limit, usage = 0, inactive = 0;
+    if (!cgroup_value(dir, k->limit, NULL, &limit)) {
+        return UINT64_MAX;
+    }
+    cgroup_value(dir, k->usage, NULL, &usage);
+    cgroup_value(dir, "memory.stat", k->inactive_key, &inactive);
+    const uint64_t used = usage > inactive ? usage - inactive : 0;
+    return limit > used ? limit - used : 0;
+}
+
+/* 1 when the comma-separated list names controller; v2's line has an empty list. */
+static int names_controller(const char * list, const char * controller) {
+    const size_t n = strlen(controller);
+    if (n == 0) {
+        return *list == '\0';
+    }
+    for (const char * c = list;; c++) {
+        if (!strncmp(c, controller, n) && (c[n] == ',' || c[n] == '\0')) {
+            return 1;
+        }
+        if ((c = strchr(c, ',')) == NULL) {
+            return 0;
+        }
+    }
+}
+
+/* This process's group in k's hierarchy ("/a/b", from its line "id:controllers:/a/b" in
+ * /proc/self/cgroup) into path; "" (the root) without such a line. */
+static void own_cgroup(const cgroup_files * k, char * path, size_t size) {
+    char line[CGROUP_PATH_MAX + 256];
+    path[0] = '\0';
+    FILE * f = fopen("/proc/self/cgroup", "r");
+    if (f == NULL) {
+        return;
+    }
+    while (fgets(line, sizeof(line), f)) {
+        char * list = strchr(line, ':');
+        char * group = list ? strchr(list + 1, ':') : NULL;
+        if (group == NULL) {
+            continue;
+        }
+        *group++ = '\0';
+        group[strcspn(group, "\n")] = '\0';
+        if (names_controller(list + 1, k->controller) && strlen(group) < size) {
+            strcpy(path, group);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* The least room under the limits of this process's group and of every group above it (a
+ * parent's limit binds its children; and where a container shows a host path that its own
+ * tree lacks, the search ends at the root, the container's group): UINT64_MAX without any. */
+static uint64_t cgroup_room(const cgroup_files * k) {
+    char dir[CGROUP_DIR_MAX], group[CGROUP_PATH_MAX];
+    own_cgroup(k, group, sizeof(group));
+    const int top = snprintf(dir, sizeof(dir), "%s%s", cgroup_root(), k->sub);
+    if (top < 0 || (size_t) top + strlen(group) >= sizeof(dir)) {
+        return UINT64_MAX;
+    }
+    strcpy(dir + top, group);
+    uint64_t room = cgroup_room_in(dir, k);
+    for (char * slash; (slash = strrchr(dir + top, '/')) != NULL;) {
+        *slash = '\0';
+        const uint64_t r = cgroup_room_in(dir, k);
+        room = r < room ? r : room;
+    }
+    return room;
+}
+
+static uint64_t memory_limit_room(void) {
+    const uint64_t v2 = cgroup_room(&CGROUP_V2), v1 = cgroup_room(&CGROUP_V1);
+    return v2 < v1 ? v2 : v1;
+}
+#else
+static uint64_t memory_limit_room(void) { return UINT64_MAX; }   /* cgroups are Linux's */
+#endif
+
 /* RM_LOAD_AUTO's choice: read when the kernel gives huge pages on request and the file takes at
- * most three quarters of the memory available now (/proc/meminfo's MemAvailable). */
+ * most three quarters of the memory available now: /proc/meminfo's MemAvailable, or less under
+ * a memory cgroup's limit (a container's), since reading past that gets the process killed. */
 static int read_pays(uint64_t size) {
     char buf[128] = {0};
     FILE * f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
@@ -803,7 +932,10 @@ static int read_pays(uint64_t size) {
         }
         fclose(f);
     }
-    return size <= (uint64_t) avail_kib * 1024 / 4 * 3;
+    uint64_t avail = (uint64_t) avail_kib * 1024;
+    const uint64_t room = memory_limit_room();
+    avail = room < avail ? room : avail;
+    return size <= avail / 4 * 3;
 }
 #endif
 

@@ -115,8 +115,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], recipe: st
         for p in temps:
             atomic.remove_quietly(p)
         if isinstance(exc, OSError):
-            raise RapidMoEError(f"cannot write {out}: {exc.strerror or exc}"
-                                + (f" ({exc.filename})" if exc.filename else "")) from exc
+            raise atomic.write_error(out, exc) from exc
         raise
     finally:
         source.close()

@@ -200,9 +200,12 @@ def random_iq_weights(name: str, shape: tuple, seed: int):
     return data, gq.dequantize(data, qtype)
 
 
-def write_gguf_like(src, dst, tensors: dict, kv: dict | None = None) -> None:
+def write_gguf_like(src, dst, tensors: dict | None = None, kv: dict | None = None, *, drop=(),
+                    rename: dict | None = None, add: dict | None = None) -> None:
     """Copies the GGUF file src to dst with some tensors replaced: tensors maps a name to
-    (numpy data, raw ggml type or None for a float32 array); kv maps keys to new int values."""
+    (numpy data, raw ggml type or None for a float32 array); kv maps keys to new int values; the
+    tensors named in drop are left out, those in rename renamed, and add's (name -> float32 array)
+    appended."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
@@ -214,8 +217,12 @@ def write_gguf_like(src, dst, tensors: dict, kv: dict | None = None) -> None:
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
         w.add_key_value(name, (kv or {}).get(name, field.contents()), vtype, sub_type=sub)
     for t in r.tensors:
-        data, raw = tensors.get(t.name, (t.data, t.tensor_type))
-        w.add_tensor(t.name, data, raw_dtype=raw)
+        if t.name in drop:
+            continue
+        data, raw = (tensors or {}).get(t.name, (t.data, t.tensor_type))
+        w.add_tensor((rename or {}).get(t.name, t.name), data, raw_dtype=raw)
+    for name, data in (add or {}).items():
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -14,28 +14,7 @@ import pytest
 
 import rapidmoe_gguf as rm
 from rapidmoe_gguf.errors import FormatError, RapidMoEError
-
-
-def copy_gguf(src, dst, *, drop=(), rename=None, add=None) -> None:
-    """src with the tensors in drop left out, those in rename renamed and add's (name -> float32
-    array) appended."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
-        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
-    for t in r.tensors:
-        if t.name not in drop:
-            w.add_tensor((rename or {}).get(t.name, t.name), t.data, raw_dtype=t.tensor_type)
-    for name, data in (add or {}).items():
-        w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+from conftest import write_gguf_like
 
 
 def _hf(tmp_path, tiny_hf, kind):
@@ -85,9 +64,9 @@ def test_loader_every_layer_tensor_dropped_or_renamed(files, kind, tmp_path):
     seen = set()
     for i, name in enumerate(names):
         dst = tmp_path / f"d{i}.gguf"
-        copy_gguf(src, dst, drop={name})
+        write_gguf_like(src, dst, drop={name})
         seen.add(runs_or_refused(dst))
-        copy_gguf(src, dst, rename={name: name.replace("blk.1.", "blk.1.x")})
+        write_gguf_like(src, dst, rename={name: name.replace("blk.1.", "blk.1.x")})
         seen.add(runs_or_refused(dst))
     assert "refused" in seen   # the required tensors at least
 
@@ -100,12 +79,12 @@ def test_loader_refuses_a_q_norm_without_its_k_norm(files, tmp_path):
     assert "blk.1.attn_q_norm.weight" in names and "blk.1.attn_k_norm.weight" in names
     for drop in ("blk.1.attn_k_norm.weight", "blk.1.attn_q_norm.weight"):
         dst = tmp_path / "g.gguf"
-        copy_gguf(src, dst, drop={drop})
+        write_gguf_like(src, dst, drop={drop})
         kept = ({"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"} - {drop}).pop()
         with pytest.raises(FormatError, match=f"'{kept}' is present but '{drop}' is missing"):
             rm.Model(dst, n_ctx=16, n_threads=1)
     both = tmp_path / "both.gguf"
-    copy_gguf(src, both, drop={"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"})
+    write_gguf_like(src, both, drop={"blk.1.attn_q_norm.weight", "blk.1.attn_k_norm.weight"})
     assert runs_or_refused(both) == "runs"   # neither: the layer runs without q/k norms
 
 
@@ -115,6 +94,6 @@ def test_loader_refuses_a_q_bias_without_k_and_v(files, tmp_path):
     info = {t.name: t for t in gguf.GGUFReader(str(src)).tensors}
     q_rows = int(info["blk.0.attn_q.weight"].shape[1])
     dst = tmp_path / "b.gguf"
-    copy_gguf(src, dst, add={"blk.0.attn_q.bias": np.full(q_rows, 0.01, np.float32)})
+    write_gguf_like(src, dst, add={"blk.0.attn_q.bias": np.full(q_rows, 0.01, np.float32)})
     with pytest.raises(FormatError, match="'blk.0.attn_q.bias' is present but 'blk.0.attn_[kv].bias' is missing"):
         rm.Model(dst, n_ctx=16, n_threads=1)

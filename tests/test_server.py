@@ -27,14 +27,22 @@ def gguf(tiny_hf, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running(model, **config):
-    """Serves model in a thread; yields the base URL. Stops the server, then closes the model."""
+def running(model, keep_alive: float | None = None, **config):
+    """Serves model in a thread with the uvicorn configuration ``rapidmoe serve`` uses (its protocol
+    with the header and body time limits); ``keep_alive``: seconds an idle connection is kept
+    (uvicorn's timeout_keep_alive; None: uvicorn's default). Yields the base URL and the server's
+    state. Stops the server, then closes the model."""
     import uvicorn
 
-    app = srv.create_app(model, srv.ServerConfig(**config))
+    cfg = srv.ServerConfig(**config)
+    app = srv.create_app(model, cfg)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    uconfig = srv.uvicorn_config(app, cfg, log_level="warning")
+    uconfig.timeout_graceful_shutdown = 2
+    if keep_alive is not None:
+        uconfig.timeout_keep_alive = keep_alive
+    server = uvicorn.Server(uconfig)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -343,30 +343,11 @@ def test_parse_request_refuses_lone_surrogates(gguf):
 
 @contextlib.contextmanager
 def serving(model, keep_alive: float = 5, **config):
-    """As test_server.running, but with the uvicorn configuration ``rapidmoe serve`` uses (its
-    protocol with the header and body time limits), and ``keep_alive`` seconds for an idle
-    connection (uvicorn's timeout_keep_alive); yields (host, port)."""
-    import uvicorn
-
-    cfg = srv.ServerConfig(**config)
-    app = srv.create_app(model, cfg)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    uconfig = srv.uvicorn_config(app, cfg, log_level="warning")
-    uconfig.timeout_keep_alive = keep_alive
-    server = uvicorn.Server(uconfig)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield sock.getsockname()
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        model.close()
+    """test_server.running (the uvicorn configuration ``rapidmoe serve`` uses) with ``keep_alive``
+    seconds for an idle connection; yields (host, port)."""
+    with running(model, keep_alive=keep_alive, **config) as (url, _):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        yield host, int(port)
 
 
 def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> tuple[float, bytes] | None:

@@ -57,19 +57,22 @@ def test_bench_cli_reports_medians_and_the_profile(capsys):
     assert f"({rm.cpu_isa()} kernels)" in text and kernels.cpu_isa_reason() in text
 
 
-def test_bench_says_why_a_kernel_set_was_chosen():
+def test_bench_says_why_a_kernel_set_was_chosen(tmp_path):
     """The set in use and why: the CPU's best (or a lower one measured faster on its family), or the
-    one $RAPIDMOE_ISA names, in a fresh process."""
+    one $RAPIDMOE_ISA names, in a fresh process (run outside the source tree, whose package is not
+    built in a plain install)."""
     import subprocess
     import sys
 
     code = "import rapidmoe_gguf as rm; from rapidmoe_gguf import kernels; print(rm.cpu_isa(), kernels.cpu_isa_reason())"
     for isa in kernels.supported_isas():
         env = dict(os.environ, RAPIDMOE_ISA=isa)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=tmp_path).stdout
         assert out.strip() == f"{isa} RAPIDMOE_ISA={isa}"
     env = {k: v for k, v in os.environ.items() if k != "RAPIDMOE_ISA"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout
     isa, why = out.strip().split(" ", 1)
     assert isa in kernels.supported_isas() and why and not why.startswith("RAPIDMOE_ISA")
 

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 from datetime import datetime
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jinja2
 import jinja2.ext
@@ -46,7 +46,7 @@ from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 from .errors import InvalidArgumentError, UnsupportedError
-from .sampling import SAMPLING_DEFAULTS as _SD
+from .sampling import SAMPLING_DEFAULTS as _SD, LogitBias, SamplingParams, chat_top_logprobs
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -413,19 +413,24 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                            stop: str | Sequence[str] | None = None, stream: bool = False,
                            model: str | None = None, reasoning_effort: str | None = None,
-                           show_reasoning: bool = False):
+                           show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
+                           logit_bias: Mapping | None = None):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
     result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
-    final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``."""
+    final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``;
+    its ``logprobs`` cover every generated token, the channels' headers and a hidden analysis
+    included (they go with the next chunk shown)."""
     if reasoning_effort not in (None, "low", "medium", "high"):
         raise InvalidArgumentError(f"reasoning_effort must be low, medium or high, got {reasoning_effort!r}")
+    n_top = chat_top_logprobs(logprobs, top_logprobs)
+    bias = LogitBias.check(logit_bias, llm.n_vocab)
     prompt = chat_prompt(llm, messages, reasoning_effort=reasoning_effort)
     harmony = is_harmony(llm.tokenizer)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)
-    completion = llm.create_completion(
-        prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, seed=seed)
+    completion = llm._completion(prompt, max_tokens, sampling, stop, stream, model, n_top, bias, "chat")
     if stream:
         return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning)
     choice = completion["choices"][0]
@@ -437,7 +442,8 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
             message["reasoning_content"] = parts["analysis"]
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": choice["finish_reason"]}],
+            "choices": [{"index": 0, "message": message, "logprobs": choice["logprobs"],
+                         "finish_reason": choice["finish_reason"]}],
             "usage": completion["usage"]}
 
 
@@ -460,15 +466,21 @@ class ChatChunks:
     def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False):
         self.channels, self.show_reasoning = channels, show_reasoning
         self._head: dict | None = None
+        self._tokens: list[dict] = []      # logprobs of tokens whose text no chat chunk has carried yet
 
     def feed(self, c: dict) -> list[dict]:
-        """The chat chunks that the completion chunk c gives."""
+        """The chat chunks that the completion chunk c gives. The completion chunk's logprobs (chat
+        shape: {"content": [...]}) go with the first chunk that carries text, or with the last
+        (where the finish reason is) when none does; a harmony model's text that is not shown
+        (held back, or an analysis channel not asked for) passes its logprobs on to the next."""
         out, channels = [], self.channels
         if self._head is None:
             self._head = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
                           "model": c["model"]}
             out.append(self._chunk({"role": "assistant"}))
         choice = c["choices"][0]
+        if choice.get("logprobs"):
+            self._tokens += choice["logprobs"]["content"]
         if choice["finish_reason"] is not None:
             out += [self._chunk(d) for d in _deltas(channels, channels.flush() if channels else [],
                                                     self.show_reasoning)]
@@ -479,7 +491,10 @@ class ChatChunks:
         return out
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
-        return dict(self._head, choices=[{"index": 0, "delta": delta, "logprobs": None,
+        logprobs = None
+        if self._tokens and ("role" not in delta or finish_reason is not None):
+            logprobs, self._tokens = {"content": self._tokens}, []
+        return dict(self._head, choices=[{"index": 0, "delta": delta, "logprobs": logprobs,
                                           "finish_reason": finish_reason}])
 
 

@@ -14,7 +14,7 @@ import os
 import time
 import uuid
 import weakref
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -24,7 +24,8 @@ from . import planner, umia
 from .errors import InvalidArgumentError, NoResidualError, RapidMoEError, StateError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
-from .sampling import SAMPLING_DEFAULTS as _SD, Sampler, SamplingParams
+from .sampling import (SAMPLING_DEFAULTS as _SD, LogitBias, Sampler, SamplingParams, TokenLogprob,
+                       check_top_logprobs, logprobs_shape)
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = logging.getLogger("rapidmoe")
@@ -540,14 +541,24 @@ class Model:
     # -- generation -----------------------------------------------------------------------------
 
     def generate_tokens(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
-                        stop_ids: set[int] | None = None) -> Iterator[int]:
+                        stop_ids: set[int] | None = None, *, logit_bias: Mapping | None = None) -> Iterator[int]:
         """Yields generated token ids until an end-of-generation token or max_tokens.
 
         Only the prompt's tokens after its common prefix with the cache are evaluated (the rest
         is kept; ``reuse_prefix = False`` evaluates all from an empty cache), as llama-cpp-python
         does; ``last_timings["prompt_reused"]`` says how many were kept. The prompt goes in steps
         of n_batch tokens; when ``cancel`` (e.g. a threading.Event) is set, generation stops between
-        them or before the next token."""
+        them or before the next token. ``logit_bias``: token id -> a bias in [-100, 100] added to
+        that token's logit before sampling (OpenAI's logit_bias)."""
+        bias = LogitBias.check(logit_bias, self.n_vocab)
+        for t, _ in self._generate(prompt_ids, max_tokens, sampling, stop_ids, bias):
+            yield t
+
+    def _generate(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
+                  stop_ids: set[int] | None = None, bias: LogitBias | None = None,
+                  n_top: int | None = None) -> Iterator[tuple[int, TokenLogprob | None]]:
+        """generate_tokens, each token with its TokenLogprob and the n_top most likely tokens'
+        (None when n_top is None: then no log-probability is computed)."""
         prompt = self._as_tokens(prompt_ids)
         if prompt.size == 0:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
@@ -557,7 +568,7 @@ class Model:
             raise InvalidArgumentError(
                 f"the prompt has {prompt.size} tokens and {max_tokens} more were asked for, "
                 f"but the context holds {self.n_ctx} (raise n_ctx)")
-        sampler = Sampler(sampling)
+        sampler = Sampler(sampling, bias)
         stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
         history = prompt.tolist()
         t0 = time.perf_counter()
@@ -576,9 +587,10 @@ class Model:
             t = sampler.sample(logits, history)
             if t in stop:
                 break
+            logprob = sampler.logprob(logits, t, n_top) if n_top is not None else None
             history.append(t)
             self.last_timings["gen_tokens"] += 1
-            yield t
+            yield t, logprob
             if self.n_past >= self.n_ctx or (self.cancel is not None and self.cancel.is_set()):
                 break
             logits = self.eval([t])
@@ -605,51 +617,86 @@ class Model:
         elif params:
             raise InvalidArgumentError(f"stream: give sampling or {', '.join(params)}, not both")
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        for piece, _ in self._pieces(ids, max_tokens, stop, sampling):
+            yield piece
+
+    def _pieces(self, ids: Sequence[int], max_tokens: int, stop: str | Sequence[str], sampling: SamplingParams,
+                bias: LogitBias | None = None, n_top: int | None = None) -> Iterator[tuple[str, list]]:
+        """stream's pieces, each with the (TokenLogprob, text offset) of the tokens whose text it
+        completes (TextStream.released; [] when n_top is None)."""
         text = TextStream(self.tokenizer, stop)
         self.finish_reason = "stop"
-        for t in self.generate_tokens(ids, max_tokens, sampling):
-            piece = text.feed(t)
+        for t, logprob in self._generate(ids, max_tokens, sampling, None, bias, n_top):
+            piece = text.feed(t, logprob)
             if piece is not None:
-                yield piece
+                yield piece, text.released()
             if text.stopped:
                 return
         if self.last_timings.get("gen_tokens", 0) >= max_tokens:
             self.finish_reason = "length"
         rest = text.flush()
-        if rest:
-            yield rest
+        left = text.released()
+        if rest or left:
+            yield rest, left
 
     def create_completion(self, prompt, max_tokens: int = 16, temperature: float = _SD["temperature"],
                           top_p: float = _SD["top_p"], top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
                           repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
-                          stop: str | Sequence[str] | None = None, stream: bool = False, model: str | None = None):
+                          stop: str | Sequence[str] | None = None, stream: bool = False, model: str | None = None,
+                          logprobs: int | None = None, logit_bias: Mapping | None = None):
         """An OpenAI-style text completion, as llama-cpp-python returns it (a dict, or an iterator
-        of chunk dicts when streaming)."""
+        of chunk dicts when streaming). ``logprobs`` N (0 to 20): each generated token's
+        log-probability and the N most likely tokens' (OpenAI's legacy shape: tokens,
+        token_logprobs, top_logprobs, text_offset; see sampling.token_logprob for what they
+        measure). ``logit_bias``: token id -> a bias in [-100, 100] added to its logit."""
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty, seed=seed)
+        n_top = None if logprobs is None else check_top_logprobs(logprobs, "logprobs")
+        return self._completion(prompt, max_tokens, sampling, stop, stream, model, n_top,
+                                LogitBias.check(logit_bias, self.n_vocab), "completion")
+
+    def _completion(self, prompt, max_tokens: int, sampling: SamplingParams, stop: str | Sequence[str] | None,
+                    stream: bool, model: str | None, n_top: int | None, bias: LogitBias | None, kind: str,
+                    text_offset: int | None = None):
+        """create_completion, with the logprobs (n_top not None) in the shape of ``kind``'s
+        choices ("completion" or "chat": create_chat_completion's, which moves them over).
+        ``text_offset``: the legacy shape's offset of the completion's text (None: the prompt's length)."""
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
         name = model or os.path.basename(self.path)
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        shape = None
+        if n_top is not None:    # legacy offsets count from the prompt's start: its text, or its tokens' text
+            if text_offset is None and kind == "completion":
+                text_offset = len(prompt) if isinstance(prompt, str) else len(self.detokenize(prompt_ids))
+            shape = logprobs_shape(kind, self.tokenizer, text_offset or 0)
+        pieces = self._pieces(prompt_ids, max_tokens, stops, sampling, bias, n_top)
 
         def usage():
             n_gen = self.last_timings.get("gen_tokens", 0)
             return {"prompt_tokens": len(prompt_ids), "completion_tokens": n_gen,
                     "total_tokens": len(prompt_ids) + n_gen}
 
+        def chunk(text: str, items: list, finish_reason: str | None) -> dict:
+            logprobs = shape(items) if shape is not None and items else None
+            return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                    "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]}
+
         if stream:
             def it():
-                for text in self.stream(prompt_ids, max_tokens, stop=stops, sampling=sampling):
-                    yield {"id": cid, "object": "text_completion", "created": created, "model": name,
-                           "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}]}
-                yield {"id": cid, "object": "text_completion", "created": created, "model": name,
-                       "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": self.finish_reason}]}
+                for text, items in pieces:
+                    yield chunk(text, items, None)
+                yield chunk("", [], self.finish_reason)
             return it()
-        text = "".join(self.stream(prompt_ids, max_tokens, stop=stops, sampling=sampling))
-        return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish_reason}],
-                "usage": usage()}
+        texts, items = [], []
+        for text, got in pieces:
+            texts.append(text)
+            items += got
+        out = chunk("".join(texts), items, self.finish_reason)
+        if shape is not None and not items:
+            out["choices"][0]["logprobs"] = shape([])
+        return {**out, "usage": usage()}
 
     def create_chat_completion(self, messages: Sequence[dict], max_tokens: int | None = None,
                                temperature: float = _SD["temperature"], top_p: float = _SD["top_p"],
@@ -657,17 +704,21 @@ class Model:
                                repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                                stop: str | Sequence[str] | None = None, stream: bool = False,
                                model: str | None = None, reasoning_effort: str | None = None,
-                               show_reasoning: bool = False):
+                               show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
+                               logit_bias: Mapping | None = None):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
         with the model's own chat template (see ``rapidmoe_gguf.chat``). ``max_tokens`` None: up to
         the end of the context. gpt-oss: ``reasoning_effort`` goes to its template, the reply is its
-        final channel, and the analysis channel comes as ``reasoning_content`` with ``show_reasoning``."""
+        final channel, and the analysis channel comes as ``reasoning_content`` with ``show_reasoning``.
+        ``logprobs``: each generated token's log-probability, with the ``top_logprobs`` (0 to 20)
+        most likely tokens' (OpenAI's shape); ``logit_bias``: token id -> a bias in [-100, 100]."""
         from . import chat
 
         return chat.create_chat_completion(
             self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model,
-            reasoning_effort=reasoning_effort, show_reasoning=show_reasoning)
+            reasoning_effort=reasoning_effort, show_reasoning=show_reasoning, logprobs=logprobs,
+            top_logprobs=top_logprobs, logit_bias=logit_bias)
 
     # -- several sequences at once --------------------------------------------------------------
 
@@ -739,7 +790,14 @@ class TextStream:
     ``feed`` returns the text a token completes, or None while there is none; text that could
     begin a stop string is held back until it cannot. When the text reaches a stop string,
     ``feed`` returns what comes before it (maybe "") and ``stopped`` turns true: the reply ends
-    there, and nothing held back follows. Otherwise ``flush`` gives the rest at the end."""
+    there, and nothing held back follows. Otherwise ``flush`` gives the rest at the end.
+
+    A token fed with a ``tag`` (its log-probability) is followed to the text given out:
+    ``released`` returns the tags of the tokens whose text has all been given out since its last
+    call, so that a chunk carries the logprobs of the tokens whose text it carries. A token that
+    holds only the first bytes of a character goes with the token that completes it; after a
+    stop string, the tokens whose text begins before it go (the stop string's own do not); after
+    ``flush``, all. Tokens fed without a tag cost nothing here."""
 
     def __init__(self, tokenizer: Tokenizer, stop: str | Sequence[str] = ()):
         self.stops = [stop] if isinstance(stop, str) else list(stop)
@@ -747,22 +805,59 @@ class TextStream:
         self._pending = ""
         self._hold = max((len(s) for s in self.stops), default=0)
         self.stopped = False
+        self._decoded = 0              # characters decoded so far
+        self._given = 0                # of them, given out by feed and flush
+        self._flushed = False
+        self._tagged: list[list] = []  # [tag, start, end or None] of tagged tokens not yet released
 
-    def feed(self, token: int) -> str | None:
-        self._pending += self._dec.feed(token)
+    def feed(self, token: int, tag=None) -> str | None:
+        text = self._dec.feed(token)
+        if tag is not None:
+            self._track(tag, len(text))
+        self._decoded += len(text)
+        self._pending += text
         hits = [self._pending.find(s) for s in self.stops if s and s in self._pending]
         if hits:
             self.stopped = True
-            return self._pending[:min(hits)]
+            return self._give(self._pending[:min(hits)])
         if len(self._pending) > self._hold:
             cut = len(self._pending) - self._hold
             piece, self._pending = self._pending[:cut], self._pending[cut:]
-            return piece
+            return self._give(piece)
         return None
 
     def flush(self) -> str:
         rest, self._pending = self._pending + self._dec.flush(), ""
-        return rest
+        self._flushed = True
+        return self._give(rest)
+
+    def released(self) -> list[tuple[Any, int]]:
+        """(tag, the token's character offset in the text) of the tagged tokens whose text has
+        been given out since the last call (see the class)."""
+        if self._flushed:
+            n = len(self._tagged)
+        elif self.stopped:
+            n = sum(1 for _, start, _ in self._tagged if start < self._given)
+        else:
+            n = 0
+            while n < len(self._tagged) and self._tagged[n][2] is not None and self._tagged[n][2] <= self._given:
+                n += 1
+        out = [(tag, start) for tag, start, _ in self._tagged[:n]]
+        self._tagged = [] if self.stopped or self._flushed else self._tagged[n:]
+        return out
+
+    def _track(self, tag, n_chars: int) -> None:
+        start = self._decoded
+        if n_chars:            # the tokens before that gave no text held the first bytes of this one's
+            for item in reversed(self._tagged):
+                if item[2] is not None:
+                    break
+                item[2] = start + n_chars
+        self._tagged.append([tag, start, start + n_chars if n_chars else None])
+
+    def _give(self, piece: str) -> str:
+        self._given += len(piece)
+        return piece
 
 
 def eval_batch(seqs: Sequence[tuple[Model, Sequence[int]]], all_logits: bool = False) -> list[np.ndarray]:

@@ -44,7 +44,7 @@ import numpy as np
 from . import chat
 from .errors import NeedsCPUError, RapidMoEError, UnsupportedError
 from .model import Model, TextStream, eval_batch
-from .sampling import Sampler
+from .sampling import Sampler, logprobs_shape
 
 log = logging.getLogger("rapidmoe.server")
 
@@ -161,7 +161,9 @@ class _Seq:
     def __init__(self, job: Job, slot: Model, post: Callable[[Any], None], name: str, arrived: float):
         req = job.req
         self.job, self.slot, self.post, self.req = job, slot, post, req
-        self.sampler = Sampler(req.sampling)
+        self.sampler = Sampler(req.sampling, req.logit_bias)
+        self.n_top = req.logprobs                 # None: no logprobs, and none computed
+        self.shape = None if self.n_top is None else logprobs_shape(req.kind, slot.tokenizer, req.text_offset)
         self.history = list(req.prompt_ids)
         keep = slot._keep_prefix(self.history)
         self.rest = np.asarray(req.prompt_ids[keep:], dtype=np.int32)   # prompt tokens to evaluate
@@ -184,8 +186,11 @@ class _Seq:
         """Prompt tokens still to evaluate."""
         return self.rest.size - self.done
 
-    def emit(self, text: str, finish_reason: str | None = None) -> None:
-        chunk = {**self.head, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
+    def emit(self, text: str, finish_reason: str | None = None, tokens: list | None = None) -> None:
+        """Sends text, with the logprobs of ``tokens`` (TextStream.released: the tokens it completes)."""
+        logprobs = self.shape(tokens) if tokens else None
+        chunk = {**self.head, "choices": [{"text": text, "index": 0, "logprobs": logprobs,
+                                           "finish_reason": finish_reason}]}
         for c in self.chat.feed(chunk) if self.chat is not None else [chunk]:
             self.post(c)
 
@@ -415,6 +420,9 @@ class Scheduler:
         if t in s.slot.tokenizer.eog_ids:
             self._finish(s, End(usage=s.usage()), "stop")
             return
+        # Only a request that asked pays for its logprobs: one pass over the vocabulary, its own
+        # logits (a row of the step's batch that no other request reads).
+        logprob = s.sampler.logprob(logits, t, s.n_top) if s.n_top is not None else None
         s.history.append(t)
         s.n_gen += 1
         if s.last is None:
@@ -422,9 +430,9 @@ class Scheduler:
         else:
             self.observer.token_gap(now - s.last)
         s.last = now
-        piece = s.text.feed(t)
+        piece = s.text.feed(t, logprob)
         if piece is not None:
-            s.emit(piece)
+            s.emit(piece, tokens=s.text.released())
         if s.text.stopped:
             self._finish(s, End(usage=s.usage()), "stop", flush=False)
         elif s.n_gen >= s.req.max_tokens:
@@ -439,8 +447,9 @@ class Scheduler:
         the statistics, and its slot back to the server's residual policy and to the free ones."""
         if finish_reason is not None:
             rest = s.text.flush() if flush else ""
-            if rest:
-                s.emit(rest)
+            left = s.text.released()
+            if rest or left:
+                s.emit(rest, tokens=left)
             s.emit("", finish_reason)
         self._running.remove(s)
         stats = None

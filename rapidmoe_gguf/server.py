@@ -20,8 +20,15 @@ any name, for clients configured with a fixed one.
 
 Beyond OpenAI's fields a request may carry ``top_k``, ``min_p``, ``repeat_penalty`` and
 ``residual_policy`` / ``residual_budget``, which apply to that request only. OpenAI fields this
-server does not implement (``n`` > 1, logprobs, tools, ...; see UNSUPPORTED) are refused with 400
+server does not implement (``n`` > 1, ``echo``, tools, ...; see UNSUPPORTED) are refused with 400
 rather than ignored; fields it does not know at all are ignored.
+
+Log-probabilities: chat's ``logprobs: true`` with ``top_logprobs`` (0 to 20), the legacy
+completions' ``logprobs: N`` (0 to 20), in OpenAI's shapes; a stream's chunk carries those of the
+tokens whose text it carries. They are the model's own distribution (log-softmax of the logits,
+float64) with the request's ``logit_bias`` added, before repeat_penalty, temperature and the
+truncations: see sampling.token_logprob. ``logit_bias``: token id (a string key) -> a bias in
+[-100, 100] added to that logit before sampling.
 
 Concurrency. The weights are loaded once; ``parallel`` slots are sessions on them
 (``Model.fork_session``), each with its own KV cache. One thread, the scheduler
@@ -94,7 +101,7 @@ from .model import Model, SamplingParams
 from . import metrics
 from .metrics import ServerMetrics
 from .scheduler import DEFAULT_PREFILL_CHUNK, DEFAULT_STEP_LATENCY, End, Observer, Scheduler
-from .sampling import SAMPLING_DEFAULTS
+from .sampling import SAMPLING_DEFAULTS, LogitBias, chat_top_logprobs, check_top_logprobs, merge_logprobs
 
 log = logging.getLogger("rapidmoe.server")
 
@@ -196,16 +203,26 @@ COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "n": ((int,), 1),
     "residual_policy": ((str,), None),
     "residual_budget": (NUMBER, None),
+    "logit_bias": ((dict,), None),
 }
-COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED)}
+# logprobs: chat's is a boolean with top_logprobs beside it; the legacy completions' the number of
+# top tokens (false, as before, asks for none).
+COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED), "logprobs": ((int, bool), None)}
 CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None),
-               "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False)}
+               "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False),
+               "logprobs": ((bool,), False), "top_logprobs": ((int,), None)}
 MAX_STOP = 16
 # OpenAI fields this server does not implement: a request that asks for them gets 400, not a
-# quiet answer without them. field -> the values (besides null) that ask for nothing.
+# quiet answer without them. field -> the values (besides null) that ask for nothing. echo would
+# need the prompt's logprobs, which the scheduler does not keep (it reads prompts in chunks).
 UNSUPPORTED: dict[str, tuple] = {
-    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
-    "logit_bias": ({},), "tools": ([],), "functions": ([],), "response_format": ({"type": "text"},),
+    "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "tools": ([],), "functions": ([],), "response_format": ({"type": "text"},),
+}
+# Fields of the other endpoint: refused unless they ask for nothing, saying what to send instead.
+OTHER_ENDPOINT: dict[str, dict[str, tuple[tuple, str]]] = {
+    "completion": {"top_logprobs": ((0,), "/v1/completions takes 'logprobs': N (the number of top tokens)")},
+    "chat": {},
 }
 
 
@@ -281,13 +298,13 @@ class GenRequest:
     budget: float | None
     harmony: bool = False            # a harmony model (gpt-oss): the reply is the final channel
     show_reasoning: bool = False     # and the analysis channel comes as reasoning_content
+    logprobs: int | None = None      # top tokens reported with each generated token's logprob; None: no logprobs
+    logit_bias: LogitBias | None = None
+    text_offset: int = 0             # the legacy logprobs' offset of the completion's text (the prompt's length)
 
     def chunks(self, slot: Model, name: str) -> Iterator[dict]:
-        s = self.sampling
-        it = slot.create_completion(self.prompt_ids, max_tokens=self.max_tokens, temperature=s.temperature,
-                                    top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
-                                    repeat_penalty=s.repeat_penalty, seed=s.seed, stop=self.stop,
-                                    stream=True, model=name)
+        it = slot._completion(self.prompt_ids, self.max_tokens, self.sampling, self.stop, True, name,
+                              self.logprobs, self.logit_bias, self.kind, self.text_offset)
         if self.kind != "chat":
             return it
         return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning)
@@ -310,6 +327,11 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         value = body.get(name)
         if value is not None and not any(value == v and type(value) is type(v) for v in nothing):
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+    for name, (nothing, instead) in OTHER_ENDPOINT[kind].items():
+        value = body.get(name)
+        if value is not None and not any(value == v and type(value) is type(v) for v in nothing):
+            raise ApiError(400, f"'{name}' is not a field of this endpoint: {instead}", param=name,
+                           code="unsupported_parameter")
     if f["n"] != 1:
         raise ApiError(400, f"n = {f['n']}: only n = 1 is supported (one choice per request)", param="n")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -340,6 +362,11 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         except InvalidArgumentError as exc:
             raise ApiError(400, str(exc), param="residual_budget") from exc
     options = f["stream_options"] or {}
+    n_top = _logprobs_request(kind, f)
+    try:
+        bias = LogitBias.check(f["logit_bias"], model.n_vocab)
+    except InvalidArgumentError as exc:
+        raise ApiError(400, str(exc), param="logit_bias") from exc
 
     if kind == "chat":
         param = "messages"
@@ -366,8 +393,30 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         raise ApiError(400, f"the {param} has {len(ids)} tokens and max_tokens is {max_tokens}, but the context "
                        f"holds {model.n_ctx} tokens", param=param, code="context_length_exceeded")
     harmony = kind == "chat" and chat.is_harmony(model.tokenizer)
+    offset = 0      # legacy logprobs' text_offset counts from the prompt's start: its text, or its tokens'
+    if kind == "completion" and n_top is not None:
+        prompt = f["prompt"][0] if isinstance(f["prompt"], list) and len(f["prompt"]) == 1 else f["prompt"]
+        offset = len(prompt) if isinstance(prompt, str) else len(model.detokenize(ids))
     return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
-                      policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]))
+                      policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]), n_top, bias, offset)
+
+
+def _logprobs_request(kind: str, f: dict) -> int | None:
+    """The number of top tokens whose logprobs each generated token reports (None: no logprobs),
+    from chat's logprobs and top_logprobs, or the legacy completions' logprobs N."""
+    if kind == "chat":
+        try:
+            return chat_top_logprobs(f["logprobs"], f["top_logprobs"])
+        except InvalidArgumentError as exc:
+            param = "logprobs" if str(exc).startswith("logprobs") else "top_logprobs"
+            raise ApiError(400, str(exc), param=param) from exc
+    n = f["logprobs"]
+    if n is None or n is False:
+        return None
+    try:
+        return check_top_logprobs(n, "logprobs")
+    except InvalidArgumentError as exc:
+        raise ApiError(400, str(exc), param="logprobs") from exc
 
 
 def _completion_prompt(model: Model, prompt, max_chars: int) -> list[int]:
@@ -537,7 +586,7 @@ class Server(Observer):
         end = chunks.pop()
         if end.error is not None:
             raise api_error(end.error)
-        return JSONResponse(_fold(req.kind, chunks, end.usage))
+        return JSONResponse(_fold(req.kind, chunks, end.usage, req.logprobs is not None))
 
     async def _watch(self, request: Request, job: _Job) -> None:
         """Cancels the job when its client disconnects."""
@@ -638,22 +687,22 @@ def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _fold(kind: str, chunks: list[dict], usage: dict | None) -> dict:
-    """A stream's chunks as the one non-streaming response."""
+def _fold(kind: str, chunks: list[dict], usage: dict | None, logprobs: bool = False) -> dict:
+    """A stream's chunks as the one non-streaming response (``logprobs``: the request asked for them)."""
     head = chunks[0]
     finish = chunks[-1]["choices"][0]["finish_reason"]
     out = {"id": head["id"], "object": _OBJECT[kind], "created": head["created"], "model": head["model"]}
+    lp = merge_logprobs(kind, [c["choices"][0]["logprobs"] for c in chunks]) if logprobs else None
     if kind == "chat":
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         message = {"role": "assistant", "content": text}
         reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks)
         if reasoning:   # a harmony model's analysis channel, when the request asked for it
             message["reasoning_content"] = reasoning
-        choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": finish}
+        choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
     else:
         text = "".join(c["choices"][0]["text"] for c in chunks)
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}
     return {**out, "choices": [choice], "usage": usage}
 
 

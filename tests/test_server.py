@@ -198,7 +198,7 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "max_tokens": 10_000}, {}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hello " * 400}, {}, 400, "prompt"),
     ("/v1/completions", {"prompt": "x", "n": 2}, {}, 400, "n"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 3}, {}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, {}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}, {}, 400, "tools"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, {}, 400, "temperature"),
     ("/v1/completions", {"prompt": "x", "top_p": 0}, {}, 400, "top_p"),

@@ -262,7 +262,7 @@ class Client:
         {"prompt": "x", "top_k": -5}, {"prompt": "x", "top_k": 2**70}, {"prompt": "x", "min_p": 7},
         {"prompt": "x", "repeat_penalty": 0}, {"prompt": "x", "repeat_penalty": -3}, {"prompt": "x", "seed": 2**70},
         {"prompt": "x", "seed": "s"}, {"prompt": "x", "n": 2}, {"prompt": "x", "stop": 7},
-        {"prompt": "x", "stop": [""]}, {"prompt": "x", "stop": ["a"] * 100}, {"prompt": "x", "logprobs": 5},
+        {"prompt": "x", "stop": [""]}, {"prompt": "x", "stop": ["a"] * 100}, {"prompt": "x", "logprobs": 21},
         {"prompt": "x", "residual_policy": "bogus"}, {"prompt": "x", "residual_budget": 3},
         {"prompt": "x", "residual_budget": "half"}, {"prompt": "x", "model": "no-such-model"},
         {"prompt": "x", "stream_options": 1}, {"prompt": "x", "presence_penalty": 1},

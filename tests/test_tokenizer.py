@@ -147,10 +147,13 @@ def _rebuild(hf_dir):
 def test_tokenizer_qwen2_ids_match_tokenizer_json(qwen_dir):
     original, ours, metadata = _rebuild(qwen_dir)
     assert metadata["tokenizer.ggml.model"] == "gpt2" and metadata["tokenizer.ggml.pre"] == "qwen2"
-    for text in (TEXT, TEXT + BYTE_LEVEL_SPECIALS, "cafe\u0301 e\u0301", BYTE_LEVEL_SPECIALS + TEXT, ""):
+    for text in (TEXT, TEXT + BYTE_LEVEL_SPECIALS, BYTE_LEVEL_SPECIALS + TEXT, ""):
         ids = ours.encode(text)
         assert ids == original.encode(text).ids
         assert ours.decode(ids) == original.decode(ids, skip_special_tokens=False)
+    # tokenizer.json composes a decomposed accent (NFC); llama.cpp, which reads the GGUF file we
+    # write, applies no normalizer and keeps it (tests/test_tokenizer_vocab.py holds us to llama.cpp)
+    assert ours.decode(ours.encode("cafe\u0301 e\u0301")) == "cafe\u0301 e\u0301"
     assert ours.decode(ours.encode(TEXT + BYTE_LEVEL_SPECIALS)) == TEXT + BYTE_LEVEL_SPECIALS
     assert "<|im_end|>" not in ours.decode(ours.encode(BYTE_LEVEL_SPECIALS), skip_special=True)
     assert "<think>" in ours.decode(ours.encode(BYTE_LEVEL_SPECIALS), skip_special=True)
@@ -286,8 +289,8 @@ def test_tokenizer_unknown_pre_is_refused(qwen_dir):
 
 def test_tokenizer_unknown_model_is_refused(qwen_dir):
     _, _, metadata = _rebuild(qwen_dir)
-    with pytest.raises(UnsupportedError, match="'t5'"):
-        Tokenizer.from_gguf_metadata(metadata | {"tokenizer.ggml.model": "t5"})
+    with pytest.raises(UnsupportedError, match="'bert'"):
+        Tokenizer.from_gguf_metadata(metadata | {"tokenizer.ggml.model": "bert"})
 
 
 def test_tokenizer_unknown_split_regex_is_refused(qwen_dir, tmp_path):

@@ -53,6 +53,9 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imatrix", metavar="FILE",
                    help="llama.cpp importance matrix (llama-imatrix's GGUF) for the codebook bases (IQ2_XXS, IQ3_XXS)")
     p.add_argument("--calibrate", metavar="TEXT", help="calibrate UMIA on this text file in the same run")
+    p.add_argument("--pre-tokenizer", metavar="NAME",
+                   help="llama.cpp's pre-tokenizer name (tokenizer.ggml.pre) for a Hugging Face tokenizer that "
+                        "splits by that rule but whose fingerprint is not known (warned about when it differs)")
     p.add_argument("--calibrate-tokens", type=int, default=4096, help="calibration tokens (default: %(default)s)")
 
 
@@ -67,7 +70,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     r = convert(args.src, args.out, args.recipe, base_type=args.base_type,
                 residual_type=args.residual_type, other_type=args.other_type,
-                n_threads=args.threads, progress=None, imatrix=args.imatrix)
+                n_threads=args.threads, progress=None, imatrix=args.imatrix, pre_tokenizer=args.pre_tokenizer)
     print(f"wrote {r.base_path} ({_human_bytes(os.path.getsize(r.base_path))})")
     if r.residual_path:
         print(f"wrote {r.residual_path} ({_human_bytes(os.path.getsize(r.residual_path))})")

@@ -1129,3 +1129,31 @@ def test_convert_cli_iq_recipe_with_imatrix(tiny_hf, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "recipe iq2xxs-q4" in out and "2.062 bits/weight base" in out
     assert _tensors(tmp_path / "m.gguf")["blk.0.ffn_up_exps.weight"].tensor_type.name == "IQ2_XXS"
+
+
+def test_convert_pre_tokenizer_names_a_rule_the_fingerprint_misses(tiny_hf, tmp_path, capsys):
+    """A tokenizer.json whose split is StarCoder's (digits one by one, then GPT-2's) has no known
+    fingerprint: refused, naming what it could not match; with --pre-tokenizer starcoder the file
+    is written (warned about), and its tokenizer splits digits one by one, as llama.cpp does for
+    that name. A GGUF source names its own and refuses the option."""
+    import rapidmoe_gguf as rm
+
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_hf("qwen3_moe"), src)
+    tj = json.loads((src / "tokenizer.json").read_text())
+    tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, tj["pre_tokenizer"]]}
+    (src / "tokenizer.json").write_text(json.dumps(tj))
+    out = tmp_path / "m.gguf"
+    with pytest.raises(UnsupportedError, match="Digits"):
+        convert(src, out, recipe="f32", progress=False)
+    assert not out.exists()
+    with pytest.warns(UserWarning, match="'starcoder' as asked"):
+        assert cli_main(["convert", str(src), str(out), "--recipe", "f32", "--pre-tokenizer", "starcoder"]) == 0
+    with open_gguf(out) as g:
+        assert g.metadata["tokenizer.ggml.pre"] == "starcoder"
+    with rm.Model(out, n_ctx=32, n_threads=1) as m:
+        pieces = [m.detokenize([t]) for t in m.tokenize("x 1234", add_special=False)]
+    assert pieces[-4:] == ["1", "2", "3", "4"]
+    with pytest.raises(InvalidArgumentError, match="names its own"):
+        convert(out, tmp_path / "again.gguf", recipe="f32", progress=False, pre_tokenizer="starcoder")

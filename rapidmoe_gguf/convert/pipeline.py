@@ -89,14 +89,18 @@ class ConvertReport:
 def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], recipe: str = "q4k-q8", *,
             base_type: str | None = None, residual_type: str | None = None,
             other_type: str | None = None, n_threads: int = 0,
-            progress: bool | None = None, imatrix: str | os.PathLike[str] | None = None) -> ConvertReport:
+            progress: bool | None = None, imatrix: str | os.PathLike[str] | None = None,
+            pre_tokenizer: str | None = None) -> ConvertReport:
     """Convert ``src`` (an HF checkpoint directory or a ``.gguf`` file) to ``out`` and, when the
     recipe has a residual, ``out`` with ``.gguf`` replaced by ``.residual.gguf``.
 
     ``n_threads`` goes to the native quantizer (0: all cores). ``progress`` shows a bar (None: when
     stderr is a terminal). ``imatrix``: a llama.cpp importance-matrix GGUF (``llama-imatrix``'s
     output) whose rows weigh the expert bases' quantization error, for the base types that take
-    one (IQ2_XXS, IQ3_XXS); without it they minimise the plain squared error.
+    one (IQ2_XXS, IQ3_XXS); without it they minimise the plain squared error. ``pre_tokenizer``:
+    the llama.cpp pre-tokenizer name (`tokenizer.ggml.pre`) to give a Hugging Face tokenizer that
+    splits by a known rule but has a fingerprint the converter does not know (warned about when
+    the tokenizer.json does not match it); without it such a tokenizer is refused.
     """
     t0 = time.perf_counter()
     rec = resolve_recipe(recipe, base_type=base_type, residual_type=residual_type, other_type=other_type)
@@ -106,7 +110,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], recipe: st
     _check_not_source(src, out, res_out)
     imx = read_imatrix(imatrix) if imatrix is not None else None
     atomic.sweep_leftovers(os.path.dirname(out))
-    source = open_source(src)
+    source = open_source(src, pre_tokenizer)
     temps: list[str] = []
     try:
         report = _write(source, rec, out, res_out, temps, n_threads, _want_bar(progress), imx)

@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from .. import resplit
 from ..arch import (FUSED, PREFERRED_PRE, SPECIAL_TOKEN_TEXTS, STACKED_EXPERTS, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf,
                     resolve_hparams)
-from ..errors import FormatError, RapidMoEError, UnsupportedError
+from ..errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
 from ..metadata import get_float, get_int, get_str
@@ -60,9 +60,13 @@ class Source:
         pass
 
 
-def open_source(src: str) -> Source:
+def open_source(src: str, pre_tokenizer: str | None = None) -> Source:
+    """The checkpoint at src. ``pre_tokenizer``: the `tokenizer.ggml.pre` name to give a Hugging Face
+    tokenizer whatever its fingerprint (a GGUF source keeps its own, so it is refused there)."""
     if os.path.isdir(src):
-        return HFSource(src)
+        return HFSource(src, pre_tokenizer)
+    if pre_tokenizer is not None:
+        raise InvalidArgumentError(f"{src}: --pre-tokenizer is for Hugging Face checkpoints; a GGUF file names its own")
     if os.path.isfile(src) and src.endswith(".gguf"):
         return GGUFSource(src)
     if not os.path.exists(src):
@@ -149,8 +153,9 @@ class HFSource(Source):
 
     _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, pre_tokenizer: str | None = None):
         self.directory = directory
+        self.pre_tokenizer = pre_tokenizer
         self.name = os.path.basename(os.path.normpath(directory))
         cfg_path = os.path.join(directory, "config.json")
         try:
@@ -358,7 +363,8 @@ class HFSource(Source):
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
              "str": writer.add_string, "sections": writer.add_array}[kind](key, value)
         names = self.config.get("architectures") or []
-        kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())))
+        kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())),
+                                  pre_tokenizer_name=self.pre_tokenizer)
         index = {t: i for i, t in enumerate(kv["tokenizer.ggml.tokens"])}
         for role, text in (r for a in names for r in SPECIAL_TOKEN_TEXTS.get(a, {}).items()):
             if text in index:

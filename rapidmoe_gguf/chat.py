@@ -388,6 +388,26 @@ def _token_text(tokenizer, token_id: int | None) -> str:
     return tokenizer.token_to_piece(token_id).decode("utf-8", "replace")
 
 
+# The variables chat_prompt itself gives every template; chat_template_kwargs may not replace them.
+_OWN_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "documents"})
+
+
+def template_kwargs(kwargs: Mapping | None) -> dict:
+    """A request's ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``, which Qwen3's and
+    GLM's templates read) as template variables: names that are identifiers and not the ones the
+    renderer gives itself; values as JSON gave them (the sandbox runs the template)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgumentError(f"chat_template_kwargs must be an object, got {type(kwargs).__name__}")
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidArgumentError(f"chat_template_kwargs: {str(name)[:40]!r} is not a template variable name")
+        if name in _OWN_VARIABLES:
+            raise InvalidArgumentError(f"chat_template_kwargs: {name!r} is given by the renderer itself")
+    return dict(kwargs)
+
+
 def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True, *,
                 max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT, **variables) -> list[int]:
     """Token ids of the conversation rendered with ``model``'s template (within ``render``'s
@@ -414,7 +434,7 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            stop: str | Sequence[str] | None = None, stream: bool = False,
                            model: str | None = None, reasoning_effort: str | None = None,
                            show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
-                           logit_bias: Mapping | None = None):
+                           logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
     result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
     final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``;
@@ -424,7 +444,7 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
         raise InvalidArgumentError(f"reasoning_effort must be low, medium or high, got {reasoning_effort!r}")
     n_top = chat_top_logprobs(logprobs, top_logprobs)
     bias = LogitBias.check(logit_bias, llm.n_vocab)
-    prompt = chat_prompt(llm, messages, reasoning_effort=reasoning_effort)
+    prompt = chat_prompt(llm, messages, **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
     harmony = is_harmony(llm.tokenizer)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)

@@ -705,9 +705,10 @@ class Model:
                                stop: str | Sequence[str] | None = None, stream: bool = False,
                                model: str | None = None, reasoning_effort: str | None = None,
                                show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
-                               logit_bias: Mapping | None = None):
+                               logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
-        with the model's own chat template (see ``rapidmoe_gguf.chat``). ``max_tokens`` None: up to
+        with the model's own chat template (see ``rapidmoe_gguf.chat``), with ``chat_template_kwargs``
+        as further template variables (e.g. ``{"enable_thinking": False}``). ``max_tokens`` None: up to
         the end of the context. gpt-oss: ``reasoning_effort`` goes to its template, the reply is its
         final channel, and the analysis channel comes as ``reasoning_content`` with ``show_reasoning``.
         ``logprobs``: each generated token's log-probability, with the ``top_logprobs`` (0 to 20)
@@ -718,7 +719,7 @@ class Model:
             self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model,
             reasoning_effort=reasoning_effort, show_reasoning=show_reasoning, logprobs=logprobs,
-            top_logprobs=top_logprobs, logit_bias=logit_bias)
+            top_logprobs=top_logprobs, logit_bias=logit_bias, chat_template_kwargs=chat_template_kwargs)
 
     # -- several sequences at once --------------------------------------------------------------
 

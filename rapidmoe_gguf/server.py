@@ -210,6 +210,7 @@ COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
 COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED), "logprobs": ((int, bool), None)}
 CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None),
                "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False),
+               "chat_template_kwargs": ((dict,), None),
                "logprobs": ((bool,), False), "top_logprobs": ((int,), None)}
 MAX_STOP = 16
 # OpenAI fields this server does not implement: a request that asks for them gets 400, not a
@@ -374,8 +375,12 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         try:
             if f["reasoning_effort"] not in (None, "low", "medium", "high"):
                 raise ApiError(400, "reasoning_effort must be low, medium or high", param="reasoning_effort")
+            try:
+                variables = chat.template_kwargs(f["chat_template_kwargs"])
+            except InvalidArgumentError as exc:
+                raise ApiError(400, str(exc), param="chat_template_kwargs") from exc
             ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout,
-                                   reasoning_effort=f["reasoning_effort"])
+                                   **{**variables, "reasoning_effort": f["reasoning_effort"]})
         except RapidMoEError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
     else:

@@ -329,3 +329,31 @@ def test_server_accepts_fields_that_ask_for_nothing(base):
     body = {"prompt": "x", "max_tokens": 2, "logprobs": None, "echo": False, "best_of": 1, "logit_bias": {},
             "presence_penalty": 0, "user": "someone", "stop": None, "seed": None}
     assert httpx.post(base + "/v1/completions", json=body).status_code == 200
+
+
+def test_chat_template_kwargs_reach_the_template(gguf, tmp_path):
+    """chat_template_kwargs are template variables (Qwen3's enable_thinking here): the Python API and
+    the server render the template with them; a variable the renderer gives itself, a name that is
+    not an identifier, or a value that is not an object is refused, naming chat_template_kwargs."""
+    from rapidmoe_gguf import chat
+    from conftest import CHAT_TEMPLATE, write_gguf_like
+
+    template = CHAT_TEMPLATE + "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+    path = tmp_path / "t.gguf"
+    write_gguf_like(gguf, path, kv={"tokenizer.chat_template": template})
+    with rm.Model(path, n_ctx=256, n_threads=2) as m:
+        plain = chat.chat_prompt(m, MESSAGES)
+        off = chat.chat_prompt(m, MESSAGES, **chat.template_kwargs({"enable_thinking": False}))
+        assert off[:len(plain)] == plain and m.detokenize(off[len(plain):]) == "<think>\n\n</think>\n\n"
+        assert chat.chat_prompt(m, MESSAGES, **chat.template_kwargs({"enable_thinking": True})) == plain
+        r = m.create_chat_completion(MESSAGES, max_tokens=2, temperature=0, chat_template_kwargs={"enable_thinking": False})
+        assert r["usage"]["prompt_tokens"] == len(off)
+        with pytest.raises(rm.InvalidArgumentError, match="given by the renderer itself"):
+            m.create_chat_completion(MESSAGES, max_tokens=2, chat_template_kwargs={"messages": []})
+    with running(rm.Model(path, n_ctx=256, n_threads=2), parallel=1) as (url, _):
+        body = {"messages": MESSAGES, "max_tokens": 2, "temperature": 0}
+        r = httpx.post(url + "/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(off)
+        for bad in ({"1x": 1}, {"add_generation_prompt": False}, ["enable_thinking"]):
+            r = httpx.post(url + "/v1/chat/completions", json={**body, "chat_template_kwargs": bad})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text

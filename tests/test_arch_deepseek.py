@@ -333,6 +333,34 @@ def test_arch_deepseek_chat_template_matches_transformers(converted, name, add_g
     assert got == want
 
 
+TOOL_CHAT = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "call_1", "type": "function",
+                  "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
+             {"role": "user", "content": "Thanks"}]
+
+
+@pytest.mark.parametrize("name", ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "MiniMax-M2.jinja"])
+def test_arch_deepseek_chat_template_tool_call_turn_matches_transformers(converted, name):
+    """An assistant turn with tool calls and `content: null`, then the tool's result, rendered as
+    transformers renders it. (Our renderer hands such a turn's content on as "": handed None, our
+    sandbox would write "None" into these three templates' output, where transformers writes
+    nothing.)"""
+    from transformers import AutoTokenizer
+
+    from rapidmoe_gguf import chat
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    template = (Path(llamacpp.src()) / "models" / "templates" / name).read_text(encoding="utf-8")
+    src, _, _, _ = converted("glm4_moe")
+    tok = AutoTokenizer.from_pretrained(src)
+    want = tok.apply_chat_template(TOOL_CHAT, chat_template=template, tokenize=False, add_generation_prompt=True)
+    got = chat.render(template, TOOL_CHAT, True, bos_token=tok.bos_token, eos_token=tok.eos_token)
+    assert got == want
+
+
 # ---------------------------------------------------------------------------------------------
 # RESplit and UMIA on the routed experts only
 # ---------------------------------------------------------------------------------------------

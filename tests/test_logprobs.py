@@ -9,7 +9,6 @@ must be theirs."""
 
 from __future__ import annotations
 
-import threading
 
 import httpx
 import numpy as np
@@ -19,9 +18,9 @@ import rapidmoe_gguf as rm
 from rapidmoe_gguf import chat, server as srv
 from rapidmoe_gguf.bundled import bundled_model_path
 from rapidmoe_gguf.model import TextStream
-from rapidmoe_gguf.scheduler import End, Observer, Scheduler
 from rapidmoe_gguf.sampling import TokenLogprob
 from test_server import _error, running, sse
+from test_server_scheduler import serve_jobs
 
 PROMPT = "The meaning of the word"
 MESSAGES = [{"role": "user", "content": "What is a dictionary?"}]
@@ -322,25 +321,6 @@ def test_python_api_bad_values(oracle, call, match):
 # The scheduler: requests with and without logprobs / logit_bias in one step
 # ---------------------------------------------------------------------------------------------
 
-class _Job:
-    def __init__(self, req):
-        self.req, self.cancel, self.slot = req, threading.Event(), None
-        self.items, self.done = [], threading.Event()
-
-    def __call__(self, item):
-        self.items.append(item)
-        if isinstance(item, End):
-            self.done.set()
-
-
-class _Steps(Observer):
-    def __init__(self):
-        self.seqs = []
-
-    def step(self, n_tokens, n_seqs, kv_tokens):
-        self.seqs.append(n_seqs)
-
-
 def test_scheduler_mixed_requests_equal_each_alone(oracle):
     """Four requests in the same steps: logprobs, logit_bias, both (sampled), neither. Each gets
     exactly the text, finish reason and logprobs it gets alone through the Python API."""
@@ -353,19 +333,9 @@ def test_scheduler_mixed_requests_equal_each_alone(oracle):
         reqs.append(srv.GenRequest("completion", p, 12, sp, [], False, False, None, None, logprobs=n_top,
                                    logit_bias=rm.sampling.LogitBias.check(bias, oracle.n_vocab),
                                    text_offset=len(oracle.detokenize(p))))
-    obs = _Steps()
     with rm.Model(bundled_model_path(), n_ctx=256, n_threads=2) as m:
-        sched = Scheduler([m] + [m.fork_session() for _ in range(3)], "m", 64, obs)
-        jobs = [_Job(r) for r in reqs]
-        try:
-            with sched._cv:                       # all arrive before the first step
-                for j in jobs:
-                    sched.submit(j, j)
-            for j in jobs:
-                assert j.done.wait(60)
-        finally:
-            sched.close()
-        assert sched.batched and max(obs.seqs) == 4
+        jobs, obs, sched = serve_jobs(m, 4, reqs, prefill_chunk=64)
+        assert sched.batched and max(n for _, n in obs.steps) == 4
     for (sp, n_top, bias), p, job in zip(cases, prompts, jobs):
         chunks = job.items[:-1]
         lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]

@@ -9,7 +9,6 @@ must be theirs."""
 
 from __future__ import annotations
 
-
 import httpx
 import numpy as np
 import pytest

@@ -486,13 +486,16 @@ def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = (),
 
 
 def add_tokenizer_to_writer(writer, kv: dict[str, Any]) -> None:
-    """Write `tokenizer_kv_from_hf`'s keys to a `gguf.GGUFWriter` with the types llama.cpp expects:
-    ids uint32, token_type int32 array, scores float32 array, flags bool, names strings."""
+    """Write `tokenizer_kv_from_hf`'s keys (or a GGUF's tokenizer.* keys) to a `gguf.GGUFWriter` with
+    the types llama.cpp expects: ids uint32, token_type int32 array, scores float32 array, the
+    charsmap uint8 array, flags bool, names strings."""
     for key, value in kv.items():
         if key == "tokenizer.ggml.token_type":
             writer.add_token_types([int(v) for v in value])
         elif key == "tokenizer.ggml.scores":
             writer.add_token_scores([float(v) for v in value])
+        elif key == "tokenizer.ggml.precompiled_charsmap":   # uint8, as llama.cpp requires
+            writer.add_precompiled_charsmap(bytes(int(b) & 0xFF for b in value))
         elif isinstance(value, bool):
             writer.add_bool(key, value)
         elif isinstance(value, int):

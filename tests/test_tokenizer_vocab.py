@@ -30,7 +30,7 @@ from rapidmoe_gguf import open_gguf
 from rapidmoe_gguf.errors import UnsupportedError
 from rapidmoe_gguf.tokenizer import (CONTROL, LLAMACPP_PRE_TOKENIZERS, PRE_ALIASES, PRE_OUT_OF_SCOPE, PRE_TOKENIZERS,
                                      USER_DEFINED, Tokenizer, _clean_spaces, _llamacpp_regex, pre_tokenizer,
-                                     tokenizer_kv_from_hf)
+                                     add_tokenizer_to_writer, tokenizer_kv_from_hf)
 
 SRC = Path(oracle.src()) if oracle.src() else None
 MODELS = SRC / "models" if SRC else None
@@ -394,21 +394,7 @@ def write_vocab(path: Path, kv: dict) -> Path:
     for key in ("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count"):
         w.add_uint32(f"gpt2.{key}", 8)
     w.add_float32("gpt2.attention.layer_norm_epsilon", 1e-5)
-    for key, value in kv.items():
-        if key == "tokenizer.ggml.token_type":
-            w.add_token_types(value)
-        elif key == "tokenizer.ggml.scores":
-            w.add_token_scores(value)
-        elif key == "tokenizer.ggml.precompiled_charsmap":
-            w.add_precompiled_charsmap(bytes(b & 0xFF for b in value))  # uint8, as llama.cpp requires
-        elif isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
+    add_tokenizer_to_writer(w, kv)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -470,7 +470,9 @@ def _text(path, body, r):
 def test_server_concurrent_greedy_requests_equal_alone_and_bad_ones_disturb_nothing(gguf):
     """Six greedy requests at once on three slots (the others queue), completions and chats,
     streamed and not, one with its own residual policy, while every bad request of test_server is
-    sent: each good one gets what it gets alone, each bad one its 4xx."""
+    sent: each good one gets what it gets alone, each bad one its 4xx. The queue holds every
+    request sent at once: a bad request takes a place while it is parsed (the server admits before
+    any work on a prompt), so a smaller queue may rightly answer some of them 503."""
     want = []
     with rm.Model(gguf, n_ctx=256, n_threads=2) as ref:
         for path, body in CASES:
@@ -493,9 +495,10 @@ def test_server_concurrent_greedy_requests_equal_alone_and_bad_ones_disturb_noth
             r = await client.post(path, content=body, headers={"content-type": "application/json"})
         else:
             r = await client.post(path, json=body)
-        return r.status_code == status
+        return r.status_code, status
 
-    with running(rm.Model(gguf, n_ctx=256, n_threads=2), parallel=3, queue=16) as (url, state):
+    queue = len(CASES) + len(BAD)
+    with running(rm.Model(gguf, n_ctx=256, n_threads=2), parallel=3, queue=queue) as (url, state):
         async def main():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
                 goods = [good(client, p, b) for p, b in CASES]
@@ -506,7 +509,7 @@ def test_server_concurrent_greedy_requests_equal_alone_and_bad_ones_disturb_noth
         assert state.peak_batch >= 2
         health = httpx.get(url + "/health").json()
     assert got == want
-    assert all(refused)
+    assert [got for got, _ in refused] == [status for _, status in refused]
     assert health["slots_idle"] == 3 and health["requests_waiting"] == 0
 
 

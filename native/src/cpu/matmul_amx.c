@@ -37,6 +37,7 @@
 #include "../iq_grids.h"
 #include "dispatch.h"
 #include "iq_grid_x86.h"
+#include "transpose_x86.h"
 
 #define RM_AMX_INLINE static inline __attribute__((always_inline))
 #define TILE_BLOCK_BYTES 576   /* one block of RM_TILE_ROWS rows or 16 tokens: 512 levels + 64 scale bytes */
@@ -270,30 +271,6 @@ static uint64_t act_bytes_kq(int64_t n, int32_t n_tok) {
 }
 
 static uint64_t room_bytes_kq(int64_t n) { return (uint64_t) (n / RM_QK_K) * KQ_W_BYTES; }
-
-/* r[j] := dword j of the sixteen r[c] (a 16 x 16 transpose of dwords): pairs, then quads within
- * 128-bit lanes, then the lanes. */
-RM_AMX_INLINE void transpose16_epi32(__m512i r[16]) {
-    __m512i a[16], b[16];
-    for (int k = 0; k < 16; k += 2) {
-        a[k] = _mm512_unpacklo_epi32(r[k], r[k + 1]);
-        a[k + 1] = _mm512_unpackhi_epi32(r[k], r[k + 1]);
-    }
-    for (int g = 0; g < 4; g++) {   /* rows 4g..4g+3: b[4g + q] lane L holds their dword 4L + q */
-        b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-    }
-    for (int q = 0; q < 4; q++) {   /* lane L of b[4g + q] to lane g of r[4L + q] */
-        const __m512i y0 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0x44), y1 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0xee);
-        const __m512i y2 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0x44), y3 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0xee);
-        r[q] = _mm512_shuffle_i32x4(y0, y2, 0x88);
-        r[4 + q] = _mm512_shuffle_i32x4(y0, y2, 0xdd);
-        r[8 + q] = _mm512_shuffle_i32x4(y1, y3, 0x88);
-        r[12 + q] = _mm512_shuffle_i32x4(y1, y3, 0xdd);
-    }
-}
 
 /* A group of up to 16 tokens' Q8_K rows into the tile layout: 64 dwords of 16 tokens at a time
  * by a transpose in registers; tokens past `count` as zeros. */

@@ -757,6 +757,7 @@ typedef struct {
     __m256i q[8];   /* chunk k: levels of elements 32k .. 32k + 31 */
     __m256i s[8];   /* chunk k: the scale of each int16 pair product (one, or two 16-element sub-blocks) */
     __m256i bw;     /* int16 weights of a token's sixteen bsums: the offsets' scales, or the mins */
+    __m128i sc16;   /* the scale of each 16-element sub-block as a signed byte (the row-tile form) */
     float d, dmin;
 } kq_unpacked;
 
@@ -773,6 +774,7 @@ static inline void unpack_q2_K(const void * w, int64_t i, kq_unpacked * u) {
         }
     }
     u->bw = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+    u->sc16 = sc;
     u->d = fp16(b->d);
     u->dmin = fp16(b->dmin);
 }
@@ -790,6 +792,7 @@ static inline void unpack_q3_K(const void * w, int64_t i, kq_unpacked * u) {
         }
     }
     u->bw = _mm256_cvtepi8_epi16(sc);
+    u->sc16 = sc;
     u->d = fp16(b->d);
 }
 
@@ -807,6 +810,7 @@ static inline void unpack_k4(const void * w, int64_t i, kq_unpacked * u, const i
     }
     const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
     u->bw = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+    u->sc16 = _mm_unpacklo_epi8(sm, sm);   /* 0..63: the same as signed bytes */
     u->d = fp16(b->d);
     u->dmin = fp16(b->dmin);
 }
@@ -825,6 +829,7 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
         }
     }
     u->bw = _mm256_cvtepi8_epi16(sc);
+    u->sc16 = sc;
     u->d = fp16(b->d);
 }
 

@@ -27,6 +27,7 @@
 #include "simd_x86.h"
 #include "gdn_x86.h"
 #include "block32_x86.h"
+#include "kq_rows_x86.h"
 
 static void vec_dot_f32(int64_t n, float * out, const void * w, const void * x_q) {
     const float * a = w;
@@ -574,6 +575,14 @@ static void attn_values_512(int64_t d, int64_t n, const float * s, const float *
     }
 }
 
+/* The K-quants' tile form (kq_rows_x86.h), from this many tokens on (tools/bench_kernels.py). */
+RM_ROWS_KQ(q2_K, rm_block_q2_K, 1, 0, 8)
+RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 8)
+RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 8)
+RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 8)
+RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 8)
+RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 8)
+
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
@@ -621,6 +630,14 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_0] = &packed_q5_0,
         [RM_TYPE_IQ4_NL] = &packed_iq4_nl,
         [RM_TYPE_MXFP4] = &packed_mxfp4,
+    },
+    .tile = {
+        [RM_TYPE_Q2_K] = &rows_q2_K,
+        [RM_TYPE_Q3_K] = &rows_q3_K,
+        [RM_TYPE_Q4_K] = &rows_q4_K,
+        [RM_TYPE_Q5_K] = &rows_q5_K,
+        [RM_TYPE_Q6_K] = &rows_q6_K,
+        [RM_TYPE_IQ4_XS] = &rows_iq4_xs,
     },
     .gdn_rule = gdn_rule_x86,
     .gdn_conv = gdn_conv_x86,

@@ -1,0 +1,237 @@
+/* kq_rows_x86.h - internal: the AVX-512 set's tile form of the K-quants (Q2_K to Q6_K, IQ4_XS): sixteen
+ * weight rows at once against every token of a product, with VNNI and no AMX. Included by
+ * vec_dot_avx512.c after simd_x86.h (it needs the grouped float steps, RM_KQ_GROUPED).
+ *
+ * The prefill form of simd_x86.h (dot_kq_unpacked) takes one row against up to eight tokens: per
+ * token and super-block it pays a reduction of its int32 lanes and the float steps, as much work
+ * as the products themselves. Here the sixteen rows of a tile lie side by side in the lanes of a
+ * register instead, so nothing is reduced across lanes:
+ *
+ *   D[t] = vpdpbusd(D[t], levels of 16 rows (4 each), token t's 4 activations broadcast)
+ *   S[t] += D[t] * sc_j (vpmulld, per 16- or 32-element sub-block j, the 16 rows' scales)
+ *   B[t] = sum_j bw_j * bsums_j(t) (vpdpwssd): the mins' term, or the levels' offset
+ *
+ * for eight tokens at a time against each loaded register of levels. S and B are the integers the
+ * one-token kernels reduce a super-block to (the exact S and M of kq_sum), so the float steps are
+ * kq_sum's grouped ones, sixteen rows to a register: super-block b goes to partial sum b mod 8 as
+ * fma(d_x d_w, S), then fma(-d_x dmin_w, M), and the eight partial sums are added as hsum_ps adds
+ * them. Every output is bit for bit the AVX-512 set's vec_dot (rm_tile_kernels.exact).
+ *
+ * Layouts. A thread's room holds the tile's rows unpacked by simd_x86.h's unpack_* (levels as
+ * unsigned bytes, the type's offset added), per super-block: the levels, 4 elements of 16 rows per
+ * 64 bytes (group e at 64 e: 4096 bytes); the sixteen 16-element sub-blocks' scales as int32
+ * [j][row] (1024); the bsums' weights in int16 pairs [pair][row] (512); d and dmin as floats [row]
+ * (128). Rows past the matrix are zero. The activations are the tokens' Q8_K rows as they are,
+ * side by side (put_group copies them). */
+#ifndef RM_CPU_KQ_ROWS_X86_H
+#define RM_CPU_KQ_ROWS_X86_H
+
+#include "transpose_x86.h"
+
+#define KR_LEV 0
+#define KR_SC 4096
+#define KR_BW 5120
+#define KR_D 5632
+#define KR_BYTES 5760    /* one super-block of RM_TILE_ROWS rows */
+#define KR_TOKENS 8      /* tokens per pass over the tile: 8 sums and 8 dots in registers */
+
+typedef void (*kq_unpack_fn)(const void *, int64_t, kq_unpacked *);
+
+/* IQ4_XS in unpack_*'s form: sub-block j's levels (the table's, for the low nibbles of 16 qs
+ * bytes, then the high ones) plus 128 as unsigned bytes, its 6-bit scale less 32, and the offset's
+ * weights the scales (off_mul 128). */
+static inline void unpack_iq4_xs(const void * w, int64_t i, kq_unpacked * u) {
+    const rm_block_iq4_xs * b = (const rm_block_iq4_xs *) w + i;
+    const __m128i table = _mm_xor_si128(_mm_loadu_si128((const __m128i *) rm_iq4nl_values), _mm_set1_epi8((char) 0x80));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    int8_t sc[16];
+    for (int j = 0; j < 8; j++) {
+        const __m128i q = _mm_loadu_si128((const __m128i *) (b->qs + 16 * j));
+        u->q[j] = _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4)),
+                                   _mm_shuffle_epi8(table, _mm_and_si128(q, m4)));
+        sc[2 * j] = sc[2 * j + 1] =
+            (int8_t) ((((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32);
+    }
+    u->sc16 = _mm_loadu_si128((const __m128i *) sc);
+    u->bw = _mm256_cvtepi8_epi16(u->sc16);
+    u->d = fp16(b->d);
+}
+
+static int usable_rows_kq(int64_t n) { return n > 0 && n % RM_QK_K == 0; }
+
+static uint64_t act_bytes_rows_kq(int64_t n, int32_t n_tok) {
+    return (uint64_t) n_tok * (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K);
+}
+
+static uint64_t room_bytes_rows_kq(int64_t n) { return (uint64_t) (n / RM_QK_K) * KR_BYTES; }
+
+static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t) {
+    const uint64_t row = (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K);
+    for (int32_t c = 0; c < count; c++) {
+        memcpy((uint8_t *) x_t + (uint64_t) (i0 + c) * row, (const uint8_t *) x_q + (uint64_t) c * x_stride, row);
+    }
+}
+
+/* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the sixteen rows
+ * unpacked, then turned on its side by dword transposes. */
+RM_INLINE void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
+                            kq_unpack_fn unpack, const size_t bsize, const int mins) {
+    const int64_t nsb = n / RM_QK_K;
+    for (int64_t b = 0; b < nsb; b++) {
+        uint8_t * wb = room + (uint64_t) b * KR_BYTES;
+        __m512i lev[4][RM_TILE_ROWS], sc[RM_TILE_ROWS], bw[RM_TILE_ROWS];
+        float * d = (float *) (wb + KR_D);
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            if (r0 + r >= r1) {
+                for (int s = 0; s < 4; s++) {
+                    lev[s][r] = _mm512_setzero_si512();
+                }
+                sc[r] = bw[r] = _mm512_setzero_si512();
+                d[r] = d[RM_TILE_ROWS + r] = 0.0f;
+                continue;
+            }
+            const uint8_t * row = w + (uint64_t) (r0 + r) * row_bytes;
+            if (b + 1 < nsb) {   /* sixteen streams: more than the prefetchers follow */
+                for (size_t o = 0; o < bsize; o += 64) {
+                    __builtin_prefetch(row + (uint64_t) (b + 1) * bsize + o, 0, 3);
+                }
+            }
+            kq_unpacked u;
+            unpack(row, b, &u);
+            for (int s = 0; s < 4; s++) {
+                lev[s][r] = _mm512_inserti64x4(_mm512_castsi256_si512(u.q[2 * s]), u.q[2 * s + 1], 1);
+            }
+            sc[r] = _mm512_cvtepi8_epi32(u.sc16);
+            bw[r] = _mm512_castsi256_si512(u.bw);
+            d[r] = u.d;
+            d[RM_TILE_ROWS + r] = mins ? u.dmin : 0.0f;
+        }
+        for (int s = 0; s < 4; s++) {   /* dword j of 64 s.. : elements 64 s + 4 j.., group 16 s + j */
+            transpose16_epi32(lev[s]);
+            for (int j = 0; j < 16; j++) {
+                _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * s + j), lev[s][j]);
+            }
+        }
+        transpose16_epi32(sc);
+        transpose16_epi32(bw);
+        for (int j = 0; j < 16; j++) {
+            _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
+        }
+        for (int p = 0; p < 8; p++) {
+            _mm512_storeu_si512(wb + KR_BW + 64 * p, bw[p]);
+        }
+    }
+}
+
+/* Token t's four activations e (elements 4e..4e + 3) in every lane. */
+#define KR_X4(x, e) _mm512_set1_epi32(*(const int32_t *) ((x)->qs + 4 * (e)))
+
+/* nt tokens (1 to KR_TOKENS; x[t] their Q8_K rows) against the packed tile: out[t][row].
+ * sixteen: the types whose scales are per 16 elements (Q2_K, Q3_K, Q6_K; else per 32); off_mul:
+ * the levels' offset (Q3_K 4, Q6_K 32, IQ4_XS 128; 0: the bsums' term is the mins, Q2_K, Q4_K,
+ * Q5_K). */
+RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_q8_K * const x[KR_TOKENS], const int nt,
+                              float out[KR_TOKENS][RM_TILE_ROWS], const int sixteen, const int off_mul) {
+    __m512 acc[KR_TOKENS][8];   /* [token][super-block mod 8]: 16 rows; kept in L1 */
+    for (int t = 0; t < nt; t++) {
+        for (int l = 0; l < 8; l++) {
+            acc[t][l] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t * wb = room + (uint64_t) b * KR_BYTES;
+        __m512i S[KR_TOKENS], D[KR_TOKENS];
+        for (int t = 0; t < nt; t++) {
+            S[t] = _mm512_setzero_si512();
+        }
+        for (int j = 0; j < 16; j += 2 - sixteen) {   /* sub-blocks of 16 (or 32) elements */
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_setzero_si512();
+            }
+            for (int e = 4 * j; e < 4 * j + 8 - 4 * sixteen; e++) {
+                const __m512i lv = _mm512_loadu_si512(wb + KR_LEV + 64 * e);
+                for (int t = 0; t < nt; t++) {
+                    D[t] = _mm512_dpbusd_epi32(D[t], lv, KR_X4(x[t] + b, e));
+                }
+            }
+            const __m512i s = _mm512_loadu_si512(wb + KR_SC + 64 * j);
+            for (int t = 0; t < nt; t++) {
+                S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(D[t], s));
+            }
+        }
+        for (int t = 0; t < nt; t++) {   /* sum_j bw_j bsums_j, pair by pair */
+            D[t] = _mm512_setzero_si512();
+        }
+        for (int p = 0; p < 8; p++) {
+            const __m512i bw = _mm512_loadu_si512(wb + KR_BW + 64 * p);
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_dpwssd_epi32(D[t], bw, _mm512_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p)));
+            }
+        }
+        const __m512 dw = _mm512_loadu_ps(wb + KR_D), dm = _mm512_loadu_ps(wb + KR_D + 64);
+        const int l = (int) (b % 8);
+        for (int t = 0; t < nt; t++) {
+            const __m512 dx = _mm512_set1_ps(x[t][b].d);
+            if (off_mul) {   /* times 4, 32 or 128: a shift */
+                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_slli_epi32(D[t], off_mul == 4 ? 2 : off_mul == 32 ? 5 : 7));
+                acc[t][l] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(sv), acc[t][l]);
+            } else {
+                acc[t][l] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(S[t]), acc[t][l]);
+                acc[t][l] = _mm512_fnmadd_ps(_mm512_mul_ps(dx, dm), _mm512_cvtepi32_ps(D[t]), acc[t][l]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
+        const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][4]), _mm512_add_ps(acc[t][2], acc[t][6]));
+        const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[t][1], acc[t][5]), _mm512_add_ps(acc[t][3], acc[t][7]));
+        _mm512_storeu_ps(out[t], _mm512_add_ps(even, odd));
+    }
+}
+
+RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                              int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                              kq_unpack_fn unpack, const size_t bsize, const int sixteen, const int off_mul) {
+    const int64_t nsb = n / RM_QK_K;
+    const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
+    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, bsize, off_mul == 0);
+    const __mmask16 rows = (__mmask16) ((1u << (r1 - r0)) - 1);
+    for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
+        const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
+        const rm_block_q8_K * x[KR_TOKENS];
+        for (int t = 0; t < KR_TOKENS; t++) {
+            x[t] = (const rm_block_q8_K *) ((const uint8_t *) x_t + (uint64_t) (i0 + (t < nt ? t : 0)) * xrow);
+        }
+        float out[KR_TOKENS][RM_TILE_ROWS];
+        switch (nt) {   /* a copy per count, the token loops unrolled */
+        case 8: rows_tokens_kq(nsb, room, x, 8, out, sixteen, off_mul); break;
+        case 7: rows_tokens_kq(nsb, room, x, 7, out, sixteen, off_mul); break;
+        case 6: rows_tokens_kq(nsb, room, x, 6, out, sixteen, off_mul); break;
+        case 5: rows_tokens_kq(nsb, room, x, 5, out, sixteen, off_mul); break;
+        case 4: rows_tokens_kq(nsb, room, x, 4, out, sixteen, off_mul); break;
+        case 3: rows_tokens_kq(nsb, room, x, 3, out, sixteen, off_mul); break;
+        case 2: rows_tokens_kq(nsb, room, x, 2, out, sixteen, off_mul); break;
+        default: rows_tokens_kq(nsb, room, x, 1, out, sixteen, off_mul); break;
+        }
+        for (int t = 0; t < nt; t++) {
+            float * yt = y + (int64_t) (i0 + t) * y_stride + r0;
+            __m512 v = _mm512_loadu_ps(out[t]);
+            if (accumulate) {
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(rows, yt), v);
+            }
+            _mm512_mask_storeu_ps(yt, rows, v);
+        }
+    }
+}
+
+#define RM_ROWS_KQ(t, block, sixteen, off_mul, min_tokens)                                                         \
+    static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \
+                                const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
+                                int accumulate) {                                                                  \
+        (void) stored;   /* the K-quants are never stored repacked */                                              \
+        matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, unpack_##t,             \
+                       sizeof(block), sixteen, off_mul);                                                           \
+    }                                                                                                              \
+    static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_kq, act_bytes_rows_kq, put_group_rows_kq,  \
+                                             room_bytes_rows_kq, matmul_rows_##t};
+
+#endif

@@ -167,7 +167,7 @@ def test_kernels_amx_tiles_match_reference(name):
 
 
 # The AVX-512 set's tile form of the K-quants (kq_rows_x86.h: sixteen rows side by side in a
-# register, VNNI, no AMX), from eight tokens on: the AVX-512 floats bit for bit as well.
+# register, VNNI, no AMX), from six tokens on: the AVX-512 floats bit for bit as well.
 ROWS_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 needs_avx512 = pytest.mark.skipif("avx512" not in kernels.supported_isas(), reason="this machine or build has no AVX-512")
 
@@ -177,9 +177,9 @@ needs_avx512 = pytest.mark.skipif("avx512" not in kernels.supported_isas(), reas
 def test_kernels_avx512_row_tiles_equal_single_tokens(name):
     """Many tokens through the AVX-512 tile form against the scalar reference (TOL) and each token
     alone through the one-token kernel, bit for bit: a partial tile of rows, a partial pass of
-    tokens (8 at a time) and one past it, rows of 1, 2, 3 and 9 super-blocks (a partial and a whole
-    group of the float steps' eight lanes, and one past it)."""
-    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 8)]:
+    tokens (8 at a time) and one past it, the fewest tokens it takes (6), rows of 1, 2, 3 and 9
+    super-blocks (a partial and a whole group of the float steps' eight lanes, and one past it)."""
+    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6)]:
         _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
         rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
                 [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])

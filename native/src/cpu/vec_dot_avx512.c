@@ -575,13 +575,17 @@ static void attn_values_512(int64_t d, int64_t n, const float * s, const float *
     }
 }
 
-/* The K-quants' tile form (kq_rows_x86.h), from this many tokens on (tools/bench_kernels.py). */
-RM_ROWS_KQ(q2_K, rm_block_q2_K, 1, 0, 8)
-RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 8)
-RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 8)
-RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 8)
-RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 8)
-RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 8)
+/* The K-quants' tile form (kq_rows_x86.h), from six tokens on: packing sixteen rows costs about
+ * what 12 tokens' products do, and against the one-row prefill form (simd_x86.h) it wins from 6
+ * (one thread, rows of 2048 and 768: 16-22 against 22-29 ps per weight and token at 6, 6.4-8.6
+ * against 16-17 at 32) and loses at 4 (IQ4_XS 31 against 21; tools/bench_kernels.py --tokens N
+ * --compare avx2,avx512). */
+RM_ROWS_KQ(q2_K, rm_block_q2_K, 1, 0, 6)
+RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 6)
+RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 6)
+RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 6)
+RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 6)
+RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 6)
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {

@@ -166,34 +166,36 @@ def test_kernels_amx_tiles_match_reference(name):
                 assert alone.tobytes() == got[i:i + 1].tobytes()
 
 
-# The AVX-512 set's tile form of the K-quants (kq_rows_x86.h: sixteen rows side by side in a
-# register, VNNI, no AMX), from six tokens on: the AVX-512 floats bit for bit as well.
-ROWS_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
-needs_avx512 = pytest.mark.skipif("avx512" not in kernels.supported_isas(), reason="this machine or build has no AVX-512")
+# The tile form of the K-quants without AMX (kq_rows_x86.h: sixteen rows side by side in the
+# registers; AVX-512 with VNNI, and AVX2), from six tokens on: the set's floats bit for bit as well.
+ROWS_CASES = [(isa, name) for isa in ("avx2", "avx512") if isa in kernels.supported_isas()
+              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"] + (["IQ4_XS"] if isa == "avx512" else [])]
 
 
-@needs_avx512
-@pytest.mark.parametrize("name", ROWS_TYPES)
-def test_kernels_avx512_row_tiles_equal_single_tokens(name):
-    """Many tokens through the AVX-512 tile form against the scalar reference (TOL) and each token
-    alone through the one-token kernel, bit for bit: a partial tile of rows, a partial pass of
-    tokens (8 at a time) and one past it, the fewest tokens it takes (6), rows of 1, 2, 3 and 9
-    super-blocks (a partial and a whole group of the float steps' eight lanes, and one past it)."""
-    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6)]:
+@pytest.mark.skipif(not ROWS_CASES, reason="this machine or build has neither AVX2 nor AVX-512")
+@pytest.mark.parametrize("isa,name", ROWS_CASES)
+def test_kernels_row_tiles_equal_single_tokens(isa, name):
+    """Many tokens through a set's tile form against the scalar reference (TOL) and each token
+    alone through the one-token kernel, bit for bit: a partial tile of rows (and one of at most
+    eight, half a tile in the AVX2 set), partial passes of tokens (8 or 4 at a time) and one past
+    them, the fewest tokens it takes (6), rows of 1, 2, 3 and 9 super-blocks (a partial and a whole
+    group of the float steps' eight lanes, and one past it)."""
+    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6),
+                             (1024, 7, 11)]:
         _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
         rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
                 [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])
         for k, w in enumerate(rows):
             want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
             assert want.shape == (n_tok, n_rows) and np.all(np.isfinite(want)) and np.all(want != 0)
-            got = kernels.vec_dot_rows(name, w, x_q, n, isa="avx512")
+            got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
             wn, xn = norms(name, w, x_q, n)
             err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
-            assert err.max() <= TOL, f"{name} n={n} rows#{k}: error {err.max():.2e}"
+            assert err.max() <= TOL, f"{isa} {name} n={n} rows#{k}: error {err.max():.2e}"
             step = len(x_q) // n_tok
             for i in range(n_tok):
-                alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa="avx512", batched=False)
-                assert alone.tobytes() == got[i:i + 1].tobytes(), f"{name} n={n} rows#{k} token {i}"
+                alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa, batched=False)
+                assert alone.tobytes() == got[i:i + 1].tobytes(), f"{isa} {name} n={n} rows#{k} token {i}"
 
 
 @needs_simd

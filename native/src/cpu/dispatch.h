@@ -178,6 +178,10 @@ rm_isa       rm_isa_active(void);                             /* the set in use 
  * saying so (else NULL). */
 rm_isa       rm_isa_preferred(const char * vendor, uint32_t family, uint32_t model, rm_isa best, const char ** why);
 
+/* Whether the AVX2 set's kernels may use AVX-VNNI (vpdpbusd in its VEX form: Intel Core from
+ * Alder Lake, AMD Zen 5): cpuid leaf 7.1 EAX bit 4, unless RAPIDMOE_AVX_VNNI=0. Decided once. */
+int          rm_cpu_avx_vnni(void);
+
 /* The kernels of `isa` (falling back to lower sets, then the reference) for a type. */
 rm_vec_dot_fn       rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
 rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */

@@ -1,6 +1,6 @@
-/* kq_rows_x86.h - internal: the AVX-512 set's tile form of the K-quants (Q2_K to Q6_K, IQ4_XS): sixteen
- * weight rows at once against every token of a product, with VNNI and no AMX. Included by
- * vec_dot_avx512.c after simd_x86.h (it needs the grouped float steps, RM_KQ_GROUPED).
+/* kq_rows_x86.h - internal: the tile form of the K-quants (Q2_K to Q6_K, and IQ4_XS in the
+ * AVX-512 set) without AMX: sixteen weight rows at once against every token of a product.
+ * Included by vec_dot_avx512.c and vec_dot_avx2.c after simd_x86.h (kq_sum's float steps).
  *
  * The prefill form of simd_x86.h (dot_kq_unpacked) takes one row against up to eight tokens: per
  * token and super-block it pays a reduction of its int32 lanes and the float steps, as much work
@@ -11,7 +11,9 @@
  *   S[t] += D[t] * sc_j (vpmulld, per 16- or 32-element sub-block j, the 16 rows' scales)
  *   B[t] = sum_j bw_j * bsums_j(t) (vpdpwssd): the mins' term, or the levels' offset
  *
- * for eight tokens at a time against each loaded register of levels. S and B are the integers the
+ * for eight tokens at a time against each loaded register of levels (the AVX-512 set; the AVX2 set
+ * below takes eight rows to a register, four tokens at a time, and sums its products in int16
+ * pairs with vpmaddubsw before one vpmaddwd by the scales). S and B are the integers the
  * one-token kernels reduce a super-block to (the exact S and M of kq_sum), so the float steps are
  * kq_sum's grouped ones, sixteen rows to a register: super-block b goes to partial sum b mod 8 as
  * fma(d_x d_w, S), then fma(-d_x dmin_w, M), and the eight partial sums are added as hsum_ps adds
@@ -22,7 +24,8 @@
  * 64 bytes (group e at 64 e: 4096 bytes); the sixteen 16-element sub-blocks' scales as int32
  * [j][row] (1024); the bsums' weights in int16 pairs [pair][row] (512); d and dmin as floats [row]
  * (128). Rows past the matrix are zero. The activations are the tokens' Q8_K rows as they are,
- * side by side (put_group copies them). */
+ * side by side (put_group copies them). The AVX2 set keeps its scales as int16 pairs (sc, sc) in
+ * the scales' places, for vpmaddwd, and reads each 64 bytes as two halves of eight rows. */
 #ifndef RM_CPU_KQ_ROWS_X86_H
 #define RM_CPU_KQ_ROWS_X86_H
 
@@ -71,6 +74,8 @@ static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, in
         memcpy((uint8_t *) x_t + (uint64_t) (i0 + c) * row, (const uint8_t *) x_q + (uint64_t) c * x_stride, row);
     }
 }
+
+#ifdef RM_KQ_GROUPED   /* the AVX-512 set */
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the sixteen rows
  * unpacked, then turned on its side by dword transposes. */
@@ -148,6 +153,7 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
             for (int t = 0; t < nt; t++) {
                 D[t] = _mm512_setzero_si512();
             }
+#pragma GCC unroll 8
             for (int e = 4 * j; e < 4 * j + 8 - 4 * sixteen; e++) {
                 const __m512i lv = _mm512_loadu_si512(wb + KR_LEV + 64 * e);
                 for (int t = 0; t < nt; t++) {
@@ -222,6 +228,194 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
         }
     }
 }
+
+#else   /* the AVX2 set */
+
+/* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the rows unpacked,
+ * eight rows at a time, then turned on their side by dword transposes. */
+RM_INLINE void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
+                            kq_unpack_fn unpack, const size_t bsize, const int mins) {
+    const int64_t nsb = n / RM_QK_K;
+    for (int64_t b = 0; b < nsb; b++) {
+        uint8_t * wb = room + (uint64_t) b * KR_BYTES;
+        float * d = (float *) (wb + KR_D);
+        for (int h = 0; h < 2; h++) {
+            kq_unpacked u[8];
+            for (int r = 0; r < 8; r++) {
+                const int64_t row = r0 + 8 * h + r;
+                if (row >= r1) {
+                    memset(&u[r], 0, sizeof(u[r]));
+                    d[8 * h + r] = d[RM_TILE_ROWS + 8 * h + r] = 0.0f;
+                    continue;
+                }
+                const uint8_t * src = w + (uint64_t) row * row_bytes;
+                if (b + 1 < nsb) {   /* sixteen streams: more than the prefetchers follow */
+                    for (size_t o = 0; o < bsize; o += 64) {
+                        __builtin_prefetch(src + (uint64_t) (b + 1) * bsize + o, 0, 3);
+                    }
+                }
+                unpack(src, b, &u[r]);
+                d[8 * h + r] = u[r].d;
+                d[RM_TILE_ROWS + 8 * h + r] = mins ? u[r].dmin : 0.0f;
+            }
+            __m256i t[8], lo[8], hi[8];
+            for (int k = 0; k < 8; k++) {   /* dword j of chunk k: elements 32 k + 4 j.., group 8 k + j */
+                for (int r = 0; r < 8; r++) {
+                    t[r] = u[r].q[k];
+                }
+                transpose8_epi32(t);
+                for (int j = 0; j < 8; j++) {
+                    _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * k + j) + 32 * h), t[j]);
+                }
+            }
+            for (int r = 0; r < 8; r++) {   /* sub-block j's scale as the pair (sc, sc) */
+                const __m128i s16lo = _mm_cvtepi8_epi16(u[r].sc16), s16hi = _mm_cvtepi8_epi16(_mm_srli_si128(u[r].sc16, 8));
+                lo[r] = _mm256_set_m128i(_mm_unpackhi_epi16(s16lo, s16lo), _mm_unpacklo_epi16(s16lo, s16lo));
+                hi[r] = _mm256_set_m128i(_mm_unpackhi_epi16(s16hi, s16hi), _mm_unpacklo_epi16(s16hi, s16hi));
+                t[r] = u[r].bw;
+            }
+            transpose8_epi32(lo);
+            transpose8_epi32(hi);
+            transpose8_epi32(t);
+            for (int j = 0; j < 8; j++) {
+                _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * j + 32 * h), lo[j]);
+                _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (8 + j) + 32 * h), hi[j]);
+                _mm256_storeu_si256((__m256i *) (wb + KR_BW + 64 * j + 32 * h), t[j]);
+            }
+        }
+    }
+}
+
+/* acc + the products of u8's unsigned bytes and s8's signed ones, four to an int32 lane: vpdpbusd
+ * in its VEX form (AVX-VNNI), which this file's flags do not name, so the compiler never emits it
+ * where rm_cpu_avx_vnni() has not said yes. */
+RM_INLINE __m256i dpbusd_vex(__m256i acc, __m256i u8, __m256i s8) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u8), "x"(s8));
+    return acc;
+}
+
+/* nt tokens (1 to KR_TOKENS_AVX2; x[t] their Q8_K rows) against half h (rows 8h..8h + 7) of the
+ * packed tile: out[t][8h + row]. With vnni, a sub-block's products go into int32 lanes four at a
+ * time (vpdpbusd) and are scaled by one vpmulld, as in the AVX-512 set; without, run groups of
+ * four products are summed in int16 pairs (vpmaddubsw; their sums stay within int16: 4 groups for
+ * levels up to 31, 2 for Q6_K's up to 63) before one vpmaddwd by the scales' pairs. sixteen,
+ * off_mul: as in the AVX-512 set. */
+#define KR_TOKENS_AVX2 4
+RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_q8_K * const x[KR_TOKENS_AVX2],
+                              const int nt, const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int run,
+                              const int sixteen, const int off_mul, const int vnni) {
+    __m256 acc[KR_TOKENS_AVX2][8];   /* [token][super-block mod 8]: 8 rows; kept in L1 */
+    for (int t = 0; t < nt; t++) {
+        for (int l = 0; l < 8; l++) {
+            acc[t][l] = _mm256_setzero_ps();
+        }
+    }
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t * wb = room + (uint64_t) b * KR_BYTES + 32 * h;
+        __m256i S[KR_TOKENS_AVX2], P[KR_TOKENS_AVX2];
+        for (int t = 0; t < nt; t++) {
+            S[t] = _mm256_setzero_si256();
+        }
+        for (int j = 0; j < 16; j += 2 - sixteen) {   /* sub-blocks of 16 (or 32) elements */
+            const __m256i sc = _mm256_loadu_si256((const __m256i *) (wb + KR_SC + 64 * j));
+            if (vnni) {
+                for (int t = 0; t < nt; t++) {
+                    P[t] = _mm256_setzero_si256();
+                }
+#pragma GCC unroll 8
+                for (int e = 4 * j; e < 4 * j + 8 - 4 * sixteen; e++) {
+                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
+                    for (int t = 0; t < nt; t++) {
+                        P[t] = dpbusd_vex(P[t], lv, _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e)));
+                    }
+                }
+                const __m256i sc32 = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);   /* one of the pair */
+                for (int t = 0; t < nt; t++) {
+                    S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(P[t], sc32));
+                }
+                continue;
+            }
+#pragma GCC unroll 4
+            for (int e0 = 4 * j; e0 < 4 * j + 8 - 4 * sixteen; e0 += run) {
+#pragma GCC unroll 4
+                for (int e = e0; e < e0 + run; e++) {
+                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
+                    for (int t = 0; t < nt; t++) {
+                        const __m256i p = _mm256_maddubs_epi16(lv, _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e)));
+                        P[t] = e == e0 ? p : _mm256_add_epi16(P[t], p);
+                    }
+                }
+                for (int t = 0; t < nt; t++) {
+                    S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(P[t], sc));
+                }
+            }
+        }
+        for (int t = 0; t < nt; t++) {   /* sum_j bw_j bsums_j, pair by pair */
+            P[t] = _mm256_setzero_si256();
+        }
+        for (int p = 0; p < 8; p++) {
+            const __m256i bw = _mm256_loadu_si256((const __m256i *) (wb + KR_BW + 64 * p));
+            for (int t = 0; t < nt; t++) {
+                P[t] = _mm256_add_epi32(P[t], _mm256_madd_epi16(bw, _mm256_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p))));
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps((const float *) (wb + KR_D)), dm = _mm256_loadu_ps((const float *) (wb + KR_D + 64));
+        const int l = (int) (b % 8);
+        for (int t = 0; t < nt; t++) {
+            const __m256 dx = _mm256_set1_ps(x[t][b].d);
+            if (off_mul) {   /* times 4 or 32: a shift, as the one-token kernels take it */
+                const __m256i sv = _mm256_sub_epi32(S[t], _mm256_slli_epi32(P[t], off_mul == 4 ? 2 : 5));
+                acc[t][l] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(sv), acc[t][l]);
+            } else {
+                acc[t][l] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(S[t]), acc[t][l]);
+                acc[t][l] = _mm256_fnmadd_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(P[t]), acc[t][l]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
+        const __m256 even = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][4]), _mm256_add_ps(acc[t][2], acc[t][6]));
+        const __m256 odd = _mm256_add_ps(_mm256_add_ps(acc[t][1], acc[t][5]), _mm256_add_ps(acc[t][3], acc[t][7]));
+        _mm256_storeu_ps(out[t] + 8 * h, _mm256_add_ps(even, odd));
+    }
+}
+
+RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                              int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                              kq_unpack_fn unpack, const size_t bsize, const int sixteen, const int off_mul) {
+    const int64_t nsb = n / RM_QK_K;
+    const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
+    const int run = off_mul == 32 ? 2 : 4;   /* Q6_K's levels reach 63 */
+    const int vnni = rm_cpu_avx_vnni();
+    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, bsize, off_mul == 0);
+    for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
+        const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
+        const rm_block_q8_K * x[KR_TOKENS_AVX2];
+        for (int t = 0; t < KR_TOKENS_AVX2; t++) {
+            x[t] = (const rm_block_q8_K *) ((const uint8_t *) x_t + (uint64_t) (i0 + (t < nt ? t : 0)) * xrow);
+        }
+        float out[KR_TOKENS_AVX2][RM_TILE_ROWS];
+        for (int h = 0; h < (r1 - r0 > 8 ? 2 : 1); h++) {
+            switch (nt + 4 * vnni) {   /* a copy per count, the token loops unrolled */
+            case 8: rows_tokens_kq(nsb, room, x, 4, h, out, run, sixteen, off_mul, 1); break;
+            case 7: rows_tokens_kq(nsb, room, x, 3, h, out, run, sixteen, off_mul, 1); break;
+            case 6: rows_tokens_kq(nsb, room, x, 2, h, out, run, sixteen, off_mul, 1); break;
+            case 5: rows_tokens_kq(nsb, room, x, 1, h, out, run, sixteen, off_mul, 1); break;
+            case 4: rows_tokens_kq(nsb, room, x, 4, h, out, run, sixteen, off_mul, 0); break;
+            case 3: rows_tokens_kq(nsb, room, x, 3, h, out, run, sixteen, off_mul, 0); break;
+            case 2: rows_tokens_kq(nsb, room, x, 2, h, out, run, sixteen, off_mul, 0); break;
+            default: rows_tokens_kq(nsb, room, x, 1, h, out, run, sixteen, off_mul, 0); break;
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            float * yt = y + (int64_t) (i0 + t) * y_stride + r0;
+            for (int64_t r = 0; r < r1 - r0; r++) {
+                yt[r] = accumulate ? yt[r] + out[t][r] : out[t][r];
+            }
+        }
+    }
+}
+
+#endif
 
 #define RM_ROWS_KQ(t, block, sixteen, off_mul, min_tokens)                                                         \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \

@@ -224,14 +224,6 @@ static inline __m256i bsums_madd16(const int16_t bsums[16], __m256i s16) {
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) bsums), s16);
 }
 
-/* A super-block's int32 lanes less the levels' constant offset, (sum_j s[j] * bsums[j]) * mul,
- * taken off lane 0 alone: every kernel takes it there, so the lanes, and the floats made of them,
- * are the same whichever kernel runs. */
-static inline __m256i less_offset(__m256i sumi, const int16_t bsums[16], __m256i s16, int32_t mul) {
-    const int32_t offset = mul * hsum_epi32(bsums_madd16(bsums, s16));
-    return _mm256_sub_epi32(sumi, _mm256_setr_epi32(offset, 0, 0, 0, 0, 0, 0, 0));
-}
-
 /* Eight vectors of int32 lanes -> the vector of their eight sums, in order. */
 static inline __m256i block_sums8(const __m256i p[8]) {
     const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
@@ -246,31 +238,65 @@ static inline __m256i block_sums8(const __m256i p[8]) {
  * Every K-quant kernel reduces super-block i to int32 lanes whose sum is its exact integer dot S_i
  * (sub-block dots weighted by their scales, less any constant offset of the levels), and for the
  * types with mins (Q2_K, Q4_K, Q5_K) lanes whose sum is M_i, the mins weighted by the activations'
- * sums; f_i = d_x d_w and g_i = d_x dmin_w are its float scales. What follows depends on the set:
+ * sums; f_i = d_x d_w and g_i = d_x dmin_w are its float scales. The float steps are the same in
+ * every set and every form (Q2_K to Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS): lane i mod 8 of one
+ * accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
+ * acc = fma(-g_i, float(M_i), acc); out = hsum_ps(acc). Only the integers S_i and M_i enter, so a
+ * form that gets them another way (the AMX tiles, matmul_amx.c; the tiles of rows side by side,
+ * kq_rows_x86.h) gives the same floats. Two ways to get there, by register room:
  *
- *   per lane (the AVX2 set): acc += f_i * float(lanes of S_i), acc_m += g_i * float(lanes of M_i)
- *     lane by lane, and out = hsum(acc) - hsum(acc_m) (hsum(acc) without mins).
- *   grouped (the AVX-512 set, RM_KQ_GROUPED, for Q2_K to Q6_K, IQ4_XS, IQ2_XXS and IQ3_XXS):
- *     lane i mod 8 of one accumulator takes super-block i, as two steps, acc = fma(f_i, float(S_i), acc), then
- *     acc = fma(-g_i, float(M_i), acc); out = hsum(acc). Only the integers S_i and M_i enter, so
- *     an AMX tile, which gets them another way, gives the same floats (matmul_amx.c); the sums of
- *     eight super-blocks come out of one tree of horizontal adds (block_sums8) instead of a
- *     convert and a multiply-add each.
- *   grouped and paired (the AVX-512 set's one-token Q2_K and Q3_K kernels, KQ_PAIRED): the same
- *     steps, but a super-block's S and M lanes are paired by a horizontal add as soon as it is
- *     done, and two super-blocks' pairs by another (as kq_run_grouped does for several tokens), so
- *     a group is four registers. Eight super-blocks' lanes held for block_sums8 do not fit beside
- *     these two kernels' unpacking (they spilled, and Q3_K ran at half speed). */
+ *   grouped (KQ_GROUPED in the AVX-512 set): a group's eight super-blocks' lanes are held, and
+ *     their sums come out of one tree of horizontal adds (block_sums8).
+ *   paired (KQ_PAIRED; every kernel of the AVX2 set, whose 16 registers do not hold eight
+ *     super-blocks' lanes, and the AVX-512 set's one-token Q2_K and Q3_K): a super-block's S and
+ *     M lanes are paired by a horizontal add as soon as it is done, and two super-blocks' pairs by
+ *     another (as kq_run_grouped does for several tokens), so a group is four registers. Eight
+ *     super-blocks' lanes held for block_sums8 do not fit beside those two kernels' unpacking
+ *     (they spilled, and Q3_K ran at half speed). */
+#define KQ_PAIRED 2
 #ifdef RM_KQ_GROUPED
 #define KQ_GROUPED 1
-#define KQ_PAIRED 2
 #else
-#define KQ_GROUPED 0
-#define KQ_PAIRED 0
+#define KQ_GROUPED KQ_PAIRED
 #endif
-/* The super-blocks a kernel's loop takes at a time: eight (unrolled) for the grouped steps, one
- * (the plain loop) for the others. */
-#define KQ_GROUP(grouped) ((grouped) == 1 || (grouped) == KQ_PAIRED ? 8 : 1)
+/* The super-blocks a kernel's loop takes at a time (unrolled): a group of kq_sum's. */
+#define KQ_GROUP(grouped) 8
+
+/* v with lane k set to x, and c + a b (c - a b) in lanes 0..cnt-1 only (the rest of c as it is):
+ * masks in the AVX-512 set, blends in the AVX2 one. */
+#ifdef RM_KQ_GROUPED
+RM_INLINE __m256 kq_lane_set(__m256 v, int k, float x) {
+    return _mm256_mask_broadcastss_ps(v, (__mmask8) (1u << k), _mm_set_ss(x));
+}
+RM_INLINE __m256 kq_fmadd_first(__m256 a, __m256 b, __m256 c, int cnt) {
+    return _mm256_mask3_fmadd_ps(a, b, c, (__mmask8) ((1u << cnt) - 1));
+}
+RM_INLINE __m256 kq_fnmadd_first(__m256 a, __m256 b, __m256 c, int cnt) {
+    return _mm256_mask3_fnmadd_ps(a, b, c, (__mmask8) ((1u << cnt) - 1));
+}
+#else
+RM_INLINE __m256 kq_lane_set(__m256 v, int k, float x) {
+    const __m256 b = _mm256_set1_ps(x);
+    switch (k) {   /* a blend by a constant where k is one (the unrolled one-token kernels) */
+    case 0: return _mm256_blend_ps(v, b, 0x01);
+    case 1: return _mm256_blend_ps(v, b, 0x02);
+    case 2: return _mm256_blend_ps(v, b, 0x04);
+    case 3: return _mm256_blend_ps(v, b, 0x08);
+    case 4: return _mm256_blend_ps(v, b, 0x10);
+    case 5: return _mm256_blend_ps(v, b, 0x20);
+    case 6: return _mm256_blend_ps(v, b, 0x40);
+    default: return _mm256_blend_ps(v, b, 0x80);
+    }
+}
+RM_INLINE __m256 kq_fmadd_first(__m256 a, __m256 b, __m256 c, int cnt) {
+    const __m256i used = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), _mm256_castsi256_ps(used));
+}
+RM_INLINE __m256 kq_fnmadd_first(__m256 a, __m256 b, __m256 c, int cnt) {
+    const __m256i used = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_blendv_ps(c, _mm256_fnmadd_ps(a, b, c), _mm256_castsi256_ps(used));
+}
+#endif
 
 /* Four vectors h[p] = _mm256_hadd_epi32(v_2p, v_2p+1), where v_k holds, per 128-bit half, the pair
  * sums of super-block k's S lanes and of its M lanes ([s s m m], _mm256_hadd_epi32(S lanes, M
@@ -290,35 +316,25 @@ static inline void kq_split_sums4(const __m256i h[4], __m256i * S, __m256i * M) 
 
 
 typedef struct kq_sum {
-    __m256 acc, acc_m;
-#ifdef RM_KQ_GROUPED
+    __m256 acc;
     __m256i s[8], m[8];   /* the current group of eight super-blocks' lanes (paired: h in s[0..3], s[4] the last) */
     __m256 f, g;          /* and their scales */
-#endif
 } kq_sum;
 
-/* Each function takes `grouped`, a constant: 1 for the grouped steps above (the AVX-512 set's
- * kernels of several tokens, and its one-token ones for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS,
- * IQ3_XXS), KQ_PAIRED for the same steps with the lanes paired as they come (its one-token Q2_K
- * and Q3_K), 0 for the AVX2 steps (every type in the AVX2 set). */
+/* Each function takes `grouped`, a constant: 1 for the grouped way above (the AVX-512 set's
+ * one-token kernels for Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS), KQ_PAIRED for the paired
+ * one (the rest). */
 RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
     (void) grouped;
-    q->acc = q->acc_m = _mm256_setzero_ps();
+    q->acc = _mm256_setzero_ps();
 }
 
 /* A group starts: its places cleared (each with a constant index, so none of them needs memory). */
 RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
-#ifdef RM_KQ_GROUPED
-    if (grouped == 1 || grouped == KQ_PAIRED) {
-        for (int j = 0; j < (grouped == KQ_PAIRED ? 4 : 8); j++) {
-            q->s[j] = q->m[j] = _mm256_setzero_si256();
-        }
-        q->f = q->g = _mm256_setzero_ps();
+    for (int j = 0; j < (grouped == KQ_PAIRED ? 4 : 8); j++) {
+        q->s[j] = q->m[j] = _mm256_setzero_si256();
     }
-#else
-    (void) grouped;
-    (void) q;
-#endif
+    q->f = q->g = _mm256_setzero_ps();
 }
 
 /* Super-block k of the current group (the kernels walk groups of eight, k = 0..7, unrolled: k is a
@@ -326,11 +342,10 @@ RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
  * (mb). */
 RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __m256i mb, float f, float g,
                           const int mins) {
-#ifdef RM_KQ_GROUPED
     if (grouped == KQ_PAIRED) {   /* per half [S_k M_k], then [S_k-1 M_k-1 S_k M_k] (kq_split_sums4) */
-        q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
+        q->f = kq_lane_set(q->f, k, f);
         if (mins) {
-            q->g = _mm256_mask_broadcastss_ps(q->g, (__mmask8) (1u << k), _mm_set_ss(g));
+            q->g = kq_lane_set(q->g, k, g);
         }
         const __m256i v = _mm256_hadd_epi32(sumi, mins ? mb : sumi);
         if (k % 2) {
@@ -340,29 +355,17 @@ RM_INLINE void kq_sum_add(const int grouped, kq_sum * q, int k, __m256i sumi, __
         }
         return;
     }
-    if (grouped) {
-        q->s[k] = sumi;
-        q->f = _mm256_mask_broadcastss_ps(q->f, (__mmask8) (1u << k), _mm_set_ss(f));
-        if (mins) {
-            q->m[k] = mb;
-            q->g = _mm256_mask_broadcastss_ps(q->g, (__mmask8) (1u << k), _mm_set_ss(g));
-        }
-        return;
-    }
-#endif
-    (void) grouped;
-    (void) k;
-    q->acc = _mm256_fmadd_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(sumi), q->acc);
+    q->s[k] = sumi;   /* grouped */
+    q->f = kq_lane_set(q->f, k, f);
     if (mins) {
-        q->acc_m = _mm256_fmadd_ps(_mm256_set1_ps(g), _mm256_cvtepi32_ps(mb), q->acc_m);
+        q->m[k] = mb;
+        q->g = kq_lane_set(q->g, k, g);
     }
 }
 
 /* The group is complete with its first cnt super-blocks (1 to 8): lanes 0..cnt-1 take them. */
 RM_INLINE void kq_sum_flush(const int grouped, kq_sum * q, int cnt, const int mins) {
-#ifdef RM_KQ_GROUPED
     if (grouped == KQ_PAIRED) {
-        const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
         switch (cnt) {   /* an odd count: the last one alone (constant places, kept in registers) */
         case 1: q->s[0] = _mm256_hadd_epi32(q->s[4], _mm256_setzero_si256()); break;
         case 3: q->s[1] = _mm256_hadd_epi32(q->s[4], _mm256_setzero_si256()); break;
@@ -372,32 +375,22 @@ RM_INLINE void kq_sum_flush(const int grouped, kq_sum * q, int cnt, const int mi
         }
         __m256i S, M;
         kq_split_sums4(q->s, &S, &M);
-        q->acc = _mm256_mask3_fmadd_ps(q->f, _mm256_cvtepi32_ps(S), q->acc, used);
+        q->acc = kq_fmadd_first(q->f, _mm256_cvtepi32_ps(S), q->acc, cnt);
         if (mins) {
-            q->acc = _mm256_mask3_fnmadd_ps(q->g, _mm256_cvtepi32_ps(M), q->acc, used);
+            q->acc = kq_fnmadd_first(q->g, _mm256_cvtepi32_ps(M), q->acc, cnt);
         }
         return;
     }
-    if (grouped == 1) {
-        const __mmask8 used = (__mmask8) ((1u << cnt) - 1);
-        q->acc = _mm256_mask3_fmadd_ps(q->f, _mm256_cvtepi32_ps(block_sums8(q->s)), q->acc, used);
-        if (mins) {
-            q->acc = _mm256_mask3_fnmadd_ps(q->g, _mm256_cvtepi32_ps(block_sums8(q->m)), q->acc, used);
-        }
+    q->acc = kq_fmadd_first(q->f, _mm256_cvtepi32_ps(block_sums8(q->s)), q->acc, cnt);
+    if (mins) {
+        q->acc = kq_fnmadd_first(q->g, _mm256_cvtepi32_ps(block_sums8(q->m)), q->acc, cnt);
     }
-#else
-    (void) grouped;
-    (void) q;
-    (void) cnt;
-    (void) mins;
-#endif
 }
 
 RM_INLINE float kq_sum_out(const int grouped, const kq_sum * q, const int mins) {
-    if (grouped) {   /* every grouped form */
-        return hsum_ps(q->acc);
-    }
-    return mins ? hsum_ps(q->acc) - hsum_ps(q->acc_m) : hsum_ps(q->acc);
+    (void) grouped;
+    (void) mins;
+    return hsum_ps(q->acc);
 }
 
 /* Q3_K: the sixteen 6-bit scales, stored + 32, as signed bytes. Low nibbles of 0-7 in bytes 0-7,
@@ -591,9 +584,8 @@ RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
             for (int c = 0; c < nc; c++) {
-                /* grouped, only the lanes' sum enters: the offset taken off lane by lane */
-                const __m256i t = KQ_PAIRED ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2))
-                                            : less_offset(sumi[c], a[c]->bsums, sc16, 4);
+                /* only the lanes' sum enters: the offset taken off lane by lane */
+                const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
                 kq_sum_add(KQ_PAIRED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
             }
         }
@@ -729,9 +721,8 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
             const float dw = fp16(b[i].d);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
             for (int c = 0; c < nc; c++) {
-                /* grouped, only the lanes' sum enters: the offset taken off lane by lane */
-                const __m256i t = KQ_GROUPED ? _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5))
-                                             : less_offset(sumi[c], a[c]->bsums, sc16, 32);
+                /* only the lanes' sum enters: the offset taken off lane by lane */
+                const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
                 kq_sum_add(KQ_GROUPED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
             }
         }
@@ -833,10 +824,9 @@ static inline void unpack_q6_K(const void * w, int64_t i, kq_unpacked * u) {
     u->d = fp16(b->d);
 }
 
-/* Per-lane steps: m tokens' (1 to 4) products with super-block i, unpacked in u, added into their
- * accumulators, as the one-token kernels add them. off_mul > 0: the levels carry a constant
- * offset, (bsums . bw) * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, summed in acc_m with the
- * block's dmin (Q2_K, Q4_K, Q5_K). */
+/* m tokens' (1 to 4) products with super-block i (lane k of the current group), unpacked in u,
+ * into their kq_sum (paired). off_mul > 0: the levels carry a constant offset, (bsums . bw) *
+ * off_mul (Q3_K: 4, Q6_K: 32); 0: bw are mins, with the block's dmin (Q2_K, Q4_K, Q5_K). */
 RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_stride, int64_t i, int k, kq_sum acc[4],
                           const int off_mul, const int m) {
     const rm_block_q8_K * a[4];
@@ -854,27 +844,13 @@ RM_INLINE void kq_tokens4(const kq_unpacked * u, const void * x_q, uint64_t x_st
             sumi[c] = RM_KQ_ACC(sumi[c], p, u->s[k]);
         }
     }
-    __m128i offsets = _mm_setzero_si128();
-    if (off_mul) {
-        /* the four tokens' offsets reduced together: the same integers as less_offset's */
-        __m256i v[4];
-        for (int c = 0; c < 4; c++) {
-            v[c] = c < m ? bsums_madd16(a[c]->bsums, u->bw) : _mm256_setzero_si256();
-        }
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        /* times off_mul, 4 or 32: a shift gives the product's low 32 bits, as the multiply does */
-        offsets = _mm_slli_epi32(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)),
-                                 off_mul == 4 ? 2 : 5);
-    }
     for (int c = 0; c < m; c++) {
-        if (off_mul) {
-            /* token c's offset alone in lane 0, taken off there as less_offset does */
-            const __m128i oc = _mm_castps_si128(_mm_permutevar_ps(_mm_castsi128_ps(offsets), _mm_set1_epi32(c)));
-            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_zextsi128_si256(_mm_and_si128(oc, _mm_setr_epi32(-1, 0, 0, 0))));
-            kq_sum_add(0, &acc[c], k, t, t, a[c]->d * u->d, 0.0f, 0);
+        const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
+        if (off_mul) {   /* times 4 or 32: a shift; only the lanes' sum enters */
+            const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(mb, off_mul == 4 ? 2 : 5));
+            kq_sum_add(KQ_PAIRED, &acc[c], k, t, t, a[c]->d * u->d, 0.0f, 0);
         } else {
-            const __m256i mb = bsums_madd16(a[c]->bsums, u->bw);
-            kq_sum_add(0, &acc[c], k, sumi[c], mb, a[c]->d * u->d, a[c]->d * u->dmin, 1);
+            kq_sum_add(KQ_PAIRED, &acc[c], k, sumi[c], mb, a[c]->d * u->d, a[c]->d * u->dmin, 1);
         }
     }
 }
@@ -1000,11 +976,17 @@ RM_INLINE void dot_kq_unpacked(int64_t n, int nc, float * out, const void * w, c
             continue;
         }
 #endif
-        for (int c0 = 0; c0 < nc; c0 += 4) {
+        for (int c0 = 0; c0 < nc; c0 += 4) {   /* the run is one group of kq_sum's */
             const int m = nc - c0 < 4 ? nc - c0 : 4;
+            for (int c = c0; c < c0 + m; c++) {
+                kq_sum_begin(KQ_PAIRED, &acc[c]);
+            }
             for (int64_t i = i0; i < i1; i++) {
                 kq_tokens4(&u[i - i0], (const uint8_t *) x_q + (uint64_t) c0 * x_stride, x_stride, i, (int) (i - i0),
                            acc + c0, off_mul, m);
+            }
+            for (int c = c0; c < c0 + m; c++) {
+                kq_sum_flush(KQ_PAIRED, &acc[c], (int) (i1 - i0), off_mul == 0);
             }
         }
     }
@@ -1156,8 +1138,7 @@ static void vec_dot_iq4_xs_multi(int64_t n, int nc, float * out, const void * w,
  * once in vector lanes, iq_grid_words, a sub-block's four sign bytes then its mask for a masked
  * subtraction), the magnitudes stay unsigned for vpmaddubsw; the rest is vec_dot_iq4_xs's.
  * step: the power of two of the type's scale (quants_ref.c's IQ_KERNELS). */
-/* The float steps are kq_sum's, f = d_x d_w step (grouped in the AVX-512 set, so that the AMX
- * tiles give the same floats; per lane in the AVX2 set). */
+/* The float steps are kq_sum's, f = d_x d_w step (so that the AMX tiles give the same floats). */
 RM_INLINE void dot_iq_grid(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
                             const int kind) {
     const size_t bsize = kind == IQ_GRID_2XXS ? sizeof(rm_block_iq2_xxs) : sizeof(rm_block_iq3_xxs);

@@ -22,6 +22,7 @@
 #include "simd_x86.h"
 #include "gdn_x86.h"
 #include "block32_x86.h"
+#include "kq_rows_x86.h"
 
 /* ---------------------------------------------------------------------------------------------
  * F32 and F16 weights against F32 activations (n is any positive count)
@@ -271,6 +272,13 @@ static void quantize_q8_K(const float * x, void * dst, int64_t n) {
     }
 }
 
+/* The K-quants' tile form (kq_rows_x86.h), from this many tokens on (tools/bench_kernels.py). */
+RM_ROWS_KQ(q2_K, rm_block_q2_K, 1, 0, 6)
+RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 6)
+RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 6)
+RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 6)
+RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 6)
+
 const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
@@ -316,6 +324,13 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .attn_scores = attn_scores,
     .attn_values = attn_values,
     .exp_sum = exp_sum_x86,
+    .tile = {
+        [RM_TYPE_Q2_K] = &rows_q2_K,
+        [RM_TYPE_Q3_K] = &rows_q3_K,
+        [RM_TYPE_Q4_K] = &rows_q4_K,
+        [RM_TYPE_Q5_K] = &rows_q5_K,
+        [RM_TYPE_Q6_K] = &rows_q6_K,
+    },
     .gdn_rule = gdn_rule_x86,
     .gdn_conv = gdn_conv_x86,
     .streams = {

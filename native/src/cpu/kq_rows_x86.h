@@ -385,7 +385,11 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
     const int64_t nsb = n / RM_QK_K;
     const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
     const int run = off_mul == 32 ? 2 : 4;   /* Q6_K's levels reach 63 */
-    const int vnni = rm_cpu_avx_vnni();
+    /* vpdpbusd where there is one, for the 32-element sub-blocks: one thread, rows of 2048, 32
+     * tokens, ps per weight and token with and without (RAPIDMOE_AVX_VNNI=0): Q4_K 12.1 / 14.3,
+     * Q5_K 12.0 / 14.0; for the 16-element ones a vpmulld per 16 products costs what it saves:
+     * Q2_K 13.7-14.3 / 14.8-15.0, Q3_K 13.7 / 13.7-14.0, Q6_K 13.5 / 12.9-13.1 */
+    const int vnni = !sixteen && rm_cpu_avx_vnni();
     pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, bsize, off_mul == 0);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;

@@ -166,10 +166,11 @@ def test_kernels_amx_tiles_match_reference(name):
                 assert alone.tobytes() == got[i:i + 1].tobytes()
 
 
-# The tile form of the K-quants without AMX (kq_rows_x86.h: sixteen rows side by side in the
-# registers; AVX-512 with VNNI, and AVX2), from six tokens on: the set's floats bit for bit as well.
+# The tile form without AMX (kq_rows_x86.h: sixteen rows side by side in the registers; the
+# K-quants in the AVX-512 set with VNNI and in the AVX2 set, Q4_0 and Q8_0 in the AVX2 set, Q8_0
+# only with AVX-VNNI), from six tokens on: the set's floats bit for bit as well.
 ROWS_CASES = [(isa, name) for isa in ("avx2", "avx512") if isa in kernels.supported_isas()
-              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"] + (["IQ4_XS"] if isa == "avx512" else [])]
+              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"] + (["IQ4_XS"] if isa == "avx512" else ["Q4_0", "Q8_0"])]
 
 
 @pytest.mark.skipif(not ROWS_CASES, reason="this machine or build has neither AVX2 nor AVX-512")

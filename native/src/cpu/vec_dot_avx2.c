@@ -87,57 +87,72 @@ static void axpy(int64_t n, float a, const float * x, float * y) {
 /* The 32-element kernels below are written once for nc tokens (1 or 4) and instantiated for
  * both: with four tokens each weight block is unpacked and its scale converted once, and every
  * token keeps the accumulators and order of the one-token kernel, so results are identical bit
- * for bit whichever way a token is computed. */
+ * for bit whichever way a token is computed. The float steps are the AVX-512 set's (and so its
+ * floats): blocks in groups of eight, block k of a group in lane k, its exact integer dot
+ * (block_sums8 of the eight blocks' lanes) times d_w d_x added by one multiply-add; the blocks
+ * past the last group one by one, lane by lane. The tile form below repeats them. */
 
-/* acc += d (w . x) for one block of signed weight levels, |w| and w given. */
-RM_INLINE void block_dot_s8(__m256i w, __m256i aw, float d, const rm_block_q8_0 * x, __m256 * acc) {
+/* Lanes of one block's integer dot: |w| . (x with w's signs), in int16 pairs then int32 lanes. */
+RM_INLINE __m256i block_dot_s8(__m256i w, __m256i aw, const rm_block_q8_0 * x) {
     const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *) x->qs), w));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), *acc);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
 /* Signed levels of block i: Q8_0 as stored, Q4_0 as its nibbles less 8. */
-RM_INLINE __m256i levels_q8_0(const void * w, int64_t i, float * d) {
-    const rm_block_q8_0 * b = (const rm_block_q8_0 *) w + i;
-    *d = fp16(b->d);
-    return _mm256_loadu_si256((const __m256i *) b->qs);
+RM_INLINE __m256i levels_q8_0(const void * w, int64_t i) {
+    return _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) w + i)->qs);
 }
 
-RM_INLINE __m256i levels_q4_0(const void * w, int64_t i, float * d) {
-    const rm_block_q4_0 * b = (const rm_block_q4_0 *) w + i;
-    *d = fp16(b->d);
-    return _mm256_sub_epi8(nibbles_lo_hi(b->qs), _mm256_set1_epi8(8));
+RM_INLINE __m256i levels_q4_0(const void * w, int64_t i) {
+    return _mm256_sub_epi8(nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs), _mm256_set1_epi8(8));
 }
 
-/* out[c] = dot(w, token c), tokens x_stride bytes apart; even and odd blocks in two chains. The
- * activation scales come from x_info when given (the same floats, converted once). */
+/* out[c] = dot(w, token c), tokens x_stride bytes apart. The activation scales come from x_info
+ * when given (the same floats, converted once). */
 RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
-                            const float * x_info, int64_t x_info_stride, __m256i (*levels)(const void *, int64_t, float *)) {
+                            const float * x_info, int64_t x_info_stride, __m256i (*levels)(const void *, int64_t)) {
     const int64_t nb = n / RM_QK;
-    __m256 acc0[RM_MULTI_MAX], acc1[RM_MULTI_MAX];
-    for (int c = 0; c < nc; c++) {
-        acc0[c] = _mm256_setzero_ps();
-        acc1[c] = _mm256_setzero_ps();
-    }
     const size_t wblock = levels == levels_q8_0 ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
-    for (int64_t i = 0; i < nb; i += 2) {
-        if (nc == 1 && i % 8 == 0) {
-            rm_stream_ahead((const uint8_t *) w + (uint64_t) i * wblock, (int) (8 * wblock));
+    const uint8_t * wb = w;
+    const rm_block_q8_0 * x[RM_MULTI_MAX];
+    __m256 acc[RM_MULTI_MAX];
+    for (int c = 0; c < nc; c++) {
+        x[c] = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
+        acc[c] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        if (nc == 1) {
+            rm_stream_ahead(wb + (uint64_t) i * wblock, (int) (8 * wblock));
         }
-        float d0, d1 = 0;
-        const __m256i q0 = levels(w, i, &d0), a0 = _mm256_sign_epi8(q0, q0);
-        const int two = i + 1 < nb;
-        const __m256i q1 = two ? levels(w, i + 1, &d1) : q0, a1 = _mm256_sign_epi8(q1, q1);
+        const __m256 dw = scales8(wb + (uint64_t) i * wblock, wblock);   /* d is each block's first field */
+        __m256i q[8], aq[8];
+        for (int k = 0; k < 8; k++) {
+            q[k] = levels(w, i + k);
+            aq[k] = _mm256_sign_epi8(q[k], q[k]);
+        }
         for (int c = 0; c < nc; c++) {
-            const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-            const float * xd = x_info ? x_info + c * x_info_stride + i : NULL;
-            block_dot_s8(q0, a0, d0 * (xd ? xd[0] : fp16(x[0].d)), x, &acc0[c]);
-            if (two) {
-                block_dot_s8(q1, a1, d1 * (xd ? xd[1] : fp16(x[1].d)), x + 1, &acc1[c]);
+            __m256i p[8];
+            for (int k = 0; k < 8; k++) {
+                p[k] = block_dot_s8(q[k], aq[k], x[c] + i + k);
             }
+            const __m256 dx = x_info ? _mm256_loadu_ps(x_info + c * x_info_stride + i)
+                                     : scales8((const uint8_t *) (x[c] + i), sizeof(rm_block_q8_0));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(block_sums8(p)), acc[c]);
+        }
+    }
+    for (; i < nb; i++) {  /* the last few blocks, one by one */
+        const __m256i q = levels(w, i), aq = _mm256_sign_epi8(q, q);
+        rm_fp16 h;
+        memcpy(&h, wb + (uint64_t) i * wblock, 2);
+        const float dw = fp16(h);
+        for (int c = 0; c < nc; c++) {
+            const float dx = x_info ? x_info[c * x_info_stride + i] : fp16(x[c][i].d);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(block_dot_s8(q, aq, x[c] + i)), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = hsum_ps(_mm256_add_ps(acc0[c], acc1[c]));
+        out[c] = hsum_ps(acc[c]);
     }
 }
 
@@ -278,6 +293,8 @@ RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 6)
 RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 6)
 RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 6)
 RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 6)
+RM_ROWS_32(q4_0, 0, 6)
+RM_ROWS_32(q8_0, 1, 6)
 
 const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .vec_dot = {
@@ -330,6 +347,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q4_K] = &rows_q4_K,
         [RM_TYPE_Q5_K] = &rows_q5_K,
         [RM_TYPE_Q6_K] = &rows_q6_K,
+        [RM_TYPE_Q4_0] = &rows_q4_0,
+        [RM_TYPE_Q8_0] = &rows_q8_0,
     },
     .gdn_rule = gdn_rule_x86,
     .gdn_conv = gdn_conv_x86,

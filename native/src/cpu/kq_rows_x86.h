@@ -75,6 +75,106 @@ static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, in
     }
 }
 
+/* ---- the 32-element blocks Q4_0 and Q8_0 ---------------------------------------------------------
+ *
+ * The same tiles for Q4_0 and Q8_0 rows of whole groups of eight blocks: sixteen rows' levels side
+ * by side (Q4_0's nibbles, unsigned; Q8_0's levels as stored), a block's integer dot per row and
+ * token (Q4_0: the nibbles times x, less 8 sum(x); Q8_0, with vpdpbusd: its levels plus 128 times
+ * x, less 128 sum(x)), then dot_32_multi's float steps (the same in both sets): block k of a group
+ * into lane k, fma(d_w d_x, S), the lanes added as hsum_ps adds them. In the AVX2 set without
+ * AVX-VNNI, Q8_0's signed levels would need a sign per row on each broadcast activation, as many
+ * operations as its one-row kernel takes: that type then keeps the one-row kernel (usable says
+ * no). The AVX-512 set's Q4_0 rows may be stored in its own layout (repack_row_q4_0): they are
+ * read from there.
+ *
+ * Room per group of eight blocks: the levels, group e of 4 elements of 16 rows at 64 e (4096
+ * bytes); the blocks' d as floats [block][row] (512). Activations per token and block: its 32
+ * levels, d as a float, and the sum of the levels (40 bytes). */
+#define B32R_D 4096
+#define B32R_BYTES 4608
+#define B32R_ACT 40
+
+static int usable_rows_q4_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0; }
+#ifdef RM_KQ_GROUPED
+static int usable_rows_q8_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0; }
+#else
+static int usable_rows_q8_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0 && rm_cpu_avx_vnni(); }
+#endif
+
+static uint64_t act_bytes_rows_32(int64_t n, int32_t n_tok) { return (uint64_t) n_tok * (uint64_t) (n / RM_QK) * B32R_ACT; }
+
+static uint64_t room_bytes_rows_32(int64_t n) { return (uint64_t) (n / (8 * RM_QK)) * B32R_BYTES; }
+
+static void put_group_rows_32(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t) {
+    const int64_t nb = n / RM_QK;
+    for (int32_t c = 0; c < count; c++) {
+        const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
+        uint8_t * t = (uint8_t *) x_t + (uint64_t) (i0 + c) * (uint64_t) nb * B32R_ACT;
+        for (int64_t b = 0; b < nb; b++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *) x[b].qs);
+            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+            const float d = fp16(x[b].d);   /* as rm_q8_0_act_info has it */
+            const int32_t sum = hsum_epi32(s);
+            _mm256_storeu_si256((__m256i *) (t + B32R_ACT * b), q);
+            memcpy(t + B32R_ACT * b + 32, &d, 4);
+            memcpy(t + B32R_ACT * b + 36, &sum, 4);
+        }
+    }
+}
+
+/* Block k's 32 nibbles in element order from a group of eight Q4_0 blocks in the AVX-512 set's
+ * stored layout (repack_row_q4_0: the eight fp16 scales, then 4 x 32 bytes whose dword k holds in
+ * its low nibbles levels 8m..8m+3 of block k and in its high ones 8m+4..8m+7, m = 0..3), and its d. */
+RM_INLINE __m256i stored_q4_0_nibbles(const uint8_t * g, int k, float * d) {
+    rm_fp16 h;
+    memcpy(&h, g + 2 * k, sizeof(h));
+    *d = fp16(h);
+    const __m128i v = _mm_setr_epi32(*(const int32_t *) (g + 16 + 4 * k), *(const int32_t *) (g + 48 + 4 * k),
+                                     *(const int32_t *) (g + 80 + 4 * k), *(const int32_t *) (g + 112 + 4 * k));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    return _mm256_set_m128i(_mm_unpackhi_epi32(lo, hi), _mm_unpacklo_epi32(lo, hi));
+}
+
+RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                            uint8_t * room, const int q8) {
+    const size_t bsize = q8 ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
+    for (int64_t g = 0; g < n / (8 * RM_QK); g++) {
+        uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
+        float * d = (float *) (wb + B32R_D);
+        for (int h = 0; h < 2; h++) {
+            __m256i lev[8][8];   /* [block][row] */
+            for (int r = 0; r < 8; r++) {
+                const int64_t row = r0 + 8 * h + r;
+                const uint8_t * src = w + (uint64_t) row * row_bytes + (uint64_t) g * 8 * bsize;
+                for (int k = 0; k < 8; k++) {
+                    if (row >= r1) {
+                        lev[k][r] = _mm256_setzero_si256();
+                        d[RM_TILE_ROWS * k + 8 * h + r] = 0.0f;
+                        continue;
+                    }
+                    if (stored) {   /* Q4_0 only: eight blocks take 144 bytes in either layout */
+                        lev[k][r] = stored_q4_0_nibbles(src, k, &d[RM_TILE_ROWS * k + 8 * h + r]);
+                        continue;
+                    }
+                    const uint8_t * blk = src + (size_t) k * bsize;
+                    rm_fp16 dh;
+                    memcpy(&dh, blk, sizeof(dh));   /* d is each block's first field */
+                    d[RM_TILE_ROWS * k + 8 * h + r] = fp16(dh);
+                    lev[k][r] = q8 ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) blk)->qs)
+                                   : nibbles_lo_hi(((const rm_block_q4_0 *) blk)->qs);
+                }
+            }
+            for (int k = 0; k < 8; k++) {   /* dword j of block k: elements 32 k + 4 j.., group 8 k + j */
+                transpose8_epi32(lev[k]);
+                for (int j = 0; j < 8; j++) {
+                    _mm256_storeu_si256((__m256i *) (wb + 64 * (8 * k + j) + 32 * h), lev[k][j]);
+                }
+            }
+        }
+    }
+}
+
 #ifdef RM_KQ_GROUPED   /* the AVX-512 set */
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the sixteen rows
@@ -217,6 +317,88 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
         case 3: rows_tokens_kq(nsb, room, x, 3, out, sixteen, off_mul); break;
         case 2: rows_tokens_kq(nsb, room, x, 2, out, sixteen, off_mul); break;
         default: rows_tokens_kq(nsb, room, x, 1, out, sixteen, off_mul); break;
+        }
+        for (int t = 0; t < nt; t++) {
+            float * yt = y + (int64_t) (i0 + t) * y_stride + r0;
+            __m512 v = _mm512_loadu_ps(out[t]);
+            if (accumulate) {
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(rows, yt), v);
+            }
+            _mm512_mask_storeu_ps(yt, rows, v);
+        }
+    }
+}
+
+/* nt tokens (1 to KR_TOKENS) against the packed tile: out[t][row]. */
+RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * const x[KR_TOKENS], const int nt,
+                              float out[KR_TOKENS][RM_TILE_ROWS], const int q8) {
+    __m512 acc[KR_TOKENS][8];   /* [token][block mod 8]: 16 rows */
+    for (int t = 0; t < nt; t++) {
+        for (int l = 0; l < 8; l++) {
+            acc[t][l] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
+        for (int k = 0; k < 8; k++) {
+            __m512i S[KR_TOKENS];
+            const uint8_t * xb[KR_TOKENS];
+            for (int t = 0; t < nt; t++) {
+                xb[t] = x[t] + (uint64_t) (8 * g + k) * B32R_ACT;
+                S[t] = _mm512_setzero_si512();
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m512i lv = _mm512_loadu_si512(wb + 64 * (8 * k + j));
+                if (q8) {
+                    lv = _mm512_xor_si512(lv, _mm512_set1_epi8((char) 0x80));   /* plus 128 */
+                }
+                for (int t = 0; t < nt; t++) {
+                    S[t] = _mm512_dpbusd_epi32(S[t], lv, _mm512_set1_epi32(*(const int32_t *) (xb[t] + 4 * j)));
+                }
+            }
+            const __m512 dw = _mm512_loadu_ps(wb + B32R_D + 64 * k);
+            for (int t = 0; t < nt; t++) {
+                float dx;
+                int32_t sum;
+                memcpy(&dx, xb[t] + 32, 4);
+                memcpy(&sum, xb[t] + 36, 4);
+                /* less offset * sum(x): 8 or 128, a shift */
+                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_set1_epi32((int32_t) ((uint32_t) sum << (q8 ? 7 : 3))));
+                acc[t][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(sv), acc[t][k]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
+        const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][4]), _mm512_add_ps(acc[t][2], acc[t][6]));
+        const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[t][1], acc[t][5]), _mm512_add_ps(acc[t][3], acc[t][7]));
+        _mm512_storeu_ps(out[t], _mm512_add_ps(even, odd));
+    }
+}
+
+RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                              const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                              const int q8) {
+    const int64_t ng = n / (8 * RM_QK);
+    const uint64_t xrow = (uint64_t) (n / RM_QK) * B32R_ACT;
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, q8);
+    const __mmask16 rows = (__mmask16) ((1u << (r1 - r0)) - 1);
+    for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
+        const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
+        const uint8_t * x[KR_TOKENS];
+        for (int t = 0; t < KR_TOKENS; t++) {
+            x[t] = (const uint8_t *) x_t + (uint64_t) (i0 + (t < nt ? t : 0)) * xrow;
+        }
+        float out[KR_TOKENS][RM_TILE_ROWS];
+        switch (nt) {   /* a copy per count, the token loops unrolled */
+        case 8: rows_tokens_32(ng, room, x, 8, out, q8); break;
+        case 7: rows_tokens_32(ng, room, x, 7, out, q8); break;
+        case 6: rows_tokens_32(ng, room, x, 6, out, q8); break;
+        case 5: rows_tokens_32(ng, room, x, 5, out, q8); break;
+        case 4: rows_tokens_32(ng, room, x, 4, out, q8); break;
+        case 3: rows_tokens_32(ng, room, x, 3, out, q8); break;
+        case 2: rows_tokens_32(ng, room, x, 2, out, q8); break;
+        default: rows_tokens_32(ng, room, x, 1, out, q8); break;
         }
         for (int t = 0; t < nt; t++) {
             float * yt = y + (int64_t) (i0 + t) * y_stride + r0;
@@ -420,82 +602,6 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
 }
 
 
-/* ---- the 32-element blocks Q4_0 and Q8_0 in the AVX2 set --------------------------------------
- *
- * The same tiles for Q4_0 and Q8_0 rows of whole groups of eight blocks: sixteen rows' levels side
- * by side (Q4_0's nibbles, unsigned; Q8_0's levels as stored), a block's integer dot per row and
- * token (Q4_0: the nibbles times x, less 8 sum(x); with AVX-VNNI Q8_0's levels plus 128 times x,
- * less 128 sum(x)), then dot_32_multi's float steps: block k of a group into lane k,
- * fma(d_w d_x, S), the lanes added as hsum_ps adds them. Without AVX-VNNI, Q8_0's signed levels
- * need a sign per row on each broadcast activation, as many operations as its one-row kernel
- * takes: that type then keeps the one-row kernel (usable says no).
- *
- * Room per group of eight blocks: the levels, group e of 4 elements of 16 rows at 64 e (4096
- * bytes); the blocks' d as floats [block][row] (512). Activations per token and block: its 32
- * levels, d as a float, and the sum of the levels (40 bytes). */
-#define B32R_D 4096
-#define B32R_BYTES 4608
-#define B32R_ACT 40
-
-static int usable_rows_q4_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0; }
-static int usable_rows_q8_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0 && rm_cpu_avx_vnni(); }
-
-static uint64_t act_bytes_rows_32(int64_t n, int32_t n_tok) { return (uint64_t) n_tok * (uint64_t) (n / RM_QK) * B32R_ACT; }
-
-static uint64_t room_bytes_rows_32(int64_t n) { return (uint64_t) (n / (8 * RM_QK)) * B32R_BYTES; }
-
-static void put_group_rows_32(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t) {
-    const int64_t nb = n / RM_QK;
-    for (int32_t c = 0; c < count; c++) {
-        const rm_block_q8_0 * x = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
-        uint8_t * t = (uint8_t *) x_t + (uint64_t) (i0 + c) * (uint64_t) nb * B32R_ACT;
-        for (int64_t b = 0; b < nb; b++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *) x[b].qs);
-            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-            const float d = fp16(x[b].d);   /* as rm_q8_0_act_info has it */
-            const int32_t sum = hsum_epi32(s);
-            _mm256_storeu_si256((__m256i *) (t + B32R_ACT * b), q);
-            memcpy(t + B32R_ACT * b + 32, &d, 4);
-            memcpy(t + B32R_ACT * b + 36, &sum, 4);
-        }
-    }
-}
-
-RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
-                            const int q8) {
-    const size_t bsize = q8 ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
-    for (int64_t g = 0; g < n / (8 * RM_QK); g++) {
-        uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
-        float * d = (float *) (wb + B32R_D);
-        for (int h = 0; h < 2; h++) {
-            __m256i lev[8][8];   /* [block][row] */
-            for (int r = 0; r < 8; r++) {
-                const int64_t row = r0 + 8 * h + r;
-                const uint8_t * src = w + (uint64_t) row * row_bytes + (uint64_t) g * 8 * bsize;
-                for (int k = 0; k < 8; k++) {
-                    if (row >= r1) {
-                        lev[k][r] = _mm256_setzero_si256();
-                        d[RM_TILE_ROWS * k + 8 * h + r] = 0.0f;
-                        continue;
-                    }
-                    const uint8_t * blk = src + (size_t) k * bsize;
-                    rm_fp16 dh;
-                    memcpy(&dh, blk, sizeof(dh));   /* d is each block's first field */
-                    d[RM_TILE_ROWS * k + 8 * h + r] = fp16(dh);
-                    lev[k][r] = q8 ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) blk)->qs)
-                                   : nibbles_lo_hi(((const rm_block_q4_0 *) blk)->qs);
-                }
-            }
-            for (int k = 0; k < 8; k++) {   /* dword j of block k: elements 32 k + 4 j.., group 8 k + j */
-                transpose8_epi32(lev[k]);
-                for (int j = 0; j < 8; j++) {
-                    _mm256_storeu_si256((__m256i *) (wb + 64 * (8 * k + j) + 32 * h), lev[k][j]);
-                }
-            }
-        }
-    }
-}
-
 /* nt tokens (1 to KR_TOKENS_AVX2) against half h of the packed tile: out[t][8h + row]. */
 RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * const x[KR_TOKENS_AVX2], const int nt,
                               const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int q8, const int vnni) {
@@ -560,12 +666,14 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
     }
 }
 
-RM_INLINE void matmul_rows_32(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                              int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int q8) {
+RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
+                              const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                              const int q8) {
+    (void) stored;   /* the AVX2 set keeps no stored layout */
     const int64_t ng = n / (8 * RM_QK);
     const uint64_t xrow = (uint64_t) (n / RM_QK) * B32R_ACT;
     const int vnni = rm_cpu_avx_vnni();   /* Q8_0 comes here only with it (usable_rows_q8_0) */
-    pack_rows_32(n, w, row_bytes, r0, r1, room, q8);
+    pack_rows_32(n, w, 0, row_bytes, r0, r1, room, q8);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const uint8_t * x[KR_TOKENS_AVX2];
@@ -594,17 +702,17 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, uint64_t row_bytes, int
     }
 }
 
+
+#endif
+
 #define RM_ROWS_32(t, q8, min_tokens)                                                                              \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
                                 int accumulate) {                                                                  \
-        (void) stored;   /* the AVX2 set keeps no stored layout */                                                 \
-        matmul_rows_32(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, q8);                    \
+        matmul_rows_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, q8);            \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_##t, act_bytes_rows_32, put_group_rows_32, \
                                              room_bytes_rows_32, matmul_rows_##t};
-
-#endif
 
 #define RM_ROWS_KQ(t, block, sixteen, off_mul, min_tokens)                                                         \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \

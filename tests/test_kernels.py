@@ -180,8 +180,7 @@ def test_kernels_row_tiles_equal_single_tokens(isa, name):
     alone through the one-token kernel, bit for bit: a partial tile of rows (and one of at most
     eight, half a tile in the AVX2 set), partial passes of tokens (8 or 4 at a time) and one past
     them, the fewest tokens it takes (6; 10 for Q4_0 in the AVX-512 set), rows of 1, 2, 3 and 9
-    super-blocks (a partial and a whole
-    group of the float steps' eight lanes, and one past it)."""
+    super-blocks (a partial and a whole group of the float steps' eight lanes, and one past it)."""
     for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6),
                              (1024, 7, 11)]:
         _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)

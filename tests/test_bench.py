@@ -59,8 +59,8 @@ def test_bench_cli_reports_medians_and_the_profile(capsys):
 
 def test_bench_says_why_a_kernel_set_was_chosen(tmp_path):
     """The set in use and why: the CPU's best (or a lower one measured faster on its family), or the
-    one $RAPIDMOE_ISA names, in a fresh process (run outside the source tree, whose package is not
-    built in a plain install)."""
+    one $RAPIDMOE_ISA names, and for the AVX2 set whether it takes AVX-VNNI, in a fresh process (run
+    outside the source tree, whose package is not built in a plain install)."""
     import subprocess
     import sys
 
@@ -69,7 +69,14 @@ def test_bench_says_why_a_kernel_set_was_chosen(tmp_path):
         env = dict(os.environ, RAPIDMOE_ISA=isa)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                              cwd=tmp_path).stdout
-        assert out.strip() == f"{isa} RAPIDMOE_ISA={isa}"
+        if isa != "avx2":
+            assert out.strip() == f"{isa} RAPIDMOE_ISA={isa}"
+            continue
+        # the AVX2 set also says whether its tiles take AVX-VNNI, and RAPIDMOE_AVX_VNNI=0 turns it off
+        assert out.strip() in (f"{isa} RAPIDMOE_ISA={isa}; AVX-VNNI used", f"{isa} RAPIDMOE_ISA={isa}; AVX-VNNI not on this CPU")
+        out = subprocess.run([sys.executable, "-c", code], env=dict(env, RAPIDMOE_AVX_VNNI="0"), capture_output=True,
+                             text=True, check=True, cwd=tmp_path).stdout
+        assert out.strip() == f"{isa} RAPIDMOE_ISA={isa}; AVX-VNNI off (RAPIDMOE_AVX_VNNI=0)"
     env = {k: v for k, v in os.environ.items() if k != "RAPIDMOE_ISA"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=tmp_path).stdout

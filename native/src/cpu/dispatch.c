@@ -168,7 +168,20 @@ static rm_isa best_isa = RM_ISA_SCALAR;
 static rm_isa active_isa = RM_ISA_SCALAR;
 static char   active_why[256];
 
+static void choose_set(void);
+
+/* The set, and for the AVX2 one whether its tiles take AVX-VNNI (rm_cpu_avx_vnni), in the reason. */
 static void choose(void) {
+    choose_set();
+    if (active_isa == RM_ISA_AVX2) {
+        const char * env = getenv("RAPIDMOE_AVX_VNNI");
+        const size_t used = strlen(active_why);
+        snprintf(active_why + used, sizeof(active_why) - used, "; AVX-VNNI %s",
+                 rm_cpu_avx_vnni() ? "used" : env && strcmp(env, "0") == 0 ? "off (RAPIDMOE_AVX_VNNI=0)" : "not on this CPU");
+    }
+}
+
+static void choose_set(void) {
     best_isa = probe();
     char vendor[13];
     uint32_t family, model;

@@ -22,6 +22,11 @@ For a model whose vocabulary has the harmony tokens, a chat completion's content
 channel's text alone; the analysis channel (the model's reasoning) is left out, or given as
 ``reasoning_content`` when asked for (``show_reasoning``), as llama.cpp's server does.
 
+Tools (a request's ``tools``, see rapidmoe_gguf.tool_calls): ``render_chat`` gives the template
+the tools as it is to get them, and each earlier tool call's arguments in the form the template
+takes (an object or a JSON string, found by rendering it: ``template_tools``); ``Reply`` reads the
+calls back out of the reply's text, or out of a harmony reply's messages to ``functions.NAME``.
+
 A model without a template cannot chat: there is no fallback format, because guessing one (ChatML,
 say) for a model trained on another gives fluent-looking nonsense. Such a model raises
 UnsupportedError; use ``create_completion`` with a prompt written in the model's own format.
@@ -38,14 +43,15 @@ import sys
 import threading
 import time
 from datetime import datetime
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import jinja2
 import jinja2.ext
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
-from .errors import InvalidArgumentError, UnsupportedError
+from . import tool_calls
+from .errors import InvalidArgumentError, RapidMoEError, UnsupportedError
 from .sampling import SAMPLING_DEFAULTS as _SD, LogitBias, SamplingParams, chat_top_logprobs
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -267,8 +273,22 @@ def _plain_messages(messages: Sequence[dict]) -> list[dict]:
             content = ""
         elif not isinstance(content, str):
             raise InvalidArgumentError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        if msg.get("tool_calls") is not None:
+            _check_tool_calls(msg["tool_calls"], f"messages[{i}].tool_calls")
         out.append(dict(msg, role=role, content=content))
     return out
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    """An assistant turn's tool calls, as OpenAI's API sends them: each {"function": {"name", "arguments"}}."""
+    if not isinstance(calls, list):
+        raise InvalidArgumentError(f"{where} must be a list of tool calls")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidArgumentError(f"{where}[{j}] must be an object with a function object that has a name")
+        if not isinstance(fn.get("arguments", ""), (str, dict)):
+            raise InvalidArgumentError(f"{where}[{j}].function.arguments must be a JSON string or an object")
 
 
 def render(template: str, messages: Sequence[dict], add_generation_prompt: bool = True,
@@ -308,6 +328,58 @@ def render(template: str, messages: Sequence[dict], add_generation_prompt: bool 
 
 
 # ---------------------------------------------------------------------------------------------
+# What a template does with tools
+# ---------------------------------------------------------------------------------------------
+
+_PROBE_TOOL = {"type": "function", "function": {"name": "rapidmoe_probe_tool", "description": "A probe.",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+class TemplateTools(NamedTuple):
+    renders_tools: bool      # it writes the tools given as ``tools`` into the prompt
+    object_arguments: bool   # it takes a tool call's arguments as an object (else as a JSON string)
+
+
+@functools.lru_cache(maxsize=8)
+def template_tools(template: str) -> TemplateTools:
+    """What ``template`` does with tools, found by rendering it, as llama.cpp finds a template's
+    capabilities: whether a tool given to it appears in its output, and whether a call's
+    arguments given as an object do (those given as a string otherwise)."""
+    def output(messages, **variables) -> str:
+        try:
+            return render(template, messages, **variables)
+        except RapidMoEError:
+            return ""
+
+    user = {"role": "user", "content": "Hello."}
+    renders_tools = "rapidmoe_probe_tool" in output([user], tools=[_PROBE_TOOL])
+
+    def called(arguments) -> list[dict]:
+        call = {"id": "call_probe", "type": "function",
+                "function": {"name": "rapidmoe_probe_tool", "arguments": arguments}}
+        return [user, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_probe", "content": "done"}]
+
+    as_object = "rapidmoe_probe_arg" in output(called({"rapidmoe_probe_arg": "x"}))
+    as_string = "rapidmoe_probe_arg" in output(called('{"rapidmoe_probe_arg": "x"}'))
+    return TemplateTools(renders_tools, as_object or not as_string)
+
+
+def render_chat(template: str, messages: Sequence[dict], add_generation_prompt: bool = True, *,
+                tools: tool_calls.ToolUse | None = None, **options) -> str:
+    """``render``, with a request's tools given to the template as it is to get them (see
+    tool_calls.ToolUse.prompt), and the arguments of the messages' tool calls in the form the
+    template takes (tool_calls.template_arguments). ``options``: render's."""
+    messages = _plain_messages(messages)
+    if tools is not None or any(m.get("tool_calls") for m in messages):
+        caps = template_tools(template)
+        if tools is not None:
+            messages, options["tools"] = tools.prompt(messages, caps.renders_tools)
+        messages = tool_calls.template_arguments(messages, caps.object_arguments)
+    return render(template, messages, add_generation_prompt, **options)
+
+
+# ---------------------------------------------------------------------------------------------
 # The harmony format's channels (gpt-oss)
 # ---------------------------------------------------------------------------------------------
 
@@ -320,34 +392,67 @@ def is_harmony(tokenizer) -> bool:
     return all(tokenizer.backend.token_to_id(t) is not None for t in ("<|channel|>", "<|message|>", "<|end|>"))
 
 
+class HarmonyPiece(NamedTuple):
+    """A piece of a harmony message's text: its channel, the header's recipient (``to=...``, e.g.
+    "functions.get_weather"; None without one), and which message it is in (counting the
+    <|message|> tags; 0 for text before any)."""
+
+    channel: str
+    text: str
+    recipient: str | None
+    message: int
+
+
 class HarmonyChannels:
     """Splits a streamed harmony reply into channels: ``feed(text)`` returns the (channel, text)
-    pieces that text completes, in order; a tag split between two pieces is held back until it is
-    whole. Text before any channel header (a reply that does not use the format) is channel "final"."""
+    pieces that text completes, in order, and ``read(text)`` the same as HarmonyPieces; a tag split
+    between two pieces is held back until it is whole. Text before any channel header (a reply
+    that does not use the format) is channel "final", unless it starts with ``to=``: then the reply
+    goes on with the header the generation prompt began (``<|start|>assistant``), as the templates
+    write a call (`` to=functions.NAME<|channel|>commentary json<|message|>``)."""
 
     def __init__(self):
         self.channel = "final"
-        self._state = "message"      # "header": between <|channel|> and <|message|>; "message": content
+        self.recipient: str | None = None
+        self._message = 0
+        self._state = "reply"        # "reply": nothing read yet; "header": from <|start|> or <|channel|> (or a
+                                     # leading to=) to <|message|>; "message": content; "between": neither
         self._header = ""
+        self._channel_at: int | None = None   # where in the header the channel's name follows <|channel|>
         self._held = ""
 
     def feed(self, text: str) -> list[tuple[str, str]]:
+        return [(p.channel, p.text) for p in self.read(text)]
+
+    def flush(self) -> list[tuple[str, str]]:
+        return [(p.channel, p.text) for p in self.read_rest()]
+
+    def read(self, text: str) -> list[HarmonyPiece]:
         text = self._held + text
         self._held = ""
+        if self._state == "reply":
+            lead = text.lstrip()[:3]
+            if len(lead) < 3 and "to=".startswith(lead):   # no text yet, or maybe the start of to=
+                self._held = text
+                return []
+            self._state = "header" if lead == "to=" else "message"
         cut = text.rfind("<|") if not text.endswith("<") else len(text) - 1
         if cut >= 0 and _HARMONY_TAG.match(text, cut) is None and "|>" not in text[cut:]:
             text, self._held = text[:cut], text[cut:]   # maybe the start of a tag
-        out: list[tuple[str, str]] = []
+        out: list[HarmonyPiece] = []
         pos = 0
         for m in _HARMONY_TAG.finditer(text):
             self._take(text[pos:m.start()], out)
             tag = m.group()
-            if tag in ("<|channel|>", "<|start|>"):
-                self._state, self._header = "header", ""
+            if tag == "<|start|>":
+                self._state, self._header, self._channel_at = "header", "", None
+            elif tag == "<|channel|>":            # after <|start|>ROLE, or opening a header itself
+                if self._state != "header":
+                    self._state, self._header = "header", ""
+                self._header += " "
+                self._channel_at = len(self._header)
             elif tag == "<|message|>":
-                words = self._header.split()
-                self.channel = words[0] if words else "final"
-                self._state = "message"
+                self._open_message()
             elif tag == "<|constrain|>":
                 self._header += " "
             else:                               # <|end|>, <|return|>, <|call|>: the message is over
@@ -356,21 +461,35 @@ class HarmonyChannels:
         self._take(text[pos:], out)
         return out
 
-    def flush(self) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
+    def read_rest(self) -> list[HarmonyPiece]:
+        out: list[HarmonyPiece] = []
+        if self._state == "reply":
+            self._state = "message"
         self._take(self._held, out)
         self._held = ""
         return out
+
+    def _open_message(self) -> None:
+        """A header is over: its channel is the first word after <|channel|> (without one, the first
+        after the role), its recipient the word after ``to=`` anywhere in it."""
+        words = self._header.split()
+        self.recipient = next((w[len("to="):] for w in words if w.startswith("to=")), None)
+        if self._channel_at is not None:
+            names = self._header[self._channel_at:].split()
+        else:
+            names = words[1:] if words[:1] == ["assistant"] else words
+        names = [w for w in names if not w.startswith("to=")]
+        self.channel = names[0] if names else "final"
+        self._message += 1
+        self._state = "message"
 
     def _take(self, text: str, out: list) -> None:
         if not text:
             return
         if self._state == "header":
-            if not self._header and text.startswith("assistant"):   # <|start|>assistant: the role
-                text = text[len("assistant"):]
             self._header += text
         elif self._state == "message":
-            out.append((self.channel, text))
+            out.append(HarmonyPiece(self.channel, text, self.recipient, self._message))
 
 
 def split_channels(text: str) -> dict[str, str]:
@@ -409,18 +528,20 @@ def template_kwargs(kwargs: Mapping | None) -> dict:
 
 
 def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True, *,
-                max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT, **variables) -> list[int]:
-    """Token ids of the conversation rendered with ``model``'s template (within ``render``'s
-    limits; ``variables``: further template variables, e.g. reasoning_effort). BOS is added when
-    the model wants one and the template did not write it already."""
+                max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT,
+                tools: tool_calls.ToolUse | None = None, **variables) -> list[int]:
+    """Token ids of the conversation rendered with ``model``'s template (render_chat, within
+    ``render``'s limits; ``tools``: the request's; ``variables``: further template variables, e.g.
+    reasoning_effort). BOS is added when the model wants one and the template did not write it
+    already."""
     tok = model.tokenizer
     if not tok.chat_template:
         raise UnsupportedError(
             f"{os.path.basename(model.path)}: the model has no chat template (tokenizer.chat_template is not "
             "in its GGUF metadata); use create_completion with a prompt in the model's own format")
     bos, eos = _token_text(tok, tok.bos_id), _token_text(tok, tok.eos_id)
-    text = render(tok.chat_template, messages, add_generation_prompt, bos_token=bos, eos_token=eos,
-                  max_chars=max_chars, timeout=timeout, **{k: v for k, v in variables.items() if v is not None})
+    text = render_chat(tok.chat_template, messages, add_generation_prompt, tools=tools, bos_token=bos, eos_token=eos,
+                       max_chars=max_chars, timeout=timeout, **{k: v for k, v in variables.items() if v is not None})
     ids = tok.encode(text, add_special=False)
     if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
         ids.insert(0, tok.bos_id)
@@ -434,17 +555,22 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            stop: str | Sequence[str] | None = None, stream: bool = False,
                            model: str | None = None, reasoning_effort: str | None = None,
                            show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
-                           logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None):
+                           logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
+                           tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
+                           parallel_tool_calls: bool | None = None):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
     result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
     final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``;
     its ``logprobs`` cover every generated token, the channels' headers and a hidden analysis
-    included (they go with the next chunk shown)."""
+    included (they go with the next chunk shown). With ``tools`` the reply's calls come as the
+    message's ``tool_calls`` (see rapidmoe_gguf.tool_calls)."""
     if reasoning_effort not in (None, "low", "medium", "high"):
         raise InvalidArgumentError(f"reasoning_effort must be low, medium or high, got {reasoning_effort!r}")
     n_top = chat_top_logprobs(logprobs, top_logprobs)
     bias = LogitBias.check(logit_bias, llm.n_vocab)
-    prompt = chat_prompt(llm, messages, **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
+    use = tool_calls.tool_use(llm.tokenizer.chat_template, tools, tool_choice, parallel_tool_calls)
+    prompt = chat_prompt(llm, messages, tools=use,
+                         **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
     harmony = is_harmony(llm.tokenizer)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)
@@ -452,48 +578,117 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                               repeat_penalty=repeat_penalty, seed=seed)
     completion = llm._completion(prompt, max_tokens, sampling, stop, stream, model, n_top, bias, "chat")
     if stream:
-        return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning)
+        return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning, use)
     choice = completion["choices"][0]
-    message = {"role": "assistant", "content": choice["text"]}
-    if harmony:
-        parts = split_channels(choice["text"])
-        message["content"] = parts.get("final", "")
-        if show_reasoning and "analysis" in parts:
-            message["reasoning_content"] = parts["analysis"]
+    reply = Reply(HarmonyChannels() if harmony else None, show_reasoning, use)
+    message = fold_message(reply.feed(choice["text"]) + reply.flush())
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
             "choices": [{"index": 0, "message": message, "logprobs": choice["logprobs"],
-                         "finish_reason": choice["finish_reason"]}],
+                         "finish_reason": reply.finish_reason(choice["finish_reason"])}],
             "usage": completion["usage"]}
 
 
 def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None = None,
-                   show_reasoning: bool = False) -> Iterator[dict]:
+                   show_reasoning: bool = False, tools: tool_calls.ToolUse | None = None) -> Iterator[dict]:
     """Text-completion chunks (a generator) as chat chunks (see ChatChunks). Closing this closes
     ``completion``, stopping generation."""
-    chunks = ChatChunks(channels, show_reasoning)
+    chunks = ChatChunks(channels, show_reasoning, tools)
     with contextlib.closing(completion):
         for c in completion:
             yield from chunks.feed(c)
 
 
-class ChatChunks:
-    """Text-completion chunks as chat chunks, one at a time: the role first, then content, then
-    an empty delta with the finish reason. With ``channels`` (a harmony model) only the final
-    channel is content; the analysis channel goes into ``reasoning_content`` deltas when
-    ``show_reasoning``, else nowhere."""
+class Reply:
+    """A reply's text, given in pieces (``feed``, then ``flush`` at its end), as chat deltas:
+    {"content"}, {"reasoning_content"} and {"tool_calls"}. With ``channels`` (a harmony model)
+    only the final channel is content; the analysis channel goes into ``reasoning_content`` when
+    ``show_reasoning``, else nowhere. With ``tools`` the reply's calls become ``tool_calls``
+    deltas (tool_calls.CallParser; a harmony model's calls are its messages to functions.NAME)."""
 
-    def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False):
-        self.channels, self.show_reasoning = channels, show_reasoning
+    def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False,
+                 tools: tool_calls.ToolUse | None = None):
+        calls = tools.parser() if tools is not None else None
+        if isinstance(calls, tool_calls.HarmonyCalls) and channels is None:
+            channels = HarmonyChannels()       # the template's format is harmony's: its calls are messages
+        self.channels, self.show_reasoning, self.calls = channels, show_reasoning, calls
+
+    @property
+    def n_calls(self) -> int:
+        return self.calls.n_calls if self.calls is not None else 0
+
+    def feed(self, text: str) -> list[dict]:
+        if self.channels is None:
+            return self._content(text)
+        return self._pieces(self.channels.read(text))
+
+    def flush(self) -> list[dict]:
+        out = self._pieces(self.channels.read_rest()) if self.channels is not None else []
+        return out + (self.calls.flush() if self.calls is not None else [])
+
+    def finish_reason(self, reason: str) -> str:
+        """A reply that stopped by itself after calling tools finishes with "tool_calls", as OpenAI's do."""
+        return "tool_calls" if reason == "stop" and self.n_calls else reason
+
+    def _content(self, text: str) -> list[dict]:
+        """The deltas of text that is the reply's content unless it holds calls (in a text format)."""
+        if self.calls is None or isinstance(self.calls, tool_calls.HarmonyCalls):
+            return [{"content": text}]
+        return self.calls.feed(text)
+
+    def _pieces(self, pieces: list[HarmonyPiece]) -> list[dict]:
+        out: list[dict] = []
+        harmony_calls = self.calls if isinstance(self.calls, tool_calls.HarmonyCalls) else None
+        for p in pieces:
+            if harmony_calls is not None:
+                out += harmony_calls.piece(p)          # a call that this piece's message ends, if any
+                if harmony_calls.is_call(p):
+                    continue
+            if p.channel == "final":
+                out += self._content(p.text)
+            elif p.channel == "analysis" and self.show_reasoning:
+                out.append({"reasoning_content": p.text})
+        return out
+
+
+def fold_message(deltas: Sequence[dict]) -> dict:
+    """A reply's deltas as the one assistant message: content (null when there are tool calls and
+    no content), reasoning_content when there is any, and tool_calls when there are any."""
+    content = "".join(d.get("content", "") for d in deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for tc in d.get("tool_calls", ()):
+            call = calls.setdefault(tc["index"], {"id": None, "type": "function",
+                                                  "function": {"name": "", "arguments": ""}})
+            call["id"] = tc.get("id", call["id"])
+            call["function"]["name"] += tc["function"].get("name", "")
+            call["function"]["arguments"] += tc["function"].get("arguments", "")
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+class ChatChunks:
+    """Text-completion chunks as chat chunks, one at a time: the role first, then the reply's
+    deltas (see Reply), then an empty delta with the finish reason ("tool_calls" for a reply that
+    called tools and stopped by itself)."""
+
+    def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False,
+                 tools: tool_calls.ToolUse | None = None):
+        self.reply = Reply(channels, show_reasoning, tools)
         self._head: dict | None = None
         self._tokens: list[dict] = []      # logprobs of tokens whose text no chat chunk has carried yet
 
     def feed(self, c: dict) -> list[dict]:
         """The chat chunks that the completion chunk c gives. The completion chunk's logprobs (chat
         shape: {"content": [...]}) go with the first chunk that carries text, or with the last
-        (where the finish reason is) when none does; a harmony model's text that is not shown
-        (held back, or an analysis channel not asked for) passes its logprobs on to the next."""
-        out, channels = [], self.channels
+        (where the finish reason is) when none does; text that is not shown yet (held back, or an
+        analysis channel not asked for) passes its logprobs on to the next."""
+        out = []
         if self._head is None:
             self._head = {"id": "chat" + c["id"], "object": "chat.completion.chunk", "created": c["created"],
                           "model": c["model"]}
@@ -502,12 +697,10 @@ class ChatChunks:
         if choice.get("logprobs"):
             self._tokens += choice["logprobs"]["content"]
         if choice["finish_reason"] is not None:
-            out += [self._chunk(d) for d in _deltas(channels, channels.flush() if channels else [],
-                                                    self.show_reasoning)]
-            out.append(self._chunk({}, choice["finish_reason"]))
+            out += [self._chunk(d) for d in self.reply.flush()]
+            out.append(self._chunk({}, self.reply.finish_reason(choice["finish_reason"])))
         elif choice["text"]:
-            pieces = channels.feed(choice["text"]) if channels else [("final", choice["text"])]
-            out += [self._chunk(d) for d in _deltas(channels, pieces, self.show_reasoning)]
+            out += [self._chunk(d) for d in self.reply.feed(choice["text"])]
         return out
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> dict:
@@ -516,11 +709,3 @@ class ChatChunks:
             logprobs, self._tokens = {"content": self._tokens}, []
         return dict(self._head, choices=[{"index": 0, "delta": delta, "logprobs": logprobs,
                                           "finish_reason": finish_reason}])
-
-
-def _deltas(channels, pieces: list[tuple[str, str]], show_reasoning: bool) -> Iterator[dict]:
-    for channel, text in pieces:
-        if channel == "final":
-            yield {"content": text}
-        elif channel == "analysis" and show_reasoning:
-            yield {"reasoning_content": text}

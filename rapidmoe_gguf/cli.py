@@ -123,6 +123,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     _print_types(f"tensors: {info['n_tensors']}", info["types"])
     if info["kind"] == "residual":
         return 0
+    fmt = info["tool_call_format"]
+    print("tool calls:   " + (f"{fmt} format" if fmt else "none (no chat template)"))
     sc = info["sidecar"]
     if sc is None:
         print("sidecar:      none (base only)")

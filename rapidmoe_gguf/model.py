@@ -705,21 +705,26 @@ class Model:
                                stop: str | Sequence[str] | None = None, stream: bool = False,
                                model: str | None = None, reasoning_effort: str | None = None,
                                show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
-                               logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None):
+                               logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
+                               tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
+                               parallel_tool_calls: bool | None = None):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
         with the model's own chat template (see ``rapidmoe_gguf.chat``), with ``chat_template_kwargs``
         as further template variables (e.g. ``{"enable_thinking": False}``). ``max_tokens`` None: up to
         the end of the context. gpt-oss: ``reasoning_effort`` goes to its template, the reply is its
         final channel, and the analysis channel comes as ``reasoning_content`` with ``show_reasoning``.
         ``logprobs``: each generated token's log-probability, with the ``top_logprobs`` (0 to 20)
-        most likely tokens' (OpenAI's shape); ``logit_bias``: token id -> a bias in [-100, 100]."""
+        most likely tokens' (OpenAI's shape); ``logit_bias``: token id -> a bias in [-100, 100].
+        ``tools``, ``tool_choice``, ``parallel_tool_calls``: as OpenAI's; the reply's calls come as
+        the message's ``tool_calls`` in the model's own format (see ``rapidmoe_gguf.tool_calls``)."""
         from . import chat
 
         return chat.create_chat_completion(
             self, messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model,
             reasoning_effort=reasoning_effort, show_reasoning=show_reasoning, logprobs=logprobs,
-            top_logprobs=top_logprobs, logit_bias=logit_bias, chat_template_kwargs=chat_template_kwargs)
+            top_logprobs=top_logprobs, logit_bias=logit_bias, chat_template_kwargs=chat_template_kwargs,
+            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
 
     # -- several sequences at once --------------------------------------------------------------
 

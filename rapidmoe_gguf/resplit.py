@@ -24,6 +24,7 @@ from .errors import FormatError
 from .gguf_file import GGUFFile, open_gguf
 from .gguf_header import read_header
 from .metadata import get_int, get_int_list, get_str
+from .tool_calls import detect as detect_tool_format
 
 FORMAT_VERSION = 1
 
@@ -195,7 +196,9 @@ def _check_pair(b: GGUFFile, r: GGUFFile) -> None:
 
 def describe(path: str | os.PathLike[str]) -> dict:
     """A summary of a GGUF file (and of its sidecar when there is one), as plain data: what
-    ``rapidmoe inspect`` prints. Works on any GGUF: a stock llama.cpp file, our base, or a sidecar."""
+    ``rapidmoe inspect`` prints. Works on any GGUF: a stock llama.cpp file, our base, or a sidecar.
+    A base's ``tool_call_format`` is the one its chat template shows (tool_calls.detect; None
+    without a template)."""
     path = os.fspath(path)
     h = read_header(path)
     arch = h.get("general.architecture")
@@ -213,6 +216,8 @@ def describe(path: str | os.PathLike[str]) -> dict:
     }
     if info["kind"] == "residual":
         return info
+    template = h.get("tokenizer.chat_template")
+    info["tool_call_format"] = detect_tool_format(template).name if isinstance(template, str) else None
     experts = [t for t in h.tensors if is_expert_tensor(t.name)]
     n_weights = sum(t.n_elements for t in experts)
     base_bytes = sum(t.nbytes for t in experts)

@@ -20,8 +20,13 @@ any name, for clients configured with a fixed one.
 
 Beyond OpenAI's fields a request may carry ``top_k``, ``min_p``, ``repeat_penalty`` and
 ``residual_policy`` / ``residual_budget``, which apply to that request only. OpenAI fields this
-server does not implement (``n`` > 1, ``echo``, tools, ...; see UNSUPPORTED) are refused with 400
-rather than ignored; fields it does not know at all are ignored.
+server does not implement (``n`` > 1, ``echo``, ``functions``, ...; see UNSUPPORTED) are refused with
+400 rather than ignored; fields it does not know at all are ignored.
+
+Tool calls: a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as OpenAI's
+(rapidmoe_gguf.tool_calls: the model's own call format, read from its chat template); the reply's
+calls come as ``message.tool_calls`` (``content`` null when there is no other text) with
+``finish_reason`` "tool_calls", and streamed as ``delta.tool_calls``.
 
 Log-probabilities: chat's ``logprobs: true`` with ``top_logprobs`` (0 to 20), the legacy
 completions' ``logprobs: N`` (0 to 20), in OpenAI's shapes; a stream's chunk carries those of the
@@ -95,7 +100,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import chat, umia
+from . import chat, tool_calls, umia
 from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoResidualError, RapidMoEError, StateError
 from .model import Model, SamplingParams
 from . import metrics
@@ -211,18 +216,20 @@ COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED), "logpro
 CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None),
                "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False),
                "chat_template_kwargs": ((dict,), None),
-               "logprobs": ((bool,), False), "top_logprobs": ((int,), None)}
+               "logprobs": ((bool,), False), "top_logprobs": ((int,), None),
+               "tools": ((list,), None), "tool_choice": ((str, dict), None), "parallel_tool_calls": ((bool,), None)}
 MAX_STOP = 16
 # OpenAI fields this server does not implement: a request that asks for them gets 400, not a
 # quiet answer without them. field -> the values (besides null) that ask for nothing. echo would
 # need the prompt's logprobs, which the scheduler does not keep (it reads prompts in chunks).
 UNSUPPORTED: dict[str, tuple] = {
     "echo": (False,), "suffix": ("",), "best_of": (1,),
-    "tools": ([],), "functions": ([],), "response_format": ({"type": "text"},),
+    "functions": ([],), "response_format": ({"type": "text"},),
 }
 # Fields of the other endpoint: refused unless they ask for nothing, saying what to send instead.
 OTHER_ENDPOINT: dict[str, dict[str, tuple[tuple, str]]] = {
-    "completion": {"top_logprobs": ((0,), "/v1/completions takes 'logprobs': N (the number of top tokens)")},
+    "completion": {"top_logprobs": ((0,), "/v1/completions takes 'logprobs': N (the number of top tokens)"),
+                   "tools": (([],), "tools are for /v1/chat/completions")},
     "chat": {},
 }
 
@@ -302,13 +309,15 @@ class GenRequest:
     logprobs: int | None = None      # top tokens reported with each generated token's logprob; None: no logprobs
     logit_bias: LogitBias | None = None
     text_offset: int = 0             # the legacy logprobs' offset of the completion's text (the prompt's length)
+    tools: tool_calls.ToolUse | None = None   # chat: the request's tools, whose calls the reply is read for
 
     def chunks(self, slot: Model, name: str) -> Iterator[dict]:
         it = slot._completion(self.prompt_ids, self.max_tokens, self.sampling, self.stop, True, name,
                               self.logprobs, self.logit_bias, self.kind, self.text_offset)
         if self.kind != "chat":
             return it
-        return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning)
+        return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning,
+                                   self.tools)
 
 
 def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
@@ -369,9 +378,15 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
     except InvalidArgumentError as exc:
         raise ApiError(400, str(exc), param="logit_bias") from exc
 
+    tools = None
     if kind == "chat":
         param = "messages"
         max_tokens = f["max_completion_tokens"] if f["max_tokens"] is None else f["max_tokens"]
+        try:
+            tools = tool_calls.tool_use(model.tokenizer.chat_template, f["tools"], f["tool_choice"],
+                                        f["parallel_tool_calls"])
+        except InvalidArgumentError as exc:     # its message starts with the field at fault
+            raise ApiError(400, str(exc), param=re.match(r"\w+", str(exc)).group()) from exc
         try:
             if f["reasoning_effort"] not in (None, "low", "medium", "high"):
                 raise ApiError(400, "reasoning_effort must be low, medium or high", param="reasoning_effort")
@@ -379,7 +394,7 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
                 variables = chat.template_kwargs(f["chat_template_kwargs"])
             except InvalidArgumentError as exc:
                 raise ApiError(400, str(exc), param="chat_template_kwargs") from exc
-            ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout,
+            ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout, tools=tools,
                                    **{**variables, "reasoning_effort": f["reasoning_effort"]})
         except RapidMoEError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
@@ -403,7 +418,8 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         prompt = f["prompt"][0] if isinstance(f["prompt"], list) and len(f["prompt"]) == 1 else f["prompt"]
         offset = len(prompt) if isinstance(prompt, str) else len(model.detokenize(ids))
     return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
-                      policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]), n_top, bias, offset)
+                      policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]), n_top, bias, offset,
+                      tools)
 
 
 def _logprobs_request(kind: str, f: dict) -> int | None:
@@ -699,11 +715,7 @@ def _fold(kind: str, chunks: list[dict], usage: dict | None, logprobs: bool = Fa
     out = {"id": head["id"], "object": _OBJECT[kind], "created": head["created"], "model": head["model"]}
     lp = merge_logprobs(kind, [c["choices"][0]["logprobs"] for c in chunks]) if logprobs else None
     if kind == "chat":
-        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-        message = {"role": "assistant", "content": text}
-        reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks)
-        if reasoning:   # a harmony model's analysis channel, when the request asked for it
-            message["reasoning_content"] = reasoning
+        message = chat.fold_message([c["choices"][0]["delta"] for c in chunks])
         choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
     else:
         text = "".join(c["choices"][0]["text"] for c in chunks)

@@ -127,29 +127,6 @@ static const struct isa_rule {
      "AMD Zen 4 runs 512-bit operations as two 256-bit halves; its avx2 set measured faster"},
 };
 
-#if defined(RM_X86)
-static int probe_avx_vnni(void) {
-    uint32_t a, b, c, d;
-    const char * env = getenv("RAPIDMOE_AVX_VNNI");
-    if (env && strcmp(env, "0") == 0) {
-        return 0;
-    }
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
-}
-#else
-static int probe_avx_vnni(void) { return 0; }
-#endif
-
-int rm_cpu_avx_vnni(void) {
-    static int known = -1;   /* the same answer whichever thread asks first */
-    int v = __atomic_load_n(&known, __ATOMIC_ACQUIRE);
-    if (v < 0) {
-        v = probe_avx_vnni();
-        __atomic_store_n(&known, v, __ATOMIC_RELEASE);
-    }
-    return v;
-}
-
 rm_isa rm_isa_preferred(const char * vendor, uint32_t family, uint32_t model, rm_isa best, const char ** why) {
     for (size_t i = 0; i < sizeof(ISA_RULES) / sizeof(ISA_RULES[0]); i++) {
         const struct isa_rule * r = &ISA_RULES[i];

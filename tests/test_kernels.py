@@ -130,6 +130,22 @@ def test_kernels_batched_tokens_equal_single_tokens(name, isa):
                 assert alone.tobytes() == batched[i:i + 1].tobytes(), f"{name} {isa} token {i} of {n_tok}"
 
 
+def tiled_against_reference(name, isa, n, n_rows, n_tok):
+    """Random rows of a type (quantized, and random blocks) against n_tok tokens through isa's
+    batched path, each within TOL of the scalar reference: yields (rows, activations, result)."""
+    _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
+    rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
+            [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])
+    for k, w in enumerate(rows):
+        want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
+        assert want.shape == (n_tok, n_rows) and np.all(np.isfinite(want)) and np.all(want != 0)
+        got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+        wn, xn = norms(name, w, x_q, n)
+        err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
+        assert err.max() <= TOL, f"{isa} {name} n={n} rows#{k}: error {err.max():.2e}"
+        yield w, x_q, got
+
+
 # The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 10 for Q5_K/Q6_K, 8 for the
 # other K-quants and IQ types; Q8_0/Q4_0 rows of whole groups of eight blocks, K-quant rows of whole
 # super-blocks).
@@ -148,18 +164,9 @@ def test_kernels_amx_tiles_match_reference(name):
     of 2, 3 and 8 super-blocks, a partial and a whole group of the float steps' eight lanes."""
     for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64), (1024, 20, 12),
                              (512, 17, 16), (768, 18, 8)]:
-        _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
-        rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
-                [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])
-        for k, w in enumerate(rows):
-            want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
-            assert want.shape == (n_tok, n_rows) and np.all(np.isfinite(want)) and np.all(want != 0)
-            got = kernels.vec_dot_rows(name, w, x_q, n, isa="amx")
-            wn, xn = norms(name, w, x_q, n)
-            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
-            assert err.max() <= TOL, f"{name} n={n} rows#{k}: error {err.max():.2e}"
+        for w, x_q, got in tiled_against_reference(name, "amx", n, n_rows, n_tok):
             avx512 = kernels.vec_dot_rows(name, w, x_q, n, isa="avx512")
-            assert got.tobytes() == avx512.tobytes(), f"{name} n={n} rows#{k}: not the AVX-512 floats"
+            assert got.tobytes() == avx512.tobytes(), f"{name} n={n}: not the AVX-512 floats"
             for i in range(n_tok):   # and each token alone, through the one-token kernel
                 alone = kernels.vec_dot_rows(name, w, x_q[i * len(x_q) // n_tok:(i + 1) * len(x_q) // n_tok], n,
                                              isa="amx", batched=False)
@@ -183,20 +190,11 @@ def test_kernels_row_tiles_equal_single_tokens(isa, name):
     super-blocks (a partial and a whole group of the float steps' eight lanes, and one past it)."""
     for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6),
                              (1024, 7, 11)]:
-        _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
-        rows = (random_rows(name, n_rows, n, seed=n_tok) if not name.startswith("IQ") else
-                [random_iq_blocks(name, n_rows * n // quants.TYPES[name].block_elems, seed=n_tok).tobytes()])
-        for k, w in enumerate(rows):
-            want = kernels.vec_dot_rows(name, w, x_q, n, isa="scalar")
-            assert want.shape == (n_tok, n_rows) and np.all(np.isfinite(want)) and np.all(want != 0)
-            got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
-            wn, xn = norms(name, w, x_q, n)
-            err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
-            assert err.max() <= TOL, f"{isa} {name} n={n} rows#{k}: error {err.max():.2e}"
+        for w, x_q, got in tiled_against_reference(name, isa, n, n_rows, n_tok):
             step = len(x_q) // n_tok
             for i in range(n_tok):
                 alone = kernels.vec_dot_rows(name, w, x_q[i * step:(i + 1) * step], n, isa=isa, batched=False)
-                assert alone.tobytes() == got[i:i + 1].tobytes(), f"{isa} {name} n={n} rows#{k} token {i}"
+                assert alone.tobytes() == got[i:i + 1].tobytes(), f"{isa} {name} n={n} token {i}"
 
 
 @needs_simd

@@ -40,6 +40,22 @@
 
 typedef void (*kq_unpack_fn)(const void *, int64_t, kq_unpacked *);
 
+/* The eight partial sums a[0..7] (lane l: the super-blocks or blocks l mod 8) added as hsum_ps
+ * adds a vector's eight lanes: ((0+4) + (2+6)) + ((1+5) + (3+7)). */
+RM_INLINE __m256 sum8_ps256(const __m256 a[8]) {
+    const __m256 even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    const __m256 odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    return _mm256_add_ps(even, odd);
+}
+
+#ifdef RM_KQ_GROUPED
+RM_INLINE __m512 sum8_ps512(const __m512 a[8]) {
+    const __m512 even = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
+    const __m512 odd = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
+    return _mm512_add_ps(even, odd);
+}
+#endif
+
 /* IQ4_XS in unpack_*'s form: sub-block j's levels (the table's, for the low nibbles of 16 qs
  * bytes, then the high ones) plus 128 as unsigned bytes, its 6-bit scale less 32, and the offset's
  * weights the scales (off_mul 128). */
@@ -287,10 +303,8 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
             }
         }
     }
-    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
-        const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][4]), _mm512_add_ps(acc[t][2], acc[t][6]));
-        const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[t][1], acc[t][5]), _mm512_add_ps(acc[t][3], acc[t][7]));
-        _mm512_storeu_ps(out[t], _mm512_add_ps(even, odd));
+    for (int t = 0; t < nt; t++) {
+        _mm512_storeu_ps(out[t], sum8_ps512(acc[t]));
     }
 }
 
@@ -369,10 +383,8 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
             }
         }
     }
-    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
-        const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[t][0], acc[t][4]), _mm512_add_ps(acc[t][2], acc[t][6]));
-        const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[t][1], acc[t][5]), _mm512_add_ps(acc[t][3], acc[t][7]));
-        _mm512_storeu_ps(out[t], _mm512_add_ps(even, odd));
+    for (int t = 0; t < nt; t++) {
+        _mm512_storeu_ps(out[t], sum8_ps512(acc[t]));
     }
 }
 
@@ -554,10 +566,8 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
             }
         }
     }
-    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
-        const __m256 even = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][4]), _mm256_add_ps(acc[t][2], acc[t][6]));
-        const __m256 odd = _mm256_add_ps(_mm256_add_ps(acc[t][1], acc[t][5]), _mm256_add_ps(acc[t][3], acc[t][7]));
-        _mm256_storeu_ps(out[t] + 8 * h, _mm256_add_ps(even, odd));
+    for (int t = 0; t < nt; t++) {
+        _mm256_storeu_ps(out[t] + 8 * h, sum8_ps256(acc[t]));
     }
 }
 
@@ -659,10 +669,8 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
             }
         }
     }
-    for (int t = 0; t < nt; t++) {   /* hsum_ps's order: ((0+4) + (2+6)) + ((1+5) + (3+7)) */
-        const __m256 even = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][4]), _mm256_add_ps(acc[t][2], acc[t][6]));
-        const __m256 odd = _mm256_add_ps(_mm256_add_ps(acc[t][1], acc[t][5]), _mm256_add_ps(acc[t][3], acc[t][7]));
-        _mm256_storeu_ps(out[t] + 8 * h, _mm256_add_ps(even, odd));
+    for (int t = 0; t < nt; t++) {
+        _mm256_storeu_ps(out[t] + 8 * h, sum8_ps256(acc[t]));
     }
 }
 

@@ -811,6 +811,7 @@ class TextStream:
         self._pending = ""
         self._hold = max((len(s) for s in self.stops), default=0)
         self.stopped = False
+        self.stop_hit: str | None = None   # the stop string that ended the text
         self._decoded = 0              # characters decoded so far
         self._given = 0                # of them, given out by feed and flush
         self._flushed = False
@@ -822,10 +823,11 @@ class TextStream:
             self._track(tag, len(text))
         self._decoded += len(text)
         self._pending += text
-        hits = [self._pending.find(s) for s in self.stops if s and s in self._pending]
+        hits = [(self._pending.find(s), s) for s in self.stops if s and s in self._pending]
         if hits:
+            at, self.stop_hit = min(hits)
             self.stopped = True
-            return self._give(self._pending[:min(hits)])
+            return self._give(self._pending[:at])
         if len(self._pending) > self._hold:
             cut = len(self._pending) - self._hold
             piece, self._pending = self._pending[:cut], self._pending[cut:]

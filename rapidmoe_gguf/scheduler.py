@@ -133,6 +133,7 @@ class End:
     usage: dict | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    stop: str | None = None       # the stop string that ended the reply, if one did
 
 
 class Job(Protocol):
@@ -434,7 +435,7 @@ class Scheduler:
         if piece is not None:
             s.emit(piece, tokens=s.text.released())
         if s.text.stopped:
-            self._finish(s, End(usage=s.usage()), "stop", flush=False)
+            self._finish(s, End(usage=s.usage(), stop=s.text.stop_hit), "stop", flush=False)
         elif s.n_gen >= s.req.max_tokens:
             self._finish(s, End(usage=s.usage()), "length")
         elif s.slot.n_past + 1 > s.slot.n_ctx:

@@ -8,6 +8,10 @@ Endpoints (request and response shapes as OpenAI's and llama-cpp-python's):
     GET  /v1/models             the one loaded model
     POST /v1/completions        prompt -> text; "stream": true sends server-sent events
     POST /v1/chat/completions   messages -> reply, rendered with the model's chat template
+    POST /v1/messages           Anthropic's Messages API (and /v1/messages/count_tokens), errors in
+                                Anthropic's shape; the key may come as ``x-api-key``
+    POST /v1/responses          OpenAI's Responses API, stateless (previous_response_id: 400)
+                                (both translated to and from a chat request: rapidmoe_gguf.compat_apis)
     GET  /v1/rapidmoe/stats     expert activations and residual decisions per layer, summed over
                                 the requests served so far, and the realised residual rate
     GET  /metrics               Prometheus metrics (rapidmoe_gguf.metrics): requests by status, queue,
@@ -89,7 +93,7 @@ import signal
 import threading
 import time
 from importlib import resources
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 from starlette.applications import Starlette
@@ -568,8 +572,9 @@ class Server(Observer):
 
         threading.Thread(target=wait, name="rapidmoe-drain", daemon=True).start()
 
-    async def generate(self, request: Request, req: GenRequest) -> Response:
-        """Generates an admitted request."""
+    async def generate(self, request: Request, req: GenRequest, answer: "Answer | None" = None) -> Response:
+        """Generates an admitted request; ``answer`` shapes the result (default: OpenAI's, for req.kind)."""
+        answer = answer or OpenAIAnswer(req)
         job = _Job(req)
         self._jobs.add(job)
         loop = asyncio.get_running_loop()
@@ -595,7 +600,7 @@ class Server(Observer):
             if first.cancelled:
                 return Response(status_code=499)
         if req.stream:
-            return StreamingResponse(self._sse(job, first, watch), media_type="text/event-stream",
+            return StreamingResponse(self._sse(job, first, watch, answer), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         chunks = [first]
         try:
@@ -607,7 +612,7 @@ class Server(Observer):
         end = chunks.pop()
         if end.error is not None:
             raise api_error(end.error)
-        return JSONResponse(_fold(req.kind, chunks, end.usage, req.logprobs is not None))
+        return JSONResponse(answer.whole(chunks, end))
 
     async def _watch(self, request: Request, job: _Job) -> None:
         """Cancels the job when its client disconnects."""
@@ -657,22 +662,14 @@ class Server(Observer):
                 c["prompt_tokens"] += prompt_tokens
                 c["completion_tokens"] += completion_tokens
 
-    async def _sse(self, job: _Job, first, watch: asyncio.Task) -> Any:
-        item, head = first, {}
+    async def _sse(self, job: _Job, first, watch: asyncio.Task, answer: "Answer") -> Any:
+        item = first
         try:
             while True:
+                for event in answer.events(item):
+                    yield event
                 if isinstance(item, _End):
-                    if item.error is not None:
-                        err = api_error(item.error)
-                        yield _event({"error": {"message": err.message, "type": err.type, "param": err.param,
-                                                "code": err.code}})
-                        return
-                    if job.req.include_usage and item.usage:
-                        yield _event({**head, "choices": [], "usage": item.usage})
-                    yield "data: [DONE]\n\n"
                     return
-                head = {k: item[k] for k in ("id", "object", "created", "model")}
-                yield _event(item)
                 item = await job.events.get()
         finally:
             job.cancel.set()                        # the client left (or the stream ended)
@@ -699,6 +696,40 @@ class Server(Observer):
                 "residual_rate": float(res.sum()) / total if total else 0.0,
                 "bytes_per_token": self.model.bytes_per_token(float(res.sum()) / total if total else 0.0),
                 **counts, "n_layer": act.shape[0], "n_expert": act.shape[1], "layers": layers}
+
+
+class Answer(Protocol):
+    """How a generated request is answered: ``whole`` the response body from all its chat (or
+    completion) chunks and its End; ``events`` the server-sent events one chunk, or the End, gives
+    (an End with an error gives an error event). OpenAIAnswer here; compat_apis has the others."""
+
+    def whole(self, chunks: list[dict], end: End) -> dict: ...
+
+    def events(self, item: dict | End) -> list[str]: ...
+
+
+class OpenAIAnswer:
+    """The answer of /v1/completions and /v1/chat/completions: the folded response, or the chunks
+    as data events, then the usage chunk (when stream_options asks for it) and [DONE]."""
+
+    def __init__(self, req: GenRequest):
+        self.req = req
+        self._head: dict = {}
+
+    def whole(self, chunks: list[dict], end: End) -> dict:
+        return _fold(self.req.kind, chunks, end.usage, self.req.logprobs is not None)
+
+    def events(self, item: dict | End) -> list[str]:
+        if not isinstance(item, End):
+            self._head = {k: item[k] for k in ("id", "object", "created", "model")}
+            return [_event(item)]
+        if item.error is not None:
+            err = api_error(item.error)
+            return [_event({"error": {"message": err.message, "type": err.type, "param": err.param,
+                                      "code": err.code}})]
+        usage = [_event({**self._head, "choices": [], "usage": item.usage})] if self.req.include_usage and item.usage \
+            else []
+        return usage + ["data: [DONE]\n\n"]
 
 
 _OBJECT = {"completion": "text_completion", "chat": "chat.completion"}
@@ -729,6 +760,8 @@ def _fold(kind: str, chunks: list[dict], usage: dict | None, logprobs: bool = Fa
 
 def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
     """The ASGI app serving ``model`` (which stays the caller's: close it after the app stops)."""
+    from . import compat_apis     # here, not at the top: it builds on this module's ApiError and GenRequest
+
     config = config or ServerConfig()
     server = Server(model, config)
 
@@ -756,10 +789,11 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
     def authorize(request: Request) -> None:
         if config.api_key is None:
             return
-        auth = request.headers.get("authorization", "")
-        scheme, _, key = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
-            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            key = request.headers.get("x-api-key", "")        # as Anthropic's clients send it
+        if not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
+            raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
                            code="invalid_api_key")
 
     def require_json(request: Request) -> None:
@@ -770,9 +804,11 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
             raise ApiError(415, f"the request body must be JSON, sent with 'Content-Type: application/json' "
                            f"(got {media[:60]!r})", code="unsupported_media_type")
 
-    def guarded(handler, api: bool = True, post: bool = False):
+    def guarded(handler, api: bool = True, post: bool = False,
+                error_response: Callable[[ApiError], Response] = ApiError.response):
         """The checks every request passes, and every error as OpenAI's object (a 500 with no
-        detail), answered rather than raised, so the connection stays open."""
+        detail; ``error_response``: another API's shape), answered rather than raised, so the
+        connection stays open."""
         async def handle(request: Request) -> Response:
             try:
                 check_host(request)
@@ -782,7 +818,7 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
                     require_json(request)
                 return await handler(request)
             except Exception as exc:
-                return api_error(exc).response()
+                return error_response(api_error(exc))
         return handle
 
     async def read_body(request: Request) -> bytes:
@@ -820,23 +856,39 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
-    def endpoint(kind: str):
+    def parse_chat(body: Any) -> GenRequest:
+        return parse_request("chat", body, model, server.accepted_names, server.max_prompt_chars,
+                             config.template_timeout)
+
+    async def admitted(request: Request, kind: str, api) -> tuple[Any, GenRequest]:
+        """The request's body and its GenRequest (``api``: a compat_apis translator, whose body becomes
+        a chat request), holding a place that the caller must release (or hand to generate)."""
+        try:
+            body = await read_json(request)
+            server.admit()                     # before any work on the prompt
+        except Exception as exc:
+            server.refused(exc)
+            raise
+        try:
+            if api is not None:
+                return body, await asyncio.to_thread(api.request, body, parse_chat)
+            return body, await asyncio.to_thread(parse_request, kind, body, model, server.accepted_names,
+                                                 server.max_prompt_chars, config.template_timeout)
+        except BaseException as exc:
+            server.release()
+            server.refused(exc)
+            raise
+
+    def endpoint(kind: str, api=None):
         async def handle(request: Request) -> Response:
-            try:
-                body = await read_json(request)
-                server.admit()                     # before any work on the prompt
-            except Exception as exc:
-                server.refused(exc)
-                raise
-            try:
-                req = await asyncio.to_thread(parse_request, kind, body, model, server.accepted_names,
-                                              server.max_prompt_chars, config.template_timeout)
-            except BaseException as exc:
-                server.release()
-                server.refused(exc)
-                raise
-            return await server.generate(request, req)
+            body, req = await admitted(request, kind, api)
+            return await server.generate(request, req, api.answer(req, body) if api is not None else None)
         return handle
+
+    async def count_tokens(request: Request) -> Response:
+        _, req = await admitted(request, "chat", compat_apis.MESSAGES_COUNT)
+        server.release()
+        return JSONResponse({"input_tokens": len(req.prompt_ids)})
 
     async def models(request: Request) -> Response:
         names = [server.name] + [a for a in config.aliases if a != server.name]
@@ -880,11 +932,17 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
         Route("/v1/models/{name:path}", guarded(one_model), methods=["GET"]),
         Route("/v1/completions", guarded(endpoint("completion"), post=True), methods=["POST"]),
         Route("/v1/chat/completions", guarded(endpoint("chat"), post=True), methods=["POST"]),
+        Route("/v1/messages", guarded(endpoint("chat", compat_apis.MESSAGES), post=True,
+                                      error_response=compat_apis.anthropic_error), methods=["POST"]),
+        Route("/v1/messages/count_tokens", guarded(count_tokens, post=True, error_response=compat_apis.anthropic_error),
+              methods=["POST"]),
+        Route("/v1/responses", guarded(endpoint("chat", compat_apis.RESPONSES), post=True), methods=["POST"]),
         Route("/v1/rapidmoe/stats", guarded(stats), methods=["GET"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
     middleware = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
-                             allow_headers=["Authorization", "Content-Type"])] if config.cors_origins else []
+                             allow_headers=["Authorization", "X-Api-Key", "Content-Type"])
+                  ] if config.cors_origins else []
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -177,7 +177,9 @@ def test_kernels_amx_tiles_match_reference(name):
 # AVX-512 set with VNNI and in the AVX2 set, whose Q8_0 takes it only with AVX-VNNI), from six
 # tokens on: the set's floats bit for bit as well.
 ROWS_CASES = [(isa, name) for isa in ("avx2", "avx512") if isa in kernels.supported_isas()
-              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q8_0"] + (["IQ4_XS"] if isa == "avx512" else [])]
+              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q8_0", "Q5_0", "IQ4_NL", "MXFP4"]
+              + (["IQ4_XS"] if isa == "avx512" else [])]
+BLOCK32_TYPES = {"Q4_0", "Q8_0", "Q5_0", "IQ4_NL", "MXFP4"}
 
 
 @pytest.mark.skipif(not ROWS_CASES, reason="this machine or build has neither AVX2 nor AVX-512")
@@ -186,10 +188,15 @@ def test_kernels_row_tiles_equal_single_tokens(isa, name):
     """Many tokens through a set's tile form against the scalar reference (TOL) and each token
     alone through the one-token kernel, bit for bit: a partial tile of rows (and one of at most
     eight, half a tile in the AVX2 set), partial passes of tokens (8 or 4 at a time) and one past
-    them, the fewest tokens it takes (6; 10 for Q4_0 in the AVX-512 set), rows of 1, 2, 3 and 9
-    super-blocks (a partial and a whole group of the float steps' eight lanes, and one past it)."""
-    for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6),
-                             (1024, 7, 11)]:
+    them, the fewest tokens it takes (6; 10 for the 32-element types but Q8_0 in the AVX-512 set),
+    rows of 1, 2, 3 and 9 super-blocks (a partial and a whole group of the float steps' eight
+    lanes, and one past it); for the 32-element types also rows that end inside a group of eight
+    blocks (90, 11 and 7 blocks) or hold none whole (3). In the AVX2 set without AVX-VNNI, Q8_0 and
+    IQ4_NL keep the one-row kernel (their levels overflow vpmaddubsw's pairs): the same check."""
+    sizes = [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6), (1024, 7, 11)]
+    if name in BLOCK32_TYPES:
+        sizes += [(2880, 20, 13), (352, 9, 11), (224, 17, 16), (96, 3, 10)]
+    for n, n_rows, n_tok in sizes:
         for w, x_q, got in tiled_against_reference(name, isa, n, n_rows, n_tok):
             step = len(x_q) // n_tok
             for i in range(n_tok):
@@ -273,10 +280,12 @@ def test_kernels_types_without_simd_kernels_fall_back_to_the_reference(name, isa
 @needs_simd
 @pytest.mark.parametrize("isa", SIMD_ISAS)
 def test_kernels_vec_dot_in_use_is_the_best_set(isa):
-    """With no override the runtime's kernels are the best set's (bit for bit)."""
+    """With no override the runtime's kernels are the chosen set's (bit for bit): the best by the
+    CPU's flags, or the one a CPU family's rule prefers (rm.cpu_isa_reason says which)."""
     if "RAPIDMOE_ISA" in os.environ:
         pytest.skip("RAPIDMOE_ISA is set")
-    best = kernels.supported_isas()[-1]
+    best = kernels.cpu_isa()
+    assert best in kernels.supported_isas()
     for name in SIMD_TYPES:
         n = 2048
         _, x_q = activations(name, n, seed=3)
@@ -355,20 +364,28 @@ def isa_in_subprocess(value):
     return p.stdout.strip(), p.stderr
 
 
+def default_isa() -> str:
+    """The set the runtime chooses with no RAPIDMOE_ISA (the best by the CPU's flags, or the one its
+    family's rule prefers)."""
+    if "RAPIDMOE_ISA" in os.environ:
+        pytest.skip("RAPIDMOE_ISA is set")
+    return kernels.cpu_isa()
+
+
 @pytest.mark.parametrize("isa", kernels.ISAS)
 def test_kernels_env_chooses_the_set(isa):
     got, err = isa_in_subprocess(isa)
-    best = kernels.supported_isas()[-1]
+    best = default_isa()
     if isa in kernels.supported_isas():
         assert got == isa and err == ""
-    else:  # not on this CPU or build: the best there is, with a warning
+    else:  # not on this CPU or build: the set it would choose anyway, with a warning
         assert got == best
         assert f"RAPIDMOE_ISA={isa}: this CPU or build does not have it; using {best}" in err
 
 
-def test_kernels_env_unknown_set_warns_and_uses_the_best():
+def test_kernels_env_unknown_set_warns_and_uses_the_default():
     got, err = isa_in_subprocess("avx9000")
-    assert got == kernels.supported_isas()[-1]
+    assert got == default_isa()
     assert "RAPIDMOE_ISA=avx9000 is not one of scalar, avx2, avx512" in err
 
 

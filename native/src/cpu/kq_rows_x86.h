@@ -1,5 +1,6 @@
 /* kq_rows_x86.h - internal: the tile form of the K-quants (Q2_K to Q6_K, and IQ4_XS in the
- * AVX-512 set) without AMX: sixteen weight rows at once against every token of a product.
+ * AVX-512 set) and of the 32-element block types (below) without AMX: sixteen weight rows at once
+ * against every token of a product.
  * Included by vec_dot_avx512.c and vec_dot_avx2.c after simd_x86.h (kq_sum's float steps).
  *
  * The prefill form of simd_x86.h (dot_kq_unpacked) takes one row against up to eight tokens: per
@@ -91,35 +92,70 @@ static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, in
     }
 }
 
-/* ---- the 32-element blocks Q4_0 and Q8_0 ---------------------------------------------------------
+/* ---- the 32-element blocks: Q4_0, Q8_0, Q5_0, IQ4_NL, MXFP4 -------------------------------------
  *
- * The same tiles for Q4_0 and Q8_0 rows of whole groups of eight blocks: sixteen rows' levels side
- * by side (Q4_0's nibbles, unsigned; Q8_0's levels as stored), a block's integer dot per row and
- * token (Q4_0: the nibbles times x, less 8 sum(x); Q8_0, with vpdpbusd: its levels plus 128 times
- * x, less 128 sum(x)), then dot_32_multi's float steps (the same in both sets): block k of a group
- * into lane k, fma(d_w d_x, S), the lanes added as hsum_ps adds them. In the AVX2 set without
- * AVX-VNNI, Q8_0's signed levels would need a sign per row on each broadcast activation, as many
- * operations as its one-row kernel takes: that type then keeps the one-row kernel (usable says
- * no). The AVX-512 set's Q4_0 rows may be stored in its own layout (repack_row_q4_0): they are
+ * The same tiles for the types of 32-element blocks against Q8_0 activations: sixteen rows'
+ * levels side by side as unsigned bytes, each type's levels plus its offset (Q4_0's nibbles, less
+ * 8 in the kernels; Q8_0's levels plus 128; Q5_0's q, less 16; IQ4_NL's table levels plus 128;
+ * MXFP4's plus 12), a block's integer dot per row and token (the unsigned levels times x, with
+ * vpdpbusd or in int16 pairs, less the offset times sum(x)), then the one-token kernels' float
+ * steps (dot_32_multi's and block32_x86.h's, alike in both sets): block k of a group of eight into
+ * lane k as fma(d_w d_x, S), and each block past the last whole group into every lane l, its
+ * elements 4l..4l + 3 (the lanes of a block's integer dot there), the lanes added as hsum_ps adds
+ * them. In the AVX2 set without AVX-VNNI, the levels past 31 (Q8_0's and IQ4_NL's) would overflow
+ * vpmaddubsw's int16 pairs, and a sign per row on each broadcast activation costs as many
+ * operations as the one-row kernel: those types then keep it (usable says no). The AVX-512 set's
+ * Q4_0 rows may be stored in its own layout (repack_row_q4_0, rows of whole groups only): they are
  * read from there.
  *
- * Room per group of eight blocks: the levels, group e of 4 elements of 16 rows at 64 e (4096
- * bytes); the blocks' d as floats [block][row] (512). Activations per token and block: its 32
- * levels, d as a float, and the sum of the levels (40 bytes). */
+ * Room per group of eight blocks (the last one partial when the row ends inside it, its missing
+ * blocks zero): the levels, group e of 4 elements of 16 rows at 64 e (4096 bytes); the blocks' d as
+ * floats [block][row] (512). Activations per token and block: its 32 levels, d as a float, and the
+ * sum of the levels (40 bytes). */
 #define B32R_D 4096
 #define B32R_BYTES 4608
 #define B32R_ACT 40
 
-static int usable_rows_q4_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0; }
+enum { R32_Q4_0, R32_Q8_0, R32_Q5_0, R32_IQ4_NL, R32_MXFP4 };
+static const int32_t r32_offset[] = {8, 128, 16, 128, 12};
+static const size_t r32_block_bytes[] = {sizeof(rm_block_q4_0), sizeof(rm_block_q8_0), sizeof(rm_block_q5_0),
+                                         sizeof(rm_block_iq4_nl), sizeof(rm_block_mxfp4)};
+
+/* Block i of a row as the room holds it: its levels plus the type's offset, and (d) its scale. */
+RM_INLINE __m256i r32_levels(const uint8_t * row, int64_t i, const int kind, float * d) {
+    const uint8_t * blk = row + (uint64_t) i * r32_block_bytes[kind];
+    if (kind == R32_MXFP4) {
+        *d = rm_e8m0_to_fp32_half(blk[0]);
+        return _mm256_add_epi8(b32_levels(row, i, B32_MXFP4), _mm256_set1_epi8(12));
+    }
+    rm_fp16 h;
+    memcpy(&h, blk, sizeof(h));   /* d is each block's first field */
+    *d = fp16(h);
+    switch (kind) {
+    case R32_Q4_0: return nibbles_lo_hi(((const rm_block_q4_0 *) blk)->qs);
+    case R32_Q8_0:
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) blk)->qs),
+                                _mm256_set1_epi8((char) 0x80));
+    case R32_Q5_0: return b32_levels_unsigned(row, i, B32_Q5_0);
+    default: return b32_levels_unsigned(row, i, B32_IQ4_NL);
+    }
+}
+
+static int usable_rows_32(int64_t n) { return n > 0 && n % RM_QK == 0; }
 #ifdef RM_KQ_GROUPED
-static int usable_rows_q8_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0; }
+#define usable_rows_wide usable_rows_32
 #else
-static int usable_rows_q8_0(int64_t n) { return n > 0 && n % (8 * RM_QK) == 0 && rm_cpu_avx_vnni(); }
+static int usable_rows_wide(int64_t n) { return usable_rows_32(n) && rm_cpu_avx_vnni(); }
 #endif
+#define usable_rows_q4_0 usable_rows_32
+#define usable_rows_q5_0 usable_rows_32
+#define usable_rows_mxfp4 usable_rows_32
+#define usable_rows_q8_0 usable_rows_wide
+#define usable_rows_iq4_nl usable_rows_wide
 
 static uint64_t act_bytes_rows_32(int64_t n, int32_t n_tok) { return (uint64_t) n_tok * (uint64_t) (n / RM_QK) * B32R_ACT; }
 
-static uint64_t room_bytes_rows_32(int64_t n) { return (uint64_t) (n / (8 * RM_QK)) * B32R_BYTES; }
+static uint64_t room_bytes_rows_32(int64_t n) { return (uint64_t) ((n / RM_QK + 7) / 8) * B32R_BYTES; }
 
 static void put_group_rows_32(int64_t n, const void * x_q, uint64_t x_stride, int32_t i0, int32_t count, void * x_t) {
     const int64_t nb = n / RM_QK;
@@ -138,6 +174,26 @@ static void put_group_rows_32(int64_t n, const void * x_q, uint64_t x_stride, in
     }
 }
 
+/* Token x's block b (B32R_ACT bytes each): its scale, and the offset times the sum of its levels
+ * (all 32, or, with e >= 0, elements 4e..4e + 3 alone). */
+RM_INLINE float r32_act_d(const uint8_t * x, int64_t b) {
+    float d;
+    memcpy(&d, x + (uint64_t) b * B32R_ACT + 32, 4);
+    return d;
+}
+
+RM_INLINE int32_t r32_act_less(const uint8_t * x, int64_t b, int e, const int kind) {
+    const uint8_t * xb = x + (uint64_t) b * B32R_ACT;
+    int32_t sum;
+    if (e < 0) {
+        memcpy(&sum, xb + 36, 4);
+    } else {
+        const int8_t * q = (const int8_t *) xb + 4 * e;
+        sum = q[0] + q[1] + q[2] + q[3];
+    }
+    return (int32_t) ((uint32_t) sum * (uint32_t) r32_offset[kind]);
+}
+
 /* Block k's 32 nibbles in element order from a group of eight Q4_0 blocks in the AVX-512 set's
  * stored layout (repack_row_q4_0: the eight fp16 scales, then 4 x 32 bytes whose dword k holds in
  * its low nibbles levels 8m..8m+3 of block k and in its high ones 8m+4..8m+7, m = 0..3), and its d. */
@@ -153,32 +209,26 @@ RM_INLINE __m256i stored_q4_0_nibbles(const uint8_t * g, int k, float * d) {
 }
 
 RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
-                            uint8_t * room, const int q8) {
-    const size_t bsize = q8 ? sizeof(rm_block_q8_0) : sizeof(rm_block_q4_0);
-    for (int64_t g = 0; g < n / (8 * RM_QK); g++) {
+                            uint8_t * room, const int kind) {
+    const int64_t nb = n / RM_QK;
+    for (int64_t g = 0; g < (nb + 7) / 8; g++) {
         uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
         float * d = (float *) (wb + B32R_D);
         for (int h = 0; h < 2; h++) {
             __m256i lev[8][8];   /* [block][row] */
             for (int r = 0; r < 8; r++) {
                 const int64_t row = r0 + 8 * h + r;
-                const uint8_t * src = w + (uint64_t) row * row_bytes + (uint64_t) g * 8 * bsize;
+                const uint8_t * src = w + (uint64_t) row * row_bytes;
                 for (int k = 0; k < 8; k++) {
-                    if (row >= r1) {
+                    float * dk = &d[RM_TILE_ROWS * k + 8 * h + r];
+                    if (row >= r1 || 8 * g + k >= nb) {
                         lev[k][r] = _mm256_setzero_si256();
-                        d[RM_TILE_ROWS * k + 8 * h + r] = 0.0f;
-                        continue;
+                        *dk = 0.0f;
+                    } else if (stored) {   /* Q4_0 only: eight blocks take 144 bytes in either layout */
+                        lev[k][r] = stored_q4_0_nibbles(src + (uint64_t) g * 8 * sizeof(rm_block_q4_0), k, dk);
+                    } else {
+                        lev[k][r] = r32_levels(src, 8 * g + k, kind, dk);
                     }
-                    if (stored) {   /* Q4_0 only: eight blocks take 144 bytes in either layout */
-                        lev[k][r] = stored_q4_0_nibbles(src, k, &d[RM_TILE_ROWS * k + 8 * h + r]);
-                        continue;
-                    }
-                    const uint8_t * blk = src + (size_t) k * bsize;
-                    rm_fp16 dh;
-                    memcpy(&dh, blk, sizeof(dh));   /* d is each block's first field */
-                    d[RM_TILE_ROWS * k + 8 * h + r] = fp16(dh);
-                    lev[k][r] = q8 ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q8_0 *) blk)->qs)
-                                   : nibbles_lo_hi(((const rm_block_q4_0 *) blk)->qs);
                 }
             }
             for (int k = 0; k < 8; k++) {   /* dword j of block k: elements 32 k + 4 j.., group 8 k + j */
@@ -343,16 +393,16 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
     }
 }
 
-/* nt tokens (1 to KR_TOKENS) against the packed tile: out[t][row]. */
-RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * const x[KR_TOKENS], const int nt,
-                              float out[KR_TOKENS][RM_TILE_ROWS], const int q8) {
+/* nt tokens (1 to KR_TOKENS) against the packed tile of nb blocks: out[t][row]. */
+RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * const x[KR_TOKENS], const int nt,
+                              float out[KR_TOKENS][RM_TILE_ROWS], const int kind) {
     __m512 acc[KR_TOKENS][8];   /* [token][block mod 8]: 16 rows */
     for (int t = 0; t < nt; t++) {
         for (int l = 0; l < 8; l++) {
             acc[t][l] = _mm512_setzero_ps();
         }
     }
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = 0; g < nb / 8; g++) {
         const uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
         for (int k = 0; k < 8; k++) {
             __m512i S[KR_TOKENS];
@@ -363,23 +413,31 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
             }
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
-                __m512i lv = _mm512_loadu_si512(wb + 64 * (8 * k + j));
-                if (q8) {
-                    lv = _mm512_xor_si512(lv, _mm512_set1_epi8((char) 0x80));   /* plus 128 */
-                }
+                const __m512i lv = _mm512_loadu_si512(wb + 64 * (8 * k + j));
                 for (int t = 0; t < nt; t++) {
                     S[t] = _mm512_dpbusd_epi32(S[t], lv, _mm512_set1_epi32(*(const int32_t *) (xb[t] + 4 * j)));
                 }
             }
             const __m512 dw = _mm512_loadu_ps(wb + B32R_D + 64 * k);
             for (int t = 0; t < nt; t++) {
-                float dx;
-                int32_t sum;
-                memcpy(&dx, xb[t] + 32, 4);
-                memcpy(&sum, xb[t] + 36, 4);
-                /* less offset * sum(x): 8 or 128, a shift */
-                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_set1_epi32((int32_t) ((uint32_t) sum << (q8 ? 7 : 3))));
-                acc[t][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(sv), acc[t][k]);
+                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_set1_epi32(r32_act_less(x[t], 8 * g + k, -1, kind)));
+                acc[t][k] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(r32_act_d(x[t], 8 * g + k))),
+                                            _mm512_cvtepi32_ps(sv), acc[t][k]);
+            }
+        }
+    }
+    const uint8_t * wb = room + (uint64_t) (nb / 8) * B32R_BYTES;
+    for (int64_t b = nb / 8 * 8; b < nb; b++) {   /* the blocks past the last whole group, one by one */
+        const int k = (int) (b % 8);
+        const __m512 dw = _mm512_loadu_ps(wb + B32R_D + 64 * k);
+        for (int j = 0; j < 8; j++) {
+            const __m512i lv = _mm512_loadu_si512(wb + 64 * (8 * k + j));
+            for (int t = 0; t < nt; t++) {
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lv,
+                                                      _mm512_set1_epi32(*(const int32_t *) (x[t] + b * B32R_ACT + 4 * j)));
+                const __m512i sv = _mm512_sub_epi32(p, _mm512_set1_epi32(r32_act_less(x[t], b, j, kind)));
+                acc[t][j] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(r32_act_d(x[t], b))), _mm512_cvtepi32_ps(sv),
+                                            acc[t][j]);
             }
         }
     }
@@ -390,10 +448,10 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
 
 RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
                               const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
-                              const int q8) {
-    const int64_t ng = n / (8 * RM_QK);
-    const uint64_t xrow = (uint64_t) (n / RM_QK) * B32R_ACT;
-    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, q8);
+                              const int kind) {
+    const int64_t nb = n / RM_QK;
+    const uint64_t xrow = (uint64_t) nb * B32R_ACT;
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind);
     const __mmask16 rows = (__mmask16) ((1u << (r1 - r0)) - 1);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
         const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
@@ -403,14 +461,14 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
         }
         float out[KR_TOKENS][RM_TILE_ROWS];
         switch (nt) {   /* a copy per count, the token loops unrolled */
-        case 8: rows_tokens_32(ng, room, x, 8, out, q8); break;
-        case 7: rows_tokens_32(ng, room, x, 7, out, q8); break;
-        case 6: rows_tokens_32(ng, room, x, 6, out, q8); break;
-        case 5: rows_tokens_32(ng, room, x, 5, out, q8); break;
-        case 4: rows_tokens_32(ng, room, x, 4, out, q8); break;
-        case 3: rows_tokens_32(ng, room, x, 3, out, q8); break;
-        case 2: rows_tokens_32(ng, room, x, 2, out, q8); break;
-        default: rows_tokens_32(ng, room, x, 1, out, q8); break;
+        case 8: rows_tokens_32(nb, room, x, 8, out, kind); break;
+        case 7: rows_tokens_32(nb, room, x, 7, out, kind); break;
+        case 6: rows_tokens_32(nb, room, x, 6, out, kind); break;
+        case 5: rows_tokens_32(nb, room, x, 5, out, kind); break;
+        case 4: rows_tokens_32(nb, room, x, 4, out, kind); break;
+        case 3: rows_tokens_32(nb, room, x, 3, out, kind); break;
+        case 2: rows_tokens_32(nb, room, x, 2, out, kind); break;
+        default: rows_tokens_32(nb, room, x, 1, out, kind); break;
         }
         for (int t = 0; t < nt; t++) {
             float * yt = y + (int64_t) (i0 + t) * y_stride + r0;
@@ -612,16 +670,21 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
 }
 
 
-/* nt tokens (1 to KR_TOKENS_AVX2) against half h of the packed tile: out[t][8h + row]. */
-RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * const x[KR_TOKENS_AVX2], const int nt,
-                              const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int q8, const int vnni) {
+/* The eight int32 lanes of u . s (u unsigned bytes, s signed; four products a lane). */
+RM_INLINE __m256i dot4_u8s8(__m256i u, __m256i s, const int vnni) {
+    return vnni ? dpbusd_vex(_mm256_setzero_si256(), u, s) : _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* nt tokens (1 to KR_TOKENS_AVX2) against half h of the packed tile of nb blocks: out[t][8h + row]. */
+RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * const x[KR_TOKENS_AVX2], const int nt,
+                              const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int kind, const int vnni) {
     __m256 acc[KR_TOKENS_AVX2][8];   /* [token][block mod 8]: 8 rows */
     for (int t = 0; t < nt; t++) {
         for (int l = 0; l < 8; l++) {
             acc[t][l] = _mm256_setzero_ps();
         }
     }
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = 0; g < nb / 8; g++) {
         const uint8_t * wb = room + (uint64_t) g * B32R_BYTES + 32 * h;
         for (int k = 0; k < 8; k++) {
             __m256i S[KR_TOKENS_AVX2], P[KR_TOKENS_AVX2];
@@ -633,15 +696,12 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
             if (vnni) {
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
-                    __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
-                    if (q8) {
-                        lv = _mm256_xor_si256(lv, _mm256_set1_epi8((char) 0x80));   /* plus 128 */
-                    }
+                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
                     for (int t = 0; t < nt; t++) {
                         S[t] = dpbusd_vex(S[t], lv, _mm256_set1_epi32(*(const int32_t *) (xb[t] + 4 * j)));
                     }
                 }
-            } else {   /* Q4_0: four groups' pairs in int16 (at most 8 x 15 x 128), then int32 lanes */
+            } else {   /* levels up to 31: four groups' pairs in int16 (at most 8 x 31 x 128), then int32 lanes */
 #pragma GCC unroll 2
                 for (int j0 = 0; j0 < 8; j0 += 4) {
 #pragma GCC unroll 4
@@ -659,13 +719,23 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
             }
             const __m256 dw = _mm256_loadu_ps((const float *) (wb + B32R_D + 64 * k));
             for (int t = 0; t < nt; t++) {
-                float dx;
-                int32_t sum;
-                memcpy(&dx, xb[t] + 32, 4);
-                memcpy(&sum, xb[t] + 36, 4);
-                /* less offset * sum(x): 8 or 128, a shift */
-                const __m256i sv = _mm256_sub_epi32(S[t], _mm256_set1_epi32((int32_t) ((uint32_t) sum << (q8 ? 7 : 3))));
-                acc[t][k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(sv), acc[t][k]);
+                const __m256i sv = _mm256_sub_epi32(S[t], _mm256_set1_epi32(r32_act_less(x[t], 8 * g + k, -1, kind)));
+                acc[t][k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(r32_act_d(x[t], 8 * g + k))),
+                                            _mm256_cvtepi32_ps(sv), acc[t][k]);
+            }
+        }
+    }
+    const uint8_t * wb = room + (uint64_t) (nb / 8) * B32R_BYTES + 32 * h;
+    for (int64_t b = nb / 8 * 8; b < nb; b++) {   /* the blocks past the last whole group, one by one */
+        const int k = (int) (b % 8);
+        const __m256 dw = _mm256_loadu_ps((const float *) (wb + B32R_D + 64 * k));
+        for (int j = 0; j < 8; j++) {
+            const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
+            for (int t = 0; t < nt; t++) {
+                const __m256i p = dot4_u8s8(lv, _mm256_set1_epi32(*(const int32_t *) (x[t] + b * B32R_ACT + 4 * j)), vnni);
+                const __m256i sv = _mm256_sub_epi32(p, _mm256_set1_epi32(r32_act_less(x[t], b, j, kind)));
+                acc[t][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(r32_act_d(x[t], b))), _mm256_cvtepi32_ps(sv),
+                                            acc[t][j]);
             }
         }
     }
@@ -676,12 +746,13 @@ RM_INLINE void rows_tokens_32(int64_t ng, const uint8_t * room, const uint8_t * 
 
 RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
                               const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
-                              const int q8) {
+                              const int kind) {
     (void) stored;   /* the AVX2 set keeps no stored layout */
-    const int64_t ng = n / (8 * RM_QK);
-    const uint64_t xrow = (uint64_t) (n / RM_QK) * B32R_ACT;
-    const int vnni = rm_cpu_avx_vnni();   /* Q8_0 comes here only with it (usable_rows_q8_0) */
-    pack_rows_32(n, w, 0, row_bytes, r0, r1, room, q8);
+    const int64_t nb = n / RM_QK;
+    const uint64_t xrow = (uint64_t) nb * B32R_ACT;
+    /* Q8_0 and IQ4_NL come here only with it (usable_rows_wide) */
+    const int vnni = rm_cpu_avx_vnni();
+    pack_rows_32(n, w, 0, row_bytes, r0, r1, room, kind);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const uint8_t * x[KR_TOKENS_AVX2];
@@ -691,14 +762,14 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
         float out[KR_TOKENS_AVX2][RM_TILE_ROWS];
         for (int h = 0; h < (r1 - r0 > 8 ? 2 : 1); h++) {
             switch (nt + 4 * vnni) {   /* a copy per count, the token loops unrolled */
-            case 8: rows_tokens_32(ng, room, x, 4, h, out, q8, 1); break;
-            case 7: rows_tokens_32(ng, room, x, 3, h, out, q8, 1); break;
-            case 6: rows_tokens_32(ng, room, x, 2, h, out, q8, 1); break;
-            case 5: rows_tokens_32(ng, room, x, 1, h, out, q8, 1); break;
-            case 4: rows_tokens_32(ng, room, x, 4, h, out, q8, 0); break;
-            case 3: rows_tokens_32(ng, room, x, 3, h, out, q8, 0); break;
-            case 2: rows_tokens_32(ng, room, x, 2, h, out, q8, 0); break;
-            default: rows_tokens_32(ng, room, x, 1, h, out, q8, 0); break;
+            case 8: rows_tokens_32(nb, room, x, 4, h, out, kind, 1); break;
+            case 7: rows_tokens_32(nb, room, x, 3, h, out, kind, 1); break;
+            case 6: rows_tokens_32(nb, room, x, 2, h, out, kind, 1); break;
+            case 5: rows_tokens_32(nb, room, x, 1, h, out, kind, 1); break;
+            case 4: rows_tokens_32(nb, room, x, 4, h, out, kind, 0); break;
+            case 3: rows_tokens_32(nb, room, x, 3, h, out, kind, 0); break;
+            case 2: rows_tokens_32(nb, room, x, 2, h, out, kind, 0); break;
+            default: rows_tokens_32(nb, room, x, 1, h, out, kind, 0); break;
             }
         }
         for (int t = 0; t < nt; t++) {
@@ -710,14 +781,13 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     }
 }
 
-
 #endif
 
-#define RM_ROWS_32(t, q8, min_tokens)                                                                              \
+#define RM_ROWS_32(t, kind, min_tokens)                                                                            \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
                                 int accumulate) {                                                                  \
-        matmul_rows_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, q8);            \
+        matmul_rows_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, kind);          \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_##t, act_bytes_rows_32, put_group_rows_32, \
                                              room_bytes_rows_32, matmul_rows_##t};

@@ -590,8 +590,11 @@ RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 6)
  * eight tokens and more, and the multi-token kernel under eight): Q8_0 from 6 (17.6 against 22.0
  * at 6, 14.4 against 15.0 at 8, 7.1 against 16.1 at 32); Q4_0, whose packed form is quicker at 8
  * (12.4 against 14.3), from 10 (12.5 against 13.6; 6.7 against 11.8 at 32). */
-RM_ROWS_32(q4_0, 0, 10)
-RM_ROWS_32(q8_0, 1, 6)
+RM_ROWS_32(q4_0, R32_Q4_0, 10)
+RM_ROWS_32(q8_0, R32_Q8_0, 6)
+RM_ROWS_32(q5_0, R32_Q5_0, 10)
+RM_ROWS_32(iq4_nl, R32_IQ4_NL, 10)
+RM_ROWS_32(mxfp4, R32_MXFP4, 10)
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
@@ -650,6 +653,9 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_IQ4_XS] = &rows_iq4_xs,
         [RM_TYPE_Q4_0] = &rows_q4_0,
         [RM_TYPE_Q8_0] = &rows_q8_0,
+        [RM_TYPE_Q5_0] = &rows_q5_0,
+        [RM_TYPE_IQ4_NL] = &rows_iq4_nl,
+        [RM_TYPE_MXFP4] = &rows_mxfp4,
     },
     .gdn_rule = gdn_rule_x86,
     .gdn_conv = gdn_conv_x86,

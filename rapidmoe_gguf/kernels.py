@@ -31,7 +31,7 @@ def cpu_isa() -> str:
 
 def cpu_isa_reason() -> str:
     """Why the runtime uses ``cpu_isa()``: the best set of this CPU and build, a lower one measured
-    faster on this CPU family (AMD Zen 4: avx2), or $RAPIDMOE_ISA."""
+    faster on this CPU family (none so far: dispatch.c's ISA_RULES), or $RAPIDMOE_ISA."""
     return ffi.string(lib.rm_cpu_isa_reason()).decode()
 
 

@@ -149,7 +149,7 @@ rm_status rm_vec_dot(int32_t type, const void * w, uint64_t w_len, const float *
  * ------------------------------------------------------------------------------------------- */
 
 /* The set the CPU backend uses. Chosen at first use: the best this CPU and build support (a lower
- * one on CPUs where that was measured faster, e.g. avx2 on AMD Zen 4), or the one the environment
+ * one on CPU families where that was measured faster: none so far), or the one the environment
  * variable RAPIDMOE_ISA=scalar|avx2|avx512|amx names; a set that is not available falls back,
  * with a warning on stderr. */
 const char * rm_cpu_isa(void);

@@ -112,24 +112,23 @@ static void cpu_identity(char vendor[13], uint32_t * family, uint32_t * model) {
 #endif
 
 /* CPUs whose best set by their flags is not their fastest, as measured on them: the set to use
- * instead, and why. RAPIDMOE_ISA still selects any set the CPU has. */
+ * instead, and why (a NULL vendor ends the list). RAPIDMOE_ISA still selects any set the CPU has.
+ * None at present. AMD Zen 4 (family 19h), which runs each 512-bit operation as two 256-bit halves,
+ * had one (avx2) while the avx512 set's prefill was a one-row form; with the tile forms its avx512
+ * set is the faster: on an EPYC Zen 4, llama.cpp's Q4_K_M of the benchmark model prefilled at 610
+ * against 459 tok/s and decoded at 172 against 138, Q8_0 592 against 236 and 103 against 106
+ * (docs/PERFORMANCE.md). */
 static const struct isa_rule {
     const char * vendor;
     uint32_t     family, model_lo, model_hi;
     rm_isa       from, to;
     const char * why;
 } ISA_RULES[] = {
-    /* Zen 4 (family 19h; its Zen 3 models have no AVX-512) splits each 512-bit operation into two
-     * 256-bit halves, and its 512-bit shuffles are slow: on an EPYC Zen 4 the avx2 set prefilled
-     * 312 against 287 tok/s (Q4_K_M) and decoded 155 against 135 (docs/PERFORMANCE.md). Zen 5
-     * (family 1Ah) has full-width units and keeps avx512. */
-    {"AuthenticAMD", 0x19, 0x00, 0xff, RM_ISA_AVX512, RM_ISA_AVX2,
-     "AMD Zen 4 runs 512-bit operations as two 256-bit halves; its avx2 set measured faster"},
+    {NULL, 0, 0, 0, RM_ISA_SCALAR, RM_ISA_SCALAR, NULL},
 };
 
 rm_isa rm_isa_preferred(const char * vendor, uint32_t family, uint32_t model, rm_isa best, const char ** why) {
-    for (size_t i = 0; i < sizeof(ISA_RULES) / sizeof(ISA_RULES[0]); i++) {
-        const struct isa_rule * r = &ISA_RULES[i];
+    for (const struct isa_rule * r = ISA_RULES; r->vendor; r++) {
         if (best == r->from && strcmp(vendor, r->vendor) == 0 && family == r->family && model >= r->model_lo &&
             model <= r->model_hi) {
             *why = r->why;

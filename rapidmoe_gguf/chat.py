@@ -557,7 +557,7 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
                            logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
                            tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
-                           parallel_tool_calls: bool | None = None):
+                           parallel_tool_calls: bool | None = None, response_format: Mapping | None = None):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
     result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
     final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``;
@@ -572,11 +572,13 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
     prompt = chat_prompt(llm, messages, tools=use,
                          **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
     harmony = is_harmony(llm.tokenizer)
+    constrained = response_grammar(llm.tokenizer, response_format, harmony, use)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                               repeat_penalty=repeat_penalty, seed=seed)
-    completion = llm._completion(prompt, max_tokens, sampling, stop, stream, model, n_top, bias, "chat")
+    completion = llm._completion(prompt, max_tokens, sampling, stop, stream, model, n_top, bias, "chat",
+                                 grammar=constrained)
     if stream:
         return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning, use)
     choice = completion["choices"][0]
@@ -587,6 +589,27 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
             "choices": [{"index": 0, "message": message, "logprobs": choice["logprobs"],
                          "finish_reason": reply.finish_reason(choice["finish_reason"])}],
             "usage": completion["usage"]}
+
+
+def response_grammar(tokenizer, response_format, harmony: bool, tools: tool_calls.ToolUse | None = None):
+    """The grammar.Grammar a chat request's ``response_format`` asks for, or its tool_choice where
+    that forces a call in a JSON format (ToolUse.forced_schema); None: free text. Raises
+    InvalidArgumentError whose message starts with the field at fault."""
+    from . import grammar
+
+    schema = grammar.schema_of(response_format)
+    forced = tools.forced_schema() if tools is not None else None
+    if schema is not None and forced is not None:
+        raise InvalidArgumentError("response_format: a JSON reply and a forced tool call (tool_choice) "
+                                   "cannot both be asked for")
+    if schema is None and forced is None:
+        return None
+    if harmony:   # the reply's channels are text the grammar would forbid
+        raise InvalidArgumentError("response_format: JSON replies are not supported for harmony-format "
+                                   "models (gpt-oss) yet")
+    if forced is not None:   # tool schemas are often loose: keywords the engine lacks are skipped
+        return grammar.Grammar(tokenizer, forced, where="tools", lenient=True)
+    return grammar.Grammar(tokenizer, schema)
 
 
 def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None = None,

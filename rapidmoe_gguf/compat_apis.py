@@ -473,8 +473,14 @@ def responses_body(body: Any) -> dict:
     if choice is not None:
         chat["tool_choice"] = choice
     text_format = body.get("text", {}).get("format") if isinstance(body.get("text"), dict) else None
-    if isinstance(text_format, dict) and text_format.get("type") not in (None, "text"):
-        raise _unsupported("text.format", f"{_shown_type(text_format)} is not supported: replies are plain text")
+    if isinstance(text_format, dict) and text_format.get("type") == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {
+            k: text_format[k] for k in ("name", "schema", "strict") if k in text_format}}
+    elif isinstance(text_format, dict) and text_format.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif isinstance(text_format, dict) and text_format.get("type") not in (None, "text"):
+        raise _unsupported("text.format", f"{_shown_type(text_format)} is not supported: give text, json_object "
+                           "or json_schema")
     effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
     if effort in ("low", "medium", "high"):
         chat["reasoning_effort"] = effort
@@ -517,8 +523,13 @@ class ResponsesAnswer:
                 "parallel_tool_calls": self.body.get("parallel_tool_calls") is not False,
                 "temperature": self.req.sampling.temperature, "top_p": self.req.sampling.top_p,
                 "tool_choice": self.body.get("tool_choice") or "auto", "tools": tools,
-                "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False,
+                "text": {"format": self._format()}, "truncation": "disabled", "store": False,
                 "previous_response_id": None, "metadata": self.body.get("metadata") or {}, "usage": usage}
+
+    def _format(self) -> dict:
+        """The text format the request asked for (text.format), as the response repeats it."""
+        fmt = self.body.get("text", {}).get("format") if isinstance(self.body.get("text"), dict) else None
+        return fmt if isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object") else {"type": "text"}
 
     def _item(self, i: int, status: str | None = None) -> dict:
         block, status = self.blocks.blocks[i], status or self._status
@@ -591,4 +602,5 @@ def _output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-RESPONSES = Api(responses_body, {"messages": "input", "max_tokens": "max_output_tokens"}, ResponsesAnswer)
+RESPONSES = Api(responses_body, {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"},
+                ResponsesAnswer)

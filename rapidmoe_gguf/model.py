@@ -556,9 +556,10 @@ class Model:
 
     def _generate(self, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams,
                   stop_ids: set[int] | None = None, bias: LogitBias | None = None,
-                  n_top: int | None = None) -> Iterator[tuple[int, TokenLogprob | None]]:
+                  n_top: int | None = None, grammar=None) -> Iterator[tuple[int, TokenLogprob | None]]:
         """generate_tokens, each token with its TokenLogprob and the n_top most likely tokens'
-        (None when n_top is None: then no log-probability is computed)."""
+        (None when n_top is None: then no log-probability is computed); ``grammar``
+        (grammar.Grammar): only what it allows is generated."""
         prompt = self._as_tokens(prompt_ids)
         if prompt.size == 0:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
@@ -568,7 +569,7 @@ class Model:
             raise InvalidArgumentError(
                 f"the prompt has {prompt.size} tokens and {max_tokens} more were asked for, "
                 f"but the context holds {self.n_ctx} (raise n_ctx)")
-        sampler = Sampler(sampling, bias)
+        sampler = Sampler(sampling, bias, grammar.constraint() if grammar is not None else None)
         stop = set(self.tokenizer.eog_ids) if stop_ids is None else stop_ids
         history = prompt.tolist()
         t0 = time.perf_counter()
@@ -621,12 +622,12 @@ class Model:
             yield piece
 
     def _pieces(self, ids: Sequence[int], max_tokens: int, stop: str | Sequence[str], sampling: SamplingParams,
-                bias: LogitBias | None = None, n_top: int | None = None) -> Iterator[tuple[str, list]]:
+                bias: LogitBias | None = None, n_top: int | None = None, grammar=None) -> Iterator[tuple[str, list]]:
         """stream's pieces, each with the (TokenLogprob, text offset) of the tokens whose text it
         completes (TextStream.released; [] when n_top is None)."""
         text = TextStream(self.tokenizer, stop)
         self.finish_reason = "stop"
-        for t, logprob in self._generate(ids, max_tokens, sampling, None, bias, n_top):
+        for t, logprob in self._generate(ids, max_tokens, sampling, None, bias, n_top, grammar):
             piece = text.feed(t, logprob)
             if piece is not None:
                 yield piece, text.released()
@@ -657,10 +658,11 @@ class Model:
 
     def _completion(self, prompt, max_tokens: int, sampling: SamplingParams, stop: str | Sequence[str] | None,
                     stream: bool, model: str | None, n_top: int | None, bias: LogitBias | None, kind: str,
-                    text_offset: int | None = None):
+                    text_offset: int | None = None, grammar=None):
         """create_completion, with the logprobs (n_top not None) in the shape of ``kind``'s
         choices ("completion" or "chat": create_chat_completion's, which moves them over).
-        ``text_offset``: the legacy shape's offset of the completion's text (None: the prompt's length)."""
+        ``text_offset``: the legacy shape's offset of the completion's text (None: the prompt's length).
+        ``grammar`` (grammar.Grammar): the text is constrained to it."""
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         cid = "cmpl-" + uuid.uuid4().hex
         created = int(time.time())
@@ -671,7 +673,7 @@ class Model:
             if text_offset is None and kind == "completion":
                 text_offset = len(prompt) if isinstance(prompt, str) else len(self.detokenize(prompt_ids))
             shape = logprobs_shape(kind, self.tokenizer, text_offset or 0)
-        pieces = self._pieces(prompt_ids, max_tokens, stops, sampling, bias, n_top)
+        pieces = self._pieces(prompt_ids, max_tokens, stops, sampling, bias, n_top, grammar)
 
         def usage():
             n_gen = self.last_timings.get("gen_tokens", 0)
@@ -707,7 +709,7 @@ class Model:
                                show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
                                logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
                                tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
-                               parallel_tool_calls: bool | None = None):
+                               parallel_tool_calls: bool | None = None, response_format: Mapping | None = None):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
         with the model's own chat template (see ``rapidmoe_gguf.chat``), with ``chat_template_kwargs``
         as further template variables (e.g. ``{"enable_thinking": False}``). ``max_tokens`` None: up to
@@ -716,7 +718,10 @@ class Model:
         ``logprobs``: each generated token's log-probability, with the ``top_logprobs`` (0 to 20)
         most likely tokens' (OpenAI's shape); ``logit_bias``: token id -> a bias in [-100, 100].
         ``tools``, ``tool_choice``, ``parallel_tool_calls``: as OpenAI's; the reply's calls come as
-        the message's ``tool_calls`` in the model's own format (see ``rapidmoe_gguf.tool_calls``)."""
+        the message's ``tool_calls`` in the model's own format (see ``rapidmoe_gguf.tool_calls``).
+        ``response_format``: as OpenAI's (``{"type": "json_object"}``, or ``{"type": "json_schema",
+        "json_schema": {"schema": ...}}``): the reply is constrained to JSON of that schema
+        (``rapidmoe_gguf.grammar``)."""
         from . import chat
 
         return chat.create_chat_completion(
@@ -724,7 +729,8 @@ class Model:
             min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, stop=stop, stream=stream, model=model,
             reasoning_effort=reasoning_effort, show_reasoning=show_reasoning, logprobs=logprobs,
             top_logprobs=top_logprobs, logit_bias=logit_bias, chat_template_kwargs=chat_template_kwargs,
-            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
+            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format)
 
     # -- several sequences at once --------------------------------------------------------------
 

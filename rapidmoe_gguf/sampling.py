@@ -229,12 +229,15 @@ def merge_logprobs(kind: str, parts: Sequence[dict | None]) -> dict:
 
 class Sampler:
     """Draws tokens from logits with SamplingParams, and ``logit_bias`` added to the logits; the
-    same seed gives the same draws. ``logprob``: a drawn token's log-probability."""
+    same seed gives the same draws. ``constraint`` (grammar.Constraint): only the tokens its
+    grammar allows are drawn, and each drawn token is given to it. ``logprob``: a drawn token's
+    log-probability."""
 
-    def __init__(self, params: SamplingParams, logit_bias: LogitBias | None = None):
+    def __init__(self, params: SamplingParams, logit_bias: LogitBias | None = None, constraint=None):
         params.validate()
         self.params = params
         self.bias = logit_bias
+        self.constraint = constraint
         p = ffi.new("rm_sampler_params *")
         p.struct_size = ffi.sizeof("rm_sampler_params")
         p.temperature = params.temperature
@@ -253,10 +256,15 @@ class Sampler:
     def sample(self, logits: np.ndarray, recent: Sequence[int] = ()) -> int:
         """One token id from a float32 logits vector, given the recent token history."""
         logits = self.bias.apply(logits) if self.bias is not None else np.ascontiguousarray(logits, dtype=np.float32)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         last = np.asarray(recent[-max(self.params.repeat_last_n, 1):], dtype=np.int32)
         _native.check(lib.rm_sampler_sample(self._smp, ffi.from_buffer("float[]", logits), int(logits.size),
                                             ffi.from_buffer("int32_t[]", last), int(last.size), self._tok))
-        return int(self._tok[0])
+        token = int(self._tok[0])
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
 
     def logprob(self, logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
         """``token``'s log-probability and the n_top most likely tokens' under the logits as

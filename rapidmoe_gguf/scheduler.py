@@ -162,7 +162,8 @@ class _Seq:
     def __init__(self, job: Job, slot: Model, post: Callable[[Any], None], name: str, arrived: float):
         req = job.req
         self.job, self.slot, self.post, self.req = job, slot, post, req
-        self.sampler = Sampler(req.sampling, req.logit_bias)
+        self.sampler = Sampler(req.sampling, req.logit_bias,
+                               req.grammar.constraint() if getattr(req, "grammar", None) is not None else None)
         self.n_top = req.logprobs                 # None: no logprobs, and none computed
         self.shape = None if self.n_top is None else logprobs_shape(req.kind, slot.tokenizer, req.text_offset)
         self.history = list(req.prompt_ids)

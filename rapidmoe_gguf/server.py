@@ -32,6 +32,10 @@ Tool calls: a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_call
 calls come as ``message.tool_calls`` (``content`` null when there is no other text) with
 ``finish_reason`` "tool_calls", and streamed as ``delta.tool_calls``.
 
+Structured outputs: a chat request's ``response_format`` (json_object, json_schema) constrains the
+reply to JSON of the schema, by rapidmoe_gguf.grammar; a bad schema is a 400 naming it. Requests
+with and without one share the scheduler's steps: each sequence's sampler masks its own logits.
+
 Log-probabilities: chat's ``logprobs: true`` with ``top_logprobs`` (0 to 20), the legacy
 completions' ``logprobs: N`` (0 to 20), in OpenAI's shapes; a stream's chunk carries those of the
 tokens whose text it carries. They are the model's own distribution (log-softmax of the logits,
@@ -221,19 +225,21 @@ CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion
                "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False),
                "chat_template_kwargs": ((dict,), None),
                "logprobs": ((bool,), False), "top_logprobs": ((int,), None),
-               "tools": ((list,), None), "tool_choice": ((str, dict), None), "parallel_tool_calls": ((bool,), None)}
+               "tools": ((list,), None), "tool_choice": ((str, dict), None), "parallel_tool_calls": ((bool,), None),
+               "response_format": ((dict,), None)}
 MAX_STOP = 16
 # OpenAI fields this server does not implement: a request that asks for them gets 400, not a
 # quiet answer without them. field -> the values (besides null) that ask for nothing. echo would
 # need the prompt's logprobs, which the scheduler does not keep (it reads prompts in chunks).
 UNSUPPORTED: dict[str, tuple] = {
     "echo": (False,), "suffix": ("",), "best_of": (1,),
-    "functions": ([],), "response_format": ({"type": "text"},),
+    "functions": ([],),
 }
 # Fields of the other endpoint: refused unless they ask for nothing, saying what to send instead.
 OTHER_ENDPOINT: dict[str, dict[str, tuple[tuple, str]]] = {
     "completion": {"top_logprobs": ((0,), "/v1/completions takes 'logprobs': N (the number of top tokens)"),
-                   "tools": (([],), "tools are for /v1/chat/completions")},
+                   "tools": (([],), "tools are for /v1/chat/completions"),
+                   "response_format": (({"type": "text"},), "response_format is for /v1/chat/completions")},
     "chat": {},
 }
 
@@ -314,10 +320,11 @@ class GenRequest:
     logit_bias: LogitBias | None = None
     text_offset: int = 0             # the legacy logprobs' offset of the completion's text (the prompt's length)
     tools: tool_calls.ToolUse | None = None   # chat: the request's tools, whose calls the reply is read for
+    grammar: Any = None              # chat: the grammar.Grammar of its response_format; None: plain text
 
     def chunks(self, slot: Model, name: str) -> Iterator[dict]:
         it = slot._completion(self.prompt_ids, self.max_tokens, self.sampling, self.stop, True, name,
-                              self.logprobs, self.logit_bias, self.kind, self.text_offset)
+                              self.logprobs, self.logit_bias, self.kind, self.text_offset, self.grammar)
         if self.kind != "chat":
             return it
         return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning,
@@ -417,13 +424,18 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         raise ApiError(400, f"the {param} has {len(ids)} tokens and max_tokens is {max_tokens}, but the context "
                        f"holds {model.n_ctx} tokens", param=param, code="context_length_exceeded")
     harmony = kind == "chat" and chat.is_harmony(model.tokenizer)
+    try:
+        constrained = chat.response_grammar(model.tokenizer, f["response_format"], harmony, tools) \
+            if kind == "chat" else None
+    except InvalidArgumentError as exc:     # its message starts with the field at fault
+        raise ApiError(400, str(exc), param=re.match(r"\w+", str(exc)).group()) from exc
     offset = 0      # legacy logprobs' text_offset counts from the prompt's start: its text, or its tokens'
     if kind == "completion" and n_top is not None:
         prompt = f["prompt"][0] if isinstance(f["prompt"], list) and len(f["prompt"]) == 1 else f["prompt"]
         offset = len(prompt) if isinstance(prompt, str) else len(model.detokenize(ids))
     return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
                       policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]), n_top, bias, offset,
-                      tools)
+                      tools, constrained)
 
 
 def _logprobs_request(kind: str, f: dict) -> int | None:

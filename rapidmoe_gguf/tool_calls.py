@@ -31,10 +31,13 @@ gives the template no tools: its history too is rewritten as text (an assistant 
 JSON the model is asked for, tool results as user turns), so a template that cannot write tools is
 never asked to. ``tool_choice``: "auto" (the default), "none" (the template still sees the tools,
 as llama.cpp's server does, but the reply is not read for calls), "required" or a named function.
-There is no constrained decoding yet, so "required" and a named function are instructions (a
-system message saying which call to make), not guarantees: a reply that makes no call is returned
-as text, and with a named function a call of another tool comes back as text. ``parallel_tool_calls``
-false is an instruction too, and a reply's calls beyond the first come back as text.
+In the generic format "required" and a named function are enforced by constrained decoding
+(``ToolUse.forced_schema``, rapidmoe_gguf.grammar): the reply is the JSON of one call or more
+(one with ``parallel_tool_calls`` false) of the offered tools, with arguments of their schemas. In
+the other formats they are instructions (a system message saying which call to make), not
+guarantees: a reply that makes no call is returned as text, and with a named function a call of
+another tool comes back as text. ``parallel_tool_calls`` false is an instruction there too, and a
+reply's calls beyond the first come back as text.
 
 Reply side (``CallParser``; ``HarmonyCalls`` for gpt-oss): the reply's text becomes content and calls, each call
 ``{"id", "type": "function", "function": {"name", "arguments": a JSON string}}``. A call block that
@@ -403,6 +406,21 @@ class ToolUse:
             return self.tools
         return tuple(t for t in self.tools if t["function"]["name"] == self.choice)
 
+    def forced_schema(self) -> dict | None:
+        """The JSON schema a reply must match when tool_choice forces a call and the format is
+        JSON (the generic one): {"tool_calls": [one call or more, of the offered tools, each with
+        arguments of its schema]}. None otherwise (the other formats' calls are instructions)."""
+        if self.format is not GENERIC or self.choice in ("auto", "none"):
+            return None
+        calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                     "arguments": _closed(t["function"].get("parameters"))},
+                  "required": ["name", "arguments"], "additionalProperties": False} for t in self.offered]
+        items = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
+        if not self.parallel:
+            items["maxItems"] = 1
+        return {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"],
+                "additionalProperties": False}
+
     def parser(self) -> "CallParser | HarmonyCalls | None":
         """A fresh reader of one reply's calls; None for tool_choice "none"."""
         if self.choice == "none":
@@ -443,6 +461,15 @@ class ToolUse:
             else:
                 parts.append(f"Write a tool call in this format:\n{example}")
         return "\n\n".join(parts)
+
+
+def _closed(parameters: dict | None) -> dict:
+    """A tool's parameter schema for a forced call: an object, whose properties are the ones it
+    names where it names some and says nothing of others (as OpenAI's strict mode has them)."""
+    schema = dict(parameters or {"type": "object"})
+    if "properties" in schema and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    return schema
 
 
 def with_system(messages: list[dict], text: str) -> list[dict]:

@@ -140,7 +140,7 @@ def test_compat_responses_request_becomes_chat():
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
-    ({"input": "hi", "text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"input": "hi", "text": {"format": {"type": "grammar"}}}, "text.format"),
 ])
 def test_compat_responses_request_errors_name_the_field(body, param):
     with pytest.raises(ApiError) as e:

@@ -557,7 +557,8 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
                            logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
                            tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
-                           parallel_tool_calls: bool | None = None, response_format: Mapping | None = None):
+                           parallel_tool_calls: bool | None = None, response_format: Mapping | None = None,
+                           reasoning_format: str = "auto"):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
     result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
     final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``;
@@ -573,6 +574,7 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                          **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
     harmony = is_harmony(llm.tokenizer)
     constrained = response_grammar(llm.tokenizer, response_format, harmony, use)
+    thinking = thinking_mode(llm.tokenizer, prompt, reasoning_format)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -580,9 +582,9 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
     completion = llm._completion(prompt, max_tokens, sampling, stop, stream, model, n_top, bias, "chat",
                                  grammar=constrained)
     if stream:
-        return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning, use)
+        return as_chat_chunks(completion, HarmonyChannels() if harmony else None, show_reasoning, use, thinking)
     choice = completion["choices"][0]
-    reply = Reply(HarmonyChannels() if harmony else None, show_reasoning, use)
+    reply = Reply(HarmonyChannels() if harmony else None, show_reasoning, use, thinking)
     message = fold_message(reply.feed(choice["text"]) + reply.flush())
     return {"id": "chat" + completion["id"], "object": "chat.completion", "created": completion["created"],
             "model": completion["model"],
@@ -613,41 +615,147 @@ def response_grammar(tokenizer, response_format, harmony: bool, tools: tool_call
 
 
 def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None = None,
-                   show_reasoning: bool = False, tools: tool_calls.ToolUse | None = None) -> Iterator[dict]:
+                   show_reasoning: bool = False, tools: tool_calls.ToolUse | None = None,
+                   thinking: bool | None = None) -> Iterator[dict]:
     """Text-completion chunks (a generator) as chat chunks (see ChatChunks). Closing this closes
     ``completion``, stopping generation."""
-    chunks = ChatChunks(channels, show_reasoning, tools)
+    chunks = ChatChunks(channels, show_reasoning, tools, thinking)
     with contextlib.closing(completion):
         for c in completion:
             yield from chunks.feed(c)
+
+
+REASONING_FORMATS = ("auto", "deepseek", "none")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def thinking_mode(tokenizer, prompt_ids: Sequence[int], reasoning_format: str = "auto") -> bool | None:
+    """How a reply to this prompt is read for its thinking (``Thinking``): None when it is not
+    (``reasoning_format`` "none", or a template that writes no <think> tags: harmony's channels
+    are read elsewhere); True when the prompt ends inside a <think> block (DeepSeek-R1's and
+    Qwen3.5's templates open it for the reply); False when a <think> block may open the reply."""
+    if reasoning_format not in REASONING_FORMATS:
+        raise InvalidArgumentError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                                   f"got {str(reasoning_format)[:40]!r}")
+    if reasoning_format == "none" or THINK_OPEN not in (tokenizer.chat_template or "") or is_harmony(tokenizer):
+        return None
+    tail = tokenizer.decode(list(prompt_ids[-8:])).rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+class Thinking:
+    """A reply's text split into its thinking and its content: a <think> ... </think> block at
+    the reply's start (or, with ``inside``, the text up to </think>) is reasoning, the rest
+    content, as llama.cpp's server splits them (reasoning_format "auto"/"deepseek"). Whitespace
+    just inside the tags and just after the block is dropped. Text that may be the start of a tag
+    is held back until it is known not to be one; a reply that ends while thinking leaves all of
+    it as reasoning."""
+
+    def __init__(self, inside: bool):
+        self.state = "thinking" if inside else "start"
+        self._held = ""
+        self._lead = True         # skipping the whitespace that opens the reasoning or the content
+
+    def read(self, text: str) -> list[tuple[str, str]]:
+        """("reasoning" | "content", text) pieces of the next text."""
+        self._held += text
+        out: list[tuple[str, str]] = []
+        while self._held:
+            if self.state == "start":
+                head = self._held.lstrip()
+                if head.startswith(THINK_OPEN):
+                    self._held, self.state, self._lead = head[len(THINK_OPEN):], "thinking", True
+                elif THINK_OPEN.startswith(head):        # still maybe the tag (or only whitespace so far)
+                    break
+                else:                                    # no thinking: the text as it is
+                    self.state, self._lead = "content", False
+            elif self.state == "thinking":
+                if self._lead:
+                    self._held = self._held.lstrip()
+                    if not self._held:
+                        break
+                    self._lead = False
+                at = self._held.find(THINK_CLOSE)
+                if at >= 0:
+                    if self._held[:at].rstrip():
+                        out.append(("reasoning", self._held[:at].rstrip()))
+                    self._held, self.state, self._lead = self._held[at + len(THINK_CLOSE):], "content", True
+                    continue
+                keep = _partial_suffix(self._held, THINK_CLOSE)      # a tag's start, and whitespace before it
+                keep = len(self._held) - len(self._held[:len(self._held) - keep].rstrip())
+                if keep < len(self._held):
+                    out.append(("reasoning", self._held[:len(self._held) - keep]))
+                    self._held = self._held[len(self._held) - keep:]
+                break
+            else:
+                if self._lead:
+                    self._held = self._held.lstrip()
+                    if not self._held:
+                        break
+                    self._lead = False
+                out.append(("content", self._held))
+                self._held = ""
+        return out
+
+    def read_rest(self) -> list[tuple[str, str]]:
+        """What is held at the reply's end: reasoning while thinking, else content."""
+        rest, self._held = self._held, ""
+        if self.state == "thinking":
+            return [("reasoning", rest.rstrip())] if rest.strip() else []
+        if self.state == "start":                        # a reply that is (the start of) the tag or blank
+            return [("content", rest)] if rest else []
+        rest = rest.lstrip() if self._lead else rest
+        return [("content", rest)] if rest else []
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of text that is a proper start of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
 
 
 class Reply:
     """A reply's text, given in pieces (``feed``, then ``flush`` at its end), as chat deltas:
     {"content"}, {"reasoning_content"} and {"tool_calls"}. With ``channels`` (a harmony model)
     only the final channel is content; the analysis channel goes into ``reasoning_content`` when
-    ``show_reasoning``, else nowhere. With ``tools`` the reply's calls become ``tool_calls``
-    deltas (tool_calls.CallParser; a harmony model's calls are its messages to functions.NAME)."""
+    ``show_reasoning``, else nowhere. ``thinking`` (thinking_mode's): the reply's <think> block
+    goes into ``reasoning_content`` (Thinking). With ``tools`` the reply's calls become
+    ``tool_calls`` deltas (tool_calls.CallParser; a harmony model's calls are its messages to
+    functions.NAME), read from its content."""
 
     def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False,
-                 tools: tool_calls.ToolUse | None = None):
+                 tools: tool_calls.ToolUse | None = None, thinking: bool | None = None):
         calls = tools.parser() if tools is not None else None
         if isinstance(calls, tool_calls.HarmonyCalls) and channels is None:
             channels = HarmonyChannels()       # the template's format is harmony's: its calls are messages
         self.channels, self.show_reasoning, self.calls = channels, show_reasoning, calls
+        self.thinking = Thinking(thinking) if thinking is not None and channels is None else None
 
     @property
     def n_calls(self) -> int:
         return self.calls.n_calls if self.calls is not None else 0
 
     def feed(self, text: str) -> list[dict]:
+        if self.thinking is not None:
+            return self._thought(self.thinking.read(text))
         if self.channels is None:
             return self._content(text)
         return self._pieces(self.channels.read(text))
 
     def flush(self) -> list[dict]:
-        out = self._pieces(self.channels.read_rest()) if self.channels is not None else []
+        if self.thinking is not None:
+            out = self._thought(self.thinking.read_rest())
+        else:
+            out = self._pieces(self.channels.read_rest()) if self.channels is not None else []
         return out + (self.calls.flush() if self.calls is not None else [])
+
+    def _thought(self, pieces: list[tuple[str, str]]) -> list[dict]:
+        out: list[dict] = []
+        for kind, text in pieces:
+            out += [{"reasoning_content": text}] if kind == "reasoning" else self._content(text)
+        return out
 
     def finish_reason(self, reason: str) -> str:
         """A reply that stopped by itself after calling tools finishes with "tool_calls", as OpenAI's do."""
@@ -701,8 +809,8 @@ class ChatChunks:
     called tools and stopped by itself)."""
 
     def __init__(self, channels: HarmonyChannels | None = None, show_reasoning: bool = False,
-                 tools: tool_calls.ToolUse | None = None):
-        self.reply = Reply(channels, show_reasoning, tools)
+                 tools: tool_calls.ToolUse | None = None, thinking: bool | None = None):
+        self.reply = Reply(channels, show_reasoning, tools, thinking)
         self._head: dict | None = None
         self._tokens: list[dict] = []      # logprobs of tokens whose text no chat chunk has carried yet
 

@@ -482,6 +482,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "400 before they are tokenized (default: 16 per context token)")
     p.add_argument("--template-timeout", type=float, default=None,
                    help="seconds one render of the model's chat template may take (default: 2)")
+    p.add_argument("--reasoning-format", choices=("auto", "deepseek", "none"), default="auto",
+                   help="a thinking model's <think> block (Qwen3, DeepSeek-R1, GLM): in the message's "
+                        "reasoning_content (auto, deepseek; the default) or left in its content (none); a request's "
+                        "reasoning_format overrides it")
     p.add_argument("--header-timeout", type=float, default=None, metavar="S",
                    help="seconds a client has to send a request's line and headers, from connecting or from its "
                         "first byte on a kept-alive connection; later, the connection is closed (with 408 if part "
@@ -510,7 +514,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_api_key(args.api_key)
     config = ServerConfig(host=args.host, port=args.port, api_key=args.api_key, parallel=args.parallel,
                           queue=args.queue, model_name=args.name, aliases=args.alias, any_model=args.any_model, max_prompt_chars=args.max_prompt_chars,
-                          allowed_hosts=args.allowed_host, cors_origins=args.cors_origin)
+                          allowed_hosts=args.allowed_host, cors_origins=args.cors_origin,
+                          reasoning_format=args.reasoning_format)
     if args.template_timeout is not None:
         config.template_timeout = args.template_timeout
     for name in ("header_timeout", "body_timeout"):        # 0: off (None in ServerConfig)

@@ -709,7 +709,8 @@ class Model:
                                show_reasoning: bool = False, logprobs: bool = False, top_logprobs: int | None = None,
                                logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
                                tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
-                               parallel_tool_calls: bool | None = None, response_format: Mapping | None = None):
+                               parallel_tool_calls: bool | None = None, response_format: Mapping | None = None,
+                               reasoning_format: str = "auto"):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
         with the model's own chat template (see ``rapidmoe_gguf.chat``), with ``chat_template_kwargs``
         as further template variables (e.g. ``{"enable_thinking": False}``). ``max_tokens`` None: up to
@@ -721,7 +722,9 @@ class Model:
         the message's ``tool_calls`` in the model's own format (see ``rapidmoe_gguf.tool_calls``).
         ``response_format``: as OpenAI's (``{"type": "json_object"}``, or ``{"type": "json_schema",
         "json_schema": {"schema": ...}}``): the reply is constrained to JSON of that schema
-        (``rapidmoe_gguf.grammar``)."""
+        (``rapidmoe_gguf.grammar``). ``reasoning_format``: "auto" (or "deepseek", as llama.cpp's server
+        names it) gives a thinking model's ``<think>`` block (Qwen3, DeepSeek-R1, GLM) as the
+        message's ``reasoning_content``, "none" leaves it in ``content``."""
         from . import chat
 
         return chat.create_chat_completion(
@@ -730,7 +733,7 @@ class Model:
             reasoning_effort=reasoning_effort, show_reasoning=show_reasoning, logprobs=logprobs,
             top_logprobs=top_logprobs, logit_bias=logit_bias, chat_template_kwargs=chat_template_kwargs,
             tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            response_format=response_format)
+            response_format=response_format, reasoning_format=reasoning_format)
 
     # -- several sequences at once --------------------------------------------------------------
 

@@ -174,7 +174,8 @@ class _Seq:
         self.n_gen = 0
         self.text = TextStream(slot.tokenizer, req.stop)
         self.chat = chat.ChatChunks(chat.HarmonyChannels() if req.harmony else None,
-                                    req.show_reasoning, req.tools) if req.kind == "chat" else None
+                                    req.show_reasoning, req.tools, getattr(req, "thinking", None)) \
+            if req.kind == "chat" else None
         self.head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                      "model": name}
         self.arrived, self.last = arrived, None

@@ -139,6 +139,7 @@ class ServerConfig:
     cors_origins: list[str] = dataclasses.field(default_factory=list)    # origins whose pages may read answers
     header_timeout: float | None = 10.0   # seconds for a request's line and headers (uvicorn_config's protocol)
     body_timeout: float | None = 30.0     # seconds from the head to the body's last byte (None: no limit, both)
+    reasoning_format: str = "auto"   # a reply's <think> block: reasoning_content ("auto", "deepseek") or content ("none")
 
 
 def check_api_key(key: str | None) -> None:
@@ -223,7 +224,7 @@ COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
 COMPLETION_FIELDS = {**COMMON_FIELDS, "prompt": ((str, list), REQUIRED), "logprobs": ((int, bool), None)}
 CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion_tokens": ((int,), None),
                "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False),
-               "chat_template_kwargs": ((dict,), None),
+               "chat_template_kwargs": ((dict,), None), "reasoning_format": ((str,), None),
                "logprobs": ((bool,), False), "top_logprobs": ((int,), None),
                "tools": ((list,), None), "tool_choice": ((str, dict), None), "parallel_tool_calls": ((bool,), None),
                "response_format": ((dict,), None)}
@@ -239,6 +240,7 @@ UNSUPPORTED: dict[str, tuple] = {
 OTHER_ENDPOINT: dict[str, dict[str, tuple[tuple, str]]] = {
     "completion": {"top_logprobs": ((0,), "/v1/completions takes 'logprobs': N (the number of top tokens)"),
                    "tools": (([],), "tools are for /v1/chat/completions"),
+                   "reasoning_format": (("none",), "a completion's text is returned as the model writes it"),
                    "response_format": (({"type": "text"},), "response_format is for /v1/chat/completions")},
     "chat": {},
 }
@@ -321,6 +323,7 @@ class GenRequest:
     text_offset: int = 0             # the legacy logprobs' offset of the completion's text (the prompt's length)
     tools: tool_calls.ToolUse | None = None   # chat: the request's tools, whose calls the reply is read for
     grammar: Any = None              # chat: the grammar.Grammar of its response_format; None: plain text
+    thinking: bool | None = None     # chat: how the reply's <think> block is read (chat.thinking_mode)
 
     def chunks(self, slot: Model, name: str) -> Iterator[dict]:
         it = slot._completion(self.prompt_ids, self.max_tokens, self.sampling, self.stop, True, name,
@@ -328,12 +331,12 @@ class GenRequest:
         if self.kind != "chat":
             return it
         return chat.as_chat_chunks(it, chat.HarmonyChannels() if self.harmony else None, self.show_reasoning,
-                                   self.tools)
+                                   self.tools, self.thinking)
 
 
 def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
                   max_chars: int = chat.MAX_TEMPLATE_CHARS,
-                  template_timeout: float = chat.TEMPLATE_TIMEOUT) -> GenRequest:
+                  template_timeout: float = chat.TEMPLATE_TIMEOUT, reasoning_format: str = "auto") -> GenRequest:
     """Checks a decoded JSON body and renders/tokenizes its prompt, refusing a prompt (or messages,
     or rendered template) over ``max_chars`` characters before tokenizing it; raises ApiError.
     ``names``: the model names a request may give (None: any)."""
@@ -429,13 +432,18 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
             if kind == "chat" else None
     except InvalidArgumentError as exc:     # its message starts with the field at fault
         raise ApiError(400, str(exc), param=re.match(r"\w+", str(exc)).group()) from exc
+    try:
+        thinking = chat.thinking_mode(model.tokenizer, ids, f["reasoning_format"] or reasoning_format) \
+            if kind == "chat" else None
+    except InvalidArgumentError as exc:
+        raise ApiError(400, str(exc), param="reasoning_format") from exc
     offset = 0      # legacy logprobs' text_offset counts from the prompt's start: its text, or its tokens'
     if kind == "completion" and n_top is not None:
         prompt = f["prompt"][0] if isinstance(f["prompt"], list) and len(f["prompt"]) == 1 else f["prompt"]
         offset = len(prompt) if isinstance(prompt, str) else len(model.detokenize(ids))
     return GenRequest(kind, ids, max_tokens, sampling, stop, f["stream"], bool(options.get("include_usage")),
                       policy, budget, harmony, bool(kind == "chat" and f["show_reasoning"]), n_top, bias, offset,
-                      tools, constrained)
+                      tools, constrained, thinking)
 
 
 def _logprobs_request(kind: str, f: dict) -> int | None:
@@ -870,7 +878,7 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
 
     def parse_chat(body: Any) -> GenRequest:
         return parse_request("chat", body, model, server.accepted_names, server.max_prompt_chars,
-                             config.template_timeout)
+                             config.template_timeout, config.reasoning_format)
 
     async def admitted(request: Request, kind: str, api) -> tuple[Any, GenRequest]:
         """The request's body and its GenRequest (``api``: a compat_apis translator, whose body becomes
@@ -885,7 +893,8 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
             if api is not None:
                 return body, await asyncio.to_thread(api.request, body, parse_chat)
             return body, await asyncio.to_thread(parse_request, kind, body, model, server.accepted_names,
-                                                 server.max_prompt_chars, config.template_timeout)
+                                                 server.max_prompt_chars, config.template_timeout,
+                                                 config.reasoning_format)
         except BaseException as exc:
             server.release()
             server.refused(exc)

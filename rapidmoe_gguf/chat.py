@@ -201,6 +201,17 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return bounded
 
 
+class _Generation(jinja2.ext.Extension):
+    """transformers' {% generation %} ... {% endgeneration %} block (it marks the assistant's tokens
+    for training masks; LFM2.5's and Laguna's templates use it): its body, rendered as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(template: str):
     def raise_exception(message):
@@ -214,7 +225,7 @@ def _compile(template: str):
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation])
     env.filters["tojson"] = env._bounded_filter("tojson", tojson)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

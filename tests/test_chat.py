@@ -3,6 +3,8 @@ llama-cpp-python's shapes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import rapidmoe_gguf as rm
@@ -194,3 +196,33 @@ def test_chat_cli_keeps_history_resets_and_leaves_on_eof(model, monkeypatch, cap
         ["system", "user"], ["system", "user", "assistant", "user"], ["system", "user"]]
     assert seen[1][1] == ("user", "hello") and seen[2][1] == ("user", "third")
     assert "/reset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "poolside-Laguna-XS.2.jinja",
+                                  "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-S-2.1.jinja"])
+def test_chat_generation_blocks_render_as_transformers(name):
+    """Templates with transformers' {% generation %} blocks (LFM2.5, Laguna) parse, and render a
+    conversation with a tool call, its result and tools offered as transformers renders it."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    import llamacpp_oracle as llamacpp
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    path = Path(llamacpp.src()) / "models" / "templates" / name
+    assert path.is_file(), f"{path}: llama.cpp ships no such template"
+    template = path.read_text(encoding="utf-8")
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "21 degrees"},
+                {"role": "assistant", "content": "It is 21 degrees."}, {"role": "user", "content": "Thanks"}]
+    for kw in ({}, {"tools": tools}):
+        want = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
+                                     bos_token="<s>", eos_token="</s>", **kw)
+        want = want[0][0] if isinstance(want, tuple) else want[0] if isinstance(want, list) else want
+        got = chat.render(template, messages, True, bos_token="<s>", eos_token="</s>", **kw)
+        assert got == want

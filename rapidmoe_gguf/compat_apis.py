@@ -106,8 +106,9 @@ def _call(call_id: str, name: str, arguments: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 class Blocks:
-    """A reply's chat deltas as the blocks both APIs answer with, in order: text, and tool calls
-    ({"type": "text", "text"} or {"type": "call", "id", "name", "arguments"}). ``feed`` gives what
+    """A reply's chat deltas as the blocks both APIs answer with, in order: its reasoning, text,
+    and tool calls ({"type": "reasoning", "text"}, {"type": "text", "text"} or {"type": "call", "id",
+    "name", "arguments"}). ``feed`` gives what
     happened: ("start", i), ("delta", i, text) and ("stop", i) for block i; the last block stays
     open until the next starts or ``close``."""
 
@@ -128,11 +129,12 @@ class Blocks:
 
     def feed(self, delta: dict) -> list[tuple]:
         out: list[tuple] = []
-        if delta.get("content"):
-            if not self._open or self.blocks[-1]["type"] != "text":
-                out += self._start({"type": "text", "text": ""})
-            self.blocks[-1]["text"] += delta["content"]
-            out.append(("delta", len(self.blocks) - 1, delta["content"]))
+        for key, kind in (("reasoning_content", "reasoning"), ("content", "text")):
+            if delta.get(key):
+                if not self._open or self.blocks[-1]["type"] != kind:
+                    out += self._start({"type": kind, "text": ""})
+                self.blocks[-1]["text"] += delta[key]
+                out.append(("delta", len(self.blocks) - 1, delta[key]))
         for tc in delta.get("tool_calls", ()):
             if "id" in tc:                         # a call's first delta: its id and name
                 out += self._start({"type": "call", "id": tc["id"], "name": tc["function"]["name"],
@@ -357,22 +359,34 @@ class MessagesAnswer:
         for what, i, *text in self.blocks.chunk(item):
             block = self.blocks.blocks[i]
             if what == "start":
-                start = {"type": "text", "text": ""} if block["type"] == "text" else \
+                start = {"text": {"type": "text", "text": ""}, "reasoning": _thinking("")}.get(block["type"]) or \
                     {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
                 out.append(_sse("content_block_start", {"type": "content_block_start", "index": i,
                                                         "content_block": start}))
             elif what == "delta":
-                delta = {"type": "text_delta", "text": text[0]} if block["type"] == "text" else \
+                delta = {"text": {"type": "text_delta", "text": text[0]},
+                         "reasoning": {"type": "thinking_delta", "thinking": text[0]}}.get(block["type"]) or \
                     {"type": "input_json_delta", "partial_json": text[0]}
                 out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}))
             else:
+                if block["type"] == "reasoning":     # a thinking block ends with its signature (none here)
+                    out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                            "delta": {"type": "signature_delta", "signature": ""}}))
                 out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": i}))
         return out
+
+
+def _thinking(text: str) -> dict:
+    """A thinking block: the model's reasoning, unsigned (this server signs nothing, so a client
+    sending it back gets it dropped from the prompt, as templates drop earlier reasoning anyway)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def _anthropic_block(block: dict) -> dict:
     if block["type"] == "text":
         return {"type": "text", "text": block["text"]}
+    if block["type"] == "reasoning":
+        return _thinking(block["text"])
     return {"type": "tool_use", "id": block["id"], "name": block["name"], "input": json.loads(block["arguments"])}
 
 
@@ -426,12 +440,15 @@ def _responses_input(items: Any) -> list[dict]:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "reasoning":      # the model's earlier reasoning, which templates drop: so is it here
+            continue
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": _string(item.get("call_id"), f"{where}.call_id"),
                         "content": _parts_text(item.get("output"), f"{where}.output", ("input_text",))})
         else:
             raise _unsupported(f"{where}.type", f"{json.dumps(kind)[:40]} items are not supported (this server "
-                               "is stateless and reads messages, function_call and function_call_output items)")
+                               "is stateless and reads messages, function_call, function_call_output and "
+                               "reasoning items)")
     return out
 
 
@@ -533,6 +550,9 @@ class ResponsesAnswer:
 
     def _item(self, i: int, status: str | None = None) -> dict:
         block, status = self.blocks.blocks[i], status or self._status
+        if block["type"] == "reasoning":
+            return {"type": "reasoning", "id": self.item_ids[i], "summary": [], "status": status,
+                    "content": [] if status == "in_progress" else [_reasoning_text(block["text"])]}
         if block["type"] == "text":
             return {"type": "message", "id": self.item_ids[i], "status": status, "role": "assistant",
                     "content": [] if status == "in_progress" else [_output_text(block["text"])]}
@@ -544,7 +564,7 @@ class ResponsesAnswer:
         out = self.blocks.chunk(chunk)
         for what, i, *_ in out:
             if what == "start":
-                self.item_ids.append(_id("msg_" if self.blocks.blocks[i]["type"] == "text" else "fc_"))
+                self.item_ids.append(_id({"text": "msg_", "reasoning": "rs_"}.get(self.blocks.blocks[i]["type"], "fc_")))
         return out
 
     def whole(self, chunks: list[dict], end: End) -> dict:
@@ -580,13 +600,17 @@ class ResponsesAnswer:
                 if text_block:
                     out.append(self._event("response.content_part.added", **at, content_index=0,
                                            part=_output_text("")))
+            elif what == "delta" and block["type"] == "reasoning":
+                out.append(self._event("response.reasoning_text.delta", **at, content_index=0, delta=text[0]))
             elif what == "delta" and text_block:
                 out.append(self._event("response.output_text.delta", **at, content_index=0, delta=text[0],
                                        logprobs=[]))
             elif what == "delta":
                 out.append(self._event("response.function_call_arguments.delta", **at, delta=text[0]))
             else:
-                if text_block:
+                if block["type"] == "reasoning":
+                    out.append(self._event("response.reasoning_text.done", **at, content_index=0, text=block["text"]))
+                elif text_block:
                     out += [self._event("response.output_text.done", **at, content_index=0, text=block["text"],
                                         logprobs=[]),
                             self._event("response.content_part.done", **at, content_index=0,
@@ -596,6 +620,10 @@ class ResponsesAnswer:
                                            arguments=block["arguments"]))
                 out.append(self._event("response.output_item.done", output_index=i, item=self._item(i)))
         return out
+
+
+def _reasoning_text(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _output_text(text: str) -> dict:

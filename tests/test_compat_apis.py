@@ -362,3 +362,45 @@ def test_compat_responses_errors(oai):
     bad = openai.OpenAI(base_url=oai.base_url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.responses.create(model="tiny-moe", input="hi")
+
+
+THINK_DELTAS = [{"reasoning_content": "The user wants "}, {"reasoning_content": "the weather."},
+                {"content": "Let me check."}]
+
+
+def test_compat_reasoning_as_thinking_blocks_and_reasoning_items():
+    """A reply's reasoning_content comes first: as a thinking block (Messages) and a reasoning
+    item (Responses), whole and streamed, each valid for the official clients' types; a
+    reasoning item sent back as input is dropped, as templates drop earlier reasoning."""
+    from anthropic.types import Message, RawMessageStreamEvent
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    chunks = _chunks(THINK_DELTAS, "stop")
+    whole = Message.model_validate(compat.MessagesAnswer(_Req()).whole(chunks, End(usage=USAGE)))
+    assert [b.type for b in whole.content] == ["thinking", "text"]
+    assert whole.content[0].thinking == "The user wants the weather." and whole.content[1].text == "Let me check."
+    answer = compat.MessagesAnswer(_Req())
+    events = _sse_data([e for c in chunks + [End(usage=USAGE)] for e in answer.events(c)])
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    for name, data in events:
+        assert adapter.validate_python(data).type == name
+    thinking = [d["delta"]["thinking"] for n, d in events if n == "content_block_delta"
+                and d["delta"]["type"] == "thinking_delta"]
+    assert "".join(thinking) == "The user wants the weather."
+
+    body = {"input": QUESTION}
+    resp = Response.model_validate(compat.ResponsesAnswer(_Req(), body).whole(chunks, End(usage=USAGE)))
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == "The user wants the weather." and resp.output_text == "Let me check."
+    answer = compat.ResponsesAnswer(_Req(), body)
+    events = _sse_data([e for c in chunks + [End(usage=USAGE)] for e in answer.events(c)])
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for n, (name, data) in enumerate(events):
+        assert adapter.validate_python(data).type == name and data["sequence_number"] == n
+    assert "".join(d["delta"] for n, d in events if n == "response.reasoning_text.delta") == \
+        "The user wants the weather."
+    again = compat.responses_body({"input": [{"role": "user", "content": QUESTION},
+                                             resp.output[0].model_dump(mode="json", exclude_none=True),
+                                             {"role": "user", "content": "And?"}]})
+    assert again["messages"] == [{"role": "user", "content": QUESTION}, {"role": "user", "content": "And?"}]

@@ -119,6 +119,13 @@ def test_reasoning_server(thinking_model, tmp_path):
             client.chat.completions.create(model="tiny-think", messages=ASK, max_tokens=2,
                                            extra_body={"reasoning_format": "hidden"})
         assert e.value.body["param"] == "reasoning_format"
+        resp = client.responses.create(model="tiny-think", input=ASK[0]["content"], max_output_tokens=24,
+                                       temperature=0)
+        assert resp.output[0].type == "reasoning" and resp.output[0].content[0].text == want["reasoning_content"]
+        anthropic = pytest.importorskip("anthropic")
+        claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0)
+        m = claude.messages.create(model="tiny-think", max_tokens=24, messages=ASK, extra_body={"temperature": 0})
+        assert m.content[0].type == "thinking" and m.content[0].thinking == want["reasoning_content"]
     with running(rm.Model(str(path), n_ctx=512, n_threads=2), reasoning_format="none") as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         r = client.chat.completions.create(model="tiny-think", messages=ASK, max_tokens=24, temperature=0)

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _native
 from ._native import ffi, lib
-from . import planner, umia
+from . import planner, quants, umia
 from .errors import InvalidArgumentError, NoResidualError, RapidMoEError, StateError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
@@ -46,6 +46,17 @@ def load_mode(use_mmap: bool | None) -> int:
     if use_mmap is None:
         return lib.RM_LOAD_AUTO
     return lib.RM_LOAD_MMAP if use_mmap else lib.RM_LOAD_READ
+
+
+# llama.cpp's KV cache types (its --cache-type-k / -v values), but iq4_nl (no quantizer here yet)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
+def cache_type(name: Any, what: str = "cache_type_k") -> str:
+    """A KV cache type's name, lower case, checked against CACHE_TYPES."""
+    if not isinstance(name, str) or name.lower() not in CACHE_TYPES:
+        raise InvalidArgumentError(f"{what} must be one of {', '.join(CACHE_TYPES)}, got {str(name)[:40]!r}")
+    return name.lower()
 
 
 class Model:
@@ -74,6 +85,13 @@ class Model:
     counted: the cgroup's, where it is less than the host's) and huge pages can be had, and
     maps otherwise. The environment variable ``RAPIDMOE_MMAP`` (``1``/``0``) sets it where the
     argument is ``None`` (e.g. for the command line).
+
+    ``cache_type_k`` / ``cache_type_v``: the KV cache's element types, llama.cpp's names: ``f32``
+    (the default), ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16``
+    halves the cache and ``q8_0`` takes 0.27 of it, at a small cost in the logits
+    (docs/QUALITY.md); a block type needs head_dim a multiple of 32. Types other than ``f32`` run
+    on the CPU backend (not with a GPU budget: NeedsCPUError) and not for multi-head latent
+    attention (DeepSeek, GLM-Flash: UnsupportedError). Forks take this session's types.
     """
 
     def __init__(
@@ -92,6 +110,8 @@ class Model:
         gpu_backend: str = "cuda",
         hardware: planner.Hardware | None = None,
         use_mmap: bool | None = None,
+        cache_type_k: str = "f32",
+        cache_type_v: str = "f32",
     ):
         self._model = None
         self._session = None
@@ -102,6 +122,7 @@ class Model:
             raise RapidMoEError(f"model file not found: {path}")
         if n_ctx <= 0:
             raise InvalidArgumentError(f"n_ctx must be > 0, got {n_ctx}")
+        cache_type_k, cache_type_v = cache_type(cache_type_k, "cache_type_k"), cache_type(cache_type_v, "cache_type_v")
         if gpu_backend not in GPU_BACKENDS:
             raise InvalidArgumentError(f"gpu_backend must be one of {', '.join(GPU_BACKENDS)}, got {gpu_backend!r}")
         if gpu_backend == "standin":
@@ -166,6 +187,7 @@ class Model:
             log.warning("%s", note)
 
         try:
+            self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
             self._open_session(n_ctx, n_batch, residual_policy, residual_budget)
         except BaseException:
             self.close()
@@ -176,6 +198,8 @@ class Model:
         sp.struct_size = ffi.sizeof("rm_session_params")
         sp.n_ctx = n_ctx
         sp.n_batch = n_batch
+        sp.type_k = quants.TYPES[self.cache_type_k.upper()].id
+        sp.type_v = quants.TYPES[self.cache_type_v.upper()].id
         sout = ffi.new("rm_session **")
         _native.check(lib.rm_session_new(self._model, sp, sout))
         self._session = sout[0]

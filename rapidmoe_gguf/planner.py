@@ -252,9 +252,11 @@ def crossover_tokens(sizes: ModelSizes, hw: Hardware, host_bw_gbps: float, max_t
 # the plan
 # ---------------------------------------------------------------------------------------------
 
-def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool):
-    """rm_session_sizes_get for one session of this model: the numbers its backend allocates."""
+def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool, type_k: int = 0, type_v: int = 0):
+    """rm_session_sizes_get for one session of this model: the numbers its backend allocates
+    (type_k, type_v: the cache's element types, rm_type ids; 0: F32)."""
     p = ffi.new("rm_size_params *")
+    p.type_k, p.type_v = type_k, type_v
     p.struct_size = ffi.sizeof("rm_size_params")
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
               "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v", "n_swa",
@@ -267,6 +269,15 @@ def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bo
     out.struct_size = ffi.sizeof("rm_session_sizes")
     _native.check(lib.rm_session_sizes_get(p, out))
     return out
+
+
+def kv_cache_bytes(s: ModelSizes, n_ctx: int, cache_type_k: str = "f32", cache_type_v: str = "f32") -> int:
+    """The bytes of one session's KV cache of n_ctx positions in these cache types (Model's
+    cache_type_k / cache_type_v), as the session allocates it."""
+    from . import quants
+
+    return int(_session_sizes(s, n_ctx, 1, False, quants.TYPES[cache_type_k.upper()].id,
+                              quants.TYPES[cache_type_v.upper()].id).kv_cache)
 
 
 def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bool) -> dict[str, int]:

@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 7
+#define RM_ABI_VERSION 8
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -458,6 +458,11 @@ typedef struct rm_session_params {
     uint32_t struct_size;         /* sizeof(rm_session_params) */
     int32_t  n_ctx;               /* KV cache positions; <= 0: the model's training context */
     int32_t  n_batch;             /* tokens per prefill step; <= 0: 256 */
+    int32_t  type_k, type_v;      /* the KV cache's element types (rm_type): RM_TYPE_F32 (0), F16, BF16,
+                                   * Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (llama.cpp's cache types but IQ4_NL), else
+                                   * RM_E_UNSUPPORTED_TYPE; a block type needs head_dim a multiple of its
+                                   * block. Types other than F32: not with MLA (RM_E_UNSUPPORTED_TYPE),
+                                   * and on the CPU backend only (RM_E_NEEDS_CPU) */
 } rm_session_params;
 
 rm_status rm_session_new(rm_model * model, const rm_session_params * params, rm_session ** out);
@@ -551,6 +556,7 @@ typedef struct rm_size_params {
     int32_t  n_swa;               /* sliding-window layers (gpt-oss): their window; 0 without */
     int32_t  n_layer_swa;         /* how many layers slide: each keeps a ring of n_swa + n_batch
                                    * positions (at most n_ctx) instead of n_ctx */
+    int32_t  type_k, type_v;      /* the KV cache's element types (rm_session_params'; 0: F32) */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

@@ -59,7 +59,14 @@ typedef struct rm_attn_args {
                                      softmax and takes its share of the weight, with no value */
     int32_t       ring;           /* > 0: the cache is a ring of `ring` rows, position p in row p % ring
                                      (a sliding layer's; rm_kv_ring_rows); 0: position p in row p */
+    int32_t       type_k, type_v; /* the caches' element types (RM_TYPE_F32: the float rows above; others,
+                                     rows of rm_kv_row_bytes: the CPU backend only) */
+    float *       kv_tiles;       /* with another type than F32: host scratch of 2 * RM_ATTN_TILE * head_dim
+                                     floats per thread of the CPU pool, a tile of K and of V as floats */
 } rm_attn_args;
+
+/* Positions of K and V the CPU attention reads as one tile (flash attention's order; ops.c). */
+#define RM_ATTN_TILE 64
 
 /* RoPE with YaRN's context extension (rm_rope_yarn_of, yarn.c): frequency i blends the
  * interpolated (inv_freq * freq_scale) and the original one (inv_freq) by a ramp over the dims

@@ -29,7 +29,7 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->router_host, s->mla_host, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->router_host, s->mla_host, s->kv_tiles, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
                      s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
@@ -62,7 +62,9 @@ static int alloc_backend_buffers(rm_session * s) {
         [RM_SESSION_BUF_ECAL] = &s->ecal,       [RM_SESSION_BUF_SHGATE] = &s->shgate,
         [RM_SESSION_BUF_LOGITS] = &s->logits,   [RM_SESSION_BUF_MLA] = &s->mla,
     };
-    const rm_size_params sp = rm_size_params_of(&s->m->hp, s->n_ctx, s->n_batch, 0);
+    rm_size_params sp = rm_size_params_of(&s->m->hp, s->n_ctx, s->n_batch, 0);
+    sp.type_k = s->type_k;
+    sp.type_v = s->type_v;
     uint64_t bytes[RM_SESSION_BUF_COUNT];
     rm_session_buf_bytes(&sp, bytes);
     for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) {
@@ -83,7 +85,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         return rm_fail(RM_E_INVALID_ARG, "rm_session_new: model and out must not be NULL");
     }
     *out = NULL;
-    rm_session_params dflt = {sizeof(rm_session_params), 0, 0};
+    rm_session_params dflt = {sizeof(rm_session_params), 0, 0, RM_TYPE_F32, RM_TYPE_F32};
     if (!params) {
         params = &dflt;
     } else if (params->struct_size != sizeof(rm_session_params)) {
@@ -91,11 +93,24 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
                        params->struct_size, sizeof(rm_session_params));
     }
     const rm_hparams * hp = &m->hp;
+    if (!rm_kv_types_ok(params->type_k, params->type_v, hp->head_dim, hp->kv_lora_rank)) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
+                       rm_kv_types_why(params->type_k, params->type_v, hp->head_dim, hp->kv_lora_rank));
+    }
+    if ((params->type_k != RM_TYPE_F32 || params->type_v != RM_TYPE_F32) && m->device != &rm_device_cpu) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: KV cache types other than F32 run on the CPU backend only, "
+                       "and this model runs on %s", m->device->name);
+    }
     rm_session * s = calloc(1, sizeof(*s));
     if (!s) {
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory");
     }
     s->m = m;
+    s->type_k = params->type_k;
+    s->type_v = params->type_v;
+    s->k_row_bytes = rm_kv_row_bytes(s->type_k, hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot
+                                                                      : (int64_t) hp->n_head_kv * hp->head_dim);
+    s->v_row_bytes = rm_kv_row_bytes(s->type_v, (int64_t) hp->n_head_kv * hp->head_dim);
     s->n_ctx = params->n_ctx > 0 ? params->n_ctx : hp->n_ctx_train;
     s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;
@@ -105,6 +120,10 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
     s->router_host = xalloc(sizeof(float) * B * X, &failed);
+    if (s->type_k != RM_TYPE_F32 || s->type_v != RM_TYPE_F32) {
+        s->kv_tiles = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * 2 * RM_ATTN_TILE * (size_t) hp->head_dim,
+                             &failed);
+    }
     if (hp->kv_lora_rank > 0) {
         s->mla_host = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * rm_mla_thread_floats(hp, s->n_ctx), &failed);
     }
@@ -284,14 +303,23 @@ rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
 }
 
 /* The n new rows of x (width floats each) into a layer's cache at positions pos.. (wrapping
- * round a ring; n <= n_batch < ring, so at most once). */
-static void cache_append(rm_session * s, float * cache, const float * x, int32_t n, int64_t width, int32_t ring,
-                         int32_t pos) {
+ * round a ring; n <= n_batch < ring, so at most once), as rows of row_bytes of type: F32 copied,
+ * others converted row by row (the CPU backend alone has them: host memory). */
+static void cache_append(rm_session * s, void * cache, int32_t type, uint64_t row_bytes, const float * x, int32_t n,
+                         int64_t width, int32_t ring, int32_t pos) {
     const int64_t at = ring ? pos % ring : pos;
     const int64_t first = ring && at + n > ring ? ring - at : n;
-    s->be->ops->copy(s->be, cache + at * width, x, sizeof(float) * (uint64_t) (first * width));
+    if (type != RM_TYPE_F32) {
+        const rm_type_traits * t = rm_type_traits_get(type);
+        for (int32_t i = 0; i < n; i++) {
+            const int64_t row = i < first ? at + i : i - first;
+            t->from_float(x + (int64_t) i * width, (uint8_t *) cache + (uint64_t) row * row_bytes, width);
+        }
+        return;
+    }
+    s->be->ops->copy(s->be, (uint8_t *) cache + (uint64_t) at * row_bytes, x, row_bytes * (uint64_t) first);
     if (first < n) {
-        s->be->ops->copy(s->be, cache, x + first * width, sizeof(float) * (uint64_t) ((n - first) * width));
+        s->be->ops->copy(s->be, cache, x + first * width, row_bytes * (uint64_t) (n - first));
     }
 }
 
@@ -320,12 +348,13 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     int32_t ring = 0;
     /* a hybrid caches its attention layers only; a sliding-window layer keeps a ring */
     const int64_t row0 = o->hy ? (int64_t) o->hy->kv_index[il] * o->n_ctx : kv_place(o, il, &ring);
-    float * kc = o->k_cache + row0 * KV;
-    float * vc = o->v_cache + row0 * KV;
-    cache_append(s, kc, k, n, KV, ring, pos);
-    cache_append(s, vc, v, n, KV, ring, pos);
+    void * kc = (uint8_t *) o->k_cache + (uint64_t) row0 * o->k_row_bytes;
+    void * vc = (uint8_t *) o->v_cache + (uint64_t) row0 * o->v_row_bytes;
+    cache_append(s, kc, o->type_k, o->k_row_bytes, k, n, KV, ring, pos);
+    cache_append(s, vc, o->type_v, o->v_row_bytes, v, n, KV, ring, pos);
     rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * Q, n, pos, hp->n_head, hp->n_head_kv, hp->head_dim,
-                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring};
+                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring,
+                       o->type_k, o->type_v, o->kv_tiles};
     be->ops->attention(be, &aa);
 }
 

@@ -29,8 +29,11 @@ struct rm_session {
     rm_profile   prof;            /* where evaluation time goes (profile.c) */
 
     /* backend memory (see backend.h); rows of the widths given */
-    float * k_cache;              /* n_layer * n_ctx rows of n_head_kv*head_dim */
-    float * v_cache;
+    float * k_cache;              /* n_layer * n_ctx rows of n_head_kv*head_dim elements of type_k (bytes: */
+    float * v_cache;              /* k_row_bytes each), and of type_v (v_row_bytes); F32 unless asked */
+    int32_t  type_k, type_v;
+    uint64_t k_row_bytes, v_row_bytes;
+    float *  kv_tiles;            /* host: rm_attn_args.kv_tiles, with a cache type other than F32; else NULL */
     float * x;                    /* residual stream, rows of n_embd */
     float * xn;                   /* normalised input of a block, rows of n_embd */
     float * q, * k, * v;          /* projections, rows of n_head*head_dim / n_head_kv*head_dim */

@@ -1,11 +1,14 @@
 /* sizes.c - the bytes of every buffer a session allocates (sizes.h), and rm_session_sizes_get. */
 #include "sizes.h"
 
+#include <stdio.h>
+
 #include "cpu/gdn.h"
 #include "devweights.h"
 #include "mla.h"
 #include "split.h"
 #include "status.h"
+#include "types.h"
 
 int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch) {
     const int32_t b = n_batch > 0 ? n_batch : 256;
@@ -51,6 +54,39 @@ void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_
     for (int i = 0; i < RM_RECURRENT_BUF_COUNT; i++) out[i] = sizes[i];
 }
 
+uint64_t rm_kv_row_bytes(int32_t type, int64_t n) {
+    static const int32_t cache_types[] = {RM_TYPE_F32, RM_TYPE_F16, RM_TYPE_BF16, RM_TYPE_Q8_0, RM_TYPE_Q4_0,
+                                          RM_TYPE_Q4_1, RM_TYPE_Q5_0, RM_TYPE_Q5_1};
+    for (size_t i = 0; i < sizeof(cache_types) / sizeof(cache_types[0]); i++) {
+        const rm_type_traits * t = cache_types[i] == type ? rm_type_traits_get(type) : NULL;
+        if (t && t->to_float && t->from_float && n % t->block_elems == 0) {
+            return (uint64_t) (n / t->block_elems) * (uint64_t) t->block_bytes;
+        }
+    }
+    return 0;
+}
+
+int rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t kv_lora_rank) {
+    if (kv_lora_rank > 0) {
+        return type_k == RM_TYPE_F32 && type_v == RM_TYPE_F32;
+    }
+    return rm_kv_row_bytes(type_k, head_dim) > 0 && rm_kv_row_bytes(type_v, head_dim) > 0;
+}
+
+const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t kv_lora_rank) {
+    static _Thread_local char why[256];
+    const rm_type_traits * tk = rm_type_traits_get(type_k), * tv = rm_type_traits_get(type_v);
+    const char * nk = tk && tk->name ? tk->name : "?", * nv = tv && tv->name ? tv->name : "?";
+    if (kv_lora_rank > 0) {
+        snprintf(why, sizeof(why), "cache types %s/%s: multi-head latent attention keeps its latent cache in F32 "
+                 "(other types not yet)", nk, nv);
+    } else {
+        snprintf(why, sizeof(why), "cache types %s/%s: each must be one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                 "Q5_1, with head_dim %d a multiple of its block", nk, nv, (int) head_dim);
+    }
+    return why;
+}
+
 void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]) {
     const uint64_t f = sizeof(float), B = (uint64_t) p->n_batch, E = (uint64_t) p->n_embd;
     const uint64_t Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
@@ -68,7 +104,8 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     const uint64_t POS = cached - (uint64_t) n_swa_layers * (uint64_t) p->n_ctx +
                          (uint64_t) n_swa_layers * (uint64_t) rm_kv_ring_rows(p->n_ctx, p->n_batch, p->n_swa);
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
-        [RM_SESSION_BUF_K_CACHE] = f * POS * K_ROW, [RM_SESSION_BUF_V_CACHE] = f * POS * V_ROW,
+        [RM_SESSION_BUF_K_CACHE] = POS * rm_kv_row_bytes(p->type_k, (int64_t) K_ROW),
+        [RM_SESSION_BUF_V_CACHE] = POS * rm_kv_row_bytes(p->type_v, (int64_t) V_ROW),
         [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
         [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV,
         [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * ATT,
@@ -120,6 +157,10 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
         if (need[i].v <= 0) return rm_fail(RM_E_INVALID_ARG, "%s: %s is %d, must be > 0", __func__, need[i].name, (int) need[i].v);
     }
     if (p->n_ff_shexp < 0) return rm_fail(RM_E_INVALID_ARG, "%s: n_ff_shexp is %d, must be >= 0", __func__, (int) p->n_ff_shexp);
+    if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, p->kv_lora_rank)) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: %s", __func__, rm_kv_types_why(p->type_k, p->type_v, p->head_dim,
+                                                                                 p->kv_lora_rank));
+    }
     rm_size_params q = *p;
     q.n_batch = rm_session_batch(p->n_ctx, p->n_batch);
     uint64_t s[RM_SESSION_BUF_COUNT], d[RM_SPLIT_BUF_COUNT];

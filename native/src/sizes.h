@@ -28,6 +28,15 @@ int32_t rm_kv_ring_rows(int32_t n_ctx, int32_t n_batch, int32_t n_swa);
  * per step; stage_expert_bytes: rm_split_stage_bytes, or 0 when the device stages no residuals. */
 rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes);
 
+/* Bytes of a cache row of n elements of type (rm_session_params.type_k/type_v): n / block_elems
+ * blocks; 0 for a type that is not a cache type or does not divide n. */
+uint64_t rm_kv_row_bytes(int32_t type, int64_t n);
+
+/* 1 when a session of these cache types can be made for heads of head_dim (MLA: F32 only); else
+ * rm_kv_types_why says why (a thread's own buffer). */
+int          rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t kv_lora_rank);
+const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t kv_lora_rank);
+
 /* The forward pass's buffers (rm_session), on the session's backend. */
 enum {
     RM_SESSION_BUF_K_CACHE, RM_SESSION_BUF_V_CACHE,

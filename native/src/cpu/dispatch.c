@@ -229,6 +229,16 @@ rm_from_float_fn rm_cpu_quantize_isa(rm_isa isa, int32_t type) {
     return t ? t->from_float : NULL;
 }
 
+rm_to_float_fn rm_cpu_dequantize_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->dequantize[type]) return k->dequantize[type];
+    }
+    const rm_type_traits * t = rm_type_traits_get(type);
+    return t ? t->to_float : NULL;
+}
+
 /* The multi-token kernel of the set whose one-token kernel vec_dot uses, so both agree bit for bit. */
 rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type) {
     if (type < 0 || type >= RM_TYPE_COUNT) return NULL;

@@ -147,6 +147,8 @@ typedef struct rm_cpu_kernels {
     rm_vec_dot_multi_fn vec_dot_multi[RM_TYPE_COUNT];  /* optional: several tokens at once */
     rm_from_float_fn    quantize[RM_TYPE_COUNT];       /* activation quantizers (Q8_0, Q8_K): the
                                                           same bytes as the reference from_float */
+    rm_to_float_fn      dequantize[RM_TYPE_COUNT];     /* optional (F16: the KV cache's reads): the
+                                                          same floats as the reference to_float */
     rm_axpy_fn          axpy;
     rm_attn_scores_fn   attn_scores;
     rm_attn_values_fn   attn_values;
@@ -186,6 +188,7 @@ int          rm_cpu_avx_vnni(void);
 rm_vec_dot_fn       rm_cpu_vec_dot_isa(rm_isa isa, int32_t type);
 rm_vec_dot_multi_fn rm_cpu_vec_dot_multi_isa(rm_isa isa, int32_t type);   /* NULL: none, use vec_dot */
 rm_from_float_fn    rm_cpu_quantize_isa(rm_isa isa, int32_t type);
+rm_to_float_fn      rm_cpu_dequantize_isa(rm_isa isa, int32_t type);
 rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
 rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
@@ -217,6 +220,7 @@ static inline int rm_cpu_row_burst_isa(rm_isa isa, int32_t type, int64_t n_tok) 
 static inline rm_vec_dot_fn       rm_cpu_vec_dot(int32_t t)       { return rm_cpu_vec_dot_isa(rm_isa_active(), t); }
 static inline rm_vec_dot_multi_fn rm_cpu_vec_dot_multi(int32_t t) { return rm_cpu_vec_dot_multi_isa(rm_isa_active(), t); }
 static inline rm_from_float_fn    rm_cpu_quantize(int32_t t)      { return rm_cpu_quantize_isa(rm_isa_active(), t); }
+static inline rm_to_float_fn      rm_cpu_dequantize(int32_t t)    { return rm_cpu_dequantize_isa(rm_isa_active(), t); }
 static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cpu_axpy_isa(rm_isa_active()); }
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }

@@ -610,7 +610,7 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
  * output is rescaled when the max grows, so the scores of a whole context are never held. Reading
  * the cache once per query row instead (as one job per token and head does) made a 16-token
  * prompt chunk at context 1,900 spend most of its step streaming the same keys 128 times. */
-#define ATTN_TILE 64          /* positions: 64 rows of K and of V, 32 KiB each at head_dim 128 */
+#define ATTN_TILE RM_ATTN_TILE   /* positions: 64 rows of K and of V, 32 KiB each at head_dim 128 */
 #define ATTN_ROWS 32          /* query rows of a job at most */
 #define ATTN_JOBS_PER_THREAD 4
 
@@ -632,10 +632,27 @@ static inline int32_t attn_span(const rm_attn_args * a, int32_t i, int32_t * p0)
     return n_all;
 }
 
-static void attn_job(const attn_task * t, int64_t job, float * sc) {
+/* Rows row..row + n of one kv head's slice (D elements from element `head` of each row of
+ * row_elems) of a cache of type as floats in out (n rows of D): for a cache of another type than
+ * F32 (a block type's blocks never straddle two heads: sizes.c's rm_kv_types_ok). */
+static void kv_tile_floats(const void * cache, int32_t type, int64_t row_elems, int64_t row, int32_t n, int64_t head,
+                           int32_t D, float * out) {
+    const rm_type_traits * tt = rm_type_traits_get(type);
+    const rm_to_float_fn to_float = rm_cpu_dequantize(type);
+    const uint64_t row_bytes = (uint64_t) row_elems / (uint64_t) tt->block_elems * (uint64_t) tt->block_bytes;
+    const uint64_t head_bytes = (uint64_t) head / (uint64_t) tt->block_elems * (uint64_t) tt->block_bytes;
+    for (int32_t j = 0; j < n; j++) {
+        to_float((const uint8_t *) cache + (uint64_t) (row + j) * row_bytes + head_bytes, out + (int64_t) j * D, D);
+    }
+}
+
+static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile) {
     const rm_attn_args * a = t->a;
     const int32_t D = a->head_dim, G = a->n_head / a->n_head_kv;
-    const int64_t q_stride = (int64_t) a->n_head * D, kv_stride = (int64_t) a->n_head_kv * D;
+    const int64_t q_stride = (int64_t) a->n_head * D, row_elems = (int64_t) a->n_head_kv * D;
+    /* the tiles are read in place from an F32 cache, else converted into `tile` first */
+    const int typed = a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32;
+    const int64_t kv_stride = typed ? D : row_elems;
     const float scale = 1.0f / sqrtf((float) D);
     const int32_t g = (int32_t) (job % t->n_gs), kvh = (int32_t) (job / t->n_gs % a->n_head_kv);
     const int32_t i0 = (int32_t) (job / t->n_gs / a->n_head_kv) * t->tb;
@@ -662,7 +679,16 @@ static void attn_job(const attn_task * t, int64_t job, float * sc) {
             row = p % a->ring;
             if (pe - p > a->ring - row) pe = p + (int32_t) (a->ring - row);
         }
-        const float * kt = a->k_cache + row * kv_stride + head, * vt = a->v_cache + row * kv_stride + head;
+        const float * kt, * vt;
+        if (typed) {                   /* the job's tile of this kv head, once for all its rows */
+            kt = tile;
+            vt = tile + (int64_t) ATTN_TILE * D;
+            kv_tile_floats(a->k_cache, a->type_k, row_elems, row, pe - p, head, D, tile);
+            kv_tile_floats(a->v_cache, a->type_v, row_elems, row, pe - p, head, D, tile + (int64_t) ATTN_TILE * D);
+        } else {
+            kt = a->k_cache + row * kv_stride + head;
+            vt = a->v_cache + row * kv_stride + head;
+        }
         for (int32_t r = 0; r < R; r++) {
             int32_t r0;
             const int32_t r1 = attn_span(a, i0 + r / n_h, &r0);
@@ -696,11 +722,12 @@ static void attn_job(const attn_task * t, int64_t job, float * sc) {
 static void attn_task_fn(void * p, int ith, int nth) {
     attn_task * t = p;
     float * sc = t->c->scores + (int64_t) ith * t->c->scores_room;
+    float * tile = t->a->kv_tiles ? t->a->kv_tiles + (int64_t) ith * 2 * RM_ATTN_TILE * t->a->head_dim : NULL;
     const int64_t n_jobs = (int64_t) t->n_tb * t->a->n_head_kv * t->n_gs;
     for (;;) {
         const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
         if (job >= n_jobs) break;
-        attn_job(t, job, sc);
+        attn_job(t, job, sc, tile);
     }
     (void) nth;
 }

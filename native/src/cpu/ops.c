@@ -614,8 +614,16 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
 #define ATTN_ROWS 32          /* query rows of a job at most */
 #define ATTN_JOBS_PER_THREAD 4
 
+/* How a cache of another type than F32 is read: its conversion to floats and its row's layout. */
+typedef struct kv_reader {
+    rm_to_float_fn to_float;
+    uint64_t       row_bytes, block_bytes;
+    int64_t        block_elems;
+} kv_reader;
+
 typedef struct attn_task {
     const rm_attn_args * a;
+    kv_reader            rk, rv;      /* with a->type_k / type_v other than F32 */
     cpu_ctx *            c;
     rm_attn_scores_fn    scores;
     rm_attn_values_fn    values;
@@ -632,17 +640,21 @@ static inline int32_t attn_span(const rm_attn_args * a, int32_t i, int32_t * p0)
     return n_all;
 }
 
-/* Rows row..row + n of one kv head's slice (D elements from element `head` of each row of
- * row_elems) of a cache of type as floats in out (n rows of D): for a cache of another type than
- * F32 (a block type's blocks never straddle two heads: sizes.c's rm_kv_types_ok). */
-static void kv_tile_floats(const void * cache, int32_t type, int64_t row_elems, int64_t row, int32_t n, int64_t head,
-                           int32_t D, float * out) {
+static kv_reader kv_reader_of(int32_t type, int64_t row_elems) {
     const rm_type_traits * tt = rm_type_traits_get(type);
-    const rm_to_float_fn to_float = rm_cpu_dequantize(type);
-    const uint64_t row_bytes = (uint64_t) row_elems / (uint64_t) tt->block_elems * (uint64_t) tt->block_bytes;
-    const uint64_t head_bytes = (uint64_t) head / (uint64_t) tt->block_elems * (uint64_t) tt->block_bytes;
+    return (kv_reader){rm_cpu_dequantize(type), (uint64_t) (row_elems / tt->block_elems) * (uint64_t) tt->block_bytes,
+                       (uint64_t) tt->block_bytes, tt->block_elems};
+}
+
+/* Rows row..row + n of one kv head's slice (D elements from element `head` of each row) of a
+ * cache read by r, as floats in out (n rows of D) (a block type's blocks never straddle two heads:
+ * sizes.c's rm_kv_types_ok). */
+static void kv_tile_floats(const void * cache, const kv_reader * r, int64_t row, int32_t n, int64_t head, int32_t D,
+                           float * out) {
+    const uint8_t * at = (const uint8_t *) cache + (uint64_t) row * r->row_bytes +
+                         (uint64_t) (head / r->block_elems) * r->block_bytes;
     for (int32_t j = 0; j < n; j++) {
-        to_float((const uint8_t *) cache + (uint64_t) (row + j) * row_bytes + head_bytes, out + (int64_t) j * D, D);
+        r->to_float(at + (uint64_t) j * r->row_bytes, out + (int64_t) j * D, D);
     }
 }
 
@@ -683,8 +695,8 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
         if (typed) {                   /* the job's tile of this kv head, once for all its rows */
             kt = tile;
             vt = tile + (int64_t) ATTN_TILE * D;
-            kv_tile_floats(a->k_cache, a->type_k, row_elems, row, pe - p, head, D, tile);
-            kv_tile_floats(a->v_cache, a->type_v, row_elems, row, pe - p, head, D, tile + (int64_t) ATTN_TILE * D);
+            kv_tile_floats(a->k_cache, &t->rk, row, pe - p, head, D, tile);
+            kv_tile_floats(a->v_cache, &t->rv, row, pe - p, head, D, tile + (int64_t) ATTN_TILE * D);
         } else {
             kt = a->k_cache + row * kv_stride + head;
             vt = a->v_cache + row * kv_stride + head;
@@ -759,6 +771,10 @@ static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
     attn_task t = {.a = a, .c = c, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values(),
                    .exp_sum = rm_cpu_exp_sum()};
+    if (a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32) {
+        t.rk = kv_reader_of(a->type_k, (int64_t) a->n_head_kv * a->head_dim);
+        t.rv = kv_reader_of(a->type_v, (int64_t) a->n_head_kv * a->head_dim);
+    }
     attn_blocks(&t, rm_pool_size(c->pool));
     atomic_init(&t.next_job, 0);
     rm_pool_run_shared(c->pool, attn_task_fn, &t);

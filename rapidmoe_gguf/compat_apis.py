@@ -32,7 +32,7 @@ from typing import Any, Callable
 from starlette.responses import JSONResponse, Response
 
 from .scheduler import End
-from .server import Answer, ApiError, GenRequest, api_error
+from .server import Answer, ApiError, GenRequest, _check_text, api_error
 
 Parse = Callable[[dict], GenRequest]     # a chat completions body -> its GenRequest (server.parse_request)
 
@@ -88,6 +88,7 @@ class Api:
         """The GenRequest of an API request body, through ``parse`` (server.parse_request for chat).
         Chat's errors are put in this API's terms: its field names, and a tool's fields at the
         tool's top level, where both APIs have them."""
+        _check_text(body)        # a lone surrogate is named by this API's field, before translation
         try:
             return parse(self.body(body))
         except ApiError as exc:

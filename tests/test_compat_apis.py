@@ -404,3 +404,15 @@ def test_compat_reasoning_as_thinking_blocks_and_reasoning_items():
                                              resp.output[0].model_dump(mode="json", exclude_none=True),
                                              {"role": "user", "content": "And?"}]})
     assert again["messages"] == [{"role": "user", "content": QUESTION}, {"role": "user", "content": "And?"}]
+
+
+def test_compat_lone_surrogates_name_this_apis_field(served):
+    """A lone surrogate escape is a 400 naming the field as this API spells it, in its error shape."""
+    headers = {"x-api-key": KEY, "content-type": "application/json"}
+    body = b'{"model": "tiny-moe", "max_tokens": 4, "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    r = httpx.post(served + "/v1/messages", content=body, headers=headers)
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert "'messages[0].content' holds a lone surrogate" in r.json()["error"]["message"]
+    body = b'{"model": "tiny-moe", "input": [{"role": "user", "content": "a\\udfffb"}]}'
+    r = httpx.post(served + "/v1/responses", content=body, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content"

@@ -612,16 +612,19 @@ def response_grammar(tokenizer, response_format, harmony: bool, tools: tool_call
 
     schema = grammar.schema_of(response_format)
     forced = tools.forced_schema() if tools is not None else None
-    if schema is not None and forced is not None:
+    lark = tools.forced_lark(grammar.JSON_FORM) if tools is not None else None
+    if schema is not None and (forced is not None or lark is not None):
         raise InvalidArgumentError("response_format: a JSON reply and a forced tool call (tool_choice) "
                                    "cannot both be asked for")
-    if schema is None and forced is None:
+    if schema is None and forced is None and lark is None:
         return None
     if harmony:   # the reply's channels are text the grammar would forbid
         raise InvalidArgumentError("response_format: JSON replies are not supported for harmony-format "
                                    "models (gpt-oss) yet")
     if forced is not None:   # tool schemas are often loose: keywords the engine lacks are skipped
         return grammar.Grammar(tokenizer, forced, where="tools", lenient=True)
+    if lark is not None:
+        return grammar.Grammar(tokenizer, where="tools", lark=lark)
     return grammar.Grammar(tokenizer, schema)
 
 

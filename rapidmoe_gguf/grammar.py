@@ -105,14 +105,18 @@ def schema_of(response_format: Any, where: str = "response_format") -> dict | No
 
 
 class Grammar:
-    """A compiled grammar for one tokenizer; ``constraint()`` starts a generation under it."""
+    """A compiled grammar for one tokenizer, from a JSON schema (its JSON in JSON_FORM; ``lenient``:
+    keywords the engine lacks are skipped) or from llguidance's Lark text; ``constraint()`` starts a
+    generation under it."""
 
-    def __init__(self, tokenizer, schema: dict, where: str = "response_format", lenient: bool = False):
+    def __init__(self, tokenizer, schema: dict | None = None, where: str = "response_format", lenient: bool = False,
+                 lark: str | None = None):
         ll = _llguidance()
         self._ll = ll
         self.tokenizer = ll_tokenizer(tokenizer)
         try:
-            self.grammar = ll.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_FORM, "lenient": lenient})
+            self.grammar = ll.LLMatcher.grammar_from_lark(lark) if lark is not None else \
+                ll.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_FORM, "lenient": lenient})
         except (ValueError, TypeError) as exc:
             raise InvalidArgumentError(f"{where}: the schema is not valid: {exc}") from None
         is_error, messages = ll.LLMatcher.validate_grammar_with_warnings(self.grammar, self.tokenizer)

@@ -229,3 +229,34 @@ def test_grammar_requests_share_steps_with_free_ones(model):
     assert got == alone
     _valid(got[0], PERSON)
     _valid(got[2], PERSON)
+
+
+# ChatML with Hermes' tool calls (Qwen2.5's and Qwen3's form), so the tools' format is hermes
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    "For each call return <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_grammar_forced_tool_call_in_the_hermes_format(tmp_path):
+    """tool_choice required / named with a Hermes-format template: the reply is one <tool_call>
+    block of an offered tool whose arguments match its schema, read back as tool_calls."""
+    from conftest import write_gguf_like
+    from rapidmoe_gguf import tool_calls
+
+    path = tmp_path / "tiny-hermes.gguf"
+    write_gguf_like(bundled_model_path(), path, kv={"tokenizer.chat_template": HERMES_TEMPLATE})
+    with rm.Model(str(path), n_ctx=512, n_threads=2) as m:
+        assert tool_calls.detect(m.tokenizer.chat_template) is tool_calls.HERMES
+        for choice, names in (("required", {"get_weather", "get_time"}),
+                              ({"type": "function", "function": {"name": "get_weather"}}, {"get_weather"})):
+            for sampling in ({"temperature": 0}, {"temperature": 1.0, "seed": 6}):
+                r = m.create_chat_completion([{"role": "user", "content": "Weather in Paris?"}], max_tokens=120,
+                                             tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=False,
+                                             **sampling)["choices"][0]
+                assert r["finish_reason"] == "tool_calls", r
+                (call,) = r["message"]["tool_calls"]
+                assert call["function"]["name"] in names
+                tool = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]
+                _valid(call["function"]["arguments"], tool["function"]["parameters"])

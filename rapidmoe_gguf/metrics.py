@@ -16,6 +16,7 @@ refuses. Names follow Prometheus' conventions: ``_total`` counters, ``_seconds``
     rapidmoe_inter_token_latency_seconds         histogram, between two tokens of one request
     rapidmoe_batch_sequences                     histogram: sequences per evaluation step
     rapidmoe_kv_cache_tokens / _capacity_tokens  positions held in the slots' caches / their sum of n_ctx
+    rapidmoe_kv_cache_bytes{type_k,type_v}       the bytes the slots' caches take, in their element types
     rapidmoe_expert_activations_total            activated (token, expert) slots of the requests served
     rapidmoe_residual_applications_total         of them, with the expert's residual applied
     rapidmoe_residual_rate                       the realised residual rate: the two above's ratio
@@ -38,7 +39,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class ServerMetrics:
     """The metrics of one server; ``render()`` is the text ``GET /metrics`` answers."""
 
-    def __init__(self, kv_capacity_tokens: int):
+    def __init__(self, kv_capacity_tokens: int, kv_cache_bytes: int = 0, cache_types: tuple[str, str] = ("f32", "f32")):
         if prom is None:
             raise ImportError("prometheus_client is not installed (pip install prometheus_client)")
         r = self.registry = prom.CollectorRegistry()
@@ -61,6 +62,9 @@ class ServerMetrics:
         self.kv_capacity = prom.Gauge("rapidmoe_kv_cache_capacity_tokens",
                                       "Positions the slots' KV caches hold at most", registry=r)
         self.kv_capacity.set(kv_capacity_tokens)
+        self.kv_bytes = prom.Gauge("rapidmoe_kv_cache_bytes", "Bytes the slots' KV caches take", ["type_k", "type_v"],
+                                   registry=r)
+        self.kv_bytes.labels(*cache_types).set(kv_cache_bytes)
         self.activations = prom.Counter("rapidmoe_expert_activations", "Activated (token, expert) slots", registry=r)
         self.residuals = prom.Counter("rapidmoe_residual_applications", "Activated slots given their residual",
                                       registry=r)

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import time
+import types
 import uuid
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
@@ -216,6 +217,12 @@ class Model:
         self.cancel = None                  # an object with is_set() (threading.Event): generation stops when set
         self.last_timings: dict[str, float] = {}
         self.finish_reason = "stop"
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The bytes this session's KV cache takes (its n_ctx positions, in cache_type_k / _v)."""
+        return planner.kv_cache_bytes(types.SimpleNamespace(**self.info), self.n_ctx, self.cache_type_k,
+                                      self.cache_type_v)
 
     def fork_session(self, n_ctx: int | None = None) -> "Model":
         """Another Model on the same loaded weights with a session of its own: KV cache, residual

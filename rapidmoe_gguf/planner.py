@@ -273,7 +273,8 @@ def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bo
 
 def kv_cache_bytes(s: ModelSizes, n_ctx: int, cache_type_k: str = "f32", cache_type_v: str = "f32") -> int:
     """The bytes of one session's KV cache of n_ctx positions in these cache types (Model's
-    cache_type_k / cache_type_v), as the session allocates it."""
+    cache_type_k / cache_type_v), as the session allocates it. ``s``: a ModelSizes, or anything
+    with its shape fields (Model.info)."""
     from . import quants
 
     return int(_session_sizes(s, n_ctx, 1, False, quants.TYPES[cache_type_k.upper()].id,

@@ -68,6 +68,8 @@ def test_kv_cache_bytes():
     assert planner.kv_cache_bytes(sizes, 4096, "f16", "f16") * 2 == f32
     assert planner.kv_cache_bytes(sizes, 4096, "q8_0", "q8_0") * 128 == f32 * 34
     assert planner.kv_cache_bytes(sizes, 4096, "q4_0", "f32") * 256 == f32 * (128 + 18)
+    with rm.Model(bundled_model_path(), n_ctx=4096, n_threads=2, cache_type_k="f16", cache_type_v="f16") as m:
+        assert m.kv_cache_bytes * 2 == f32
 
 
 def test_kv_cache_refusals(tmp_path):

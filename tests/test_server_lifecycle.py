@@ -39,10 +39,15 @@ def test_server_metrics_count_what_was_served(gguf):
     bodies = [{"prompt": "hello world", "max_tokens": 7, "temperature": 0},
               {"prompt": "experts route", "max_tokens": 5, "temperature": 0, "stream": True},
               {"prompt": "hello world again", "max_tokens": 4, "temperature": 0}]
-    with running(rm.Model(gguf, n_ctx=256, n_threads=2), parallel=2, queue=4) as (url, state):
+    with running(rm.Model(gguf, n_ctx=256, n_threads=2, cache_type_k="q8_0", cache_type_v="f16"), parallel=2,
+                 queue=4) as (url, state):
         empty = scrape(url)
         assert empty[("rapidmoe_requests_total", ("status", "ok"))] == 0
         assert empty[("rapidmoe_kv_cache_capacity_tokens",)] == 2 * 256
+        info = state.slots[0].info          # two slots of 256 positions: K in Q8_0 (34 bytes a block
+        row = info["n_head_kv"] * info["head_dim"]   # of 32), V in F16, every layer
+        want = 2 * info["n_layer"] * 256 * (row // 32 * 34 + 2 * row)
+        assert empty[("rapidmoe_kv_cache_bytes", ("type_k", "q8_0"), ("type_v", "f16"))] == want
         usage = []
         for body in bodies:
             r = httpx.post(url + "/v1/completions", json={**body, "stream_options": {"include_usage": True}},

@@ -52,7 +52,7 @@ class _Vocabulary:
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
-        self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids)
+        self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
         self.bos_token_id = tokenizer.bos_id
         self.special_token_ids = [i for i in range(tokenizer.n_vocab) if tokenizer.is_special(i)]
         special = set(self.special_token_ids)
@@ -71,8 +71,9 @@ def ll_tokenizer(tokenizer):
     with _TOKENIZERS_LOCK:
         got = _TOKENIZERS.get(tokenizer)
         if got is None:
-            got = ll.LLTokenizer(ll.TokenizerWrapper(_Vocabulary(tokenizer)), n_vocab=tokenizer.n_vocab,
-                                 eos_token=sorted(tokenizer.eog_ids))
+            vocab = _Vocabulary(tokenizer)
+            got = ll.LLTokenizer(ll.TokenizerWrapper(vocab), n_vocab=tokenizer.n_vocab,
+                                 eos_token=sorted(tokenizer.eog_ids) or [vocab.eos_token_id])
             _TOKENIZERS[tokenizer] = got
         return got
 

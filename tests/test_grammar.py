@@ -219,6 +219,8 @@ def test_grammar_requests_share_steps_with_free_ones(model):
               {"messages": ASK, "max_tokens": 60, "temperature": 0.9, "seed": 3}]
     alone = [model.create_chat_completion(**b)["choices"][0]["message"]["content"] for b in bodies]
     with running(rm.Model(bundled_model_path(), n_ctx=512, n_threads=2), parallel=4, queue=8) as (url, state):
+        grammar.ll_tokenizer(state.slots[0].tokenizer)   # made once per tokenizer: not while the others run
+
         async def main():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
                 rs = await asyncio.gather(*(client.post("/v1/chat/completions", json=b) for b in bodies))

@@ -334,6 +334,22 @@ rm_attn_values_fn rm_cpu_attn_values_isa(rm_isa isa) {
     return rm_cpu_attn_values_ref;
 }
 
+rm_attn_scores_rows_fn rm_cpu_attn_scores_rows_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->attn_scores_rows) return k->attn_scores_rows;
+    }
+    return rm_cpu_attn_scores_rows_ref;
+}
+
+rm_attn_values_rows_fn rm_cpu_attn_values_rows_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->attn_values_rows) return k->attn_values_rows;
+    }
+    return rm_cpu_attn_values_rows_ref;
+}
+
 rm_exp_sum_fn rm_cpu_exp_sum_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);

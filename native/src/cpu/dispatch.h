@@ -130,6 +130,17 @@ typedef void (*rm_attn_scores_fn)(int64_t d, int64_t n, const float * q, const f
 typedef void (*rm_attn_values_fn)(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
                                   int accumulate);
 
+/* The same for nr query rows at once (1 to RM_ATTN_ROWS_AT_ONCE): the sets read each key and value
+ * once for all the rows, from registers. A score's floats depend on its row and key alone, not on
+ * n nor on the other rows (the reference's and the sets' alike; the sets' may differ from their
+ * one-row kernel's in the last bits); values are the one-row kernel's, always accumulating into
+ * out[r]. Scores of row r go to s + r * s_stride. */
+#define RM_ATTN_ROWS_AT_ONCE 3
+typedef void (*rm_attn_scores_rows_fn)(int64_t d, int64_t n, int nr, const float * const q[], const float * k,
+                                       int64_t stride, float scale, float * s, int64_t s_stride);
+typedef void (*rm_attn_values_rows_fn)(int64_t d, int64_t n, int nr, const float * s, int64_t s_stride, const float * v,
+                                       int64_t stride, float * const out[]);
+
 /* Attention's exponentials of one tile of scores: x[j] = exp(x[j] - m) in place (x[j] <= m), and
  * their sum, as rm_cpu_exp_sum_ref computes them to float rounding (the sets take exp in vectors
  * and add in lanes). */
@@ -152,6 +163,8 @@ typedef struct rm_cpu_kernels {
     rm_axpy_fn          axpy;
     rm_attn_scores_fn   attn_scores;
     rm_attn_values_fn   attn_values;
+    rm_attn_scores_rows_fn attn_scores_rows;
+    rm_attn_values_rows_fn attn_values_rows;
     rm_exp_sum_fn       exp_sum;
     const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
     const rm_tile_kernels *   tile[RM_TYPE_COUNT];     /* optional: the tile form (AMX) */
@@ -193,6 +206,8 @@ rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
 rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
 rm_exp_sum_fn       rm_cpu_exp_sum_isa(rm_isa isa);
+rm_attn_scores_rows_fn rm_cpu_attn_scores_rows_isa(rm_isa isa);
+rm_attn_values_rows_fn rm_cpu_attn_values_rows_isa(rm_isa isa);
 rm_gdn_rule_fn      rm_cpu_gdn_rule_isa(rm_isa isa);   /* the twins where a set has none */
 rm_gdn_conv_fn      rm_cpu_gdn_conv_isa(rm_isa isa);
 /* The plain twins (float_ref.c), what the sets above fall back to. */
@@ -201,6 +216,10 @@ void rm_cpu_attn_scores_ref(int64_t d, int64_t n, const float * q, const float *
 void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
                             int accumulate);
 float rm_cpu_exp_sum_ref(float * x, int64_t n, float m);
+void rm_cpu_attn_scores_rows_ref(int64_t d, int64_t n, int nr, const float * const q[], const float * k, int64_t stride,
+                                 float scale, float * s, int64_t s_stride);
+void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, int64_t s_stride, const float * v,
+                                 int64_t stride, float * const out[]);
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
@@ -225,6 +244,8 @@ static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cp
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
 static inline rm_exp_sum_fn       rm_cpu_exp_sum(void)            { return rm_cpu_exp_sum_isa(rm_isa_active()); }
+static inline rm_attn_scores_rows_fn rm_cpu_attn_scores_rows(void) { return rm_cpu_attn_scores_rows_isa(rm_isa_active()); }
+static inline rm_attn_values_rows_fn rm_cpu_attn_values_rows(void) { return rm_cpu_attn_values_rows_isa(rm_isa_active()); }
 static inline rm_gdn_rule_fn      rm_cpu_gdn_rule(void)           { return rm_cpu_gdn_rule_isa(rm_isa_active()); }
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }

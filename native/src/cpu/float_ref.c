@@ -32,6 +32,20 @@ void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float *
     }
 }
 
+void rm_cpu_attn_scores_rows_ref(int64_t d, int64_t n, int nr, const float * const q[], const float * k, int64_t stride,
+                                 float scale, float * s, int64_t s_stride) {
+    for (int r = 0; r < nr; r++) {
+        rm_cpu_attn_scores_ref(d, n, q[r], k, stride, scale, s + r * s_stride);
+    }
+}
+
+void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, int64_t s_stride, const float * v,
+                                 int64_t stride, float * const out[]) {
+    for (int r = 0; r < nr; r++) {
+        rm_cpu_attn_values_ref(d, n, s + r * s_stride, v, stride, out[r], 1);
+    }
+}
+
 float rm_cpu_exp_sum_ref(float * x, int64_t n, float m) {
     float sum = 0.0f;
     for (int64_t j = 0; j < n; j++) {

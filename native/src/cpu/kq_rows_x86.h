@@ -40,6 +40,8 @@
 #define KR_TOKENS 8      /* tokens per pass over the tile: 8 sums and 8 dots in registers */
 
 typedef void (*kq_unpack_fn)(const void *, int64_t, kq_unpacked *);
+/* A super-block of sixteen rows packed straight from the stored blocks (the AVX-512 set). */
+typedef void (*kq_tpack_fn)(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb);
 
 /* The eight partial sums a[0..7] (lane l: the super-blocks or blocks l mod 8) added as hsum_ps
  * adds a vector's eight lanes: ((0+4) + (2+6)) + ((1+5) + (3+7)). */
@@ -243,11 +245,214 @@ RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t r
 
 #ifdef RM_KQ_GROUPED   /* the AVX-512 set */
 
-/* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the sixteen rows
- * unpacked, then turned on its side by dword transposes. */
+/* ---- packing a super-block of sixteen rows straight from the stored blocks ---------------------
+ *
+ * Q4_K, Q5_K, Q6_K and IQ4_XS are turned on their side as they are stored: the level bytes of
+ * the sixteen rows by dword transposes (two nibbles, or four 2-bit fields, to a byte: half the
+ * transposes of unpacked levels or fewer), the levels then made in place in every lane at once,
+ * and the scales decoded from the rows' headers side by side (lane r: row r). The room is the one
+ * the unpacking packer writes, byte for byte. src[r]: row r's super-block (a zero block for rows
+ * past the matrix). */
+/* t[j] lane r := dword j of the 64 bytes at src[r] + o. */
+RM_INLINE void side16(const uint8_t * const src[RM_TILE_ROWS], size_t o, __m512i t[16]) {
+    for (int r = 0; r < RM_TILE_ROWS; r++) {
+        t[r] = _mm512_loadu_si512(src[r] + o);
+    }
+    transpose16_epi32(t);
+}
+
+/* h[j] lane r := dword j of the 32 bytes at src[r] + o. */
+RM_INLINE void side8(const uint8_t * const src[RM_TILE_ROWS], size_t o, __m512i h[8]) {
+    __m256i a[8], b[8];
+    for (int r = 0; r < 8; r++) {
+        a[r] = _mm256_loadu_si256((const __m256i *) (src[r] + o));
+        b[r] = _mm256_loadu_si256((const __m256i *) (src[8 + r] + o));
+    }
+    transpose8_epi32(a);
+    transpose8_epi32(b);
+    for (int j = 0; j < 8; j++) {
+        h[j] = _mm512_inserti64x4(_mm512_castsi256_si512(a[j]), b[j], 1);
+    }
+}
+
+/* w[i] lane r := dword i of the 16 bytes at src[r] + o. */
+RM_INLINE void side4(const uint8_t * const src[RM_TILE_ROWS], size_t o, __m512i w[4]) {
+    __m512i q[4];   /* q[k] dword 4m + i: row 4k + m's dword i */
+    for (int k = 0; k < 4; k++) {
+        q[k] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *) (src[4 * k] + o)));
+        for (int m = 1; m < 4; m++) {
+            q[k] = _mm512_inserti32x4(q[k], _mm_loadu_si128((const __m128i *) (src[4 * k + m] + o)), m);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),
+                                             _mm512_set1_epi32(i));
+        const __m512i lo = _mm512_permutex2var_epi32(q[0], idx, q[1]), hi = _mm512_permutex2var_epi32(q[2], idx, q[3]);
+        w[i] = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1);
+    }
+}
+
+/* Bit b of every byte of v moved to bit 4 (16-bit shifts: b <= 7 brings no other byte's bit). */
+RM_INLINE __m512i bit_to4(__m512i v, const int b) {
+    return b < 4 ? _mm512_slli_epi16(v, 4 - b) : b > 4 ? _mm512_srli_epi16(v, b - 4) : v;
+}
+
+/* The lanes' fp16 scales (the low halves of h) as floats. */
+RM_INLINE __m512 side_fp16(__m512i h) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)); }
+
+/* A 32-element sub-block's scale in every lane (int32), in both of its 16-element places. */
+RM_INLINE void put_sc32(uint8_t * wb, int k, __m512i sc) {
+    _mm512_storeu_si512(wb + KR_SC + 64 * (2 * k), sc);
+    _mm512_storeu_si512(wb + KR_SC + 64 * (2 * k + 1), sc);
+}
+
+/* Q4_K / Q5_K: d and dmin, the 6-bit scales and mins (scales_k4's fields, lane by lane), the
+ * nibbles of qs byte 32p + l as elements 64p + l and 64p + 32 + l, with Q5_K's fifth bits. */
+RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, const int five) {
+    __m512i w[4];
+    side4(src, 0, w);   /* d | dmin << 16, then the 12 scale bytes as u0, u1, u2 */
+    _mm512_storeu_ps(wb + KR_D, side_fp16(w[0]));
+    _mm512_storeu_ps(wb + KR_D + 64, side_fp16(_mm512_srli_epi32(w[0], 16)));
+    const __m512i m6 = _mm512_set1_epi32(0x3f), m4 = _mm512_set1_epi32(0x0f), m2 = _mm512_set1_epi32(0x30);
+    for (int k = 0; k < 8; k++) {
+        __m512i sc, mn;
+        if (k < 4) {
+            sc = _mm512_and_si512(_mm512_srli_epi32(w[1], 8 * k), m6);
+            mn = _mm512_and_si512(_mm512_srli_epi32(w[2], 8 * k), m6);
+        } else {
+            const int c = 8 * (k - 4);
+            sc = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w[3], c), m4),
+                                           _mm512_srli_epi32(w[1], c + 2), m2, 0xf8);
+            mn = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w[3], c + 4), m4),
+                                           _mm512_srli_epi32(w[2], c + 2), m2, 0xf8);
+        }
+        put_sc32(wb, k, sc);
+        _mm512_storeu_si512(wb + KR_BW + 64 * k, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
+    }
+    const __m512i n4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    __m512i qh[8];
+    if (five) {
+        side8(src, offsetof(rm_block_q5_K, qh), qh);
+    }
+    for (int s = 0; s < 2; s++) {
+        __m512i t[16];
+        side16(src, (five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs)) + 64 * s, t);
+        for (int j = 0; j < 16; j++) {   /* qs bytes 32p + l.., l = 4 (j % 8) */
+            const int p = 2 * s + j / 8, l4 = j % 8;
+            __m512i lo = _mm512_and_si512(t[j], n4), hi = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), n4);
+            if (five) {
+                lo = _mm512_ternarylogic_epi32(lo, bit_to4(qh[l4], 2 * p), b4, 0xf8);
+                hi = _mm512_ternarylogic_epi32(hi, bit_to4(qh[l4], 2 * p + 1), b4, 0xf8);
+            }
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * p + l4), lo);
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * p + 8 + l4), hi);
+        }
+    }
+}
+
+static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
+static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
+
+/* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields (levels_q6_K's, lane by lane), the
+ * sixteen signed scales, d. */
+static void tpack_q6_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
+    __m512i w[4];
+    side4(src, offsetof(rm_block_q6_K, scales), w);
+    uint16_t d16[RM_TILE_ROWS];
+    for (int r = 0; r < RM_TILE_ROWS; r++) {
+        memcpy(&d16[r], src[r] + offsetof(rm_block_q6_K, d), 2);
+    }
+    _mm512_storeu_ps(wb + KR_D, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) d16)));
+    _mm512_storeu_ps(wb + KR_D + 64, _mm512_setzero_ps());
+    __m512i sc[16];
+    for (int j = 0; j < 16; j++) {
+        sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(w[j / 4], 24 - 8 * (j % 4)), 24);
+        _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
+    }
+    for (int p = 0; p < 8; p++) {   /* the int16 pair (sc 2p, sc 2p + 1) */
+        const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xffff)),
+                                             _mm512_slli_epi32(sc[2 * p + 1], 16));
+        _mm512_storeu_si512(wb + KR_BW + 64 * p, pair);
+    }
+    const __m512i n4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30);
+    __m512i qh[16];
+    side16(src, offsetof(rm_block_q6_K, qh), qh);
+    for (int h = 0; h < 2; h++) {
+        __m512i t[16];
+        side16(src, offsetof(rm_block_q6_K, ql) + 64 * h, t);
+        for (int j = 0; j < 16; j++) {   /* ql bytes 64h + 32 (j / 8) + l, l = 4 (j % 8) */
+            const int g = j / 8, l4 = j % 8;
+            const __m512i q = qh[8 * h + l4];   /* qh bytes 32h + l.. */
+            const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(t[j], n4),
+                                                         g ? _mm512_slli_epi16(q, 2) : _mm512_slli_epi16(q, 4), m2h, 0xf8);
+            const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(t[j], 4), n4),
+                                                         g ? _mm512_srli_epi16(q, 2) : q, m2h, 0xf8);
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (8 * (4 * h + g) + l4), lo);       /* chunk 4h + g */
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (8 * (4 * h + 2 + g) + l4), hi);   /* chunk 4h + 2 + g */
+        }
+    }
+}
+
+/* IQ4_XS: the table's levels plus 128 for the nibbles of qs bytes 16j + l (elements 32j + l and
+ * 32j + 16 + l), the scales less 32 (unpack_iq4_xs's, lane by lane), d. */
+static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
+    __m512i w[4];
+    side4(src, 0, w);   /* d | scales_h << 16, scales_l */
+    _mm512_storeu_ps(wb + KR_D, side_fp16(w[0]));
+    _mm512_storeu_ps(wb + KR_D + 64, _mm512_setzero_ps());
+    for (int k = 0; k < 8; k++) {
+        const __m512i sc = _mm512_sub_epi32(
+            _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w[1], 4 * k), _mm512_set1_epi32(0x0f)),
+                                      _mm512_srli_epi32(w[0], 16 + 2 * k - 4), _mm512_set1_epi32(0x30), 0xf8),
+            _mm512_set1_epi32(32));
+        put_sc32(wb, k, sc);
+        _mm512_storeu_si512(wb + KR_BW + 64 * k, _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xffff)),
+                                                                _mm512_slli_epi32(sc, 16)));
+    }
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *) rm_iq4nl_values), _mm_set1_epi8((char) 0x80)));
+    const __m512i n4 = _mm512_set1_epi8(0x0f);
+    for (int s = 0; s < 2; s++) {
+        __m512i t[16];
+        side16(src, offsetof(rm_block_iq4_xs, qs) + 64 * s, t);
+        for (int j = 0; j < 16; j++) {   /* qs bytes 64s + 4j.. : sub-block 4s + j / 4, l = 4 (j % 4) */
+            const int sb = 4 * s + j / 4, l4 = j % 4;
+            const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(t[j], n4));
+            const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(t[j], 4), n4));
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (8 * sb + l4), lo);
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (8 * sb + 4 + l4), hi);
+        }
+    }
+}
+
+#define KQ_TPACK_q2_K NULL
+#define KQ_TPACK_q3_K NULL
+#define KQ_TPACK_q4_K tpack_q4_K
+#define KQ_TPACK_q5_K tpack_q5_K
+#define KQ_TPACK_q6_K tpack_q6_K
+#define KQ_TPACK_iq4_xs tpack_iq4_xs
+
+/* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room, super-block by super-block: by tpack
+ * where the type has one, else each row unpacked, then turned on its side by dword transposes. */
 RM_INLINE void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
-                            kq_unpack_fn unpack, const size_t bsize, const int mins) {
+                            kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int mins) {
     const int64_t nsb = n / RM_QK_K;
+    if (tpack) {
+        static const uint8_t zero[256] __attribute__((aligned(64)));   /* the rows past the matrix */
+        for (int64_t b = 0; b < nsb; b++) {
+            const uint8_t * src[RM_TILE_ROWS];
+            for (int r = 0; r < RM_TILE_ROWS; r++) {
+                src[r] = r0 + r < r1 ? w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) b * bsize : zero;
+                if (r0 + r < r1 && b + 1 < nsb) {   /* sixteen streams: more than the prefetchers follow */
+                    for (size_t o = 0; o < bsize; o += 64) {
+                        __builtin_prefetch(src[r] + bsize + o, 0, 3);
+                    }
+                }
+            }
+            tpack(src, room + (uint64_t) b * KR_BYTES);
+        }
+        return;
+    }
     for (int64_t b = 0; b < nsb; b++) {
         uint8_t * wb = room + (uint64_t) b * KR_BYTES;
         __m512i lev[4][RM_TILE_ROWS], sc[RM_TILE_ROWS], bw[RM_TILE_ROWS];
@@ -360,10 +565,11 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
 
 RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
                               int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
-                              kq_unpack_fn unpack, const size_t bsize, const int sixteen, const int off_mul) {
+                              kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int sixteen,
+                              const int off_mul) {
     const int64_t nsb = n / RM_QK_K;
     const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
-    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, bsize, off_mul == 0);
+    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, tpack, bsize, off_mul == 0);
     const __mmask16 rows = (__mmask16) ((1u << (r1 - r0)) - 1);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
         const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
@@ -482,6 +688,13 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
 }
 
 #else   /* the AVX2 set */
+
+#define KQ_TPACK_q2_K NULL
+#define KQ_TPACK_q3_K NULL
+#define KQ_TPACK_q4_K NULL
+#define KQ_TPACK_q5_K NULL
+#define KQ_TPACK_q6_K NULL
+#define KQ_TPACK_iq4_xs NULL
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the rows unpacked,
  * eight rows at a time, then turned on their side by dword transposes. */
@@ -631,7 +844,9 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
 
 RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
                               int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
-                              kq_unpack_fn unpack, const size_t bsize, const int sixteen, const int off_mul) {
+                              kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int sixteen,
+                              const int off_mul) {
+    (void) tpack;   /* the AVX2 set unpacks every type */
     const int64_t nsb = n / RM_QK_K;
     const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
     const int run = off_mul == 32 ? 2 : 4;   /* Q6_K's levels reach 63 */
@@ -798,7 +1013,7 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
                                 int accumulate) {                                                                  \
         (void) stored;   /* the K-quants are never stored repacked */                                              \
         matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, unpack_##t,             \
-                       sizeof(block), sixteen, off_mul);                                                           \
+                       KQ_TPACK_##t, sizeof(block), sixteen, off_mul);                                             \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_kq, act_bytes_rows_kq, put_group_rows_kq,  \
                                              room_bytes_rows_kq, matmul_rows_##t};

@@ -89,7 +89,7 @@ typedef struct cpu_ctx {
     float *   x_info;             /* their block scales and sums (rm_q8_0_act_info) */
     int64_t   x_info_cap;         /* floats */
     float *   scores;             /* attention: per thread, a tile's scores */
-    int64_t   scores_room;        /* floats per thread: ATTN_TILE, rounded to a cache line */
+    int64_t   scores_room;        /* floats per thread: ATTN_ROWS rows of ATTN_TILE, and a cache line */
     uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
     uint64_t  xt_cap;
     uint8_t * pack;               /* each thread's packed rows: pack_stride bytes apiece */
@@ -609,10 +609,17 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
  * while it is in cache. Each row keeps its running max and sum (the online softmax) and its
  * output is rescaled when the max grows, so the scores of a whole context are never held. Reading
  * the cache once per query row instead (as one job per token and head does) made a 16-token
- * prompt chunk at context 1,900 spend most of its step streaming the same keys 128 times. */
+ * prompt chunk at context 1,900 spend most of its step streaming the same keys 128 times.
+ * Within a tile the rows go three at a time through the sets' multi-row kernels (each key and
+ * value loaded into a register once for the three), a chunk of ATTN_CHUNK positions at a time so
+ * that the chunk stays in L1 while every group of rows passes over it. */
 #define ATTN_TILE RM_ATTN_TILE   /* positions: 64 rows of K and of V, 32 KiB each at head_dim 128 */
 #define ATTN_ROWS 32          /* query rows of a job at most */
 #define ATTN_JOBS_PER_THREAD 4
+/* Positions of a tile scored (and summed) for all of a job's rows before the next: 16 keys of
+ * head_dim 128 are 8 KiB, read from L1 by every group of rows instead of the whole tile's 32 KiB
+ * from L2. A multiple of 8, the kernels' groups of positions: a score's floats stay the same. */
+#define ATTN_CHUNK 16
 
 /* How a cache of another type than F32 is read: its conversion to floats and its row's layout. */
 typedef struct kv_reader {
@@ -625,8 +632,8 @@ typedef struct attn_task {
     const rm_attn_args * a;
     kv_reader            rk, rv;      /* with a->type_k / type_v other than F32 */
     cpu_ctx *            c;
-    rm_attn_scores_fn    scores;
-    rm_attn_values_fn    values;
+    rm_attn_scores_rows_fn scores_rows;
+    rm_attn_values_rows_fn values_rows;
     rm_exp_sum_fn        exp_sum;
     int32_t              tb, gs;      /* a job: tb tokens times gs query heads of one kv head */
     int32_t              n_tb, n_gs;  /* token blocks; head groups per kv head */
@@ -656,6 +663,13 @@ static void kv_tile_floats(const void * cache, const kv_reader * r, int64_t row,
     for (int32_t j = 0; j < n; j++) {
         r->to_float(at + (uint64_t) j * r->row_bytes, out + (int64_t) j * D, D);
     }
+}
+
+/* The furthest reach of nr rows (within the tile). */
+static inline int32_t attn_rows_reach(const int32_t * reach, int nr) {
+    int32_t m = 0;
+    for (int i = 0; i < nr; i++) m = reach[i] > m ? reach[i] : m;
+    return m;
 }
 
 static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile) {
@@ -701,26 +715,63 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             kt = a->k_cache + row * kv_stride + head;
             vt = a->v_cache + row * kv_stride + head;
         }
+        /* the rows that see positions of the tile: each scores the whole tile, the positions it
+         * does not see masked out (their exponentials are 0, and adding 0 changes no sum: a row's
+         * floats do not depend on how far the tile reaches for the other rows of its job) */
+        const int32_t n = pe - p;
+        int32_t act[ATTN_ROWS], reach[ATTN_ROWS], na = 0;   /* reach: the positions a row sees end there */
+        const float * qa[ATTN_ROWS];
+        float * oa[ATTN_ROWS];
         for (int32_t r = 0; r < R; r++) {
             int32_t r0;
             const int32_t r1 = attn_span(a, i0 + r / n_h, &r0);
             const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
             if (b >= e) continue;
-            const int32_t n = e - b;
-            const float * q = a->q + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
-            float * out = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
-            t->scores(D, n, q, kt + (int64_t) (b - p) * kv_stride, kv_stride, scale, sc);
+            qa[na] = a->q + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+            oa[na] = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+            reach[na] = e - p;
+            act[na++] = r;
+        }
+        for (int32_t c = 0; c < n; c += ATTN_CHUNK) {   /* a chunk of keys stays in L1 while the rows pass */
+            const int32_t nc = n - c < ATTN_CHUNK ? n - c : ATTN_CHUNK;
+            for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
+                const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
+                if (attn_rows_reach(reach + k0, nr) <= c) continue;   /* all past the rows' ends: masked */
+                t->scores_rows(D, nc, nr, qa + k0, kt + (int64_t) c * kv_stride, kv_stride, scale,
+                               sc + (int64_t) k0 * ATTN_TILE + c, ATTN_TILE);
+            }
+        }
+        for (int32_t k = 0; k < na; k++) {
+            const int32_t r = act[k];
+            int32_t r0;
+            const int32_t r1 = attn_span(a, i0 + r / n_h, &r0);
+            const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
+            float * srow = sc + (int64_t) k * ATTN_TILE;
+            for (int32_t j = 0; j < b - p; j++) srow[j] = -INFINITY;
+            for (int32_t j = e - p; j < n; j++) srow[j] = -INFINITY;
             float mx = m[r];
-            for (int32_t j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+            for (int32_t j = b - p; j < e - p; j++) mx = srow[j] > mx ? srow[j] : mx;
+            float * out = oa[k];
+            if (empty[r]) {
+                memset(out, 0, sizeof(float) * (size_t) D);
+            }
             if (mx > m[r]) {          /* the earlier positions' weights shrink by e^(m - mx) */
                 const float f = expf(m[r] - mx);
                 l[r] *= f;
                 for (int32_t c = 0; !empty[r] && c < D; c++) out[c] *= f;
                 m[r] = mx;
             }
-            l[r] += t->exp_sum(sc, n, mx);
-            t->values(D, n, sc, vt + (int64_t) (b - p) * kv_stride, kv_stride, out, !empty[r]);
+            l[r] += t->exp_sum(srow, n, mx);
             empty[r] = 0;
+        }
+        for (int32_t c = 0; c < n; c += ATTN_CHUNK) {   /* and a chunk of values */
+            const int32_t nc = n - c < ATTN_CHUNK ? n - c : ATTN_CHUNK;
+            for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
+                const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
+                if (attn_rows_reach(reach + k0, nr) <= c) continue;   /* weights 0 from here on */
+                t->values_rows(D, nc, nr, sc + (int64_t) k0 * ATTN_TILE + c, ATTN_TILE, vt + (int64_t) c * kv_stride,
+                               kv_stride, oa + k0);
+            }
         }
         p = pe;
     }
@@ -769,7 +820,7 @@ static void attn_blocks(attn_task * t, int nth) {
 
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
-    attn_task t = {.a = a, .c = c, .scores = rm_cpu_attn_scores(), .values = rm_cpu_attn_values(),
+    attn_task t = {.a = a, .c = c, .scores_rows = rm_cpu_attn_scores_rows(), .values_rows = rm_cpu_attn_values_rows(),
                    .exp_sum = rm_cpu_exp_sum()};
     if (a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32) {
         t.rk = kv_reader_of(a->type_k, (int64_t) a->n_head_kv * a->head_dim);
@@ -944,7 +995,7 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     c->xq = malloc(c->xq_cap);
     c->x_info_cap = (int64_t) n_batch * 2 * (max_in / 32 + 1);
     c->x_info = malloc(sizeof(float) * (size_t) c->x_info_cap);
-    c->scores_room = ATTN_TILE + 16;
+    c->scores_room = ATTN_ROWS * ATTN_TILE + 16;
     c->scores = malloc(sizeof(float) * (size_t) c->scores_room * (size_t) rm_pool_size(pool));
     /* matmul_many: a base and a residual type of n_batch rows, each row padded to 64 bytes */
     c->xq_many_cap = 2 * (uint64_t) n_batch * ((uint64_t) (max_in / 32 + 1) * 72 + 64);

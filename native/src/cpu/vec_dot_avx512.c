@@ -575,6 +575,133 @@ static void attn_values_512(int64_t d, int64_t n, const float * s, const float *
     }
 }
 
+/* nr query rows (1 to RM_ATTN_ROWS_AT_ONCE) against the same positions: each key's 16 floats
+ * are loaded once for all the rows (a tile of keys is read from cache once per three rows, not
+ * per row), and each row's arithmetic is attn_scores_512's for whole groups of eight positions.
+ * The last group, if partial, is filled out with the first position's key and goes through the
+ * same sums, so a position's score does not depend on where n ends. */
+RM_INLINE void scores8_rows_512(int64_t d, const int nr, const float * const q[], const float * const kp[8], float scale,
+                                float * const s[RM_ATTN_ROWS_AT_ONCE]) {
+    __m512 acc[RM_ATTN_ROWS_AT_ONCE][8];
+    for (int r = 0; r < nr; r++) {
+        for (int j = 0; j < 8; j++) {
+            acc[r][j] = _mm512_setzero_ps();
+        }
+    }
+    for (int64_t i = 0; i < d; i += 16) {
+        __m512 qv[RM_ATTN_ROWS_AT_ONCE];
+        for (int r = 0; r < nr; r++) {
+            qv[r] = _mm512_loadu_ps(q[r] + i);
+        }
+        for (int j = 0; j < 8; j++) {
+            __m512 kv = _mm512_loadu_ps(kp[j] + i);
+            __asm__("" : "+v"(kv));   /* loaded once for the rows, not folded into each */
+            for (int r = 0; r < nr; r++) {
+                acc[r][j] = _mm512_fmadd_ps(qv[r], kv, acc[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        __m256 h[8];
+        for (int j = 0; j < 8; j++) {
+            h[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[r][j]), _mm512_extractf32x8_ps(acc[r][j], 1));
+        }
+        _mm256_storeu_ps(s[r], _mm256_mul_ps(_mm256_set1_ps(scale), sums8_ps(h)));
+    }
+}
+
+RM_INLINE void scores_rows_512(int64_t d, int64_t n, const int nr, const float * const q[], const float * k,
+                               int64_t stride, float scale, float * s, int64_t s_stride) {
+    for (int64_t p = 0; p < n; p += 8) {
+        const float * kp[8];
+        float part[RM_ATTN_ROWS_AT_ONCE][8];
+        float * out[RM_ATTN_ROWS_AT_ONCE];
+        for (int j = 0; j < 8; j++) {
+            kp[j] = k + (p + j < n ? p + j : p) * stride;
+        }
+        for (int r = 0; r < nr; r++) {
+            out[r] = p + 8 <= n ? s + r * s_stride + p : part[r];
+        }
+        scores8_rows_512(d, nr, q, kp, scale, out);
+        for (int r = 0; p + 8 > n && r < nr; r++) {
+            memcpy(s + r * s_stride + p, part[r], sizeof(float) * (size_t) (n - p));
+        }
+    }
+}
+
+static void attn_scores_rows_512(int64_t d, int64_t n, int nr, const float * const q[], const float * k, int64_t stride,
+                                 float scale, float * s, int64_t s_stride) {
+    if (d % 16) {
+        attn_scores_rows(d, n, nr, q, k, stride, scale, s, s_stride);
+        return;
+    }
+    switch (nr) {   /* a copy per count, the row loops unrolled */
+    case 3: scores_rows_512(d, n, 3, q, k, stride, scale, s, s_stride); break;
+    case 2: scores_rows_512(d, n, 2, q, k, stride, scale, s, s_stride); break;
+    default: scores_rows_512(d, n, 1, q, k, stride, scale, s, s_stride); break;
+    }
+}
+
+/* nr output rows (1 to RM_ATTN_ROWS_AT_ONCE) held in registers, up to 128 floats each, while
+ * every position passes: each value's floats are loaded once for all the rows; each row's
+ * arithmetic is attn_values_512's, accumulating. */
+RM_INLINE void values_rows_512(int64_t d, int64_t n, const int nr, const float * s, int64_t s_stride, const float * v,
+                               int64_t stride, float * const out[]) {
+    for (int64_t i0 = 0; i0 < d; i0 += 128) {
+        const int w = (int) ((d - i0 < 128 ? d - i0 : 128) / 16);
+        __m512 acc[RM_ATTN_ROWS_AT_ONCE][8];
+        for (int r = 0; r < nr; r++) {
+            for (int j = 0; j < 8; j++) {
+                acc[r][j] = j < w ? _mm512_loadu_ps(out[r] + i0 + 16 * j) : _mm512_setzero_ps();
+            }
+        }
+        if (w == 8) {
+            for (int64_t p = 0; p < n; p++) {
+                __m512 sp[RM_ATTN_ROWS_AT_ONCE];
+                for (int r = 0; r < nr; r++) {
+                    sp[r] = _mm512_set1_ps(s[r * s_stride + p]);
+                }
+                const float * vp = v + p * stride + i0;
+                for (int j = 0; j < 8; j++) {
+                    __m512 vv = _mm512_loadu_ps(vp + 16 * j);
+                    __asm__("" : "+v"(vv));   /* loaded once for the rows, not folded into each */
+                    for (int r = 0; r < nr; r++) {
+                        acc[r][j] = _mm512_fmadd_ps(sp[r], vv, acc[r][j]);
+                    }
+                }
+            }
+        } else {
+            for (int64_t p = 0; p < n; p++) {
+                const float * vp = v + p * stride + i0;
+                for (int j = 0; j < w; j++) {
+                    const __m512 vv = _mm512_loadu_ps(vp + 16 * j);
+                    for (int r = 0; r < nr; r++) {
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(s[r * s_stride + p]), vv, acc[r][j]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            for (int j = 0; j < w; j++) {
+                _mm512_storeu_ps(out[r] + i0 + 16 * j, acc[r][j]);
+            }
+        }
+    }
+}
+
+static void attn_values_rows_512(int64_t d, int64_t n, int nr, const float * s, int64_t s_stride, const float * v,
+                                 int64_t stride, float * const out[]) {
+    if (d % 16) {
+        attn_values_rows(d, n, nr, s, s_stride, v, stride, out);
+        return;
+    }
+    switch (nr) {
+    case 3: values_rows_512(d, n, 3, s, s_stride, v, stride, out); break;
+    case 2: values_rows_512(d, n, 2, s, s_stride, v, stride, out); break;
+    default: values_rows_512(d, n, 1, s, s_stride, v, stride, out); break;
+    }
+}
+
 /* The K-quants' tile form (kq_rows_x86.h), from six tokens on: packing sixteen rows costs about
  * what 12 tokens' products do, and against the one-row prefill form (simd_x86.h) it wins from 6
  * (one thread, rows of 2048 and 768: 16-22 against 22-29 ps per weight and token at 6, 6.4-8.6
@@ -636,6 +763,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     },
     .attn_scores = attn_scores_512,
     .attn_values = attn_values_512,
+    .attn_scores_rows = attn_scores_rows_512,
+    .attn_values_rows = attn_values_rows_512,
     .exp_sum = exp_sum_x86,
     .packed = {
         [RM_TYPE_Q4_0] = &packed_q4_0,

@@ -492,6 +492,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="a thinking model's <think> block (Qwen3, DeepSeek-R1, GLM): in the message's "
                         "reasoning_content (auto, deepseek; the default) or left in its content (none); a request's "
                         "reasoning_format overrides it")
+    p.add_argument("--slot-save-path", default=None, metavar="DIR",
+                   help="a folder for POST /slots/{id}?action=save|restore (llama-server's slot save and restore: "
+                        "a slot's sequence, KV cache included, to and from a file there); default: those refused")
     p.add_argument("--header-timeout", type=float, default=None, metavar="S",
                    help="seconds a client has to send a request's line and headers, from connecting or from its "
                         "first byte on a kept-alive connection; later, the connection is closed (with 408 if part "
@@ -522,6 +525,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           queue=args.queue, model_name=args.name, aliases=args.alias, any_model=args.any_model, max_prompt_chars=args.max_prompt_chars,
                           allowed_hosts=args.allowed_host, cors_origins=args.cors_origin,
                           reasoning_format=args.reasoning_format)
+    if args.slot_save_path is not None:
+        if not os.path.isdir(args.slot_save_path):
+            raise RapidMoEError(f"--slot-save-path {args.slot_save_path}: not a folder")
+        config.slot_save_path = os.path.abspath(args.slot_save_path)
     if args.template_timeout is not None:
         config.template_timeout = args.template_timeout
     for name in ("header_timeout", "body_timeout"):        # 0: off (None in ServerConfig)

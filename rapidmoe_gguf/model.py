@@ -9,8 +9,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import hashlib
+import json
 import logging
+import mmap
 import os
+import struct
 import time
 import types
 import uuid
@@ -22,7 +26,8 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from . import planner, quants, umia
-from .errors import InvalidArgumentError, NoResidualError, RapidMoEError, StateError
+from . import atomic
+from .errors import FormatError, InvalidArgumentError, NoResidualError, RapidMoEError, StateError
 from .gguf_file import open_gguf
 from .resplit import check_pair, residual_path
 from .sampling import (SAMPLING_DEFAULTS as _SD, LogitBias, Sampler, SamplingParams, TokenLogprob,
@@ -353,6 +358,109 @@ class Model:
             _native.check(lib.rm_session_checkpoint(self._live()))
         except MemoryError as exc:
             log.warning("no checkpoint of the recurrent states: %s", exc)
+
+    # -- state files ----------------------------------------------------------------------------
+    #
+    # A state file: STATE_MAGIC, the JSON header's length (8 bytes, little-endian), the header (the
+    # model's fingerprint, the cache types, the positions and their tokens, the native state's
+    # bytes), the native state (rm_session_state_save), then the last position's logits (n_vocab
+    # float32), so that a loaded sequence continues as the saved one would have.
+
+    STATE_MAGIC = b"RMSTATE1"
+
+    def _fingerprint(self) -> str:
+        """What a state file names this model by: a hash of the file's size and its first 16 MiB
+        (the metadata and the first tensors' data: two fine-tunes of one architecture differ)."""
+        fp = getattr(self, "_fp", None)
+        if fp is None:
+            h = hashlib.sha256(str(os.path.getsize(self.path)).encode())
+            with open(self.path, "rb") as f:
+                h.update(f.read(16 << 20))
+            fp = self._fp = h.hexdigest()
+        return fp
+
+    def save_state(self, path: str | os.PathLike[str]) -> int:
+        """Writes the sequence in the cache to a file: its tokens, the KV cache's rows (in the cache's
+        types), a hybrid model's recurrent states and the last logits, so that ``load_state`` on
+        this model (this process or a later one) continues it without evaluating it again. The
+        file is written beside its name and renamed over it, so a failure leaves no half-written
+        state. Returns the bytes written."""
+        sess = self._live()
+        path = os.fspath(path)
+        size = ffi.new("uint64_t *")
+        _native.check(lib.rm_session_state_size(sess, size))
+        blob = bytearray(int(size[0]))
+        _native.check(lib.rm_session_state_save(sess, ffi.from_buffer(blob), len(blob)))
+        n_past = self.n_past
+        head = json.dumps({"model": self._fingerprint(), "arch": self.info["arch"], "n_vocab": self.n_vocab,
+                           "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v, "n_past": n_past,
+                           "tokens": self._cached if len(self._cached) == n_past else None,
+                           "state_bytes": len(blob)}).encode()
+        total = len(self.STATE_MAGIC) + 8 + len(head) + len(blob) + self._logits.nbytes
+        folder = os.path.dirname(os.path.abspath(path))
+        atomic.sweep_leftovers(folder)
+        tmp, f = atomic.create_temp(path)
+        try:
+            with f:
+                for part in (self.STATE_MAGIC, struct.pack("<Q", len(head)), head, blob, self._logits.tobytes()):
+                    f.write(part)
+                atomic.fsync_file(f)
+            os.replace(tmp, path)
+        except OSError as exc:
+            atomic.remove_quietly(tmp)
+            raise atomic.write_error(path, exc, total) from exc
+        except BaseException:
+            atomic.remove_quietly(tmp)
+            raise
+        atomic.fsync_dir(folder)
+        return total
+
+    def load_state(self, path: str | os.PathLike[str]) -> int:
+        """Takes back a sequence ``save_state`` wrote, in place of what the cache holds; returns its
+        positions. Refused with StateError when the file is another model's, or of other cache
+        types, or does not fit this session (its n_ctx; with a sliding-window layer that wrapped,
+        its n_batch too), and with FormatError when it is not a state file or is damaged; the cache
+        is then unchanged."""
+        sess = self._live()
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            try:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:   # an empty file
+                data = b""
+        try:
+            m = len(self.STATE_MAGIC)
+            if data[:m] != self.STATE_MAGIC or len(data) < m + 8:
+                raise FormatError(f"{path}: not a rapidmoe state file")
+            (n_head,) = struct.unpack_from("<Q", data, m)
+            try:
+                head = json.loads(bytes(data[m + 8:m + 8 + n_head]))
+                n_state, n_past, tokens = int(head["state_bytes"]), int(head["n_past"]), head["tokens"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise FormatError(f"{path}: a damaged state file header ({exc})") from None
+            if head.get("model") != self._fingerprint():
+                raise StateError(f"{path}: the state of another model (a {head.get('arch')} model with "
+                                 f"{head.get('n_vocab')} tokens), not of {self.path}")
+            if (head.get("cache_type_k"), head.get("cache_type_v")) != (self.cache_type_k, self.cache_type_v):
+                raise StateError(f"{path}: a state of cache types {head.get('cache_type_k')}/"
+                                 f"{head.get('cache_type_v')}; this session's are {self.cache_type_k}/"
+                                 f"{self.cache_type_v}")
+            at = m + 8 + n_head
+            if len(data) != at + n_state + self._logits.nbytes or (tokens is not None and len(tokens) != n_past):
+                raise FormatError(f"{path}: {len(data)} bytes, not what its header describes (a damaged or "
+                                  "truncated state file)")
+            view = memoryview(data)
+            try:
+                _native.check(lib.rm_session_state_load(sess, ffi.from_buffer(view[at:at + n_state]), n_state))
+                logits = np.frombuffer(view[at + n_state:], dtype=np.float32).copy()
+            finally:
+                view.release()
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+        self._cached = [int(t) for t in tokens] if tokens is not None else []
+        self._logits[:] = logits
+        return n_past
 
     def _as_tokens(self, ids: Sequence[int]) -> np.ndarray:
         arr = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
@@ -709,7 +817,8 @@ class Model:
         def usage():
             n_gen = self.last_timings.get("gen_tokens", 0)
             return {"prompt_tokens": len(prompt_ids), "completion_tokens": n_gen,
-                    "total_tokens": len(prompt_ids) + n_gen}
+                    "total_tokens": len(prompt_ids) + n_gen,
+                    "prompt_tokens_details": {"cached_tokens": self.last_timings.get("prompt_reused", 0)}}
 
         def chunk(text: str, items: list, finish_reason: str | None) -> dict:
             logprobs = shape(items) if shape is not None and items else None

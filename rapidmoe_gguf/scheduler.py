@@ -30,6 +30,7 @@ is evaluated on its own session in turn: the same tokens and results, without th
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -167,7 +168,7 @@ class _Seq:
         self.n_top = req.logprobs                 # None: no logprobs, and none computed
         self.shape = None if self.n_top is None else logprobs_shape(req.kind, slot.tokenizer, req.text_offset)
         self.history = list(req.prompt_ids)
-        keep = slot._keep_prefix(self.history)
+        keep = self.cached = slot._keep_prefix(self.history)
         self.rest = np.asarray(req.prompt_ids[keep:], dtype=np.int32)   # prompt tokens to evaluate
         self.done = 0                             # of them, evaluated
         self.next_token: int | None = None        # sampled, to evaluate in the next step
@@ -199,7 +200,8 @@ class _Seq:
 
     def usage(self) -> dict:
         n = len(self.req.prompt_ids)
-        return {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen}
+        return {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen,
+                "prompt_tokens_details": {"cached_tokens": self.cached}}   # OpenAI's: the prompt's reused prefix
 
 
 class Scheduler:
@@ -225,6 +227,7 @@ class Scheduler:
         self._inbox: collections.deque = collections.deque()   # (job, post, arrived), not yet seen by the thread
         self._waiting: collections.deque = collections.deque()
         self._running: list[_Seq] = []           # in the order they took their slots
+        self._slot_tasks: list = []              # (slot, fn, future): slot_task's, waiting for their slot
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="rapidmoe-scheduler", daemon=True)
@@ -242,6 +245,45 @@ class Scheduler:
                 self._cv.notify()
         if stopped:
             post(End(cancelled=True))
+
+    def slot_task(self, slot: int, fn: Callable[[Model], Any]) -> concurrent.futures.Future:
+        """Runs ``fn(model)`` on slot ``slot`` in the scheduler's thread once the slot is free (before
+        a waiting request may take it), with the slot held meanwhile; the future has its result or
+        its exception (RapidMoEError when the scheduler closes first)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not 0 <= slot < len(self.slots):
+            fut.set_exception(RapidMoEError(f"no slot {slot}: the slots are 0 to {len(self.slots) - 1}"))
+            return fut
+        with self._cv:
+            stopped = self._stop
+            if not stopped:
+                self._slot_tasks.append((slot, fn, fut))
+                self._cv.notify()
+        if stopped:
+            fut.set_exception(RapidMoEError("the server is shutting down"))
+        return fut
+
+    def _run_slot_tasks(self) -> None:
+        with self._cv:
+            tasks, self._slot_tasks = self._slot_tasks, []
+        if not tasks:
+            return
+        free = []
+        while not self.free.empty():
+            free.append(self.free.get_nowait())
+        later = []
+        for slot, fn, fut in tasks:
+            if slot not in free:                 # busy: after the request that holds it
+                later.append((slot, fn, fut))
+            elif fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.slots[slot]))
+                except BaseException as exc:     # the caller's to answer
+                    fut.set_exception(exc)
+        for i in free:                           # back in their order
+            self.free.put_nowait(i)
+        with self._cv:
+            self._slot_tasks[:0] = later
 
     def wake(self) -> None:
         """Makes an idle loop look at its jobs again (a cancel flag was set)."""
@@ -276,13 +318,14 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not (self._stop or self._inbox or self._waiting or self._running):
+                while not (self._stop or self._inbox or self._waiting or self._running or self._slot_tasks):
                     self._cv.wait()
                 if self._stop:
                     break
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
             try:
+                self._run_slot_tasks()
                 self._step()
             except Exception:                    # pragma: no cover - a bug: fail the requests, keep serving
                 log.exception("scheduler step failed")
@@ -296,6 +339,10 @@ class Scheduler:
         with self._cv:                           # jobs submitted while closing are ended too
             left = list(self._waiting) + list(self._inbox)
             self._inbox.clear()
+            tasks, self._slot_tasks = self._slot_tasks, []
+        for _, _, fut in tasks:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RapidMoEError("the server is shutting down"))
         with contextlib.suppress(RuntimeError):  # the server's event loop may be gone already
             for s in list(self._running):
                 self._finish(s, End(cancelled=True))

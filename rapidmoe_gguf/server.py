@@ -109,7 +109,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from . import chat, tool_calls, umia
-from .errors import ContextFullError, InvalidArgumentError, NoBudgetError, NoResidualError, RapidMoEError, StateError
+from .errors import (ContextFullError, FormatError, InvalidArgumentError, NoBudgetError, NoResidualError,
+                     RapidMoEError, StateError)
 from .model import Model, SamplingParams
 from . import metrics
 from .metrics import ServerMetrics
@@ -140,6 +141,13 @@ class ServerConfig:
     header_timeout: float | None = 10.0   # seconds for a request's line and headers (uvicorn_config's protocol)
     body_timeout: float | None = 30.0     # seconds from the head to the body's last byte (None: no limit, both)
     reasoning_format: str = "auto"   # a reply's <think> block: reasoning_content ("auto", "deepseek") or content ("none")
+    slot_save_path: str | None = None   # the folder of /slots/{id}?action=save|restore's files; None: those refused
+
+
+def _plain_file_name(name: Any) -> bool:
+    """A name that stays inside its folder: no separators, not hidden (nor . or ..), no NUL."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and not name.startswith(".") and "/" not in name
+            and "\\" not in name and "\0" not in name)
 
 
 def check_api_key(key: str | None) -> None:
@@ -934,6 +942,54 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
     async def stats(request: Request) -> Response:
         return JSONResponse(server.stats())
 
+    async def slot_action(request: Request) -> Response:
+        """llama-server's slot actions: save a slot's sequence to a file in --slot-save-path, restore
+        it from one (an agent's long context survives a restart: the next request that repeats it
+        evaluates only what follows), or erase it. Each waits until the slot is free."""
+        action = request.query_params.get("action", "")
+        try:
+            slot = int(request.path_params["id"])
+        except ValueError:
+            raise ApiError(400, f"the slot id must be an integer, got {request.path_params['id'][:40]!r}",
+                           param="id_slot") from None
+        if not 0 <= slot < len(server.slots):
+            raise ApiError(400, f"no slot {slot}: the slots are 0 to {len(server.slots) - 1}", param="id_slot")
+        body = await read_json(request)
+        if action not in ("save", "restore", "erase"):
+            raise ApiError(400, f"unknown slot action {action[:40]!r}: save, restore or erase", param="action")
+        path = name = None
+        if action != "erase":
+            if config.slot_save_path is None:
+                raise ApiError(501, "slot save and restore need the server started with --slot-save-path DIR",
+                               code="not_implemented")
+            name = body.get("filename") if isinstance(body, dict) else None
+            if not _plain_file_name(name):
+                raise ApiError(400, "filename must be a plain file name (no folders, not hidden, at most 255 "
+                               "characters)", param="filename")
+            path = os.path.join(config.slot_save_path, name)
+
+        def run(m: Model) -> dict:
+            t0 = time.perf_counter()
+            if action == "erase":
+                n = m.n_past
+                m.reset()
+                return {"id_slot": slot, "n_erased": n}
+            if action == "save":
+                n_written = m.save_state(path)
+                return {"id_slot": slot, "filename": name, "n_saved": m.n_past, "n_written": n_written,
+                        "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+            try:
+                n = m.load_state(path)
+            except FileNotFoundError:
+                raise ApiError(404, f"no saved slot file named {name!r}", param="filename") from None
+            except (StateError, FormatError) as exc:   # the file's fault, not the server's
+                msg = str(exc).replace(path, name).replace(os.fspath(m.path), "this server's model")
+                raise ApiError(400, msg, param="filename") from None
+            return {"id_slot": slot, "filename": name, "n_restored": n, "n_read": os.path.getsize(path),
+                    "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+
+        return JSONResponse(await asyncio.wrap_future(server.scheduler.slot_task(slot, run)))
+
     async def page(request: Request) -> Response:
         return HTMLResponse(resources.files(__package__).joinpath("web_chat.html").read_text(encoding="utf-8"))
 
@@ -960,6 +1016,7 @@ def create_app(model: Model, config: ServerConfig | None = None) -> Starlette:
               methods=["POST"]),
         Route("/v1/responses", guarded(endpoint("chat", compat_apis.RESPONSES), post=True), methods=["POST"]),
         Route("/v1/rapidmoe/stats", guarded(stats), methods=["GET"]),
+        Route("/slots/{id}", guarded(slot_action, post=True), methods=["POST"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
     middleware = [Middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],

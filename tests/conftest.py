@@ -227,3 +227,23 @@ def write_gguf_like(src, dst, tensors: dict | None = None, kv: dict | None = Non
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def state_round_trip(path, prompt, rest, state_file, **model_kw):
+    """Evaluates prompt, saves the state to state_file, feeds rest one token at a time; then, in a
+    fresh Model, loads the state and feeds rest again. Returns both runs' logits of rest (a
+    loaded state continues bit for bit: the caller compares them) and the fresh Model's reusable
+    prefix of prompt + rest."""
+    import numpy as np
+    import rapidmoe_gguf as rm
+
+    kw = {"n_ctx": 128, "n_threads": 2, **model_kw}
+    with rm.Model(path, **kw) as m:
+        m.eval(prompt)
+        m.save_state(state_file)
+        want = np.stack([m.eval([t]) for t in rest])
+    with rm.Model(path, **kw) as m2:
+        m2.load_state(state_file)
+        reusable = m2._reusable(list(prompt) + list(rest))
+        got = np.stack([m2.eval([t]) for t in rest])
+    return want, got, reusable

@@ -20,7 +20,7 @@ import pytest
 
 import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
-from conftest import VOCAB as TINY_VOCAB, make_tiny_tokenizer
+from conftest import VOCAB as TINY_VOCAB, make_tiny_tokenizer, state_round_trip
 
 N_PROMPT, N_DECODE = 24, 8
 # the tiny tokenizer and the three tokens llama.cpp's GLM vocabulary code looks up
@@ -427,3 +427,12 @@ def test_arch_deepseek_old_fused_kv_b_file_is_refused_by_its_missing_key(convert
     w.close()
     with pytest.raises(rm.FormatError, match="key_length_mla' is missing .*split attn_kv_b"):
         rm.Model(tmp_path / "old.gguf", n_ctx=16)
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe_lite"])
+def test_arch_deepseek_state_round_trip(converted, name, tmp_path):
+    """MLA's latent cache travels in the state (no V rows): loaded into a fresh session, the
+    sequence continues bit for bit."""
+    _, path, ids, _ = converted(name)
+    want, got, _ = state_round_trip(path, ids[:N_PROMPT], ids[N_PROMPT:], tmp_path / "s.state", n_ctx=64)
+    assert np.array_equal(got, want)

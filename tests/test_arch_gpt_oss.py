@@ -23,7 +23,7 @@ import pytest
 
 import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
-from conftest import VOCAB, make_tiny_tokenizer, write_gguf_like
+from conftest import VOCAB, make_tiny_tokenizer, state_round_trip, write_gguf_like
 
 N_PROMPT, N_DECODE = 48, 16
 WINDOW = 8
@@ -713,3 +713,17 @@ def test_arch_gpt_oss_planner_counts_the_rings(split_pair):
                   gpu_backend="standin") as dev:
         used, plan = dev.gpu_info["used_bytes"], dev.plan
         assert used <= plan.gpu_bytes and plan.gpu_bytes - used < 0.01 * plan.gpu_bytes
+
+
+def test_arch_gpt_oss_state_round_trip_with_a_wrapped_ring(tiny, tmp_path):
+    """A state saved after the sliding-window layers' rings have wrapped (prompt longer than the
+    window plus n_batch) continues bit for bit once loaded; a session whose ring is of another
+    size (another n_batch) refuses it, naming the layer."""
+    _, path, ids, _ = tiny
+    assert N_PROMPT > WINDOW + 8
+    want, got, _ = state_round_trip(path, ids[:N_PROMPT], ids[N_PROMPT:], tmp_path / "s.state", n_batch=8)
+    assert np.array_equal(got, want)
+    with rm.Model(path, n_ctx=128, n_threads=2, n_batch=16) as m3:
+        with pytest.raises(rm.errors.StateError, match="ring"):
+            m3.load_state(tmp_path / "s.state")
+        assert m3.n_past == 0

@@ -30,7 +30,7 @@ import pytest
 import rapidmoe_gguf as rm
 from rapidmoe_gguf.errors import NeedsCPUError, UnsupportedError
 import llamacpp_oracle as llamacpp
-from conftest import VOCAB, make_tiny_tokenizer
+from conftest import VOCAB, make_tiny_tokenizer, state_round_trip
 
 KINDS = {"qwen3_next": "qwen3next", "qwen3_5_moe": "qwen35moe"}
 N_PROMPT, N_DECODE = 100, 12
@@ -440,3 +440,12 @@ def test_hybrid_bad_files_are_refused_by_name(hybrid, tmp_path):
     same = _copy_with(path, tmp_path / "same.gguf", {"qwen35moe.attention.recurrent_layers": [True, True, True, False]})
     with rm.Model(same, n_ctx=16, n_threads=1) as m:   # a list that agrees with the pattern loads
         assert m.info["n_layer"] == 4
+
+
+@pytest.mark.parametrize("model_type", KINDS)
+def test_hybrid_state_round_trip(hybrid, model_type, tmp_path):
+    """The recurrent states (conv and delta rule) travel in the state: loaded into a fresh session,
+    the sequence continues bit for bit, and a prompt that repeats it reuses all of it."""
+    _, path, ids, _ = hybrid(model_type)
+    want, got, reusable = state_round_trip(path, ids[:N_PROMPT], ids[N_PROMPT:], tmp_path / "s.state", n_ctx=256)
+    assert np.array_equal(got, want) and reusable == N_PROMPT

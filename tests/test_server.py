@@ -132,7 +132,11 @@ def test_server_chat_stream_joins_to_the_whole_reply(base):
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == whole["choices"][0]["message"]["content"]
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+    details = usage["usage"].pop("prompt_tokens_details")
+    whole["usage"].pop("prompt_tokens_details")
     assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    # the same prompt again: the slot that read it keeps all of it but the last token
+    assert details == {"cached_tokens": whole["usage"]["prompt_tokens"] - 1}
 
 
 def test_server_concurrent_streams_match_single_runs(base):

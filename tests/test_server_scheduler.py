@@ -415,7 +415,10 @@ def test_scheduler_reuses_the_longest_cached_prefix(gguf):
         finally:
             sched.close()
     assert job.slot == jobs[0].slot and obs.evaluated == [30, 12, 6]
-    assert (text, finish, end.usage) == alone(gguf, follow, n_ctx=128)
+    assert end.usage.pop("prompt_tokens_details") == {"cached_tokens": 30}   # what it did not evaluate
+    want_text, want_finish, want_usage = alone(gguf, follow, n_ctx=128)
+    assert want_usage.pop("prompt_tokens_details") == {"cached_tokens": 0}
+    assert (text, finish, end.usage) == (want_text, want_finish, want_usage)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_next", "deepseek_v2"])

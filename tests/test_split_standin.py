@@ -226,3 +226,23 @@ def test_standin_from_the_cli_generates_the_cpu_text(capsys, monkeypatch):
     assert cli.main(args + ["--gpu-mem", "64MiB", "--gpu-backend", "standin"]) == 0
     assert capsys.readouterr().out == cpu_text and len(cpu_text) > len("Once upon a time")
     assert backends == ["cpu", "standin"]
+
+
+def test_split_standin_state_round_trip(wide_pair, tmp_path):
+    """On the stand-in device the KV cache lives in device memory: a state saved from there and
+    loaded into another device session continues bit for bit, and so does one loaded into a CPU
+    session (the bytes are the cache's, wherever it lived)."""
+    budget = _budgets(wide_pair)["half"]
+    state = tmp_path / "s.state"
+    with _model(wide_pair, gpu_memory=budget, gpu_backend="standin") as m:
+        assert m.backend == "standin"
+        ids = m.tokenize(TEXT)[:40]
+        m.eval(ids[:32])
+        m.save_state(state)
+        want = np.stack([m.eval([t]) for t in ids[32:]])
+    with _model(wide_pair, gpu_memory=budget, gpu_backend="standin") as m2:
+        m2.load_state(state)
+        _same(np.stack([m2.eval([t]) for t in ids[32:]]), want)
+    with _model(wide_pair) as m3:
+        m3.load_state(state)
+        _same(np.stack([m3.eval([t]) for t in ids[32:]]), want)

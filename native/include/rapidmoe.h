@@ -498,6 +498,20 @@ int32_t   rm_session_reusable(const rm_session * s, int32_t n_keep);
  * a prompt (the next turn of a chat repeats it). */
 rm_status rm_session_checkpoint(rm_session * s);
 
+/* A session's state as bytes: its cache's positions 0 .. n_past - 1 (the KV cache's rows as the
+ * cache holds them, a hybrid model's conv and delta-rule states, the residual policy's controllers;
+ * not the hybrid's checkpoints), for
+ * rm_session_state_load into a session of the same model with the same cache types. The bytes
+ * carry no identity of the model: a caller that keeps them in a file checks that itself.
+ * rm_session_state_size gives the bytes rm_session_state_save writes (RM_E_INVALID_ARG with a
+ * smaller cap). rm_session_state_load checks the layout (layers, cache types and row sizes,
+ * recurrent-state sizes), that the positions fit the session's context, and that a sliding-window
+ * layer's ring places them alike (else RM_E_STATE or RM_E_FORMAT, naming what differs; the session
+ * is then unchanged); after it, the session continues as the saved one did. */
+rm_status rm_session_state_size(const rm_session * s, uint64_t * bytes);
+rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap);
+rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size);
+
 /* Several sequences in one evaluation: token i belongs to sessions[seq[i]] (sessions of one model,
  * each at most once) at position pos[i], which must follow that session's cache and its previous
  * token in the batch (pos NULL: so implied). The tokens of all sequences go through each layer

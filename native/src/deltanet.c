@@ -94,8 +94,7 @@ void rm_hybrid_reset(rm_hybrid * h, const rm_model * m) {
     }
 }
 
-/* The bytes of the conv and the delta-rule states (a checkpoint holds both, in that order). */
-static void state_bytes(const rm_model * m, uint64_t * conv, uint64_t * ssm) {
+void rm_hybrid_state_bytes(const rm_model * m, uint64_t * conv, uint64_t * ssm) {
     const rm_size_params p = params_of(m, 1);
     uint64_t bytes[RM_RECURRENT_BUF_COUNT];
     rm_recurrent_buf_bytes(&p, bytes);
@@ -114,7 +113,7 @@ rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos) {
         }
     }
     uint64_t conv, ssm;
-    state_bytes(m, &conv, &ssm);
+    rm_hybrid_state_bytes(m, &conv, &ssm);
     if (!h->ckpt[slot] && !(h->ckpt[slot] = malloc(conv + ssm))) {
         return rm_fail(RM_E_OOM, "rm_session_checkpoint: out of memory for a copy of the recurrent states (%llu bytes)",
                        (unsigned long long) (conv + ssm));
@@ -139,7 +138,7 @@ int32_t rm_hybrid_rewind(rm_hybrid * h, const rm_model * m, int32_t n, int resto
         return best < 0 ? -1 : h->ckpt_pos[best];
     }
     uint64_t conv, ssm;
-    state_bytes(m, &conv, &ssm);
+    rm_hybrid_state_bytes(m, &conv, &ssm);
     memcpy(h->conv_state, h->ckpt[best], conv);
     memcpy(h->ssm_state, (const char *) h->ckpt[best] + conv, ssm);
     const int32_t pos = h->ckpt_pos[best];

@@ -41,6 +41,9 @@ rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out);
 void      rm_hybrid_free(rm_hybrid * h);
 void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);   /* states zeroed, checkpoints dropped */
 
+/* The bytes of the conv and the delta-rule states (a checkpoint holds both, in that order). */
+void      rm_hybrid_state_bytes(const rm_model * m, uint64_t * conv, uint64_t * ssm);
+
 /* Keeps a copy of the states as they are now, at cache position pos (replacing one at pos, else
  * the oldest). RM_E_OOM when its memory cannot be had (the states are unchanged). */
 rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos);

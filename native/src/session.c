@@ -267,6 +267,237 @@ rm_status rm_session_checkpoint(rm_session * s) {
     return s->hy && s->n_past > 0 ? rm_hybrid_checkpoint(s->hy, s->m, s->n_past) : RM_OK;
 }
 
+/* ---- the state as bytes ------------------------------------------------------------------------
+ * A header, each layer's cached rows and ring (two int32), then per layer the K rows and the V rows
+ * of positions 0 .. n_past - 1 as the cache holds them (a ring's rows where it wrapped; MLA has no
+ * V rows), then a hybrid's conv and delta-rule states, then the residual policy's controllers at
+ * positions 0 .. n_past (a model with a sidecar: the residual choices that follow depend on them). */
+#define STATE_MAGIC 0x54534d52u   /* "RMST" */
+#define STATE_VERSION 1
+
+typedef struct state_head {
+    uint32_t magic, version;
+    int32_t  n_layer, n_past, type_k, type_v, pad;
+    uint64_t k_row_bytes, v_row_bytes, conv_bytes, ssm_bytes;
+    uint64_t thr_bytes;           /* the residual policy's controllers at positions 0 .. n_past (with a sidecar) */
+} state_head;
+
+/* Layer il's cache: its first row, its rows (n_ctx, or a ring's; 0: a layer without one). */
+static int64_t layer_cache(const rm_session * s, int il, int32_t * rows, int32_t * ring) {
+    *ring = 0;
+    if (s->hy) {
+        *rows = s->hy->kv_index[il] < 0 ? 0 : s->n_ctx;
+        return s->hy->kv_index[il] < 0 ? 0 : (int64_t) s->hy->kv_index[il] * s->n_ctx;
+    }
+    const int64_t row0 = kv_place(s, il, ring);
+    *rows = *ring ? *ring : s->n_ctx;
+    return row0;
+}
+
+static const char * state_type_name(int32_t type) {
+    const rm_type_traits * tt = type >= 0 && type < RM_TYPE_COUNT ? rm_type_traits_get(type) : NULL;
+    return tt && tt->name ? tt->name : "an unknown type";
+}
+
+static uint64_t state_v_row(const rm_session * s) { return s->m->hp.kv_lora_rank > 0 ? 0 : s->v_row_bytes; }
+
+static state_head state_head_of(const rm_session * s) {
+    state_head h = {STATE_MAGIC, STATE_VERSION, s->m->hp.n_layer, s->n_past, s->type_k, s->type_v, 0,
+                    s->k_row_bytes, state_v_row(s), 0, 0, 0};
+    if (s->policy.threshold) {
+        h.thr_bytes = sizeof(float) * (uint64_t) (s->n_past + 1) * (uint64_t) s->m->hp.n_layer;
+    }
+    if (s->hy) {
+        rm_hybrid_state_bytes(s->m, &h.conv_bytes, &h.ssm_bytes);
+    }
+    return h;
+}
+
+/* The bytes of a state of n_past positions whose layers hold rows[il] each. */
+static uint64_t state_bytes_of(const state_head * h, const int32_t * rows) {
+    uint64_t total = sizeof(state_head) + (uint64_t) h->n_layer * 2 * sizeof(int32_t) + h->conv_bytes + h->ssm_bytes +
+                     h->thr_bytes;
+    for (int il = 0; il < h->n_layer; il++) {
+        const uint64_t n = (uint64_t) (h->n_past < rows[il] ? h->n_past : rows[il]);
+        total += n * (h->k_row_bytes + h->v_row_bytes);
+    }
+    return total;
+}
+
+rm_status rm_session_state_size(const rm_session * s, uint64_t * bytes) {
+    rm_clear_error();
+    if (!s || !bytes) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_state_size: NULL argument");
+    }
+    const state_head h = state_head_of(s);
+    int32_t * rows = calloc((size_t) h.n_layer + 1, sizeof(int32_t));
+    if (!rows) {
+        return rm_fail(RM_E_OOM, "rm_session_state_size: out of memory");
+    }
+    for (int il = 0; il < h.n_layer; il++) {
+        int32_t ring;
+        layer_cache(s, il, &rows[il], &ring);
+    }
+    *bytes = state_bytes_of(&h, rows);
+    free(rows);
+    return RM_OK;
+}
+
+rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap) {
+    uint64_t need;
+    const rm_status st = rm_session_state_size(s, &need);
+    if (st != RM_OK) {
+        return st;
+    }
+    if (!buf || cap < need) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_state_save: %llu bytes of room for a state of %llu",
+                       (unsigned long long) cap, (unsigned long long) need);
+    }
+    const state_head h = state_head_of(s);
+    uint8_t * at = buf;
+    memcpy(at, &h, sizeof(h));
+    at += sizeof(h);
+    for (int il = 0; il < h.n_layer; il++) {
+        int32_t rr[2];
+        layer_cache(s, il, &rr[0], &rr[1]);
+        memcpy(at, rr, sizeof(rr));
+        at += sizeof(rr);
+    }
+    for (int il = 0; il < h.n_layer; il++) {
+        int32_t rows, ring;
+        const int64_t row0 = layer_cache(s, il, &rows, &ring);
+        const uint64_t n = (uint64_t) (h.n_past < rows ? h.n_past : rows);
+        if (n == 0) {
+            continue;
+        }
+        s->be->ops->download(s->be, at, (const uint8_t *) s->k_cache + (uint64_t) row0 * s->k_row_bytes, n * h.k_row_bytes);
+        at += n * h.k_row_bytes;
+        if (h.v_row_bytes) {
+            s->be->ops->download(s->be, at, (const uint8_t *) s->v_cache + (uint64_t) row0 * s->v_row_bytes,
+                                 n * h.v_row_bytes);
+            at += n * h.v_row_bytes;
+        }
+    }
+    if (s->hy) {
+        memcpy(at, s->hy->conv_state, h.conv_bytes);
+        memcpy(at + h.conv_bytes, s->hy->ssm_state, h.ssm_bytes);
+        at += h.conv_bytes + h.ssm_bytes;
+    }
+    if (h.thr_bytes) {
+        memcpy(at, s->policy.threshold, h.thr_bytes);
+    }
+    const rm_status bs = s->be->ops->status(s->be);
+    return bs != RM_OK ? rm_fail(bs, "rm_session_state_save: reading the cache from the device failed") : RM_OK;
+}
+
+rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size) {
+    rm_clear_error();
+    if (!s || !buf) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_session_state_load: NULL argument");
+    }
+    state_head h;
+    if (size < sizeof(h)) {
+        return rm_fail(RM_E_FORMAT, "rm_session_state_load: %llu bytes, fewer than a state's header",
+                       (unsigned long long) size);
+    }
+    memcpy(&h, buf, sizeof(h));
+    if (h.magic != STATE_MAGIC || h.version != STATE_VERSION) {
+        return rm_fail(RM_E_FORMAT, "rm_session_state_load: not a session state of this version (magic %08x, version %u)",
+                       h.magic, h.version);
+    }
+    const state_head mine = state_head_of(s);
+    if (h.n_layer != mine.n_layer || h.k_row_bytes != mine.k_row_bytes || h.v_row_bytes != mine.v_row_bytes ||
+        h.conv_bytes != mine.conv_bytes || h.ssm_bytes != mine.ssm_bytes) {
+        return rm_fail(RM_E_STATE, "rm_session_state_load: the state's layout (%d layers, K/V rows of %llu/%llu bytes, "
+                       "recurrent states of %llu + %llu bytes) is not this session's (%d, %llu/%llu, %llu + %llu): "
+                       "another model", h.n_layer, (unsigned long long) h.k_row_bytes,
+                       (unsigned long long) h.v_row_bytes, (unsigned long long) h.conv_bytes,
+                       (unsigned long long) h.ssm_bytes, mine.n_layer, (unsigned long long) mine.k_row_bytes,
+                       (unsigned long long) mine.v_row_bytes, (unsigned long long) mine.conv_bytes,
+                       (unsigned long long) mine.ssm_bytes);
+    }
+    if (h.type_k != s->type_k || h.type_v != s->type_v) {
+        return rm_fail(RM_E_STATE, "rm_session_state_load: the state's cache types (%s, %s) are not this session's "
+                       "(%s, %s)", state_type_name(h.type_k), state_type_name(h.type_v), state_type_name(s->type_k),
+                       state_type_name(s->type_v));
+    }
+    if ((h.thr_bytes != 0) != (s->policy.threshold != NULL) ||
+        (h.thr_bytes && h.thr_bytes != sizeof(float) * (uint64_t) (h.n_past + 1) * (uint64_t) h.n_layer)) {
+        return rm_fail(RM_E_STATE, "rm_session_state_load: the state was saved %s a residual sidecar, and this "
+                       "session runs %s one", h.thr_bytes ? "with" : "without", s->policy.threshold ? "with" : "without");
+    }
+    if (h.n_past < 0 || h.n_past > s->n_ctx) {
+        return rm_fail(RM_E_STATE, "rm_session_state_load: the state holds %d positions, the session's context %d",
+                       h.n_past, s->n_ctx);
+    }
+    const size_t table = (size_t) h.n_layer * 2 * sizeof(int32_t);
+    if (size < sizeof(h) + table) {
+        return rm_fail(RM_E_FORMAT, "rm_session_state_load: %llu bytes, fewer than a state's layer table",
+                       (unsigned long long) size);
+    }
+    int32_t * saved = malloc(table);
+    int32_t * rows = malloc(table);
+    if (!saved || !rows) {
+        free(saved);
+        free(rows);
+        return rm_fail(RM_E_OOM, "rm_session_state_load: out of memory");
+    }
+    memcpy(saved, (const uint8_t *) buf + sizeof(h), table);
+    rm_status st = RM_OK;
+    for (int il = 0; il < h.n_layer && st == RM_OK; il++) {
+        int32_t ring;
+        layer_cache(s, il, &rows[il], &ring);
+        rows[h.n_layer + il] = saved[2 * il];   /* the saved layer's rows, for the byte count */
+        const int32_t s_rows = saved[2 * il], s_ring = saved[2 * il + 1];
+        const int wraps = h.n_past > s_rows || h.n_past > rows[il];
+        if ((s_rows == 0) != (rows[il] == 0) || (wraps && (s_ring != ring || s_rows != rows[il]))) {
+            st = rm_fail(RM_E_STATE, "rm_session_state_load: layer %d keeps %d rows (ring %d) in the state and %d (ring "
+                         "%d) here, and %d positions do not lie alike in both: load it into a session of the same "
+                         "n_ctx and n_batch", il, s_rows, s_ring, rows[il], ring, h.n_past);
+        }
+    }
+    if (st == RM_OK && state_bytes_of(&h, rows + h.n_layer) != size) {
+        st = rm_fail(RM_E_FORMAT, "rm_session_state_load: %llu bytes, and its header says %llu",
+                     (unsigned long long) size, (unsigned long long) state_bytes_of(&h, rows + h.n_layer));
+    }
+    if (st == RM_OK) {
+        const uint8_t * at = (const uint8_t *) buf + sizeof(h) + table;
+        for (int il = 0; il < h.n_layer; il++) {
+            int32_t n_rows, ring;
+            const int64_t row0 = layer_cache(s, il, &n_rows, &ring);
+            const uint64_t n = (uint64_t) (h.n_past < saved[2 * il] ? h.n_past : saved[2 * il]);
+            if (n == 0) {
+                continue;
+            }
+            s->be->ops->upload(s->be, (uint8_t *) s->k_cache + (uint64_t) row0 * s->k_row_bytes, at, n * h.k_row_bytes);
+            at += n * h.k_row_bytes;
+            if (h.v_row_bytes) {
+                s->be->ops->upload(s->be, (uint8_t *) s->v_cache + (uint64_t) row0 * s->v_row_bytes, at,
+                                   n * h.v_row_bytes);
+                at += n * h.v_row_bytes;
+            }
+        }
+        if (s->hy) {
+            rm_hybrid_reset(s->hy, s->m);   /* the checkpoints belong to the tokens before */
+            memcpy(s->hy->conv_state, at, h.conv_bytes);
+            memcpy(s->hy->ssm_state, at + h.conv_bytes, h.ssm_bytes);
+            at += h.conv_bytes + h.ssm_bytes;
+        }
+        if (h.thr_bytes) {
+            memcpy(s->policy.threshold, at, h.thr_bytes);
+        }
+        s->n_past = h.n_past;
+        const rm_status bs = s->be->ops->status(s->be);
+        if (bs != RM_OK) {
+            s->n_past = 0;
+            st = rm_fail(bs, "rm_session_state_load: writing the cache to the device failed");
+        }
+    }
+    free(saved);
+    free(rows);
+    return st;
+}
+
 rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
     rm_clear_error();
     if (!s) {

@@ -425,12 +425,84 @@ static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) 
     }
 }
 
-#define KQ_TPACK_q2_K NULL
-#define KQ_TPACK_q3_K NULL
+#define KQ_TPACK_q2_K tpack_q2_K
+#define KQ_TPACK_q3_K tpack_q3_K
 #define KQ_TPACK_q4_K tpack_q4_K
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs tpack_iq4_xs
+
+/* Q2_K / Q3_K's levels: the 2-bit fields of qs byte 32h + l at bits 2g as elements 128h + 32g + l
+ * (chunk 4h + g), lane by lane; Q3_K's high bit (hmask byte l, bit 4h + g) adds 4 (then the
+ * levels are q + 4 in 0..7, levels_q3_K's). */
+RM_INLINE void tpack_k2_levels(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, size_t qs_at, const int hmask) {
+    __m512i t[16], hm[8];
+    side16(src, qs_at, t);
+    if (hmask) {
+        side8(src, offsetof(rm_block_q3_K, hmask), hm);
+    }
+    const __m512i m2 = _mm512_set1_epi8(3), b2 = _mm512_set1_epi8(4);
+    for (int j = 0; j < 16; j++) {   /* qs bytes 32h + l.., l = 4 (j % 8) */
+        const int h = j / 8, l4 = j % 8;
+        for (int g = 0; g < 4; g++) {
+            __m512i q = _mm512_and_si512(_mm512_srli_epi16(t[j], 2 * g), m2);
+            if (hmask) {
+                const int e = 4 * h + g - 2;   /* bit 4h + g of each byte to bit 2 */
+                const __m512i hi = e < 0 ? _mm512_slli_epi16(hm[l4], -e) : _mm512_srli_epi16(hm[l4], e);
+                q = _mm512_ternarylogic_epi32(q, hi, b2, 0xf8);
+            }
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (8 * (4 * h + g) + l4), q);
+        }
+    }
+}
+
+/* The sixteen 16-element sub-blocks' scales sc[j] (int32 lanes) into the room, and the bsums'
+ * weights bw_j in int16 pairs (bw 2p, bw 2p + 1). */
+RM_INLINE void put_sc16(uint8_t * wb, const __m512i sc[16], const __m512i bw[16]) {
+    for (int j = 0; j < 16; j++) {
+        _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
+    }
+    for (int p = 0; p < 8; p++) {
+        const __m512i pair = _mm512_or_si512(_mm512_and_si512(bw[2 * p], _mm512_set1_epi32(0xffff)),
+                                             _mm512_slli_epi32(bw[2 * p + 1], 16));
+        _mm512_storeu_si512(wb + KR_BW + 64 * p, pair);
+    }
+}
+
+/* Q2_K: scales[j]'s low nibble the scale, its high one the min; d and dmin. */
+static void tpack_q2_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
+    __m512i w[4], tail[4], sc[16], mn[16];
+    side4(src, 0, w);                                                       /* the sixteen scale bytes */
+    side4(src, offsetof(rm_block_q2_K, d) + sizeof(rm_fp16) * 2 - 16, tail);   /* ... d | dmin << 16 */
+    _mm512_storeu_ps(wb + KR_D, side_fp16(tail[3]));
+    _mm512_storeu_ps(wb + KR_D + 64, side_fp16(_mm512_srli_epi32(tail[3], 16)));
+    for (int j = 0; j < 16; j++) {
+        sc[j] = _mm512_and_si512(_mm512_srli_epi32(w[j / 4], 8 * (j % 4)), _mm512_set1_epi32(0x0f));
+        mn[j] = _mm512_and_si512(_mm512_srli_epi32(w[j / 4], 8 * (j % 4) + 4), _mm512_set1_epi32(0x0f));
+    }
+    put_sc16(wb, sc, mn);
+    tpack_k2_levels(src, wb, offsetof(rm_block_q2_K, qs), 0);
+}
+
+/* Q3_K: the sixteen 6-bit scales less 32 (scales_q3_K's fields, lane by lane), read with d from
+ * the 16 bytes that end the block. */
+static void tpack_q3_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
+    __m512i w[4], sc[16];
+    side4(src, sizeof(rm_block_q3_K) - 16, w);   /* qs' last 2 bytes, the 12 scale bytes, d */
+    const __m512i u[3] = {_mm512_or_si512(_mm512_srli_epi32(w[0], 16), _mm512_slli_epi32(w[1], 16)),
+                          _mm512_or_si512(_mm512_srli_epi32(w[1], 16), _mm512_slli_epi32(w[2], 16)),
+                          _mm512_or_si512(_mm512_srli_epi32(w[2], 16), _mm512_slli_epi32(w[3], 16))};
+    _mm512_storeu_ps(wb + KR_D, side_fp16(_mm512_srli_epi32(w[3], 16)));
+    _mm512_storeu_ps(wb + KR_D + 64, _mm512_setzero_ps());
+    for (int j = 0; j < 16; j++) {   /* word k = j / 4 of scales_q3_K's result, byte j % 4 */
+        const int k = j / 4, b = j % 4;
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(u[k % 2], 8 * b + 4 * (k / 2)), _mm512_set1_epi32(0x0f));
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(u[2], 8 * b + 2 * k), _mm512_set1_epi32(3));
+        sc[j] = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+    }
+    put_sc16(wb, sc, sc);
+    tpack_k2_levels(src, wb, offsetof(rm_block_q3_K, qs), 1);
+}
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room, super-block by super-block: by tpack
  * where the type has one, else each row unpacked, then turned on its side by dword transposes. */

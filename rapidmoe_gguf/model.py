@@ -445,8 +445,12 @@ class Model:
                 raise StateError(f"{path}: a state of cache types {head.get('cache_type_k')}/"
                                  f"{head.get('cache_type_v')}; this session's are {self.cache_type_k}/"
                                  f"{self.cache_type_v}")
+            if tokens is not None and not (isinstance(tokens, list) and len(tokens) == n_past
+                                           and all(type(t) is int and 0 <= t < self.n_vocab for t in tokens)):
+                raise FormatError(f"{path}: a damaged state file header (its tokens are not {n_past} token ids "
+                                  "of this vocabulary)")
             at = m + 8 + n_head
-            if len(data) != at + n_state + self._logits.nbytes or (tokens is not None and len(tokens) != n_past):
+            if n_state < 0 or len(data) != at + n_state + self._logits.nbytes:
                 raise FormatError(f"{path}: {len(data)} bytes, not what its header describes (a damaged or "
                                   "truncated state file)")
             view = memoryview(data)

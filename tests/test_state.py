@@ -104,6 +104,15 @@ def test_state_refusals_leave_the_session_unchanged(tmp_path, tiny_hf):
         refused(FormatError, what)
     path.write_bytes(data[:30] + bytes([data[30] ^ 0xFF]) + data[31:])   # inside the JSON header
     refused(FormatError, "damaged")
+    import json
+    import struct
+    n_head = struct.unpack_from("<Q", data, 8)[0]
+    head = json.loads(data[16:16 + n_head])
+    for key, bad in [("tokens", 7), ("tokens", [0] * head["n_past"]  + [1]), ("tokens", [10 ** 9] * head["n_past"]),
+                     ("state_bytes", -5), ("n_past", "many")]:
+        forged = json.dumps({**head, key: bad}).encode()
+        path.write_bytes(data[:8] + struct.pack("<Q", len(forged)) + forged + data[16 + n_head:])
+        refused(FormatError, "damaged|truncated")
 
 
 def test_state_save_leaves_no_partial_file(tmp_path, monkeypatch):

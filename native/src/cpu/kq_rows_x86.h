@@ -243,6 +243,25 @@ RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t r
     }
 }
 
+/* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room by a type's tpack, super-block by
+ * super-block (rows past the matrix read a zero block). */
+RM_INLINE void pack_rows_stored(int64_t nsb, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1,
+                                uint8_t * room, kq_tpack_fn tpack, const size_t bsize) {
+    static const uint8_t zero[256] __attribute__((aligned(64)));
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t * src[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            src[r] = r0 + r < r1 ? w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) b * bsize : zero;
+            if (r0 + r < r1 && b + 1 < nsb) {   /* sixteen streams: more than the prefetchers follow */
+                for (size_t o = 0; o < bsize; o += 64) {
+                    __builtin_prefetch(src[r] + bsize + o, 0, 3);
+                }
+            }
+        }
+        tpack(src, room + (uint64_t) b * KR_BYTES);
+    }
+}
+
 #ifdef RM_KQ_GROUPED   /* the AVX-512 set */
 
 /* ---- packing a super-block of sixteen rows straight from the stored blocks ---------------------
@@ -510,19 +529,7 @@ RM_INLINE void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, in
                             kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int mins) {
     const int64_t nsb = n / RM_QK_K;
     if (tpack) {
-        static const uint8_t zero[256] __attribute__((aligned(64)));   /* the rows past the matrix */
-        for (int64_t b = 0; b < nsb; b++) {
-            const uint8_t * src[RM_TILE_ROWS];
-            for (int r = 0; r < RM_TILE_ROWS; r++) {
-                src[r] = r0 + r < r1 ? w + (uint64_t) (r0 + r) * row_bytes + (uint64_t) b * bsize : zero;
-                if (r0 + r < r1 && b + 1 < nsb) {   /* sixteen streams: more than the prefetchers follow */
-                    for (size_t o = 0; o < bsize; o += 64) {
-                        __builtin_prefetch(src[r] + bsize + o, 0, 3);
-                    }
-                }
-            }
-            tpack(src, room + (uint64_t) b * KR_BYTES);
-        }
+        pack_rows_stored(nsb, w, row_bytes, r0, r1, room, tpack, bsize);
         return;
     }
     for (int64_t b = 0; b < nsb; b++) {
@@ -761,18 +768,109 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
 
 #else   /* the AVX2 set */
 
+/* Q4_K and Q5_K packed straight from the stored blocks, as in the AVX-512 set, eight rows (half h
+ * of the tile) at a time: the room's bytes are the unpacking packer's. */
+
+/* t[j] lane r := dword j of the 32 bytes at src[r] + o. */
+RM_INLINE void side8x8(const uint8_t * const src[8], size_t o, __m256i t[8]) {
+    for (int r = 0; r < 8; r++) {
+        t[r] = _mm256_loadu_si256((const __m256i *) (src[r] + o));
+    }
+    transpose8_epi32(t);
+}
+
+/* w[i] lane r := dword i of the 16 bytes at src[r] + o. */
+RM_INLINE void side8x4(const uint8_t * const src[8], size_t o, __m256i w[4]) {
+    __m256i a[4];   /* rows 2k (low half) and 2k + 1 (high half) */
+    for (int k = 0; k < 4; k++) {
+        a[k] = _mm256_set_m128i(_mm_loadu_si128((const __m128i *) (src[2 * k + 1] + o)),
+                                _mm_loadu_si128((const __m128i *) (src[2 * k] + o)));
+    }
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);   /* lanes hold rows 0 2 4 6 1 3 5 7 */
+    w[0] = _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(t0, t2), order);
+    w[1] = _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(t0, t2), order);
+    w[2] = _mm256_permutevar8x32_epi32(_mm256_unpacklo_epi64(t1, t3), order);
+    w[3] = _mm256_permutevar8x32_epi32(_mm256_unpackhi_epi64(t1, t3), order);
+}
+
+/* The lanes' fp16 values (the low halves of v) as floats. */
+RM_INLINE __m256 side8_fp16(__m256i v) {
+    v = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+/* Bit b of every byte of v moved to bit 4 (as bit_to4 in the AVX-512 set). */
+RM_INLINE __m256i bit_to4_256(__m256i v, const int b) {
+    return b < 4 ? _mm256_slli_epi16(v, 4 - b) : b > 4 ? _mm256_srli_epi16(v, b - 4) : v;
+}
+
+RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb, const int five) {
+    const __m256i m6 = _mm256_set1_epi32(0x3f), m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(0x30);
+    const __m256i n4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t * const * src = src16 + 8 * h;
+        __m256i w[4];
+        side8x4(src, 0, w);   /* d | dmin << 16, then the 12 scale bytes as u0, u1, u2 */
+        _mm256_storeu_ps((float *) (wb + KR_D + 32 * h), side8_fp16(w[0]));
+        _mm256_storeu_ps((float *) (wb + KR_D + 64 + 32 * h), side8_fp16(_mm256_srli_epi32(w[0], 16)));
+        for (int k = 0; k < 8; k++) {
+            __m256i sc, mn;
+            if (k < 4) {
+                sc = _mm256_and_si256(_mm256_srli_epi32(w[1], 8 * k), m6);
+                mn = _mm256_and_si256(_mm256_srli_epi32(w[2], 8 * k), m6);
+            } else {
+                const int c = 8 * (k - 4);
+                sc = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[3], c), m4),
+                                     _mm256_and_si256(_mm256_srli_epi32(w[1], c + 2), m2));
+                mn = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[3], c + 4), m4),
+                                     _mm256_and_si256(_mm256_srli_epi32(w[2], c + 2), m2));
+            }
+            const __m256i pair = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));   /* (sc, sc) for vpmaddwd */
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * k) + 32 * h), pair);
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * k + 1) + 32 * h), pair);
+            _mm256_storeu_si256((__m256i *) (wb + KR_BW + 64 * k + 32 * h), _mm256_or_si256(mn, _mm256_slli_epi32(mn, 16)));
+        }
+        __m256i qh[8];
+        if (five) {
+            side8x8(src, offsetof(rm_block_q5_K, qh), qh);
+        }
+        for (int p = 0; p < 4; p++) {   /* qs bytes 32p + l, l = 4j */
+            __m256i t[8];
+            side8x8(src, (five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs)) + 32 * p, t);
+            for (int j = 0; j < 8; j++) {
+                __m256i lo = _mm256_and_si256(t[j], n4), hi = _mm256_and_si256(_mm256_srli_epi16(t[j], 4), n4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(bit_to4_256(qh[j], 2 * p), b4));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(bit_to4_256(qh[j], 2 * p + 1), b4));
+                }
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (16 * p + j) + 32 * h), lo);
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (16 * p + 8 + j) + 32 * h), hi);
+            }
+        }
+    }
+}
+
+static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
+static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
+
 #define KQ_TPACK_q2_K NULL
 #define KQ_TPACK_q3_K NULL
-#define KQ_TPACK_q4_K NULL
-#define KQ_TPACK_q5_K NULL
+#define KQ_TPACK_q4_K tpack_q4_K
+#define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K NULL
 #define KQ_TPACK_iq4_xs NULL
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the rows unpacked,
  * eight rows at a time, then turned on their side by dword transposes. */
 RM_INLINE void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
-                            kq_unpack_fn unpack, const size_t bsize, const int mins) {
+                            kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int mins) {
     const int64_t nsb = n / RM_QK_K;
+    if (tpack) {
+        pack_rows_stored(nsb, w, row_bytes, r0, r1, room, tpack, bsize);
+        return;
+    }
     for (int64_t b = 0; b < nsb; b++) {
         uint8_t * wb = room + (uint64_t) b * KR_BYTES;
         float * d = (float *) (wb + KR_D);
@@ -918,7 +1016,6 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
                               int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
                               kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int sixteen,
                               const int off_mul) {
-    (void) tpack;   /* the AVX2 set unpacks every type */
     const int64_t nsb = n / RM_QK_K;
     const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
     const int run = off_mul == 32 ? 2 : 4;   /* Q6_K's levels reach 63 */
@@ -927,7 +1024,7 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
      * Q5_K 12.0 / 14.0; for the 16-element ones a vpmulld per 16 products costs what it saves:
      * Q2_K 13.7-14.3 / 14.8-15.0, Q3_K 13.7 / 13.7-14.0, Q6_K 13.5 / 12.9-13.1 */
     const int vnni = !sixteen && rm_cpu_avx_vnni();
-    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, bsize, off_mul == 0);
+    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, tpack, bsize, off_mul == 0);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const rm_block_q8_K * x[KR_TOKENS_AVX2];

@@ -768,8 +768,8 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
 
 #else   /* the AVX2 set */
 
-/* Q4_K and Q5_K packed straight from the stored blocks, as in the AVX-512 set, eight rows (half h
- * of the tile) at a time: the room's bytes are the unpacking packer's. */
+/* Q4_K, Q5_K and Q6_K packed straight from the stored blocks, as in the AVX-512 set, eight rows
+ * (half h of the tile) at a time: the room's bytes are the unpacking packer's. */
 
 /* t[j] lane r := dword j of the 32 bytes at src[r] + o. */
 RM_INLINE void side8x8(const uint8_t * const src[8], size_t o, __m256i t[8]) {
@@ -855,11 +855,54 @@ RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb,
 static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
 static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
 
+/* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields, the sixteen signed scales as (sc, sc)
+ * pairs, the bsums' weights (sc 2p, sc 2p + 1), d. */
+static void tpack_q6_K(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb) {
+    const __m256i n4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30), lo16 = _mm256_set1_epi32(0xffff);
+    for (int rh = 0; rh < 2; rh++) {   /* rows 8 rh .. 8 rh + 7 */
+        const uint8_t * const * src = src16 + 8 * rh;
+        __m256i w[4], sc[16];
+        side8x4(src, offsetof(rm_block_q6_K, scales), w);
+        uint16_t d16[8];
+        for (int r = 0; r < 8; r++) {
+            memcpy(&d16[r], src[r] + offsetof(rm_block_q6_K, d), 2);
+        }
+        _mm256_storeu_ps((float *) (wb + KR_D + 32 * rh), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) d16)));
+        _mm256_storeu_ps((float *) (wb + KR_D + 64 + 32 * rh), _mm256_setzero_ps());
+        for (int j = 0; j < 16; j++) {
+            sc[j] = _mm256_srai_epi32(_mm256_slli_epi32(w[j / 4], 24 - 8 * (j % 4)), 24);
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * j + 32 * rh),
+                                _mm256_or_si256(_mm256_and_si256(sc[j], lo16), _mm256_slli_epi32(sc[j], 16)));
+        }
+        for (int p = 0; p < 8; p++) {
+            _mm256_storeu_si256((__m256i *) (wb + KR_BW + 64 * p + 32 * rh),
+                                _mm256_or_si256(_mm256_and_si256(sc[2 * p], lo16), _mm256_slli_epi32(sc[2 * p + 1], 16)));
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256i qh[8];
+            side8x8(src, offsetof(rm_block_q6_K, qh) + 32 * h, qh);   /* qh bytes 32h + l */
+            for (int g = 0; g < 2; g++) {
+                __m256i t[8];
+                side8x8(src, offsetof(rm_block_q6_K, ql) + 64 * h + 32 * g, t);   /* ql bytes 64h + 32g + l */
+                for (int l4 = 0; l4 < 8; l4++) {
+                    const __m256i q = qh[l4];
+                    const __m256i lo = _mm256_or_si256(_mm256_and_si256(t[l4], n4),
+                                                       _mm256_and_si256(g ? _mm256_slli_epi16(q, 2) : _mm256_slli_epi16(q, 4), m2h));
+                    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(t[l4], 4), n4),
+                                                       _mm256_and_si256(g ? _mm256_srli_epi16(q, 2) : q, m2h));
+                    _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * (4 * h + g) + l4) + 32 * rh), lo);
+                    _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * (4 * h + 2 + g) + l4) + 32 * rh), hi);
+                }
+            }
+        }
+    }
+}
+
 #define KQ_TPACK_q2_K NULL
 #define KQ_TPACK_q3_K NULL
 #define KQ_TPACK_q4_K tpack_q4_K
 #define KQ_TPACK_q5_K tpack_q5_K
-#define KQ_TPACK_q6_K NULL
+#define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs NULL
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the rows unpacked,

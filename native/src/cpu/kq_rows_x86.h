@@ -297,11 +297,11 @@ RM_INLINE void side8(const uint8_t * const src[RM_TILE_ROWS], size_t o, __m512i 
 /* w[i] lane r := dword i of the 16 bytes at src[r] + o. */
 RM_INLINE void side4(const uint8_t * const src[RM_TILE_ROWS], size_t o, __m512i w[4]) {
     __m512i q[4];   /* q[k] dword 4m + i: row 4k + m's dword i */
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 4; k++) {   /* the lane of an insert must be a constant, unrolled or not */
         q[k] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *) (src[4 * k] + o)));
-        for (int m = 1; m < 4; m++) {
-            q[k] = _mm512_inserti32x4(q[k], _mm_loadu_si128((const __m128i *) (src[4 * k + m] + o)), m);
-        }
+        q[k] = _mm512_inserti32x4(q[k], _mm_loadu_si128((const __m128i *) (src[4 * k + 1] + o)), 1);
+        q[k] = _mm512_inserti32x4(q[k], _mm_loadu_si128((const __m128i *) (src[4 * k + 2] + o)), 2);
+        q[k] = _mm512_inserti32x4(q[k], _mm_loadu_si128((const __m128i *) (src[4 * k + 3] + o)), 3);
     }
     for (int i = 0; i < 4; i++) {
         const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28),

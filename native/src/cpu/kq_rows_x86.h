@@ -20,9 +20,10 @@
  * fma(d_x d_w, S), then fma(-d_x dmin_w, M), and the eight partial sums are added as hsum_ps adds
  * them. Every output is bit for bit the AVX-512 set's vec_dot (rm_tile_kernels.exact).
  *
- * Layouts. A thread's room holds the tile's rows unpacked by simd_x86.h's unpack_* (levels as
- * unsigned bytes, the type's offset added), per super-block: the levels, 4 elements of 16 rows per
- * 64 bytes (group e at 64 e: 4096 bytes); the sixteen 16-element sub-blocks' scales as int32
+ * Layouts. A thread's room holds the tile's rows as levels in unsigned bytes (the type's offset
+ * added), packed straight from the stored blocks by the type's tpack below (the AVX2 set's Q2_K
+ * and Q3_K: unpacked by simd_x86.h's unpack_*, then transposed), per super-block: the levels, 4
+ * elements of 16 rows per 64 bytes (group e at 64 e: 4096 bytes); the sixteen 16-element sub-blocks' scales as int32
  * [j][row] (1024); the bsums' weights in int16 pairs [pair][row] (512); d and dmin as floats [row]
  * (128). Rows past the matrix are zero. The activations are the tokens' Q8_K rows as they are,
  * side by side (put_group copies them). The AVX2 set keeps its scales as int16 pairs (sc, sc) in
@@ -58,26 +59,6 @@ RM_INLINE __m512 sum8_ps512(const __m512 a[8]) {
     return _mm512_add_ps(even, odd);
 }
 #endif
-
-/* IQ4_XS in unpack_*'s form: sub-block j's levels (the table's, for the low nibbles of 16 qs
- * bytes, then the high ones) plus 128 as unsigned bytes, its 6-bit scale less 32, and the offset's
- * weights the scales (off_mul 128). */
-static inline void unpack_iq4_xs(const void * w, int64_t i, kq_unpacked * u) {
-    const rm_block_iq4_xs * b = (const rm_block_iq4_xs *) w + i;
-    const __m128i table = _mm_xor_si128(_mm_loadu_si128((const __m128i *) rm_iq4nl_values), _mm_set1_epi8((char) 0x80));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    int8_t sc[16];
-    for (int j = 0; j < 8; j++) {
-        const __m128i q = _mm_loadu_si128((const __m128i *) (b->qs + 16 * j));
-        u->q[j] = _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4)),
-                                   _mm_shuffle_epi8(table, _mm_and_si128(q, m4)));
-        sc[2 * j] = sc[2 * j + 1] =
-            (int8_t) ((((b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32);
-    }
-    u->sc16 = _mm_loadu_si128((const __m128i *) sc);
-    u->bw = _mm256_cvtepi8_epi16(u->sc16);
-    u->d = fp16(b->d);
-}
 
 static int usable_rows_kq(int64_t n) { return n > 0 && n % RM_QK_K == 0; }
 
@@ -413,7 +394,8 @@ static void tpack_q6_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
 }
 
 /* IQ4_XS: the table's levels plus 128 for the nibbles of qs bytes 16j + l (elements 32j + l and
- * 32j + 16 + l), the scales less 32 (unpack_iq4_xs's, lane by lane), d. */
+ * 32j + 16 + l), the scales (6 bits from scales_l and scales_h) less 32 as the offset's weights
+ * too, d. */
 static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
     __m512i w[4];
     side4(src, 0, w);   /* d | scales_h << 16, scales_l */
@@ -450,6 +432,12 @@ static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) 
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs tpack_iq4_xs
+#define KQ_UNPACK_q2_K NULL   /* every type is packed straight from storage */
+#define KQ_UNPACK_q3_K NULL
+#define KQ_UNPACK_q4_K NULL
+#define KQ_UNPACK_q5_K NULL
+#define KQ_UNPACK_q6_K NULL
+#define KQ_UNPACK_iq4_xs NULL
 
 /* Q2_K / Q3_K's levels: the 2-bit fields of qs byte 32h + l at bits 2g as elements 128h + 32g + l
  * (chunk 4h + g), lane by lane; Q3_K's high bit (hmask byte l, bit 4h + g) adds 4 (then the
@@ -523,61 +511,6 @@ static void tpack_q3_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
     tpack_k2_levels(src, wb, offsetof(rm_block_q3_K, qs), 1);
 }
 
-/* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room, super-block by super-block: by tpack
- * where the type has one, else each row unpacked, then turned on its side by dword transposes. */
-RM_INLINE void pack_rows_kq(int64_t n, const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, uint8_t * room,
-                            kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int mins) {
-    const int64_t nsb = n / RM_QK_K;
-    if (tpack) {
-        pack_rows_stored(nsb, w, row_bytes, r0, r1, room, tpack, bsize);
-        return;
-    }
-    for (int64_t b = 0; b < nsb; b++) {
-        uint8_t * wb = room + (uint64_t) b * KR_BYTES;
-        __m512i lev[4][RM_TILE_ROWS], sc[RM_TILE_ROWS], bw[RM_TILE_ROWS];
-        float * d = (float *) (wb + KR_D);
-        for (int r = 0; r < RM_TILE_ROWS; r++) {
-            if (r0 + r >= r1) {
-                for (int s = 0; s < 4; s++) {
-                    lev[s][r] = _mm512_setzero_si512();
-                }
-                sc[r] = bw[r] = _mm512_setzero_si512();
-                d[r] = d[RM_TILE_ROWS + r] = 0.0f;
-                continue;
-            }
-            const uint8_t * row = w + (uint64_t) (r0 + r) * row_bytes;
-            if (b + 1 < nsb) {   /* sixteen streams: more than the prefetchers follow */
-                for (size_t o = 0; o < bsize; o += 64) {
-                    __builtin_prefetch(row + (uint64_t) (b + 1) * bsize + o, 0, 3);
-                }
-            }
-            kq_unpacked u;
-            unpack(row, b, &u);
-            for (int s = 0; s < 4; s++) {
-                lev[s][r] = _mm512_inserti64x4(_mm512_castsi256_si512(u.q[2 * s]), u.q[2 * s + 1], 1);
-            }
-            sc[r] = _mm512_cvtepi8_epi32(u.sc16);
-            bw[r] = _mm512_castsi256_si512(u.bw);
-            d[r] = u.d;
-            d[RM_TILE_ROWS + r] = mins ? u.dmin : 0.0f;
-        }
-        for (int s = 0; s < 4; s++) {   /* dword j of 64 s.. : elements 64 s + 4 j.., group 16 s + j */
-            transpose16_epi32(lev[s]);
-            for (int j = 0; j < 16; j++) {
-                _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * s + j), lev[s][j]);
-            }
-        }
-        transpose16_epi32(sc);
-        transpose16_epi32(bw);
-        for (int j = 0; j < 16; j++) {
-            _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
-        }
-        for (int p = 0; p < 8; p++) {
-            _mm512_storeu_si512(wb + KR_BW + 64 * p, bw[p]);
-        }
-    }
-}
-
 /* Token t's four activations e (elements 4e..4e + 3) in every lane. */
 #define KR_X4(x, e) _mm512_set1_epi32(*(const int32_t *) ((x)->qs + 4 * (e)))
 
@@ -648,7 +581,8 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
                               const int off_mul) {
     const int64_t nsb = n / RM_QK_K;
     const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
-    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, tpack, bsize, off_mul == 0);
+    (void) unpack;   /* every type of the set has its tpack */
+    pack_rows_stored(nsb, w, row_bytes, r0, r1, room, tpack, bsize);
     const __mmask16 rows = (__mmask16) ((1u << (r1 - r0)) - 1);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
         const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
@@ -904,6 +838,12 @@ static void tpack_q6_K(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb) 
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs NULL
+#define KQ_UNPACK_q2_K unpack_q2_K   /* unpacked row by row, then transposed */
+#define KQ_UNPACK_q3_K unpack_q3_K
+#define KQ_UNPACK_q4_K NULL
+#define KQ_UNPACK_q5_K NULL
+#define KQ_UNPACK_q6_K NULL
+#define KQ_UNPACK_iq4_xs NULL
 
 /* Rows r0..r1 (at most RM_TILE_ROWS) of w into the room: each super-block of the rows unpacked,
  * eight rows at a time, then turned on their side by dword transposes. */
@@ -1224,7 +1164,7 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
                                 int accumulate) {                                                                  \
         (void) stored;   /* the K-quants are never stored repacked */                                              \
-        matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, unpack_##t,             \
+        matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, KQ_UNPACK_##t,          \
                        KQ_TPACK_##t, sizeof(block), sixteen, off_mul);                                             \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_kq, act_bytes_rows_kq, put_group_rows_kq,  \

@@ -23,11 +23,12 @@
  * Layouts. A thread's room holds the tile's rows as levels in unsigned bytes (the type's offset
  * added), packed straight from the stored blocks by the type's tpack below (the AVX2 set's Q2_K
  * and Q3_K: unpacked by simd_x86.h's unpack_*, then transposed), per super-block: the levels, 4
- * elements of 16 rows per 64 bytes (group e at 64 e: 4096 bytes); the sixteen 16-element sub-blocks' scales as int32
- * [j][row] (1024); the bsums' weights in int16 pairs [pair][row] (512); d and dmin as floats [row]
- * (128). Rows past the matrix are zero. The activations are the tokens' Q8_K rows as they are,
- * side by side (put_group copies them). The AVX2 set keeps its scales as int16 pairs (sc, sc) in
- * the scales' places, for vpmaddwd, and reads each 64 bytes as two halves of eight rows. */
+ * elements of 16 rows per 64 bytes (group e at 64 e: 4096 bytes); the sixteen 16-element sub-
+ * blocks' scales as int32 [j][row] (1024); the bsums' weights in int16 pairs [pair][row] (512); d
+ * and dmin as floats [row] (128). Rows past the matrix are zero. The activations are the tokens'
+ * Q8_K rows as they are, side by side (put_group copies them). The AVX2 set keeps its scales as
+ * int16 pairs (sc, sc) in the scales' places, for vpmaddwd, and reads each 64 bytes as two halves
+ * of eight rows. */
 #ifndef RM_CPU_KQ_ROWS_X86_H
 #define RM_CPU_KQ_ROWS_X86_H
 

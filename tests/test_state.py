@@ -86,7 +86,7 @@ def test_state_refusals_leave_the_session_unchanged(tmp_path, tiny_hf):
     def refused(error, match, **kw):
         with rm.Model(bundled_model_path(), n_threads=2, **{"n_ctx": 256, **kw}) as m2:
             m2.eval([1, 2, 3, 4])
-            before = m2.eval([5])
+            m2.eval([5])
             with pytest.raises(error, match=match):
                 m2.load_state(path)
             assert m2.n_past == 5 and np.array_equal(m2.eval([6]), continued_ref(kw))

@@ -307,6 +307,19 @@ RM_INLINE void put_sc32(uint8_t * wb, int k, __m512i sc) {
     _mm512_storeu_si512(wb + KR_SC + 64 * (2 * k + 1), sc);
 }
 
+/* The sixteen 16-element sub-blocks' scales sc[j] (int32 lanes) into the room, and the bsums'
+ * weights bw_j in int16 pairs (bw 2p, bw 2p + 1). */
+RM_INLINE void put_sc16(uint8_t * wb, const __m512i sc[16], const __m512i bw[16]) {
+    for (int j = 0; j < 16; j++) {
+        _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
+    }
+    for (int p = 0; p < 8; p++) {
+        const __m512i pair = _mm512_or_si512(_mm512_and_si512(bw[2 * p], _mm512_set1_epi32(0xffff)),
+                                             _mm512_slli_epi32(bw[2 * p + 1], 16));
+        _mm512_storeu_si512(wb + KR_BW + 64 * p, pair);
+    }
+}
+
 /* Q4_K / Q5_K: d and dmin, the 6-bit scales and mins (scales_k4's fields, lane by lane), the
  * nibbles of qs byte 32p + l as elements 64p + l and 64p + 32 + l, with Q5_K's fifth bits. */
 RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, const int five) {
@@ -368,13 +381,8 @@ static void tpack_q6_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
     __m512i sc[16];
     for (int j = 0; j < 16; j++) {
         sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(w[j / 4], 24 - 8 * (j % 4)), 24);
-        _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
     }
-    for (int p = 0; p < 8; p++) {   /* the int16 pair (sc 2p, sc 2p + 1) */
-        const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xffff)),
-                                             _mm512_slli_epi32(sc[2 * p + 1], 16));
-        _mm512_storeu_si512(wb + KR_BW + 64 * p, pair);
-    }
+    put_sc16(wb, sc, sc);
     const __m512i n4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30);
     __m512i qh[16];
     side16(src, offsetof(rm_block_q6_K, qh), qh);
@@ -461,19 +469,6 @@ RM_INLINE void tpack_k2_levels(const uint8_t * const src[RM_TILE_ROWS], uint8_t 
             }
             _mm512_storeu_si512(wb + KR_LEV + 64 * (8 * (4 * h + g) + l4), q);
         }
-    }
-}
-
-/* The sixteen 16-element sub-blocks' scales sc[j] (int32 lanes) into the room, and the bsums'
- * weights bw_j in int16 pairs (bw 2p, bw 2p + 1). */
-RM_INLINE void put_sc16(uint8_t * wb, const __m512i sc[16], const __m512i bw[16]) {
-    for (int j = 0; j < 16; j++) {
-        _mm512_storeu_si512(wb + KR_SC + 64 * j, sc[j]);
-    }
-    for (int p = 0; p < 8; p++) {
-        const __m512i pair = _mm512_or_si512(_mm512_and_si512(bw[2 * p], _mm512_set1_epi32(0xffff)),
-                                             _mm512_slli_epi32(bw[2 * p + 1], 16));
-        _mm512_storeu_si512(wb + KR_BW + 64 * p, pair);
     }
 }
 

@@ -719,7 +719,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
          * does not see masked out (their exponentials are 0, and adding 0 changes no sum: a row's
          * floats do not depend on how far the tile reaches for the other rows of its job) */
         const int32_t n = pe - p;
-        int32_t act[ATTN_ROWS], reach[ATTN_ROWS], na = 0;   /* reach: the positions a row sees end there */
+        int32_t act[ATTN_ROWS], from[ATTN_ROWS], reach[ATTN_ROWS], na = 0;   /* the row sees [from, reach) */
         const float * qa[ATTN_ROWS];
         float * oa[ATTN_ROWS];
         for (int32_t r = 0; r < R; r++) {
@@ -729,6 +729,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             if (b >= e) continue;
             qa[na] = a->q + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
             oa[na] = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+            from[na] = b - p;
             reach[na] = e - p;
             act[na++] = r;
         }
@@ -743,14 +744,11 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
         }
         for (int32_t k = 0; k < na; k++) {
             const int32_t r = act[k];
-            int32_t r0;
-            const int32_t r1 = attn_span(a, i0 + r / n_h, &r0);
-            const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
             float * srow = sc + (int64_t) k * ATTN_TILE;
-            for (int32_t j = 0; j < b - p; j++) srow[j] = -INFINITY;
-            for (int32_t j = e - p; j < n; j++) srow[j] = -INFINITY;
+            for (int32_t j = 0; j < from[k]; j++) srow[j] = -INFINITY;
+            for (int32_t j = reach[k]; j < n; j++) srow[j] = -INFINITY;
             float mx = m[r];
-            for (int32_t j = b - p; j < e - p; j++) mx = srow[j] > mx ? srow[j] : mx;
+            for (int32_t j = from[k]; j < reach[k]; j++) mx = srow[j] > mx ? srow[j] : mx;
             float * out = oa[k];
             if (empty[r]) {
                 memset(out, 0, sizeof(float) * (size_t) D);

@@ -569,7 +569,7 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
                            logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
                            tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
                            parallel_tool_calls: bool | None = None, response_format: Mapping | None = None,
-                           reasoning_format: str = "auto"):
+                           reasoning_format: str = "auto", grammar: str | None = None):
     """``llm.create_chat_completion`` (see Model): ``llm`` is the Model, ``model`` the name the
     result reports (default: the file's name). For a harmony model (gpt-oss) the content is the
     final channel's, with the analysis channel as ``reasoning_content`` when ``show_reasoning``;
@@ -584,7 +584,8 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
     prompt = chat_prompt(llm, messages, tools=use,
                          **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
     harmony = is_harmony(llm.tokenizer)
-    constrained = response_grammar(llm.tokenizer, response_format, harmony, use)
+    constrained = response_grammar(llm.tokenizer, response_format, harmony, use,
+                                   thinking_mode(llm.tokenizer, prompt), grammar)
     thinking = thinking_mode(llm.tokenizer, prompt, reasoning_format)
     if max_tokens is None:
         max_tokens = max(llm.n_ctx - len(prompt), 0)
@@ -604,28 +605,34 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
             "usage": completion["usage"]}
 
 
-def response_grammar(tokenizer, response_format, harmony: bool, tools: tool_calls.ToolUse | None = None):
-    """The grammar.Grammar a chat request's ``response_format`` asks for, or its tool_choice where
-    that forces a call in a JSON format (ToolUse.forced_schema); None: free text. Raises
+def response_grammar(tokenizer, response_format, harmony: bool, tools: tool_calls.ToolUse | None = None,
+                     thinking: bool | None = None, gbnf: str | None = None):
+    """The grammar.Grammar a chat request asks for, or None (free text): ``gbnf`` (llama.cpp's
+    grammar text, the whole reply), else ``response_format``'s JSON (after the model's thinking),
+    else its tools' (see rapidmoe_gguf.tool_grammar: a forced call, or well-formed calls under
+    tool_choice auto). ``thinking``: ``thinking_mode(tokenizer, prompt)`` of the prompt. Raises
     InvalidArgumentError whose message starts with the field at fault."""
-    from . import grammar
+    from . import grammar, tool_grammar
 
     schema = grammar.schema_of(response_format)
-    forced = tools.forced_schema() if tools is not None else None
-    lark = tools.forced_lark(grammar.JSON_FORM) if tools is not None else None
-    if schema is not None and (forced is not None or lark is not None):
-        raise InvalidArgumentError("response_format: a JSON reply and a forced tool call (tool_choice) "
+    forced = tools is not None and tools.choice not in ("auto", "none")
+    if forced and (schema is not None or gbnf is not None):
+        field = "grammar" if gbnf is not None else "response_format"
+        raise InvalidArgumentError(f"{field}: a reply of its own and a forced tool call (tool_choice) "
                                    "cannot both be asked for")
-    if schema is None and forced is None and lark is None:
-        return None
-    if harmony:   # the reply's channels are text the grammar would forbid
-        raise InvalidArgumentError("response_format: JSON replies are not supported for harmony-format "
-                                   "models (gpt-oss) yet")
-    if forced is not None:   # tool schemas are often loose: keywords the engine lacks are skipped
-        return grammar.Grammar(tokenizer, forced, where="tools", lenient=True)
-    if lark is not None:
-        return grammar.Grammar(tokenizer, where="tools", lark=lark)
-    return grammar.Grammar(tokenizer, schema)
+    if gbnf is not None:
+        if schema is not None:
+            raise InvalidArgumentError("grammar: a grammar and a response_format cannot both be given")
+        return grammar.Grammar(tokenizer, gbnf=gbnf)
+    pieces = tool_grammar.Pieces(tokenizer)
+    if schema is not None:
+        if not harmony and thinking is None:
+            return grammar.Grammar(tokenizer, schema)
+        return grammar.Grammar(tokenizer, where="response_format", schema=schema,
+                               lark=tool_grammar.json_reply_lark(schema, pieces, grammar.JSON_FORM, thinking,
+                                                                 harmony))
+    lark = tool_grammar.tool_call_lark(tools, pieces, grammar.JSON_FORM, thinking) if tools is not None else None
+    return None if lark is None else grammar.Grammar(tokenizer, where="tools", lark=lark)
 
 
 def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None = None,

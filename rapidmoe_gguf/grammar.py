@@ -1,4 +1,5 @@
-"""Structured outputs: replies constrained to a JSON schema (OpenAI's ``response_format``), by
+"""Structured outputs: replies constrained to a JSON schema (OpenAI's ``response_format``), to a
+tool call (rapidmoe_gguf.tool_grammar) or to a GBNF grammar (llama.cpp's ``grammar``), by
 llguidance, the grammar engine llama.cpp links.
 
 A ``Grammar`` is compiled once per request from its ``response_format`` and checked against the
@@ -105,24 +106,46 @@ def schema_of(response_format: Any, where: str = "response_format") -> dict | No
     return schema
 
 
+def completion_grammar(tokenizer, response_format: Any = None, gbnf: str | None = None) -> "Grammar | None":
+    """The Grammar a text completion asks for: ``response_format``'s JSON or ``gbnf``'s grammar
+    (not both), over the whole text; None: free text."""
+    schema = schema_of(response_format)
+    if schema is not None and gbnf is not None:
+        raise InvalidArgumentError("grammar: a grammar and a response_format cannot both be given")
+    if gbnf is not None:
+        return Grammar(tokenizer, gbnf=gbnf)
+    return None if schema is None else Grammar(tokenizer, schema)
+
+
 class Grammar:
     """A compiled grammar for one tokenizer, from a JSON schema (its JSON in JSON_FORM; ``lenient``:
-    keywords the engine lacks are skipped) or from llguidance's Lark text; ``constraint()`` starts a
-    generation under it."""
+    keywords the engine lacks are skipped), from llguidance's Lark text (``lark``; ``schema``, if
+    given too, is only what ``where`` names in errors), or from llama.cpp's GBNF (``gbnf``,
+    converted to Lark by llguidance); ``constraint()`` starts a generation under it."""
 
     def __init__(self, tokenizer, schema: dict | None = None, where: str = "response_format", lenient: bool = False,
-                 lark: str | None = None):
+                 lark: str | None = None, gbnf: str | None = None):
         ll = _llguidance()
         self._ll = ll
         self.tokenizer = ll_tokenizer(tokenizer)
+        what = "the schema"
         try:
+            if gbnf is not None:
+                where, what = "grammar", "the grammar"
+                if not isinstance(gbnf, str) or not gbnf.strip():
+                    raise ValueError("it must be a non-empty string of GBNF rules")
+                from llguidance.gbnf_to_lark import any_to_lark
+                try:
+                    lark = any_to_lark(gbnf)
+                except Exception as exc:   # the converter raises its own error types
+                    raise ValueError(f"not GBNF: {exc}") from None
             self.grammar = ll.LLMatcher.grammar_from_lark(lark) if lark is not None else \
                 ll.LLMatcher.grammar_from_json_schema(schema, overrides={**JSON_FORM, "lenient": lenient})
         except (ValueError, TypeError) as exc:
-            raise InvalidArgumentError(f"{where}: the schema is not valid: {exc}") from None
+            raise InvalidArgumentError(f"{where}: {what} is not valid: {exc}"[:1000]) from None
         is_error, messages = ll.LLMatcher.validate_grammar_with_warnings(self.grammar, self.tokenizer)
         if is_error:
-            raise InvalidArgumentError(f"{where}: the schema cannot be used: {messages[0]}"[:1000])
+            raise InvalidArgumentError(f"{where}: {what} cannot be used: {messages[0]}"[:1000])
 
     def constraint(self) -> Constraint:
         return Constraint(self)

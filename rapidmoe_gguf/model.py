@@ -787,17 +787,23 @@ class Model:
                           top_p: float = _SD["top_p"], top_k: int = _SD["top_k"], min_p: float = _SD["min_p"],
                           repeat_penalty: float = _SD["repeat_penalty"], seed: int | None = _SD["seed"],
                           stop: str | Sequence[str] | None = None, stream: bool = False, model: str | None = None,
-                          logprobs: int | None = None, logit_bias: Mapping | None = None):
+                          logprobs: int | None = None, logit_bias: Mapping | None = None,
+                          response_format: Mapping | None = None, grammar: str | None = None):
         """An OpenAI-style text completion, as llama-cpp-python returns it (a dict, or an iterator
         of chunk dicts when streaming). ``logprobs`` N (0 to 20): each generated token's
         log-probability and the N most likely tokens' (OpenAI's legacy shape: tokens,
         token_logprobs, top_logprobs, text_offset; see sampling.token_logprob for what they
-        measure). ``logit_bias``: token id -> a bias in [-100, 100] added to its logit."""
+        measure). ``logit_bias``: token id -> a bias in [-100, 100] added to its logit.
+        ``response_format`` (as create_chat_completion's) or ``grammar`` (GBNF text, as llama.cpp's
+        grammars are written): the text is constrained to it (``rapidmoe_gguf.grammar``)."""
+        from . import grammar as grammars
+
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty, seed=seed)
         n_top = None if logprobs is None else check_top_logprobs(logprobs, "logprobs")
         return self._completion(prompt, max_tokens, sampling, stop, stream, model, n_top,
-                                LogitBias.check(logit_bias, self.n_vocab), "completion")
+                                LogitBias.check(logit_bias, self.n_vocab), "completion",
+                                grammar=grammars.completion_grammar(self.tokenizer, response_format, grammar))
 
     def _completion(self, prompt, max_tokens: int, sampling: SamplingParams, stop: str | Sequence[str] | None,
                     stream: bool, model: str | None, n_top: int | None, bias: LogitBias | None, kind: str,
@@ -854,7 +860,7 @@ class Model:
                                logit_bias: Mapping | None = None, chat_template_kwargs: Mapping | None = None,
                                tools: Sequence[dict] | None = None, tool_choice: str | Mapping | None = None,
                                parallel_tool_calls: bool | None = None, response_format: Mapping | None = None,
-                               reasoning_format: str = "auto"):
+                               reasoning_format: str = "auto", grammar: str | None = None):
         """An OpenAI-style chat completion, as llama-cpp-python returns it: the messages are rendered
         with the model's own chat template (see ``rapidmoe_gguf.chat``), with ``chat_template_kwargs``
         as further template variables (e.g. ``{"enable_thinking": False}``). ``max_tokens`` None: up to
@@ -866,7 +872,10 @@ class Model:
         the message's ``tool_calls`` in the model's own format (see ``rapidmoe_gguf.tool_calls``).
         ``response_format``: as OpenAI's (``{"type": "json_object"}``, or ``{"type": "json_schema",
         "json_schema": {"schema": ...}}``): the reply is constrained to JSON of that schema
-        (``rapidmoe_gguf.grammar``). ``reasoning_format``: "auto" (or "deepseek", as llama.cpp's server
+        (``rapidmoe_gguf.grammar``), after the model's thinking; ``grammar``: GBNF text the whole
+        reply is constrained to. With ``tools``, tool_choice "required" or a named function forces
+        a well-formed call, and under "auto" a call the model starts is kept well formed
+        (``rapidmoe_gguf.tool_grammar``). ``reasoning_format``: "auto" (or "deepseek", as llama.cpp's server
         names it) gives a thinking model's ``<think>`` block (Qwen3, DeepSeek-R1, GLM) as the
         message's ``reasoning_content``, "none" leaves it in ``content``."""
         from . import chat
@@ -877,7 +886,7 @@ class Model:
             reasoning_effort=reasoning_effort, show_reasoning=show_reasoning, logprobs=logprobs,
             top_logprobs=top_logprobs, logit_bias=logit_bias, chat_template_kwargs=chat_template_kwargs,
             tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-            response_format=response_format, reasoning_format=reasoning_format)
+            response_format=response_format, reasoning_format=reasoning_format, grammar=grammar)
 
     # -- several sequences at once --------------------------------------------------------------
 

@@ -32,9 +32,13 @@ Tool calls: a chat request's ``tools``, ``tool_choice`` and ``parallel_tool_call
 calls come as ``message.tool_calls`` (``content`` null when there is no other text) with
 ``finish_reason`` "tool_calls", and streamed as ``delta.tool_calls``.
 
-Structured outputs: a chat request's ``response_format`` (json_object, json_schema) constrains the
-reply to JSON of the schema, by rapidmoe_gguf.grammar; a bad schema is a 400 naming it. Requests
-with and without one share the scheduler's steps: each sequence's sampler masks its own logits.
+Structured outputs: ``response_format`` (json_object, json_schema) constrains the reply to JSON
+of the schema (in chat, after the model's thinking), and llama.cpp's server's ``json_schema`` (a
+schema) and ``grammar`` (GBNF) are taken on both endpoints, by rapidmoe_gguf.grammar; a bad
+schema or grammar is a 400 naming it. A forced tool call (tool_choice) is constrained to the
+model's call format, and under tool_choice auto a call the model starts is kept well formed
+(rapidmoe_gguf.tool_grammar). Requests with and without a grammar share the scheduler's steps:
+each sequence's sampler masks its own logits.
 
 Log-probabilities: chat's ``logprobs: true`` with ``top_logprobs`` (0 to 20), the legacy
 completions' ``logprobs: N`` (0 to 20), in OpenAI's shapes; a stream's chunk carries those of the
@@ -108,7 +112,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import chat, tool_calls, umia
+from . import chat, grammar, tool_calls, umia
 from .errors import (ContextFullError, FormatError, InvalidArgumentError, NoBudgetError, NoResidualError,
                      RapidMoEError, StateError)
 from .model import Model, SamplingParams
@@ -226,6 +230,10 @@ COMMON_FIELDS: dict[str, tuple[tuple[type, ...], Any]] = {
     "residual_policy": ((str,), None),
     "residual_budget": (NUMBER, None),
     "logit_bias": ((dict,), None),
+    # llama.cpp's server's: a GBNF grammar, or a JSON schema, the whole reply is constrained to
+    "grammar": ((str,), None),
+    "json_schema": ((dict,), None),
+    "response_format": ((dict,), None),
 }
 # logprobs: chat's is a boolean with top_logprobs beside it; the legacy completions' the number of
 # top tokens (false, as before, asks for none).
@@ -234,8 +242,7 @@ CHAT_FIELDS = {**COMMON_FIELDS, "messages": ((list,), REQUIRED), "max_completion
                "reasoning_effort": ((str,), None), "show_reasoning": ((bool,), False),
                "chat_template_kwargs": ((dict,), None), "reasoning_format": ((str,), None),
                "logprobs": ((bool,), False), "top_logprobs": ((int,), None),
-               "tools": ((list,), None), "tool_choice": ((str, dict), None), "parallel_tool_calls": ((bool,), None),
-               "response_format": ((dict,), None)}
+               "tools": ((list,), None), "tool_choice": ((str, dict), None), "parallel_tool_calls": ((bool,), None)}
 MAX_STOP = 16
 # OpenAI fields this server does not implement: a request that asks for them gets 400, not a
 # quiet answer without them. field -> the values (besides null) that ask for nothing. echo would
@@ -248,8 +255,7 @@ UNSUPPORTED: dict[str, tuple] = {
 OTHER_ENDPOINT: dict[str, dict[str, tuple[tuple, str]]] = {
     "completion": {"top_logprobs": ((0,), "/v1/completions takes 'logprobs': N (the number of top tokens)"),
                    "tools": (([],), "tools are for /v1/chat/completions"),
-                   "reasoning_format": (("none",), "a completion's text is returned as the model writes it"),
-                   "response_format": (({"type": "text"},), "response_format is for /v1/chat/completions")},
+                   "reasoning_format": (("none",), "a completion's text is returned as the model writes it")},
     "chat": {},
 }
 
@@ -330,7 +336,7 @@ class GenRequest:
     logit_bias: LogitBias | None = None
     text_offset: int = 0             # the legacy logprobs' offset of the completion's text (the prompt's length)
     tools: tool_calls.ToolUse | None = None   # chat: the request's tools, whose calls the reply is read for
-    grammar: Any = None              # chat: the grammar.Grammar of its response_format; None: plain text
+    grammar: Any = None              # the grammar.Grammar the reply is constrained to; None: free text
     thinking: bool | None = None     # chat: how the reply's <think> block is read (chat.thinking_mode)
 
     def chunks(self, slot: Model, name: str) -> Iterator[dict]:
@@ -436,15 +442,25 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
                        f"holds {model.n_ctx} tokens", param=param, code="context_length_exceeded")
     harmony = kind == "chat" and chat.is_harmony(model.tokenizer)
     try:
-        constrained = chat.response_grammar(model.tokenizer, f["response_format"], harmony, tools) \
-            if kind == "chat" else None
-    except InvalidArgumentError as exc:     # its message starts with the field at fault
-        raise ApiError(400, str(exc), param=re.match(r"\w+", str(exc)).group()) from exc
-    try:
         thinking = chat.thinking_mode(model.tokenizer, ids, f["reasoning_format"] or reasoning_format) \
             if kind == "chat" else None
     except InvalidArgumentError as exc:
         raise ApiError(400, str(exc), param="reasoning_format") from exc
+    response_format = f["response_format"]
+    if f["json_schema"] is not None:
+        if response_format is not None:
+            raise ApiError(400, "json_schema and response_format cannot both be given", param="json_schema")
+        response_format = {"type": "json_object", "schema": f["json_schema"]}
+    try:
+        if kind == "chat":
+            constrained = chat.response_grammar(model.tokenizer, response_format, harmony, tools,
+                                                chat.thinking_mode(model.tokenizer, ids), f["grammar"])
+        else:
+            constrained = grammar.completion_grammar(model.tokenizer, response_format, f["grammar"])
+    except InvalidArgumentError as exc:     # its message starts with the field at fault
+        field = re.match(r"\w+", str(exc)).group()
+        raise ApiError(400, str(exc), param="json_schema" if f["json_schema"] is not None and
+                       field == "response_format" else field) from exc
     offset = 0      # legacy logprobs' text_offset counts from the prompt's start: its text, or its tokens'
     if kind == "completion" and n_top is not None:
         prompt = f["prompt"][0] if isinstance(f["prompt"], list) and len(f["prompt"]) == 1 else f["prompt"]

@@ -31,13 +31,11 @@ gives the template no tools: its history too is rewritten as text (an assistant 
 JSON the model is asked for, tool results as user turns), so a template that cannot write tools is
 never asked to. ``tool_choice``: "auto" (the default), "none" (the template still sees the tools,
 as llama.cpp's server does, but the reply is not read for calls), "required" or a named function.
-In the generic and hermes formats "required" and a named function are enforced by constrained
-decoding (``ToolUse.forced_schema``, ``ToolUse.forced_lark``, rapidmoe_gguf.grammar): the reply is
-one call or more (one with ``parallel_tool_calls`` false) of the offered tools, with arguments of
-their schemas. In the other formats they are instructions (a system message saying which call to make), not
-guarantees: a reply that makes no call is returned as text, and with a named function a call of
-another tool comes back as text. ``parallel_tool_calls`` false is an instruction there too, and a
-reply's calls beyond the first come back as text.
+"required" and a named function are enforced by constrained decoding in every format
+(rapidmoe_gguf.tool_grammar): the reply is one call or more (one with ``parallel_tool_calls``
+false) of the offered tools, with arguments of their schemas, after the model's thinking if it
+thinks; they are said in the system message too. Under "auto" a call the model starts is kept
+well formed where the format has an opening marker (all but the generic and harmony formats).
 
 Reply side (``CallParser``; ``HarmonyCalls`` for gpt-oss): the reply's text becomes content and calls, each call
 ``{"id", "type": "function", "function": {"name", "arguments": a JSON string}}``. A call block that
@@ -412,32 +410,16 @@ class ToolUse:
                                                   "arguments": _closed(t["function"].get("parameters"))},
                  "required": ["name", "arguments"], "additionalProperties": False} for t in self.offered]
 
-    def forced_schema(self) -> dict | None:
-        """The JSON schema a reply must match when tool_choice forces a call and the format is
-        JSON (the generic one): {"tool_calls": [one call or more, of the offered tools, each with
-        arguments of its schema]}. None otherwise (see forced_lark)."""
-        if self.format is not GENERIC or self.choice in ("auto", "none"):
-            return None
+    def forced_schema(self) -> dict:
+        """The JSON schema of the generic format's reply when tool_choice forces a call:
+        {"tool_calls": [one call or more, of the offered tools, each with arguments of its
+        schema]}."""
         calls = self._call_schemas()
         items = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
         if not self.parallel:
             items["maxItems"] = 1
         return {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"],
                 "additionalProperties": False}
-
-    def forced_lark(self, json_form: dict) -> str | None:
-        """The grammar (llguidance's Lark) a reply must match when tool_choice forces a call in the
-        hermes format: one <tool_call> block or more (one without parallel calls), each the JSON
-        of a call (forced_schema's items) in ``json_form`` (grammar.JSON_FORM). None for the other
-        formats, whose calls stay instructions."""
-        if self.format is not HERMES or self.choice in ("auto", "none"):
-            return None
-        calls = self._call_schemas()
-        body = {"x-guidance": {**json_form, "lenient": True}, **(calls[0] if len(calls) == 1 else {"anyOf": calls})}
-        more = ' ("\\n" call)*' if self.parallel else ""
-        return (f"start: call{more}\n"
-                'call: "<tool_call>\\n" body "\\n</tool_call>"\n'
-                f"body: %json {json.dumps(body)}\n")
 
     def parser(self) -> "CallParser | HarmonyCalls | None":
         """A fresh reader of one reply's calls; None for tool_choice "none"."""

@@ -1,0 +1,283 @@
+"""The grammars (llguidance's Lark) that keep a reply well formed: a tool call in the model's own
+format, a JSON reply after the model's thinking, and gpt-oss's channels around either.
+
+A format's fixed strings go into a grammar through ``Pieces``: a string that is one token of the
+model's vocabulary (the markers are, in the models' own files: ``<tool_call>`` in Qwen's,
+``<｜tool▁calls▁begin｜>`` in DeepSeek's, ``<|channel|>`` in gpt-oss's) is written as that token,
+``<[id]>``, so the reply holds the token the model was trained to write, and a control token
+(which no text spells) can be asked for at all; any other string as its text.
+
+``tool_call_lark`` gives a request's grammar by its tool_choice:
+
+- "required" or a named function: the reply is the format's calls (one, or more with
+  ``parallel_tool_calls``) of the offered tools, each with arguments of its schema; thinking may
+  come first (a ``<think>`` block, or the rest of one the prompt opened; gpt-oss's analysis
+  message);
+- "auto": the reply is free until the format's opening marker, and from there each call block
+  must be well formed (a lazy grammar, as llama.cpp's are: the text before a marker is never
+  masked where the marker is one token; where it is text, the free part is text). Formats
+  without such a marker (the generic JSON one, gpt-oss's) stay free under "auto";
+- "none": no grammar.
+
+The XML formats' values follow ``tool_calls._xml_value``: a string parameter's value is text up
+to the closing tag, any other is JSON of its schema. Every generated form is one the readers in
+rapidmoe_gguf.tool_calls read back (``tests/test_tool_grammar.py`` feeds the formats' round-trip
+texts, written by the models' real templates, through these grammars).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from . import tool_calls as tc
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# Any text: a terminal, so that the lexer, not the parser, runs over it.
+ANY = "ANY: /(.|\\n)*/\n"
+
+
+def _q(text: str) -> str:
+    """A Lark string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+class Pieces:
+    """The Lark expression of a format's fixed string for one tokenizer: ``<[id]>`` where the
+    string is exactly one token of the vocabulary, else the quoted text."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._seen: dict[str, int | None] = {}
+
+    def token(self, text: str) -> int | None:
+        """The id of the one token that is ``text``, or None."""
+        if text not in self._seen:
+            ids = self._tokenizer.encode(text, add_special=False, parse_special=True)
+            one = len(ids) == 1 and self._tokenizer.token_to_piece(ids[0]) == text.encode("utf-8")
+            self._seen[text] = ids[0] if one else None
+        return self._seen[text]
+
+    def __call__(self, text: str) -> str:
+        tid = self.token(text)
+        return f"<[{tid}]>" if tid is not None else _q(text)
+
+    def text_then(self, name: str, text: str) -> str:
+        """A rule ``name``: any text, then ``text``. Where ``text`` is a control token, which no
+        text holds, the text is the greedy ANY; else a lazy terminal, which ends where ``text``
+        first shows (were the token of a text written as a token after a greedy ANY, the ANY
+        could take the token's text as well, and the rule would never end)."""
+        tid = self.token(text)
+        if tid is not None and self._tokenizer.is_special(tid):
+            return f"{name}: ANY <[{tid}]>\n"
+        return f"{name}[lazy]: ANY {_q(text)}\n"
+
+
+def json_rule(schema: Any, json_form: Mapping, lenient: bool) -> str:
+    """``%json`` of a schema, in the JSON form the replies use (grammar.JSON_FORM)."""
+    body = dict(schema) if isinstance(schema, Mapping) else {}
+    body["x-guidance"] = {**json_form, "lenient": lenient}
+    return "%json " + json.dumps(body, ensure_ascii=False)
+
+
+def thinking_rules(pieces: Pieces, thinking: bool | None) -> tuple[str, str]:
+    """(the rules, the expression that goes first in ``start``) for the thinking a reply may hold
+    before its constrained part: ``thinking`` True: the prompt opened a <think> block, which the
+    reply closes; False: the reply may open one; None: none."""
+    if thinking is None:
+        return "", ""
+    rules = ANY + pieces.text_then("think_body", THINK_CLOSE) + "think: think_body /[ \\t\\n]*/\n"
+    return rules, ("think" if thinking else f"({pieces(THINK_OPEN)} think)?")
+
+
+def _string_only(schema: Any) -> bool:
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    kinds = {k for k in (kind if isinstance(kind, list) else [kind]) if isinstance(k, str)}
+    return "string" in kinds and kinds <= {"string", "null"}
+
+
+def _parameters(tool: dict) -> tuple[list[tuple[str, Any]], set[str]]:
+    """A tool's parameters in the schema's order, and the required ones."""
+    params = tool["function"].get("parameters") or {}
+    props = params.get("properties") if isinstance(params, Mapping) else None
+    required = params.get("required") if isinstance(params, Mapping) else None
+    items = list(props.items()) if isinstance(props, Mapping) else []
+    return items, {r for r in (required or []) if isinstance(r, str)}
+
+
+class _Builder:
+    """The rules of one format's call blocks for a ToolUse."""
+
+    def __init__(self, use: tc.ToolUse, pieces: Pieces, json_form: Mapping):
+        self.use, self.p, self.form = use, pieces, json_form
+        self.rules: list[str] = []
+        self.needs_any = False
+
+    def rule(self, text: str) -> None:
+        self.rules.append(text)
+
+    def args(self, i: int, tool: dict) -> str:
+        name = f"args_{i}"
+        self.rule(f"{name}: {json_rule(tc._closed(tool['function'].get('parameters')), self.form, True)}")
+        return name
+
+    def xml_params(self, i: int, tool: dict, head: str, sep: str, end: str, tail: str, newlines: bool = False) -> str:
+        """A rule for the parameters of tool i in an XML format: each ``head`` KEY ``sep`` VALUE
+        ``end``, then ``tail`` (KEY in head: "KEY"), in the schema's order, the optional ones
+        optional. A string's VALUE is any text up to ``end`` (a lazy terminal), any other JSON.
+        ``newlines``: a newline may come before each pair and between KEY and VALUE (GLM-4.5 and
+        4.6 write them, 4.7 does not)."""
+        items, required = _parameters(tool)
+        parts = []
+        for k, (key, schema) in enumerate(items):
+            name = f"p_{i}_{k}"
+            nl = ['"\\n"?'] if newlines else []
+            opening = " ".join(nl + [_q(head.replace("KEY", key))] + nl + ([_q(sep)] if sep else []))
+            if _string_only(schema):
+                self.needs_any = True
+                self.rule(f"{name}_v[lazy]: ANY {_q(end + tail)}")
+                self.rule(f"{name}: {opening} {name}_v")
+            else:
+                self.rule(f"{name}_v: {json_rule(schema, self.form, True)}")
+                self.rule(f"{name}: {opening} {name}_v {_q(end + tail)}")
+            parts.append(name if key in required else f"{name}?")
+        name = f"params_{i}"
+        self.rule(f"{name}: {' '.join(parts)}" if parts else f'{name}: ""')
+        return name
+
+    def either(self, name: str, options: list[str]) -> str:
+        self.rule(f"{name}: {' | '.join(options)}")
+        return name
+
+    def block(self) -> tuple[str, str | None, bool]:
+        """The rule of one call block after its opening marker, the marker (None: the generic
+        format's, which has none), and whether a block holds every call (the formats whose
+        calls go in one section)."""
+        f, p, tools = self.use.format, self.p, self.use.offered
+        if f is tc.HERMES:
+            calls = self.use._call_schemas()
+            body = calls[0] if len(calls) == 1 else {"anyOf": calls}
+            self.rule(f"hermes_body: {json_rule(body, self.form, True)}")
+            self.rule(f'after: "\\n" hermes_body "\\n" {p("</tool_call>")}')
+            return "after", "<tool_call>", False
+        if f is tc.QWEN3_CODER:
+            fns = []
+            for i, t in enumerate(tools):
+                params = self.xml_params(i, t, "<parameter=KEY>", "\n", "\n</parameter>", "\n")
+                self.rule(f'fn_{i}: {_q("<function=" + t["function"]["name"] + ">" + chr(10))} {params} "</function>"')
+                fns.append(f"fn_{i}")
+            self.either("fn", fns)
+            self.rule(f'after: "\\n" fn "\\n" {p("</tool_call>")}')
+            return "after", "<tool_call>", False
+        if f is tc.GLM:
+            fns = []
+            for i, t in enumerate(tools):
+                params = self.xml_params(i, t, "<arg_key>KEY</arg_key>", "<arg_value>", "</arg_value>", "", True)
+                self.rule(f'fn_{i}: {_q(t["function"]["name"])} {params}')
+                fns.append(f"fn_{i}")
+            self.either("fn", fns)
+            self.rule(f'after: fn "\\n"? {p("</tool_call>")}')
+            return "after", "<tool_call>", False
+        if f is tc.MINIMAX_M2:
+            fns = []
+            for i, t in enumerate(tools):
+                params = self.xml_params(i, t, '<parameter name="KEY">', "", "</parameter>", "\n")
+                self.rule(f'fn_{i}: {_q(chr(60) + "invoke name=" + chr(34) + t["function"]["name"] + chr(34) + ">" + chr(10))} '
+                          f'{params} "</invoke>\\n"')
+                fns.append(f"fn_{i}")
+            self.either("fn", fns)
+            more = "+" if self.use.parallel else ""
+            self.rule(f'after: "\\n" fn{more} {p("</minimax:tool_call>")}')
+            return "after", "<minimax:tool_call>", True
+        if f is tc.DEEPSEEK:
+            fns = []
+            for i, t in enumerate(tools):
+                args = self.args(i, t)
+                self.rule(f'fn_{i}: {p("<｜tool▁call▁begin｜>")} {_q(t["function"]["name"])} {p("<｜tool▁sep｜>")} '
+                          f'{args} {p("<｜tool▁call▁end｜>")}')
+                fns.append(f"fn_{i}")
+            self.either("fn", fns)
+            more = "+" if self.use.parallel else ""
+            self.rule(f'after: fn{more} {p("<｜tool▁calls▁end｜>")}')
+            return "after", "<｜tool▁calls▁begin｜>", True
+        if f is tc.KIMI_K2:
+            fns = []
+            for i, t in enumerate(tools):
+                args = self.args(i, t)
+                self.rule(f'fn_{i}: {p("<|tool_call_begin|>")} {_q("functions." + t["function"]["name"] + ":")} '
+                          f'/[0-9]+/ {p("<|tool_call_argument_begin|>")} {args} {p("<|tool_call_end|>")}')
+                fns.append(f"fn_{i}")
+            self.either("fn", fns)
+            more = "+" if self.use.parallel else ""
+            self.rule(f'after: fn{more} {p("<|tool_calls_section_end|>")}')
+            return "after", "<|tool_calls_section_begin|>", True
+        if f is tc.HARMONY:     # the call's header as the model writes it, or as the template does
+            fns = []
+            for i, t in enumerate(tools):
+                args, name = self.args(i, t), t["function"]["name"]
+                self.rule(f'fn_{i}: ({p("<|channel|>")} {_q("commentary to=functions." + name + " ")} '
+                          f'{p("<|constrain|>")} "json" | {_q(" to=functions." + name)} {p("<|channel|>")} '
+                          f'"commentary json") {p("<|message|>")} {args} {p("<|call|>")}')
+                fns.append(f"fn_{i}")
+            self.either("after", fns)
+            return "after", None, True
+        schema = self.use.forced_schema()            # the generic format: {"tool_calls": [...]}
+        self.rule(f"after: {json_rule(schema, self.form, True)}")
+        return "after", None, True
+
+
+def harmony_analysis(pieces: Pieces) -> tuple[str, str]:
+    """(rules, expression) of gpt-oss's analysis message that may open a reply (the prompt ends
+    with <|start|>assistant): <|channel|>analysis<|message|>TEXT<|end|><|start|>assistant."""
+    rules = ANY + pieces.text_then("analysis_text", "<|end|>") + (
+        f'analysis: {pieces("<|channel|>")} "analysis" {pieces("<|message|>")} analysis_text {pieces("<|start|>")} '
+        '"assistant"\n')
+    return rules, "analysis?"
+
+
+def tool_call_lark(use: tc.ToolUse, pieces: Pieces, json_form: Mapping, thinking: bool | None = None) -> str | None:
+    """The grammar of a reply under ``use`` (see the module's text); None where the reply is free.
+    ``thinking``: as chat.thinking_mode says of the prompt (True: it opened a <think> block)."""
+    if use.choice == "none":
+        return None
+    forced = use.choice != "auto"
+    b = _Builder(use, pieces, json_form)
+    after, marker, whole = b.block()
+    if marker is None and not forced:
+        return None
+    if use.format is tc.HARMONY and not forced:
+        return None
+    head = ""
+    lead = ""
+    if use.format is tc.HARMONY:
+        head, lead = harmony_analysis(pieces)
+    elif forced:
+        head, lead = thinking_rules(pieces, thinking)
+    if b.needs_any and ANY not in head:
+        head += ANY
+    if forced:
+        block = f"{pieces(marker)} {after}" if marker is not None else after
+        calls = "block" if whole or not use.parallel else 'block ("\\n"? block)*'
+        start = f"start: {lead} calls\ncalls: {calls}\nblock: {block}\n"
+    elif pieces.token(marker) is not None:     # any token but the marker's, then a call block
+        tid = pieces.token(marker)
+        start = (f"start: free (<[{tid}]> {after} free){'*' if use.parallel else '?'}\n"
+                 f"free: <[^{tid}]>*\n")
+    else:                                      # any text up to the marker (a lazy terminal), then the block's rest
+        head += ANY if ANY not in head else ""
+        start = (f"start: (trigger {after}){'*' if use.parallel else '?'} ANY\n"
+                 f"{pieces.text_then('trigger', marker)}")
+    return head + start + "\n".join(b.rules) + "\n"
+
+
+def json_reply_lark(schema: dict, pieces: Pieces, json_form: Mapping, thinking: bool | None,
+                    harmony: bool) -> str:
+    """The grammar of a JSON reply of ``schema`` that may come after the model's thinking (a
+    <think> block; gpt-oss's analysis message, its JSON then the final channel's message)."""
+    body = json_rule(schema, json_form, False)
+    if harmony:
+        head, lead = harmony_analysis(pieces)
+        return (head + f'start: {lead} {pieces("<|channel|>")} "final" {pieces("<|message|>")} reply\n'
+                f"reply: {body}\n")
+    head, lead = thinking_rules(pieces, thinking)
+    return head + f"start: {lead} reply\nreply: {body}\n"

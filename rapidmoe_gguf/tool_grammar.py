@@ -86,7 +86,8 @@ def thinking_rules(pieces: Pieces, thinking: bool | None) -> tuple[str, str]:
     reply closes; False: the reply may open one; None: none."""
     if thinking is None:
         return "", ""
-    rules = ANY + pieces.text_then("think_body", THINK_CLOSE) + "think: think_body /[ \\t\\n]*/\n"
+    # the blank after the block bounded: a weak model would write blanks without end
+    rules = ANY + pieces.text_then("think_body", THINK_CLOSE) + "think: think_body /[ \\t\\n]{0,4}/\n"
     return rules, ("think" if thinking else f"({pieces(THINK_OPEN)} think)?")
 
 
@@ -94,6 +95,16 @@ def _string_only(schema: Any) -> bool:
     kind = schema.get("type") if isinstance(schema, Mapping) else None
     kinds = {k for k in (kind if isinstance(kind, list) else [kind]) if isinstance(k, str)}
     return "string" in kinds and kinds <= {"string", "null"}
+
+
+def _string_choices(schema: Any) -> list[str] | None:
+    """The strings a parameter's ``enum`` or ``const`` allows, where it allows strings only."""
+    if not isinstance(schema, Mapping):
+        return None
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
+        return values
+    return None
 
 
 def _parameters(tool: dict) -> tuple[list[tuple[str, Any]], set[str]]:
@@ -124,7 +135,8 @@ class _Builder:
     def xml_params(self, i: int, tool: dict, head: str, sep: str, end: str, tail: str, newlines: bool = False) -> str:
         """A rule for the parameters of tool i in an XML format: each ``head`` KEY ``sep`` VALUE
         ``end``, then ``tail`` (KEY in head: "KEY"), in the schema's order, the optional ones
-        optional. A string's VALUE is any text up to ``end`` (a lazy terminal), any other JSON.
+        optional. A string's VALUE is any text up to ``end`` (a lazy terminal; at most its
+        maxLength characters, or one of its enum), any other JSON.
         ``newlines``: a newline may come before each pair and between KEY and VALUE (GLM-4.5 and
         4.6 write them, 4.7 does not)."""
         items, required = _parameters(tool)
@@ -133,9 +145,16 @@ class _Builder:
             name = f"p_{i}_{k}"
             nl = ['"\\n"?'] if newlines else []
             opening = " ".join(nl + [_q(head.replace("KEY", key))] + nl + ([_q(sep)] if sep else []))
-            if _string_only(schema):
-                self.needs_any = True
-                self.rule(f"{name}_v[lazy]: ANY {_q(end + tail)}")
+            choices = _string_choices(schema)
+            if choices is not None:
+                self.rule(f"{name}: {opening} ({' | '.join(map(_q, choices))}) {_q(end + tail)}")
+            elif _string_only(schema):
+                most = schema.get("maxLength")
+                if isinstance(most, int) and not isinstance(most, bool) and most >= 0:
+                    text = f"/(.|\\n){{0,{most}}}/"     # at most maxLength characters, as in JSON
+                else:
+                    text, self.needs_any = "ANY", True
+                self.rule(f"{name}_v[lazy]: {text} {_q(end + tail)}")
                 self.rule(f"{name}: {opening} {name}_v")
             else:
                 self.rule(f"{name}_v: {json_rule(schema, self.form, True)}")
@@ -205,7 +224,7 @@ class _Builder:
             for i, t in enumerate(tools):
                 args = self.args(i, t)
                 self.rule(f'fn_{i}: {p("<|tool_call_begin|>")} {_q("functions." + t["function"]["name"] + ":")} '
-                          f'/[0-9]+/ {p("<|tool_call_argument_begin|>")} {args} {p("<|tool_call_end|>")}')
+                          f'/[0-9]{{1,4}}/ {p("<|tool_call_argument_begin|>")} {args} {p("<|tool_call_end|>")}')
                 fns.append(f"fn_{i}")
             self.either("fn", fns)
             more = "+" if self.use.parallel else ""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""What a JSON-schema constraint (rapidmoe_gguf.grammar) costs per decoded token.
+"""What a constraint (rapidmoe_gguf.grammar) costs per decoded token.
 
-    python tools/bench_grammar.py [MODEL.gguf] [--tokens 128] [--runs 5] [--threads 2]
+    python tools/bench_grammar.py [MODEL.gguf] [--tokens 128] [--runs 5] [--threads 2] [--grammar json|tools-auto]
 
 Decodes the same number of tokens from the same prompt with and without a constraint, in
 alternating runs on one loaded model, and prints the median decode tok/s of each and the
@@ -11,6 +11,11 @@ for every measured step; the free runs ignore end-of-generation tokens so they d
 MODEL defaults to the bundled model, whose forward pass is so short that the mask dominates: run
 it on a model of the size you serve (tools/make_bench_model.py's, say) for a figure that means
 something.
+
+--grammar tools-auto measures instead the grammar of a request with tools under tool_choice auto
+(rapidmoe_gguf.tool_grammar, hermes format) while the reply is still free text: the lazy
+grammar's mask over text that has not opened a call (the model's vocabulary decides whether the
+marker is one token, a mask of one token, or text, a lazy terminal over every token).
 """
 
 from __future__ import annotations
@@ -41,20 +46,32 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--grammar", choices=("json", "tools-auto"), default="json")
     a = ap.parse_args(argv)
     path = a.model or bundled_model_path()
     with rm.Model(path, n_ctx=a.tokens + 64, n_threads=a.threads) as m:
         schema = {"type": "object", "properties": {"text": {"type": "string", "minLength": 8 * a.tokens}},
                   "required": ["text"], "additionalProperties": False}
-        constrained = grammar.Grammar(m.tokenizer, schema)
-        prompt = m.tokenize("Write a long story as JSON.")
+        if a.grammar == "json":
+            constrained = grammar.Grammar(m.tokenizer, schema)
+            prompt = m.tokenize("Write a long story as JSON.")
+        else:
+            from rapidmoe_gguf import tool_calls, tool_grammar
+
+            tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+            use = tool_calls.ToolUse(tool_calls.check_tools([tool]), "auto", True, tool_calls.HERMES)
+            lark = tool_grammar.tool_call_lark(use, tool_grammar.Pieces(m.tokenizer), grammar.JSON_FORM)
+            constrained = grammar.Grammar(m.tokenizer, where="tools", lark=lark)
+            prompt = m.tokenize("Write a long story.")
         decode_tok_s(m, prompt, 8, constrained, 0)     # warm-up: pages in, the vocabulary given to the engine
         free, masked = [], []
         for r in range(a.runs):
             free.append(decode_tok_s(m, prompt, a.tokens, None, r))
             masked.append(decode_tok_s(m, prompt, a.tokens, constrained, r))
         f, g = statistics.median(free), statistics.median(masked)
-        print(f"{os.path.basename(path)}: {a.tokens} tokens, {a.threads} threads, median of {a.runs} alternating runs")
+        print(f"{os.path.basename(path)}: {a.grammar}, {a.tokens} tokens, {a.threads} threads, median of {a.runs} "
+              "alternating runs")
         print(f"  free:        {f:8.1f} tok/s  ({min(free):.1f}..{max(free):.1f})")
         print(f"  constrained: {g:8.1f} tok/s  ({min(masked):.1f}..{max(masked):.1f})")
         print(f"  overhead: {100 * (f / g - 1):.1f} % per token (vocabulary {m.n_vocab})")

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from .errors import (
     ContextFullError,
+    DeviceError,
     FormatError,
+    InternalError,
     InvalidArgumentError,
     NeedsCPUError,
     NoBudgetError,
     NoResidualError,
     NotCalibratingError,
+    OutOfMemoryError,
     RapidMoEError,
     StateError,
     UnsupportedError,
@@ -40,8 +43,10 @@ _BY_STATUS = {
     lib.RM_E_UNSUPPORTED_TYPE: UnsupportedError,
     lib.RM_E_UNSUPPORTED_ARCH: UnsupportedError,
     lib.RM_E_SHAPE: FormatError,
-    lib.RM_E_OOM: MemoryError,
+    lib.RM_E_OOM: OutOfMemoryError,
     lib.RM_E_INVALID_ARG: InvalidArgumentError,
+    lib.RM_E_CUDA: DeviceError,
+    lib.RM_E_INTERNAL: InternalError,
     lib.RM_E_STATE: StateError,
     lib.RM_E_CONTEXT_FULL: ContextFullError,
     lib.RM_E_NO_RESIDUAL: NoResidualError,
@@ -61,10 +66,7 @@ def check(status: int) -> None:
         return
     name = ffi.string(lib.rm_status_str(status)).decode()
     msg = last_error() or name
-    cls = _BY_STATUS.get(status, RapidMoEError)
-    if cls is MemoryError:
-        raise MemoryError(msg)
-    raise cls(msg, status=name)
+    raise _BY_STATUS.get(status, RapidMoEError)(msg, status=name)
 
 
 def to_str(s) -> str:

@@ -22,6 +22,24 @@ class InvalidArgumentError(RapidMoEError, ValueError):
     """A bad argument from the caller."""
 
 
+class InternalError(RapidMoEError):
+    """A fault of this library or server itself, not of the caller's input: the native library's
+    RM_E_INTERNAL, a step of the server's scheduler that failed."""
+
+
+class DeviceError(RapidMoEError):
+    """A GPU's error (the native library's RM_E_CUDA), or no usable GPU where one was needed."""
+
+
+class OutOfMemoryError(RapidMoEError, MemoryError):
+    """An allocation that failed (the native library's RM_E_OOM; a device budget exceeded). A
+    MemoryError too."""
+
+
+class UnavailableError(RapidMoEError):
+    """The server cannot take the request now (it is shutting down)."""
+
+
 class StateError(RapidMoEError):
     """A call that the object's state does not allow; the subclasses say which state."""
 

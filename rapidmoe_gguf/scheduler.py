@@ -43,7 +43,8 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from . import chat
-from .errors import NeedsCPUError, RapidMoEError, UnsupportedError
+from .errors import (InternalError, InvalidArgumentError, NeedsCPUError, RapidMoEError, UnavailableError,
+                     UnsupportedError)
 from .model import Model, TextStream, eval_batch
 from .sampling import Sampler, logprobs_shape
 
@@ -81,9 +82,9 @@ class StepBudget:
 
     def __init__(self, chunk: int, latency: float | None = None):
         if chunk < 1:
-            raise RapidMoEError(f"prefill_chunk must be >= 1, got {chunk}")
+            raise InvalidArgumentError(f"prefill_chunk must be >= 1, got {chunk}")
         if latency is not None and not latency > 1:
-            raise RapidMoEError(f"step_latency must be > 1 (a multiple of a decoding step's time), got {latency}")
+            raise InvalidArgumentError(f"step_latency must be > 1 (a multiple of a decoding step's time), got {latency}")
         self.chunk, self.latency = chunk, latency
         self.t_decode: dict[int, float] = {}  # decoding tokens: seconds, a step of them alone
         self._timings: dict[int, collections.deque] = {}   # and its latest TIMINGS times
@@ -249,10 +250,10 @@ class Scheduler:
     def slot_task(self, slot: int, fn: Callable[[Model], Any]) -> concurrent.futures.Future:
         """Runs ``fn(model)`` on slot ``slot`` in the scheduler's thread once the slot is free (before
         a waiting request may take it), with the slot held meanwhile; the future has its result or
-        its exception (RapidMoEError when the scheduler closes first)."""
+        its exception (UnavailableError when the scheduler closes first)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if not 0 <= slot < len(self.slots):
-            fut.set_exception(RapidMoEError(f"no slot {slot}: the slots are 0 to {len(self.slots) - 1}"))
+            fut.set_exception(InvalidArgumentError(f"no slot {slot}: the slots are 0 to {len(self.slots) - 1}"))
             return fut
         with self._cv:
             stopped = self._stop
@@ -260,7 +261,7 @@ class Scheduler:
                 self._slot_tasks.append((slot, fn, fut))
                 self._cv.notify()
         if stopped:
-            fut.set_exception(RapidMoEError("the server is shutting down"))
+            fut.set_exception(UnavailableError("the server is shutting down"))
         return fut
 
     def _run_slot_tasks(self) -> None:
@@ -331,7 +332,7 @@ class Scheduler:
                 log.exception("scheduler step failed")
                 for s in list(self._running):
                     try:                         # a failure here must not end the loop for everyone else
-                        self._finish(s, End(error=RapidMoEError("internal error in the scheduler")))
+                        self._finish(s, End(error=InternalError("internal error in the scheduler")))
                     except Exception:
                         log.exception("scheduler: a request could not be ended")
                         with contextlib.suppress(ValueError):
@@ -342,7 +343,7 @@ class Scheduler:
             tasks, self._slot_tasks = self._slot_tasks, []
         for _, _, fut in tasks:
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(RapidMoEError("the server is shutting down"))
+                fut.set_exception(UnavailableError("the server is shutting down"))
         with contextlib.suppress(RuntimeError):  # the server's event loop may be gone already
             for s in list(self._running):
                 self._finish(s, End(cancelled=True))

@@ -113,8 +113,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from . import chat, grammar, tool_calls, umia
-from .errors import (ContextFullError, FormatError, InvalidArgumentError, NoBudgetError, NoResidualError,
-                     RapidMoEError, StateError)
+from .errors import (ContextFullError, DeviceError, FormatError, InternalError, InvalidArgumentError, NoBudgetError,
+                     NoResidualError, OutOfMemoryError, RapidMoEError, StateError, UnavailableError)
 from .model import Model, SamplingParams
 from . import metrics
 from .metrics import ServerMetrics
@@ -195,8 +195,12 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(400, str(exc), param="residual_policy", code="residual_unavailable")
     if isinstance(exc, NoBudgetError):
         return ApiError(400, str(exc), param="residual_budget")
-    if isinstance(exc, StateError):           # the server's own state (e.g. calibration on a GPU): not the request's
-        log.error("state error", exc_info=exc)
+    if isinstance(exc, UnavailableError):
+        return ApiError(503, str(exc))
+    if isinstance(exc, (StateError, InternalError, DeviceError, OutOfMemoryError)):
+        # the server's own state (e.g. calibration on a GPU), a fault of its own, its device or
+        # its memory: not the request's
+        log.error("server error", exc_info=exc)
         return ApiError(500, str(exc))
     if isinstance(exc, RapidMoEError):        # InvalidArgumentError, UnsupportedError, ...
         return ApiError(400, str(exc))

@@ -466,3 +466,39 @@ def test_server_cli_time_limit_options(gguf, monkeypatch):
     assert cli.main(["serve", str(gguf), "--ctx", "128", "--header-timeout", "2.5", "--body-timeout", "0"]) == 0
     assert (seen["config"].header_timeout, seen["config"].body_timeout) == (2.5, None)
     assert cli.main(["serve", str(gguf), "--ctx", "128", "--body-timeout", "-1"]) == 1
+
+
+@pytest.mark.parametrize("status, cls, http", [
+    ("RM_E_INTERNAL", "InternalError", 500), ("RM_E_CUDA", "DeviceError", 500), ("RM_E_OOM", "OutOfMemoryError", 500),
+    ("RM_E_STATE", "StateError", 500), ("RM_E_INVALID_ARG", "InvalidArgumentError", 400),
+    ("RM_E_FORMAT", "FormatError", 400), ("RM_E_CONTEXT_FULL", "ContextFullError", 400)])
+def test_server_native_errors_answer_by_whose_fault(status, cls, http):
+    """A native status becomes its exception in the package's tree (RM_E_OOM a MemoryError too),
+    and the server answers a fault of its own, its device or its memory with a 500, the
+    caller's with a 400."""
+    from rapidmoe_gguf import _native, errors
+    from rapidmoe_gguf.server import api_error
+
+    with pytest.raises(errors.RapidMoEError) as e:
+        _native.check(getattr(_native.lib, status))
+    assert type(e.value) is getattr(errors, cls) and e.value.status == status
+    assert isinstance(e.value, MemoryError) == (status == "RM_E_OOM")
+    assert api_error(e.value).status == http
+
+
+def test_server_scheduler_faults_and_shutdown_are_not_the_callers(gguf):
+    """A failed scheduler step is a 500 (InternalError), a request met by shutdown a 503, a slot
+    that does not exist a 400."""
+    from rapidmoe_gguf import errors
+    from rapidmoe_gguf.scheduler import Scheduler
+    from rapidmoe_gguf.server import api_error
+
+    assert api_error(errors.InternalError("internal error in the scheduler")).status == 500
+    assert api_error(errors.UnavailableError("the server is shutting down")).status == 503
+    with rm.Model(gguf, n_ctx=128, n_threads=1) as m:
+        s = Scheduler([m], "tiny")
+        try:
+            with pytest.raises(errors.InvalidArgumentError, match="no slot 3"):
+                s.slot_task(3, lambda model: None).result(timeout=5)
+        finally:
+            s.close()

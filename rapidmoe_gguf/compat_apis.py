@@ -32,7 +32,7 @@ from typing import Any, Callable
 from starlette.responses import JSONResponse, Response
 
 from .scheduler import End
-from .server import Answer, ApiError, GenRequest, _check_text, api_error
+from .api_base import Answer, ApiError, GenRequest, _check_text, api_error
 
 Parse = Callable[[dict], GenRequest]     # a chat completions body -> its GenRequest (server.parse_request)
 

@@ -23,6 +23,7 @@ import struct
 from .errors import FormatError
 from .gguf_file import GGUFFile, open_gguf
 from .gguf_header import read_header
+from .gguf_rewrite import rewrite_with_kv
 from .metadata import get_int, get_int_list, get_str
 from .tool_calls import detect as detect_tool_format
 
@@ -140,8 +141,6 @@ def add_fingerprints(base_path: str | os.PathLike[str], residual_file: str | os.
     base's data, after ``check_pair`` has accepted the pair as it is (rewritten atomically). Only
     run it on a base known to be the one the sidecar was converted with."""
     import numpy as np
-
-    from .evaluate import rewrite_with_kv
 
     check_pair(base_path, residual_file)
     names = [t.name for t in read_header(residual_file).tensors]

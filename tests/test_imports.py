@@ -1,0 +1,86 @@
+"""The package's modules import each other without a circle (a function-level import counts: it
+hides a circle, it does not break it), as tools/check_cycles.py keeps the native units."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import rapidmoe_gguf
+
+PACKAGE = Path(rapidmoe_gguf.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports, anywhere in its text."""
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    got = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:
+                got.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        elif isinstance(node, ast.Import):
+            got.update(a.name for a in node.names)
+    return {m for m in got if m in modules and m != name}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_imports_no_circle_among_the_package_modules():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    graph.pop("rapidmoe_gguf", None)              # the package's face imports what it shows
+    graph = {k: v - {"rapidmoe_gguf"} for k, v in graph.items()}
+    assert sum(len(v) for v in graph.values()) > 50, "the import graph was not read"
+    assert _circles(graph) == []
+
+
+def test_imports_circle_check_finds_one():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -410,9 +410,6 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     if not sizes.base_gpu_ok.all():
         messages.append(f"{int((~sizes.base_gpu_ok).sum())} layers have expert types the CUDA kernels lack; "
                         "their experts run on the CPU")
-    if sizes.kv_lora_rank > 0:
-        messages.append("multi-head latent attention runs on the CPU only: the library refuses a GPU for this "
-                        "model until it has a device kernel (the plan is what a GPU would hold)")
     host_parts = {k: n_sessions * v for k, v in session_host_bytes(sizes, n_ctx, n_batch).items()}
     if host_parts:
         messages.append(f"{sizes.n_layer_linear} of {sizes.n_layer} layers have linear attention (Gated DeltaNet): "

@@ -20,11 +20,12 @@ Cancellation (a client that went away: ``job.cancel`` set) is seen at the start 
 a request stops between two chunks of its prompt or before its next token, and its slot is free
 for the next step.
 
-Every architecture batches on the CPU backend, multi-head latent attention (deepseek2) and the
-hybrids' linear-attention layers (qwen35moe, qwen3next) included: those run per sequence on each
-session's own latent cache or recurrent states inside the one evaluation. Where several sequences
-cannot share one evaluation (a GPU session: ``rm_batch_eval`` refuses it), each sequence of a step
-is evaluated on its own session in turn: the same tokens and results, without the shared reads.
+Every architecture batches, multi-head latent attention (deepseek2) and the hybrids'
+linear-attention layers (qwen35moe, qwen3next) included: those run per sequence on each session's
+own latent cache or recurrent states inside the one evaluation, on the CPU or a device. Where
+several sequences cannot share one evaluation (``rm_batch_eval`` refuses it), each sequence of a
+step is evaluated on its own session in turn: the same tokens and results, without the shared
+reads.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ class Scheduler:
         self.observer = observer or Observer()
         m = self.slots[0]
         self.policy, self.budget = m.residual_policy, m.residual_budget
-        self.batched = len(self.slots) > 1 and m.backend == "cpu"
+        self.batched = len(self.slots) > 1
         self.free: queue.Queue = queue.Queue()    # slot indices, in the order they were freed
         for i in range(len(self.slots)):
             self.free.put_nowait(i)

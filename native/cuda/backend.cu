@@ -20,6 +20,7 @@
 #include "attention.cuh"
 #include "backend.cuh"
 #include "matmul.cuh"
+#include "mla.cuh"
 #include "norm.cuh"
 #include "rope.cuh"
 #include "route.cuh"
@@ -204,6 +205,35 @@ static void cu_attention(rm_backend * be, const rm_attn_args * a) {
     rm_cuda_check(c, rm_cu_attention(c->st, a, sinks), "attention");
 }
 
+/* Multi-head latent attention in the absorbed form for every sequence (its floats differ from the
+ * CPU's expanded prefill only in the order of sums): per head, the query's latent Kb_h^T q_nope
+ * (a product over matrix h of attn_k_b) beside its rotary part, attention over the cached latents
+ * (mla.cu), then Vb_h on the weighted latent sum. */
+static void cu_mla_attention(rm_backend * be, const rm_mla_args * a) {
+    cuda_be * c = ctx_of(be);
+    const int64_t H = a->n_head, D = a->head_dim, R = a->n_rot, C = a->kv_lora_rank, LA = C + R, DV = a->head_dim_v;
+    for (int32_t r = 0; r < a->n_seqs && !c->err; r++) {
+        const rm_mla_seq * sq = &a->seqs_host[r];
+        const float * q = a->q + (int64_t) sq->row0 * H * D;
+        float * qlat = a->qlat + (int64_t) sq->row0 * H * LA, * olat = a->olat + (int64_t) sq->row0 * H * C;
+        for (int64_t h = 0; h < H; h++) {
+            const rm_matmul_args m = {a->wk_b, h, q + h * D, H * D, sq->n, qlat + h * LA, H * LA, 0};
+            cu_matmul(be, &m);
+        }
+        if (c->err || !rm_cuda_check(c, rm_cu_mla_rope_part(c->st, q, qlat, sq->n, (int32_t) H, (int32_t) D, (int32_t) R,
+                                                            (int32_t) C), "mla: rotary part") ||
+            !rm_cuda_check(c, rm_cu_mla_latent_attention(c->st, qlat, sq->cache, olat, sq->n, sq->pos, (int32_t) H,
+                                                         (int32_t) C, (int32_t) R, a->scale), "mla: latent attention")) {
+            return;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const rm_matmul_args m = {a->wv_b, h, olat + h * C, H * C, sq->n, a->out + ((int64_t) sq->row0 * H + h) * DV,
+                                      H * DV, 0};
+            cu_matmul(be, &m);
+        }
+    }
+}
+
 /* ---- small ops ---------------------------------------------------------------------------- */
 
 static const float * dev_vector(cuda_be * c, const rm_weight * w, const char * what) {
@@ -369,6 +399,7 @@ static const rm_backend_ops CUDA_OPS = {
     .gather_rows = cu_gather_rows,
     .scatter_add = cu_scatter_add,
     .route       = cu_route,
+    .mla_attention = cu_mla_attention,
     .moe_experts = cu_moe_experts,
     .free        = cu_free,
 };

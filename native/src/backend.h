@@ -68,6 +68,36 @@ typedef struct rm_attn_args {
 /* Positions of K and V the CPU attention reads as one tile (flash attention's order; ops.c). */
 #define RM_ATTN_TILE 64
 
+/* One sequence's part of a step of multi-head latent attention (rm_mla_args). */
+typedef struct rm_mla_seq {
+    const float * cache;          /* its latents of this layer: rows of kv_lora_rank + n_rot (F32) */
+    int32_t       row0, n, pos;   /* its rows of q and out; the position of its first token */
+} rm_mla_seq;
+
+/* Multi-head latent attention's core (mla.c has the math): each sequence's tokens attend, causally,
+ * to its cached latents. Head h's scores are q_nope . Kb_h c_j + q_rope . k_rope,j, its output Vb_h
+ * (sum_j w_j c_j). A backend may run either form (absorbed or expanded) for any sequence: they
+ * differ only in the order of float sums; the CPU runs a sequence of several tokens expanded and
+ * runs of one token absorbed together. */
+typedef struct rm_mla_args {
+    const rm_weight * wk_b;       /* n_head matrices Kb_h^T: kv_lora_rank rows of head_dim - n_rot */
+    const rm_weight * wv_b;       /* n_head matrices Vb_h: head_dim_v rows of kv_lora_rank */
+    const float *     q;          /* rows of n_head * head_dim, RoPE applied to each head's last n_rot */
+    float *           qlat;       /* scratch: rows of n_head * (kv_lora_rank + n_rot) */
+    float *           olat;       /* scratch: rows of n_head * kv_lora_rank */
+    float *           out;        /* rows of n_head * head_dim_v */
+    const rm_mla_seq * seqs_host; /* n_seqs sequences, runs of one token together (rm_batch_eval's order) */
+    int32_t           n_seqs;
+    int32_t           n_head, head_dim, n_rot, kv_lora_rank, head_dim_v, n_ctx;
+    float             scale;
+    float *           thread_host;/* the CPU's scratch: rm_mla_thread_floats per thread of its pool */
+} rm_mla_args;
+
+/* Floats of the CPU's MLA scratch per thread (rm_mla_args.thread_host; cpu/mla.c): a head's
+ * up-projections as floats, its expanded keys and values, the scores of a block of queries, and a
+ * block's partial sum; 0 without MLA. */
+uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
+
 /* RoPE with YaRN's context extension (rm_rope_yarn_of, yarn.c): frequency i blends the
  * interpolated (inv_freq * freq_scale) and the original one (inv_freq) by a ramp over the dims
  * [corr_lo, corr_hi], and cos and sin are scaled by mscale. freq_scale 1 is plain RoPE. */
@@ -150,6 +180,8 @@ typedef struct rm_backend_ops {
      * when norm; into out_host (n_tok * k entries; residual cleared) */
     void (*route)(rm_backend * be, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
                   rm_route * out_host);
+    /* Multi-head latent attention's core (rm_mla_args). */
+    void (*mla_attention)(rm_backend * be, const rm_mla_args * a);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 

@@ -24,9 +24,9 @@ static rm_status check_batch(const rm_batch * b, int32_t * next, int32_t * n_out
         for (int32_t i = 0; i < j; i++) {
             if (ss[i] == s) return rm_fail(RM_E_INVALID_ARG, "rm_batch_eval: sessions[%d] and [%d] are the same session", i, j);
         }
-        if (strcmp(s->be->ops->name, "cpu") != 0) {
-            return rm_fail(RM_E_NEEDS_CPU, "rm_batch_eval: sessions[%d] runs on the %s backend; batches of sequences run on the CPU",
-                           j, s->be->ops->name);
+        if (strcmp(s->be->ops->name, ss[0]->be->ops->name) != 0) {   /* one step runs on sessions[0]'s backend */
+            return rm_fail(RM_E_INVALID_ARG, "rm_batch_eval: sessions[%d] runs on the %s backend and sessions[0] on the "
+                           "%s one; a batch's sessions share one", j, s->be->ops->name, ss[0]->be->ops->name);
         }
         if (s->calibrating) return rm_fail(RM_E_STATE, "rm_batch_eval: sessions[%d] is calibrating", j);
         if (s->imp_in) return rm_fail(RM_E_STATE, "rm_batch_eval: sessions[%d] is collecting importance", j);

@@ -14,15 +14,10 @@
 /* Floats of the session's MLA scratch (RM_SESSION_BUF_MLA); 0 without MLA. */
 uint64_t rm_mla_scratch_floats(const rm_size_params * p);
 
-/* Floats of one thread's host scratch (rm_session's mla_host holds one per pool thread): a
- * head's up-projections as floats, its expanded keys and values, the scores of a block of
- * queries, and a block's partial sum. */
-uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
-
 /* The attention of layer il for the n tokens of the step's sequences (s->runs: each run's rows
  * at its positions, over its own session's latent cache): x += Wo attn(x). The projections and
- * norms run over all n rows at once; RoPE, the cache and the attention core per run. CPU
- * backend only (the loader refuses a device for MLA models). */
+ * norms run over all n rows at once; RoPE and the cache per run, the attention core as the
+ * backend's mla_attention. */
 void rm_mla_block(rm_session * s, int il, int32_t n);
 
 #endif

@@ -548,10 +548,6 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
     gi->device = params->gpu_device;
     gi->budget_bytes = params->gpu_memory_bytes;
     gi->n_experts_total = m->hp.n_layer * m->hp.n_expert;
-    if (params->use_gpu && m->hp.kv_lora_rank > 0) {
-        return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: multi-head latent attention (%s) runs on the CPU backend only; "
-                       "load without use_gpu", m->arch->name);
-    }
     if (params->use_gpu) {
         if (params->gpu_device < 0) {
             return rm_fail(RM_E_INVALID_ARG, "rm_model_load: gpu_device %d is negative", params->gpu_device);

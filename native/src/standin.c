@@ -236,6 +236,29 @@ static void sb_attention(rm_backend * be, const rm_attn_args * a) {
     if (!c->err) c->dev->ops->attention(c->dev, &da);
 }
 
+/* A per-head weight (ne[2] matrices) as the device's copy of all of it; 0 (error set) when the
+ * device does not hold it whole. */
+static int dev_weight_3d(sb_ctx * c, const rm_weight * w, rm_weight * out) {
+    const uint8_t * d0 = rm_dev_weights_find(&c->d->weights, w->data);
+    const uint8_t * last = rm_dev_weights_find(&c->d->weights, rm_weight_matrix(w, w->ne[2] - 1));
+    if (!d0 || last != d0 + (rm_weight_matrix(w, w->ne[2] - 1) - w->data)) {
+        set_error(c, RM_E_INTERNAL, "stand-in backend: a per-head weight the forward pass uses is not on the device");
+        return 0;
+    }
+    *out = *w;
+    out->data = d0;
+    return 1;
+}
+
+static void sb_mla_attention(rm_backend * be, const rm_mla_args * a) {
+    sb_ctx * c = ctx_of(be);
+    rm_weight kb, vb;
+    if (c->err || !dev_weight_3d(c, a->wk_b, &kb) || !dev_weight_3d(c, a->wv_b, &vb)) return;
+    rm_mla_args da = *a;
+    da.wk_b = &kb, da.wv_b = &vb;
+    c->dev->ops->mla_attention(c->dev, &da);
+}
+
 static void sb_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,
                        float eps) {
     sb_ctx * c = ctx_of(be);
@@ -513,6 +536,7 @@ static const rm_backend_ops STANDIN_OPS = {
     .gather_rows = sb_gather_rows,
     .scatter_add = sb_scatter_add,
     .route       = sb_route,
+    .mla_attention = sb_mla_attention,
     .moe_experts = sb_moe_experts,
     .free        = sb_free,
 };

@@ -19,6 +19,7 @@
 #include "../devweights.h"
 #include "../status.h"
 #include "../types.h"
+#include "cpu_ops.h"
 #include "dispatch.h"
 
 /* Threads take rows in chunks from a shared counter. With one to three tokens a product streams
@@ -957,6 +958,10 @@ static void cpu_free(rm_backend * be) {
 }
 
 /* No moe_experts: moe.c composes the routed experts from the ops above. */
+static void cpu_mla_attention(rm_backend * be, const rm_mla_args * a) {
+    rm_cpu_mla_attention(be, ((cpu_ctx *) be->ctx)->pool, a);
+}
+
 static const rm_backend_ops CPU_OPS = {
     .name        = "cpu",
     .alloc       = cpu_alloc,
@@ -980,6 +985,7 @@ static const rm_backend_ops CPU_OPS = {
     .gather_rows = cpu_gather_rows,
     .scatter_add = cpu_scatter_add,
     .route       = cpu_route,
+    .mla_attention = cpu_mla_attention,
     .free        = cpu_free,
 };
 

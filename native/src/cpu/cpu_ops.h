@@ -1,0 +1,12 @@
+/* cpu_ops.h - internal to cpu/: the CPU backend's larger ops, each in a file of its own, which
+ * ops.c puts in its table (backend.h says what each does). */
+#ifndef RM_CPU_OPS_H
+#define RM_CPU_OPS_H
+
+#include "../backend.h"
+#include "../threads.h"
+
+/* cpu/mla.c: multi-head latent attention's core on the pool's threads (be: for its matmul_many). */
+void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a);
+
+#endif

@@ -11,7 +11,7 @@ Device bytes are the native library's own: the weight arena's rounding (RM_DEVIC
 session's buffers (rm_session_sizes_get, the function the sessions allocate by) and the types the
 CUDA kernels take (the library's type table, in every build); the library enforces the same
 budget as a hard cap, so a plan that fits here fits there. Linear-attention layers (the hybrids'
-Gated DeltaNet) keep a recurrent state in host memory instead of a KV cache: ``host_parts``.
+Gated DeltaNet) keep a recurrent state on the device instead of a KV cache: ``recurrent_state``.
 
     sizes = ModelSizes.from_files("m.gguf", "m.residual.gguf")
     p = plan(sizes, "8GiB", n_ctx=4096)
@@ -285,15 +285,11 @@ def session_device_bytes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residua
     """Device bytes of one session, from the library (rm_session_sizes_get): the numbers the
     session's backend then allocates."""
     out = _session_sizes(s, n_ctx, n_batch, upload_residuals)
-    return {"kv_cache": out.kv_cache, "activations": out.activations + out.split_routing,
-            "split_scratch": out.split_scratch + out.split_stage}
-
-
-def session_host_bytes(s: ModelSizes, n_ctx: int, n_batch: int) -> dict[str, int]:
-    """Host bytes of one session beside the device's: the linear-attention layers' conv and
-    delta-rule states with their scratch (rm_session_sizes_get's recurrent_state); empty without."""
-    out = _session_sizes(s, n_ctx, n_batch, False)
-    return {"recurrent_state": out.recurrent_state} if out.recurrent_state else {}
+    parts = {"kv_cache": out.kv_cache, "activations": out.activations + out.split_routing,
+             "split_scratch": out.split_scratch + out.split_stage}
+    if out.recurrent_state:   # linear-attention layers: conv and delta-rule states, checkpoints, scratch
+        parts["recurrent_state"] = out.recurrent_state
+    return parts
 
 
 @dataclasses.dataclass
@@ -310,7 +306,6 @@ class Plan:
     messages: list[str]
     n_ctx: int
     n_batch: int
-    host_parts: dict[str, int] = dataclasses.field(default_factory=dict)   # host bytes by kind, all sessions
 
     @property
     def gpu_bytes(self) -> int:
@@ -338,7 +333,6 @@ class Plan:
             "per_token_bytes": {k: float(v) for k, v in self.per_token.items()},
             "crossover_tokens": self.crossover_tokens, "host_bw_gbps": self.host_bw_gbps,
             "hardware": dataclasses.asdict(self.hardware), "messages": list(self.messages),
-            "host_parts": {k: int(v) for k, v in self.host_parts.items()},
         }
 
     def to_json(self) -> str:
@@ -351,8 +345,6 @@ class Plan:
                  f"(context reserve {gib(self.budget - self.cap)} included)"]
         for k, v in self.gpu_parts.items():
             lines.append(f"  {k:22s} {gib(v):>12s}")
-        for k, v in self.host_parts.items():
-            lines.append(f"  {k:22s} {gib(v):>12s}  (host memory)")
         lines.append(f"expert bases on the GPU: {self.n_experts_gpu} of {self.n_experts}")
         t = self.per_token
         lines.append(f"predicted per decoded token (residual budget {self.residual_budget:g}):")
@@ -410,13 +402,11 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     if not sizes.base_gpu_ok.all():
         messages.append(f"{int((~sizes.base_gpu_ok).sum())} layers have expert types the CUDA kernels lack; "
                         "their experts run on the CPU")
-    host_parts = {k: n_sessions * v for k, v in session_host_bytes(sizes, n_ctx, n_batch).items()}
-    if host_parts:
+    if "recurrent_state" in parts:
         messages.append(f"{sizes.n_layer_linear} of {sizes.n_layer} layers have linear attention (Gated DeltaNet): "
-                        f"their recurrent state ({_size(host_parts['recurrent_state'])}"
-                        f"{'' if n_sessions == 1 else f' for {n_sessions} sessions'}, host memory) stands in for "
-                        "their KV cache, and they run on the CPU only: the library refuses a GPU for this model "
-                        "until they have a device kernel (the plan is what a GPU would hold)")
+                        f"their recurrent state ({_size(parts['recurrent_state'])}"
+                        f"{'' if n_sessions == 1 else f' for {n_sessions} sessions'}) stands in for their KV cache, "
+                        "on the GPU with the layers")
     if n_cpu == 0:
         messages.append("every expert base fits on the GPU; the CPU computes only the selected residual products")
     else:
@@ -430,7 +420,7 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     per_token = _per_token(sizes, on, residual_budget, n_ctx, host_bw, hw)
     return Plan(budget=budget, cap=cap, gpu_parts=parts, expert_on_gpu=on, residual_budget=residual_budget,
                 per_token=per_token, crossover_tokens=cross, host_bw_gbps=host_bw, hardware=hw,
-                messages=messages, n_ctx=n_ctx, n_batch=n_batch, host_parts=host_parts)
+                messages=messages, n_ctx=n_ctx, n_batch=n_batch)
 
 
 def _per_token(s: ModelSizes, on: np.ndarray, b: float, n_ctx: int, host_bw: float, hw: Hardware) -> dict[str, float]:

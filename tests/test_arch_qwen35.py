@@ -167,11 +167,34 @@ def test_hybrid_decay_matters(hybrid):
     assert decay.mean() < 0.6 and decay.max() < 0.95
 
 
-def test_hybrid_refuses_a_device(hybrid):
-    _, path, *_ = hybrid("qwen3_next")
-    with pytest.raises(NeedsCPUError, match=r"layer 0 has linear attention \(Gated DeltaNet\), which runs on "
-                                            r"the CPU backend only"):
-        rm.Model(path, n_ctx=16, gpu_memory=1 << 30, gpu_backend="standin")
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5_moe"])
+def test_hybrid_on_the_standin_device_equals_cpu(hybrid, kind):
+    """The Gated DeltaNet layers and the gated attention through a device backend (the stand-in
+    runs the backend's gdn, copy_rows and mul_sigmoid ops on the device's weights, with the
+    recurrent states in its memory): a prompt, then tokens one at a time, give the CPU's logits;
+    batches of sequences, a rewind to a checkpoint and a state saved and loaded run on it too."""
+    from rapidmoe_gguf import planner
+
+    _, path, ids, _ = hybrid(kind)
+    hw = planner.Hardware(host_bw_gbps=20.0)
+    n = len(ids) // 2
+    ctx = len(ids) + 16
+    with rm.Model(path, n_ctx=ctx, n_threads=2, n_batch=16, hardware=hw) as cpu, \
+            rm.Model(path, n_ctx=ctx, n_threads=2, n_batch=16, hardware=hw, gpu_memory=1 << 30,
+                     gpu_backend="standin") as dev:
+        assert dev.backend == "standin" and dev.gpu_info["used_bytes"] > 0
+        ref, got = cpu.eval_logits(ids[:n]), dev.eval_logits(ids[:n])
+        ref = np.concatenate([ref, np.stack([cpu.eval([t]) for t in ids[n:]])])
+        got = np.concatenate([got, np.stack([dev.eval([t]) for t in ids[n:]])])
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+        prompts = [ids[:5], ids[2:9], ids[1:4]]
+        assert dev.generate_many(prompts, max_tokens=4, temperature=0) == \
+            cpu.generate_many(prompts, max_tokens=4, temperature=0)
+        first = [m.create_completion(ids[:n], max_tokens=3, temperature=0) for m in (cpu, dev)]
+        again = [m.create_completion(ids[:n + 3], max_tokens=3, temperature=0) for m in (cpu, dev)]
+        assert [c["choices"][0]["text"] for c in first] == [c["choices"][0]["text"] for c in first[:1]] * 2
+        assert again[0]["choices"][0]["text"] == again[1]["choices"][0]["text"]
+        assert dev.last_timings["prompt_reused"] > 0     # the states' checkpoint at the first prompt's end
 
 
 def test_hybrid_converter_refuses_other_layer_patterns(tmp_path):

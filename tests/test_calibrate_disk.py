@@ -84,14 +84,14 @@ def test_calibrate_on_full_disk_names_sidecar_and_keeps_it(tmp_path, monkeypatch
 
 def test_calibrate_full_disk_error_is_still_an_oserror(tmp_path, monkeypatch):
     """API callers that catch OSError keep catching it, with the errno."""
-    from rapidmoe_gguf import evaluate
+    from rapidmoe_gguf import evaluate, gguf_rewrite
 
     _copy_bundled(tmp_path)
     sidecar = os.path.join(tmp_path, FILES[1])
     def disk_full(src, dst, kv):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(evaluate, "_copy_with_kv", disk_full)
+    monkeypatch.setattr(gguf_rewrite, "_copy_with_kv", disk_full)
     with pytest.raises(OSError) as info:
         evaluate.rewrite_with_kv(sidecar, {"x.y": 1})
     assert info.value.errno == errno.ENOSPC

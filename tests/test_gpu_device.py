@@ -99,3 +99,29 @@ def test_gpu_device_calibration_needs_the_cpu(pair):
     with rm.Model(pair, n_ctx=64, gpu_memory="4GiB") as m:
         with pytest.raises(rm.NeedsCPUError, match="calibration runs on the CPU"):
             _native.check(lib.rm_session_set_calibration(m._live(), 1))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_5_moe", "qwen3_next"])
+def test_gpu_device_latent_and_linear_attention_match_cpu(pair, tmp_path, family):
+    """Multi-head latent attention (cuda/mla.cu) and the Gated DeltaNet layers (cuda/gdn.cu, the
+    recurrent states on the device) against the CPU: a prompt, tokens one at a time, and a batch
+    of sequences."""
+    if family == "deepseek_v3":
+        from test_arch_deepseek import make_checkpoint as make
+    else:
+        from test_arch_qwen35 import make_tiny_hybrid as make
+    make(tmp_path / "hf", family)
+    path = tmp_path / "m.gguf"
+    rm.convert(tmp_path / "hf", path, recipe="f32", progress=False)
+    ids = list(range(3, 40))
+    out = {}
+    for kind, kw in (("cpu", {}), ("cuda", {"gpu_memory": "4GiB"})):
+        with rm.Model(path, n_ctx=64, n_threads=4, **kw) as m:
+            assert m.backend == kind
+            first = m.eval_logits(ids[:24])
+            rest = [m.eval([t]) for t in ids[24:]]
+            out[kind] = np.concatenate([first, np.stack(rest)])
+            out[kind + "-batch"] = m.generate_many([ids[:5], ids[3:11], ids[:2]], max_tokens=6, temperature=0)
+    assert np.isfinite(out["cuda"]).all()
+    assert _kl(out["cpu"], out["cuda"]) <= 1e-3
+    assert out["cuda-batch"] == out["cpu-batch"]

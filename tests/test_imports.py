@@ -84,3 +84,21 @@ def test_imports_no_circle_among_the_package_modules():
 
 def test_imports_circle_check_finds_one():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_native_units_outside_cpu_reach_it_through_the_backend():
+    """The model code and the devices call the CPU's kernels through the backend table (backend.h):
+    no file of native/src outside cpu/, nor of native/cuda, includes a header of cpu/."""
+    import re
+
+    native = PACKAGE.parent / "native"
+    if not native.is_dir():
+        import pytest
+
+        pytest.skip("the native sources are not beside the package (an installed wheel)")
+    offenders = []
+    for path in sorted([*(native / "src").glob("*.[ch]"), *(native / "cuda").glob("*.cu*")]):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if re.match(r'\s*#\s*include\s+"(\.\./)*(src/)?cpu/', line):
+                offenders.append(f"{path.relative_to(native)}: {line.strip()}")
+    assert offenders == []

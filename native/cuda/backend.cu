@@ -18,6 +18,7 @@
 
 #include "add.cuh"
 #include "attention.cuh"
+#include "gdn.cuh"
 #include "backend.cuh"
 #include "matmul.cuh"
 #include "mla.cuh"
@@ -234,6 +235,35 @@ static void cu_mla_attention(rm_backend * be, const rm_mla_args * a) {
     }
 }
 
+/* The middle of a Gated DeltaNet layer (gdn.cu), the sequences' state pointers sent up first. */
+static void cu_gdn(rm_backend * be, const rm_gdn_args * a) {
+    cuda_be * c = ctx_of(be);
+    if (c->err || a->n_seqs <= 0) return;
+    const uint8_t * filters = rm_gpu_weight(c->g, a->conv1d->data);
+    const float * A = dev_vector(c, a->a, "the delta rule's decay"), * dt = A ? dev_vector(c, a->dt_bias, "dt_bias") : NULL;
+    const float * norm = dt ? dev_vector(c, a->norm, "the gated norm") : NULL;
+    if (!norm) return;
+    if (!filters || !c->gdn_seqs_d || a->n_seqs > 64) {
+        set_error(c, RM_E_INTERNAL, !filters ? "cuda backend: the conv filters are not on the device"
+                                             : "cuda backend: a Gated DeltaNet step of more sequences than it has room for");
+        return;
+    }
+    cu_upload(be, c->gdn_seqs_d, a->seqs_host, sizeof(rm_gdn_seq) * (uint64_t) a->n_seqs);
+    rm_cuda_check(c, rm_cu_gdn(c->st, a, c->gdn_seqs_d, filters, a->conv1d->type, a->conv1d->row_bytes, A, dt, norm),
+                  "gated delta net");
+}
+
+static void cu_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, const float * src, int64_t src_stride,
+                         int64_t width, int64_t n_rows) {
+    cuda_be * c = ctx_of(be);
+    if (!c->err) rm_cuda_check(c, rm_cu_copy_rows(c->st, dst, dst_stride, src, src_stride, width, n_rows), "copy rows");
+}
+
+static void cu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
+    cuda_be * c = ctx_of(be);
+    if (!c->err) rm_cuda_check(c, rm_cu_mul_sigmoid(c->st, y, gate, n), "output gate");
+}
+
 /* ---- small ops ---------------------------------------------------------------------------- */
 
 static const float * dev_vector(cuda_be * c, const rm_weight * w, const char * what) {
@@ -400,6 +430,9 @@ static const rm_backend_ops CUDA_OPS = {
     .scatter_add = cu_scatter_add,
     .route       = cu_route,
     .mla_attention = cu_mla_attention,
+    .gdn         = cu_gdn,
+    .copy_rows   = cu_copy_rows,
+    .mul_sigmoid = cu_mul_sigmoid,
     .moe_experts = cu_moe_experts,
     .free        = cu_free,
 };
@@ -458,7 +491,8 @@ static rm_backend * cuda_backend_new(void * dev, const rm_model * m, int32_t n_b
     rm_split_buf_bytes(&sizes, bytes);
     ok = ok && (c->routes_d = (rm_route *) cu_alloc(be, bytes[RM_SPLIT_BUF_ROUTES])) &&
          (c->idx_d = (int32_t *) cu_alloc(be, bytes[RM_SPLIT_BUF_IDX])) &&
-         (c->scale_d = (float *) cu_alloc(be, bytes[RM_SPLIT_BUF_SCALE])) && rm_split_init(be, &c->sp, m, n_batch);
+         (c->scale_d = (float *) cu_alloc(be, bytes[RM_SPLIT_BUF_SCALE])) && rm_split_init(be, &c->sp, m, n_batch) &&
+         (m->hp.ssm_n_v <= 0 || (c->gdn_seqs_d = (rm_gdn_seq *) cu_alloc(be, 64 * sizeof(rm_gdn_seq))));
     if (!ok) {
         *st_out = c->err != RM_OK ? c->err : RM_E_CUDA;
         char msg[512];

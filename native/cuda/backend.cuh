@@ -63,6 +63,7 @@ typedef struct cuda_be {
     rm_route *       routes_d;            /* n_batch * n_expert_used */
     int32_t *        idx_d;               /* indices for gather/scatter: n_batch * n_expert_used */
     float *          scale_d;
+    rm_gdn_seq *     gdn_seqs_d;          /* a Gated DeltaNet step's sequences (64 at most); NULL without the layers */
     /* host fallback for matrices not on the device */
     float *          fb_x, * fb_y;
     uint64_t         fb_cap;

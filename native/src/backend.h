@@ -93,6 +93,55 @@ typedef struct rm_mla_args {
     float *           thread_host;/* the CPU's scratch: rm_mla_thread_floats per thread of its pool */
 } rm_mla_args;
 
+/* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
+ * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
+ * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
+ * their u (ne = {d_v, C}) and cumulative log-decays (C). All zeros is the empty state.
+ * cpu/gdn.h has the math. */
+#define RM_GDN_CHUNK 64
+static inline int64_t rm_gdn_state_floats(int32_t d_k, int32_t d_v) {
+    return (int64_t) d_k * d_v + (int64_t) RM_GDN_CHUNK * (d_k + d_v + 1);
+}
+/* Floats of the CPU delta rule's scratch per value head. */
+static inline int64_t rm_gdn_chunk_scratch(int32_t d_k, int32_t d_v) {
+    (void) d_k;
+    return d_v;
+}
+
+/* One sequence's part of a step of a Gated DeltaNet layer (rm_gdn_args). */
+typedef struct rm_gdn_seq {
+    float * conv_state;           /* its conv state of this layer: d_conv - 1 rows of conv_dim */
+    float * ssm_state;            /* its delta-rule states of this layer: n_v heads of rm_gdn_state_floats */
+    int32_t row0, n, pos;         /* its rows of the step; the position of its first token */
+} rm_gdn_seq;
+
+/* The middle of a Gated DeltaNet layer (deltanet.c has the math; the projections before and after
+ * are matmuls): from the projected rows, the gates (beta = sigmoid(b), g = -exp(A_log) softplus(a
+ * + dt_bias)), the causal conv over each sequence's conv state (SiLU after), unit q and k per key
+ * head (q scaled by 1/sqrt(d_k)), the gated delta rule of each value head over each sequence's
+ * state, in chunks aligned to positions (cpu/gdn.h: a token's floats do not depend on how its
+ * sequence was cut into steps), and the gated RMSNorm: core = rmsnorm(o) * norm * silu(z). */
+typedef struct rm_gdn_args {
+    const rm_weight * conv1d;     /* ssm_conv1d: conv_dim rows of d_conv taps (F32 or F16) */
+    const rm_weight * a;          /* ssm_a: n_v floats, -exp(A_log) */
+    const rm_weight * dt_bias;    /* ssm_dt: n_v floats */
+    const rm_weight * norm;       /* ssm_norm: d_v floats */
+    const float *     mixed;      /* n_tok rows of conv_dim: q, k, v as projected */
+    const float *     z;          /* n_tok rows of d_inner (n_v * d_v): the output gate */
+    const float *     ba;         /* n_tok rows of 2 * n_v: b and a as projected */
+    float *           conv_out;   /* scratch: n_tok rows of conv_dim */
+    float *           g, * beta;  /* scratch: n_tok rows of n_v */
+    float *           core;       /* n_tok rows of d_inner: the output */
+    float *           conv_w;     /* scratch: conv_dim * d_conv floats (the filters as floats) */
+    float *           chunk;      /* scratch: n_v of rm_gdn_chunk_scratch */
+    const rm_gdn_seq * seqs_host;
+    int32_t           n_seqs, n_tok;
+    int32_t           n_k, n_v, d_k, d_v, d_conv;
+    int32_t           fused_ba;   /* ba holds, per key head, its n_v / n_k b's then its a's; else all b's, then all a's */
+    int32_t           tiled;      /* value head v reads key head v % n_k, else v / (n_v / n_k) */
+    float             eps;        /* the gated norm's */
+} rm_gdn_args;
+
 /* Floats of the CPU's MLA scratch per thread (rm_mla_args.thread_host; cpu/mla.c): a head's
  * up-projections as floats, its expanded keys and values, the scores of a block of queries, and a
  * block's partial sum; 0 without MLA. */
@@ -182,6 +231,13 @@ typedef struct rm_backend_ops {
                   rm_route * out_host);
     /* Multi-head latent attention's core (rm_mla_args). */
     void (*mla_attention)(rm_backend * be, const rm_mla_args * a);
+    /* The middle of a Gated DeltaNet layer (rm_gdn_args). */
+    void (*gdn)(rm_backend * be, const rm_gdn_args * a);
+    /* dst row r (width floats) = src row r, for n_rows rows dst_stride and src_stride floats apart */
+    void (*copy_rows)(rm_backend * be, float * dst, int64_t dst_stride, const float * src, int64_t src_stride,
+                      int64_t width, int64_t n_rows);
+    /* y[i] = y[i] / (1 + exp(-gate[i])), i < n: an output gate */
+    void (*mul_sigmoid)(rm_backend * be, float * y, const float * gate, int64_t n);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 

@@ -5,13 +5,14 @@
  * last d_conv - 1 inputs of its convolution) and delta-rule state (per value head, the d_state x
  * head_v state at its chunk's start and the chunk's rows so far). Together with the KV cache they are the whole context: a cache entry alone no longer
  * describes it, so anything that reuses or rewinds a context must snapshot these states too.
- * These layers run on the CPU backend only (the loader refuses a device for them). */
+ * The states live on the session's backend, where the layer runs. */
 #ifndef RM_DELTANET_H
 #define RM_DELTANET_H
 
 #include "session.h"
 
 typedef struct rm_hybrid {
+    rm_backend * be;              /* the session's: every buffer below is its memory */
     int32_t * lin_index;          /* n_layer: the layer's index among the linear layers, or -1 */
     int32_t * kv_index;           /* n_layer: the layer's index among the attention layers (its KV cache), or -1 */
     float *   conv_state;         /* per linear layer: d_conv - 1 rows of conv_dim */
@@ -36,8 +37,8 @@ typedef struct rm_hybrid {
     int32_t   ckpt_next;          /* the slot the next checkpoint takes, round robin */
 } rm_hybrid;
 
-/* The session's hybrid state, zeroed; *out = NULL for a model without hybrid layers. */
-rm_status rm_hybrid_new(const rm_model * m, int32_t n_batch, rm_hybrid ** out);
+/* The session's hybrid state, zeroed, in be's memory; *out = NULL for a model without hybrid layers. */
+rm_status rm_hybrid_new(const rm_model * m, rm_backend * be, int32_t n_batch, rm_hybrid ** out);
 void      rm_hybrid_free(rm_hybrid * h);
 void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);   /* states zeroed, checkpoints dropped */
 

@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "status.h"
 
@@ -80,7 +81,9 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
         for (int32_t i = 0; ok && i < m->arch->n_tensors; i++) {   /* every tensor of the layer but the experts' */
             const rm_tensor_row * t = &m->arch->tensors[i];
             if (!t->expert && rm_layer_kind_has(L->kind, t->when)) {
-                ok = push_dense(w, &cap, (const rm_weight *) ((const char *) L + t->off), supports);
+                /* the conv filters are read by the gdn op as they are, not by a product: any backend holds them */
+                const int direct = t->field && strcmp(t->field, "ssm_conv1d") == 0;
+                ok = push_dense(w, &cap, (const rm_weight *) ((const char *) L + t->off), direct ? NULL : supports);
             }
         }
         const rm_weight * exps[3] = {&L->gate_exps, &L->up_exps, &L->down_exps};

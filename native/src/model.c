@@ -616,13 +616,6 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     pthread_mutex_init(&m->lock, NULL);
     fill_info(m);
-    for (int il = 0; il < m->hp.n_layer && params->use_gpu; il++) {
-        if (m->layers[il].kind & (RM_LAYER_ATTN_LINEAR | RM_LAYER_ATTN_GATE)) {
-            return rm_fail(RM_E_NEEDS_CPU, "rm_model_load: %s: layer %d has %s, which runs on the CPU backend "
-                           "only; load the model without a GPU", path, il, m->layers[il].kind & RM_LAYER_ATTN_LINEAR ?
-                           "linear attention (Gated DeltaNet)" : "gated attention");
-        }
-    }
     return open_device(m, params);
 }
 

@@ -141,9 +141,6 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     if (!rm_policy_state_init(&s->policy, hp->n_layer, hp->n_expert, s->n_ctx, m->residual != NULL)) {
         failed = 1;
     }
-    if (rm_hybrid_new(m, s->n_batch, &s->hy) != RM_OK) {
-        failed = 1;
-    }
     if (failed) {
         const int32_t nb = s->n_batch;
         session_free_buffers(s);
@@ -159,7 +156,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     max_in = (size_t) hp->ssm_d_inner > max_in ? (size_t) hp->ssm_d_inner : max_in;   /* ssm_out's input */
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
-    if (!s->be || !alloc_backend_buffers(s)) {
+    if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK) {
         const int32_t n_ctx = s->n_ctx;
         st = s->be ? s->be->ops->status(s->be) : st;
         char msg[512];
@@ -379,8 +376,8 @@ rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap) 
         }
     }
     if (s->hy) {
-        memcpy(at, s->hy->conv_state, h.conv_bytes);
-        memcpy(at + h.conv_bytes, s->hy->ssm_state, h.ssm_bytes);
+        s->be->ops->download(s->be, at, s->hy->conv_state, h.conv_bytes);
+        s->be->ops->download(s->be, at + h.conv_bytes, s->hy->ssm_state, h.ssm_bytes);
         at += h.conv_bytes + h.ssm_bytes;
     }
     if (h.thr_bytes) {
@@ -479,8 +476,8 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
         }
         if (s->hy) {
             rm_hybrid_reset(s->hy, s->m);   /* the checkpoints belong to the tokens before */
-            memcpy(s->hy->conv_state, at, h.conv_bytes);
-            memcpy(s->hy->ssm_state, at + h.conv_bytes, h.ssm_bytes);
+            s->be->ops->upload(s->be, s->hy->conv_state, at, h.conv_bytes);
+            s->be->ops->upload(s->be, s->hy->ssm_state, at + h.conv_bytes, h.ssm_bytes);
             at += h.conv_bytes + h.ssm_bytes;
         }
         if (h.thr_bytes) {

@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-#include "cpu/gdn.h"
+#include "backend.h"
 #include "devweights.h"
 #include "mla.h"
 #include "split.h"

@@ -259,6 +259,29 @@ static void sb_mla_attention(rm_backend * be, const rm_mla_args * a) {
     c->dev->ops->mla_attention(c->dev, &da);
 }
 
+static void sb_gdn(rm_backend * be, const rm_gdn_args * a) {
+    sb_ctx * c = ctx_of(be);
+    rm_weight cw, A, dt, norm;
+    if (c->err || !dev_weight(c, a->conv1d, 0, &cw) || !dev_weight(c, a->a, 0, &A) || !dev_weight(c, a->dt_bias, 0, &dt) ||
+        !dev_weight(c, a->norm, 0, &norm)) {
+        return;
+    }
+    rm_gdn_args da = *a;
+    da.conv1d = &cw, da.a = &A, da.dt_bias = &dt, da.norm = &norm;
+    c->dev->ops->gdn(c->dev, &da);
+}
+
+static void sb_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, const float * src, int64_t src_stride,
+                         int64_t width, int64_t n_rows) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->copy_rows(c->dev, dst, dst_stride, src, src_stride, width, n_rows);
+}
+
+static void sb_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->mul_sigmoid(c->dev, y, gate, n);
+}
+
 static void sb_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,
                        float eps) {
     sb_ctx * c = ctx_of(be);
@@ -537,6 +560,9 @@ static const rm_backend_ops STANDIN_OPS = {
     .scatter_add = sb_scatter_add,
     .route       = sb_route,
     .mla_attention = sb_mla_attention,
+    .gdn         = sb_gdn,
+    .copy_rows   = sb_copy_rows,
+    .mul_sigmoid = sb_mul_sigmoid,
     .moe_experts = sb_moe_experts,
     .free        = sb_free,
 };

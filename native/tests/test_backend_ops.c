@@ -336,8 +336,29 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
     e = memcmp(yc, x, sizeof(float) * (size_t) (R * N)) != 0;
     for (int64_t c = 0; c < N; c++) e = fmax(e, fabs(xz[c]));
     record(be->ops->name, "copy+zero", "", e, 0.0);
+    /* copy_rows: the first 3 of every other 7 floats of x into rows of 3 (gated attention's split) */
+    const int64_t nr = (R - 1) * N / 14;   /* from row 1 of x (row 0 was zeroed on the backend) */
+    float * rd = be->ops->alloc(be, sizeof(float) * (uint64_t) (3 * nr));
+    be->ops->copy_rows(be, rd, 3, xd + N, 14, 3, nr);
+    float * rh = get(be, rd, 3 * nr);
+    e = 0;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < 3; c++) e = fmax(e, fabs(rh[r * 3 + c] - x[N + r * 14 + c]));
+    record(be->ops->name, "copy_rows", "strided rows", e, 0.0);
+    /* mul_sigmoid: y /= 1 + exp(-gate) */
+    be->ops->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
+    be->ops->mul_sigmoid(be, yd, xd + N, (R - 1) * N);
+    float * ym = get(be, yd, R * N);
+    e = 0;
+    for (int64_t i = 0; i < (R - 1) * N; i++) {
+        const double v = y0[i] / (1.0 + exp(-(double) x[N + i]));
+        e = fmax(e, fabs(ym[i] - v) / (fabs(v) + 1e-3));
+    }
+    for (int64_t i = (R - 1) * N; i < R * N; i++) e = fmax(e, ym[i] == y0[i] ? 0.0 : 1.0);   /* past n: untouched */
+    record(be->ops->name, "mul_sigmoid", "4 rows", e, 1e-6);
     be->ops->release(be, xd), be->ops->release(be, yd), be->ops->release(be, gd), be->ops->release(be, gdv);
-    free(x), free(y0), free(g), free(y), free(gh), free(yc), free(xz);
+    be->ops->release(be, rd);
+    free(x), free(y0), free(g), free(y), free(gh), free(yc), free(xz), free(rh), free(ym);
 }
 
 static void test_rope(rm_backend * be) {

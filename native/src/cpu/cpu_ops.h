@@ -9,4 +9,7 @@
 /* cpu/mla.c: multi-head latent attention's core on the pool's threads (be: for its matmul_many). */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a);
 
+/* cpu/deltanet.c: the middle of a Gated DeltaNet layer on the pool's threads. */
+void rm_cpu_gdn(rm_pool * pool, const rm_gdn_args * a);
+
 #endif

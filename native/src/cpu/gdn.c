@@ -49,15 +49,6 @@ void rm_gdn_l2norm(float * x, int64_t n_rows, int64_t stride, int64_t n, float e
     }
 }
 
-int64_t rm_gdn_state_floats(int32_t d_k, int32_t d_v) {
-    return (int64_t) d_k * d_v + (int64_t) RM_GDN_CHUNK * (d_k + d_v + 1);
-}
-
-int64_t rm_gdn_chunk_scratch(int32_t d_k, int32_t d_v) {
-    (void) d_k;
-    return d_v;
-}
-
 /* ---- the delta rule's vector steps in plain loops, then the skeleton over them ---- */
 
 static float gdn_dot(const float * a, const float * b, int32_t n) {

@@ -27,8 +27,8 @@
 
 #include <stdint.h>
 
-/* Tokens per chunk of the chunked form. */
-#define RM_GDN_CHUNK 64
+#include "../backend.h"   /* RM_GDN_CHUNK, rm_gdn_state_floats, rm_gdn_chunk_scratch: the states' layout */
+
 
 /* out[t][c] = silu(sum_i w[c][i] * x_{t - d_conv + 1 + i}[c]) for n_tok rows of n_ch channels,
  * where rows before the first come from state ((d_conv - 1) rows, oldest first); state then holds
@@ -59,14 +59,9 @@ typedef struct rm_gdn_head {
     int32_t       n_tok, d_k, d_v;
 } rm_gdn_head;
 
-/* One head's state between calls: S0 (d_k x d_v, row-major), then the unfinished chunk's rows:
- * their keys (ne = {d_k, C}), their u (ne = {d_v, C}) and cumulative log-decays (C). All zeros is
- * the empty state. */
-int64_t rm_gdn_state_floats(int32_t d_k, int32_t d_v);
-
-/* The n_tok tokens of h at cache positions pos, pos + 1, ... (the state holds positions < pos):
- * outputs into h->o, state advanced. scratch holds rm_gdn_chunk_scratch(d_k, d_v) floats. */
-int64_t rm_gdn_chunk_scratch(int32_t d_k, int32_t d_v);
+/* The n_tok tokens of h at cache positions pos, pos + 1, ... (the state holds positions < pos,
+ * laid out as rm_gdn_state_floats says): outputs into h->o, state advanced. scratch holds
+ * rm_gdn_chunk_scratch(d_k, d_v) floats. */
 void    rm_gdn_rule(const rm_gdn_head * h, int32_t pos, float * state, float * scratch);
 
 /* y <- rmsnorm(y) * w * silu(z) over n_rows rows of n (the value heads' outputs). */

@@ -65,7 +65,7 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
         }
     }
     for (int32_t r = 0; r < qs->nq; r++) {
-        rm_softmax(sc + r * sc_stride, qs->m0 + r * qs->m_step);
+        rm_softmax_sink(sc + r * sc_stride, qs->m0 + r * qs->m_step, -INFINITY);   /* rm_softmax (ops.c would make a cycle) */
     }
     for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
         for (int32_t r = 0; r < qs->nq; r++) {

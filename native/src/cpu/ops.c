@@ -962,6 +962,21 @@ static void cpu_mla_attention(rm_backend * be, const rm_mla_args * a) {
     rm_cpu_mla_attention(be, ((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_gdn(rm_backend * be, const rm_gdn_args * a) { rm_cpu_gdn(((cpu_ctx *) be->ctx)->pool, a); }
+
+static void cpu_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, const float * src, int64_t src_stride,
+                          int64_t width, int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        memmove(dst + r * dst_stride, src + r * src_stride, sizeof(float) * (size_t) width);
+    }
+}
+
+static void cpu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        y[i] /= 1.0f + expf(-gate[i]);
+    }
+}
+
 static const rm_backend_ops CPU_OPS = {
     .name        = "cpu",
     .alloc       = cpu_alloc,
@@ -986,6 +1001,9 @@ static const rm_backend_ops CPU_OPS = {
     .scatter_add = cpu_scatter_add,
     .route       = cpu_route,
     .mla_attention = cpu_mla_attention,
+    .gdn         = cpu_gdn,
+    .copy_rows   = cpu_copy_rows,
+    .mul_sigmoid = cpu_mul_sigmoid,
     .free        = cpu_free,
 };
 

@@ -1,14 +1,14 @@
-/* repack.c - weights in the CPU kernels' stored layout (repack.h). */
+/* cpu/repack.c - weights in the CPU kernels' stored layout (repack.h). */
 #include "repack.h"
-#include "gguf.h"
+#include "../gguf.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "cpu/dispatch.h"
-#include "status.h"
+#include "../status.h"
+#include "dispatch.h"
 
 /* One tensor's rows, converted by the pool's threads in chunks of REPACK_ROWS. */
 typedef struct repack_job {

@@ -1,4 +1,4 @@
-/* repack.h - internal: weights kept in the CPU kernels' stored layout, made once at load.
+/* cpu/repack.h - internal: weights kept in the CPU kernels' stored layout, made once at load.
  *
  * For types whose kernel set has a stored form (rm_packed_kernels.repack_row: Q4_0 on AVX-512
  * VNNI), a CPU-only model converts every such matrix of the layers and the output head, whole
@@ -10,8 +10,8 @@
 #ifndef RM_REPACK_H
 #define RM_REPACK_H
 
-#include "devweights.h"
-#include "threads.h"
+#include "../devweights.h"
+#include "../threads.h"
 
 /* NULL when nothing is repacked (no such type, the kernel set in use has no stored form, or
  * RAPIDMOE_REPACK=0 in the environment, for comparisons);

@@ -367,6 +367,16 @@ static void cu_route(rm_backend * be, const float * logits, int32_t n_tok, int32
     }
 }
 
+static void cu_route_gated(rm_backend * be, const float * logits, const rm_weight * bias, const rm_gating_params * g,
+                           int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
+    cuda_be * c = ctx_of(be);
+    const float * b = NULL;
+    if (c->err || (bias && !(b = dev_vector(c, bias, "the router's selection bias")))) return;
+    if (rm_cuda_check(c, rm_cu_route_gated(c->st, logits, b, g, n_tok, n_expert, k, c->routes_d), "grouped route")) {
+        cu_download(be, out, c->routes_d, sizeof(rm_route) * (uint64_t) n_tok * (uint64_t) k);
+    }
+}
+
 /* The routed experts: the split's sequence (split.c) over this device's steps (split.cu). */
 static void cu_moe_experts(rm_backend * be, const rm_moe_args * a) { rm_split_run(be, &ctx_of(be)->sp, a); }
 
@@ -429,6 +439,7 @@ static const rm_backend_ops CUDA_OPS = {
     .gather_rows = cu_gather_rows,
     .scatter_add = cu_scatter_add,
     .route       = cu_route,
+    .route_gated = cu_route_gated,
     .mla_attention = cu_mla_attention,
     .gdn         = cu_gdn,
     .copy_rows   = cu_copy_rows,

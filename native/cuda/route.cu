@@ -84,3 +84,75 @@ cudaError_t rm_cu_route(cudaStream_t st, const float * logits, int32_t n_tok, in
                                                                                         norm, out);
     return cudaGetLastError();
 }
+
+/* gating.c's steps for one token in one thread: the scores, the groups kept, the top k (ties:
+ * the lower index), the weights; a block per token keeps its scores in shared memory. */
+__global__ void k_route_gated(const float * logits, const float * bias, rm_gating_params g, int32_t n_expert, int32_t k,
+                              rm_route * out) {
+    __shared__ float p[RM_CU_ROUTE_MAX_EXPERTS], sel[RM_CU_ROUTE_MAX_EXPERTS], gscore[RM_CU_ROUTE_MAX_EXPERTS];
+    __shared__ unsigned char taken[RM_CU_ROUTE_MAX_EXPERTS], kept[RM_CU_ROUTE_MAX_EXPERTS];
+    if (threadIdx.x != 0) {
+        return;
+    }
+    const float * z = logits + (int64_t) blockIdx.x * n_expert;
+    if (g.gating == RM_GATING_SIGMOID) {
+        for (int32_t e = 0; e < n_expert; e++) p[e] = 1.0f / (1.0f + expf(-z[e]));
+    } else {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int32_t e = 0; e < n_expert; e++) mx = fmaxf(mx, z[e]);
+        for (int32_t e = 0; e < n_expert; e++) sum += (p[e] = expf(z[e] - mx));
+        for (int32_t e = 0; e < n_expert; e++) p[e] /= sum;
+    }
+    for (int32_t e = 0; e < n_expert; e++) {
+        sel[e] = bias ? p[e] + bias[e] : p[e];
+        taken[e] = 0;
+    }
+    if (g.n_group > 1) {   /* a group's score: its best (softmax) or two best (sigmoid) */
+        const int32_t per = n_expert / g.n_group;
+        for (int32_t gi = 0; gi < g.n_group; gi++) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int32_t i = 0; i < per; i++) {
+                const float s = sel[gi * per + i];
+                if (s > a) { b = a; a = s; } else if (s > b) { b = s; }
+            }
+            gscore[gi] = g.gating == RM_GATING_SIGMOID ? a + (per > 1 ? b : 0.0f) : a;
+            kept[gi] = 0;
+        }
+        for (int32_t j = 0; j < g.n_group_used; j++) {
+            int32_t best = -1;
+            for (int32_t gi = 0; gi < g.n_group; gi++) {
+                if (!kept[gi] && (best < 0 || gscore[gi] > gscore[best])) best = gi;
+            }
+            kept[best] = 1;
+        }
+        for (int32_t e = 0; e < n_expert; e++) taken[e] = !kept[e / per];
+    }
+    rm_route * r = out + (int64_t) blockIdx.x * k;
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n_expert; e++) {
+            if (!taken[e] && (best < 0 || sel[e] > sel[best])) best = e;
+        }
+        taken[best] = 1;
+        r[j].expert = best;
+        r[j].prob = r[j].weight = p[best];
+        r[j].residual = 0;
+        sum += p[best];
+    }
+    const float norm = g.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+    for (int32_t j = 0; j < k; j++) r[j].weight *= norm * g.scale;
+}
+
+cudaError_t rm_cu_route_gated(cudaStream_t st, const float * logits, const float * bias, const rm_gating_params * g,
+                              int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
+    if (n_tok <= 0) {
+        return cudaSuccess;
+    }
+    if (n_expert <= 0 || n_expert > RM_CU_ROUTE_MAX_EXPERTS || k <= 0 || k > n_expert ||
+        (g->n_group > 1 && (n_expert % g->n_group != 0 || g->n_group_used < 1 || g->n_group_used > g->n_group))) {
+        return cudaErrorInvalidValue;
+    }
+    k_route_gated<<<(unsigned) n_tok, 32, 0, st>>>(logits, bias, *g, n_expert, k, out);
+    return cudaGetLastError();
+}

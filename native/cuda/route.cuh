@@ -11,4 +11,9 @@
 cudaError_t rm_cu_route(cudaStream_t st, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
                         rm_route * out);
 
+/* The DeepSeek/GLM router (rm_gating_params, gating.c's rules), a block per token; bias: n_expert
+ * floats or NULL. */
+cudaError_t rm_cu_route_gated(cudaStream_t st, const float * logits, const float * bias, const rm_gating_params * g,
+                              int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out);
+
 #endif

@@ -26,6 +26,16 @@ typedef struct rm_route {
     uint8_t residual;             /* 1 when this slot gets its expert's residual */
 } rm_route;
 
+/* The DeepSeek/GLM router's rules (gating.c): scores by softmax or sigmoid (rm_gating), a
+ * selection bias that counts for the choice only, group-limited top-k, weights renormalised and
+ * scaled. */
+typedef struct rm_gating_params {
+    int32_t gating;               /* rm_gating */
+    int32_t n_group, n_group_used;/* group-limited top-k when n_group > 1 */
+    int32_t norm;                 /* divide the k weights by their sum */
+    float   scale;                /* then multiply them by this */
+} rm_gating_params;
+
 typedef struct rm_matmul_args {
     const rm_weight * w;
     int64_t           mat;        /* which matrix of a 3-D tensor (expert index); 0 for 2-D */
@@ -229,6 +239,10 @@ typedef struct rm_backend_ops {
      * when norm; into out_host (n_tok * k entries; residual cleared) */
     void (*route)(rm_backend * be, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
                   rm_route * out_host);
+    /* The DeepSeek/GLM router (rm_gating_params) over n_tok rows of n_expert (<= 512) logits;
+     * bias (F32, n_expert) or NULL counts for the choice only; into out_host as route does. */
+    void (*route_gated)(rm_backend * be, const float * logits, const rm_weight * bias, const rm_gating_params * g,
+                        int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out_host);
     /* Multi-head latent attention's core (rm_mla_args). */
     void (*mla_attention)(rm_backend * be, const rm_mla_args * a);
     /* The middle of a Gated DeltaNet layer (rm_gdn_args). */

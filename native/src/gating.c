@@ -64,7 +64,7 @@ void rm_route_token_gated(const float * logits, const float * bias, const rm_gat
             p[e] = 1.0f / (1.0f + expf(-p[e]));
         }
     } else {
-        rm_softmax(p, n_expert);
+        rm_softmax_sink(p, n_expert, -INFINITY);   /* rm_softmax, without a call into the CPU backend's unit */
     }
     for (int32_t e = 0; e < n_expert; e++) {
         sel[e] = bias ? p[e] + bias[e] : p[e];

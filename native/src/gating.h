@@ -7,13 +7,8 @@
 #include "rapidmoe.h"
 
 struct rm_route;
+typedef struct rm_gating_params rm_gating_params;   /* backend.h */
 
-typedef struct rm_gating_params {
-    int32_t gating;               /* rm_gating */
-    int32_t n_group, n_group_used;/* group-limited top-k when n_group > 1 */
-    int32_t norm;                 /* divide the k weights by their sum */
-    float   scale;                /* then multiply them by this */
-} rm_gating_params;
 
 /* k routes of one token from its n_expert router logits; bias (n_expert, may be NULL) counts for
  * the choice only. n_expert <= 512. */

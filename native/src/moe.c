@@ -202,21 +202,18 @@ static void swiglu_ffn(rm_session * s, const rm_weight * gate, const rm_weight *
 }
 
 /* The router's choices: the backend's softmax router, or, for sigmoid scores, a selection bias,
- * expert groups or a scale, the logits brought to the host and routed there (gating.c). */
+ * expert groups or a scale, its DeepSeek/GLM router (gating.c's rules). */
 static void route(rm_session * s, const rm_layer * L, int32_t n) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
     const rm_gating_params g = {hp->gating, hp->n_group, hp->n_group_used, hp->norm_topk,
                                 hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f};
-    const float * bias = L->exp_probs_b.data ? (const float *) L->exp_probs_b.data : NULL;
-    if (rm_gating_is_plain(&g, bias)) {
+    const rm_weight * bias = L->exp_probs_b.data ? &L->exp_probs_b : NULL;
+    if (rm_gating_is_plain(&g, bias ? (const float *) bias->data : NULL)) {
         be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
-        return;
-    }
-    be->ops->download(be, s->router_host, s->router, sizeof(float) * (uint64_t) n * (uint64_t) X);
-    for (int32_t i = 0; i < n; i++) {
-        rm_route_token_gated(s->router_host + (int64_t) i * X, bias, &g, X, K, s->routes + (int64_t) i * K);
+    } else {
+        be->ops->route_gated(be, s->router, bias, &g, n, X, K, s->routes);
     }
 }
 

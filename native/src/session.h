@@ -50,7 +50,6 @@ struct rm_session {
 
     /* host memory */
     float *    embd;              /* embedded tokens before upload, rows of n_embd */
-    float *    router_host;       /* router logits brought to the host for grouped routing, rows of n_expert */
     float *    mla_host;          /* MLA's per-thread scratch (rm_mla_thread_floats each); NULL without MLA */
     rm_route * routes;            /* rows of n_expert_used */
     int32_t *  exp_n;             /* n_expert */

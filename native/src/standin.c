@@ -359,6 +359,15 @@ static void sb_route(rm_backend * be, const float * logits, int32_t n_tok, int32
     sb_download(be, out, c->routes_d, sizeof(rm_route) * (uint64_t) n_tok * (uint64_t) k);
 }
 
+static void sb_route_gated(rm_backend * be, const float * logits, const rm_weight * bias, const rm_gating_params * g,
+                           int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
+    sb_ctx * c = ctx_of(be);
+    rm_weight db;
+    if (c->err || (bias && !dev_weight(c, bias, 0, &db))) return;
+    c->dev->ops->route_gated(c->dev, logits, bias ? &db : NULL, g, n_tok, n_expert, k, (rm_route *) c->routes_d);
+    sb_download(be, out, c->routes_d, sizeof(rm_route) * (uint64_t) n_tok * (uint64_t) k);
+}
+
 /* ---- the split's device operations (split.h), on the device's buffers -------------------- */
 
 static int sd_fail(rm_backend * be, rm_status st, const char * msg) {
@@ -559,6 +568,7 @@ static const rm_backend_ops STANDIN_OPS = {
     .gather_rows = sb_gather_rows,
     .scatter_add = sb_scatter_add,
     .route       = sb_route,
+    .route_gated = sb_route_gated,
     .mla_attention = sb_mla_attention,
     .gdn         = sb_gdn,
     .copy_rows   = sb_copy_rows,

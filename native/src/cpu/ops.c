@@ -17,6 +17,7 @@
 
 #include "../backend.h"
 #include "../devweights.h"
+#include "../gating.h"
 #include "../status.h"
 #include "../types.h"
 #include "cpu_ops.h"
@@ -962,6 +963,14 @@ static void cpu_mla_attention(rm_backend * be, const rm_mla_args * a) {
     rm_cpu_mla_attention(be, ((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_route_gated(rm_backend * be, const float * logits, const rm_weight * bias, const rm_gating_params * g,
+                            int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
+    for (int32_t i = 0; i < n_tok; i++) {
+        rm_route_token_gated(logits + (int64_t) i * n_expert, bias ? (const float *) bias->data : NULL, g, n_expert, k,
+                             out + (int64_t) i * k);
+    }
+}
+
 static void cpu_gdn(rm_backend * be, const rm_gdn_args * a) { rm_cpu_gdn(((cpu_ctx *) be->ctx)->pool, a); }
 
 static void cpu_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, const float * src, int64_t src_stride,
@@ -1000,6 +1009,7 @@ static const rm_backend_ops CPU_OPS = {
     .gather_rows = cpu_gather_rows,
     .scatter_add = cpu_scatter_add,
     .route       = cpu_route,
+    .route_gated = cpu_route_gated,
     .mla_attention = cpu_mla_attention,
     .gdn         = cpu_gdn,
     .copy_rows   = cpu_copy_rows,

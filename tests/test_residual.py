@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import rapidmoe_gguf as rm
-from rapidmoe_gguf import evaluate, quants
+from rapidmoe_gguf import evaluate, gguf_rewrite, quants
 from conftest import _CORPUS
 
 TEXT = " ".join(_CORPUS)
@@ -129,7 +129,7 @@ def test_residual_failed_calibration_leaves_sidecar_intact(pair, monkeypatch):
     def broken(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(evaluate.gguf.GGUFWriter, "write_tensors_to_file", broken)
+    monkeypatch.setattr(gguf_rewrite.gguf.GGUFWriter, "write_tensors_to_file", broken)   # the rewrite's writer
     tables = rm.umia.Tables(2, 4, np.ones((2, 4)), np.ones(2), np.full((2, 4), 0.25),
                             {p: np.zeros((2, rm.umia.N_QUANTILES)) for p in rm.umia.SCORED}, 1)
     with pytest.raises(OSError, match="disk full"):

@@ -229,7 +229,7 @@ def test_arch_deepseek_glm4moe_on_the_standin_device_equals_cpu(converted):
     assert _rel(got, ref).max() <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2", "glm4_moe_lite"])
 def test_arch_deepseek_mla_on_the_standin_device_equals_cpu(converted, name):
     """Multi-head latent attention through a device backend (the stand-in runs the backend's
     mla_attention op on the device's copies of the weights and its latent cache): a prompt

@@ -1,7 +1,7 @@
 """Supported MoE architectures as data.
 
 What a GGUF file of each architecture holds, as the runtime reads it, has one source: the C
-table in ``native/src/arch.c`` (keys with defaults and ranges, per-layer tensor templates with
+table in ``native/src/model/arch.c`` (keys with defaults and ranges, per-layer tensor templates with
 shapes, behaviour flags), which the loader walks. ``native_archs()`` reads that table through
 ``rm_arch_describe``; ``GGUFFile.hparams()`` reads a file's hyperparameters by it, with the
 loader's own code (the planner's way in).
@@ -871,7 +871,7 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
 
 
 # ---------------------------------------------------------------------------------------------
-# What the runtime reads: the C rows (native/src/arch.c), through rm_arch_describe
+# What the runtime reads: the C rows (native/src/model/arch.c), through rm_arch_describe
 # ---------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)

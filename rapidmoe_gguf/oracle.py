@@ -83,7 +83,7 @@ class TorchPair:
         self.head_dim = kv("attention.key_length", t["blk.0.attn_q.weight"].shape[0] // self.n_head)
         self.n_expert, self.k = kv("expert_count"), kv("expert_used_count")
         self.eps, self.theta = kv("attention.layer_norm_rms_epsilon"), kv("rope.freq_base", 10000.0)
-        # the runtime's defaults (native/src/arch.c): both renormalise the top-k unless told otherwise
+        # the runtime's defaults (native/src/model/arch.c): both renormalise the top-k unless told otherwise
         self.norm_topk = bool(kv("expert_weights_norm", True))
         self.qk_norm = arch == "qwen3moe"
         self.rope_neox = arch == "qwen3moe"     # llama: adjacent pairs rotate together

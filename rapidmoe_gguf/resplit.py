@@ -94,7 +94,7 @@ def base_identity(path: str | os.PathLike[str] | GGUFFile) -> tuple[str | None, 
 def fingerprint(type_id: int, ne: tuple[int, ...], data) -> int:
     """The sidecar's check of one base expert tensor's data: FNV-1a (64-bit) over its ggml type
     (u32), ne padded to 4 dims (u64 each), byte size (u64), then its first and its last
-    min(FINGERPRINT_WINDOW, size) bytes. The same function is in native/src/model.c."""
+    min(FINGERPRINT_WINDOW, size) bytes. The same function is in native/src/model/model.c."""
     n = len(data)
     w = min(FINGERPRINT_WINDOW, n)
     ne4 = tuple(ne) + (1,) * (4 - len(ne))

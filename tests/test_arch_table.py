@@ -1,4 +1,4 @@
-"""One architecture description: the C rows (native/src/arch.c, read through rm_arch_describe)
+"""One architecture description: the C rows (native/src/model/arch.c, read through rm_arch_describe)
 that the loader walks, and the converter's rows (rapidmoe_gguf/arch.py) must describe the same
 files. For every architecture: tensors that fit the C row's flags; every key the loader reads is one the converter
 writes, filling the same value, of the same kind, with the same default where both have one;

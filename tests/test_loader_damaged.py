@@ -2,7 +2,7 @@
 in turn, on a tiny model of each architecture, and the optional tensors the forward pass uses
 together (q/k norms, q/k/v biases) given alone.
 
-Oracle: the loader's promise (native/src/model.c) that a model it accepts runs: each damaged file
+Oracle: the loader's promise (native/src/model/model.c) that a model it accepts runs: each damaged file
 either loads and evaluates a prompt and a decoded token, or is refused with a FormatError (or
 another RapidMoEError) whose message names a tensor. A crash fails the run."""
 

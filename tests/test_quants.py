@@ -359,7 +359,7 @@ def test_quants_iq_vec_dot_matches_float64_dot(name):
 
 
 def test_quants_iq_grids_are_gguf_pys():
-    """The codebooks in native/src/iq_grids.h are what tools/gen_iq_grids.py makes of the installed
+    """The codebooks in native/src/format/iq_grids.h are what tools/gen_iq_grids.py makes of the installed
     gguf package's tables today: regenerate the header when this fails."""
     import importlib.util
     from pathlib import Path
@@ -368,7 +368,7 @@ def test_quants_iq_grids_are_gguf_pys():
     spec = importlib.util.spec_from_file_location("gen_iq_grids", root / "tools" / "gen_iq_grids.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
-    header = (root / "native" / "src" / "iq_grids.h").read_text()
+    header = (root / "native" / "src" / "format" / "iq_grids.h").read_text()
     assert header == gen.render()
     # and the library's 16 IQ4 levels are gguf-py's: one IQ4_NL block with d = 1 and indices 0..15
     block = np.concatenate([np.array([1.0], np.float16).view(np.uint8),
@@ -378,7 +378,7 @@ def test_quants_iq_grids_are_gguf_pys():
 
 
 def test_quants_the_librarys_whole_type_table_agrees_with_gguf_py():
-    """One type table (native/src/types.c) sizes every tensor the GGUF reader meets, implemented
+    """One type table (native/src/format/types.c) sizes every tensor the GGUF reader meets, implemented
     or not; its block geometry is gguf-py's (GGML_QUANT_SIZES, which the converter writes with),
     but for Q8_1, whose layout gguf-py 0.19.0 still gives as the 40 bytes ggml dropped."""
     known = {int(t): v for t, v in GGML_QUANT_SIZES.items()}

@@ -1,4 +1,4 @@
-"""The IQ2_XXS and IQ3_XXS quantizers (native/src/quants_iq.c): our own codebook search, so not
+"""The IQ2_XXS and IQ3_XXS quantizers (native/src/format/quants_iq.c): our own codebook search, so not
 byte-identical to ggml's. What is checked instead:
 
 - the bytes decode, with gguf-py's dequantizer (the format's oracle), to exactly what ours gives;

@@ -20,7 +20,7 @@ from rapidmoe_gguf.server import ServerConfig
 
 N_CTX = 256
 # UMIA's per-layer thresholds are controllers that move after every token of a session and keep
-# their state across requests (native/src/policy.c), so under it a greedy answer depends on what the
+# their state across requests (native/src/policy/policy.c), so under it a greedy answer depends on what the
 # slot served before, which Ray's routing decides. Policy "all" has no state: every answer is then
 # a function of its request alone.
 MODEL = {"n_ctx": N_CTX, "residual_policy": "all"}

@@ -88,7 +88,7 @@ def test_standin_logits_equal_cpu(wide_pair, placement, policy, budget):
 
 
 def _layout_bytes(n_slots: int) -> int:
-    """The plan's tables for n_slots slots (rm_split_layout_for in native/src/split.c)."""
+    """The plan's tables for n_slots slots (rm_split_layout_for in native/src/devices/split.c)."""
     pad = lambda n: (n + 15) // 16 * 16
     return 2 * pad(12 * n_slots) + 6 * pad(4 * n_slots)
 

@@ -1,11 +1,11 @@
-"""Writes native/src/iq_grids.h, the IQ quant types' codebooks, from the installed gguf package.
+"""Writes native/src/format/iq_grids.h, the IQ quant types' codebooks, from the installed gguf package.
 
 The grids are format facts: a file made by llama.cpp means what ggml's tables say, and gguf-py
 carries the same tables (packed, as hex) for its dequantizers. They are not retyped by hand; this
 script unpacks gguf-py's copy and tests/test_quants.py checks that the committed header is what
 it writes today:
 
-    python tools/gen_iq_grids.py > native/src/iq_grids.h
+    python tools/gen_iq_grids.py > native/src/format/iq_grids.h
 """
 
 import sys

@@ -234,7 +234,7 @@ int64_t     rm_gguf_find_tensor(const rm_gguf * g, const char * name); /* -1 whe
 rm_status   rm_gguf_tensor_info(const rm_gguf * g, int64_t i, rm_tensor_info * out);
 
 /* ---------------------------------------------------------------------------------------------
- * Architectures, as data (native/src/arch.c)
+ * Architectures, as data (native/src/model/arch.c)
  *
  * One row per general.architecture this build runs: the keys the loader reads (with defaults
  * and ranges), the tensors each layer holds (names, shapes, which file, required or not) and the
@@ -545,7 +545,7 @@ rm_status rm_batch_eval(const rm_batch * batch);
  *
  * What a session will allocate, from the hyperparameters alone, so that a planner can place a
  * model on a device before loading it. The library allocates with the same functions
- * (native/src/sizes.c), so the numbers it gives and the memory it takes cannot drift apart.
+ * (native/src/model/sizes.c), so the numbers it gives and the memory it takes cannot drift apart.
  * ------------------------------------------------------------------------------------------- */
 
 /* Each range of weights a device holds starts on this boundary and takes a multiple of it. */

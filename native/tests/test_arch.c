@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../src/arch.c"
+#include "../src/model/arch.c"
 #include "../src/status.c"
 #include "expect.h"
 

@@ -3,8 +3,8 @@
 #ifndef RM_CPU_OPS_H
 #define RM_CPU_OPS_H
 
-#include "../backend.h"
-#include "../threads.h"
+#include "backend.h"
+#include "threads.h"
 
 /* cpu/mla.c: multi-head latent attention's core on the pool's threads (be: for its matmul_many). */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a);

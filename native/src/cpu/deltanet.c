@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../types.h"
+#include "types.h"
 #include "cpu_ops.h"
 #include "dispatch.h"
 #include "gdn.h"

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../status.h"
+#include "status.h"
 
 #if defined(RM_X86)
 #include <cpuid.h>

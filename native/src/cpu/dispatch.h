@@ -11,7 +11,7 @@
 #ifndef RM_CPU_DISPATCH_H
 #define RM_CPU_DISPATCH_H
 
-#include "../types.h"
+#include "types.h"
 #include "gdn.h"
 
 typedef enum rm_isa {

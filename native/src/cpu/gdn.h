@@ -27,7 +27,7 @@
 
 #include <stdint.h>
 
-#include "../backend.h"   /* RM_GDN_CHUNK, rm_gdn_state_floats, rm_gdn_chunk_scratch: the states' layout */
+#include "backend.h"   /* RM_GDN_CHUNK, rm_gdn_state_floats, rm_gdn_chunk_scratch: the states' layout */
 
 
 /* out[t][c] = silu(sum_i w[c][i] * x_{t - d_conv + 1 + i}[c]) for n_tok rows of n_ch channels,

@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../iq_grids.h"
-#include "../types.h"
+#include "iq_grids.h"
+#include "types.h"
 
 enum { IQ_GRID_2XXS, IQ_GRID_3XXS };
 

@@ -34,7 +34,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "../iq_grids.h"
+#include "iq_grids.h"
 #include "dispatch.h"
 #include "iq_grid_x86.h"
 #include "transpose_x86.h"

@@ -11,8 +11,8 @@
 
 #include "cpu_ops.h"
 #include "dispatch.h"
-#include "../threads.h"
-#include "../types.h"
+#include "threads.h"
+#include "types.h"
 
 /* Both forms work in tiles of about 32 KiB, so what a loop reads again and again stays in the
  * core's first-level cache instead of coming from the second level once per position: a block

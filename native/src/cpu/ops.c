@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend.h"
-#include "../devweights.h"
-#include "../gating.h"
-#include "../status.h"
-#include "../types.h"
+#include "backend.h"
+#include "devweights.h"
+#include "gating.h"
+#include "status.h"
+#include "types.h"
 #include "cpu_ops.h"
 #include "dispatch.h"
 

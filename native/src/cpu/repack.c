@@ -1,13 +1,13 @@
 /* cpu/repack.c - weights in the CPU kernels' stored layout (repack.h). */
 #include "repack.h"
-#include "../gguf.h"
+#include "gguf.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../status.h"
+#include "status.h"
 #include "dispatch.h"
 
 /* One tensor's rows, converted by the pool's threads in chunks of REPACK_ROWS. */

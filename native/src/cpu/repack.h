@@ -10,8 +10,8 @@
 #ifndef RM_REPACK_H
 #define RM_REPACK_H
 
-#include "../devweights.h"
-#include "../threads.h"
+#include "devweights.h"
+#include "threads.h"
 
 /* NULL when nothing is repacked (no such type, the kernel set in use has no stored form, or
  * RAPIDMOE_REPACK=0 in the environment, for comparisons);

@@ -9,7 +9,7 @@
 
 #include <immintrin.h>
 
-#include "../iq_grids.h"
+#include "iq_grids.h"
 #include "iq_grid_x86.h"
 
 #include "dispatch.h"

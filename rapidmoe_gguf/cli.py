@@ -165,9 +165,10 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     p.add_argument("--ctx", "-c", type=int, default=2048, help="context size in tokens (default: %(default)s)")
     from .model import CACHE_TYPES
     for flag, short in (("k", "-ctk"), ("v", "-ctv")):
-        p.add_argument(f"--cache-type-{flag}", short, type=str.lower, choices=CACHE_TYPES, default="f32",
+        p.add_argument(f"--cache-type-{flag}", short, type=str.lower, choices=CACHE_TYPES, default=None,
                        help=f"the KV cache's {flag.upper()} element type, as llama.cpp names them (default: "
-                            f"%(default)s; f16 halves the cache; other types than f32: CPU only, not with MLA)")
+                            f"$RAPIDMOE_CACHE_TYPE_{flag.upper()}, else f16, or f32 where the model cannot have it: "
+                            f"multi-head latent attention, a GPU budget; other types than f32: CPU only, not with MLA)")
     p.add_argument("--policy", choices=POLICIES, default="umia",
                    help="which activated experts get their residual (default: %(default)s)")
     p.add_argument("--budget", type=_budget_arg, default=DEFAULT_BUDGET,
@@ -210,7 +211,7 @@ def _model_path_and_kwargs(args: argparse.Namespace) -> tuple[str, dict]:
         residual=None if args.no_residual else "auto", residual_policy=args.policy, residual_budget=args.budget,
         gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
         gpu_sessions=max(1, getattr(args, "parallel", 1)), use_mmap=getattr(args, "use_mmap", None),
-        cache_type_k=getattr(args, "cache_type_k", "f32"), cache_type_v=getattr(args, "cache_type_v", "f32"))
+        cache_type_k=getattr(args, "cache_type_k", None), cache_type_v=getattr(args, "cache_type_v", None))
 
 
 def _open_model(args: argparse.Namespace):

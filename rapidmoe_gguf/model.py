@@ -58,11 +58,26 @@ def load_mode(use_mmap: bool | None) -> int:
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
-def cache_type(name: Any, what: str = "cache_type_k") -> str:
-    """A KV cache type's name, lower case, checked against CACHE_TYPES."""
+def cache_type(name: Any, what: str = "cache_type_k") -> str | None:
+    """A KV cache type's name, lower case, checked against CACHE_TYPES (None: the default)."""
+    if name is None:
+        return None
     if not isinstance(name, str) or name.lower() not in CACHE_TYPES:
         raise InvalidArgumentError(f"{what} must be one of {', '.join(CACHE_TYPES)}, got {str(name)[:40]!r}")
     return name.lower()
+
+
+def default_cache_type(info: dict, on_gpu: bool, what: str = "k") -> str:
+    """The KV cache type a model gets when none is asked for: $RAPIDMOE_CACHE_TYPE_K /
+    $RAPIDMOE_CACHE_TYPE_V where set (as llama-server's LLAMA_ARG_CACHE_TYPE_K / _V), else
+    ``f16``, llama.cpp's default, where the model can have it, and ``f32`` where attention reads no
+    other type: multi-head latent attention's latent cache, a session on a device backend."""
+    env = f"RAPIDMOE_CACHE_TYPE_{what.upper()}"
+    if os.environ.get(env):
+        return cache_type(os.environ[env], f"${env}")
+    if on_gpu or info.get("kv_lora_rank", 0) > 0:
+        return "f32"
+    return "f16"
 
 
 class Model:
@@ -92,12 +107,15 @@ class Model:
     maps otherwise. The environment variable ``RAPIDMOE_MMAP`` (``1``/``0``) sets it where the
     argument is ``None`` (e.g. for the command line).
 
-    ``cache_type_k`` / ``cache_type_v``: the KV cache's element types, llama.cpp's names: ``f32``
-    (the default), ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16``
-    halves the cache and ``q8_0`` takes 0.27 of it, at a small cost in the logits
-    (docs/QUALITY.md); a block type needs head_dim a multiple of 32. Types other than ``f32`` run
-    on the CPU backend (not with a GPU budget: NeedsCPUError) and not for multi-head latent
-    attention (DeepSeek, GLM-Flash: UnsupportedError). Forks take this session's types.
+    ``cache_type_k`` / ``cache_type_v``: the KV cache's element types, llama.cpp's names: ``f32``,
+    ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16`` halves F32's cache
+    (and the bytes decode reads at depth) and ``q8_0`` takes 0.27 of it, at a small cost in the
+    logits (docs/QUALITY.md); a block type needs head_dim a multiple of 32. Types other than
+    ``f32`` run on the CPU backend (not with a GPU budget: NeedsCPUError) and not for multi-head
+    latent attention (DeepSeek, GLM-Flash: UnsupportedError). None (the default): ``f16`` as
+    llama.cpp's, where the model can have it, else ``f32`` (``default_cache_type``; the
+    environment's $RAPIDMOE_CACHE_TYPE_K / _V first). The attributes ``cache_type_k`` /
+    ``cache_type_v`` say the types in use. Forks take this session's types.
     """
 
     def __init__(
@@ -116,8 +134,8 @@ class Model:
         gpu_backend: str = "cuda",
         hardware: planner.Hardware | None = None,
         use_mmap: bool | None = None,
-        cache_type_k: str = "f32",
-        cache_type_v: str = "f32",
+        cache_type_k: str | None = None,
+        cache_type_v: str | None = None,
     ):
         self._model = None
         self._session = None
@@ -193,7 +211,9 @@ class Model:
             log.warning("%s", note)
 
         try:
-            self.cache_type_k, self.cache_type_v = cache_type_k, cache_type_v
+            on_gpu = self.gpu_info["active"]
+            self.cache_type_k = cache_type_k or default_cache_type(self.info, on_gpu, "k")
+            self.cache_type_v = cache_type_v or default_cache_type(self.info, on_gpu, "v")
             self._open_session(n_ctx, n_batch, residual_policy, residual_budget)
         except BaseException:
             self.close()

@@ -21,6 +21,13 @@ from pathlib import Path
 
 import pytest
 
+# The suite's numbers are F32 math held against float oracles (transformers' logits, llama.cpp's,
+# the scalar kernel set): its sessions keep an F32 KV cache unless a test asks for a type (the
+# default, F16, and every other type have tests of their own: test_kv_cache.py). Subprocesses
+# inherit it.
+os.environ.setdefault("RAPIDMOE_CACHE_TYPE_K", "f32")
+os.environ.setdefault("RAPIDMOE_CACHE_TYPE_V", "f32")
+
 
 @pytest.fixture(autouse=True)
 def _restore_sys_path():

@@ -105,3 +105,34 @@ def test_kv_cache_types_on_other_layer_kinds(tmp_path, tiny_hf, kind):
     # at one of 150 on the hybrid with Q8_0 or BF16, not with F16), so most positions, not all
     rel = np.abs(got - ref).max(-1) / np.abs(ref).max(-1)
     assert 0 < np.median(rel) < 0.01 and (rel > 0.01).mean() <= 0.02
+
+
+def test_kv_cache_default_is_f16_where_the_model_can_have_it(tmp_path, tiny_hf, monkeypatch):
+    """Without a type asked for (and without $RAPIDMOE_CACHE_TYPE_K / _V, which the suite sets):
+    F16 on the CPU, as llama.cpp's default, the same session as an explicit f16; F32 for
+    multi-head latent attention and on a device backend; the environment's types where set, an
+    invalid one refused naming the variable."""
+    from test_determinism import _hf
+
+    monkeypatch.delenv("RAPIDMOE_CACHE_TYPE_K", raising=False)
+    monkeypatch.delenv("RAPIDMOE_CACHE_TYPE_V", raising=False)
+    ids = list(range(5, 60))
+    with rm.Model(bundled_model_path(), n_ctx=256, n_threads=2) as m, \
+            rm.Model(bundled_model_path(), n_ctx=256, n_threads=2, cache_type_k="f16", cache_type_v="f16") as f16:
+        assert (m.cache_type_k, m.cache_type_v) == ("f16", "f16")
+        assert m.kv_cache_bytes == f16.kv_cache_bytes
+        np.testing.assert_array_equal(m.eval_logits(ids), f16.eval_logits(ids))
+        with m.fork_session() as fork:
+            assert (fork.cache_type_k, fork.cache_type_v) == ("f16", "f16")
+    with rm.Model(bundled_model_path(), n_ctx=64, gpu_memory="1GiB", gpu_backend="standin") as dev:
+        assert dev.backend == "standin" and (dev.cache_type_k, dev.cache_type_v) == ("f32", "f32")
+    out = tmp_path / "mla.gguf"
+    rm.convert(_hf(tmp_path, tiny_hf, "deepseek_v2"), out, recipe="f32", progress=False)
+    with rm.Model(str(out), n_ctx=64, n_threads=2) as mla:
+        assert (mla.cache_type_k, mla.cache_type_v) == ("f32", "f32")
+    monkeypatch.setenv("RAPIDMOE_CACHE_TYPE_K", "q8_0")
+    with rm.Model(bundled_model_path(), n_ctx=64, n_threads=2) as m:
+        assert (m.cache_type_k, m.cache_type_v) == ("q8_0", "f16")
+    monkeypatch.setenv("RAPIDMOE_CACHE_TYPE_V", "q3_k")
+    with pytest.raises(InvalidArgumentError, match=r"\$RAPIDMOE_CACHE_TYPE_V must be one of"):
+        rm.Model(bundled_model_path(), n_ctx=64)

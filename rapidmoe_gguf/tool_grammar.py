@@ -28,7 +28,7 @@ texts, written by the models' real templates, through these grammars).
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import tool_calls as tc
 
@@ -168,77 +168,58 @@ class _Builder:
         self.rule(f"{name}: {' | '.join(options)}")
         return name
 
+    def calls(self, body: Callable[[int, dict], str]) -> str:
+        """Rule ``fn``: one call of any offered tool, tool i's being ``body(i, tool)``."""
+        for i, t in enumerate(self.use.offered):
+            self.rule(f"fn_{i}: {body(i, t)}")
+        return self.either("fn", [f"fn_{i}" for i in range(len(self.use.offered))])
+
     def block(self) -> tuple[str, str | None, bool]:
         """The rule of one call block after its opening marker, the marker (None: the generic
         format's, which has none), and whether a block holds every call (the formats whose
         calls go in one section)."""
-        f, p, tools = self.use.format, self.p, self.use.offered
+        f, p = self.use.format, self.p
         if f is tc.HERMES:
             calls = self.use._call_schemas()
             body = calls[0] if len(calls) == 1 else {"anyOf": calls}
             self.rule(f"hermes_body: {json_rule(body, self.form, True)}")
             self.rule(f'after: "\\n" hermes_body "\\n" {p("</tool_call>")}')
             return "after", "<tool_call>", False
+        more = "+" if self.use.parallel else ""
         if f is tc.QWEN3_CODER:
-            fns = []
-            for i, t in enumerate(tools):
-                params = self.xml_params(i, t, "<parameter=KEY>", "\n", "\n</parameter>", "\n")
-                self.rule(f'fn_{i}: {_q("<function=" + t["function"]["name"] + ">" + chr(10))} {params} "</function>"')
-                fns.append(f"fn_{i}")
-            self.either("fn", fns)
+            self.calls(lambda i, t: f'{_q("<function=" + t["function"]["name"] + ">" + chr(10))} '
+                                    f'{self.xml_params(i, t, "<parameter=KEY>", chr(10), chr(10) + "</parameter>", chr(10))} '
+                                    '"</function>"')
             self.rule(f'after: "\\n" fn "\\n" {p("</tool_call>")}')
             return "after", "<tool_call>", False
         if f is tc.GLM:
-            fns = []
-            for i, t in enumerate(tools):
-                params = self.xml_params(i, t, "<arg_key>KEY</arg_key>", "<arg_value>", "</arg_value>", "", True)
-                self.rule(f'fn_{i}: {_q(t["function"]["name"])} {params}')
-                fns.append(f"fn_{i}")
-            self.either("fn", fns)
+            self.calls(lambda i, t: f'{_q(t["function"]["name"])} '
+                                    f'{self.xml_params(i, t, "<arg_key>KEY</arg_key>", "<arg_value>", "</arg_value>", "", True)}')
             self.rule(f'after: fn "\\n"? {p("</tool_call>")}')
             return "after", "<tool_call>", False
         if f is tc.MINIMAX_M2:
-            fns = []
-            for i, t in enumerate(tools):
-                params = self.xml_params(i, t, '<parameter name="KEY">', "", "</parameter>", "\n")
-                self.rule(f'fn_{i}: {_q(chr(60) + "invoke name=" + chr(34) + t["function"]["name"] + chr(34) + ">" + chr(10))} '
-                          f'{params} "</invoke>\\n"')
-                fns.append(f"fn_{i}")
-            self.either("fn", fns)
-            more = "+" if self.use.parallel else ""
+            self.calls(lambda i, t: f'{_q("<invoke name=" + chr(34) + t["function"]["name"] + chr(34) + ">" + chr(10))} '
+                                    f'{self.xml_params(i, t, "<parameter name=" + chr(34) + "KEY" + chr(34) + ">", "", "</parameter>", chr(10))} '
+                                    '"</invoke>\\n"')
             self.rule(f'after: "\\n" fn{more} {p("</minimax:tool_call>")}')
             return "after", "<minimax:tool_call>", True
         if f is tc.DEEPSEEK:
-            fns = []
-            for i, t in enumerate(tools):
-                args = self.args(i, t)
-                self.rule(f'fn_{i}: {p("<｜tool▁call▁begin｜>")} {_q(t["function"]["name"])} {p("<｜tool▁sep｜>")} '
-                          f'{args} {p("<｜tool▁call▁end｜>")}')
-                fns.append(f"fn_{i}")
-            self.either("fn", fns)
-            more = "+" if self.use.parallel else ""
+            self.calls(lambda i, t: f'{p("<｜tool▁call▁begin｜>")} {_q(t["function"]["name"])} {p("<｜tool▁sep｜>")} '
+                                    f'{self.args(i, t)} {p("<｜tool▁call▁end｜>")}')
             self.rule(f'after: fn{more} {p("<｜tool▁calls▁end｜>")}')
             return "after", "<｜tool▁calls▁begin｜>", True
         if f is tc.KIMI_K2:
-            fns = []
-            for i, t in enumerate(tools):
-                args = self.args(i, t)
-                self.rule(f'fn_{i}: {p("<|tool_call_begin|>")} {_q("functions." + t["function"]["name"] + ":")} '
-                          f'/[0-9]{{1,4}}/ {p("<|tool_call_argument_begin|>")} {args} {p("<|tool_call_end|>")}')
-                fns.append(f"fn_{i}")
-            self.either("fn", fns)
-            more = "+" if self.use.parallel else ""
+            self.calls(lambda i, t: f'{p("<|tool_call_begin|>")} {_q("functions." + t["function"]["name"] + ":")} '
+                                    f'/[0-9]{{1,4}}/ {p("<|tool_call_argument_begin|>")} {self.args(i, t)} '
+                                    f'{p("<|tool_call_end|>")}')
             self.rule(f'after: fn{more} {p("<|tool_calls_section_end|>")}')
             return "after", "<|tool_calls_section_begin|>", True
         if f is tc.HARMONY:     # the call's header as the model writes it, or as the template does
-            fns = []
-            for i, t in enumerate(tools):
-                args, name = self.args(i, t), t["function"]["name"]
-                self.rule(f'fn_{i}: ({p("<|channel|>")} {_q("commentary to=functions." + name + " ")} '
-                          f'{p("<|constrain|>")} "json" | {_q(" to=functions." + name)} {p("<|channel|>")} '
-                          f'"commentary json") {p("<|message|>")} {args} {p("<|call|>")}')
-                fns.append(f"fn_{i}")
-            self.either("after", fns)
+            name = lambda t: t["function"]["name"]  # noqa: E731
+            self.calls(lambda i, t: f'({p("<|channel|>")} {_q("commentary to=functions." + name(t) + " ")} '
+                                    f'{p("<|constrain|>")} "json" | {_q(" to=functions." + name(t))} {p("<|channel|>")} '
+                                    f'"commentary json") {p("<|message|>")} {self.args(i, t)} {p("<|call|>")}')
+            self.rule("after: fn")
             return "after", None, True
         schema = self.use.forced_schema()            # the generic format: {"tool_calls": [...]}
         self.rule(f"after: {json_rule(schema, self.form, True)}")

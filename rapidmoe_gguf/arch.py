@@ -48,7 +48,8 @@ class HParam:
 
     key: str | None
     hf: tuple[str, ...]
-    kind: str  # "u32" | "f32" | "bool" | "str" | "sections" (a list of at most 4, padded to 4)
+    kind: str  # "u32" | "f32" | "bool" | "str" | "sections" (a list of at most 4, padded to 4) |
+    #            "u32s" | "bools" (one value per layer)
     default: Any = REQUIRED
     dim: str | None = None
 
@@ -70,8 +71,9 @@ class TensorSpec:
     role: str
     optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
     transform: str | None = None    # "permute_q" | "permute_k" | "flatten", one of FUSED, or a name in sources.TRANSFORMS
+    #                                 (with hf "", a name in sources.GENERATED: a tensor made from the dims)
     # only in some layers: "dense" | "moe" | "q_lora" | "q_direct", or with ArchSpec.layer_kind
-    # (the hybrids) the kind it gives: "full" | "linear"
+    # the kind it gives: "full" | "linear" (the hybrids) | "sliding" (Gemma 4)
     layers: str | None = None
 
     @property
@@ -104,7 +106,7 @@ class ArchSpec:
     drop_hf_layers_from: str | None = None  # a dim: HF layers from that index on (MTP blocks) are not converted
     rope_scaling: tuple[str, ...] = ()  # rope types beside the default that the runtime computes
     extra_kv: Callable[[Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None  # keys written only sometimes
-    layer_kind: Callable[[Mapping[str, Any], int], str] | None = None  # hybrids: "full" | "linear" per layer
+    layer_kind: Callable[[Mapping[str, Any], int], str] | None = None  # "full" | "linear" | "sliding" per layer
     skipped: tuple[tuple[str, str], ...] = ()  # HF tensor name prefixes not converted (logged), with what they hold
     # a multimodal checkpoint (config.json with a text_config): the prefix its text model's tensors
     # have, and the text-only model's prefix they are read under
@@ -741,8 +743,178 @@ QWEN3NEXT = ArchSpec(
     skipped=_MTP,
 )
 
+
+# ---- Gemma 4 (26B-A4B): sliding and full layers of two shapes, a GELU FFN beside the experts ----
+
+def _gemma4_layer_types(config: Mapping[str, Any]) -> list[str]:
+    """transformers' layer_types, or its default (every 6th layer full); the last is always full."""
+    n = config["num_hidden_layers"]
+    types = list(config.get("layer_types") or
+                 ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)])
+    if types:
+        types[-1] = "full_attention"
+    return types
+
+
+def _gemma4_full_layer(config: Mapping[str, Any], field: str) -> Any:
+    """A full-attention layer's own value of field (per_layer_config, as transformers saves it)."""
+    types = _gemma4_layer_types(config)
+    for key, over in (config.get("per_layer_config") or {}).items():
+        if int(key) < len(types) and types[int(key)] == "full_attention" and isinstance(over, Mapping):
+            if over.get(field) is not None:
+                return over[field]
+    return None
+
+
+def _check_gemma4(config: Mapping[str, Any]) -> None:
+    act = config.get("hidden_activation") or "gelu_pytorch_tanh"
+    checks = [
+        (act == "gelu_pytorch_tanh", f"hidden_activation '{act}' (gelu_pytorch_tanh only)"),
+        (bool(config.get("enable_moe_block")), "enable_moe_block false: a dense Gemma 4 is not an MoE model"),
+        (not config.get("hidden_size_per_layer_input"), "per-layer input embeddings (hidden_size_per_layer_input)"),
+        (not config.get("num_kv_shared_layers"), "layers sharing an earlier layer's KV (num_kv_shared_layers)"),
+        (config.get("use_bidirectional_attention") != "all", "bidirectional attention"),
+        (not config.get("attention_bias"), "attention_bias"),
+    ]
+    rope = config.get("rope_parameters") or {}
+    for kind, want in (("sliding_attention", ("default",)), ("full_attention", ("default", "proportional"))):
+        r = rope.get(kind) or {}
+        checks.append((r.get("rope_type", "default") in want, f"{kind} RoPE '{r.get('rope_type')}'"))
+        if kind == "sliding_attention":
+            checks.append((r.get("partial_rotary_factor", 1.0) == 1.0, "partial RoPE on the sliding layers"))
+    for ok, what in checks:
+        if not ok:
+            raise UnsupportedError(f"config.json: Gemma 4 with {what} is not supported")
+
+
+def _prepare_gemma4(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The per-layer values llama.cpp's gemma4 keys hold, from transformers' config: which layers
+    slide, each layer's kv heads, the full layers' head width (per_layer_config, else
+    global_head_dim, else transformers' default 512) and their RoPE."""
+    types = _gemma4_layer_types(config)
+    swa_kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    full_kv = (config.get("num_global_key_value_heads") if config.get("attention_k_eq_v") else None) \
+        or _gemma4_full_layer(config, "num_key_value_heads") or swa_kv
+    full_hd = config.get("global_head_dim") or _gemma4_full_layer(config, "head_dim") or 512
+    rope = config.get("rope_parameters") or {}
+    full, swa = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
+    return dict(config, _g4_swa=[t == "sliding_attention" for t in types],
+                _g4_kv=[swa_kv if t == "sliding_attention" else full_kv for t in types],
+                _g4_full_kv=full_kv, _g4_full_head_dim=full_hd,
+                _g4_full_theta=full.get("rope_theta", 1e6), _g4_swa_theta=swa.get("rope_theta", 1e4),
+                _g4_full_partial=full.get("partial_rotary_factor", 1.0) if full.get("rope_type") == "proportional"
+                else 1.0)
+
+
+def _gemma4_layer_kind(config: Mapping[str, Any], bid: int) -> str:
+    return "sliding" if _gemma4_layer_types(config)[bid] == "sliding_attention" else "full"
+
+
+_GEMMA4_HPARAMS = (
+    HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+    HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
+    HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+    HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+    HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+    HParam("{arch}.attention.sliding_window_pattern", ("_g4_swa",), "bools", dim="swa_layers"),
+    HParam(Keys.Attention.HEAD_COUNT_KV, ("_g4_kv",), "u32s", dim="n_head_kv_layers"),
+    HParam(None, ("_g4_full_kv",), "u32", dim="n_head_kv"),
+    HParam(None, ("num_key_value_heads",), "u32", default=lambda d: d["n_head"], dim="n_head_kv_swa"),
+    HParam(Keys.Attention.KEY_LENGTH, ("_g4_full_head_dim",), "u32", dim="head_dim"),
+    HParam(Keys.Attention.VALUE_LENGTH, ("_g4_full_head_dim",), "u32", dim="head_dim_v"),
+    HParam(Keys.Rope.DIMENSION_COUNT, (), "u32", default=lambda d: d["head_dim"], dim="n_rot"),
+    HParam("{arch}.attention.key_length_swa", ("head_dim",), "u32", default=lambda d: d["head_dim"],
+           dim="head_dim_swa"),
+    HParam("{arch}.attention.value_length_swa", ("head_dim",), "u32", default=lambda d: d["head_dim_swa"],
+           dim="head_dim_swa"),
+    HParam("{arch}.rope.dimension_count_swa", (), "u32", default=lambda d: d["head_dim_swa"], dim="n_rot_swa"),
+    HParam(Keys.LLM.EXPERT_COUNT, ("num_experts",), "u32", dim="n_expert"),
+    HParam(Keys.LLM.EXPERT_USED_COUNT, ("top_k_experts",), "u32", dim="n_expert_used"),
+    HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+    _norm_topk((), True),
+    HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff"),
+    HParam(Keys.Attention.SLIDING_WINDOW, ("sliding_window",), "u32", dim="n_swa"),
+    # llama.cpp writes no key without a cap; a cap of 1e30 leaves the logits as they are
+    HParam("{arch}.final_logit_softcapping", ("final_logit_softcapping",), "f32", default=1e30, dim="final_softcap"),
+    HParam("{arch}.embedding_length_per_layer_input", ("hidden_size_per_layer_input",), "u32", default=0,
+           dim="n_embd_per_layer"),
+    HParam("{arch}.attention.shared_kv_layers", ("num_kv_shared_layers",), "u32", default=0, dim="n_kv_shared"),
+    HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
+    HParam(Keys.Rope.FREQ_BASE, ("_g4_full_theta",), "f32", default=1e6, dim="rope_base"),
+    HParam("{arch}.rope.freq_base_swa", ("_g4_swa_theta",), "f32", default=1e4, dim="rope_base_swa"),
+    HParam(None, ("_g4_full_partial",), "f32", default=1.0, dim="rope_partial"),
+    HParam(None, (), "u32", default=lambda d: d["n_head"] * d["head_dim_swa"], dim="n_q_swa"),
+    HParam(None, (), "u32", default=lambda d: d["n_head_kv_swa"] * d["head_dim_swa"], dim="n_kv_swa"),
+    HParam(None, (), "u32", default=lambda d: 2 * d["n_ff_exp"], dim="n_ff_exp2"),
+    HParam(None, (), "u32", default=lambda d: d["n_rot"] // 2, dim="n_rot_half"),
+    HParam(None, (), "u32", default=1, dim="1"),
+)
+
+
+def _gemma4_tensors() -> tuple[TensorSpec, ...]:
+    """As llama.cpp's converter names them, norms as they are (Gemma 4 scales by w, not 1 + w); the
+    experts' gate and up rows written apart (llama.cpp fuses them: the loader takes both forms);
+    the full layers' proportional RoPE as rope_freqs, llama.cpp's frequency divisors."""
+    p = "model.layers.{bid}."
+    a, m = p + "self_attn.", p + "mlp."
+    x = p + "experts.{xid}."
+    t = [TensorSpec("rope_freqs.weight", "", ("n_rot_half",), "norm", transform="proportional_rope"),
+         TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm")]
+    for kind, sfx in (("full", ""), ("sliding", "_swa")):
+        t += [
+            TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q" + sfx), "attn", layers=kind),
+            TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv" + sfx), "attn", layers=kind),
+            # absent where the keys give the values too (attention_k_eq_v, the full layers)
+            TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv" + sfx), "attn",
+                       optional=True, layers=kind),
+            TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q" + sfx, "n_embd"), "attn",
+                       layers=kind),
+            TensorSpec("blk.{bid}.attn_q_norm.weight", a + "q_norm.weight", ("head_dim" + sfx,), "norm", layers=kind),
+            TensorSpec("blk.{bid}.attn_k_norm.weight", a + "k_norm.weight", ("head_dim" + sfx,), "norm", layers=kind),
+        ]
+    t += [
+        TensorSpec("blk.{bid}.post_attention_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_norm.weight", p + "pre_feedforward_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate.weight", m + "gate_proj.weight", ("n_embd", "n_ff"), "dense"),
+        TensorSpec("blk.{bid}.ffn_up.weight", m + "up_proj.weight", ("n_embd", "n_ff"), "dense"),
+        TensorSpec("blk.{bid}.ffn_down.weight", m + "down_proj.weight", ("n_ff", "n_embd"), "dense"),
+        TensorSpec("blk.{bid}.post_ffw_norm_1.weight", p + "post_feedforward_layernorm_1.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.pre_ffw_norm_2.weight", p + "pre_feedforward_layernorm_2.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.post_ffw_norm_2.weight", p + "post_feedforward_layernorm_2.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", p + "router.proj.weight", ("n_embd", "n_expert"), "router"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.scale", p + "router.scale", ("n_embd",), "norm"),
+        # optional for the loader only, which also takes llama.cpp's fused ffn_gate_up_exps
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + "gate_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", optional=True),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + "up_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", optional=True),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + "down_proj.weight", ("n_ff_exp", "n_embd", "n_expert"),
+                   "expert"),
+        TensorSpec("blk.{bid}.ffn_down_exps.scale", p + "router.per_expert_scale", ("n_expert",), "norm"),
+        TensorSpec("blk.{bid}.post_ffw_norm.weight", p + "post_feedforward_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.layer_output_scale.weight", p + "layer_scalar", ("1",), "norm", optional=True),
+    ]
+    return _GLOBAL_TENSORS + tuple(t)
+
+
+GEMMA4 = ArchSpec(
+    name="gemma4",
+    hf_architectures=("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
+    hparams=_GEMMA4_HPARAMS,
+    tensors=_gemma4_tensors(),
+    output_from_embd=True,
+    check_config=_check_gemma4,
+    prepare_config=_prepare_gemma4,
+    layer_kind=_gemma4_layer_kind,
+    sliding_window=True,
+    rope_scaling=("proportional",),
+    skipped=(("model.vision_tower.", "vision tower"), ("model.audio_tower.", "audio tower"),
+             ("model.embed_vision.", "vision embedder"), ("model.embed_audio.", "audio embedder")),
+    text_model=("model.language_model.", "model."),
+)
+
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
-                                                  DEEPSEEK2, GPT_OSS)}
+                                                  DEEPSEEK2, GPT_OSS, GEMMA4)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
@@ -785,6 +957,10 @@ def _coerce(value: Any, kind: str, where: str) -> Any:
         if not isinstance(value, str):
             raise FormatError(f"{where}: {value!r} is not a string")
         return value
+    if kind in ("u32s", "bools"):   # one value per layer
+        if not isinstance(value, (list, tuple)) or not value:
+            raise FormatError(f"{where}: {value!r} is not a list of per-layer values")
+        return [_coerce(v, kind[:-1], where) for v in value]
     if kind == "sections":   # rope.dimension_sections: four section widths, unused ones 0
         if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 4:
             raise FormatError(f"{where}: {value!r} is not a list of at most 4 section widths")
@@ -887,6 +1063,7 @@ class NativeHParam:
     max: str | None
     run_min: str | None      # what the forward pass runs; None: everything accepted
     run_max: str | None
+    field_swa: str | None = None   # the key may hold a value per layer: the sliding layers' field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -900,6 +1077,7 @@ class NativeTensor:
     f32: bool                # read as floats: must be F32
     expert: bool             # one matrix per routed expert along ne[2]
     ne: tuple[str, ...]      # dimension names, trailing 1s dropped
+    when: int = 0            # the RM_LAYER_* bits a layer needs to hold it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -936,7 +1114,8 @@ def native_archs() -> dict[str, NativeArch]:
             h = ffi.new("rm_arch_hparam_info *")
             check(lib.rm_arch_hparam_describe(a, i, h))
             hps.append(NativeHParam(text(h.key), text(h.field), kinds[h.kind], text(h.dflt), text(h.min),
-                                    text(h.max), text(h.run_min), text(h.run_max)))
+                                    text(h.max), text(h.run_min), text(h.run_max),
+                                    text(h.field_swa) if h.field_swa != ffi.NULL else None))
         for i in range(ai.n_tensors):
             t = ffi.new("rm_arch_tensor_info *")
             check(lib.rm_arch_tensor_describe(a, i, t))
@@ -944,7 +1123,7 @@ def native_archs() -> dict[str, NativeArch]:
             while len(ne) > 1 and ne[-1] == "1":
                 ne.pop()
             tensors.append(NativeTensor(text(t.name).replace("%d", "{bid}"), text(t.field), bool(t.residual),
-                                        bool(t.required), bool(t.f32), bool(t.expert), tuple(ne)))
+                                        bool(t.required), bool(t.f32), bool(t.expert), tuple(ne), int(t.when)))
         name = text(ai.name)
         out[name] = NativeArch(name, ffi.string(ai.family).decode(), qk[ai.qk_norm], rope[ai.rope],
                                shexp[ai.shared_expert], int(ai.layer_kind), tuple(hps), tuple(tensors))

@@ -38,7 +38,7 @@ from .quants import CUDA_MATMUL_TYPES as GPU_MATMUL_TYPES   # other matrices sta
 from .resplit import residual_path as default_residual_path
 
 ALIGN = lib.RM_DEVICE_ALIGN      # each range of weights in the device's arena is rounded up to this
-_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|residual)$")
+_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.(weight|residual)$")
 
 
 class PlanError(RapidMoEError):
@@ -111,6 +111,8 @@ class ModelSizes:
     ssm_head_v: int = 0
     n_swa: int = 0                   # sliding layers (gpt-oss) cache a ring of n_swa + n_batch positions
     n_layer_swa: int = 0             # how many layers slide
+    n_head_kv_swa: int = 0           # their kv heads and head width where they differ (Gemma 4); 0: the others'
+    head_dim_swa: int = 0
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -145,7 +147,7 @@ class ModelSizes:
         n_layer, n_expert = hp["n_layer"], hp["n_expert"]
         sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
                                     "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v",
-                                    *_LINEAR_SIZES, "n_swa", "n_layer_swa")}
+                                    *_LINEAR_SIZES, "n_swa", "n_layer_swa", "n_head_kv_swa", "head_dim_swa")}
         sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
@@ -162,8 +164,8 @@ class ModelSizes:
                     raise RapidMoEError(f"{path}: tensor '{name}' does not fit {n_layer} layers of {n_expert} experts")
                 base[layer, :] += _align(t.nbytes // n_expert)
                 gpu_ok[layer] &= t.type_name in GPU_MATMUL_TYPES
-                if m.group(2) == "up":
-                    sizes["n_ff_exp"] = t.ne[1]
+                if m.group(2) in ("up", "gate_up"):   # llama.cpp's fused gate_up: gate rows, then up rows
+                    sizes["n_ff_exp"] = t.ne[1] // (2 if m.group(2) == "gate_up" else 1)
                 continue
             if name == "token_embd.weight":
                 continue   # rows are looked up on the host; only the tied output head reads it whole
@@ -260,7 +262,7 @@ def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bo
     p.struct_size = ffi.sizeof("rm_size_params")
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
               "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v", "n_swa",
-              "n_layer_swa") + _LINEAR_SIZES:
+              "n_layer_swa", "n_head_kv_swa", "head_dim_swa") + _LINEAR_SIZES:
         setattr(p, k, getattr(s, k))
     p.n_ctx, p.n_batch = n_ctx, n_batch
     if upload_residuals and s.expert_residual.size:

@@ -43,6 +43,8 @@ _FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
 
 RESIDUAL_FILE_SUFFIX = ".residual.gguf"
 _EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+# llama.cpp's gemma4 files hold an expert's gate and up rows in one tensor; conversion splits it
+FUSED_GATE_UP_RE = re.compile(r"^blk\.(\d+)\.ffn_gate_up_exps\.weight$")
 _RESIDUAL_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.residual$")
 _SPLIT_RE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
 

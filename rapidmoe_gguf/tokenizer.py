@@ -381,11 +381,12 @@ def _forced_pre_name(tj: dict, name: str) -> str:
 
 
 def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = (),
-                         pre_tokenizer_name: str | None = None) -> dict[str, Any]:
+                         pre_tokenizer_name: str | None = None, spm_model: str = "llama") -> dict[str, Any]:
     """The llama.cpp `tokenizer.*` keys for a Hugging Face checkpoint (needs tokenizer.json);
     `prefer_pre`: pre-tokenizer names to give when they split as the tokenizer does;
     `pre_tokenizer_name`: the name to give a byte-level tokenizer whatever its fingerprint (warned
-    about when it does not match)."""
+    about when it does not match); `spm_model`: the tokenizer model a SentencePiece-style BPE (byte
+    fallback) is written as: "llama", or "gemma4" (llama.cpp's BPE over the pieces, for Gemma 4)."""
     hf_dir = Path(hf_dir)
     tj = _read_json(hf_dir / "tokenizer.json")
     if not tj:
@@ -408,7 +409,7 @@ def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = (),
         raise UnsupportedError(f"pre-tokenizer {pre_tokenizer_name!r} was asked for, but this tokenizer is "
                                "SentencePiece BPE, which has none")
     elif model.get("byte_fallback"):
-        kind, pre = "llama", "default"
+        kind, pre = spm_model, "default"
     else:
         raise UnsupportedError("tokenizer.json: BPE with neither a byte-level alphabet nor byte fallback")
 
@@ -422,14 +423,15 @@ def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = (),
     unk = tc.get("unk_token") or model.get("unk_token")
     unk = unk["content"] if isinstance(unk, dict) else unk
 
+    spm = kind in ("llama", "gemma4")   # SentencePiece pieces with byte tokens
     types = []
     for i, tok in enumerate(tokens):
         if i in added:
             special = added[i].get("special", False)
-            types.append(UNKNOWN if kind == "llama" and tok == unk else CONTROL if special else USER_DEFINED)
+            types.append(UNKNOWN if spm and tok == unk else CONTROL if special else USER_DEFINED)
         elif i not in by_id:
             types.append(UNUSED)
-        elif kind == "llama" and _BYTE_TOKEN.fullmatch(tok):
+        elif spm and _BYTE_TOKEN.fullmatch(tok):
             types.append(BYTE)
         else:
             types.append(NORMAL)
@@ -442,6 +444,9 @@ def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = (),
         "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": merges,
     }
+    if kind == "gemma4":   # as llama.cpp's converter writes it: no pre-tokenizer name, no space prefix
+        del kv["tokenizer.ggml.pre"]
+        kv["tokenizer.ggml.add_space_prefix"] = False
     if kind == "llama":
         # llama.cpp's SPM merges the best-scoring pair first: score a piece by its merge rank.
         # A longer piece no merge makes ranks after all of them; single characters never get merged.
@@ -469,7 +474,7 @@ def tokenizer_kv_from_hf(hf_dir: str | Path, prefer_pre: tuple[str, ...] = (),
     kv |= {f"tokenizer.ggml.{name}_token_id": i for name, i in ids.items()}
     bos_text, eos_text = (tokens[ids[n]] if n in ids else None for n in ("bos", "eos"))
     kv["tokenizer.ggml.add_bos_token"] = bool(_first(
-        tc.get("add_bos_token"), _special_in_template(tj, bos_text, first=True), kind == "llama"))
+        tc.get("add_bos_token"), _special_in_template(tj, bos_text, first=True), spm))
     kv["tokenizer.ggml.add_eos_token"] = bool(_first(
         tc.get("add_eos_token"), _special_in_template(tj, eos_text, first=False)))
 

@@ -36,7 +36,8 @@ def test_arch_table_flags_agree(name):
     assert py.permute_qk == (c.rope == "norm" and not py.hf_rope_interleaved)
     assert (c.shared_expert == "gated") == ("blk.{bid}.ffn_gate_inp_shexp.weight" in written)
     q_norm = written.get("blk.{bid}.attn_q_norm.weight")
-    assert c.qk_norm == {None: "none", ("head_dim",): "per_head", ("n_q",): "full"}[q_norm and q_norm.ne]
+    per_head = {("head_dim",): "per_head", ("head_dim_swa",): "per_head", ("n_q",): "full"}
+    assert c.qk_norm == {None: "none", **per_head}[q_norm and q_norm.ne]
 
 
 def _c_value(text: str, values: dict):
@@ -64,6 +65,9 @@ def test_arch_table_hparams_agree(name):
     for h in c.hparams:
         p = written.get(f"{name}.{h.key}")
         assert p is not None, f"the loader reads {name}.{h.key}, which the converter does not write"
+        if p.kind == "u32s":   # one value per layer: the loader fills the field and the sliding layers' field
+            assert h.field_swa and p.dim == f"{h.field}_layers", (h, p)
+            continue
         assert p.dim == h.field and p.kind == KIND[h.kind], (h, p)
         py_default = _py_default(p, dims)
         if h.default is not None and py_default is not None:
@@ -72,11 +76,25 @@ def test_arch_table_hparams_agree(name):
             dims[h.field] = py_default   # rows read later may default to it
 
 
+_ATTN_KIND = {1: "full", 2: "sliding", 4: "linear"}   # RM_LAYER_ATTN_FULL, _SLIDING, _LINEAR
+
+
+def _c_key(t: A.NativeTensor):
+    """A C row by its name and, for a row of one attention kind only, that kind: a name may have a
+    row per kind (Gemma 4's sliding layers have their own shapes)."""
+    return t.name, _ATTN_KIND.get(t.when & 7)
+
+
+def _py_key(t: A.TensorSpec):
+    return t.gguf, t.layers if t.layers in ("full", "sliding", "linear") else None
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_arch_table_tensors_agree(name):
     c, py = A.native_archs()[name], A.ARCHS[name]
-    written = {t.gguf: t for t in py.tensors if t.per_layer}
-    bound = {t.name: t for t in c.tensors if not t.residual}
+    written = {_py_key(t): t for t in py.tensors if t.per_layer}
+    assert len(written) == len([t for t in py.tensors if t.per_layer]), "one tensor written twice"
+    bound = {_c_key(t): t for t in c.tensors if not t.residual}
     assert len(bound) == len([t for t in c.tensors if not t.residual]), "one tensor bound twice"
     for n, t in written.items():
         assert n in bound, f"the converter writes {n}, which the loader does not bind"
@@ -88,8 +106,9 @@ def test_arch_table_tensors_agree(name):
         # the recipes write 1-D tensors and role "f32" ones (gpt-oss's expert biases) as F32
         assert not t.f32 or len(t.ne) == 1 or written[n].role == "f32", f"{n} is read as floats but not written F32"
     sidecar = {t.name: t for t in c.tensors if t.residual}
-    assert sidecar.keys() == {n.replace(".weight", ".residual") for n, t in written.items() if t.role == "expert"}
-    assert all(sidecar[n.replace(".weight", ".residual")].ne == t.ne for n, t in written.items() if t.role == "expert")
+    experts = {k[0]: t for k, t in written.items() if t.role == "expert"}
+    assert sidecar.keys() == {n.replace(".weight", ".residual") for n in experts}
+    assert all(sidecar[n.replace(".weight", ".residual")].ne == t.ne for n, t in experts.items())
 
 
 def test_arch_table_plain_layers_run():

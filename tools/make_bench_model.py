@@ -36,6 +36,15 @@ multi-head latent attention (q_lora_rank 768, kv_lora_rank 512, 128 + 64 rotary 
 value dim 128), one leading dense layer (FFN 10944), then 64 routed experts of FFN 1408, top-6
 with sigmoid scores, and 2 shared experts. The MLA options: --q-lora, --kv-lora, --nope, --rope, --v-dim.
 
+``--arch gemma4`` writes a Gemma4ForCausalLM with Gemma-4-26B-A4B's per-layer shapes instead (hidden
+2816, 128 experts, top-8, expert FFN 704 beside a dense GELU FFN of 2112; sliding layers with 16
+query and 8 KV heads of 256 and a window of 1024, full layers with 16 query heads and 2 KV heads
+of 512 whose keys are also the values, proportional RoPE on a quarter of them; soft-capped
+logits), 6 layers: five sliding, then one full, the model's own 5:1 pattern. Its tokenizer is
+SentencePiece-style BPE with byte fallback, as Gemma's (llama.cpp's converter reads it as such).
+The expert FFN of 704 and the dense one of 2112 are no multiples of 256: llama.cpp's K-quant mixes
+fall back to other types for the down projections.
+
 ``--arch qwen35moe`` writes a Qwen3_5MoeForCausalLM with Qwen3.5-35B-A3B's per-layer shapes instead
 (hidden 2048, 256 experts, top-8, expert and shared-expert FFN 512; gated attention with 16 query
 and 2 KV heads of dim 256, RoPE on a quarter of each head; Gated DeltaNet with 16 key and 32
@@ -78,7 +87,7 @@ FORMATS = {
     "mxfp4-q8": ("mxfp4-q8", {}),
 }
 # --arch -> the formats written by default
-DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0"}
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
@@ -87,7 +96,59 @@ SHAPES = {
     "qwen35moe": dict(experts=256, experts_used=8, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
     "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128),
     "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
+    "gemma4": dict(experts=128, experts_used=8, hidden=2816, expert_ff=704, heads=16, kv_heads=8, head_dim=256),
 }
+# Gemma-4-26B-A4B's full-attention layers and dense FFN
+GEMMA4_FULL = dict(global_head_dim=512, num_global_key_value_heads=2, intermediate_size=2112, sliding_window=1024)
+
+
+def hf_config_gemma4(a) -> dict:
+    from transformers import Gemma4TextConfig
+
+    n = a.layers
+    cfg = Gemma4TextConfig(
+        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=n, num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads, head_dim=a.head_dim, attention_k_eq_v=True, enable_moe_block=True,
+        num_experts=a.experts, top_k_experts=a.experts_used, moe_intermediate_size=a.expert_ff,
+        hidden_size_per_layer_input=0, num_kv_shared_layers=0, final_logit_softcapping=30.0,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention" for i in range(n)],
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=2,
+        eos_token_id=1, pad_token_id=0, **GEMMA4_FULL)
+    d = cfg.to_dict()
+    d["architectures"] = ["Gemma4ForCausalLM"]
+    d["torch_dtype"] = "bfloat16"
+    return d
+
+
+def tensor_list_gemma4(a) -> list[tuple[str, tuple[int, ...]]]:
+    """Gemma 4's tensors as transformers saves them: the experts stacked per layer (gate_up_proj
+    with the gate rows first, down_proj), the router's norm scale and per-expert scale, the layer
+    scalar; the full layers without v_proj (attention_k_eq_v); the output tied to the embeddings."""
+    types = hf_config_gemma4(a)["layer_types"]
+    F = GEMMA4_FULL
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p, s = f"model.layers.{b}.", f"model.layers.{b}.self_attn."
+        full = types[b] == "full_attention"
+        hd, kv = (F["global_head_dim"], F["num_global_key_value_heads"]) if full else (a.head_dim, a.kv_heads)
+        t += [(p + "input_layernorm.weight", (a.hidden,)), (s + "q_proj.weight", (a.heads * hd, a.hidden)),
+              (s + "k_proj.weight", (kv * hd, a.hidden))]
+        t += [] if full else [(s + "v_proj.weight", (kv * hd, a.hidden))]
+        t += [(s + "o_proj.weight", (a.hidden, a.heads * hd)), (s + "q_norm.weight", (hd,)), (s + "k_norm.weight", (hd,)),
+              (p + "post_attention_layernorm.weight", (a.hidden,)), (p + "pre_feedforward_layernorm.weight", (a.hidden,)),
+              (p + "mlp.gate_proj.weight", (F["intermediate_size"], a.hidden)),
+              (p + "mlp.up_proj.weight", (F["intermediate_size"], a.hidden)),
+              (p + "mlp.down_proj.weight", (a.hidden, F["intermediate_size"])),
+              (p + "post_feedforward_layernorm_1.weight", (a.hidden,)),
+              (p + "router.proj.weight", (a.experts, a.hidden)), (p + "router.scale", (a.hidden,)),
+              (p + "router.per_expert_scale", (a.experts,)),
+              (p + "pre_feedforward_layernorm_2.weight", (a.hidden,)),
+              (p + "experts.gate_up_proj", (a.experts, 2 * a.expert_ff, a.hidden)),
+              (p + "experts.down_proj", (a.experts, a.hidden, a.expert_ff)),
+              (p + "post_feedforward_layernorm_2.weight", (a.hidden,)),
+              (p + "post_feedforward_layernorm.weight", (a.hidden,)), (p + "layer_scalar", (1,))]
+    t += [("model.norm.weight", (a.hidden,))]
+    return t
 # Qwen3.5-35B-A3B's linear-attention and shared-expert shapes
 QWEN35_LINEAR = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                      linear_value_head_dim=128, linear_conv_kernel_dim=4, shared_expert_intermediate_size=512)
@@ -171,6 +232,8 @@ def hf_config(a) -> dict:
 
     if a.arch == "qwen35moe":
         return hf_config_qwen35(a)
+    if a.arch == "gemma4":
+        return hf_config_gemma4(a)
     if a.arch == "deepseek2":
         return deepseek_config(a)
     cfg = Qwen3MoeConfig(
@@ -247,6 +310,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return tensor_list_qwen35(a)
     if a.arch == "gpt-oss":
         return gpt_oss_tensor_list(a)
+    if a.arch == "gemma4":
+        return tensor_list_gemma4(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
     for b in range(a.layers):
@@ -303,7 +368,7 @@ def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> b
     weight N(0, 0.02)."""
     if name.endswith("norm.weight") and _one_plus_w(name):
         return bf16_bytes(np.zeros(shape, np.float32))
-    if name.endswith("norm.weight"):
+    if name.endswith(("norm.weight", "router.scale", "per_expert_scale", "layer_scalar")):
         return bf16_bytes(np.ones(shape, np.float32))
     if name.endswith("e_score_correction_bias"):
         return bf16_bytes(np.zeros(shape, np.float32))
@@ -357,6 +422,33 @@ def write_tokenizer(out: str, n_tokens: int) -> int:
     return tok.get_vocab_size()
 
 
+def write_gemma_tokenizer(out: str, n_tokens: int) -> int:
+    """SentencePiece-style BPE as Gemma's: pieces with '▁' for spaces, byte tokens <0xXX> in the
+    vocabulary, Gemma's turn markers as special tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"]
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    trainer = trainers.BpeTrainer(vocab_size=n_tokens, special_tokens=specials + [f"<0x{i:02X}>" for i in range(256)],
+                                  show_progress=False)
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    tj = json.loads(tok.to_str())   # the byte tokens are plain pieces of the vocabulary
+    tj["added_tokens"] = [t for t in tj["added_tokens"] if not t["content"].startswith("<0x")]
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    template = ("{{ bos_token }}{% for m in messages %}{{ '<|turn>' + ('model' if m['role'] == 'assistant' else "
+                "m['role']) + '\\n' + m['content'] + '<turn|>\\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|turn>model\\n' }}{% endif %}")
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+           "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
+           "model_max_length": 262144, "chat_template": template}
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return tok.get_vocab_size()
+
+
 def check_with_transformers(hf: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -394,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="output directory (created)")
     ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
-                         "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's")
-    ap.add_argument("--layers", type=int, default=4)
+                         "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
+                         "gemma4: Gemma-4-26B-A4B's")
+    ap.add_argument("--layers", type=int, default=None, help="default 4 (gemma4: 6, its 5:1 pattern)")
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--experts-used", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=None)
@@ -423,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in SHAPES[a.arch].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.layers is None:
+        a.layers = 6 if a.arch == "gemma4" else 4
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch == "qwen35moe"
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")
@@ -444,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{hf}: {n_params / 1e9:.3f} B parameters, {2 * n_params / 1e9:.2f} GB bf16", file=sys.stderr)
         with open(os.path.join(hf, "config.json"), "w") as f:
             json.dump(hf_config(a), f, indent=2)
-        n_tok = write_tokenizer(hf, a.tokenizer_size)
+        n_tok = (write_gemma_tokenizer if a.arch == "gemma4" else write_tokenizer)(hf, a.tokenizer_size)
         print(f"  tokenizer: {n_tok} tokens (vocab padded to {a.vocab})", file=sys.stderr)
         write_shards(hf, tensors, int(a.shard_gb * 1e9), a.seed, bench_bf16)
     if a.check:

@@ -74,7 +74,7 @@ cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a, const float
     if (a->head_dim > RM_CU_ATTN_MAX_HEAD_DIM || a->head_dim <= 0 || a->n_head % a->n_head_kv != 0) {
         return cudaErrorInvalidValue;
     }
-    const float scale = 1.0f / sqrtf((float) a->head_dim);
+    const float scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float) a->head_dim);
     const unsigned blocks = rm_cu_blocks(jobs, RM_ATTN_WARPS);
     const int threads = RM_ATTN_WARPS * RM_WARP;
     const int dpl = (a->head_dim + RM_WARP - 1) / RM_WARP;

@@ -279,9 +279,30 @@ static const float * dev_vector(cuda_be * c, const rm_weight * w, const char * w
 static void cu_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,
                        float eps) {
     cuda_be * c = ctx_of(be);
-    const float * wd;
-    if (c->err || !(wd = dev_vector(c, w, "norm"))) return;
+    const float * wd = NULL;
+    if (c->err || (w && !(wd = dev_vector(c, w, "norm")))) return;
     rm_cuda_check(c, rm_cu_rmsnorm(c->st, y, x, wd, n_rows, n, eps), "rmsnorm");
+}
+
+static void cu_geglu(rm_backend * be, float * g, int64_t g_stride, const float * u, int64_t u_stride, int64_t width,
+                     int64_t n_rows) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_geglu(c->st, g, g_stride, u, u_stride, width, n_rows), "geglu");
+}
+
+static void cu_scale(rm_backend * be, float * x, int64_t n, float f) {
+    cuda_be * c = ctx_of(be);
+    if (c->err) return;
+    rm_cuda_check(c, rm_cu_scale(c->st, x, n, f), "scale");
+}
+
+static void cu_rope_div(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                        int32_t pos0, float base, int neox, const rm_weight * div) {
+    cuda_be * c = ctx_of(be);
+    const float * dd;
+    if (c->err || !(dd = dev_vector(c, div, "rope_freqs"))) return;
+    rm_cuda_check(c, rm_cu_rope_div(c->st, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox, dd), "rope_div");
 }
 
 static void cu_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
@@ -444,6 +465,9 @@ static const rm_backend_ops CUDA_OPS = {
     .gdn         = cu_gdn,
     .copy_rows   = cu_copy_rows,
     .mul_sigmoid = cu_mul_sigmoid,
+    .geglu       = cu_geglu,
+    .scale       = cu_scale,
+    .rope_div    = cu_rope_div,
     .moe_experts = cu_moe_experts,
     .free        = cu_free,
 };

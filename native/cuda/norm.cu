@@ -22,7 +22,7 @@ __global__ void k_rmsnorm(float * y, const float * x, const float * w, int64_t n
     }
     const float scale = rsqrtf(total / (float) n + eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        yr[i] = xr[i] * scale * w[i];
+        yr[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
     }
 }
 

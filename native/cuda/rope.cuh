@@ -9,6 +9,10 @@
 cudaError_t rm_cu_rope(cudaStream_t st, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                        int32_t pos0, float base, int neox);
 
+/* The same with pair i's frequency divided by div[i] (device memory, n_rot / 2 floats; rm_rope_div). */
+cudaError_t rm_cu_rope_div(cudaStream_t st, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                           int32_t pos0, float base, int neox, const float * div);
+
 /* The same with YaRN (rm_rope_yarn, backend.h; host math rm_rope_yarn_row in yarn.c). */
 cudaError_t rm_cu_rope_yarn(cudaStream_t st, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                             int32_t pos0, rm_rope_yarn y, int neox);

@@ -107,6 +107,11 @@ static int cs_swiglu(rm_backend * be, float * g, const float * u, int64_t n, con
     return rm_cuda_check(c, rm_cu_swiglu(c->st, g, u, n), what);
 }
 
+static int cs_geglu(rm_backend * be, float * g, const float * u, int64_t n, const char * what) {
+    cuda_be * c = ctx_of(be);
+    return rm_cuda_check(c, rm_cu_geglu(c->st, g, n, u, n, n, 1), what);
+}
+
 static int cs_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit,
                            const char * what) {
     cuda_be * c = ctx_of(be);
@@ -158,7 +163,7 @@ static void cs_layer_timed(rm_backend * be, int il, double host_us) { ctx_of(be)
 
 extern const rm_split_device_ops rm_cuda_split_ops = {
     cs_dev_alloc, cs_dev_free, cs_host_alloc, cs_host_free, cs_fail, cs_has_error, cs_can_stage,
-    cs_upload, cs_download, cs_gather, cs_experts_matmul, cs_staged_matmul, cs_swiglu, cs_swiglu_clamp,
+    cs_upload, cs_download, cs_gather, cs_experts_matmul, cs_staged_matmul, cs_swiglu, cs_geglu, cs_swiglu_clamp,
     cs_experts_bias, cs_combine,
     cs_record, cs_wait, cs_layer_timed,
 };

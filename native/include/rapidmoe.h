@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 8
+#define RM_ABI_VERSION 9
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -287,7 +287,13 @@ enum {
     RM_LAYER_ATTN_GATE    = 0x10000,  /* full attention whose q projection also gives a sigmoid output gate (Qwen3-Next) */
     RM_LAYER_SSM_BA       = 0x20000,  /* linear attention: beta and alpha in one fused projection, grouped per key head (qwen3next) */
     RM_LAYER_SSM_V_TILED  = 0x40000,  /* linear attention: value head h reads key head h % n_k, not h / (n_v/n_k) (qwen35moe) */
-    RM_LAYER_RUNS         = 0x77FFF   /* the bits the forward pass runs today */
+    RM_LAYER_GELU         = 0x80000,  /* the FFNs' gate through GELU (tanh form) instead of SiLU (Gemma 4) */
+    RM_LAYER_POST_NORM    = 0x100000, /* the attention and FFN outputs RMS-normed before their residual adds; with
+                                         FFN_MOE and FFN_DENSE both set, a dense FFN beside the experts, each
+                                         with its own norms (Gemma 4) */
+    RM_LAYER_V_NORM       = 0x200000, /* values RMS-normed without a weight; a layer without attn_v takes its
+                                         values from the key projection (Gemma 4) */
+    RM_LAYER_RUNS         = 0x3F7FFF  /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -321,6 +327,8 @@ typedef struct rm_arch_hparam_info {
     char         max[32];
     char         run_min[32];     /* the range the forward pass runs (else RM_E_UNSUPPORTED_ARCH); "": all */
     char         run_max[32];
+    const char * field_swa;       /* the key may also hold one value per layer: the sliding layers' value
+                                     fills this field (Gemma 4's head_count_kv); NULL: one value */
 } rm_arch_hparam_info;
 
 typedef struct rm_arch_tensor_info {
@@ -425,6 +433,9 @@ typedef struct rm_model_info {
     int32_t ssm_n_v, ssm_d_state, ssm_head_v;
     int32_t n_swa;                  /* sliding-window layers (gpt-oss): their window; 0 without */
     int32_t n_layer_swa;            /* how many layers slide (each caches a ring, rm_size_params) */
+    int32_t n_head_kv_swa;          /* the sliding layers' kv heads and head width where they differ from
+                                     * the others' (Gemma 4); else n_head_kv and head_dim */
+    int32_t head_dim_swa;
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -571,6 +582,8 @@ typedef struct rm_size_params {
     int32_t  n_layer_swa;         /* how many layers slide: each keeps a ring of n_swa + n_batch
                                    * positions (at most n_ctx) instead of n_ctx */
     int32_t  type_k, type_v;      /* the KV cache's element types (rm_session_params'; 0: F32) */
+    int32_t  n_head_kv_swa;       /* the sliding layers' kv heads and head width (Gemma 4); 0: n_head_kv */
+    int32_t  head_dim_swa;        /* and head_dim */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

@@ -131,6 +131,19 @@ TRANSFORMS: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {
 }
 
 # The HF shape a transform reads, where it is not the output's (ne reversed).
+def _proportional_rope(d: dict) -> np.ndarray:
+    """Gemma 4's full layers turn only the first partial_rotary_factor of each head's frequency
+    pairs (transformers' "proportional" RoPE, whose exponents count the whole head): llama.cpp
+    writes it as frequency divisors, 1 for a pair that turns and 1e30 for one that does not."""
+    turning = int(d["rope_partial"] * d["n_rot"] // 2)
+    return np.array([1.0] * turning + [1e30] * (d["n_rot"] // 2 - turning), dtype=np.float32)
+
+
+# Tensors a checkpoint does not hold, made from the hyperparameters (TensorSpec with hf "").
+GENERATED: dict[str, Callable[[dict], np.ndarray]] = {
+    "proportional_rope": _proportional_rope,
+}
+
 _HF_SHAPE: dict[str, Callable[[tuple[int, ...], dict], tuple[int, ...]]] = {
     "conv": lambda ne, d: (ne[1], 1, ne[0]),
     "conv_tiled": lambda ne, d: (ne[1], 1, ne[0]),
@@ -197,6 +210,10 @@ class HFSource(Source):
                 continue
             name = t.gguf.format(bid=bid)
             ne = self.hp.shape(t.ne)
+            if not t.hf:   # made from the dims (GENERATED), not read
+                made = GENERATED[t.transform](dims)
+                out.append(SourceTensor(name, ne, _role(t.role, ne), lambda _e=None, w=made: w))
+                continue
             if t.per_expert:
                 hf_names = [t.hf.format(bid=bid, xid=x) for x in range(dims["n_expert"])]
                 stacked = None if hf_names[0] in self.ckpt else self._stacked_experts(t, bid, name, ne)
@@ -361,10 +378,12 @@ class HFSource(Source):
         writer.add_name(self.name)
         for key, (value, kind) in self.hp.kv.items():
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
-             "str": writer.add_string, "sections": writer.add_array}[kind](key, value)
+             "str": writer.add_string, "sections": writer.add_array, "u32s": writer.add_array,
+             "bools": writer.add_array}[kind](key, value)
         names = self.config.get("architectures") or []
         kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())),
-                                  pre_tokenizer_name=self.pre_tokenizer)
+                                  pre_tokenizer_name=self.pre_tokenizer,
+                                  spm_model="gemma4" if self.arch.name == "gemma4" else "llama")
         index = {t: i for i, t in enumerate(kv["tokenizer.ggml.tokens"])}
         for role, text in (r for a in names for r in SPECIAL_TOKEN_TEXTS.get(a, {}).items()):
             if text in index:
@@ -472,6 +491,9 @@ class GGUFSource(Source):
         data = {name: t.data for name, t in self._file.tensors.items()}
         self.tensors = []
         for t in h.tensors:
+            if resplit.FUSED_GATE_UP_RE.match(t.name):   # llama.cpp's gemma4: written apart, as the recipes want
+                self.tensors += self._split_gate_up(t, data[t.name], n_expert)
+                continue
             if _LEGACY_EXPERT.match(t.name):
                 raise UnsupportedError(f"{path}: tensor '{t.name}' uses the old one-tensor-per-expert "
                                        "layout; only merged *_exps tensors are supported")
@@ -488,6 +510,21 @@ class GGUFSource(Source):
             self.tensors.append(SourceTensor(t.name, t.ne, role, self._reader(t, slab), t.type_name, slab))
         if not any(t.role == "expert" for t in self.tensors):
             raise UnsupportedError(f"{path}: no blk.N.ffn_*_exps.weight tensors")
+
+    def _split_gate_up(self, t, data: np.ndarray, n_expert: int) -> list[SourceTensor]:
+        """llama.cpp's ffn_gate_up_exps (ne {n_embd, 2 * n_ff_exp, n_expert}: per expert its gate
+        rows, then its up rows) as ffn_gate_exps and ffn_up_exps."""
+        if len(t.ne) != 3 or t.ne[2] != n_expert or t.ne[1] % 2:
+            raise FormatError(f"{self.path}: tensor '{t.name}' has ne {list(t.ne)}, expected "
+                              f"{{n_embd, 2 * n_ff_exp, {n_expert}}}")
+        whole = _Slabs(t.ne, t.type_name, data)
+        ne = (t.ne[0], t.ne[1] // 2, t.ne[2])
+        out = []
+        for part, name in enumerate((t.name.replace("gate_up", "gate"), t.name.replace("gate_up", "up"))):
+            slab = _HalfSlabs(whole, part)
+            out.append(SourceTensor(name, ne, "expert", self._reader(_Named(name, t.type_name), slab), t.type_name,
+                                    slab))
+        return out
 
     def _reader(self, t, slab: _Slabs):
         def read(e: int | None = None) -> np.ndarray:
@@ -516,6 +553,32 @@ class GGUFSource(Source):
         if getattr(self, "_file", None) is not None:
             self._file.close()
             self._file = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:
+    """What _reader needs of a tensor: its name and type."""
+
+    name: str
+    type_name: str
+
+
+class _HalfSlabs:
+    """The gate (part 0) or up (part 1) rows of a fused gate_up tensor's slabs, expert by expert."""
+
+    def __init__(self, whole: "_Slabs", part: int):
+        self.whole, self.part = whole, part
+        self.ne = (whole.ne[0], whole.ne[1] // 2, whole.ne[2])
+
+    def __call__(self, e: int | None = None) -> np.ndarray:
+        if e is None:
+            return np.concatenate([self(x) for x in range(self.ne[2])])
+        slab = self.whole(e)
+        half = len(slab) // 2
+        return slab[self.part * half:(self.part + 1) * half]
+
+    def shape(self, e: int | None = None) -> tuple[int, ...]:
+        return tuple(reversed(self.ne)) if e is None else (self.ne[1], self.ne[0])
 
 
 class _Slabs:

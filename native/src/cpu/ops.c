@@ -681,7 +681,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
     /* the tiles are read in place from an F32 cache, else converted into `tile` first */
     const int typed = a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32;
     const int64_t kv_stride = typed ? D : row_elems;
-    const float scale = 1.0f / sqrtf((float) D);
+    const float scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float) D);
     const int32_t g = (int32_t) (job % t->n_gs), kvh = (int32_t) (job / t->n_gs % a->n_head_kv);
     const int32_t i0 = (int32_t) (job / t->n_gs / a->n_head_kv) * t->tb;
     const int32_t n_i = a->n_tok - i0 < t->tb ? a->n_tok - i0 : t->tb;
@@ -859,7 +859,7 @@ static rm_status cpu_status(rm_backend * be) { return RM_OK; }
 static void cpu_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
                         int64_t n, float eps) {
     for (int64_t i = 0; i < n_rows; i++) {
-        rm_rmsnorm(y + i * n, x + i * n, (const float *) w->data, n, eps);
+        rm_rmsnorm(y + i * n, x + i * n, w ? (const float *) w->data : NULL, n, eps);
     }
 }
 
@@ -980,6 +980,31 @@ static void cpu_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, cons
     }
 }
 
+static void cpu_geglu(rm_backend * be, float * g, int64_t g_stride, const float * u, int64_t u_stride, int64_t width,
+                      int64_t n_rows) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        float * gr = g + r * g_stride;
+        const float * ur = u + r * u_stride;
+        for (int64_t j = 0; j < width; j++) {
+            gr[j] = rm_gelu(gr[j]) * ur[j];
+        }
+    }
+}
+
+static void cpu_scale(rm_backend * be, float * x, int64_t n, float f) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= f;
+    }
+}
+
+static void cpu_rope_div(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                         int32_t pos0, float base, int neox, const rm_weight * div) {
+    for (int32_t i = 0; i < n_tok; i++) {
+        rm_rope_div(x + (int64_t) i * n_head * head_dim, n_head, head_dim, n_rot, pos0 + i, base, neox,
+                    div ? (const float *) div->data : NULL);
+    }
+}
+
 static void cpu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         y[i] /= 1.0f + expf(-gate[i]);
@@ -1014,6 +1039,9 @@ static const rm_backend_ops CPU_OPS = {
     .gdn         = cpu_gdn,
     .copy_rows   = cpu_copy_rows,
     .mul_sigmoid = cpu_mul_sigmoid,
+    .geglu       = cpu_geglu,
+    .scale       = cpu_scale,
+    .rope_div    = cpu_rope_div,
     .free        = cpu_free,
 };
 
@@ -1067,14 +1095,19 @@ void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float ep
     }
     const float scale = 1.0f / sqrtf((float) (ss / (double) n) + eps);
     for (int64_t i = 0; i < n; i++) {
-        y[i] = x[i] * scale * w[i];
+        y[i] = w ? x[i] * scale * w[i] : x[i] * scale;
     }
 }
 
 void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox) {
+    rm_rope_div(x, n_head, head_dim, n_rot, pos, base, neox, NULL);
+}
+
+void rm_rope_div(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox,
+                 const float * div) {
     const int32_t half = n_rot / 2;
     for (int32_t i = 0; i < half; i++) {
-        const float inv_freq = 1.0f / powf(base, (float) (2 * i) / (float) n_rot);
+        const float inv_freq = 1.0f / powf(base, (float) (2 * i) / (float) n_rot) / (div ? div[i] : 1.0f);
         const float angle = (float) pos * inv_freq;
         const float c = cosf(angle), s = sinf(angle);
         for (int32_t h = 0; h < n_head; h++) {

@@ -14,6 +14,8 @@
 #ifndef RM_BACKEND_H
 #define RM_BACKEND_H
 
+#include <math.h>
+
 #include "model.h"
 
 typedef struct rm_backend rm_backend;
@@ -73,6 +75,7 @@ typedef struct rm_attn_args {
                                      rows of rm_kv_row_bytes: the CPU backend only) */
     float *       kv_tiles;       /* with another type than F32: host scratch of 2 * RM_ATTN_TILE * head_dim
                                      floats per thread of the CPU pool, a tile of K and of V as floats */
+    float         scale;          /* the logits are q.k times this; 0: 1 / sqrt(head_dim) */
 } rm_attn_args;
 
 /* Positions of K and V the CPU attention reads as one tile (flash attention's order; ops.c). */
@@ -213,7 +216,7 @@ typedef struct rm_backend_ops {
     /* Causal attention over the cache for n_tok consecutive tokens. */
     void (*attention)(rm_backend * be, const rm_attn_args * a);
 
-    /* y = x / rms(x) * w over n_rows rows of n (y may be x); w is F32, ne = {n} */
+    /* y = x / rms(x) * w over n_rows rows of n (y may be x); w is F32, ne = {n}, or NULL: no weight */
     void (*rmsnorm)(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
                     int64_t n, float eps);
     /* rotary embedding in place on n_tok rows of n_head*head_dim at positions pos0.. */
@@ -252,6 +255,16 @@ typedef struct rm_backend_ops {
                       int64_t width, int64_t n_rows);
     /* y[i] = y[i] / (1 + exp(-gate[i])), i < n: an output gate */
     void (*mul_sigmoid)(rm_backend * be, float * y, const float * gate, int64_t n);
+    /* g = gelu(g) * u, GELU's tanh form (rm_gelu), over n_rows rows of width floats, g's rows g_stride
+     * and u's u_stride floats apart (u may be the second half of g's rows) */
+    void (*geglu)(rm_backend * be, float * g, int64_t g_stride, const float * u, int64_t u_stride, int64_t width,
+                  int64_t n_rows);
+    /* x[i] *= f, i < n */
+    void (*scale)(rm_backend * be, float * x, int64_t n, float f);
+    /* rope with its frequencies divided per pair of dims: pair i turns by pos * base^(-2i/n_rot) /
+     * freq_div[i] (F32, ne = {n_rot / 2}; llama.cpp's rope_freqs, 1e30 for a pair that does not turn) */
+    void (*rope_div)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                     int32_t pos0, float base, int neox, const rm_weight * freq_div);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 
@@ -282,6 +295,13 @@ void rm_backend_cpu_use_repacked(rm_backend * be, const struct rm_dev_weights * 
 /* Host reference math shared by the CPU backend and the model code. */
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps);
 void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox);
+/* rm_rope with pair i's frequency divided by div[i] (NULL: 1) */
+void rm_rope_div(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox,
+                 const float * div);
+/* GELU, tanh form (transformers' gelu_pytorch_tanh) */
+static inline float rm_gelu(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
 void rm_softmax(float * x, int64_t n);
 /* yarn.c: YaRN's parameters from the hyperparameters, as llama.cpp and transformers compute them,
  * and the host math of the two new ops */
@@ -305,9 +325,12 @@ static inline void rm_expert_bias(rm_backend * be, const rm_weight * b, int32_t 
     be->ops->add_bias(be, y, &row, c, b->ne[0]);
 }
 
-/* The experts' activation g = act(g, u) over n floats: gpt-oss's clamped SwiGLU where the layer has it. */
+/* The experts' activation g = act(g, u) over n floats: gpt-oss's clamped SwiGLU or Gemma 4's GELU
+ * where the layer has it. */
 static inline void rm_expert_act(rm_backend * be, const rm_layer * L, float * g, const float * u, int64_t n) {
-    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
+    if (L->kind & RM_LAYER_GELU) {
+        be->ops->geglu(be, g, n, u, n, n, 1);
+    } else if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
         be->ops->swiglu_clamp(be, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
     } else {
         be->ops->swiglu(be, g, u, n);

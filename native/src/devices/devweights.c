@@ -75,7 +75,8 @@ int rm_dev_weights_list(const rm_model * m, const uint8_t * on_dev, rm_dev_suppo
     w->n_skipped = 0;
     w->arena = NULL;
     int64_t cap = 0;
-    int ok = push_dense(w, &cap, &m->output_norm, supports) && push_dense(w, &cap, &m->output, supports);
+    int ok = push_dense(w, &cap, &m->output_norm, supports) && push_dense(w, &cap, &m->output, supports) &&
+             push_dense(w, &cap, &m->rope_freqs, supports);
     for (int il = 0; ok && il < hp->n_layer; il++) {
         const rm_layer * L = &m->layers[il];
         for (int32_t i = 0; ok && i < m->arch->n_tensors; i++) {   /* every tensor of the layer but the experts' */

@@ -316,7 +316,9 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
         RM_STEP(d->record(be, RM_SPLIT_EV_FIX, il, "split: event"));
         be->stats.d2h_bytes += 2 * bytes;
     }
-    if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
+    if (L->kind & RM_LAYER_GELU) {
+        RM_STEP(d->geglu(be, sp->gc, sp->uc, (int64_t) S * F, "split: geglu"));
+    } else if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
         RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT,
                                 "split: swiglu"));
     } else {

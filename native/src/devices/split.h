@@ -165,6 +165,8 @@ typedef struct rm_split_device_ops {
                          const char * what);
     /* g = silu(g) u over n floats */
     int (*swiglu)(rm_backend * be, float * g_d, const float * u_d, int64_t n, const char * what);
+    /* g = gelu(g) * u over n floats (Gemma 4's experts, rm_gelu) */
+    int (*geglu)(rm_backend * be, float * g_d, const float * u_d, int64_t n, const char * what);
     /* gpt-oss's clamped form of swiglu (rm_swiglu_clamp_ref) */
     int (*swiglu_clamp)(rm_backend * be, float * g_d, const float * u_d, int64_t n, float alpha, float limit,
                         const char * what);

@@ -286,7 +286,29 @@ static void sb_rmsnorm(rm_backend * be, float * y, const float * x, const rm_wei
                        float eps) {
     sb_ctx * c = ctx_of(be);
     rm_weight dw;
-    if (!c->err && dev_weight(c, w, 0, &dw)) c->dev->ops->rmsnorm(c->dev, y, x, &dw, n_rows, n, eps);
+    if (!w) {
+        if (!c->err) c->dev->ops->rmsnorm(c->dev, y, x, NULL, n_rows, n, eps);
+    } else if (!c->err && dev_weight(c, w, 0, &dw)) {
+        c->dev->ops->rmsnorm(c->dev, y, x, &dw, n_rows, n, eps);
+    }
+}
+
+static void sb_geglu(rm_backend * be, float * g, int64_t g_stride, const float * u, int64_t u_stride, int64_t width,
+                     int64_t n_rows) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->geglu(c->dev, g, g_stride, u, u_stride, width, n_rows);
+}
+
+static void sb_scale(rm_backend * be, float * x, int64_t n, float f) {
+    sb_ctx * c = ctx_of(be);
+    if (!c->err) c->dev->ops->scale(c->dev, x, n, f);
+}
+
+static void sb_rope_div(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                        int32_t pos0, float base, int neox, const rm_weight * div) {
+    sb_ctx * c = ctx_of(be);
+    rm_weight dd;
+    if (!c->err && dev_weight(c, div, 0, &dd)) c->dev->ops->rope_div(c->dev, x, n_tok, n_head, head_dim, n_rot, pos0, base, neox, &dd);
 }
 
 static void sb_rope(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
@@ -430,6 +452,11 @@ static int sd_swiglu(rm_backend * be, float * g, const float * u, int64_t n, con
     return !c->err;
 }
 
+static int sd_geglu(rm_backend * be, float * g, const float * u, int64_t n, const char * what) {
+    sb_geglu(be, g, n, u, n, n, 1);
+    return !ctx_of(be)->err;
+}
+
 static int sd_swiglu_clamp(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit,
                            const char * what) {
     sb_ctx * c = ctx_of(be);
@@ -515,6 +542,7 @@ static const rm_split_device_ops STANDIN_SPLIT_OPS = {
     .staged_matmul  = sd_staged_matmul,
     .swiglu         = sd_swiglu,
     .swiglu_clamp   = sd_swiglu_clamp,
+    .geglu          = sd_geglu,
     .experts_bias   = sd_experts_bias,
     .combine        = sd_combine,
     .record         = sd_record,
@@ -573,6 +601,9 @@ static const rm_backend_ops STANDIN_OPS = {
     .gdn         = sb_gdn,
     .copy_rows   = sb_copy_rows,
     .mul_sigmoid = sb_mul_sigmoid,
+    .geglu       = sb_geglu,
+    .scale       = sb_scale,
+    .rope_div    = sb_rope_div,
     .moe_experts = sb_moe_experts,
     .free        = sb_free,
 };

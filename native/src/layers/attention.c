@@ -14,26 +14,51 @@ static void matmul(rm_session * s, const rm_weight * w, const float * x, int64_t
     s->be->ops->matmul(s->be, &a);
 }
 
-int64_t rm_attention_kv_place(const rm_session * s, int il, int32_t * ring) {
+/* Bytes of a position's K and V rows of layer kind `kind` in s's cache types. */
+static void kv_row_bytes(const rm_session * s, uint32_t kind, uint64_t * k_row, uint64_t * v_row) {
+    const rm_hparams * hp = &s->m->hp;
+    if (hp->kv_lora_rank > 0) {   /* MLA: one latent per position, no V */
+        *k_row = s->k_row_bytes;
+        *v_row = 0;
+        return;
+    }
+    const rm_attn_shape sh = rm_attn_shape_of(hp, kind);
+    *k_row = rm_kv_row_bytes(s->type_k, (int64_t) sh.n_head_kv * sh.head_dim);
+    *v_row = rm_kv_row_bytes(s->type_v, (int64_t) sh.n_head_kv * sh.head_dim);
+}
+
+rm_kv_place rm_attention_kv_place(const rm_session * s, int il) {
     const rm_model * m = s->m;
+    rm_kv_place p = {0};
+    kv_row_bytes(s, m->layers[il].kind, &p.k_row, &p.v_row);
+    if (s->hy) {   /* a hybrid caches its attention layers only, all of one shape */
+        if (s->hy->kv_index[il] >= 0) {
+            p.rows = s->n_ctx;
+            p.k_off = (uint64_t) s->hy->kv_index[il] * s->n_ctx * p.k_row;
+            p.v_off = (uint64_t) s->hy->kv_index[il] * s->n_ctx * p.v_row;
+        }
+        return p;
+    }
     const int32_t r = rm_kv_ring_rows(s->n_ctx, s->n_batch, m->hp.n_swa);
-    int64_t row0 = 0;
-    *ring = 0;
     for (int l = 0; l <= il; l++) {
         const int slides = m->hp.n_swa > 0 && (m->layers[l].kind & RM_LAYER_ATTN_SLIDING);
+        const int32_t rows = slides ? r : s->n_ctx;
         if (l == il) {
-            *ring = slides ? r : 0;
+            p.ring = slides ? r : 0;
+            p.rows = rows;
         } else {
-            row0 += slides ? r : s->n_ctx;
+            uint64_t kr, vr;
+            kv_row_bytes(s, m->layers[l].kind, &kr, &vr);
+            p.k_off += (uint64_t) rows * kr;
+            p.v_off += (uint64_t) rows * vr;
         }
     }
-    return row0;
+    return p;
 }
 
 /* q/k normalisation: per head (ne = {head_dim}) or over the whole projection. */
-static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, int32_t n_head) {
+static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, int32_t n_head, int64_t D) {
     const rm_model * m = s->m;
-    const int64_t D = m->hp.head_dim;
     if (m->arch->qk_norm == RM_QK_NORM_PER_HEAD) {
         s->be->ops->rmsnorm(s->be, y, y, w, (int64_t) n * n_head, D, m->hp.rms_eps);
     } else {
@@ -70,7 +95,8 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
     rm_session * o = run->s;   /* whose cache */
-    const int64_t Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
+    const rm_attn_shape sh = rm_attn_shape_of(hp, L->kind);
+    const int64_t Q = (int64_t) hp->n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
     const int32_t n = run->n, pos = run->pos;
     float * q = s->q + (int64_t) run->row0 * Q, * k = s->k + (int64_t) run->row0 * KV;
     const float * v = s->v + (int64_t) run->row0 * KV;
@@ -78,22 +104,23 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     if (hp->rope_yarn_factor > 0.0f) {   /* the rows that read rope.scaling.factor run YaRN */
         rm_rope_yarn y;
         rm_rope_yarn_of(hp, &y);
-        be->ops->rope_yarn(be, q, n, hp->n_head, hp->head_dim, hp->n_rot, pos, &y, neox);
-        be->ops->rope_yarn(be, k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, pos, &y, neox);
+        be->ops->rope_yarn(be, q, n, hp->n_head, sh.head_dim, sh.n_rot, pos, &y, neox);
+        be->ops->rope_yarn(be, k, n, sh.n_head_kv, sh.head_dim, sh.n_rot, pos, &y, neox);
+    } else if (m->rope_freqs.data && !(L->kind & RM_LAYER_ATTN_SLIDING)) {   /* Gemma 4's full layers */
+        be->ops->rope_div(be, q, n, hp->n_head, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox, &m->rope_freqs);
+        be->ops->rope_div(be, k, n, sh.n_head_kv, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox, &m->rope_freqs);
     } else {
-        be->ops->rope(be, q, n, hp->n_head, hp->head_dim, hp->n_rot, pos, hp->rope_base, neox);
-        be->ops->rope(be, k, n, hp->n_head_kv, hp->head_dim, hp->n_rot, pos, hp->rope_base, neox);
+        be->ops->rope(be, q, n, hp->n_head, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox);
+        be->ops->rope(be, k, n, sh.n_head_kv, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox);
     }
-    int32_t ring = 0;
-    /* a hybrid caches its attention layers only; a sliding-window layer keeps a ring */
-    const int64_t row0 = o->hy ? (int64_t) o->hy->kv_index[il] * o->n_ctx : rm_attention_kv_place(o, il, &ring);
-    void * kc = (uint8_t *) o->k_cache + (uint64_t) row0 * o->k_row_bytes;
-    void * vc = (uint8_t *) o->v_cache + (uint64_t) row0 * o->v_row_bytes;
-    cache_append(s, kc, o->type_k, o->k_row_bytes, k, n, KV, ring, pos);
-    cache_append(s, vc, o->type_v, o->v_row_bytes, v, n, KV, ring, pos);
-    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * Q, n, pos, hp->n_head, hp->n_head_kv, hp->head_dim,
-                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, ring,
-                       o->type_k, o->type_v, o->kv_tiles};
+    const rm_kv_place p = rm_attention_kv_place(o, il);
+    void * kc = (uint8_t *) o->k_cache + p.k_off;
+    void * vc = (uint8_t *) o->v_cache + p.v_off;
+    cache_append(s, kc, o->type_k, p.k_row, k, n, KV, p.ring, pos);
+    cache_append(s, vc, o->type_v, p.v_row, v, n, KV, p.ring, pos);
+    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * Q, n, pos, hp->n_head, sh.n_head_kv, sh.head_dim,
+                       L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, p.ring,
+                       o->type_k, o->type_v, o->kv_tiles, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f};
     be->ops->attention(be, &aa);
 }
 
@@ -102,8 +129,10 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     const rm_hparams * hp = &m->hp;
     const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
-    const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * hp->head_dim, KV = (int64_t) hp->n_head_kv * hp->head_dim;
+    const rm_attn_shape sh = rm_attn_shape_of(hp, L->kind);
+    const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
     const int gated = (L->kind & RM_LAYER_ATTN_GATE) != 0;   /* wq gives q and its output gate */
+    const int v_from_k = !L->wv.data;                         /* Gemma 4's full layers: V is K's projection */
     float * qy = gated ? s->hy->qg : s->q;
     const int64_t QY = gated ? 2 * Q : Q;
     be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
@@ -111,19 +140,23 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
         const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, qy, QY, 0}, NULL, 0},
                                    {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},
                                    {{&L->wv, 0, s->xn, E, n, s->v, KV, 0}, NULL, 0}};
-        be->ops->matmul_many(be, qkv, 3);
+        be->ops->matmul_many(be, qkv, v_from_k ? 2 : 3);
     } else {
         matmul(s, &L->wq, s->xn, E, n, qy, QY, 0);
         matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
-        matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
+        if (!v_from_k) matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
     }
+    if (v_from_k) be->ops->copy(be, s->v, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     if (gated) rm_attn_gate_split(s, n);
     if (L->bq.data) be->ops->add_bias(be, s->q, &L->bq, n, Q);
     if (L->bk.data) be->ops->add_bias(be, s->k, &L->bk, n, KV);
     if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KV);
     if (m->arch->qk_norm != RM_QK_NORM_NONE && L->q_norm.data) {   /* GLM-4.5's are optional */
-        qk_norm(s, s->q, &L->q_norm, n, hp->n_head);
-        qk_norm(s, s->k, &L->k_norm, n, hp->n_head_kv);
+        qk_norm(s, s->q, &L->q_norm, n, hp->n_head, sh.head_dim);
+        qk_norm(s, s->k, &L->k_norm, n, sh.n_head_kv, sh.head_dim);
+    }
+    if (L->kind & RM_LAYER_V_NORM) {   /* per head, without a weight */
+        be->ops->rmsnorm(be, s->v, s->v, NULL, (int64_t) n * sh.n_head_kv, sh.head_dim, hp->rms_eps);
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     for (int32_t r = 0; r < s->n_runs; r++) {
@@ -131,9 +164,13 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     }
     if (gated) rm_attn_gate_apply(s, n);
     rm_prof_mark(s, RM_PROF_ATTN);
-    matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
+    if (L->kind & RM_LAYER_POST_NORM) {   /* x += norm(Wo attn): xn is free once q, k and v are projected */
+        matmul(s, &L->wo, s->attn, Q, n, s->xn, E, 0);
+        be->ops->rmsnorm(be, s->xn, s->xn, &L->attn_post_norm, n, E, hp->rms_eps);
+        be->ops->add(be, s->x, s->xn, (int64_t) n * E);
+    } else {
+        matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
+    }
     if (L->bo.data) be->ops->add_bias(be, s->x, &L->bo, n, E);
     rm_prof_mark(s, RM_PROF_ATTN_OUT);
 }
-
-/* Token embeddings are dequantized on the host (the table stays in host memory) and uploaded. */

@@ -9,9 +9,30 @@
  * own session's KV cache. */
 void rm_attention_block(rm_session * s, int il, int32_t n);
 
-/* Layer il's first row in session s's KV cache, and its ring: a sliding-window layer keeps only
+/* A layer's attention shape: its kv heads, head width, rotary dims and RoPE base (a sliding layer
+ * may have its own, Gemma 4's). */
+typedef struct rm_attn_shape {
+    int32_t n_head_kv, head_dim, n_rot;
+    float   rope_base;
+} rm_attn_shape;
+
+static inline rm_attn_shape rm_attn_shape_of(const rm_hparams * hp, uint32_t kind) {
+    const int slides = (kind & RM_LAYER_ATTN_SLIDING) != 0;
+    return (rm_attn_shape) {slides ? hp->n_head_kv_swa : hp->n_head_kv, slides ? hp->head_dim_swa : hp->head_dim,
+                            slides ? hp->n_rot_swa : hp->n_rot, slides ? hp->rope_base_swa : hp->rope_base};
+}
+
+/* Where layer il's cache lies in session s's K and V buffers. A sliding-window layer keeps only
  * the last rm_kv_ring_rows positions, position p in row p % ring; other layers keep n_ctx (ring
- * 0). The same layout as sizes.c's byte count. */
-int64_t rm_attention_kv_place(const rm_session * s, int il, int32_t * ring);
+ * 0); a linear-attention layer keeps none (rows 0). Rows are the layer's width (its kv heads
+ * times its head width, MLA's latent) in the cache's type. The same layout as sizes.c's byte
+ * count. */
+typedef struct rm_kv_place {
+    uint64_t k_off, v_off;        /* bytes into k_cache and v_cache */
+    uint64_t k_row, v_row;        /* bytes of one position (v_row 0: MLA keeps no V) */
+    int32_t  rows, ring;
+} rm_kv_place;
+
+rm_kv_place rm_attention_kv_place(const rm_session * s, int il);
 
 #endif

@@ -24,11 +24,33 @@ static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const
 
 /* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
  * the results land in s->ed. */
-/* Adds x^2 of c rows of n columns (on the backend) into sum, column by column. */
-static void importance_sums(rm_session * s, const float * rows, int64_t n, int32_t c, double * sum) {
+/* Adds x^2 of c rows of n columns, stride floats apart (on the backend), into sum, column by column. */
+static void importance_sums(rm_session * s, const float * rows, int64_t n, int64_t stride, int32_t c, double * sum) {
     for (int32_t j = 0; j < c; j++) {
-        s->be->ops->download(s->be, s->imp_host, rows + j * n, sizeof(float) * (uint64_t) n);
+        s->be->ops->download(s->be, s->imp_host, rows + j * stride, sizeof(float) * (uint64_t) n);
         for (int64_t d = 0; d < n; d++) sum[d] += (double) s->imp_host[d] * s->imp_host[d];
+    }
+}
+
+/* The gate and up products of c rows of x into g and u (rows of F), or, with llama.cpp's fused
+ * gate_up tensor, both into g's rows of 2F (u is then g + F); returns the stride of g's rows. */
+static int64_t gate_up(rm_backend * be, const rm_layer * L, int32_t e, const float * x, int64_t E, int32_t c, float * g,
+                       float * u, int64_t F) {
+    if (L->gate_up_exps.data) {
+        expert_matmul(be, &L->gate_up_exps, e, x, E, c, g, 2 * F, 0);
+        return 2 * F;
+    }
+    expert_matmul(be, &L->gate_exps, e, x, E, c, g, F, 0);
+    expert_matmul(be, &L->up_exps, e, x, E, c, u, F, 0);
+    return F;
+}
+
+/* The experts' activation over c rows whose gate rows are gs floats apart (gate_up's stride). */
+static void expert_act_rows(rm_backend * be, const rm_layer * L, float * g, int64_t gs, float * u, int64_t F, int32_t c) {
+    if (gs != F) {   /* fused: up is the second half of each gate row (GELU layers only) */
+        be->ops->geglu(be, g, gs, g + F, gs, F, c);
+    } else {
+        rm_expert_act(be, L, g, u, (int64_t) c * F);
     }
 }
 
@@ -46,22 +68,21 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         expert_matmul(be, &L->down_exps, e, s->eg, F, c_res, s->ecal, E, 0);
         rm_expert_bias(be, &L->down_exps_b, e, s->ecal, c_res);
     }
-    expert_matmul(be, &L->gate_exps, e, s->ex, E, c, s->eg, F, 0);
-    expert_matmul(be, &L->up_exps, e, s->ex, E, c, s->eu, F, 0);
+    const int64_t gs = gate_up(be, L, e, s->ex, E, c, s->eg, s->eu, F);   /* no residual with the fused form */
     if (c_res > 0) {
         expert_matmul(be, &L->gate_res, e, s->ex, E, c_res, s->eg, F, 1);
         expert_matmul(be, &L->up_res, e, s->ex, E, c_res, s->eu, F, 1);
     }
     rm_expert_bias(be, &L->gate_exps_b, e, s->eg, c);
     rm_expert_bias(be, &L->up_exps_b, e, s->eu, c);
-    rm_expert_act(be, L, s->eg, s->eu, (int64_t) c * F);
+    expert_act_rows(be, L, s->eg, gs, s->eu, F, c);
     if (s->imp_in) {
         const int64_t il = L - s->m->layers, k = il * s->m->hp.n_expert + e;
-        importance_sums(s, s->ex, E, c, s->imp_in + k * E);
-        importance_sums(s, s->eg, F, c, s->imp_ff + k * F);
+        importance_sums(s, s->ex, E, E, c, s->imp_in + k * E);
+        importance_sums(s, s->eg, F, gs, c, s->imp_ff + k * F);
         s->imp_n[k] += (uint64_t) c;
     }
-    expert_matmul(be, &L->down_exps, e, s->eg, F, c, s->ed, E, 0);
+    expert_matmul(be, &L->down_exps, e, s->eg, gs, c, s->ed, E, 0);
     if (c_res > 0) {
         expert_matmul(be, &L->down_res, e, s->eg, F, c_res, s->ed, E, 1);
     }
@@ -160,23 +181,29 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
             be->ops->gather_rows(be, s->ex, s->xn, s->rows, rows, E);
         }
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
+        const int fused = L->gate_up_exps.data != NULL;   /* llama.cpp's gate_up: rows of 2F, no residual */
+        const int64_t gs = fused ? 2 * F : F;
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
             const float * in = decode ? s->xn : s->ex + (int64_t) r0 * E;
+            if (fused) {
+                items[g] = (rm_mm_item) {{&L->gate_up_exps, x, in, E, c, s->eg + (int64_t) r0 * gs, gs, 0}, NULL, 0};
+                continue;
+            }
             items[2 * g] = (rm_mm_item) {{&L->gate_exps, x, in, E, c, s->eg + (int64_t) r0 * F, F, 0}, &L->gate_res, c_res};
             items[2 * g + 1] = (rm_mm_item) {{&L->up_exps, x, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, &L->up_res, c_res};
         }
-        be->ops->matmul_many(be, items, 2 * ng);
+        be->ops->matmul_many(be, items, fused ? ng : 2 * ng);
         for (int32_t g = 0; g < ng; g++) {
             rm_expert_bias(be, &L->gate_exps_b, grp[g][0], s->eg + (int64_t) grp[g][1] * F, grp[g][2]);
             rm_expert_bias(be, &L->up_exps_b, grp[g][0], s->eu + (int64_t) grp[g][1] * F, grp[g][2]);
         }
         rm_prof_mark(s, RM_PROF_EXPERTS_IN);
-        rm_expert_act(be, L, s->eg, s->eu, (int64_t) rows * F);
+        expert_act_rows(be, L, s->eg, gs, s->eu, F, rows);
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
-            items[g] = (rm_mm_item) {{&L->down_exps, x, s->eg + (int64_t) r0 * F, F, c, s->ed + (int64_t) r0 * E, E, 0},
+            items[g] = (rm_mm_item) {{&L->down_exps, x, s->eg + (int64_t) r0 * gs, gs, c, s->ed + (int64_t) r0 * E, E, 0},
                                      &L->down_res, c_res};
         }
         be->ops->matmul_many(be, items, ng);
@@ -189,16 +216,21 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
     }
 }
 
-/* A SwiGLU FFN on xn, its down projection accumulated into y: the ungated shared experts (into
- * the MoE output) and the leading dense layers (into the residual stream). */
-static void swiglu_ffn(rm_session * s, const rm_weight * gate, const rm_weight * up, const rm_weight * down,
-                       int32_t n, float * y) {
+/* A gated FFN on xn (SwiGLU, or GELU in a layer of RM_LAYER_GELU), its down projection added into
+ * y (or written, accumulate 0): the ungated shared experts (into the MoE output), the leading dense
+ * layers (into the residual stream), Gemma 4's FFN beside the experts. */
+static void dense_ffn(rm_session * s, const rm_layer * L, const rm_weight * gate, const rm_weight * up,
+                      const rm_weight * down, int32_t n, float * y, int accumulate) {
     rm_backend * be = s->be;
     const int64_t E = s->m->hp.n_embd, F = gate->ne[1];
     expert_matmul(be, gate, 0, s->xn, E, n, s->eg, F, 0);
     expert_matmul(be, up, 0, s->xn, E, n, s->eu, F, 0);
-    be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * F);
-    expert_matmul(be, down, 0, s->eg, F, n, y, E, 1);
+    if (L->kind & RM_LAYER_GELU) {
+        be->ops->geglu(be, s->eg, F, s->eu, F, F, n);
+    } else {
+        be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * F);
+    }
+    expert_matmul(be, down, 0, s->eg, F, n, y, E, accumulate);
 }
 
 /* The router's choices: the backend's softmax router, or, for sigmoid scores, a selection bias,
@@ -217,6 +249,25 @@ static void route(rm_session * s, const rm_layer * L, int32_t n) {
     }
 }
 
+/* Gemma 4's router: logits of the input normed without weight and scaled by router_norm /
+ * sqrt(n_embd) (the norm takes router_norm, the logits the scalar); the renormalised weights then
+ * times each chosen expert's down_exps_scale. */
+static void route_scaled(rm_session * s, const rm_layer * L, int32_t n) {
+    const rm_hparams * hp = &s->m->hp;
+    rm_backend * be = s->be;
+    const int64_t E = hp->n_embd;
+    const int32_t K = hp->n_expert_used, X = hp->n_expert;
+    be->ops->rmsnorm(be, s->xn, s->x, &L->router_norm, n, E, hp->rms_eps);
+    rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
+    be->ops->matmul(be, &ra);
+    be->ops->scale(be, s->router, (int64_t) n * X, 1.0f / sqrtf((float) E));
+    route(s, L, n);
+    const float * es = (const float *) L->down_exps_scale.data;   /* host memory: the mapped file */
+    for (int64_t j = 0; j < (int64_t) n * K; j++) {
+        s->routes[j].weight *= es[s->routes[j].expert];
+    }
+}
+
 static void shared_expert(rm_session * s, const rm_layer * L, int32_t n) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
@@ -229,24 +280,14 @@ static void shared_expert(rm_session * s, const rm_layer * L, int32_t n) {
     be->ops->add_gated(be, s->moe, s->ed, s->shgate, n, E);
 }
 
-void rm_moe_block(rm_session * s, int il, int32_t n) {
+/* The routed experts of layer il over xn into s->moe (zeroed first), the router's choices in s->routes. */
+static void routed_experts(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
     const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd;
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
-
-    be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
-    if (L->kind & RM_LAYER_FFN_DENSE) {   /* a leading dense layer: no experts */
-        swiglu_ffn(s, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->x);
-        rm_prof_mark(s, RM_PROF_SHARED);
-        return;
-    }
-    rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
-    be->ops->matmul(be, &ra);
-    if (L->router_b.data) be->ops->add_bias(be, s->router, &L->router_b, n, X);
-    route(s, L, n);
     rm_policy_select(s, il, n);
 
     /* group the slots by expert, residual slots first within each group */
@@ -275,10 +316,60 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
     }
     rm_stats_record_routes(s, il, n);
+}
+
+/* Gemma 4's FFN (RM_LAYER_POST_NORM with experts): x += post(post_1(dense(ffn_norm(x))) +
+ * post_2(experts(pre_2(x)))), the router reading x through its own norm; then x times the
+ * layer's scale. The dense FFN's output waits in s->attn (rows of n_embd: sizes.c). */
+static void sandwich_block(rm_session * s, int il, int32_t n) {
+    const rm_hparams * hp = &s->m->hp;
+    const rm_layer * L = &s->m->layers[il];
+    rm_backend * be = s->be;
+    const int64_t E = hp->n_embd;
+    be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    dense_ffn(s, L, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->attn, 0);
+    be->ops->rmsnorm(be, s->attn, s->attn, &L->ffn_post_norm_1, n, E, hp->rms_eps);
+    rm_prof_mark(s, RM_PROF_SHARED);
+    route_scaled(s, L, n);
+    be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_pre_norm_2, n, E, hp->rms_eps);
+    routed_experts(s, il, n);
+    be->ops->rmsnorm(be, s->moe, s->moe, &L->ffn_post_norm_2, n, E, hp->rms_eps);
+    be->ops->add(be, s->moe, s->attn, (int64_t) n * E);
+    be->ops->rmsnorm(be, s->moe, s->moe, &L->ffn_post_norm, n, E, hp->rms_eps);
+    be->ops->add(be, s->x, s->moe, (int64_t) n * E);
+    if (L->out_scale.data) {
+        be->ops->scale(be, s->x, (int64_t) n * E, *(const float *) L->out_scale.data);   /* host: the mapped file */
+    }
+    rm_prof_mark(s, RM_PROF_SHARED);
+}
+
+void rm_moe_block(rm_session * s, int il, int32_t n) {
+    const rm_model * m = s->m;
+    const rm_hparams * hp = &m->hp;
+    const rm_layer * L = &m->layers[il];
+    rm_backend * be = s->be;
+    const int64_t E = hp->n_embd;
+    const int32_t X = hp->n_expert;
+
+    if ((L->kind & RM_LAYER_POST_NORM) && (L->kind & RM_LAYER_FFN_MOE)) {
+        sandwich_block(s, il, n);
+        return;
+    }
+    be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    if (!(L->kind & RM_LAYER_FFN_MOE)) {   /* a leading dense layer: no experts */
+        dense_ffn(s, L, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->x, 1);
+        rm_prof_mark(s, RM_PROF_SHARED);
+        return;
+    }
+    rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
+    be->ops->matmul(be, &ra);
+    if (L->router_b.data) be->ops->add_bias(be, s->router, &L->router_b, n, X);
+    route(s, L, n);
+    routed_experts(s, il, n);
     if (m->arch->shared_expert == RM_SHEXP_GATED) {
         shared_expert(s, L, n);
     } else if (m->arch->shared_expert == RM_SHEXP_PLAIN && L->gate_shexp.data) {
-        swiglu_ffn(s, &L->gate_shexp, &L->up_shexp, &L->down_shexp, n, s->moe);
+        dense_ffn(s, L, &L->gate_shexp, &L->up_shexp, &L->down_shexp, n, s->moe, 1);
     }
     be->ops->add(be, s->x, s->moe, (int64_t) n * E);
     rm_prof_mark(s, RM_PROF_SHARED);

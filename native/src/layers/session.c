@@ -95,9 +95,12 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
                        params->struct_size, sizeof(rm_session_params));
     }
     const rm_hparams * hp = &m->hp;
-    if (!rm_kv_types_ok(params->type_k, params->type_v, hp->head_dim, hp->kv_lora_rank)) {
-        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
-                       rm_kv_types_why(params->type_k, params->type_v, hp->head_dim, hp->kv_lora_rank));
+    for (int shape = 0; shape < 2; shape++) {   /* both layer shapes' head widths (Gemma 4's differ) */
+        const int32_t hd = shape ? hp->head_dim_swa : hp->head_dim;
+        if (!rm_kv_types_ok(params->type_k, params->type_v, hd, hp->kv_lora_rank)) {
+            return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
+                           rm_kv_types_why(params->type_k, params->type_v, hd, hp->kv_lora_rank));
+        }
     }
     if ((params->type_k != RM_TYPE_F32 || params->type_v != RM_TYPE_F32) && m->device != &rm_device_cpu) {
         return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: KV cache types other than F32 run on the CPU backend only, "
@@ -110,9 +113,12 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->m = m;
     s->type_k = params->type_k;
     s->type_v = params->type_v;
-    s->k_row_bytes = rm_kv_row_bytes(s->type_k, hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot
-                                                                      : (int64_t) hp->n_head_kv * hp->head_dim);
-    s->v_row_bytes = rm_kv_row_bytes(s->type_v, (int64_t) hp->n_head_kv * hp->head_dim);
+    /* the widest layer's rows (the layers' own: rm_attention_kv_place) */
+    const int64_t kv_w = (int64_t) hp->n_head_kv * hp->head_dim, kv_w_swa = (int64_t) hp->n_head_kv_swa * hp->head_dim_swa;
+    const int64_t kv_widest = kv_w > kv_w_swa ? kv_w : kv_w_swa;
+    const int32_t hd_widest = hp->head_dim > hp->head_dim_swa ? hp->head_dim : hp->head_dim_swa;
+    s->k_row_bytes = rm_kv_row_bytes(s->type_k, hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot : kv_widest);
+    s->v_row_bytes = rm_kv_row_bytes(s->type_v, kv_widest);
     s->n_ctx = params->n_ctx > 0 ? params->n_ctx : hp->n_ctx_train;
     s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;
@@ -122,7 +128,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
     if (s->type_k != RM_TYPE_F32 || s->type_v != RM_TYPE_F32) {
-        s->kv_tiles = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * 2 * RM_ATTN_TILE * (size_t) hp->head_dim,
+        s->kv_tiles = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * 2 * RM_ATTN_TILE * (size_t) hd_widest,
                              &failed);
     }
     if (hp->kv_lora_rank > 0) {
@@ -200,8 +206,7 @@ static void matmul(rm_session * s, const rm_weight * w, const float * x, int64_t
 /* 1 when every sliding-window layer's ring still holds the window of position n_keep. */
 static int rings_keep(const rm_session * s, int32_t n_keep, int * layer, int32_t * ring_out) {
     for (int il = 0; il < s->m->hp.n_layer; il++) {
-        int32_t ring = 0;
-        rm_attention_kv_place(s, il, &ring);
+        const int32_t ring = rm_attention_kv_place(s, il).ring;
         if (ring && ring < s->n_ctx && s->n_past - n_keep > ring - s->m->hp.n_swa) {   /* it lost n_keep's window */
             *layer = il;
             *ring_out = ring;
@@ -250,16 +255,9 @@ typedef struct state_head {
     uint64_t thr_bytes;           /* the residual policy's controllers at positions 0 .. n_past (with a sidecar) */
 } state_head;
 
-/* Layer il's cache: its first row, its rows (n_ctx, or a ring's; 0: a layer without one). */
-static int64_t layer_cache(const rm_session * s, int il, int32_t * rows, int32_t * ring) {
-    *ring = 0;
-    if (s->hy) {
-        *rows = s->hy->kv_index[il] < 0 ? 0 : s->n_ctx;
-        return s->hy->kv_index[il] < 0 ? 0 : (int64_t) s->hy->kv_index[il] * s->n_ctx;
-    }
-    const int64_t row0 = rm_attention_kv_place(s, il, ring);
-    *rows = *ring ? *ring : s->n_ctx;
-    return row0;
+/* Layer il's cache (rm_kv_place: rows 0 for a layer without one), MLA's without V rows. */
+static rm_kv_place layer_cache(const rm_session * s, int il) {
+    return rm_attention_kv_place(s, il);
 }
 
 static const char * state_type_name(int32_t type) {
@@ -268,6 +266,7 @@ static const char * state_type_name(int32_t type) {
 }
 
 static uint64_t state_v_row(const rm_session * s) { return s->m->hp.kv_lora_rank > 0 ? 0 : s->v_row_bytes; }
+
 
 static state_head state_head_of(const rm_session * s) {
     state_head h = {STATE_MAGIC, STATE_VERSION, s->m->hp.n_layer, s->n_past, s->type_k, s->type_v, 0,
@@ -281,13 +280,14 @@ static state_head state_head_of(const rm_session * s) {
     return h;
 }
 
-/* The bytes of a state of n_past positions whose layers hold rows[il] each. */
-static uint64_t state_bytes_of(const state_head * h, const int32_t * rows) {
+/* The bytes of a state of n_past positions of s's model whose layers hold rows[il] each. */
+static uint64_t state_bytes_of(const rm_session * s, const state_head * h, const int32_t * rows) {
     uint64_t total = sizeof(state_head) + (uint64_t) h->n_layer * 2 * sizeof(int32_t) + h->conv_bytes + h->ssm_bytes +
                      h->thr_bytes;
     for (int il = 0; il < h->n_layer; il++) {
+        const rm_kv_place p = layer_cache(s, il);
         const uint64_t n = (uint64_t) (h->n_past < rows[il] ? h->n_past : rows[il]);
-        total += n * (h->k_row_bytes + h->v_row_bytes);
+        total += n * (p.k_row + (h->v_row_bytes ? p.v_row : 0));
     }
     return total;
 }
@@ -303,10 +303,9 @@ rm_status rm_session_state_size(const rm_session * s, uint64_t * bytes) {
         return rm_fail(RM_E_OOM, "rm_session_state_size: out of memory");
     }
     for (int il = 0; il < h.n_layer; il++) {
-        int32_t ring;
-        layer_cache(s, il, &rows[il], &ring);
+        rows[il] = layer_cache(s, il).rows;
     }
-    *bytes = state_bytes_of(&h, rows);
+    *bytes = state_bytes_of(s, &h, rows);
     free(rows);
     return RM_OK;
 }
@@ -326,24 +325,22 @@ rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap) 
     memcpy(at, &h, sizeof(h));
     at += sizeof(h);
     for (int il = 0; il < h.n_layer; il++) {
-        int32_t rr[2];
-        layer_cache(s, il, &rr[0], &rr[1]);
+        const rm_kv_place p = layer_cache(s, il);
+        const int32_t rr[2] = {p.rows, p.ring};
         memcpy(at, rr, sizeof(rr));
         at += sizeof(rr);
     }
     for (int il = 0; il < h.n_layer; il++) {
-        int32_t rows, ring;
-        const int64_t row0 = layer_cache(s, il, &rows, &ring);
-        const uint64_t n = (uint64_t) (h.n_past < rows ? h.n_past : rows);
+        const rm_kv_place p = layer_cache(s, il);
+        const uint64_t n = (uint64_t) (h.n_past < p.rows ? h.n_past : p.rows);
         if (n == 0) {
             continue;
         }
-        s->be->ops->download(s->be, at, (const uint8_t *) s->k_cache + (uint64_t) row0 * s->k_row_bytes, n * h.k_row_bytes);
-        at += n * h.k_row_bytes;
+        s->be->ops->download(s->be, at, (const uint8_t *) s->k_cache + p.k_off, n * p.k_row);
+        at += n * p.k_row;
         if (h.v_row_bytes) {
-            s->be->ops->download(s->be, at, (const uint8_t *) s->v_cache + (uint64_t) row0 * s->v_row_bytes,
-                                 n * h.v_row_bytes);
-            at += n * h.v_row_bytes;
+            s->be->ops->download(s->be, at, (const uint8_t *) s->v_cache + p.v_off, n * p.v_row);
+            at += n * p.v_row;
         }
     }
     if (s->hy) {
@@ -404,7 +401,7 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
                        (unsigned long long) size);
     }
     int32_t * saved = malloc(table);
-    int32_t * rows = malloc(table);
+    int32_t * rows = calloc(1, table);
     if (!saved || !rows) {
         free(saved);
         free(rows);
@@ -413,8 +410,9 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
     memcpy(saved, (const uint8_t *) buf + sizeof(h), table);
     rm_status st = RM_OK;
     for (int il = 0; il < h.n_layer && st == RM_OK; il++) {
-        int32_t ring;
-        layer_cache(s, il, &rows[il], &ring);
+        const rm_kv_place p = layer_cache(s, il);
+        const int32_t ring = p.ring;
+        rows[il] = p.rows;
         rows[h.n_layer + il] = saved[2 * il];   /* the saved layer's rows, for the byte count */
         const int32_t s_rows = saved[2 * il], s_ring = saved[2 * il + 1];
         const int wraps = h.n_past > s_rows || h.n_past > rows[il];
@@ -424,25 +422,23 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
                          "n_ctx and n_batch", il, s_rows, s_ring, rows[il], ring, h.n_past);
         }
     }
-    if (st == RM_OK && state_bytes_of(&h, rows + h.n_layer) != size) {
+    if (st == RM_OK && state_bytes_of(s, &h, rows + h.n_layer) != size) {
         st = rm_fail(RM_E_FORMAT, "rm_session_state_load: %llu bytes, and its header says %llu",
-                     (unsigned long long) size, (unsigned long long) state_bytes_of(&h, rows + h.n_layer));
+                     (unsigned long long) size, (unsigned long long) state_bytes_of(s, &h, rows + h.n_layer));
     }
     if (st == RM_OK) {
         const uint8_t * at = (const uint8_t *) buf + sizeof(h) + table;
         for (int il = 0; il < h.n_layer; il++) {
-            int32_t n_rows, ring;
-            const int64_t row0 = layer_cache(s, il, &n_rows, &ring);
+            const rm_kv_place p = layer_cache(s, il);
             const uint64_t n = (uint64_t) (h.n_past < saved[2 * il] ? h.n_past : saved[2 * il]);
             if (n == 0) {
                 continue;
             }
-            s->be->ops->upload(s->be, (uint8_t *) s->k_cache + (uint64_t) row0 * s->k_row_bytes, at, n * h.k_row_bytes);
-            at += n * h.k_row_bytes;
+            s->be->ops->upload(s->be, (uint8_t *) s->k_cache + p.k_off, at, n * p.k_row);
+            at += n * p.k_row;
             if (h.v_row_bytes) {
-                s->be->ops->upload(s->be, (uint8_t *) s->v_cache + (uint64_t) row0 * s->v_row_bytes, at,
-                                   n * h.v_row_bytes);
-                at += n * h.v_row_bytes;
+                s->be->ops->upload(s->be, (uint8_t *) s->v_cache + p.v_off, at, n * p.v_row);
+                at += n * p.v_row;
             }
         }
         if (s->hy) {
@@ -507,6 +503,10 @@ static void embed(rm_session * s, const int32_t * tokens, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         tt->to_float(w->data + (uint64_t) tokens[i] * w->row_bytes, s->embd + (int64_t) i * w->ne[0], w->ne[0]);
     }
+    if (s->m->arch->flags & RM_ARCH_EMBD_SCALE) {   /* Gemma: times sqrt(n_embd), in float as transformers */
+        const float f = sqrtf((float) w->ne[0]);
+        for (int64_t j = 0; j < (int64_t) n * w->ne[0]; j++) s->embd[j] *= f;
+    }
     s->be->ops->upload(s->be, s->x, s->embd, sizeof(float) * (uint64_t) n * (uint64_t) w->ne[0]);
 }
 
@@ -525,6 +525,10 @@ static void logits_out(rm_session * s, int32_t first, const int32_t * rows, int3
         const int32_t c = n_rows - i < chunk ? n_rows - i : chunk;
         matmul(s, &m->output, src + (int64_t) i * E, E, c, s->logits, V, 0);
         s->be->ops->download(s->be, out + (int64_t) i * V, s->logits, sizeof(float) * (uint64_t) c * (uint64_t) V);
+    }
+    const float cap = m->hp.final_softcap;
+    if (cap > 0.0f) {   /* Gemma's soft cap, on the host copy */
+        for (int64_t j = 0; j < (int64_t) n_rows * V; j++) out[j] = cap * tanhf(out[j] / cap);
     }
 }
 

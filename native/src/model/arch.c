@@ -21,9 +21,11 @@
 #define ANY        {RM_EXPR_NONE, 0, 0, 0, NULL}
 
 /* key, field, default, accepted range; rows read in order, so a value may use the rows above it */
-#define INT(key, f, dflt, lo, hi)  {key, #f, HPOFF(f), RM_HPARAM_INT, dflt, lo, hi, ANY, ANY, NULL}
-#define BOOL(key, f, dflt)         {key, #f, HPOFF(f), RM_HPARAM_BOOL, dflt, K(0), K(1), ANY, ANY, NULL}
-#define FLOAT(key, f, dflt)        {key, #f, HPOFF(f), RM_HPARAM_FLOAT, dflt, ANY, ANY, ANY, ANY, NULL}
+#define INT(key, f, dflt, lo, hi)  {key, #f, HPOFF(f), RM_HPARAM_INT, dflt, lo, hi, ANY, ANY, NULL, 0, NULL}
+#define BOOL(key, f, dflt)         {key, #f, HPOFF(f), RM_HPARAM_BOOL, dflt, K(0), K(1), ANY, ANY, NULL, 0, NULL}
+#define FLOAT(key, f, dflt)        {key, #f, HPOFF(f), RM_HPARAM_FLOAT, dflt, ANY, ANY, ANY, ANY, NULL, 0, NULL}
+/* an integer that may also be a per-layer array: the sliding layers' value into f_swa */
+#define INT_SWA(key, f, f_swa, dflt, lo, hi) {key, #f, HPOFF(f), RM_HPARAM_INT, dflt, lo, hi, ANY, ANY, NULL, HPOFF(f_swa), #f_swa}
 
 #define HP_ATTENTION                                                                                  \
     INT("embedding_length",        n_embd,        REQUIRED,          K(1), K(1 << 20)),               \
@@ -47,7 +49,7 @@
  * name rather than misread */
 #define HP_TAIL                                                                                       \
     {"attention.value_length", "head_dim_v", HPOFF(head_dim_v), RM_HPARAM_INT, V(head_dim), ANY, ANY, \
-     V(head_dim), V(head_dim), "value_length == key_length"},                                         \
+     V(head_dim), V(head_dim), "value_length == key_length", 0, NULL},                                         \
     FLOAT("attention.layer_norm_rms_epsilon", rms_eps,   K(1e-5f)),                                   \
     FLOAT("rope.freq_base",                   rope_base, K(10000.0f))
 
@@ -72,7 +74,7 @@ static const rm_hparam_row HP_OLMOE[] = {
 static const rm_hparam_row HP_GPT_OSS[] = {
     HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT,
     {"expert_weights_norm", "norm_topk", HPOFF(norm_topk), RM_HPARAM_BOOL, K(1), K(0), K(1), K(1), K(1),
-     "gpt-oss weights the chosen experts by a softmax over their logits"},
+     "gpt-oss weights the chosen experts by a softmax over their logits", 0, NULL},
     INT("attention.sliding_window",         n_swa,           REQUIRED,       K(1), K(1 << 24)),
     INT("attention.sliding_window_pattern", swa_pattern,     K(2),           K(1), K(4096)),
     FLOAT("rope.scaling.factor",            rope_yarn_factor, K(1.0f)),
@@ -90,7 +92,7 @@ static const rm_hparam_row HP_GPT_OSS[] = {
     INT("expert_shared_count",       n_expert_shared,    K(0),     K(0), K(64)),                     \
     INT("leading_dense_block_count", n_layer_dense_lead, K(0),     K(0), V(n_layer)),                \
     {"expert_gating_func", "gating", HPOFF(gating), RM_HPARAM_INT, K(gating_dflt), K(0), K(16), K(1), K(2), \
-     "softmax (1) or sigmoid (2)"},                                                                   \
+     "softmax (1) or sigmoid (2)", 0, NULL},                                                                   \
     FLOAT("expert_weights_scale",    expert_weights_scale, K(1.0f)),                                 \
     INT("expert_group_count",        n_group,            K(1),     K(1), V(n_expert)),               \
     INT("expert_group_used_count",   n_group_used,       V(n_group), K(1), V(n_group)),              \
@@ -107,9 +109,9 @@ static const rm_hparam_row HP_DEEPSEEK2[] = {
     INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),
     INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
     {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1),
-     "MLA shares one latent between all heads"},
+     "MLA shares one latent between all heads", 0, NULL},
     {"attention.key_length_mla", "head_dim", HPOFF(head_dim), RM_HPARAM_INT, REQUIRED, K(2), K(1 << 16), ANY, ANY,
-     "files made before llama.cpp split attn_kv_b into attn_k_b and attn_v_b lack it: convert the model again"},
+     "files made before llama.cpp split attn_kv_b into attn_k_b and attn_v_b lack it: convert the model again", 0, NULL},
     INT("attention.value_length_mla", head_dim_v, REQUIRED, K(1), K(1 << 16)),
     INT("rope.dimension_count",     n_rot,        REQUIRED, K(2), V(head_dim)),
     INT("attention.q_lora_rank",    q_lora_rank,  K(0),     K(0), K(1 << 16)),
@@ -135,6 +137,39 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
     HP_TAIL, HP_SSM,
     /* llama.cpp's files of checkpoints with an MTP block count it in block_count, last */
     INT("nextn_predict_layers", n_layer_nextn, K(0), K(0), V(n_layer)),
+};
+
+/* Gemma 4: sliding layers (attention.sliding_window_pattern, a per-layer list) with their own head
+ * width, kv heads, rotary dims and base; the others' kv heads may be fewer (head_count_kv per layer);
+ * logit soft-capping. Per-layer input embeddings and shared KV layers (the small dense models) are
+ * refused by their keys. */
+static const rm_hparam_row HP_GEMMA4[] = {
+    INT("embedding_length",        n_embd,        REQUIRED,          K(1), K(1 << 20)),
+    INT("block_count",             n_layer,       REQUIRED,          K(1), K(4096)),
+    INT("attention.head_count",    n_head,        REQUIRED,          K(1), K(4096)),
+    INT_SWA("attention.head_count_kv", n_head_kv, n_head_kv_swa, V(n_head), K(1), V(n_head)),
+    INT("attention.key_length",    head_dim,      DIV(n_embd, n_head), K(1), K(1 << 16)),
+    INT("rope.dimension_count",    n_rot,         V(head_dim),       K(2), V(head_dim)),
+    INT("attention.key_length_swa", head_dim_swa, V(head_dim),       K(1), K(1 << 16)),
+    {"attention.value_length_swa", "head_dim_swa", HPOFF(head_dim_swa), RM_HPARAM_INT, V(head_dim_swa), ANY, ANY,
+     V(head_dim_swa), V(head_dim_swa), "value_length_swa == key_length_swa", 0, NULL},
+    INT("rope.dimension_count_swa", n_rot_swa,    V(head_dim_swa),   K(2), V(head_dim_swa)),
+    HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT,
+    {"expert_weights_norm", "norm_topk", HPOFF(norm_topk), RM_HPARAM_BOOL, K(1), K(0), K(1), K(1), K(1),
+     "Gemma 4 renormalises the chosen experts' weights", 0, NULL},
+    INT("feed_forward_length",     n_ff,          REQUIRED,          K(1), K(1 << 20)),
+    INT("attention.sliding_window", n_swa,        REQUIRED,          K(1), K(1 << 24)),
+    FLOAT("final_logit_softcapping", final_softcap, K(1e30f)),
+    {"embedding_length_per_layer_input", "n_embd_per_layer", HPOFF(n_embd_per_layer), RM_HPARAM_INT, K(0), K(0),
+     K(1 << 20), K(0), K(0), "per-layer input embeddings (Gemma 4's E2B/E4B) are not run", 0, NULL},
+    {"attention.shared_kv_layers", "n_kv_shared", HPOFF(n_kv_shared), RM_HPARAM_INT, K(0), K(0), V(n_layer), K(0),
+     K(0), "layers that reuse earlier layers' KV (Gemma 4's E2B/E4B) are not run", 0, NULL},
+    {"attention.value_length", "head_dim_v", HPOFF(head_dim_v), RM_HPARAM_INT, V(head_dim), ANY, ANY,
+     V(head_dim), V(head_dim), "value_length == key_length", 0, NULL},
+    FLOAT("attention.layer_norm_rms_epsilon", rms_eps, K(1e-6f)),
+    /* transformers' defaults for Gemma 4's full and sliding layers */
+    FLOAT("rope.freq_base",        rope_base,     K(1000000.0f)),
+    FLOAT("rope.freq_base_swa",    rope_base_swa, K(10000.0f)),
 };
 
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
@@ -291,6 +326,56 @@ static const rm_tensor_row HYBRID_LAYER[] = {
     EXPERT_RESIDUALS,
 };
 
+/* Gemma 4: per-head q/k norms (q's and k's of each layer's head width), values normed without a
+ * weight and, where attn_v is absent, taken from the key projection; sandwich norms around attention
+ * and FFN; a GELU FFN beside the routed experts, each with its own norms; the router's input norm;
+ * a scale per expert and per layer; the experts' gate and up rows fused (llama.cpp) or apart (ours). */
+#define SWA RM_LAYER_ATTN_SLIDING
+#define FULL RM_LAYER_ATTN_FULL
+#define OPT RM_TENSOR_OPTIONAL
+static const rm_tensor_row GEMMA4_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,    1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, FULL, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        OPT, FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, FULL, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, FULL, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, FULL, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, SWA,  0, NE(EMBD, Q_SWA, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, SWA,  0, NE(EMBD, KV_SWA, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        OPT, SWA,  0, NE(EMBD, KV_SWA, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, SWA,  0, NE(Q_SWA, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, SWA,  1, NE(HEAD_SWA, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, SWA,  1, NE(HEAD_SWA, ONE, ONE)),
+    T("blk.%d.post_attention_norm.weight", attn_post_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_norm.weight",    ffn_norm,  REQ, 0,    1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate.weight",    ffn_gate,  REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),
+    T("blk.%d.ffn_up.weight",      ffn_up,    REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),
+    T("blk.%d.ffn_down.weight",    ffn_down,  REQ, RM_LAYER_FFN_DENSE, 0, NE(FF, EMBD, ONE)),
+    T("blk.%d.post_ffw_norm_1.weight", ffn_post_norm_1, REQ, RM_LAYER_FFN_MOE, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.pre_ffw_norm_2.weight",  ffn_pre_norm_2,  REQ, RM_LAYER_FFN_MOE, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.post_ffw_norm_2.weight", ffn_post_norm_2, REQ, RM_LAYER_FFN_MOE, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T("blk.%d.ffn_gate_inp.scale",  router_norm, REQ, RM_LAYER_FFN_MOE, 1, NE(EMBD, ONE, ONE)),
+    {"blk.%d.ffn_gate_up_exps.weight", "gate_up_exps", LOFF(gate_up_exps), 0, OPT, 0, RM_LAYER_FFN_MOE, 0, 1,
+     NE(EMBD, FF_EXP2, EXPERT), RM_GROUP_NONE},
+    {"blk.%d.ffn_gate_exps.weight", "gate_exps", LOFF(gate_exps), 0, OPT, 0, RM_LAYER_FFN_MOE, 0, 1,
+     NE(EMBD, FF_EXP, EXPERT), RM_GROUP_NONE},
+    {"blk.%d.ffn_up_exps.weight", "up_exps", LOFF(up_exps), 0, OPT, 0, RM_LAYER_FFN_MOE, 0, 1,
+     NE(EMBD, FF_EXP, EXPERT), RM_GROUP_NONE},
+    T_EXP("blk.%d.ffn_down_exps.weight", down_exps, 0, NE(FF_EXP, EMBD, EXPERT)),
+    T("blk.%d.ffn_down_exps.scale", down_exps_scale, REQ, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)),
+    T("blk.%d.post_ffw_norm.weight", ffn_post_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.layer_output_scale.weight", out_scale, OPT, 0, 1, NE(ONE, ONE, ONE)),
+    EXPERT_RESIDUALS,
+};
+#undef OPT
+
+/* Gemma 4: the layers its list marks slide, with the sliding shape */
+static const rm_kind_rule GEMMA4_RULES[] = {
+    {RM_RULE_LISTED, 0, RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
+};
+
 /* gpt-oss: all but every swa_pattern-th layer slide (layers 0, 2, 4, ... with the pattern 2) */
 static const rm_kind_rule GPT_OSS_RULES[] = {
     {RM_RULE_NOT_EVERY_N, HPOFF_RULE(swa_pattern), RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
@@ -309,39 +394,46 @@ static const rm_kind_rule HYBRID_RULES[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
     /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
      * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
      * the key heads by llama.cpp's converter. */
     {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0},
     /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
     {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers"},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
-     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL},
+     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0},
     /* DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash: MLA with interleaved RoPE on the rotary part,
      * softmax (V2) or sigmoid (V3) routing, ungated shared experts, leading dense layers. */
     {"deepseek2", "DeepSeek-V2/V3", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_DIRECT | RM_LAYER_FFN_MOE,
-     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL},
+     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0},
     /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
-     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL},
+     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0},
+    /* Gemma 4 (26B-A4B): sliding and full layers of two shapes, sandwich norms, a GELU FFN beside
+     * the experts, proportional RoPE on the full layers (rope_freqs), unscaled attention logits,
+     * scaled embeddings, soft-capped logits. */
+    {"gemma4", "Gemma 4", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE,
+     FULL_MOE | RM_LAYER_FFN_DENSE | RM_LAYER_GELU | RM_LAYER_POST_NORM | RM_LAYER_V_NORM,
+     ROWS(HP_GEMMA4), ROWS(GEMMA4_LAYER), ROWS(GEMMA4_RULES), NULL, "attention.sliding_window_pattern",
+     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -387,8 +479,10 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
     for (int32_t r = 0; r < a->n_rules; r++) {
         const rm_kind_rule * rule = &a->rules[r];
         const int32_t n = hp_int(hp, rule->n_off);
-        const int picked = rule->form == RM_RULE_FIRST_N ? il < n : rule->form == RM_RULE_ALL_IF_SET ? n > 0
-                                                                   : n > 1 && il % n != n - 1;
+        const int picked = rule->form == RM_RULE_FIRST_N      ? il < n
+                           : rule->form == RM_RULE_ALL_IF_SET ? n > 0
+                           : rule->form == RM_RULE_LISTED     ? hp->layer_swa != NULL && hp->layer_swa[il]
+                                                              : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
         }
@@ -455,6 +549,11 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_SSM_BA: return 2 * (int64_t) hp->ssm_n_v;
     case RM_DIM_SSM_KERNEL: return hp->ssm_d_conv;
     case RM_DIM_SSM_HEAD_V: return hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0;
+    case RM_DIM_Q_SWA: return (int64_t) hp->n_head * hp->head_dim_swa;
+    case RM_DIM_KV_SWA: return (int64_t) hp->n_head_kv_swa * hp->head_dim_swa;
+    case RM_DIM_HEAD_SWA: return hp->head_dim_swa;
+    case RM_DIM_FF_EXP2: return 2 * (int64_t) hp->n_ff_exp;
+    case RM_DIM_ROT_HALF: return hp->n_rot / 2;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -465,6 +564,7 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
     "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
     "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
+    "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }
@@ -569,6 +669,7 @@ rm_status rm_arch_hparam_describe(int32_t arch, int32_t i, rm_arch_hparam_info *
     expr_text(&h->max, out->max, sizeof(out->max));
     expr_text(&h->run_min, out->run_min, sizeof(out->run_min));
     expr_text(&h->run_max, out->run_max, sizeof(out->run_max));
+    out->field_swa = h->off_swa ? h->field_swa : NULL;
     return RM_OK;
 }
 

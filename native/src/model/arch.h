@@ -38,6 +38,10 @@ typedef struct rm_hparam_row {
     rm_expr      min, max;        /* ints: accepted, else RM_E_FORMAT; NONE: unbounded */
     rm_expr      run_min, run_max;/* ints: what the forward pass runs, else RM_E_UNSUPPORTED_ARCH */
     const char * run_why;         /* said with that error, and with a missing required key's */
+    uint16_t     off_swa;         /* ints: where the key may also be a per-layer array (Gemma 4's
+                                   * head_count_kv), the field of the sliding layers' value (the field at
+                                   * off takes the others'); 0: a single value */
+    const char * field_swa;       /* that field's name; NULL with off_swa 0 */
 } rm_hparam_row;
 
 /* Symbolic tensor dimensions, from the hyperparameters. */
@@ -66,6 +70,11 @@ typedef enum rm_dim {
     RM_DIM_SSM_BA,                /* 2 * ssm_n_v */
     RM_DIM_SSM_KERNEL,            /* ssm_d_conv */
     RM_DIM_SSM_HEAD_V,            /* ssm_d_inner / ssm_n_v */
+    RM_DIM_Q_SWA,                 /* n_head * head_dim_swa: a sliding layer's */
+    RM_DIM_KV_SWA,                /* n_head_kv_swa * head_dim_swa */
+    RM_DIM_HEAD_SWA,              /* head_dim_swa */
+    RM_DIM_FF_EXP2,               /* 2 * n_ff_exp: an expert's gate and up rows together */
+    RM_DIM_ROT_HALF,              /* n_rot / 2: a RoPE frequency per pair of dims */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -103,7 +112,8 @@ typedef struct rm_tensor_row {
 typedef enum rm_rule_form {
     RM_RULE_FIRST_N     = 0,      /* layers il < n (leading dense layers) */
     RM_RULE_NOT_EVERY_N = 1,      /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
-    RM_RULE_ALL_IF_SET  = 2       /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
+    RM_RULE_ALL_IF_SET  = 2,      /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
+    RM_RULE_LISTED      = 3       /* the layers the file's per-layer list marks (rm_hparams.layer_swa) */
 } rm_rule_form;
 
 typedef struct rm_kind_rule {
@@ -128,7 +138,17 @@ typedef struct rm_arch {
     /* an array key of per-layer flags (after "{arch}.") that, when present, must agree with the
      * rules about which layers have linear attention; NULL: none */
     const char *           linear_layers_key;
+    /* an array key of per-layer flags, 1 for a sliding layer, that RM_RULE_LISTED rules read
+     * (rm_hparams.layer_swa); NULL: none */
+    const char *           swa_layers_key;
+    uint32_t               flags;         /* rm_arch_flag */
 } rm_arch;
+
+/* What an architecture does that no key says (llama.cpp hard-codes it). */
+typedef enum rm_arch_flag {
+    RM_ARCH_EMBD_SCALE = 1,       /* the token embeddings times sqrt(n_embd) (Gemma) */
+    RM_ARCH_KQ_UNSCALED = 2       /* attention logits are q.k, not q.k / sqrt(head_dim) (Gemma 4) */
+} rm_arch_flag;
 
 /* NULL when the architecture is not supported. */
 const rm_arch * rm_arch_find(const char * name, size_t len);

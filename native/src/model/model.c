@@ -45,6 +45,76 @@ static int get_float(const loader * ld, const char * suffix, float * out) {
     return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
+/* The arch's per-layer list of sliding layers (rm_arch.swa_layers_key) into hp->layer_swa, once
+ * block_count is known: 1 read (or none to read), 0 on a damaged list (error set). */
+static int read_layer_swa(const loader * ld, rm_hparams * hp) {
+    if (hp->layer_swa || !ld->arch->swa_layers_key) {
+        return 1;
+    }
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, ld->arch->swa_layers_key);
+    rm_gguf_arr arr;
+    const rm_status st = rm_gguf_get_arr(ld->g, key, RM_GGUF_BOOL, &arr);
+    if (st == RM_GGUF_MISSING) {
+        return 1;   /* no layer slides */
+    }
+    if (st != RM_OK || hp->n_layer <= 0 || arr.n < (uint64_t) hp->n_layer) {
+        rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a bool array of at least block_count (%d) entries", ld->fn, ld->path,
+                key, hp->n_layer);
+        return 0;
+    }
+    hp->layer_swa = arr.data;
+    return 1;
+}
+
+/* A row's key given as a per-layer array (Gemma 4's head_count_kv): every sliding layer's value
+ * into the row's off_swa field, every other layer's into its field; each kind must have one value.
+ * 1 read, 0 not an array, -1 unusable (error set). */
+static int get_int_per_layer(const loader * ld, const rm_hparam_row * h, rm_hparams * hp) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, h->key);
+    const int64_t ik = rm_gguf_find_kv(ld->g, key);
+    if (!h->off_swa || ik < 0 || rm_gguf_kv_type(ld->g, ik) != RM_GGUF_ARRAY) {
+        return 0;
+    }
+    rm_gguf_arr arr;
+    if (!read_layer_swa(ld, hp)) {
+        return -1;
+    }
+    if (rm_gguf_get_arr(ld->g, key, -1, &arr) != RM_OK || arr.n < (uint64_t) hp->n_layer ||
+        (arr.type != RM_GGUF_UINT32 && arr.type != RM_GGUF_INT32)) {
+        rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be an integer or an array of block_count (%d) 32-bit integers",
+                ld->fn, ld->path, key, hp->n_layer);
+        return -1;
+    }
+    int64_t v[2] = {-1, -1};   /* the other layers', the sliding layers' */
+    for (int il = 0; il < hp->n_layer; il++) {
+        const int64_t x = arr.type == RM_GGUF_UINT32 ? (int64_t) ((const uint32_t *) arr.data)[il]
+                                                     : (int64_t) ((const int32_t *) arr.data)[il];
+        const int slides = hp->layer_swa && hp->layer_swa[il];
+        if (v[slides] >= 0 && v[slides] != x) {
+            rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: '%s' gives layer %d %lld and an earlier %s layer %lld: the forward "
+                    "pass runs one value for the sliding layers and one for the others", ld->fn, ld->path, key, il,
+                    (long long) x, slides ? "sliding" : "full-attention", (long long) v[slides]);
+            return -1;
+        }
+        v[slides] = x;
+    }
+    const int64_t lo = h->min.op ? (int64_t) rm_expr_eval(&h->min, hp) : 1;
+    const int64_t hi = h->max.op ? (int64_t) rm_expr_eval(&h->max, hp) : INT32_MAX;
+    for (int k = 0; k < 2; k++) {
+        if (v[k] >= 0 && (v[k] < lo || v[k] > hi)) {
+            rm_fail(RM_E_FORMAT, "%s: %s: '%s' holds %lld, outside [%lld, %lld]", ld->fn, ld->path, key,
+                    (long long) v[k], (long long) lo, (long long) hi);
+            return -1;
+        }
+    }
+    const int32_t full = (int32_t) (v[0] >= 0 ? v[0] : v[1]), swa = (int32_t) (v[1] >= 0 ? v[1] : v[0]);
+    memcpy((char *) hp + h->off, &full, sizeof(full));
+    memcpy((char *) hp + h->off_swa, &swa, sizeof(swa));
+    return 1;
+}
+
 /* Reads one hyperparameter row into its field of hp. Integers must lie in the row's range
  * (RM_E_FORMAT) and in what the forward pass runs (RM_E_UNSUPPORTED_ARCH); floats must be finite
  * and positive (a NaN or infinite epsilon or RoPE base would turn every logit into NaN). */
@@ -61,6 +131,10 @@ static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hpar
         }
         memcpy(field, &v, sizeof(v));
         return RM_OK;
+    }
+    const int per_layer = get_int_per_layer(ld, h, hp);
+    if (per_layer != 0) {
+        return per_layer > 0 ? RM_OK : RM_E_FORMAT;
     }
     int64_t v = (int64_t) rm_expr_eval(&h->dflt, hp);
     int r = get_int(ld, h->key, &v);
@@ -86,6 +160,9 @@ static rm_status read_hparam(const loader * ld, const rm_hparam_row * h, rm_hpar
     }
     const int32_t v32 = (int32_t) v;
     memcpy(field, &v32, sizeof(v32));
+    if (h->off_swa) {
+        memcpy((char *) hp + h->off_swa, &v32, sizeof(v32));   /* one value for every layer */
+    }
     return RM_OK;
 }
 
@@ -191,6 +268,19 @@ static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
  * theirs): the shared experts' total width, the layers without the next-token-prediction ones,
  * and the checks that tie the expert groups and MLA's head split together. */
 static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
+    /* the sliding layers' shape is the others' where no row reads it */
+    hp->n_head_kv_swa = hp->n_head_kv_swa > 0 ? hp->n_head_kv_swa : hp->n_head_kv;
+    hp->head_dim_swa = hp->head_dim_swa > 0 ? hp->head_dim_swa : hp->head_dim;
+    hp->n_rot_swa = hp->n_rot_swa > 0 ? hp->n_rot_swa : hp->n_rot;
+    hp->rope_base_swa = hp->rope_base_swa > 0.0f ? hp->rope_base_swa : hp->rope_base;
+    if (hp->final_softcap >= 1e30f) {
+        hp->final_softcap = 0.0f;   /* the row's default: the file sets no cap */
+    }
+    if (hp->n_head % hp->n_head_kv_swa != 0 || hp->n_rot_swa % 2 != 0) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: the sliding layers' head_count_kv %d must divide head_count %d and their "
+                       "rope.dimension_count_swa %d be even", ld->fn, ld->path, hp->n_head_kv_swa, hp->n_head,
+                       hp->n_rot_swa);
+    }
     if (hp->n_expert_shared > 0) {
         hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
     }
@@ -277,6 +367,9 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
         if (st != RM_OK) {
             return st;
         }
+    }
+    if (!read_layer_swa(ld, hp)) {
+        return RM_E_FORMAT;
     }
     if (hp->n_head % hp->n_head_kv != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: head_count %d is not a multiple of head_count_kv %d",
@@ -382,6 +475,29 @@ static rm_status check_float_types(rm_model * m, const char * path) {
     return RM_OK;
 }
 
+/* A layer's experts hold their gate and up rows apart (gate_exps, up_exps) or together (llama.cpp's
+ * ffn_gate_up_exps). The fused form runs on the CPU without a residual sidecar; RESplit files keep
+ * them apart (rapidmoe convert splits a fused file). */
+static rm_status check_expert_pairs(const rm_model * m, const char * path, const rm_model_params * params) {
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const rm_layer * L = &m->layers[il];
+        if (!(L->kind & RM_LAYER_FFN_MOE)) {
+            continue;
+        }
+        const int fused = L->gate_up_exps.data != NULL, apart = L->gate_exps.data && L->up_exps.data;
+        if (fused == apart) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: layer %d needs either blk.%d.ffn_gate_up_exps.weight or both "
+                           "blk.%d.ffn_gate_exps.weight and blk.%d.ffn_up_exps.weight", path, il, il, il, il);
+        }
+        if (fused && (m->residual || params->use_gpu)) {
+            return rm_fail(RM_E_UNSUPPORTED_ARCH, "rm_model_load: %s: layer %d's experts hold gate and up in one tensor "
+                           "(llama.cpp's ffn_gate_up_exps), which runs on the CPU without a residual; `rapidmoe convert` "
+                           "writes them apart for a residual or a GPU", path, il);
+        }
+    }
+    return RM_OK;
+}
+
 static uint64_t weight_bytes(const rm_weight * w) {
     return w->data ? w->row_bytes * (uint64_t) w->ne[1] * (uint64_t) w->ne[2] : 0;
 }
@@ -416,6 +532,8 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->ssm_head_v = sp.ssm_head_v;
     in->n_swa = hp->n_swa;
     in->n_layer_swa = sp.n_layer_swa;
+    in->n_head_kv_swa = hp->n_head_kv_swa;
+    in->head_dim_swa = hp->head_dim_swa;
 }
 
 static void fill_info(rm_model * m) {
@@ -607,8 +725,14 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
             return st;
         }
     }
-    if ((st = check_float_types(m, path)) != RM_OK) {
+    if ((st = check_float_types(m, path)) != RM_OK || (st = check_expert_pairs(m, path, params)) != RM_OK) {
         return st;
+    }
+    if ((st = bind(m->base, path, "rope_freqs.weight", 0, m->hp.n_rot / 2, 1, 1, &m->rope_freqs)) != RM_OK) {
+        return st;
+    }
+    if (m->rope_freqs.data && m->rope_freqs.type != RM_TYPE_F32) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: rope_freqs.weight must be F32", path);
     }
     m->pool = rm_pool_new(params->n_threads);
     if (!m->pool) {

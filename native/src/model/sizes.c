@@ -32,6 +32,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .ssm_conv_dim = 2 * hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner, .ssm_n_v = hp->ssm_n_v,
         .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
         .n_swa = hp->n_swa, .n_layer_swa = hp->n_layer_swa,
+        .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa,
     };
 }
 
@@ -90,27 +91,39 @@ const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, i
 void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]) {
     const uint64_t f = sizeof(float), B = (uint64_t) p->n_batch, E = (uint64_t) p->n_embd;
     const uint64_t Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
+    const uint64_t KV_SCRATCH = (uint64_t) (p->n_head_kv_swa > 0 ? p->n_head_kv_swa : p->n_head_kv) *
+                                (uint64_t) (p->head_dim_swa > 0 ? p->head_dim_swa : p->head_dim);
     const uint64_t KV = (uint64_t) p->n_head_kv * (uint64_t) p->head_dim;
+    /* the k and v rows of a step: the widest layer's */
+    const uint64_t KV_STEP = KV_SCRATCH > KV ? KV_SCRATCH : KV;
     uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
     F = (uint64_t) p->n_ff > F ? (uint64_t) p->n_ff : F;   /* leading dense layers use the same gate/up buffers */
     /* MLA caches one latent (kv_lora_rank + n_rot) per position in the K cache and no V */
     const uint64_t K_ROW = p->kv_lora_rank > 0 ? (uint64_t) p->kv_lora_rank + (uint64_t) p->n_rot : KV;
     const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : KV;
-    const uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
+    uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
+    ATT = ATT > E ? ATT : E;   /* also the dense FFN's output beside the experts (Gemma 4's) */
     /* linear-attention layers keep a recurrent state instead (rm_recurrent_buf_bytes) */
     const uint64_t cached = (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx;
     const uint64_t L = B < RM_LOGIT_ROWS ? B : RM_LOGIT_ROWS;
     const int32_t n_swa_layers = p->n_swa > 0 && p->n_layer_swa > 0 ? p->n_layer_swa : 0;
-    const uint64_t POS = cached - (uint64_t) n_swa_layers * (uint64_t) p->n_ctx +
-                         (uint64_t) n_swa_layers * (uint64_t) rm_kv_ring_rows(p->n_ctx, p->n_batch, p->n_swa);
+    /* the sliding layers' rings, of their own row width where it differs (Gemma 4) */
+    const uint64_t RINGS = (uint64_t) n_swa_layers * (uint64_t) rm_kv_ring_rows(p->n_ctx, p->n_batch, p->n_swa);
+    const uint64_t POS = cached - (uint64_t) n_swa_layers * (uint64_t) p->n_ctx;
+    const uint64_t KV_SWA = p->kv_lora_rank > 0 ? K_ROW
+                            : (uint64_t) (p->n_head_kv_swa > 0 ? p->n_head_kv_swa : p->n_head_kv) *
+                                  (uint64_t) (p->head_dim_swa > 0 ? p->head_dim_swa : p->head_dim);
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
-        [RM_SESSION_BUF_K_CACHE] = POS * rm_kv_row_bytes(p->type_k, (int64_t) K_ROW),
-        [RM_SESSION_BUF_V_CACHE] = POS * rm_kv_row_bytes(p->type_v, (int64_t) V_ROW),
+        [RM_SESSION_BUF_K_CACHE] = POS * rm_kv_row_bytes(p->type_k, (int64_t) K_ROW) +
+                                   RINGS * rm_kv_row_bytes(p->type_k, (int64_t) KV_SWA),
+        [RM_SESSION_BUF_V_CACHE] = POS * rm_kv_row_bytes(p->type_v, (int64_t) V_ROW) +
+                                   RINGS * (V_ROW ? rm_kv_row_bytes(p->type_v, (int64_t) KV_SWA) : 0),
         [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
-        [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV,
-        [RM_SESSION_BUF_V] = f * B * KV,      [RM_SESSION_BUF_ATTN] = f * B * ATT,
+        [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV_STEP,
+        [RM_SESSION_BUF_V] = f * B * KV_STEP, [RM_SESSION_BUF_ATTN] = f * B * ATT,
         [RM_SESSION_BUF_MOE] = f * B * E,     [RM_SESSION_BUF_ROUTER] = f * B * (uint64_t) p->n_expert,
-        [RM_SESSION_BUF_EX] = f * B * E,      [RM_SESSION_BUF_EG] = f * B * F,
+        /* eg: also an expert's gate and up rows side by side (llama.cpp's fused ffn_gate_up_exps) */
+        [RM_SESSION_BUF_EX] = f * B * E,      [RM_SESSION_BUF_EG] = f * B * (F > 2 * (uint64_t) p->n_ff_exp ? F : 2 * (uint64_t) p->n_ff_exp),
         [RM_SESSION_BUF_EU] = f * B * F,      [RM_SESSION_BUF_ED] = f * B * E,
         [RM_SESSION_BUF_ECAL] = f * B * E,    [RM_SESSION_BUF_SHGATE] = f * B,
         [RM_SESSION_BUF_LOGITS] = f * L * (uint64_t) p->n_vocab,

@@ -59,6 +59,17 @@ typedef struct rm_layer {
     rm_weight ssm_a;                     /* ne = {n_v}: -exp(A_log), the decay rate */
     rm_weight ssm_norm;                  /* ne = {head_v}: the gated RMSNorm's weight */
     rm_weight ssm_out;                   /* ne = {d_inner, n_embd} */
+    /* Gemma 4: sandwich norms (RM_LAYER_POST_NORM), the dense FFN beside the experts, its router */
+    rm_weight attn_post_norm;            /* ne = {n_embd}: on the attention output */
+    rm_weight ffn_post_norm;             /* ne = {n_embd}: on the FFN output (dense + experts) */
+    rm_weight ffn_post_norm_1;           /* ne = {n_embd}: on the dense FFN's output */
+    rm_weight ffn_pre_norm_2;            /* ne = {n_embd}: the experts' input norm (ffn_norm: the dense FFN's) */
+    rm_weight ffn_post_norm_2;           /* ne = {n_embd}: on the experts' output */
+    rm_weight router_norm;               /* ne = {n_embd}: the router's input norm (ffn_gate_inp.scale) */
+    rm_weight down_exps_scale;           /* ne = {n_expert}: each expert's output times this */
+    rm_weight gate_up_exps;              /* ne = {n_embd, 2*n_ff_exp, n_expert}: gate rows, then up rows (llama.cpp's
+                                            fused form; gate_exps and up_exps absent) */
+    rm_weight out_scale;                 /* ne = {1}: the layer's output times this */
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -97,6 +108,14 @@ typedef struct rm_hparams {
     int32_t full_attn_interval;          /* every n-th layer is full attention, the others linear */
     int32_t n_layer_linear;              /* layers with linear attention, counted by the loader */
     int32_t n_layer_swa;                 /* layers with a sliding window (when n_swa > 0), counted by the loader */
+    /* sliding layers of another shape (Gemma 4); the loader sets them to the others' where the file is silent */
+    int32_t n_head_kv_swa, head_dim_swa, n_rot_swa;
+    float   rope_base_swa;
+    float   final_softcap;               /* logits = c * tanh(logits / c); 0: none */
+    int32_t n_embd_per_layer;            /* per-layer input embeddings (Gemma 4's small models): not run */
+    int32_t n_kv_shared;                 /* trailing layers that reuse earlier layers' KV: not run */
+    const uint8_t * layer_swa;           /* per layer, 1 when it slides: the arch's swa_layers_key list (in the
+                                            mapped file); NULL without one */
 } rm_hparams;
 
 #endif

@@ -630,8 +630,9 @@ def response_grammar(tokenizer, response_format, harmony: bool, tools: tool_call
             return grammar.Grammar(tokenizer, schema)
         return grammar.Grammar(tokenizer, where="response_format", schema=schema,
                                lark=tool_grammar.json_reply_lark(schema, pieces, grammar.JSON_FORM, thinking,
-                                                                 harmony))
-    lark = tool_grammar.tool_call_lark(tools, pieces, grammar.JSON_FORM, thinking) if tools is not None else None
+                                                                 harmony, think_tags(tokenizer.chat_template)))
+    lark = tool_grammar.tool_call_lark(tools, pieces, grammar.JSON_FORM, thinking,
+                                       think_tags(tokenizer.chat_template)) if tools is not None else None
     return None if lark is None else grammar.Grammar(tokenizer, where="tools", lark=lark)
 
 
@@ -648,6 +649,13 @@ def as_chat_chunks(completion: Iterator[dict], channels: HarmonyChannels | None 
 
 REASONING_FORMATS = ("auto", "deepseek", "none")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# The thinking blocks the templates write: <think> ... </think>, and Gemma 4's thought channel
+THINK_TAGS = ((THINK_OPEN, THINK_CLOSE), ("<|channel>thought", "<channel|>"))
+
+
+def think_tags(template: str | None) -> tuple[str, str]:
+    """The thinking block's tags a chat template writes (<think>'s where it writes none)."""
+    return next((t for t in THINK_TAGS[1:] if t[0] in (template or "")), THINK_TAGS[0])
 
 
 def thinking_mode(tokenizer, prompt_ids: Sequence[int], reasoning_format: str = "auto") -> bool | None:
@@ -658,22 +666,24 @@ def thinking_mode(tokenizer, prompt_ids: Sequence[int], reasoning_format: str = 
     if reasoning_format not in REASONING_FORMATS:
         raise InvalidArgumentError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
                                    f"got {str(reasoning_format)[:40]!r}")
-    if reasoning_format == "none" or THINK_OPEN not in (tokenizer.chat_template or "") or is_harmony(tokenizer):
+    template = tokenizer.chat_template or ""
+    if reasoning_format == "none" or not any(o in template for o, _ in THINK_TAGS) or is_harmony(tokenizer):
         return None
     tail = tokenizer.decode(list(prompt_ids[-8:])).rstrip()
-    return tail.endswith(THINK_OPEN)
+    return tail.endswith(think_tags(template)[0])
 
 
 class Thinking:
     """A reply's text split into its thinking and its content: a <think> ... </think> block at
-    the reply's start (or, with ``inside``, the text up to </think>) is reasoning, the rest
-    content, as llama.cpp's server splits them (reasoning_format "auto"/"deepseek"). Whitespace
-    just inside the tags and just after the block is dropped. Text that may be the start of a tag
-    is held back until it is known not to be one; a reply that ends while thinking leaves all of
-    it as reasoning."""
+    the reply's start (or Gemma 4's <|channel>thought ... <channel|>; with ``inside``, the text up
+    to </think>) is reasoning, the rest content, as llama.cpp's server splits them
+    (reasoning_format "auto"/"deepseek"). Whitespace just inside the tags and just after the block
+    is dropped. Text that may be the start of a tag is held back until it is known not to be one;
+    a reply that ends while thinking leaves all of it as reasoning."""
 
     def __init__(self, inside: bool):
         self.state = "thinking" if inside else "start"
+        self.close = THINK_CLOSE  # the opened block's closing tag
         self._held = ""
         self._lead = True         # skipping the whitespace that opens the reasoning or the content
 
@@ -684,9 +694,11 @@ class Thinking:
         while self._held:
             if self.state == "start":
                 head = self._held.lstrip()
-                if head.startswith(THINK_OPEN):
-                    self._held, self.state, self._lead = head[len(THINK_OPEN):], "thinking", True
-                elif THINK_OPEN.startswith(head):        # still maybe the tag (or only whitespace so far)
+                opened = next(((o, c) for o, c in THINK_TAGS if head.startswith(o)), None)
+                if opened:
+                    self._held, self.state, self._lead = head[len(opened[0]):], "thinking", True
+                    self.close = opened[1]
+                elif any(o.startswith(head) for o, _ in THINK_TAGS):   # still maybe a tag (or only whitespace)
                     break
                 else:                                    # no thinking: the text as it is
                     self.state, self._lead = "content", False
@@ -696,13 +708,13 @@ class Thinking:
                     if not self._held:
                         break
                     self._lead = False
-                at = self._held.find(THINK_CLOSE)
+                at = self._held.find(self.close)
                 if at >= 0:
                     if self._held[:at].rstrip():
                         out.append(("reasoning", self._held[:at].rstrip()))
-                    self._held, self.state, self._lead = self._held[at + len(THINK_CLOSE):], "content", True
+                    self._held, self.state, self._lead = self._held[at + len(self.close):], "content", True
                     continue
-                keep = _partial_suffix(self._held, THINK_CLOSE)      # a tag's start, and whitespace before it
+                keep = _partial_suffix(self._held, self.close)      # a tag's start, and whitespace before it
                 keep = len(self._held) - len(self._held[:len(self._held) - keep].rstrip())
                 if keep < len(self._held):
                     out.append(("reasoning", self._held[:len(self._held) - keep]))

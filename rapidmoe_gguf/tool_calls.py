@@ -18,6 +18,8 @@ the template's text, as llama.cpp's common/chat.cpp does:
     qwen3-coder   Qwen3-Coder, Qwen3.5: <tool_call><function=NAME><parameter=K>V</parameter>...</function>
                   </tool_call>
     hermes        Qwen2.5, Qwen3, Hermes: <tool_call>{"name": NAME, "arguments": {...}}</tool_call>
+    gemma4        Gemma 4: <|tool_call>call:NAME{K:V,...}<tool_call|>, its own notation: keys bare, strings
+                  between <|"|> tokens, numbers, true/false/null, {...} and [...] as in JSON
     generic       any other template: the tools are described in a system message, which asks for a
                   reply that is only {"tool_calls": [{"name": NAME, "arguments": {...}}]}
 
@@ -218,6 +220,67 @@ def _read_kimi(block: str, params: Params) -> list[Call] | None:
     return _sequence(_inner(block, "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"), _KIMI_CALL, read)
 
 
+_G4_QUOTE = '<|"|>'
+_G4_CALL = re.compile(r"\s*call:([A-Za-z0-9_.-]+)(\{.*\})\s*", re.S)
+_G4_KEY = re.compile(r"\s*([A-Za-z0-9_.$-]+)\s*:")
+_G4_LITERAL = re.compile(r"\s*(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)")
+
+
+def _g4_value(text: str, i: int) -> tuple[Any, int]:
+    """Gemma 4's notation: the value at text[i:] and where it ends; ValueError where there is none."""
+    while i < len(text) and text[i] in " \t\n":
+        i += 1
+    if text.startswith(_G4_QUOTE, i):
+        j = text.find(_G4_QUOTE, i + len(_G4_QUOTE))
+        if j < 0:
+            raise ValueError("an unclosed string")
+        return text[i + len(_G4_QUOTE):j], j + len(_G4_QUOTE)
+    if text.startswith(("{", "["), i):
+        close, obj = ("}", {}) if text[i] == "{" else ("]", [])
+        i += 1
+        while True:
+            while i < len(text) and text[i] in " \t\n":
+                i += 1
+            if text.startswith(close, i) and not obj:
+                return obj, i + 1
+            if isinstance(obj, dict):
+                if text.startswith(_G4_QUOTE, i):      # a key may be quoted, as the template writes them in listings
+                    key, i = _g4_value(text, i)
+                    m = re.compile(r"\s*:").match(text, i)
+                else:
+                    m = _G4_KEY.match(text, i)
+                    key = m.group(1) if m else None
+                if m is None:
+                    raise ValueError("a key without its value")
+                obj[key], i = _g4_value(text, m.end())
+            else:
+                item, i = _g4_value(text, i)
+                obj.append(item)
+            while i < len(text) and text[i] in " \t\n":
+                i += 1
+            if text.startswith(",", i):
+                i += 1
+            elif text.startswith(close, i):
+                return obj, i + 1
+            else:
+                raise ValueError("a missing separator")
+    m = _G4_LITERAL.match(text, i)
+    if m is None:
+        raise ValueError("no value")
+    return json.loads(m.group(1)), m.end()
+
+
+def _read_gemma4(block: str, params: Params) -> list[Call] | None:
+    m = _G4_CALL.fullmatch(_inner(block, "<|tool_call>", "<tool_call|>"))
+    if m is None:
+        return None
+    try:
+        args, end = _g4_value(m.group(2), 0)
+    except ValueError:
+        return None
+    return [(m.group(1), args)] if isinstance(args, dict) and end == len(m.group(2)) else None
+
+
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.S)
 
 
@@ -280,10 +343,12 @@ KIMI_K2 = Format("kimi-k2", ("<|tool_calls_section_begin|>",), "<|tool_calls_sec
 HARMONY = Format("harmony", (), "", None,
                  '<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>'
                  '{"PARAMETER": VALUE}<|call|>')
+GEMMA4 = Format("gemma4", ("<|tool_call>",), "<tool_call|>", _read_gemma4,
+                '<|tool_call>call:NAME{PARAMETER:VALUE}<tool_call|> (strings as <|"|>TEXT<|"|>)')
 GENERIC = Format("generic", ("{", "```"), "", _read_generic,
                  '{"tool_calls": [{"name": "NAME", "arguments": {"PARAMETER": VALUE}}]}')
 
-FORMATS = {f.name: f for f in (HARMONY, KIMI_K2, DEEPSEEK, MINIMAX_M2, GLM, QWEN3_CODER, HERMES, GENERIC)}
+FORMATS = {f.name: f for f in (HARMONY, KIMI_K2, DEEPSEEK, MINIMAX_M2, GLM, QWEN3_CODER, HERMES, GEMMA4, GENERIC)}
 
 
 def detect(template: str | None) -> Format:
@@ -294,6 +359,8 @@ def detect(template: str | None) -> Format:
         return HARMONY
     if "<|tool_calls_section_begin|>" in t:
         return KIMI_K2
+    if "<|tool_call>call:" in t:
+        return GEMMA4
     if "<｜tool▁calls▁begin｜>" in t and "<｜tool▁sep｜>" in t:
         return DEEPSEEK
     if "<minimax:tool_call>" in t:

@@ -62,13 +62,17 @@ class Pieces:
         tid = self.token(text)
         return f"<[{tid}]>" if tid is not None else _q(text)
 
+    def is_special(self, tid: int) -> bool:
+        """Whether token tid is a control token, which no text spells."""
+        return self._tokenizer.is_special(tid)
+
     def text_then(self, name: str, text: str) -> str:
         """A rule ``name``: any text, then ``text``. Where ``text`` is a control token, which no
         text holds, the text is the greedy ANY; else a lazy terminal, which ends where ``text``
         first shows (were the token of a text written as a token after a greedy ANY, the ANY
         could take the token's text as well, and the rule would never end)."""
         tid = self.token(text)
-        if tid is not None and self._tokenizer.is_special(tid):
+        if tid is not None and self.is_special(tid):
             return f"{name}: ANY <[{tid}]>\n"
         return f"{name}[lazy]: ANY {_q(text)}\n"
 
@@ -80,15 +84,17 @@ def json_rule(schema: Any, json_form: Mapping, lenient: bool) -> str:
     return "%json " + json.dumps(body, ensure_ascii=False)
 
 
-def thinking_rules(pieces: Pieces, thinking: bool | None) -> tuple[str, str]:
+def thinking_rules(pieces: Pieces, thinking: bool | None,
+                   tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> tuple[str, str]:
     """(the rules, the expression that goes first in ``start``) for the thinking a reply may hold
     before its constrained part: ``thinking`` True: the prompt opened a <think> block, which the
-    reply closes; False: the reply may open one; None: none."""
+    reply closes; False: the reply may open one; None: none. ``tags``: the block's (Gemma 4's
+    thought channel, chat.think_tags)."""
     if thinking is None:
         return "", ""
     # the blank after the block bounded: a weak model would write blanks without end
-    rules = ANY + pieces.text_then("think_body", THINK_CLOSE) + "think: think_body /[ \\t\\n]{0,4}/\n"
-    return rules, ("think" if thinking else f"({pieces(THINK_OPEN)} think)?")
+    rules = ANY + pieces.text_then("think_body", tags[1]) + "think: think_body /[ \\t\\n]{0,4}/\n"
+    return rules, ("think" if thinking else f"({pieces(tags[0])} think)?")
 
 
 def _string_only(schema: Any) -> bool:
@@ -164,6 +170,66 @@ class _Builder:
         self.rule(f"{name}: {' '.join(parts)}" if parts else f'{name}: ""')
         return name
 
+    def g4_any(self) -> str:
+        """Rules ``g4_any`` (any value of Gemma 4's notation) and ``g4_str`` (a string), once."""
+        if not any(r.startswith("g4_any:") for r in self.rules):
+            q = self.p(tc._G4_QUOTE)
+            self.needs_any = True
+            self.rule(self.p.text_then("g4_text", tc._G4_QUOTE).rstrip("\n"))
+            self.rule(f"g4_str: {q} g4_text")
+            self.rule('g4_num: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/')
+            self.rule('g4_any: g4_str | g4_num | "true" | "false" | "null" | g4_obj | g4_arr')
+            self.rule('g4_obj: "{" (g4_pair ("," g4_pair)*)? "}"')
+            self.rule('g4_pair: (/[A-Za-z0-9_.$-]+/ | g4_str) ":" g4_any')
+            self.rule('g4_arr: "[" (g4_any ("," g4_any)*)? "]"')
+        return "g4_any"
+
+    def g4_params(self, i: int, tool: dict) -> str:
+        """A rule for tool i's arguments in Gemma 4's notation: KEY:VALUE pairs in the keys' sorted
+        order (as its template writes calls), the required ones present, separated by commas; a
+        string is <|"|>TEXT<|"|> (at most its maxLength characters), an enum one of its strings, an
+        integer, number or boolean the JSON of its schema (the notation's literals are JSON's),
+        anything else a value of the notation."""
+        items, required = _parameters(tool)
+        items = sorted(items)
+        pairs = []
+        for k, (key, schema) in enumerate(items):
+            name = f"g4p_{i}_{k}"
+            kind = schema.get("type") if isinstance(schema, Mapping) else None
+            choices = _string_choices(schema)
+            q = self.p(tc._G4_QUOTE)
+            if choices is not None:
+                value = "(" + " | ".join(f"{q} {_q(c)} {q}" for c in choices) + ")"
+            elif _string_only(schema):
+                most = schema.get("maxLength")
+                if isinstance(most, int) and not isinstance(most, bool) and most >= 0:
+                    # at most maxLength characters, as in JSON, then the quote (see Pieces.text_then)
+                    tid = self.p.token(tc._G4_QUOTE)
+                    if tid is not None and self.p.is_special(tid):
+                        self.rule(f"{name}_s: /(.|\\n){{0,{most}}}/ <[{tid}]>")
+                    else:
+                        self.rule(f"{name}_s[lazy]: /(.|\\n){{0,{most}}}/ {_q(tc._G4_QUOTE)}")
+                    value = f"{q} {name}_s"
+                else:
+                    self.g4_any()
+                    value = "g4_str"
+            elif kind in ("integer", "number", "boolean"):   # the notation's literals are JSON's
+                self.rule(f"{name}_v: {json_rule(schema, self.form, True)}")
+                value = f"{name}_v"
+            else:
+                value = self.g4_any()
+            self.rule(f"{name}: {_q(key + ':')} {value}")
+            pairs.append((name, key in required))
+        # head_k: the pairs from k on, the first without a comma; tail_k: each with one
+        n = len(pairs)
+        self.rule(f'g4h_{i}_{n}: ""')
+        self.rule(f'g4t_{i}_{n}: ""')
+        for k in range(n - 1, -1, -1):
+            name, req = pairs[k]
+            self.rule(f'g4t_{i}_{k}: "," {name} g4t_{i}_{k + 1}' + ("" if req else f" | g4t_{i}_{k + 1}"))
+            self.rule(f"g4h_{i}_{k}: {name} g4t_{i}_{k + 1}" + ("" if req else f" | g4h_{i}_{k + 1}"))
+        return f"g4h_{i}_0"
+
     def either(self, name: str, options: list[str]) -> str:
         self.rule(f"{name}: {' | '.join(options)}")
         return name
@@ -214,6 +280,10 @@ class _Builder:
                                     f'{p("<|tool_call_end|>")}')
             self.rule(f'after: fn{more} {p("<|tool_calls_section_end|>")}')
             return "after", "<|tool_calls_section_begin|>", True
+        if f is tc.GEMMA4:
+            self.calls(lambda i, t: f'{_q("call:" + t["function"]["name"] + "{")} {self.g4_params(i, t)} "}}"')
+            self.rule(f'after: fn {p("<tool_call|>")}')
+            return "after", "<|tool_call>", False
         if f is tc.HARMONY:     # the call's header as the model writes it, or as the template does
             name = lambda t: t["function"]["name"]  # noqa: E731
             self.calls(lambda i, t: f'({p("<|channel|>")} {_q("commentary to=functions." + name(t) + " ")} '
@@ -235,9 +305,11 @@ def harmony_analysis(pieces: Pieces) -> tuple[str, str]:
     return rules, "analysis?"
 
 
-def tool_call_lark(use: tc.ToolUse, pieces: Pieces, json_form: Mapping, thinking: bool | None = None) -> str | None:
+def tool_call_lark(use: tc.ToolUse, pieces: Pieces, json_form: Mapping, thinking: bool | None = None,
+                   think_tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> str | None:
     """The grammar of a reply under ``use`` (see the module's text); None where the reply is free.
-    ``thinking``: as chat.thinking_mode says of the prompt (True: it opened a <think> block)."""
+    ``thinking``: as chat.thinking_mode says of the prompt (True: it opened a <think> block);
+    ``think_tags``: the thinking block's tags (chat.think_tags)."""
     if use.choice == "none":
         return None
     forced = use.choice != "auto"
@@ -252,7 +324,7 @@ def tool_call_lark(use: tc.ToolUse, pieces: Pieces, json_form: Mapping, thinking
     if use.format is tc.HARMONY:
         head, lead = harmony_analysis(pieces)
     elif forced:
-        head, lead = thinking_rules(pieces, thinking)
+        head, lead = thinking_rules(pieces, thinking, think_tags)
     if b.needs_any and ANY not in head:
         head += ANY
     if forced:
@@ -271,7 +343,7 @@ def tool_call_lark(use: tc.ToolUse, pieces: Pieces, json_form: Mapping, thinking
 
 
 def json_reply_lark(schema: dict, pieces: Pieces, json_form: Mapping, thinking: bool | None,
-                    harmony: bool) -> str:
+                    harmony: bool, think_tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> str:
     """The grammar of a JSON reply of ``schema`` that may come after the model's thinking (a
     <think> block; gpt-oss's analysis message, its JSON then the final channel's message)."""
     body = json_rule(schema, json_form, False)
@@ -279,5 +351,5 @@ def json_reply_lark(schema: dict, pieces: Pieces, json_form: Mapping, thinking: 
         head, lead = harmony_analysis(pieces)
         return (head + f'start: {lead} {pieces("<|channel|>")} "final" {pieces("<|message|>")} reply\n'
                 f"reply: {body}\n")
-    head, lead = thinking_rules(pieces, thinking)
+    head, lead = thinking_rules(pieces, thinking, think_tags)
     return head + f"start: {lead} reply\nreply: {body}\n"

@@ -31,6 +31,12 @@ CASES = [  # (inside, reply, reasoning, content)
     (False, "<thi", "", "<thi"),
     (False, "<think>unfinished", "unfinished", ""),
     (True, "</think>only content", "", "only content"),
+    # Gemma 4's thought channel
+    (False, "<|channel>thought\nFour, since 2 + 2.\n<channel|>The answer is 4.", "Four, since 2 + 2.",
+     "The answer is 4."),
+    (False, "<|channel>thought\n<channel|>Plain.", "", "Plain."),
+    (False, "<|chan", "", "<|chan"),
+    (False, "<|channel>thought\nunfinished <chan", "unfinished <chan", ""),
 ]
 
 
@@ -47,6 +53,22 @@ def test_reasoning_thinking_splits_the_same_however_the_stream_is_cut(inside, re
     for cut in range(len(reply) + 1):
         for cut2 in range(cut, len(reply) + 1, 3):
             assert _split(inside, [reply[:cut], reply[cut:cut2], reply[cut2:]]) == (reasoning, content), (cut, cut2)
+
+
+def test_reasoning_gemma4_template_thinks_in_its_channel():
+    """Gemma 4's template: its thought channel is the thinking block read (thinking off writes an
+    empty one into the prompt, which the reply then does not open)."""
+    import llamacpp_oracle as llamacpp
+    from pathlib import Path
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    template = (Path(llamacpp.src()) / "models" / "templates" / "google-gemma-4-31B-it.jinja").read_text()
+    assert chat.think_tags(template) == ("<|channel>thought", "<channel|>")
+    assert chat.think_tags(THINKING_TEMPLATE) == ("<think>", "</think>")
+    reply = chat.Reply(thinking=False)
+    message = chat.fold_message(reply.feed("<|channel>thought\nCall it.<channel|>Done.") + reply.flush())
+    assert message["reasoning_content"] == "Call it." and message["content"] == "Done."
 
 
 def test_reasoning_reply_deltas_carry_tool_calls_after_the_block():

@@ -40,6 +40,7 @@ TEMPLATES = {
     "deepseek": ["deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"],
     "kimi-k2": ["moonshotai-Kimi-K2.jinja"],
     "harmony": ["openai-gpt-oss-120b.jinja"],
+    "gemma4": ["google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja"],
     "generic": ["meta-llama-Llama-3.1-8B-Instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja"],
 }
 CASES = [(fmt, name) for fmt, names in TEMPLATES.items() for name in names]
@@ -69,6 +70,8 @@ REPLIES = {
                "Let me check.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
                '<|constrain|>json<|message|>{"city": "Paris", "days": 2}<|call|><|start|>assistant to=functions.add'
                '<|channel|>commentary json<|message|>{"a": 1.5, "b": 2}<|call|>',
+    "gemma4": 'Let me check.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>'
+              '<|tool_call>call:add{a:1.5,b:2}<tool_call|>',
     "generic": ' ```json\n{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
                '{"name": "add", "arguments": {"a": 1.5, "b": 2}}]}\n```\n',
 }
@@ -88,6 +91,8 @@ MALFORMED = {
     "kimi-k2": ["<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>[1]"
                 "<|tool_call_end|><|tool_calls_section_end|>"],
     "harmony": ["<|channel|>commentary to=functions.add <|constrain|>json<|message|>{\"a\": NaN}<|call|>"],
+    "gemma4": ['<|tool_call>call:add{a:1.5,b}<tool_call|>', '<|tool_call>call:rm_rf{}<tool_call|>',
+               '<|tool_call>call:add{a:<|"|>1.5}<tool_call|>', "<|tool_call>add{a:1}<tool_call|>"],
     "generic": ['{"tool_calls": [{"name": "add", "arguments": [1, 2]}]}', '{"answer": 42}', "```python\nx = 1\n```"],
 }
 
@@ -198,7 +203,7 @@ def test_tool_calls_malformed_come_back_as_text(fmt, text):
         assert message == {"role": "assistant", "content": want}, pieces
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "glm-4.5", "minimax-m2", "deepseek", "kimi-k2"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "glm-4.5", "minimax-m2", "deepseek", "kimi-k2", "gemma4"])
 def test_tool_calls_text_like_a_marker_is_held_then_given(fmt):
     """Text that begins like a call marker but is not one comes out whole, in order."""
     marker = tc.FORMATS[fmt].starts[0]

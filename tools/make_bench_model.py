@@ -434,6 +434,8 @@ def write_gemma_tokenizer(out: str, n_tokens: int) -> int:
     trainer = trainers.BpeTrainer(vocab_size=n_tokens, special_tokens=specials + [f"<0x{i:02X}>" for i in range(256)],
                                   show_progress=False)
     tok.train_from_iterator(corpus(), trainer=trainer)
+    if tok.get_vocab_size() < n_tokens:   # llama.cpp's converter takes the model's rows from the vocabulary
+        tok.add_special_tokens([f"<unused{i}>" for i in range(n_tokens - tok.get_vocab_size())])
     tj = json.loads(tok.to_str())   # the byte tokens are plain pieces of the vocabulary
     tj["added_tokens"] = [t for t in tj["added_tokens"] if not t["content"].startswith("<0x")]
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
@@ -539,7 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{hf}: {n_params / 1e9:.3f} B parameters, {2 * n_params / 1e9:.2f} GB bf16", file=sys.stderr)
         with open(os.path.join(hf, "config.json"), "w") as f:
             json.dump(hf_config(a), f, indent=2)
-        n_tok = (write_gemma_tokenizer if a.arch == "gemma4" else write_tokenizer)(hf, a.tokenizer_size)
+        if a.arch == "gemma4":   # as many tokens as rows: llama.cpp's gemma4 converter does not pad
+            n_tok = write_gemma_tokenizer(hf, a.vocab)
+        else:
+            n_tok = write_tokenizer(hf, a.tokenizer_size)
         print(f"  tokenizer: {n_tok} tokens (vocab padded to {a.vocab})", file=sys.stderr)
         write_shards(hf, tensors, int(a.shard_gb * 1e9), a.seed, bench_bf16)
     if a.check:

@@ -22,8 +22,6 @@ static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const
     be->ops->matmul(be, &a);
 }
 
-/* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
- * the results land in s->ed. */
 /* Adds x^2 of c rows of n columns, stride floats apart (on the backend), into sum, column by column. */
 static void importance_sums(rm_session * s, const float * rows, int64_t n, int64_t stride, int32_t c, double * sum) {
     for (int32_t j = 0; j < c; j++) {
@@ -54,6 +52,8 @@ static void expert_act_rows(rm_backend * be, const rm_layer * L, float * g, int6
     }
 }
 
+/* One expert over its c gathered rows in s->ex, the first c_res of which get the residual;
+ * the results land in s->ed. */
 static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c, int32_t c_res) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
@@ -223,8 +223,13 @@ static void dense_ffn(rm_session * s, const rm_layer * L, const rm_weight * gate
                       const rm_weight * down, int32_t n, float * y, int accumulate) {
     rm_backend * be = s->be;
     const int64_t E = s->m->hp.n_embd, F = gate->ne[1];
-    expert_matmul(be, gate, 0, s->xn, E, n, s->eg, F, 0);
-    expert_matmul(be, up, 0, s->xn, E, n, s->eu, F, 0);
+    if (be->ops->matmul_many) {   /* gate and up in one dispatch, the input quantized once */
+        const rm_mm_item gu[2] = {{{gate, 0, s->xn, E, n, s->eg, F, 0}, NULL, 0}, {{up, 0, s->xn, E, n, s->eu, F, 0}, NULL, 0}};
+        be->ops->matmul_many(be, gu, 2);
+    } else {
+        expert_matmul(be, gate, 0, s->xn, E, n, s->eg, F, 0);
+        expert_matmul(be, up, 0, s->xn, E, n, s->eu, F, 0);
+    }
     if (L->kind & RM_LAYER_GELU) {
         be->ops->geglu(be, s->eg, F, s->eu, F, F, n);
     } else {

@@ -744,6 +744,39 @@ QWEN3NEXT = ArchSpec(
 )
 
 
+# ---- MiniMax-M2: full-width q/k norms, partial RoPE, sigmoid routing with a selection bias ----
+
+def _check_minimax_m2(config: Mapping[str, Any]) -> None:
+    scoring = config.get("scoring_func", "sigmoid")
+    if scoring != "sigmoid":
+        raise UnsupportedError(f"config.json: MiniMax-M2 with scoring_func '{scoring}' is not supported "
+                               "(transformers routes it by sigmoid)")
+    if config.get("use_routing_bias") is False:
+        raise UnsupportedError("config.json: MiniMax-M2 without its routing bias is not supported")
+
+
+MINIMAX_M2 = ArchSpec(
+    name="minimax-m2",
+    hf_architectures=("MiniMaxM2ForCausalLM",),
+    hparams=tuple(h for h in _COMMON_HPARAMS if h.key != Keys.Rope.DIMENSION_COUNT) + (
+        HParam(None, ("rope_parameters.partial_rotary_factor", "partial_rotary_factor"), "f32", default=1.0,
+               dim="partial_rotary_factor"),
+        # the released configs give rotary_dim, transformers' partial_rotary_factor of the head
+        HParam(Keys.Rope.DIMENSION_COUNT, ("rotary_dim",), "u32",
+               default=lambda d: int(d["head_dim"] * d.get("partial_rotary_factor", 1.0)), dim="n_rot"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff_exp"),
+        _norm_topk((), True),
+        # transformers routes by sigmoid whatever the config says; llama.cpp by this key (softmax without it)
+        HParam(Keys.LLM.EXPERT_GATING_FUNC, (), "u32", default=_GATING["sigmoid"], dim="gating"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_SCALE, (), "f32", default=1.0, dim="expert_weights_scale"),
+    ),
+    tensors=_GLOBAL_TENSORS + _attention("full") + _moe("block_sparse_moe", "w1", "w3", "w2") + (
+        TensorSpec("blk.{bid}.exp_probs_b.bias", "model.layers.{bid}.block_sparse_moe.e_score_correction_bias",
+                   ("n_expert",), "bias"),
+    ),
+    check_config=_check_minimax_m2,
+)
+
 # ---- Gemma 4 (26B-A4B): sliding and full layers of two shapes, a GELU FFN beside the experts ----
 
 def _gemma4_layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -914,7 +947,7 @@ GEMMA4 = ArchSpec(
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
-                                                  DEEPSEEK2, GPT_OSS, GEMMA4)}
+                                                  DEEPSEEK2, GPT_OSS, MINIMAX_M2, GEMMA4)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}

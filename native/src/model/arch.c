@@ -172,6 +172,19 @@ static const rm_hparam_row HP_GEMMA4[] = {
     FLOAT("rope.freq_base_swa",    rope_base_swa, K(10000.0f)),
 };
 
+/* MiniMax-M2: sigmoid scores with a selection bias, the chosen weights renormalised (llama.cpp
+ * hard-codes it); transformers routes by sigmoid whatever the config says, llama.cpp by the file's
+ * expert_gating_func (softmax without one): the default follows transformers. */
+static const rm_hparam_row HP_MINIMAX_M2[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT,
+    {"expert_weights_norm", "norm_topk", HPOFF(norm_topk), RM_HPARAM_BOOL, K(1), K(0), K(1), K(1), K(1),
+     "MiniMax-M2 renormalises the chosen experts' weights", 0, NULL},
+    {"expert_gating_func", "gating", HPOFF(gating), RM_HPARAM_INT, K(RM_GATING_SIGMOID), K(0), K(16), K(1), K(2),
+     "softmax (1) or sigmoid (2)", 0, NULL},
+    FLOAT("expert_weights_scale", expert_weights_scale, K(1.0f)),
+    HP_TAIL,
+};
+
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
 
 #define LOFF(f) ((uint16_t) offsetof(rm_layer, f))
@@ -276,6 +289,18 @@ static const rm_kind_rule GLM4MOE_RULES[] = {
 static const rm_kind_rule DEEPSEEK2_RULES[] = {
     {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
     {RM_RULE_ALL_IF_SET, HPOFF_RULE(q_lora_rank), RM_LAYER_MLA_Q_DIRECT, RM_LAYER_MLA_Q_LORA},
+};
+
+/* MiniMax-M2: q/k RMSNorm over the whole projection, routed experts with a selection bias. */
+static const rm_tensor_row MINIMAX_M2_LAYER[] = {
+    PLAIN_ATTENTION,
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_QK_NORM_FULL, 1, NE(Q, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_QK_NORM_FULL, 1, NE(KV, ONE, ONE)),
+    T("blk.%d.ffn_norm.weight",    ffn_norm,  REQ, 0,        1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T("blk.%d.exp_probs_b.bias",   exp_probs_b, REQ, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)),
+    ROUTED_EXPERTS,
+    EXPERT_RESIDUALS,
 };
 
 /* gpt-oss: biased q/k/v/o projections, per-head sinks, the norm before the experts named
@@ -427,6 +452,10 @@ static const rm_arch ARCHS[] = {
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
      ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0},
+    /* MiniMax-M2: partial NEOX RoPE, q/k norms over the whole projection, sigmoid routing with a
+     * selection bias, no shared expert. */
+    {"minimax-m2", "MiniMax-M2", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
+     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0},
     /* Gemma 4 (26B-A4B): sliding and full layers of two shapes, sandwich norms, a GELU FFN beside
      * the experts, proportional RoPE on the full layers (rope_freqs), unscaled attention logits,
      * scaled embeddings, soft-capped logits. */

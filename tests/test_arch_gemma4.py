@@ -252,3 +252,17 @@ def test_gemma4_converter_refuses_what_it_cannot_run(tmp_path, override, what):
     make_tiny_gemma4(tmp_path / "hf", **override)
     with pytest.raises(UnsupportedError, match=what):
         rm.convert(tmp_path / "hf", tmp_path / "m.gguf", recipe="f32", progress=False)
+
+
+def test_gemma4_planner_counts_each_layers_cache_width(gemma):
+    """`rapidmoe plan`'s KV bytes: the full layers (one kv head of 64) at n_ctx positions, the
+    sliding ones (two kv heads of 32) in rings of window + batch, each at its own row width."""
+    from rapidmoe_gguf import planner
+
+    _, path, _, _ = gemma
+    s = planner.ModelSizes.from_files(path)
+    assert (s.n_head_kv, s.head_dim, s.n_head_kv_swa, s.head_dim_swa, s.n_layer_swa) == (1, 64, 2, 32, 2)
+    n_ctx, ring = 256, 8 + 1   # n_batch 1: the window and one step
+    want = 2 * 4 * (2 * n_ctx * 1 * 64 + 2 * ring * 2 * 32)     # K and V, F32, two full and two sliding layers
+    assert planner.kv_cache_bytes(s, n_ctx) == want
+    assert planner.kv_cache_bytes(s, n_ctx, "f16", "f16") == want // 2

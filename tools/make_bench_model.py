@@ -45,6 +45,13 @@ SentencePiece-style BPE with byte fallback, as Gemma's (llama.cpp's converter re
 The expert FFN of 704 and the dense one of 2112 are no multiples of 256: llama.cpp's K-quant mixes
 fall back to other types for the down projections.
 
+``--arch minimax-m2`` writes a MiniMaxM2ForCausalLM with MiniMax-M2's per-layer shapes instead (hidden
+3072, 256 experts of FFN 1536, top-8 by sigmoid scores with a selection bias; 48 query and 8 KV
+heads of 128 with q/k norms over the whole projection, RoPE on 64 dims of each head), 2 layers
+(7.3 B parameters; each layer is 3.6 B), in the released layout (block_sparse_moe.experts.N.w1/w2/w3),
+with the released config's scoring_func "sigmoid", which llama.cpp's converter needs to write
+the gating key llama.cpp reads.
+
 ``--arch qwen35moe`` writes a Qwen3_5MoeForCausalLM with Qwen3.5-35B-A3B's per-layer shapes instead
 (hidden 2048, 256 experts, top-8, expert and shared-expert FFN 512; gated attention with 16 query
 and 2 KV heads of dim 256, RoPE on a quarter of each head; Gated DeltaNet with 16 key and 32
@@ -87,7 +94,7 @@ FORMATS = {
     "mxfp4-q8": ("mxfp4-q8", {}),
 }
 # --arch -> the formats written by default
-DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0"}
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
@@ -97,6 +104,7 @@ SHAPES = {
     "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128),
     "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
     "gemma4": dict(experts=128, experts_used=8, hidden=2816, expert_ff=704, heads=16, kv_heads=8, head_dim=256),
+    "minimax-m2": dict(experts=256, experts_used=8, hidden=3072, expert_ff=1536, heads=48, kv_heads=8, head_dim=128),
 }
 # Gemma-4-26B-A4B's full-attention layers and dense FFN
 GEMMA4_FULL = dict(global_head_dim=512, num_global_key_value_heads=2, intermediate_size=2112, sliding_window=1024)
@@ -212,6 +220,37 @@ def tensor_list_qwen35(a) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+def hf_config_minimax(a) -> dict:
+    from transformers import MiniMaxM2Config
+
+    cfg = MiniMaxM2Config(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.expert_ff, num_hidden_layers=a.layers,
+        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim, rotary_dim=64,
+        num_local_experts=a.experts, num_experts_per_tok=a.experts_used, max_position_embeddings=196608,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2)
+    d = cfg.to_dict()
+    d.update(architectures=["MiniMaxM2ForCausalLM"], scoring_func="sigmoid", torch_dtype="bfloat16")
+    return d
+
+
+def tensor_list_minimax(a) -> list[tuple[str, tuple[int, ...]]]:
+    """MiniMax-M2's tensors in its released layout: each expert's w1 (gate), w3 (up), w2 (down)."""
+    q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p, s, m = f"model.layers.{b}.", f"model.layers.{b}.self_attn.", f"model.layers.{b}.block_sparse_moe."
+        t += [(p + "input_layernorm.weight", (a.hidden,)), (s + "q_proj.weight", (q, a.hidden)),
+              (s + "k_proj.weight", (kv, a.hidden)), (s + "v_proj.weight", (kv, a.hidden)),
+              (s + "o_proj.weight", (a.hidden, q)), (s + "q_norm.weight", (q,)), (s + "k_norm.weight", (kv,)),
+              (p + "post_attention_layernorm.weight", (a.hidden,)), (m + "gate.weight", (a.experts, a.hidden)),
+              (m + "e_score_correction_bias", (a.experts,))]
+        for x in range(a.experts):
+            t += [(m + f"experts.{x}.w1.weight", (a.expert_ff, a.hidden)), (m + f"experts.{x}.w3.weight", (a.expert_ff, a.hidden)),
+                  (m + f"experts.{x}.w2.weight", (a.hidden, a.expert_ff))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
 def hf_config(a) -> dict:
     """config.json, through transformers' own Qwen3MoeConfig (or GptOssConfig) so that every field
     is spelled as it spells it."""
@@ -234,6 +273,8 @@ def hf_config(a) -> dict:
         return hf_config_qwen35(a)
     if a.arch == "gemma4":
         return hf_config_gemma4(a)
+    if a.arch == "minimax-m2":
+        return hf_config_minimax(a)
     if a.arch == "deepseek2":
         return deepseek_config(a)
     cfg = Qwen3MoeConfig(
@@ -312,6 +353,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return gpt_oss_tensor_list(a)
     if a.arch == "gemma4":
         return tensor_list_gemma4(a)
+    if a.arch == "minimax-m2":
+        return tensor_list_minimax(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
     for b in range(a.layers):
@@ -489,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
                          "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
-                         "gemma4: Gemma-4-26B-A4B's")
-    ap.add_argument("--layers", type=int, default=None, help="default 4 (gemma4: 6, its 5:1 pattern)")
+                         "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's")
+    ap.add_argument("--layers", type=int, default=None, help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2: 2)")
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--experts-used", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=None)
@@ -519,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.layers is None:
-        a.layers = 6 if a.arch == "gemma4" else 4
+        a.layers = {"gemma4": 6, "minimax-m2": 2}.get(a.arch, 4)
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch == "qwen35moe"
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")

@@ -90,6 +90,8 @@ cudaError_t rm_cu_attention(cudaStream_t st, const rm_attn_args * a, const float
         RM_ATTN_CASE(4);
         case 5: case 6: case 7:
         RM_ATTN_CASE(8);
+        case 9: case 10: case 11: case 12: case 13: case 14: case 15:
+        RM_ATTN_CASE(16);   /* Gemma 4's full layers: heads of 512 */
         default: return cudaErrorInvalidValue;
     }
 #undef RM_ATTN_CASE

@@ -5,9 +5,10 @@
  * Error budgets, relative to the size of the quantity (for a product, sum |w_k x_k|):
  *   matmul    CUDA 2e-5 for every type (weights dequantized exactly, fp32 activations and sums);
  *             CPU 2e-5 for F32/F16 weights, 1e-2 for quantized ones (activations rounded to Q8)
- *   attention 2e-5 of max |v| (also with a sliding window and sinks); rmsnorm, adds, swiglu,
- *             swiglu_clamp, rows 1e-5; rope and rope_yarn 2e-3 at position ~1000 (both compute the
- *             angle in float, as llama.cpp does); route: the same experts, weights within 1e-5
+ *   attention 2e-5 of max |v| (also with a sliding window and sinks, and unscaled on heads of 512);
+ *             rmsnorm (also without a weight), adds, swiglu, swiglu_clamp, geglu, rows 1e-5; scale
+ *             exact; rope, rope_yarn and rope_div 2e-3 at position ~1000 (each computes the angle in
+ *             float, as llama.cpp does); route: the same experts, weights within 1e-5
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -153,8 +154,8 @@ static void test_matmul_many(rm_backend * be, const rm_model * m, const char * l
  * a sink logit per head (the model's first F32 vector, attn_norm, values near 1, which every
  * backend holds), and with ring > 0 the cache laid out as a sliding layer's ring of `ring` rows,
  * position p in row p % ring, which wraps inside some tokens' windows and inside a tile. */
-static void test_attention_case(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
-                                int HKV) {
+static void test_attention_scaled(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
+                                  int HKV, float scale) {
     const int G = H / HKV, N_CTX = pos0 + n_tok;
     const rm_weight * sinks = W > 0 ? &m->layers[0].attn_norm : NULL;
     const float * sk = sinks ? (const float *) sinks->data : NULL;
@@ -168,6 +169,7 @@ static void test_attention_case(rm_backend * be, const rm_model * m, int n_tok, 
     float * qd = put(be, q, n_tok * H * D), * kd = put(be, kr, rows * HKV * D), * vd = put(be, vr, rows * HKV * D);
     float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
     rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks, ring};
+    a.scale = scale;
     be->ops->attention(be, &a);
     float * o = get(be, od, n_tok * H * D);
     double * s = malloc(sizeof(double) * (size_t) N_CTX), worst = 0;
@@ -178,7 +180,7 @@ static void test_attention_case(rm_backend * be, const rm_model * m, int n_tok, 
             for (int p = p0; p < n_kv; p++) {
                 double d = 0;
                 for (int c = 0; c < D; c++) d += (double) q[(i * H + h) * D + c] * k[(p * HKV + kh) * D + c];
-                s[p] = d / sqrt((double) D);
+                s[p] = scale > 0.0f ? d * scale : d / sqrt((double) D);
                 mx = fmax(mx, s[p]);
             }
             if (sk) z = exp(sk[h] - mx);
@@ -191,11 +193,84 @@ static void test_attention_case(rm_backend * be, const rm_model * m, int n_tok, 
         }
     }
     char what[80];
-    snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d, window %d, ring %d, %d/%d heads", n_tok, pos0, D, W, ring,
-             H, HKV);
+    snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d, window %d, ring %d, %d/%d heads%s", n_tok, pos0, D, W,
+             ring, H, HKV, scale > 0.0f ? ", logits unscaled" : "");
     record(be->ops->name, "attention", what, worst / 4.0, 2e-5);
     be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
     free(q), free(k), free(v), free(o), free(kr), free(vr), free(s);
+}
+
+static void test_attention_case(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
+                                int HKV) {
+    test_attention_scaled(be, m, n_tok, pos0, D, W, ring, H, HKV, 0.0f);
+}
+
+/* Gemma 4's: the GELU-gated product (rows apart, and gate and up side by side in rows of 2F), a
+ * scale, RoPE with its frequencies divided (the divisors here a model's norm weights), the
+ * unweighted RMSNorm, and attention with unscaled logits on heads of 256 and 512. */
+static void test_gemma4_ops(rm_backend * be, const rm_model * m) {
+    const int64_t F = 37, R = 5;
+    float * g = randn(R * 2 * F, 2.0f), * u = randn(R * F, 2.0f);
+    float * gd = put(be, g, R * 2 * F), * ud = put(be, u, R * F);
+    be->ops->geglu(be, gd, 2 * F, gd + F, 2 * F, F, R);   /* fused: up is the second half of each row */
+    float * fused = get(be, gd, R * 2 * F);
+    be->ops->upload(be, gd, g, sizeof(float) * (uint64_t) (R * 2 * F));
+    be->ops->geglu(be, gd, F, ud, F, F, R);              /* apart: rows of F */
+    float * apart = get(be, gd, R * 2 * F);
+    double e = 0;
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t j = 0; j < F; j++) {
+            const double x = g[r * 2 * F + j], x2 = g[r * F + j];
+            const double gelu = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+            const double gelu2 = 0.5 * x2 * (1.0 + tanh(0.7978845608028654 * (x2 + 0.044715 * x2 * x2 * x2)));
+            const double want = gelu * g[r * 2 * F + F + j], want2 = gelu2 * u[r * F + j];
+            e = fmax(e, fabs(fused[r * 2 * F + j] - want) / (fabs(want) + 1.0));
+            e = fmax(e, fabs(apart[r * F + j] - want2) / (fabs(want2) + 1.0));
+            e = fmax(e, fused[r * 2 * F + F + j] == g[r * 2 * F + F + j] ? 0.0 : 1.0);   /* up untouched */
+        }
+    }
+    record(be->ops->name, "geglu", "rows apart and fused", e, 1e-5);
+    be->ops->upload(be, gd, g, sizeof(float) * (uint64_t) (R * 2 * F));
+    be->ops->scale(be, gd, R * F, -0.375f);
+    float * sc = get(be, gd, R * 2 * F);
+    e = 0;
+    for (int64_t i = 0; i < R * 2 * F; i++) e = fmax(e, fabs(sc[i] - (i < R * F ? -0.375f * g[i] : g[i])));
+    record(be->ops->name, "scale", "", e, 0.0);
+    /* rmsnorm without a weight */
+    be->ops->rmsnorm(be, gd, gd, NULL, R, 2 * F, 1e-6f);
+    float * nrm = get(be, gd, R * 2 * F);
+    e = 0;
+    for (int64_t r = 0; r < R; r++) {
+        double ss = 0;
+        for (int64_t j = 0; j < 2 * F; j++) ss += (double) sc[r * 2 * F + j] * sc[r * 2 * F + j];
+        const double f = 1.0 / sqrt(ss / (double) (2 * F) + 1e-6);
+        for (int64_t j = 0; j < 2 * F; j++) e = fmax(e, fabs(nrm[r * 2 * F + j] - sc[r * 2 * F + j] * f));
+    }
+    record(be->ops->name, "rmsnorm", "no weight", e, 1e-5);
+    /* rope_div: NEOX over a head of 64, pair i's frequency divided by div[i] */
+    const int n_tok = 3, H = 4, D = 64, n_rot = 64, pos0 = 1000;
+    const rm_weight * div = &m->layers[0].attn_norm;   /* F32, at least n_rot / 2 positive entries */
+    float * x = randn(n_tok * H * D, 1.0f);
+    float * xd = put(be, x, n_tok * H * D);
+    be->ops->rope_div(be, xd, n_tok, H, D, n_rot, pos0, 1000000.0f, 1, div);
+    float * y = get(be, xd, n_tok * H * D);
+    e = 0;
+    for (int t = 0; t < n_tok; t++) {
+        for (int h = 0; h < H; h++) {
+            const float * v = x + (t * H + h) * D, * o = y + (t * H + h) * D;
+            for (int i = 0; i < n_rot / 2; i++) {
+                const double ang = (double) (pos0 + t) * pow(1000000.0, -2.0 * i / n_rot) / ((const float *) div->data)[i];
+                const int a = i, b = i + n_rot / 2;
+                e = fmax(e, fabs(o[a] - (v[a] * cos(ang) - v[b] * sin(ang))));
+                e = fmax(e, fabs(o[b] - (v[a] * sin(ang) + v[b] * cos(ang))));
+            }
+        }
+    }
+    record(be->ops->name, "rope_div", "neox, divided", e, 2e-3);
+    test_attention_scaled(be, m, 6, 17, 256, 5, 11, 4, 2, 1.0f);   /* a sliding layer's: window and ring */
+    test_attention_scaled(be, m, 3, 40, 512, 0, 0, 8, 1, 1.0f);    /* a full layer's head of 512 */
+    be->ops->release(be, gd), be->ops->release(be, ud), be->ops->release(be, xd);
+    free(g), free(u), free(fused), free(apart), free(sc), free(nrm), free(x), free(y);
 }
 
 /* The cases that fit every backend's context of 64 positions. */
@@ -502,6 +577,7 @@ int main(int argc, char ** argv) {
             test_attention_case(cpu, m, 1, 230, 128, 0, 0, 64, 1);   /* a group above the rows a job holds */
             test_attention_case(cpu, m, 3, 230, 128, 0, 0, 64, 1);
             test_gpt_oss_ops(cpu);
+            test_gemma4_ops(cpu, m);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);
@@ -526,6 +602,7 @@ int main(int argc, char ** argv) {
                     test_route(gpu);
                     test_attention_small(gpu, mg);
                     test_gpt_oss_ops(gpu);
+                    test_gemma4_ops(gpu, mg);
                 }
                 EXPECT(gpu->ops->status(gpu) == RM_OK, "CUDA backend status: %s", rm_last_error());
                 gpu->ops->free(gpu);

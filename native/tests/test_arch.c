@@ -90,7 +90,7 @@ static void test_describe_bounds(void) {
     char list[256];
     rm_arch_supported_list(list, sizeof(list));
     EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, glm4moe (GLM-4.5), "
-                         "deepseek2 (DeepSeek-V2/V3), gpt-oss, gemma4 (Gemma 4)") == 0, "list '%s'", list);
+                         "deepseek2 (DeepSeek-V2/V3), gpt-oss, minimax-m2 (MiniMax-M2), gemma4 (Gemma 4)") == 0, "list '%s'", list);
 }
 
 int main(void) {

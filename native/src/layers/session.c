@@ -255,11 +255,6 @@ typedef struct state_head {
     uint64_t thr_bytes;           /* the residual policy's controllers at positions 0 .. n_past (with a sidecar) */
 } state_head;
 
-/* Layer il's cache (rm_kv_place: rows 0 for a layer without one), MLA's without V rows. */
-static rm_kv_place layer_cache(const rm_session * s, int il) {
-    return rm_attention_kv_place(s, il);
-}
-
 static const char * state_type_name(int32_t type) {
     const rm_type_traits * tt = type >= 0 && type < RM_TYPE_COUNT ? rm_type_traits_get(type) : NULL;
     return tt && tt->name ? tt->name : "an unknown type";
@@ -285,7 +280,7 @@ static uint64_t state_bytes_of(const rm_session * s, const state_head * h, const
     uint64_t total = sizeof(state_head) + (uint64_t) h->n_layer * 2 * sizeof(int32_t) + h->conv_bytes + h->ssm_bytes +
                      h->thr_bytes;
     for (int il = 0; il < h->n_layer; il++) {
-        const rm_kv_place p = layer_cache(s, il);
+        const rm_kv_place p = rm_attention_kv_place(s, il);
         const uint64_t n = (uint64_t) (h->n_past < rows[il] ? h->n_past : rows[il]);
         total += n * (p.k_row + (h->v_row_bytes ? p.v_row : 0));
     }
@@ -303,7 +298,7 @@ rm_status rm_session_state_size(const rm_session * s, uint64_t * bytes) {
         return rm_fail(RM_E_OOM, "rm_session_state_size: out of memory");
     }
     for (int il = 0; il < h.n_layer; il++) {
-        rows[il] = layer_cache(s, il).rows;
+        rows[il] = rm_attention_kv_place(s, il).rows;
     }
     *bytes = state_bytes_of(s, &h, rows);
     free(rows);
@@ -325,13 +320,13 @@ rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap) 
     memcpy(at, &h, sizeof(h));
     at += sizeof(h);
     for (int il = 0; il < h.n_layer; il++) {
-        const rm_kv_place p = layer_cache(s, il);
+        const rm_kv_place p = rm_attention_kv_place(s, il);
         const int32_t rr[2] = {p.rows, p.ring};
         memcpy(at, rr, sizeof(rr));
         at += sizeof(rr);
     }
     for (int il = 0; il < h.n_layer; il++) {
-        const rm_kv_place p = layer_cache(s, il);
+        const rm_kv_place p = rm_attention_kv_place(s, il);
         const uint64_t n = (uint64_t) (h.n_past < p.rows ? h.n_past : p.rows);
         if (n == 0) {
             continue;
@@ -410,7 +405,7 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
     memcpy(saved, (const uint8_t *) buf + sizeof(h), table);
     rm_status st = RM_OK;
     for (int il = 0; il < h.n_layer && st == RM_OK; il++) {
-        const rm_kv_place p = layer_cache(s, il);
+        const rm_kv_place p = rm_attention_kv_place(s, il);
         const int32_t ring = p.ring;
         rows[il] = p.rows;
         rows[h.n_layer + il] = saved[2 * il];   /* the saved layer's rows, for the byte count */
@@ -429,7 +424,7 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
     if (st == RM_OK) {
         const uint8_t * at = (const uint8_t *) buf + sizeof(h) + table;
         for (int il = 0; il < h.n_layer; il++) {
-            const rm_kv_place p = layer_cache(s, il);
+            const rm_kv_place p = rm_attention_kv_place(s, il);
             const uint64_t n = (uint64_t) (h.n_past < saved[2 * il] ? h.n_past : saved[2 * il]);
             if (n == 0) {
                 continue;

@@ -236,6 +236,13 @@ def write_gguf_like(src, dst, tensors: dict | None = None, kv: dict | None = Non
     w.close()
 
 
+def logit_rel(ours, ref) -> float:
+    """The largest relative logit error over positions: max |ours - ref| / max |ref|, per row."""
+    import numpy as np
+
+    return (np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max()
+
+
 def state_round_trip(path, prompt, rest, state_file, **model_kw):
     """Evaluates prompt, saves the state to state_file, feeds rest one token at a time; then, in a
     fresh Model, loads the state and feeds rest again. Returns both runs' logits of rest (a

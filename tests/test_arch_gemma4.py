@@ -26,6 +26,7 @@ import pytest
 import rapidmoe_gguf as rm
 from rapidmoe_gguf.errors import UnsupportedError
 import llamacpp_oracle as llamacpp
+from conftest import logit_rel as _rel, state_round_trip
 
 VOCAB = 512
 N_PROMPT, N_DECODE = 60, 12
@@ -102,10 +103,6 @@ def gemma(tmp_path_factory):
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].float().numpy()
     return d / "hf", out, ids, ref
-
-
-def _rel(ours, ref):
-    return (np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max()
 
 
 def _prefill_and_decode(path, ids, **kw):
@@ -209,7 +206,7 @@ def test_gemma4_resplit_and_state(gemma, tmp_path):
     base_only = _prefill_and_decode(pair, ids, residual_policy="none")
     mean_rel = lambda a: (np.abs(a - exact).max(-1) / np.abs(exact).max(-1)).mean()   # noqa: E731
     assert mean_rel(with_res) < 0.12 and mean_rel(with_res) < 0.5 * mean_rel(base_only)
-    want, got, reusable = __import__("conftest").state_round_trip(path, ids[:30], ids[30:40], tmp_path / "s.bin")
+    want, got, reusable = state_round_trip(path, ids[:30], ids[30:40], tmp_path / "s.bin")
     np.testing.assert_array_equal(got, want)
     assert reusable == 30   # the loaded prompt, sliding rings and all
     f16 = _prefill_and_decode(path, ids, cache_type_k="f16", cache_type_v="f16")

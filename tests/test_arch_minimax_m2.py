@@ -24,6 +24,7 @@ import pytest
 import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer
+from conftest import logit_rel as _rel
 
 N_PROMPT, N_DECODE = 40, 8
 
@@ -64,10 +65,6 @@ def minimax(tmp_path_factory):
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].float().numpy()
     return d / "hf", out, ids, ref
-
-
-def _rel(ours, ref):
-    return (np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max()
 
 
 def _run(path, ids, **kw):

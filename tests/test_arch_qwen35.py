@@ -31,6 +31,7 @@ import rapidmoe_gguf as rm
 from rapidmoe_gguf.errors import NeedsCPUError, UnsupportedError
 import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer, state_round_trip
+from conftest import logit_rel as _rel
 
 KINDS = {"qwen3_next": "qwen3next", "qwen3_5_moe": "qwen35moe"}
 N_PROMPT, N_DECODE = 100, 12
@@ -100,10 +101,6 @@ def hybrid(tmp_path_factory):
         return cache[model_type]
 
     return get
-
-
-def _rel(ours, ref):
-    return (np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)).max()
 
 
 @pytest.mark.parametrize("model_type", KINDS)

@@ -27,33 +27,29 @@ static void kv_row_bytes(const rm_session * s, uint32_t kind, uint64_t * k_row, 
     *v_row = rm_kv_row_bytes(s->type_v, (int64_t) sh.n_head_kv * sh.head_dim);
 }
 
-rm_kv_place rm_attention_kv_place(const rm_session * s, int il) {
+void rm_attention_kv_layout(rm_session * s) {
     const rm_model * m = s->m;
-    rm_kv_place p = {0};
-    kv_row_bytes(s, m->layers[il].kind, &p.k_row, &p.v_row);
-    if (s->hy) {   /* a hybrid caches its attention layers only, all of one shape */
-        if (s->hy->kv_index[il] >= 0) {
-            p.rows = s->n_ctx;
-            p.k_off = (uint64_t) s->hy->kv_index[il] * s->n_ctx * p.k_row;
-            p.v_off = (uint64_t) s->hy->kv_index[il] * s->n_ctx * p.v_row;
-        }
-        return p;
-    }
     const int32_t r = rm_kv_ring_rows(s->n_ctx, s->n_batch, m->hp.n_swa);
-    for (int l = 0; l <= il; l++) {
-        const int slides = m->hp.n_swa > 0 && (m->layers[l].kind & RM_LAYER_ATTN_SLIDING);
-        const int32_t rows = slides ? r : s->n_ctx;
-        if (l == il) {
-            p.ring = slides ? r : 0;
-            p.rows = rows;
-        } else {
-            uint64_t kr, vr;
-            kv_row_bytes(s, m->layers[l].kind, &kr, &vr);
-            p.k_off += (uint64_t) rows * kr;
-            p.v_off += (uint64_t) rows * vr;
+    uint64_t k_off = 0, v_off = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        rm_kv_place * p = &s->kv_at[il];
+        *p = (rm_kv_place) {0};
+        kv_row_bytes(s, m->layers[il].kind, &p->k_row, &p->v_row);
+        if (s->hy) {   /* a hybrid caches its attention layers only, all of one shape */
+            if (s->hy->kv_index[il] >= 0) {
+                p->rows = s->n_ctx;
+                p->k_off = (uint64_t) s->hy->kv_index[il] * s->n_ctx * p->k_row;
+                p->v_off = (uint64_t) s->hy->kv_index[il] * s->n_ctx * p->v_row;
+            }
+            continue;
         }
+        const int slides = m->hp.n_swa > 0 && (m->layers[il].kind & RM_LAYER_ATTN_SLIDING);
+        p->ring = slides ? r : 0;
+        p->rows = slides ? r : s->n_ctx;
+        p->k_off = k_off, p->v_off = v_off;
+        k_off += (uint64_t) p->rows * p->k_row;
+        v_off += (uint64_t) p->rows * p->v_row;
     }
-    return p;
 }
 
 /* q/k normalisation: per head (ne = {head_dim}) or over the whole projection. */

@@ -33,6 +33,9 @@ typedef struct rm_kv_place {
     int32_t  rows, ring;
 } rm_kv_place;
 
-rm_kv_place rm_attention_kv_place(const rm_session * s, int il);
+/* Fills s->kv_at (n_layer places) once its sizes, cache types and hybrid state are set. */
+void rm_attention_kv_layout(rm_session * s);
+
+static inline rm_kv_place rm_attention_kv_place(const rm_session * s, int il) { return s->kv_at[il]; }
 
 #endif

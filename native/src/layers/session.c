@@ -31,7 +31,7 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->mla_host, s->kv_tiles, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->kv_at, s->mla_host, s->kv_tiles, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
                      s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
@@ -127,6 +127,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     const size_t X = (size_t) hp->n_expert, K = (size_t) hp->n_expert_used, NL = (size_t) hp->n_layer;
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
+    s->kv_at = xalloc(sizeof(rm_kv_place) * NL, &failed);
     if (s->type_k != RM_TYPE_F32 || s->type_v != RM_TYPE_F32) {
         s->kv_tiles = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * 2 * RM_ATTN_TILE * (size_t) hd_widest,
                              &failed);
@@ -172,6 +173,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         free(s);
         return rm_fail(st != RM_OK ? st : RM_E_OOM, "rm_session_new: a context of %d tokens: %s", n_ctx, msg);
     }
+    rm_attention_kv_layout(s);
     *out = s;
     return RM_OK;
 }

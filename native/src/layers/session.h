@@ -50,6 +50,7 @@ struct rm_session {
 
     /* host memory */
     float *    embd;              /* embedded tokens before upload, rows of n_embd */
+    struct rm_kv_place * kv_at;   /* n_layer: where each layer's cache lies (rm_attention_kv_layout) */
     float *    mla_host;          /* MLA's per-thread scratch (rm_mla_thread_floats each); NULL without MLA */
     rm_route * routes;            /* rows of n_expert_used */
     int32_t *  exp_n;             /* n_expert */

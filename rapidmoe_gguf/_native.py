@@ -20,7 +20,7 @@ from .errors import (
 )
 
 # The C declarations this Python layer was written against (RM_ABI_VERSION in rapidmoe.h).
-EXPECTED_ABI = 9
+EXPECTED_ABI = 10
 
 try:
     from ._rm_cffi import ffi, lib  # noqa: F401

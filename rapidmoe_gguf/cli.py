@@ -186,7 +186,14 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
                     help="map the model files (pages read on first use; runs models larger than the memory)")
     mm.add_argument("--no-mmap", dest="use_mmap", action="store_const", const=False,
                     help="read the model files into memory, in huge pages where the kernel has them (faster "
-                         "decode). Default: read when they fit in 3/4 of the available memory, else map")
+                         "decode). Default: read when they fit in 3/4 of the available memory, else stream the "
+                         "experts (--ram-budget auto)")
+    mm.add_argument("--ram-budget", default=None, metavar="SIZE",
+                    help="run a model larger than the memory: keep all but the routed experts in memory and read "
+                         "each expert from the file when a token needs it, into a cache that fills the rest of SIZE "
+                         "(e.g. 12GiB, or 'auto': 3/4 of the memory this process may take). CPU only")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="with --ram-budget: read an expert only when a token is routed to it, not ahead")
 
 
 def _budget_arg(text: str) -> float | str:
@@ -211,6 +218,7 @@ def _model_path_and_kwargs(args: argparse.Namespace) -> tuple[str, dict]:
         residual=None if args.no_residual else "auto", residual_policy=args.policy, residual_budget=args.budget,
         gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
         gpu_sessions=max(1, getattr(args, "parallel", 1)), use_mmap=getattr(args, "use_mmap", None),
+        ram_budget=getattr(args, "ram_budget", None), prefetch=not getattr(args, "no_prefetch", False),
         cache_type_k=getattr(args, "cache_type_k", None), cache_type_v=getattr(args, "cache_type_v", None))
 
 

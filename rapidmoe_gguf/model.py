@@ -54,6 +54,24 @@ def load_mode(use_mmap: bool | None) -> int:
     return lib.RM_LOAD_MMAP if use_mmap else lib.RM_LOAD_READ
 
 
+def ram_budget_bytes(ram_budget: str | int | None) -> int:
+    """Model's ``ram_budget`` in bytes (``None``: $RAPIDMOE_RAM_BUDGET, else 0: no stream asked);
+    ``"auto"`` streams with the library's default budget (a sentinel of -1)."""
+    if ram_budget is None:
+        ram_budget = os.environ.get("RAPIDMOE_RAM_BUDGET") or None
+    if ram_budget is None:
+        return 0
+    if ram_budget == "auto":
+        return -1
+    try:
+        n = planner.parse_bytes(ram_budget)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"ram_budget: {exc}") from None
+    if n <= 0:
+        raise InvalidArgumentError(f"ram_budget must be > 0 bytes, got {ram_budget!r}")
+    return n
+
+
 # llama.cpp's KV cache types (its --cache-type-k / -v values), but iq4_nl (no quantizer here yet)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
@@ -107,6 +125,15 @@ class Model:
     maps otherwise. The environment variable ``RAPIDMOE_MMAP`` (``1``/``0``) sets it where the
     argument is ``None`` (e.g. for the command line).
 
+    ``ram_budget`` (e.g. ``"12GiB"``, or ``"auto"``) runs a model larger than the memory: the
+    weights other than the routed experts stay in memory, and each expert's matrices are read
+    from the file when a token is routed to it, into a cache that fills the rest of the budget
+    (least recently used out first), the next layer's likely experts read while the CPU computes
+    (``prefetch=False``: only on demand). CPU only. ``"auto"`` takes three quarters of the memory
+    the process may take (a cgroup's limit counted); with ``None`` (default) $RAPIDMOE_RAM_BUDGET
+    sets it, else a CPU model whose files do not fit in that much streams with that budget and
+    any other loads as ``use_mmap`` says. ``expert_cache`` counts hits, reads and bytes.
+
     ``cache_type_k`` / ``cache_type_v``: the KV cache's element types, llama.cpp's names: ``f32``,
     ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16`` halves F32's cache
     (and the bytes decode reads at depth) and ``q8_0`` takes 0.27 of it, at a small cost in the
@@ -136,6 +163,8 @@ class Model:
         use_mmap: bool | None = None,
         cache_type_k: str | None = None,
         cache_type_v: str | None = None,
+        ram_budget: str | int | None = None,
+        prefetch: bool = True,
     ):
         self._model = None
         self._session = None
@@ -184,6 +213,15 @@ class Model:
         res_c = ffi.new("char[]", self.residual_path.encode()) if self.residual_path else ffi.NULL
         params.residual_path = res_c
         params.load = load_mode(use_mmap)
+        budget = ram_budget_bytes(ram_budget)
+        if budget:
+            if use_mmap is not None:
+                raise InvalidArgumentError("ram_budget streams the experts from the file: give it or use_mmap, not both")
+            if gpu_memory is not None:
+                raise InvalidArgumentError("ram_budget streams the experts to the CPU: give it or gpu_memory, not both")
+            params.load = lib.RM_LOAD_STREAM
+            params.ram_budget_bytes = max(budget, 0)
+        params.no_prefetch = 0 if prefetch else 1
         mask = None
         if self.plan is not None:
             mask = self.plan.native_mask()
@@ -667,6 +705,26 @@ class Model:
 
     def clear_stats(self) -> None:
         _native.check(lib.rm_session_clear_stats(self._live()))
+
+    @property
+    def expert_cache(self) -> dict:
+        """The expert cache of a model streamed from its files (``ram_budget``), counted since the
+        load (rm_expert_cache_stats in rapidmoe.h): ``streaming`` is False, and the rest zero,
+        when every weight is in memory. ``hit_rate`` is the share of the experts a token asked
+        for that were in memory (read ahead included); ``prefetch_accuracy`` the share of the
+        experts read ahead that a token then asked for."""
+        st = ffi.new("rm_expert_cache_stats *")
+        st.struct_size = ffi.sizeof("rm_expert_cache_stats")
+        _native.check(lib.rm_model_expert_cache_stats(self._model, st))
+        out = {"streaming": bool(st.streaming), "direct_io": bool(st.direct_io)}
+        for k in ("slots", "slots_used", "budget_bytes", "resident_bytes", "cache_bytes", "slot_bytes", "hits",
+                  "misses", "prefetched", "prefetch_used", "evictions", "bytes_read", "read_errors"):
+            out[k] = int(getattr(st, k))
+        out["wait_s"] = int(st.wait_us) * 1e-6
+        asked = out["hits"] + out["misses"] + out["prefetch_used"]
+        out["hit_rate"] = (out["hits"] + out["prefetch_used"]) / asked if asked else 0.0
+        out["prefetch_accuracy"] = out["prefetch_used"] / out["prefetched"] if out["prefetched"] else 0.0
+        return out
 
     def backend_stats(self) -> dict:
         """What crossed the bus and how the CPU/GPU split went since the last ``clear_stats``

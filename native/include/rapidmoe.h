@@ -33,7 +33,7 @@ extern "C" {
 /* RM_CDEF_BEGIN */
 
 /* Bumped whenever a declaration below changes; the Python layer refuses a library that differs. */
-#define RM_ABI_VERSION 9
+#define RM_ABI_VERSION 10
 
 typedef enum rm_status {
     RM_OK                  =  0,
@@ -369,7 +369,7 @@ typedef struct rm_session rm_session;
 enum { RM_GPU_NONE = 0, RM_GPU_CUDA = 1, RM_GPU_STANDIN = 2 };
 
 /* How rm_model_load brings a model's files into memory (rm_model_params.load). */
-enum { RM_LOAD_AUTO = 0, RM_LOAD_MMAP = 1, RM_LOAD_READ = 2 };
+enum { RM_LOAD_AUTO = 0, RM_LOAD_MMAP = 1, RM_LOAD_READ = 2, RM_LOAD_STREAM = 3 };
 
 /* struct_size may also be offsetof(rm_model_params, use_gpu), the size before the GPU fields
  * (ABI 1 callers): those fields then take their zero defaults, which mean "CPU only". */
@@ -398,8 +398,19 @@ typedef struct rm_model_params {
      * mapped file each page costs a TLB miss. RM_LOAD_AUTO (0) reads a file when huge pages can
      * be had and it fits in three quarters of the available memory (MemAvailable, or the room under
      * the process's memory cgroup limit where that is less: a container's), and maps it otherwise (and
-     * always maps for a GPU placement, whose experts live on the device). */
+     * always maps for a GPU placement, whose experts live on the device).
+     * RM_LOAD_STREAM is for models larger than the memory (CPU only): the weights other than the
+     * routed experts stay in memory, and each expert's matrices are read from the files when a
+     * token is routed to it, into a cache that fills ram_budget_bytes (least recently used out
+     * first); the next layer's experts are predicted and read while the CPU computes.
+     * RM_LOAD_AUTO streams a CPU model whose files take more than the memory it may take, with a
+     * budget of three quarters of that memory. */
     int32_t      load;
+    int32_t      no_prefetch;     /* RM_LOAD_STREAM: 1 reads an expert only when a token is routed to it */
+    /* RM_LOAD_STREAM: the bytes the weights may take in memory (the resident ones and the expert
+     * cache together); 0: three quarters of what the process may take (MemAvailable, or the room
+     * under its memory cgroup's limit). */
+    uint64_t     ram_budget_bytes;
 } rm_model_params;
 
 typedef struct rm_model_info {
@@ -439,6 +450,31 @@ typedef struct rm_model_info {
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
+
+/* The expert cache of a streamed model (RM_LOAD_STREAM), counted since the load; all zero but
+ * struct_size for a model whose weights are all in memory. A unit is one expert's base matrices
+ * or its residual's. */
+typedef struct rm_expert_cache_stats {
+    uint32_t struct_size;         /* sizeof(rm_expert_cache_stats) */
+    int32_t  streaming;           /* 1: the experts are read from the files on demand */
+    int32_t  slots;               /* units the cache holds */
+    int32_t  slots_used;
+    int32_t  direct_io;           /* 1: read with O_DIRECT, past the page cache */
+    int32_t  reserved;
+    uint64_t budget_bytes;        /* the weights' budget (ram_budget_bytes, or the default) */
+    uint64_t resident_bytes;      /* the weights kept in memory: all but the routed experts */
+    uint64_t cache_bytes;         /* the slots' memory */
+    uint64_t slot_bytes;
+    uint64_t hits;                /* units found in the cache */
+    uint64_t misses;              /* units the evaluation read itself */
+    uint64_t prefetched;          /* units the reader thread read ahead of use */
+    uint64_t prefetch_used;       /* of those, units the evaluation then asked for */
+    uint64_t evictions;
+    uint64_t bytes_read;          /* from the files, by both */
+    uint64_t wait_us;             /* time the evaluation waited on reads */
+    uint64_t read_errors;
+} rm_expert_cache_stats;
+rm_status rm_model_expert_cache_stats(const rm_model * model, rm_expert_cache_stats * out);
 void      rm_model_free(rm_model * model);
 rm_status rm_model_info_get(const rm_model * model, rm_model_info * out);
 

@@ -84,7 +84,8 @@ rm_dev_weights * rm_repack_model(const rm_model * m, rm_pool * pool, int * faile
         const rm_layer * L = &m->layers[il];
         const rm_weight * ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate_shexp, &L->up_shexp, &L->down_shexp,
                                   &L->gate_exps, &L->up_exps, &L->down_exps, &L->gate_res, &L->up_res, &L->down_res};
-        for (size_t k = 0; k < sizeof(ws) / sizeof(ws[0]); k++) {
+        const size_t n_ws = m->xcache ? 7 : sizeof(ws) / sizeof(ws[0]);   /* streamed experts are read as stored */
+        for (size_t k = 0; k < n_ws; k++) {
             consider(r, src, ws[k]);
         }
     }

@@ -910,21 +910,13 @@ static uint64_t memory_limit_room(void) {
 static uint64_t memory_limit_room(void) { return UINT64_MAX; }   /* cgroups are Linux's */
 #endif
 
-/* RM_LOAD_AUTO's choice: read when the kernel gives huge pages on request and the file takes at
- * most three quarters of the memory available now: /proc/meminfo's MemAvailable, or less under
- * a memory cgroup's limit (a container's), since reading past that gets the process killed. */
-static int read_pays(uint64_t size) {
-    char buf[128] = {0};
-    FILE * f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    const int huge = f && fgets(buf, sizeof(buf), f) && !strstr(buf, "[never]");
-    if (f) {
-        fclose(f);
-    }
-    if (!huge) {
-        return 0;
-    }
+/* The memory this process may still take: /proc/meminfo's MemAvailable, or less under a memory
+ * cgroup's limit (a container's), since taking more than that gets the process killed. */
+uint64_t rm_memory_room(void) {
+    char buf[128];
     unsigned long long avail_kib = 0;
-    if ((f = fopen("/proc/meminfo", "r")) != NULL) {
+    FILE * f = fopen("/proc/meminfo", "r");
+    if (f != NULL) {
         while (fgets(buf, sizeof(buf), f)) {
             if (sscanf(buf, "MemAvailable: %llu kB", &avail_kib) == 1) {
                 break;
@@ -932,11 +924,24 @@ static int read_pays(uint64_t size) {
         }
         fclose(f);
     }
-    uint64_t avail = (uint64_t) avail_kib * 1024;
+    const uint64_t avail = avail_kib ? (uint64_t) avail_kib * 1024 : UINT64_MAX;
     const uint64_t room = memory_limit_room();
-    avail = room < avail ? room : avail;
-    return size <= avail / 4 * 3;
+    return room < avail ? room : avail;
 }
+
+/* RM_LOAD_AUTO's choice: read when the kernel gives huge pages on request and the file takes at
+ * most three quarters of the memory the process may take (rm_memory_room). */
+static int read_pays(uint64_t size) {
+    char buf[128] = {0};
+    FILE * f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    const int huge = f && fgets(buf, sizeof(buf), f) && !strstr(buf, "[never]");
+    if (f) {
+        fclose(f);
+    }
+    return huge && size <= rm_memory_room() / 4 * 3;
+}
+#else
+uint64_t rm_memory_room(void) { return UINT64_MAX; }   /* the sanitizer build reads every file to the heap */
 #endif
 
 static rm_status map_contents(const char * path, int fd, uint64_t size, const uint8_t ** map) {
@@ -1011,6 +1016,82 @@ static rm_status map_file(const char * path, int32_t load, const uint8_t ** map,
 rm_status rm_gguf_open(const char * path, rm_gguf ** out) { return rm_gguf_open_load(path, RM_LOAD_MMAP, out); }
 
 int rm_gguf_is_read(const rm_gguf * g) { return g->read; }
+
+const uint8_t * rm_gguf_map(const rm_gguf * g) { return g->map; }
+
+uint64_t rm_gguf_size(const rm_gguf * g) { return g->size; }
+
+static int by_start(const void * a, const void * b) {
+    const rm_byte_range * x = a, * y = b;
+    return x->p < y->p ? -1 : x->p > y->p;
+}
+
+/* Replaces the mapping's pages of [lo, hi) (page-aligned) with anonymous pages holding the same
+ * bytes, read from fd. */
+static rm_status make_anonymous(const char * path, int fd, const uint8_t * map, uintptr_t lo, uintptr_t hi) {
+    void * p = mmap((void *) lo, hi - lo, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) {
+        return rm_fail(RM_E_OOM, "rm_model_load: %s: no memory for %" PRIu64 " resident bytes: %s", path,
+                       (uint64_t) (hi - lo), strerror(errno));
+    }
+    const uint64_t off = (uint64_t) (lo - (uintptr_t) map);
+    for (uint64_t done = 0; done < hi - lo;) {
+        const ssize_t n = pread(fd, (uint8_t *) lo + done, (size_t) (hi - lo - done), (off_t) (off + done));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {   /* past the end of the file: the last page's tail stays zero, as a mapping's */
+            if (n < 0) {
+                return rm_fail(RM_E_IO, "rm_model_load: %s: read failed at byte %" PRIu64 ": %s", path, off + done,
+                               strerror(errno));
+            }
+            break;
+        }
+        done += (uint64_t) n;
+    }
+    mprotect((void *) lo, hi - lo, PROT_READ);
+    return RM_OK;
+}
+
+rm_status rm_gguf_keep_resident(rm_gguf * g, const char * path, rm_byte_range * skip, int64_t n_skip) {
+#if defined(RM_GGUF_READ_TO_HEAP) || !defined(__linux__)
+    (void) g, (void) path, (void) skip, (void) n_skip;
+    return RM_OK;
+#else
+    if (g->read) {
+        return RM_OK;
+    }
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE), base = (uintptr_t) g->map;
+    const uintptr_t end = (base + g->size + page - 1) / page * page;
+    qsort(skip, (size_t) n_skip, sizeof(*skip), by_start);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return rm_fail(RM_E_IO, "rm_model_load: %s: cannot open: %s", path, strerror(errno));
+    }
+    rm_status st = RM_OK;
+    uintptr_t at = base;   /* the pages from here on are not handled yet */
+    for (int64_t j = 0; j <= n_skip && st == RM_OK; j++) {
+        /* the pages wholly inside a skipped range stay mapped; the others up to it become resident */
+        uintptr_t s_lo = end, s_hi = end;
+        if (j < n_skip) {
+            s_lo = ((uintptr_t) skip[j].p + page - 1) / page * page;
+            s_hi = ((uintptr_t) skip[j].p + skip[j].bytes) / page * page;
+            if (s_hi <= s_lo) {
+                continue;
+            }
+#ifdef MADV_RANDOM
+            madvise((void *) s_lo, s_hi - s_lo, MADV_RANDOM);   /* a stray touch reads its page, not 8 MiB around it */
+#endif
+        }
+        if (s_lo > at) {
+            st = make_anonymous(path, fd, g->map, at, s_lo);
+        }
+        at = s_hi > at ? s_hi : at;
+    }
+    close(fd);
+    return st;
+#endif
+}
 
 rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out) {
     rm_clear_error();

@@ -30,6 +30,24 @@ rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out);
  * it is mapped: released pages of a mapping read back from the file, those of a read copy as 0. */
 int rm_gguf_is_read(const rm_gguf * g);
 
+/* The file's first byte in memory (a tensor's data minus this is its file offset), and its size. */
+const uint8_t * rm_gguf_map(const rm_gguf * g);
+uint64_t        rm_gguf_size(const rm_gguf * g);
+
+/* A mapped file's pages outside the skipped ranges (byte ranges of the mapping) replaced, in place,
+ * by anonymous pages holding the same bytes: resident whatever the memory pressure, as a read
+ * file is, while the skipped ranges stay mapped (and read without read-ahead). A read file is
+ * resident already. RM_LOAD_STREAM's weights other than the routed experts. */
+typedef struct rm_byte_range {
+    const uint8_t * p;
+    uint64_t        bytes;
+} rm_byte_range;
+rm_status rm_gguf_keep_resident(rm_gguf * g, const char * path, rm_byte_range * skip, int64_t n_skip);
+
+/* The memory this process may still take: MemAvailable, or the room under its memory cgroup's
+ * limit where that is less (UINT64_MAX when neither is known). */
+uint64_t rm_memory_room(void);
+
 /* Integers: any of the eight integer kv types, as long as the value fits. */
 rm_status rm_gguf_get_u32(const rm_gguf * g, const char * key, uint32_t * out);
 rm_status rm_gguf_get_i32(const rm_gguf * g, const char * key, int32_t  * out);

@@ -163,6 +163,7 @@ rm_status rm_batch_eval(const rm_batch * b) {
         for (int32_t k = 0; k < N && rc == RM_OK;) {
             run_step(b, order, dst, &k, &st);
             rc = d->be->ops->status(d->be);
+            rc = rc == RM_OK ? d->xc_status : rc;   /* a streamed model's failed read fails this call only */
         }
         pthread_mutex_unlock(&d->m->lock);
         for (int32_t j = 0; j < S; j++) {

@@ -12,6 +12,7 @@
 #include "policy.h"
 #include "profile.h"
 #include "stats.h"
+#include "xcache.h"
 
 #include <math.h>
 #include <string.h>
@@ -20,6 +21,22 @@ static void expert_matmul(rm_backend * be, const rm_weight * w, int64_t e, const
                           int32_t n, float * y, int64_t y_stride, int accumulate) {
     rm_matmul_args a = {w, e, x, x_stride, n, y, y_stride, accumulate};
     be->ops->matmul(be, &a);
+}
+
+/* Expert e's matrices: the layer's tensors at matrix e, or, for a streamed model, the copies of
+ * the window now in the cache at matrix 0 (xcache.h, experts_streamed). */
+typedef struct expert_mats {
+    const rm_weight * gate, * up, * down, * gate_up, * gate_res, * up_res, * down_res;
+    int64_t           mat;
+} expert_mats;
+
+static expert_mats mats_of(const rm_session * s, const rm_layer * L, int32_t e) {
+    if (!s->xv) {
+        return (expert_mats) {&L->gate_exps, &L->up_exps, &L->down_exps, &L->gate_up_exps, &L->gate_res, &L->up_res,
+                              &L->down_res, e};
+    }
+    const rm_weight * b = s->xv + (int64_t) e * 2 * RM_XC_MATS, * r = b + RM_XC_MATS;
+    return (expert_mats) {&b[0], &b[1], &b[2], &b[3], &r[0], &r[1], &r[2], 0};
 }
 
 /* Adds x^2 of c rows of n columns, stride floats apart (on the backend), into sum, column by column. */
@@ -32,14 +49,14 @@ static void importance_sums(rm_session * s, const float * rows, int64_t n, int64
 
 /* The gate and up products of c rows of x into g and u (rows of F), or, with llama.cpp's fused
  * gate_up tensor, both into g's rows of 2F (u is then g + F); returns the stride of g's rows. */
-static int64_t gate_up(rm_backend * be, const rm_layer * L, int32_t e, const float * x, int64_t E, int32_t c, float * g,
-                       float * u, int64_t F) {
+static int64_t gate_up(rm_backend * be, const rm_layer * L, const expert_mats * w, const float * x, int64_t E, int32_t c,
+                       float * g, float * u, int64_t F) {
     if (L->gate_up_exps.data) {
-        expert_matmul(be, &L->gate_up_exps, e, x, E, c, g, 2 * F, 0);
+        expert_matmul(be, w->gate_up, w->mat, x, E, c, g, 2 * F, 0);
         return 2 * F;
     }
-    expert_matmul(be, &L->gate_exps, e, x, E, c, g, F, 0);
-    expert_matmul(be, &L->up_exps, e, x, E, c, u, F, 0);
+    expert_matmul(be, w->gate, w->mat, x, E, c, g, F, 0);
+    expert_matmul(be, w->up, w->mat, x, E, c, u, F, 0);
     return F;
 }
 
@@ -58,20 +75,21 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp;
+    const expert_mats w = mats_of(s, L, e);
     if (s->calibrating && c_res > 0) {
         /* the base-only output of the residual rows, to measure what the residual changes */
-        expert_matmul(be, &L->gate_exps, e, s->ex, E, c_res, s->eg, F, 0);
-        expert_matmul(be, &L->up_exps, e, s->ex, E, c_res, s->eu, F, 0);
+        expert_matmul(be, w.gate, w.mat, s->ex, E, c_res, s->eg, F, 0);
+        expert_matmul(be, w.up, w.mat, s->ex, E, c_res, s->eu, F, 0);
         rm_expert_bias(be, &L->gate_exps_b, e, s->eg, c_res);
         rm_expert_bias(be, &L->up_exps_b, e, s->eu, c_res);
         rm_expert_act(be, L, s->eg, s->eu, (int64_t) c_res * F);
-        expert_matmul(be, &L->down_exps, e, s->eg, F, c_res, s->ecal, E, 0);
+        expert_matmul(be, w.down, w.mat, s->eg, F, c_res, s->ecal, E, 0);
         rm_expert_bias(be, &L->down_exps_b, e, s->ecal, c_res);
     }
-    const int64_t gs = gate_up(be, L, e, s->ex, E, c, s->eg, s->eu, F);   /* no residual with the fused form */
+    const int64_t gs = gate_up(be, L, &w, s->ex, E, c, s->eg, s->eu, F);   /* no residual with the fused form */
     if (c_res > 0) {
-        expert_matmul(be, &L->gate_res, e, s->ex, E, c_res, s->eg, F, 1);
-        expert_matmul(be, &L->up_res, e, s->ex, E, c_res, s->eu, F, 1);
+        expert_matmul(be, w.gate_res, w.mat, s->ex, E, c_res, s->eg, F, 1);
+        expert_matmul(be, w.up_res, w.mat, s->ex, E, c_res, s->eu, F, 1);
     }
     rm_expert_bias(be, &L->gate_exps_b, e, s->eg, c);
     rm_expert_bias(be, &L->up_exps_b, e, s->eu, c);
@@ -82,9 +100,9 @@ static void run_expert(rm_session * s, const rm_layer * L, int32_t e, int32_t c,
         importance_sums(s, s->eg, F, gs, c, s->imp_ff + k * F);
         s->imp_n[k] += (uint64_t) c;
     }
-    expert_matmul(be, &L->down_exps, e, s->eg, gs, c, s->ed, E, 0);
+    expert_matmul(be, w.down, w.mat, s->eg, gs, c, s->ed, E, 0);
     if (c_res > 0) {
-        expert_matmul(be, &L->down_res, e, s->eg, F, c_res, s->ed, E, 1);
+        expert_matmul(be, w.down_res, w.mat, s->eg, F, c_res, s->ed, E, 1);
     }
     rm_expert_bias(be, &L->down_exps_b, e, s->ed, c);
 }
@@ -186,12 +204,13 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
             const float * in = decode ? s->xn : s->ex + (int64_t) r0 * E;
+            const expert_mats w = mats_of(s, L, x);
             if (fused) {
-                items[g] = (rm_mm_item) {{&L->gate_up_exps, x, in, E, c, s->eg + (int64_t) r0 * gs, gs, 0}, NULL, 0};
+                items[g] = (rm_mm_item) {{w.gate_up, w.mat, in, E, c, s->eg + (int64_t) r0 * gs, gs, 0}, NULL, 0};
                 continue;
             }
-            items[2 * g] = (rm_mm_item) {{&L->gate_exps, x, in, E, c, s->eg + (int64_t) r0 * F, F, 0}, &L->gate_res, c_res};
-            items[2 * g + 1] = (rm_mm_item) {{&L->up_exps, x, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, &L->up_res, c_res};
+            items[2 * g] = (rm_mm_item) {{w.gate, w.mat, in, E, c, s->eg + (int64_t) r0 * F, F, 0}, w.gate_res, c_res};
+            items[2 * g + 1] = (rm_mm_item) {{w.up, w.mat, in, E, c, s->eu + (int64_t) r0 * F, F, 0}, w.up_res, c_res};
         }
         be->ops->matmul_many(be, items, fused ? ng : 2 * ng);
         for (int32_t g = 0; g < ng; g++) {
@@ -203,8 +222,9 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
         rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
         for (int32_t g = 0; g < ng; g++) {
             const int32_t x = grp[g][0], r0 = grp[g][1], c = grp[g][2], c_res = grp[g][3];
-            items[g] = (rm_mm_item) {{&L->down_exps, x, s->eg + (int64_t) r0 * gs, gs, c, s->ed + (int64_t) r0 * E, E, 0},
-                                     &L->down_res, c_res};
+            const expert_mats w = mats_of(s, L, x);
+            items[g] = (rm_mm_item) {{w.down, w.mat, s->eg + (int64_t) r0 * gs, gs, c, s->ed + (int64_t) r0 * E, E, 0},
+                                     w.down_res, c_res};
         }
         be->ops->matmul_many(be, items, ng);
         for (int32_t g = 0; g < ng; g++) {
@@ -285,11 +305,129 @@ static void shared_expert(rm_session * s, const rm_layer * L, int32_t n) {
     be->ops->add_gated(be, s->moe, s->ed, s->shgate, n, E);
 }
 
+/* The experts of exp_n (grouped in exp_pairs) through the backend's widest form. */
+static void experts_run(rm_session * s, int il, int32_t n) {
+    const rm_hparams * hp = &s->m->hp;
+    rm_backend * be = s->be;
+    const int32_t K = hp->n_expert_used, X = hp->n_expert;
+    const int by_ops = s->calibrating || s->imp_in;   /* both read each expert's rows on the host */
+    if (be->ops->moe_experts && !by_ops) {
+        rm_moe_args a = {&s->m->layers[il], il, n, X, K, hp->n_embd, hp->n_ff_exp, s->xn, s->moe, s->routes, s->exp_n,
+                         s->exp_pairs, (int64_t) s->n_batch * K};
+        be->ops->moe_experts(be, &a);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
+    } else if (be->ops->matmul_many && !by_ops) {
+        experts_batched(s, il, n);
+    } else {
+        experts_by_ops(s, il, n);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
+    }
+}
+
+/* 1 when expert e's slots of this batch include residual ones (they come first in its group). */
+static int wants_residual(const rm_session * s, int32_t e) {
+    const int64_t cap = (int64_t) s->n_batch * s->m->hp.n_expert_used;
+    return s->exp_n_all[e] > 0 && s->routes[s->exp_pairs[e * cap]].residual;
+}
+
+/* The experts from e0 on whose units fit one window: the end of the run. */
+static int32_t window_end(const rm_session * s, int32_t e0) {
+    const int32_t X = s->m->hp.n_expert, W = rm_xcache_window(s->m->xcache);
+    int32_t units = 0, e = e0;
+    for (; e < X; e++) {
+        if (s->exp_n_all[e] == 0) {
+            continue;
+        }
+        const int32_t need = 1 + wants_residual(s, e);
+        if (units + need > W) {
+            break;
+        }
+        units += need;
+    }
+    return e;
+}
+
+/* A streamed model's experts (xcache.h): the batch's experts run in windows of what the cache
+ * holds at once. Each window's units are got (read on a miss) into s->xv, the next window's are
+ * asked of the reader thread, and the window's experts run as experts_run runs them, with exp_n
+ * zero outside it. A failed read ends the pass (s->xc_status). */
+static void experts_streamed(rm_session * s, int il, int32_t n) {
+    rm_xcache * c = s->m->xcache;
+    const int32_t X = s->m->hp.n_expert;
+    memcpy(s->exp_n_all, s->exp_n, sizeof(int32_t) * (size_t) X);
+    for (int32_t e0 = 0; e0 < X && s->xc_status == RM_OK;) {
+        const int32_t e1 = window_end(s, e0);
+        rm_xcache_begin(c);
+        memset(s->exp_n, 0, sizeof(int32_t) * (size_t) X);
+        for (int32_t e = e0; e < e1 && s->xc_status == RM_OK; e++) {
+            if (s->exp_n_all[e] == 0) {
+                continue;
+            }
+            rm_weight * v = s->xv + (int64_t) e * 2 * RM_XC_MATS;
+            s->xc_status = rm_xcache_get(c, il, e, RM_XC_BASE, v);
+            if (s->xc_status == RM_OK && wants_residual(s, e)) {
+                s->xc_status = rm_xcache_get(c, il, e, RM_XC_RES, v + RM_XC_MATS);
+            }
+            s->exp_n[e] = s->exp_n_all[e];
+        }
+        const int32_t e2 = e1 < X ? window_end(s, e1) : X;   /* the next window, read meanwhile */
+        int32_t n_next = 0;
+        for (int32_t e = e1; e < e2; e++) {
+            if (s->exp_n_all[e] > 0) s->pred_experts[n_next++] = e;
+        }
+        rm_xcache_prefetch(c, il, s->pred_experts, n_next, 0);
+        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
+        if (s->xc_status == RM_OK) {
+            experts_run(s, il, n);
+        }
+        e0 = e1;
+    }
+    memcpy(s->exp_n, s->exp_n_all, sizeof(int32_t) * (size_t) X);
+}
+
+/* A streamed model's guess at layer il + 1's experts, from its router on the residual stream as it
+ * leaves layer il (before il + 1's attention adds to it): each token's top n_expert_used, asked of
+ * the reader thread so that they are read while that attention runs. */
+static void prefetch_next(rm_session * s, int il, int32_t n) {
+    const rm_model * m = s->m;
+    const rm_hparams * hp = &m->hp;
+    if (!s->xv || il + 1 >= hp->n_layer || s->xc_status != RM_OK || !(m->layers[il + 1].kind & RM_LAYER_FFN_MOE)) {
+        return;
+    }
+    const rm_layer * L = &m->layers[il + 1];
+    rm_backend * be = s->be;
+    const int64_t E = hp->n_embd;
+    const int32_t X = hp->n_expert, K = hp->n_expert_used;
+    be->ops->rmsnorm(be, s->xn, s->x, L->router_norm.data ? &L->router_norm : &L->ffn_norm, n, E, hp->rms_eps);
+    rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
+    be->ops->matmul(be, &ra);
+    be->ops->download(be, s->pred, s->router, sizeof(float) * (uint64_t) n * (uint64_t) X);
+    const float * bias = L->exp_probs_b.data ? (const float *) L->exp_probs_b.data : NULL;
+    int32_t * count = s->exp_n_all;   /* free until the next layer's experts */
+    memset(count, 0, sizeof(int32_t) * (size_t) X);
+    for (int32_t t = 0; t < n; t++) {
+        float * row = s->pred + (int64_t) t * X;
+        if (bias) {
+            for (int32_t e = 0; e < X; e++) row[e] += bias[e];
+        }
+        for (int32_t k = 0; k < K; k++) {   /* the top K, one at a time, each taken out */
+            int32_t best = 0;
+            for (int32_t e = 1; e < X; e++) best = row[e] > row[best] ? e : best;
+            count[best]++;
+            row[best] = -INFINITY;
+        }
+    }
+    int32_t n_pred = 0;
+    for (int32_t e = 0; e < X; e++) {
+        if (count[e] > 0) s->pred_experts[n_pred++] = e;
+    }
+    rm_xcache_prefetch(m->xcache, il + 1, s->pred_experts, n_pred, 0);
+}
+
 /* The routed experts of layer il over xn into s->moe (zeroed first), the router's choices in s->routes. */
 static void routed_experts(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
-    const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
     const int64_t E = hp->n_embd;
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
@@ -309,16 +447,10 @@ static void routed_experts(rm_session * s, int il, int32_t n) {
     rm_stats_count(s, il, n);
     be->ops->zero(be, s->moe, sizeof(float) * (uint64_t) n * (uint64_t) E);
     rm_prof_mark(s, RM_PROF_ROUTER);
-    const int by_ops = s->calibrating || s->imp_in;   /* both read each expert's rows on the host */
-    if (be->ops->moe_experts && !by_ops) {
-        rm_moe_args a = {L, il, n, X, K, E, hp->n_ff_exp, s->xn, s->moe, s->routes, s->exp_n, s->exp_pairs, cap};
-        be->ops->moe_experts(be, &a);
-        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
-    } else if (be->ops->matmul_many && !by_ops) {
-        experts_batched(s, il, n);
+    if (s->xv) {
+        experts_streamed(s, il, n);
     } else {
-        experts_by_ops(s, il, n);
-        rm_prof_mark(s, RM_PROF_EXPERTS_OTHER);
+        experts_run(s, il, n);
     }
     rm_stats_record_routes(s, il, n);
 }
@@ -346,6 +478,7 @@ static void sandwich_block(rm_session * s, int il, int32_t n) {
         be->ops->scale(be, s->x, (int64_t) n * E, *(const float *) L->out_scale.data);   /* host: the mapped file */
     }
     rm_prof_mark(s, RM_PROF_SHARED);
+    prefetch_next(s, il, n);
 }
 
 void rm_moe_block(rm_session * s, int il, int32_t n) {
@@ -364,6 +497,7 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     if (!(L->kind & RM_LAYER_FFN_MOE)) {   /* a leading dense layer: no experts */
         dense_ffn(s, L, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->x, 1);
         rm_prof_mark(s, RM_PROF_SHARED);
+        prefetch_next(s, il, n);
         return;
     }
     rm_matmul_args ra = {&L->router, 0, s->xn, E, n, s->router, X, 0};
@@ -378,4 +512,5 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
     }
     be->ops->add(be, s->x, s->moe, (int64_t) n * E);
     rm_prof_mark(s, RM_PROF_SHARED);
+    prefetch_next(s, il, n);
 }

@@ -21,6 +21,7 @@
 #include "profile.h"
 #include "status.h"
 #include "types.h"
+#include "xcache.h"
 
 static void * xalloc(size_t n, int * failed) {
     void * p = calloc(n ? n : 1, 1);
@@ -32,7 +33,7 @@ static void * xalloc(size_t n, int * failed) {
 
 static void session_free_buffers(rm_session * s) {
     void * host[] = {s->embd, s->kv_at, s->mla_host, s->kv_tiles, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
-                     s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
+                     s->xv, s->exp_n_all, s->pred, s->pred_experts, s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
                      s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
@@ -141,6 +142,12 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->rows = xalloc(sizeof(int32_t) * B * K, &failed);
     s->scale = xalloc(sizeof(float) * B * K, &failed);
     s->cal_host = xalloc(sizeof(float) * 2 * E, &failed);
+    if (m->xcache) {
+        s->xv = xalloc(sizeof(rm_weight) * X * 2 * RM_XC_MATS, &failed);
+        s->exp_n_all = xalloc(sizeof(int32_t) * X, &failed);
+        s->pred = xalloc(sizeof(float) * B * X, &failed);
+        s->pred_experts = xalloc(sizeof(int32_t) * X, &failed);
+    }
     s->stat_active = xalloc(sizeof(uint64_t) * NL * X, &failed);
     s->stat_residual = xalloc(sizeof(uint64_t) * NL * X, &failed);
     s->last_routes = xalloc(sizeof(rm_route) * NL * K, &failed);
@@ -534,6 +541,7 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     const rm_model * m = s->m;
     const int64_t E = m->hp.n_embd;
     s->runs = runs, s->n_runs = n_runs;
+    s->xc_status = RM_OK;
     rm_prof_begin(s, n);
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
@@ -609,7 +617,7 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         }
         const int32_t n_past0 = s->n_past;
         forward(s, tokens + done, nb, first_out, dst);
-        if ((st = s->be->ops->status(s->be)) != RM_OK) {
+        if ((st = s->be->ops->status(s->be)) != RM_OK || (st = s->xc_status) != RM_OK) {   /* xc_status: a failed read */
             s->n_past = n_past0;
             break;
         }

@@ -59,6 +59,13 @@ struct rm_session {
     float *    scale;             /* n_batch * n_expert_used: weights of a scatter */
     float *    cal_host;          /* 2 rows of n_embd: calibration outputs brought to the host */
 
+    /* a streamed model's experts (xcache.h); all NULL otherwise */
+    struct rm_weight * xv;        /* n_expert * 2 * RM_XC_MATS: the window's experts in the cache (moe.c) */
+    int32_t *  exp_n_all;         /* n_expert: exp_n of the whole batch while a window runs part of it */
+    float *    pred;              /* n_batch rows of n_expert: the next layer's router logits, predicted */
+    int32_t *  pred_experts;      /* n_expert: the experts predicted for the next layer */
+    rm_status  xc_status;         /* the first failed read of this forward pass (the rest of it is skipped) */
+
     /* statistics since the last reset of the counters (stats.c) */
     uint64_t * stat_active;       /* n_layer * n_expert: activations */
     uint64_t * stat_residual;     /* n_layer * n_expert: of which with residual */

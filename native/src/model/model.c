@@ -10,12 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "device.h"
 #include "gguf.h"
 #include "sizes.h"
 #include "status.h"
 #include "types.h"
+#include "xcache.h"
 
 /* Reading one file's keys: for rm_model_load and rm_arch_read_hparams, whose names the messages carry. */
 typedef struct loader {
@@ -678,13 +680,96 @@ static rm_status open_device(rm_model * m, const rm_model_params * params) {
     return rm_device_open(m, params, &m->device, &m->device_state, gi);
 }
 
+static uint64_t file_bytes(const char * path) {
+    struct stat sb;
+    return path && stat(path, &sb) == 0 ? (uint64_t) sb.st_size : 0;
+}
+
+/* RM_LOAD_AUTO streams a CPU model whose files do not fit in three quarters of the room. */
+static int stream_pays(const char * path, const rm_model_params * params) {
+    const uint64_t room = rm_memory_room();
+    return room != UINT64_MAX && file_bytes(path) + file_bytes(params->residual_path) > room / 4 * 3;
+}
+
+/* The routed experts' tensors of m, whole (all experts of each): the ranges the cache reads. */
+static int64_t expert_ranges(const rm_model * m, int residual, rm_byte_range * out) {
+    int64_t n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const rm_layer * L = &m->layers[il];
+        const rm_weight * ws[4] = {&L->gate_exps, &L->up_exps, &L->down_exps, &L->gate_up_exps};
+        const rm_weight * rs[4] = {&L->gate_res, &L->up_res, &L->down_res, NULL};
+        for (int k = 0; k < 4; k++) {
+            const rm_weight * w = residual ? rs[k] : ws[k];
+            if (w && w->data) {
+                out[n++] = (rm_byte_range) {w->data, (uint64_t) w->ne[1] * (uint64_t) w->ne[2] * w->row_bytes};
+            }
+        }
+    }
+    return n;
+}
+
+/* RM_LOAD_STREAM: all but the routed experts made resident, and the experts' cache in the rest of
+ * the budget. */
+static rm_status open_stream(rm_model * m, const char * path, const rm_model_params * params) {
+    if (params->use_gpu) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: streaming the experts from the files (RM_LOAD_STREAM) runs on "
+                       "the CPU only; load with a GPU placement or a stream, not both");
+    }
+    if (m->hp.n_expert <= 0) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: %s: the model has no routed experts to stream", path);
+    }
+    rm_byte_range * r = malloc(sizeof(rm_byte_range) * ((size_t) m->hp.n_layer * 4 + 1));
+    if (!r) {
+        return rm_fail(RM_E_OOM, "rm_model_load: out of memory");
+    }
+    /* the budget checked before anything changes: a refused stream leaves a plain mapping */
+    uint64_t experts = 0, unit = 0;
+    for (int f = 0; f < 2; f++) {
+        rm_gguf * g = f ? m->residual : m->base;
+        if (!g) {
+            continue;
+        }
+        const int64_t n = expert_ranges(m, f, r);
+        for (int64_t j = 0; j < n; j++) experts += r[j].bytes;
+        m->resident_bytes += rm_gguf_size(g);
+    }
+    m->resident_bytes -= experts;
+    for (int64_t k = 0, n = expert_ranges(m, 0, r); k < n && k < 4; k++) {   /* one expert of layer 0 */
+        unit += r[k].bytes / (uint64_t) m->hp.n_expert;
+    }
+    m->ram_budget = params->ram_budget_bytes ? params->ram_budget_bytes : rm_memory_room() / 4 * 3;
+    const int32_t min_slots = m->hp.n_expert_used * (m->residual ? 2 : 1);
+    if (m->ram_budget <= m->resident_bytes + (uint64_t) min_slots * unit) {
+        free(r);
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: %s: a RAM budget of %llu bytes is below the %llu bytes of "
+                       "weights that stay in memory (all but the routed experts) and the %llu of one token's experts",
+                       path, (unsigned long long) m->ram_budget, (unsigned long long) m->resident_bytes,
+                       (unsigned long long) (min_slots * unit));
+    }
+    rm_status st = RM_OK;
+    for (int f = 0; f < 2 && st == RM_OK; f++) {
+        rm_gguf * g = f ? m->residual : m->base;
+        if (g) {
+            st = rm_gguf_keep_resident(g, f ? params->residual_path : path, r, expert_ranges(m, f, r));
+        }
+    }
+    free(r);
+    if (st != RM_OK) {
+        return st;
+    }
+    return rm_xcache_open(m, path, params->residual_path, m->ram_budget - m->resident_bytes, min_slots,
+                          !params->no_prefetch, &m->xcache);
+}
+
 static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
-    if (params->load < RM_LOAD_AUTO || params->load > RM_LOAD_READ) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.load %d is not RM_LOAD_AUTO, RM_LOAD_MMAP or RM_LOAD_READ",
-                       params->load);
+    if (params->load < RM_LOAD_AUTO || params->load > RM_LOAD_STREAM) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.load %d is not RM_LOAD_AUTO, RM_LOAD_MMAP, RM_LOAD_READ "
+                       "or RM_LOAD_STREAM", params->load);
     }
     /* a GPU placement copies its experts to the device: the host keeps them only as a mapping */
-    const int32_t load_mode = params->load == RM_LOAD_AUTO && params->use_gpu ? RM_LOAD_MMAP : params->load;
+    const int stream = params->load == RM_LOAD_STREAM ||
+                       (params->load == RM_LOAD_AUTO && !params->use_gpu && stream_pays(path, params));
+    const int32_t load_mode = stream || (params->load == RM_LOAD_AUTO && params->use_gpu) ? RM_LOAD_MMAP : params->load;
     rm_status st = rm_gguf_open_load(path, load_mode, &m->base);
     if (st != RM_OK) {
         return st;
@@ -734,6 +819,12 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     if (m->rope_freqs.data && m->rope_freqs.type != RM_TYPE_F32) {
         return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: rope_freqs.weight must be F32", path);
     }
+    if (stream && (st = open_stream(m, path, params)) != RM_OK) {
+        if (params->load == RM_LOAD_STREAM || st != RM_E_INVALID_ARG) {
+            return st;
+        }
+        rm_clear_error();   /* RM_LOAD_AUTO's stream does not fit either (or has no experts): the mapping it is */
+    }
     m->pool = rm_pool_new(params->n_threads);
     if (!m->pool) {
         return rm_fail(RM_E_OOM, "rm_model_load: cannot start %d worker threads", params->n_threads);
@@ -755,11 +846,14 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
         /* ABI 1 callers pass the size before the GPU fields, ABI 6 callers the size before `load`:
          * the fields they do not know keep their zero defaults */
         const size_t v1 = offsetof(rm_model_params, use_gpu), v6 = offsetof(rm_model_params, load);
-        if (params->struct_size != sizeof(rm_model_params) && params->struct_size != v1 && params->struct_size != v6) {
-            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u is none of %zu, %zu and %zu (mismatched "
-                           "header)", params->struct_size, sizeof(rm_model_params), v6, v1);
+        const size_t v9 = offsetof(rm_model_params, ram_budget_bytes);   /* `load`, then padding */
+        if (params->struct_size != sizeof(rm_model_params) && params->struct_size != v1 && params->struct_size != v6 &&
+            params->struct_size != v9) {
+            return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.struct_size %u is none of %zu, %zu, %zu and %zu "
+                           "(mismatched header)", params->struct_size, sizeof(rm_model_params), v9, v6, v1);
         }
-        memcpy(&p, params, params->struct_size);
+        /* an ABI 9 caller's padding after `load` is not a field of its own */
+        memcpy(&p, params, params->struct_size == v9 ? offsetof(rm_model_params, no_prefetch) : params->struct_size);
     }
     params = &p;
     rm_model * m = calloc(1, sizeof(*m));
@@ -787,10 +881,30 @@ void rm_model_free(rm_model * m) {
     if (m->device) {
         m->device->close(m->device_state);
     }
+    rm_xcache_free(m->xcache);
     free(m->layers);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
     free(m);
+}
+
+rm_status rm_model_expert_cache_stats(const rm_model * m, rm_expert_cache_stats * out) {
+    rm_clear_error();
+    if (!m || !out) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_expert_cache_stats: NULL argument");
+    }
+    if (out->struct_size != sizeof(*out)) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_expert_cache_stats: struct_size %u, expected %zu", out->struct_size,
+                       sizeof(*out));
+    }
+    memset(out, 0, sizeof(*out));
+    out->struct_size = sizeof(*out);
+    if (m->xcache) {
+        rm_xcache_stats(m->xcache, out);
+        out->budget_bytes = m->ram_budget;
+        out->resident_bytes = m->resident_bytes;
+    }
+    return RM_OK;
 }
 
 /* The planner's way to a file's hyperparameters: the loader's own reading, without the tensors. */

@@ -26,6 +26,9 @@ struct rm_model {
     const struct rm_device_ops * device; /* where the model runs (device.h) */
     void *          device_state;        /* the device's: its copies of the weights */
     rm_gpu_info     gpu_info;            /* where the model runs, and why */
+    struct rm_xcache * xcache;           /* RM_LOAD_STREAM: the routed experts' cache (xcache.h); else NULL */
+    uint64_t        ram_budget;          /* with xcache: the weights' budget, and the part kept resident */
+    uint64_t        resident_bytes;
 };
 
 #endif

@@ -131,8 +131,8 @@ class Model:
     (least recently used out first), the next layer's likely experts read while the CPU computes
     (``prefetch=False``: only on demand). CPU only. ``"auto"`` takes three quarters of the memory
     the process may take (a cgroup's limit counted); with ``None`` (default) $RAPIDMOE_RAM_BUDGET
-    sets it, else a CPU model whose files do not fit in that much streams with that budget and
-    any other loads as ``use_mmap`` says. ``expert_cache`` counts hits, reads and bytes.
+    sets it, else a CPU model whose files do not fit in the memory the process may take streams
+    with that budget, and any other loads as ``use_mmap`` says. ``expert_cache`` counts hits, reads and bytes.
 
     ``cache_type_k`` / ``cache_type_v``: the KV cache's element types, llama.cpp's names: ``f32``,
     ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16`` halves F32's cache

@@ -1,6 +1,9 @@
 """RM_LOAD_AUTO reads a file whole only when it fits in three quarters of the memory available,
 and in a container that is the memory cgroup's room (its limit less its use), not the host's
-MemAvailable: a file read past the limit gets the process OOM-killed.
+MemAvailable: a file read past the limit gets the process OOM-killed. Files that fit in the room
+but not in three quarters of it are mapped; files larger than the room are streamed (the experts
+read on demand into a cache of three quarters of the room: test_stream.py), or mapped where
+even that cache would not hold one token's experts.
 
 $RAPIDMOE_CGROUP_ROOT (a testing hook, default /sys/fs/cgroup) points the loader at fake cgroup
 folders here. Whether a file was read or mapped shows in /proc/self/maps: each case is compared
@@ -42,11 +45,14 @@ def model(tmp_path_factory) -> str:
     return str(d / FILES[0])
 
 
-def _mappings(model: str, **kw) -> tuple[int, ...]:
-    """How many regions of /proc/self/maps map each file of the pair while the model is loaded."""
-    with rm.Model(model, n_ctx=64, n_threads=1, **kw):
+def _mappings(model: str, **kw) -> tuple[int, ...] | str:
+    """How many regions of /proc/self/maps map each file of the pair while the model is loaded;
+    "streamed" when its experts are streamed (its mappings then split around the resident parts)."""
+    with rm.Model(model, n_ctx=64, n_threads=1, **kw) as m:
         with open("/proc/self/maps") as f:
             maps = f.read().splitlines()
+        if m.expert_cache["streaming"]:
+            return "streamed"
     folder = os.path.dirname(model)
     return tuple(sum(line.endswith(" " + os.path.join(folder, n)) for line in maps) for n in FILES)
 
@@ -95,11 +101,19 @@ def test_auto_reads_when_the_cgroup_has_room(model, signatures, tmp_path, monkey
 
 
 @pytest.mark.parametrize("files", [
-    {"memory_max": str(8 * MIB), "memory_current": "0"},                 # v2: a limit below 4/3 of each file
+    {"memory_max": str(8 * MIB), "memory_current": "0"},                 # v2: a limit below the pair's 24 MB
     {"memory_max": str(1 << 30), "memory_current": str((1 << 30) - 8 * MIB)},   # v2: a large limit, mostly used
+], ids=["v2-small-limit", "v2-used-up"])
+def test_auto_streams_when_the_files_exceed_the_cgroup_room(model, signatures, tmp_path, monkeypatch, files):
+    _write(tmp_path, **files)
+    assert _auto_load(model, tmp_path, monkeypatch) == "streamed"
+
+
+@pytest.mark.parametrize("files", [
     {"memory_max": str(1 << 30), "memory_current": str(2 << 30)},        # v2: over the limit (usage races)
-], ids=["v2-small-limit", "v2-used-up", "v2-over"])
+], ids=["v2-over"])
 def test_auto_maps_when_the_cgroup_lacks_room(model, signatures, tmp_path, monkeypatch, files):
+    """With no room at all not even a stream's cache fits, and the mapping is what is left."""
     _write(tmp_path, **files)
     assert _auto_load(model, tmp_path, monkeypatch) == signatures["mapped"]
 
@@ -110,9 +124,9 @@ def test_auto_reads_under_a_v1_cgroup_without_limit(model, signatures, tmp_path,
     assert _auto_load(model, tmp_path, monkeypatch) == signatures["read"]
 
 
-def test_auto_maps_under_a_small_v1_cgroup(model, signatures, tmp_path, monkeypatch):
+def test_auto_streams_under_a_small_v1_cgroup(model, signatures, tmp_path, monkeypatch):
     _write(tmp_path / "memory", memory_limit_in_bytes=str(8 * MIB), memory_usage_in_bytes="0")
-    assert _auto_load(model, tmp_path, monkeypatch) == signatures["mapped"]
+    assert _auto_load(model, tmp_path, monkeypatch) == "streamed"
 
 
 @pytest.mark.parametrize("hierarchy", ["", "memory"], ids=["v2", "v1"])
@@ -129,4 +143,4 @@ def test_a_limit_on_a_parent_cgroup_counts(model, signatures, tmp_path, monkeypa
     else:
         _write(own, memory_max="max", memory_current="0")
         _write(parent, memory_max=str(8 * MIB), memory_current="0")
-    assert _auto_load(model, tmp_path, monkeypatch) == signatures["mapped"]
+    assert _auto_load(model, tmp_path, monkeypatch) == "streamed"

@@ -403,8 +403,8 @@ typedef struct rm_model_params {
      * routed experts stay in memory, and each expert's matrices are read from the files when a
      * token is routed to it, into a cache that fills ram_budget_bytes (least recently used out
      * first); the next layer's experts are predicted and read while the CPU computes.
-     * RM_LOAD_AUTO streams a CPU model whose files take more than the memory it may take, with a
-     * budget of three quarters of that memory. */
+     * RM_LOAD_AUTO streams a CPU model whose files take more than the memory the process may take,
+     * with the default budget below. */
     int32_t      load;
     int32_t      no_prefetch;     /* RM_LOAD_STREAM: 1 reads an expert only when a token is routed to it */
     /* RM_LOAD_STREAM: the bytes the weights may take in memory (the resident ones and the expert

@@ -685,10 +685,13 @@ static uint64_t file_bytes(const char * path) {
     return path && stat(path, &sb) == 0 ? (uint64_t) sb.st_size : 0;
 }
 
-/* RM_LOAD_AUTO streams a CPU model whose files do not fit in three quarters of the room. */
+/* RM_LOAD_AUTO streams a CPU model whose files do not fit in the memory the process may take: a
+ * mapping would have the kernel drop and read again pages of every layer for every token. (Files
+ * that fit are mapped when they take more than three quarters of it: the page cache then holds
+ * them whole.) */
 static int stream_pays(const char * path, const rm_model_params * params) {
     const uint64_t room = rm_memory_room();
-    return room != UINT64_MAX && file_bytes(path) + file_bytes(params->residual_path) > room / 4 * 3;
+    return room != UINT64_MAX && file_bytes(path) + file_bytes(params->residual_path) > room;
 }
 
 /* The routed experts' tensors of m, whole (all experts of each): the ranges the cache reads. */

@@ -271,7 +271,20 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{tg:.1f} tok/s | {res}", file=sys.stderr)
         if args.stats:
             _print_stats(st)
+            _print_expert_cache(m.expert_cache)
     return 0
+
+
+def _print_expert_cache(c: dict) -> None:
+    """A streamed model's expert cache (--ram-budget): nothing for a model wholly in memory."""
+    if not c["streaming"]:
+        return
+    gib = 1 << 30
+    print(f"expert cache: {c['cache_bytes'] / gib:.2f} GiB in {c['slots']} slots ({c['slots_used']} used), "
+          f"{c['resident_bytes'] / gib:.2f} GiB resident, budget {c['budget_bytes'] / gib:.2f} GiB; "
+          f"hit rate {c['hit_rate']:.3f}, {c['misses']} read on demand, {c['prefetched']} read ahead "
+          f"({c['prefetch_accuracy']:.2f} of them used), {c['bytes_read'] / gib:.2f} GiB read "
+          f"({'O_DIRECT' if c['direct_io'] else 'page cache'}), {c['wait_s']:.2f} s waited", file=sys.stderr)
 
 
 def _print_stats(st: dict) -> None:

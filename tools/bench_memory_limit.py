@@ -106,7 +106,21 @@ def drop_page_cache() -> None:
         f.write("3\n")
 
 
-class StreamedEngine(bvl.OursEngine):
+class DiskCount:
+    """Counts the block device's reads over the decode (the engines' decode_started / _done)."""
+
+    stat = ""
+
+    def decode_started(self) -> None:
+        super().decode_started()
+        self._s0 = sectors_read(self.stat)
+
+    def decode_done(self) -> None:
+        super().decode_done()
+        self.extra["decode_disk_bytes"] = (sectors_read(self.stat) - self._s0) * 512
+
+
+class StreamedEngine(DiskCount, bvl.OursEngine):
     def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, ram_budget: str, prefetch: bool):
         import rapidmoe_gguf
         from rapidmoe_gguf import Model, kernels
@@ -118,20 +132,22 @@ class StreamedEngine(bvl.OursEngine):
                       "package": os.path.dirname(os.path.abspath(rapidmoe_gguf.__file__))}
 
     def decode_done(self) -> None:
+        super().decode_done()
         self.extra["expert_cache"] = self.m.expert_cache
 
 
+class MappedEngine(DiskCount, bvl.LlamaEngine):
+    pass
+
+
 def worker(a) -> dict:
-    """One engine's run (in its cgroup): bench_vs_llamacpp's measurements, with our engine streaming."""
-    if a.worker == "ours":
-        orig = bvl.OursEngine
-        bvl.OursEngine = lambda path, threads, n_ctx, n_batch, policy=None, budget=0.25: StreamedEngine(
-            path, threads, n_ctx, n_batch, a.ram_budget, not a.no_prefetch)
-        try:
-            return bvl.worker("ours", a.model, a.threads, a.prompt, a.decode, a.prefill, "script")
-        finally:
-            bvl.OursEngine = orig
-    return bvl.worker("llama.cpp", a.model, a.threads, a.prompt, a.decode, a.prefill, "script")
+    """One engine's run (in its cgroup): bench_vs_llamacpp's measurements, with our engine streaming
+    and the disk's reads over the decode counted."""
+    DiskCount.stat = block_device_stat(a.model)
+    bvl.OursEngine = lambda path, threads, n_ctx, n_batch, policy=None, budget=0.25: StreamedEngine(
+        path, threads, n_ctx, n_batch, a.ram_budget, not a.no_prefetch)
+    bvl.LlamaEngine = MappedEngine
+    return bvl.worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, "script")
 
 
 def run_one(engine: str, python: str, a, stat: str, k: int) -> dict:
@@ -194,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             line = f"  {e:10s} exit {r['exit']}"
             if r["exit"] == 0:
                 line += (f"  decode {r['decode_tok_s']:7.2f} tok/s  prefill {r['prefill_tok_s']:7.2f} tok/s  "
-                         f"disk {r['disk_bytes'] / 2**20:8.0f} MiB  peak {r['cgroup_peak'] / 2**20:6.0f} MiB")
+                         f"disk {r['disk_bytes'] / 2**20:6.0f} MiB, {r['decode_disk_bytes'] / a.decode / 2**20:5.1f} "
+                         f"MiB/decoded token  peak {r['cgroup_peak'] / 2**20:5.0f} MiB  failcnt {r['cgroup_failcnt']}")
                 if "expert_cache" in r:
                     c = r["expert_cache"]
                     line += f"  hit {c['hit_rate']:.2f} ahead {c['prefetch_accuracy']:.2f}"
@@ -205,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         table[e] = {"runs": len([r for r in runs if r["engine"] == e]), "ok": len(ok),
                     "decode_tok_s": statistics.median(r["decode_tok_s"] for r in ok) if ok else None,
                     "prefill_tok_s": statistics.median(r["prefill_tok_s"] for r in ok) if ok else None,
-                    "disk_mib_per_run": statistics.median(r["disk_bytes"] for r in ok) / 2**20 if ok else None}
+                    "disk_mib_per_run": statistics.median(r["disk_bytes"] for r in ok) / 2**20 if ok else None,
+                    "disk_mib_per_decoded_token":
+                        statistics.median(r["decode_disk_bytes"] for r in ok) / a.decode / 2**20 if ok else None}
     if all(table[e]["ok"] for e in engines) and len(engines) == 2:
         table["ratio"] = {k: table["ours"][k] / table["llama.cpp"][k] for k in ("decode_tok_s", "prefill_tok_s")}
     print(json.dumps(table, indent=1))

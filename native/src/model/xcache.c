@@ -309,7 +309,7 @@ void rm_xcache_prefetch(rm_xcache * c, int il, const int32_t * experts, int32_t 
                 continue;
             }
             /* half the slots stay the window's; the reader takes what the window leaves */
-            const int32_t s = c->q_n < c->n_slots - c->window ? victim(c) : -1;
+            const int32_t s = c->q_n + 1 < c->n_slots - c->window ? victim(c) : -1;
             if (s < 0) {
                 j = n;
                 break;

@@ -192,8 +192,9 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
                     help="run a model larger than the memory: keep all but the routed experts in memory and read "
                          "each expert from the file when a token needs it, into a cache that fills the rest of SIZE "
                          "(e.g. 12GiB, or 'auto': 3/4 of the memory this process may take). CPU only")
-    p.add_argument("--no-prefetch", action="store_true",
-                   help="with --ram-budget: read an expert only when a token is routed to it, not ahead")
+    p.add_argument("--prefetch", choices=("none", "known", "predict"), default="known",
+                   help="with --ram-budget: read ahead a batch's experts beyond what the cache holds at once "
+                        "(known), also the next layer's as predicted (predict), or nothing (default: %(default)s)")
 
 
 def _budget_arg(text: str) -> float | str:
@@ -218,7 +219,7 @@ def _model_path_and_kwargs(args: argparse.Namespace) -> tuple[str, dict]:
         residual=None if args.no_residual else "auto", residual_policy=args.policy, residual_budget=args.budget,
         gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
         gpu_sessions=max(1, getattr(args, "parallel", 1)), use_mmap=getattr(args, "use_mmap", None),
-        ram_budget=getattr(args, "ram_budget", None), prefetch=not getattr(args, "no_prefetch", False),
+        ram_budget=getattr(args, "ram_budget", None), prefetch=getattr(args, "prefetch", "known"),
         cache_type_k=getattr(args, "cache_type_k", None), cache_type_v=getattr(args, "cache_type_v", None))
 
 
@@ -387,7 +388,12 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
     hw = Hardware()
     p.add_argument("model", help="base .gguf; NAME.residual.gguf beside it is used when present")
-    p.add_argument("--gpu-mem", required=True, help="device memory budget, e.g. 8GiB, 24GB, 12000MiB")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--gpu-mem", help="device memory budget, e.g. 8GiB, 24GB, 12000MiB")
+    where.add_argument("--ram-budget", help="plan a model larger than the memory instead: its experts streamed from "
+                                            "the disk within this much RAM (run/serve --ram-budget)")
+    p.add_argument("--disk-bw", type=float, default=3.0,
+                   help="with --ram-budget: the disk's read bandwidth in GB/s (default: %(default)s, an NVMe drive)")
     p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default: %(default)s)")
     p.add_argument("--batch", type=int, default=256, help="prefill batch size (default: %(default)s)")
     p.add_argument("--budget", type=float, default=PLAN_BUDGET,
@@ -407,7 +413,13 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import Hardware, plan_files
+    from .planner import Hardware, plan_files, stream_plan
+
+    if args.ram_budget:
+        sp = stream_plan(args.model, args.ram_budget, residual=None if args.no_residual else "auto",
+                         residual_budget=args.budget, disk_bw_gbps=args.disk_bw, host_bw_gbps=args.host_bw)
+        print(sp.to_json() if args.json else sp.summary())
+        return 0
 
     hw = Hardware(host_bw_gbps=args.host_bw, pcie_gbps=args.pcie_gbps, gpu_bw_gbps=args.gpu_bw,
                   gpu_tflops=args.gpu_tflops, cpu_gflops=args.cpu_gflops)

@@ -54,6 +54,10 @@ def load_mode(use_mmap: bool | None) -> int:
     return lib.RM_LOAD_MMAP if use_mmap else lib.RM_LOAD_READ
 
 
+# Model's prefetch: rm_model_params.prefetch
+PREFETCH = {"none": 0, "known": 1, "predict": 2}
+
+
 def ram_budget_bytes(ram_budget: str | int | None) -> int:
     """Model's ``ram_budget`` in bytes (``None``: $RAPIDMOE_RAM_BUDGET, else 0: no stream asked);
     ``"auto"`` streams with the library's default budget (a sentinel of -1)."""
@@ -128,8 +132,10 @@ class Model:
     ``ram_budget`` (e.g. ``"12GiB"``, or ``"auto"``) runs a model larger than the memory: the
     weights other than the routed experts stay in memory, and each expert's matrices are read
     from the file when a token is routed to it, into a cache that fills the rest of the budget
-    (least recently used out first), the next layer's likely experts read while the CPU computes
-    (``prefetch=False``: only on demand). CPU only. ``"auto"`` takes three quarters of the memory
+    (least recently used out first), one read at a time. ``prefetch``: ``"known"`` (default) reads
+    a batch's experts beyond what the cache holds at once while the CPU computes those before them;
+    ``"predict"`` also guesses the next layer's experts from its router and reads them ahead (more
+    disk reads: a wrong guess costs one); ``"none"`` reads each when it is needed. CPU only. ``"auto"`` takes three quarters of the memory
     the process may take (a cgroup's limit counted); with ``None`` (default) $RAPIDMOE_RAM_BUDGET
     sets it, else a CPU model whose files do not fit in the memory the process may take streams
     with that budget, and any other loads as ``use_mmap`` says. ``expert_cache`` counts hits, reads and bytes.
@@ -164,7 +170,7 @@ class Model:
         cache_type_k: str | None = None,
         cache_type_v: str | None = None,
         ram_budget: str | int | None = None,
-        prefetch: bool = True,
+        prefetch: str = "known",
     ):
         self._model = None
         self._session = None
@@ -221,7 +227,9 @@ class Model:
                 raise InvalidArgumentError("ram_budget streams the experts to the CPU: give it or gpu_memory, not both")
             params.load = lib.RM_LOAD_STREAM
             params.ram_budget_bytes = max(budget, 0)
-        params.no_prefetch = 0 if prefetch else 1
+        if prefetch not in PREFETCH:
+            raise InvalidArgumentError(f"prefetch must be one of {', '.join(PREFETCH)}, got {prefetch!r}")
+        params.prefetch = PREFETCH[prefetch]
         mask = None
         if self.plan is not None:
             mask = self.plan.native_mask()

@@ -453,3 +453,114 @@ def plan_files(path: str | os.PathLike, gpu_memory: str | int, n_ctx: int, *, re
                n_sessions: int = 1) -> Plan:
     return plan(ModelSizes.from_files(path, residual), gpu_memory, n_ctx, n_batch=n_batch,
                 residual_budget=residual_budget, hardware=hardware, n_sessions=n_sessions)
+
+
+# ---------------------------------------------------------------------------------------------
+# a model larger than the memory: the experts streamed from the disk (Model(ram_budget=...))
+# ---------------------------------------------------------------------------------------------
+
+XC_ALIGN = 4096   # the expert cache reads whole 4 KiB blocks (O_DIRECT): a slot holds each matrix's
+
+
+@dataclasses.dataclass
+class StreamPlan:
+    """What streaming the experts within ``budget`` bytes of RAM costs per decoded token: the cache
+    holds the units (one expert's base, or its residual) a token uses most (the calibration's
+    frequencies; uniform without them), and every other unit a token uses is read from the disk."""
+
+    budget: int
+    resident: int               # weights kept in memory: all but the routed experts
+    cache: int                  # the expert cache's slots
+    slots: int
+    units: int                  # units in the files (bases, and residuals with a sidecar)
+    hit_rate: float             # expected share of a token's units found in the cache
+    disk_bytes: float           # expected bytes read from the disk per decoded token
+    compute_bytes: float        # weight bytes a decoded token reads from memory
+    disk_bw_gbps: float
+    host_bw_gbps: float
+    residual_budget: float
+    calibrated: bool
+
+    @property
+    def disk_ms(self) -> float:
+        return self.disk_bytes / self.disk_bw_gbps * 1e-6
+
+    @property
+    def compute_ms(self) -> float:
+        return self.compute_bytes / self.host_bw_gbps * 1e-6
+
+    @property
+    def tok_s(self) -> float:
+        """Decode tok/s with the reads after the compute (read-ahead only makes it faster)."""
+        return 1e3 / (self.disk_ms + self.compute_ms)
+
+    @property
+    def tok_s_overlapped(self) -> float:
+        """Decode tok/s with every read under the compute (perfect read-ahead): an upper bound."""
+        return 1e3 / max(self.disk_ms, self.compute_ms)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(disk_ms=self.disk_ms, compute_ms=self.compute_ms, tok_s=self.tok_s, tok_s_overlapped=self.tok_s_overlapped)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2)
+
+    def summary(self) -> str:
+        mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+        return "\n".join([
+            f"RAM budget {_size(self.budget)}: {_size(self.resident)} resident (all but the routed experts), "
+            f"{_size(self.cache)} of expert cache ({self.slots} of {self.units} units)",
+            f"predicted per decoded token (residual budget {self.residual_budget:g}; expert use "
+            f"{'from the calibration' if self.calibrated else 'uniform: no calibration'}):",
+            f"  cache hit rate  {self.hit_rate:.3f}",
+            f"  disk reads      {mib(self.disk_bytes):>12s}  (~{self.disk_ms:.1f} ms at {self.disk_bw_gbps:g} GB/s)",
+            f"  memory reads    {mib(self.compute_bytes):>12s}  (~{self.compute_ms:.1f} ms at {self.host_bw_gbps:.1f} GB/s)",
+            f"  decode          ~{self.tok_s:.1f} tok/s with the reads after the compute, at most "
+            f"{self.tok_s_overlapped:.1f} with all of them under it"])
+
+
+def stream_plan(path: str | os.PathLike, ram_budget: str | int, *, residual: str | os.PathLike | None = "auto",
+                residual_budget: float = umia.PLAN_BUDGET, disk_bw_gbps: float = 3.0,
+                host_bw_gbps: float | None = None) -> StreamPlan:
+    """The cost of running ``path`` (and its sidecar) with ``Model(ram_budget=...)``."""
+    path = os.fspath(path)
+    if residual == "auto":
+        cand = default_residual_path(path)
+        residual = cand if os.path.isfile(cand) else None
+    s = ModelSizes.from_files(path, residual)
+    if s.n_expert <= 0:
+        raise InvalidArgumentError(f"{path}: the model has no routed experts to stream")
+    if disk_bw_gbps <= 0:
+        raise InvalidArgumentError(f"disk bandwidth must be > 0 GB/s, got {disk_bw_gbps}")
+    budget = parse_bytes(ram_budget)
+    files = os.path.getsize(path) + (os.path.getsize(residual) if residual else 0)
+    base, res = s.expert_base.astype(np.float64), s.expert_residual.astype(np.float64)
+    resident = files - int(base.sum() + res.sum())
+    n_mats = 3
+    slot = int(max(base.max(), res.max())) + 2 * XC_ALIGN * n_mats
+    cache_room = budget - resident
+    if cache_room < s.n_expert_used * slot:
+        raise PlanError(f"a RAM budget of {_size(budget)} does not hold the {_size(resident)} of weights that stay in "
+                        f"memory and one token's {s.n_expert_used} experts ({_size(s.n_expert_used * slot)})")
+    # uses per decoded token of each unit: K slots of each layer, shared by frequency; a residual
+    # on the residual budget's share of them
+    use_base = s.n_expert_used * s.frequency
+    use_res = use_base * residual_budget if residual else np.zeros_like(use_base)
+    uses = np.concatenate([use_base.ravel(), use_res.ravel()])
+    sizes = np.concatenate([base.ravel(), res.ravel()])
+    present = sizes > 0
+    uses, sizes = uses[present], sizes[present]
+    slots = min(cache_room // slot, uses.size)
+    kept = np.zeros(uses.size, dtype=bool)
+    kept[np.argsort(-uses, kind="stable")[:slots]] = True   # the cache settles on the most used units
+    total_use = float(uses.sum())
+    hit = float(uses[kept].sum()) / total_use if total_use else 0.0
+    disk = float((uses[~kept] * sizes[~kept]).sum())
+    compute = float(s.dense_read + (uses * sizes).sum())
+    host_bw = host_bw_gbps if host_bw_gbps else measure_host_bandwidth()
+    return StreamPlan(budget=budget, resident=resident, cache=int(slots * slot), slots=int(slots), units=int(uses.size),
+                      hit_rate=hit, disk_bytes=disk, compute_bytes=compute, disk_bw_gbps=disk_bw_gbps,
+                      host_bw_gbps=host_bw, residual_budget=residual_budget if residual else 0.0,
+                      calibrated=s.calibrated)

@@ -56,12 +56,12 @@ def test_streamed_logits_equal_the_read_file(pair, residual):
     assert not st["streaming"] and st["bytes_read"] == 0
     assert np.isfinite(ref).all()
     for budget in ("6MiB", "64MiB"):
-        for prefetch in (True, False):
+        for prefetch in ("none", "known", "predict"):
             got, st = _run(pair, ram_budget=budget, prefetch=prefetch, **kw)
             assert st["streaming"]
             assert got.tobytes() == ref.tobytes(), (budget, prefetch, np.abs(got - ref).max())
             assert st["misses"] > 0 and st["bytes_read"] > 0
-            if not prefetch:
+            if prefetch == "none":
                 assert st["prefetched"] == 0
             if budget == "6MiB":   # fewer slots than units: units leave and are read again
                 assert st["evictions"] > 0 and st["bytes_read"] > st["cache_bytes"]
@@ -102,7 +102,7 @@ def test_a_file_cut_after_the_load_fails_the_request_not_the_model(pair, tmp_pat
     data = path.read_bytes()
     with rm.Model(pair, n_ctx=128, n_threads=2, n_batch=16, residual=None, use_mmap=False) as m:
         ref = [m.eval_logits(IDS[:4]), m.eval(IDS[4:N_PROMPT])]
-    with rm.Model(path, n_ctx=128, n_threads=2, n_batch=16, residual=None, ram_budget="6MiB", prefetch=False) as m:
+    with rm.Model(path, n_ctx=128, n_threads=2, n_batch=16, residual=None, ram_budget="6MiB", prefetch="none") as m:
         np.testing.assert_array_equal(m.eval_logits(IDS[:4]), ref[0])
         with open(path, "r+b") as f:
             f.truncate(_cut_point(path))

@@ -121,7 +121,7 @@ class DiskCount:
 
 
 class StreamedEngine(DiskCount, bvl.OursEngine):
-    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, ram_budget: str, prefetch: bool):
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, ram_budget: str, prefetch: str):
         import rapidmoe_gguf
         from rapidmoe_gguf import Model, kernels
 
@@ -145,7 +145,7 @@ def worker(a) -> dict:
     and the disk's reads over the decode counted."""
     DiskCount.stat = block_device_stat(a.model)
     bvl.OursEngine = lambda path, threads, n_ctx, n_batch, policy=None, budget=0.25: StreamedEngine(
-        path, threads, n_ctx, n_batch, a.ram_budget, not a.no_prefetch)
+        path, threads, n_ctx, n_batch, a.ram_budget, a.prefetch)
     bvl.LlamaEngine = MappedEngine
     return bvl.worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, "script")
 
@@ -157,7 +157,7 @@ def run_one(engine: str, python: str, a, stat: str, k: int) -> dict:
         cmd = cg.enter_prefix() + bvl.rt_prefix(a.rt) + [
             python, os.path.abspath(__file__), "--worker", engine, a.model, "--threads", str(a.threads),
             "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill),
-            "--ram-budget", a.ram_budget] + (["--no-prefetch"] if a.no_prefetch else [])
+            "--ram-budget", a.ram_budget, "--prefetch", a.prefetch]
         s0 = sectors_read(stat)
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=bvl.worker_env(engine, a.isa), timeout=3600)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model")
     ap.add_argument("--limit", default="1400MiB", help="the memory cgroup's limit (default: %(default)s)")
     ap.add_argument("--ram-budget", default="auto", help="ours: Model(ram_budget=...) (default: %(default)s)")
-    ap.add_argument("--no-prefetch", action="store_true", help="ours: no read-ahead")
+    ap.add_argument("--prefetch", default="known", help="ours: Model(prefetch=...) (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=16)

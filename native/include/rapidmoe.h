@@ -370,6 +370,7 @@ enum { RM_GPU_NONE = 0, RM_GPU_CUDA = 1, RM_GPU_STANDIN = 2 };
 
 /* How rm_model_load brings a model's files into memory (rm_model_params.load). */
 enum { RM_LOAD_AUTO = 0, RM_LOAD_MMAP = 1, RM_LOAD_READ = 2, RM_LOAD_STREAM = 3 };
+enum { RM_PREFETCH_NONE = 0, RM_PREFETCH_KNOWN = 1, RM_PREFETCH_PREDICT = 2 };   /* rm_model_params.prefetch */
 
 /* struct_size may also be offsetof(rm_model_params, use_gpu), the size before the GPU fields
  * (ABI 1 callers): those fields then take their zero defaults, which mean "CPU only". */
@@ -402,11 +403,15 @@ typedef struct rm_model_params {
      * RM_LOAD_STREAM is for models larger than the memory (CPU only): the weights other than the
      * routed experts stay in memory, and each expert's matrices are read from the files when a
      * token is routed to it, into a cache that fills ram_budget_bytes (least recently used out
-     * first); the next layer's experts are predicted and read while the CPU computes.
+     * first), one read at a time.
      * RM_LOAD_AUTO streams a CPU model whose files take more than the memory the process may take,
      * with the default budget below. */
     int32_t      load;
-    int32_t      no_prefetch;     /* RM_LOAD_STREAM: 1 reads an expert only when a token is routed to it */
+    /* RM_LOAD_STREAM's reads ahead of use, by a reader thread while the CPU computes: 0 none (each
+     * expert read when the evaluation reaches it); 1 (RM_PREFETCH_KNOWN) a batch's experts beyond
+     * what the cache holds at once, read while it computes the ones before; 2 (RM_PREFETCH_PREDICT)
+     * also the next layer's experts as its router predicts them from the current hidden state. */
+    int32_t      prefetch;
     /* RM_LOAD_STREAM: the bytes the weights may take in memory (the resident ones and the expert
      * cache together); 0: three quarters of what the process may take (MemAvailable, or the room
      * under its memory cgroup's limit). */

@@ -391,7 +391,8 @@ static void experts_streamed(rm_session * s, int il, int32_t n) {
 static void prefetch_next(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
-    if (!s->xv || il + 1 >= hp->n_layer || s->xc_status != RM_OK || !(m->layers[il + 1].kind & RM_LAYER_FFN_MOE)) {
+    if (!s->xv || !rm_xcache_predicts(m->xcache) || il + 1 >= hp->n_layer || s->xc_status != RM_OK ||
+        !(m->layers[il + 1].kind & RM_LAYER_FFN_MOE)) {
         return;
     }
     const rm_layer * L = &m->layers[il + 1];

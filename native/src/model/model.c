@@ -760,8 +760,12 @@ static rm_status open_stream(rm_model * m, const char * path, const rm_model_par
     if (st != RM_OK) {
         return st;
     }
+    if (params->prefetch < RM_PREFETCH_NONE || params->prefetch > RM_PREFETCH_PREDICT) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.prefetch %d is not RM_PREFETCH_NONE, _KNOWN or _PREDICT",
+                       params->prefetch);
+    }
     return rm_xcache_open(m, path, params->residual_path, m->ram_budget - m->resident_bytes, min_slots,
-                          !params->no_prefetch, &m->xcache);
+                          params->prefetch, &m->xcache);
 }
 
 static rm_status load(rm_model * m, const char * path, const rm_model_params * params) {
@@ -856,7 +860,7 @@ rm_status rm_model_load(const char * path, const rm_model_params * params, rm_mo
                            "(mismatched header)", params->struct_size, sizeof(rm_model_params), v9, v6, v1);
         }
         /* an ABI 9 caller's padding after `load` is not a field of its own */
-        memcpy(&p, params, params->struct_size == v9 ? offsetof(rm_model_params, no_prefetch) : params->struct_size);
+        memcpy(&p, params, params->struct_size == v9 ? offsetof(rm_model_params, prefetch) : params->struct_size);
     }
     params = &p;
     rm_model * m = calloc(1, sizeof(*m));

@@ -50,8 +50,11 @@ struct rm_xcache {
 
     pthread_mutex_t mu;
     pthread_cond_t  work, done;
+    pthread_mutex_t io;        /* one read at a time: a disk shared by two readers gives each less than half */
+    int32_t         waiting;   /* the evaluation waits for io: the reader starts nothing new */
     pthread_t       reader;
     int             has_reader, stop;
+    int             predict;   /* RM_PREFETCH_PREDICT: the next layer's experts are guessed and read too */
     int32_t *       queue;     /* units for the reader, a ring of n_slots */
     int32_t         q_head, q_n;
 
@@ -186,7 +189,7 @@ static void * reader_main(void * arg) {
     rm_xcache * c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->stop && c->q_n == 0) {
+        while (!c->stop && (c->q_n == 0 || c->waiting > 0)) {
             pthread_cond_wait(&c->work, &c->mu);
         }
         if (c->stop) {
@@ -200,7 +203,9 @@ static void * reader_main(void * arg) {
             continue;
         }
         pthread_mutex_unlock(&c->mu);
+        pthread_mutex_lock(&c->io);
         const rm_status st = read_unit(c, unit, c->mem + (uint64_t) s * c->slot_bytes, 0);
+        pthread_mutex_unlock(&c->io);
         pthread_mutex_lock(&c->mu);
         const xc_mat * mt = mats_of(c, unit);
         if (st == RM_OK) {
@@ -218,6 +223,8 @@ static void * reader_main(void * arg) {
 }
 
 int32_t rm_xcache_window(const rm_xcache * c) { return c->window; }
+
+int rm_xcache_predicts(const rm_xcache * c) { return c->has_reader && c->predict; }
 
 void rm_xcache_begin(rm_xcache * c) {
     pthread_mutex_lock(&c->mu);
@@ -274,10 +281,16 @@ rm_status rm_xcache_get(rm_xcache * c, int il, int32_t e, int tier, rm_weight ou
     }
     assign(c, s, unit);
     c->st.misses++;
+    c->waiting++;
     pthread_mutex_unlock(&c->mu);
     uint8_t * p = c->mem + (uint64_t) s * c->slot_bytes;
+    pthread_mutex_lock(&c->io);   /* after the reader's unit in hand, if any */
     const rm_status st = read_unit(c, unit, p, 1);
+    pthread_mutex_unlock(&c->io);
     pthread_mutex_lock(&c->mu);
+    if (--c->waiting == 0) {
+        pthread_cond_signal(&c->work);
+    }
     if (st == RM_OK) {
         c->state[s] = SLOT_READY;
         const xc_mat * mt = mats_of(c, unit);
@@ -366,6 +379,7 @@ rm_status rm_xcache_open(const rm_model * m, const char * path, const char * res
     }
     c->files[0].fd = c->files[1].fd = c->files[0].fd_direct = c->files[1].fd_direct = -1;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->io, NULL);
     pthread_cond_init(&c->work, NULL);
     pthread_cond_init(&c->done, NULL);
     const rm_hparams * hp = &m->hp;
@@ -435,6 +449,7 @@ rm_status rm_xcache_open(const rm_model * m, const char * path, const char * res
     c->st.slot_bytes = c->slot_bytes;
     c->st.slots = c->n_slots;
     c->st.direct_io = c->files[0].direct;
+    c->predict = prefetch == RM_PREFETCH_PREDICT;
     if (prefetch && c->n_slots > c->window) {
         c->has_reader = pthread_create(&c->reader, NULL, reader_main, c) == 0;
     }
@@ -467,6 +482,7 @@ void rm_xcache_free(rm_xcache * c) {
     free(c->used);
     free(c->queue);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->io);
     pthread_cond_destroy(&c->work);
     pthread_cond_destroy(&c->done);
     free(c);

@@ -4,12 +4,14 @@
  * files with pread (O_DIRECT where the file system takes it, so neither the page cache nor its
  * read-ahead spends memory on them) into a cache of equal slots that fills the byte budget, and
  * the least recently used unit leaves first. A unit is one expert's base matrices (gate, up,
- * down, or llama.cpp's fused gate_up and down) or its residual's. A reader thread reads the units
- * the evaluation asks for ahead of use (rm_xcache_prefetch) while the CPU computes.
+ * down, or llama.cpp's fused gate_up and down) or its residual's. With prefetch (rm_model_params)
+ * a reader thread reads the units the evaluation asks for ahead of use (rm_xcache_prefetch) while
+ * the CPU computes. One read runs at a time, the evaluation's first: on the disks measured, two
+ * concurrent readers got less than half the throughput each.
  *
  * Slots are handed out in windows: the units got since rm_xcache_begin stay until the next
- * begin, so one window's products may read them all; a window holds at most rm_xcache_slots'
- * half of the slots (the other half is the reader's).
+ * begin, so one window's products may read them all; with a reader a window holds at most half
+ * of the slots (the other half is the reader's).
  *
  * The model lock serialises the evaluation's calls; the reader thread takes the cache's own
  * lock. */
@@ -30,11 +32,13 @@ enum { RM_XC_BASE = 0, RM_XC_RES = 1 };
  * within cache_bytes, reading path and res_path (NULL without residuals). Fails, saying why, when
  * the budget holds fewer slots than min_slots. */
 rm_status rm_xcache_open(const rm_model * m, const char * path, const char * res_path, uint64_t cache_bytes,
-                         int32_t min_slots, int prefetch, rm_xcache ** out);
+                         int32_t min_slots, int prefetch, rm_xcache ** out);   /* prefetch: RM_PREFETCH_* */
 void      rm_xcache_free(rm_xcache * c);
 
 /* The number of units one window may hold. */
 int32_t rm_xcache_window(const rm_xcache * c);
+/* 1 when the next layer's experts are to be predicted and read ahead (RM_PREFETCH_PREDICT). */
+int     rm_xcache_predicts(const rm_xcache * c);
 /* Starts a window: the units got before are free to leave again. */
 void    rm_xcache_begin(rm_xcache * c);
 /* Unit (il, e, tier) in memory, out[k] its matrices as 2-D weights (data NULL where the tensor is

@@ -1050,6 +1050,9 @@ static rm_status make_anonymous(const char * path, int fd, const uint8_t * map, 
         done += (uint64_t) n;
     }
     mprotect((void *) lo, hi - lo, PROT_READ);
+#ifdef POSIX_FADV_DONTNEED
+    posix_fadvise(fd, (off_t) off, (off_t) (hi - lo), POSIX_FADV_DONTNEED);   /* the copy is all we keep */
+#endif
     return RM_OK;
 }
 

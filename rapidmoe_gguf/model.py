@@ -577,7 +577,9 @@ class Model:
         policy: none, all, umia, random, gate, expert or layer; budget: the fraction of activated
         (token, expert) slots that get the residual (ignored by none and all), or ``"auto"``: the
         split raises it while the host's residual work hides under the GPU's and lowers it when
-        the GPU waits (a CPU-only session keeps the starting value, AUTO_BUDGET["start"])."""
+        the GPU waits; with the experts streamed from the disk (``ram_budget``) it lowers it while
+        the residuals' reads take longer than the rest of a layer's work and raises it while they
+        fit (a CPU-only session holding every weight keeps the starting value, AUTO_BUDGET["start"])."""
         umia.check_policy(policy)
         budget = umia.check_budget(self.residual_budget if budget is None else budget)
         auto = budget == "auto"

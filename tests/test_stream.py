@@ -114,3 +114,19 @@ def test_a_file_cut_after_the_load_fails_the_request_not_the_model(pair, tmp_pat
         finally:
             path.write_bytes(data)
         np.testing.assert_array_equal(m.eval(IDS[4:N_PROMPT]), ref[1])
+
+
+def test_the_auto_budget_follows_the_residual_reads(pair):
+    """residual_budget="auto" on a streamed model: after each decoded token the controller weighs
+    each layer's wait on residual reads against the rest of its time and moves the budget; a model
+    wholly in memory on the CPU has nothing to weigh and keeps the starting value."""
+    budgets = {}
+    for kw in ({"ram_budget": "6MiB", "prefetch": "none"}, {"use_mmap": False}):
+        with rm.Model(pair, n_ctx=128, n_threads=2, n_batch=16, residual_budget="auto", **kw) as m:
+            start = m.backend_stats()["auto_budget"]
+            for t in IDS[:12]:
+                m.eval([t])
+            budgets[m.expert_cache["streaming"]] = (start, m.backend_stats()["auto_budget"])
+    start, end = budgets[True]
+    assert 0.0 < start < 1.0 and end != pytest.approx(start, abs=1e-6)
+    assert budgets[False][1] == budgets[False][0]

@@ -96,7 +96,7 @@ def llama_src(cache: str) -> str:
         return root
     os.makedirs(cache, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", f"llama-cpp-python=={LLAMA_CPP_VERSION}",
-                    "--no-deps", "--no-binary", ":all:", "-d", cache], check=True)
+                    "--no-deps", "--no-binary", "llama-cpp-python", "-d", cache], check=True)
     tars = glob.glob(os.path.join(cache, f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"))
     if not tars:
         raise SystemExit(f"no sdist of llama-cpp-python {LLAMA_CPP_VERSION} in {cache}")

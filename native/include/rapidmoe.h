@@ -778,7 +778,9 @@ rm_status rm_auto_budget_step(rm_auto_budget * ctl, const float * host_us, const
                               int32_t n_layer);
 
 /* Turns the controller on (ctl copied) or off (NULL). While on, each layer's target rate is the
- * policy's layer_budget[l] * budget / reference_budget (at most 1). Only a split session (CUDA or
+ * policy's layer_budget[l] * budget / reference_budget (at most 1). A model streamed from its files
+ * (RM_LOAD_STREAM) steps it from each layer's wait on residual reads against the rest of the
+ * layer's time. Otherwise only a split session (CUDA or
  * the stand-in) measures times; on the CPU backend the budget stays where it starts.
  * RM_E_NO_BUDGET when the policy is NONE or ALL. */
 rm_status rm_session_set_auto_budget(rm_session * s, const rm_auto_budget * ctl);

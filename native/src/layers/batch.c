@@ -174,6 +174,10 @@ rm_status rm_batch_eval(const rm_batch * b) {
             }
             o->be->stats.n_tokens += (uint64_t) count[j];
             if (count[j] == 1) {
+                if (o != d && o->xc_res_us) {   /* a streamed model's times were measured on d's scratch */
+                    memcpy(o->xc_res_us, d->xc_res_us, sizeof(float) * (size_t) d->m->hp.n_layer);
+                    memcpy(o->xc_layer_us, d->xc_layer_us, sizeof(float) * (size_t) d->m->hp.n_layer);
+                }
                 rm_policy_after_token(o);   /* a decoded token, as rm_session_eval steps it */
             }
         }

@@ -366,7 +366,9 @@ static void experts_streamed(rm_session * s, int il, int32_t n) {
             rm_weight * v = s->xv + (int64_t) e * 2 * RM_XC_MATS;
             s->xc_status = rm_xcache_get(c, il, e, RM_XC_BASE, v);
             if (s->xc_status == RM_OK && wants_residual(s, e)) {
+                const double t0 = rm_now_us();
                 s->xc_status = rm_xcache_get(c, il, e, RM_XC_RES, v + RM_XC_MATS);
+                s->xc_res_us[il] += (float) (rm_now_us() - t0);
             }
             s->exp_n[e] = s->exp_n_all[e];
         }

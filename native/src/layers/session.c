@@ -33,7 +33,7 @@ static void * xalloc(size_t n, int * failed) {
 
 static void session_free_buffers(rm_session * s) {
     void * host[] = {s->embd, s->kv_at, s->mla_host, s->kv_tiles, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
-                     s->xv, s->exp_n_all, s->pred, s->pred_experts, s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
+                     s->xv, s->exp_n_all, s->pred, s->pred_experts, s->xc_res_us, s->xc_layer_us, s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
                      s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         free(host[i]);
@@ -147,6 +147,8 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         s->exp_n_all = xalloc(sizeof(int32_t) * X, &failed);
         s->pred = xalloc(sizeof(float) * B * X, &failed);
         s->pred_experts = xalloc(sizeof(int32_t) * X, &failed);
+        s->xc_res_us = xalloc(sizeof(float) * NL, &failed);
+        s->xc_layer_us = xalloc(sizeof(float) * NL, &failed);
     }
     s->stat_active = xalloc(sizeof(uint64_t) * NL * X, &failed);
     s->stat_residual = xalloc(sizeof(uint64_t) * NL * X, &failed);
@@ -546,6 +548,8 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     embed(s, tokens, n);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
+        const double t0 = s->xv ? rm_now_us() : 0.0;
+        if (s->xv) s->xc_res_us[il] = 0.0f;
         if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
             rm_mla_block(s, il, n);
         } else if (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) {
@@ -554,6 +558,7 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
             rm_attention_block(s, il, n);
         }
         rm_moe_block(s, il, n);
+        if (s->xv) s->xc_layer_us[il] = (float) (rm_now_us() - t0) - s->xc_res_us[il];
     }
     if (out && n_out > 0) {
         s->be->ops->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);

@@ -65,6 +65,8 @@ struct rm_session {
     float *    pred;              /* n_batch rows of n_expert: the next layer's router logits, predicted */
     int32_t *  pred_experts;      /* n_expert: the experts predicted for the next layer */
     rm_status  xc_status;         /* the first failed read of this forward pass (the rest of it is skipped) */
+    float *    xc_res_us;         /* n_layer, the last evaluation's: time waiting on residual reads, and */
+    float *    xc_layer_us;       /* the rest of each layer's time (the auto budget's measure, policy.c) */
 
     /* statistics since the last reset of the counters (stats.c) */
     uint64_t * stat_active;       /* n_layer * n_expert: activations */

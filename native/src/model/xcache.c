@@ -143,10 +143,12 @@ static rm_status read_unit(rm_xcache * c, int32_t unit, uint8_t * p, int report)
     return RM_OK;
 }
 
-/* The slot to fill next: an empty one, else the least recently used one outside the window and
- * not being read; -1 when there is none. Called with mu held. */
+/* The slot to fill next: an empty one, else, outside the window and not being read, the least
+ * recently used residual, else the least recently used base (bases stay before residuals: every
+ * token that routes to an expert needs its base, only the policy's chosen ones its residual);
+ * -1 when there is none. Called with mu held. */
 static int32_t victim(const rm_xcache * c) {
-    int32_t best = -1;
+    int32_t best[2] = {-1, -1};   /* per tier */
     for (int32_t s = 0; s < c->n_slots; s++) {
         if (c->state[s] == SLOT_EMPTY) {
             return s;
@@ -154,11 +156,12 @@ static int32_t victim(const rm_xcache * c) {
         if (c->state[s] == SLOT_READING || c->used[s] >= c->window0) {
             continue;
         }
-        if (best < 0 || c->used[s] < c->used[best]) {
-            best = s;
+        const int tier = c->owner[s] % 2;
+        if (best[tier] < 0 || c->used[s] < c->used[best[tier]]) {
+            best[tier] = s;
         }
     }
-    return best;
+    return best[RM_XC_RES] >= 0 ? best[RM_XC_RES] : best[RM_XC_BASE];
 }
 
 /* Gives slot s to unit (evicting its unit), marked as being read. Called with mu held. */

@@ -327,11 +327,21 @@ static void apply_auto_budget(rm_policy_state * p, int32_t n_layer) {
     }
 }
 
+/* After a decoded token, the auto budget's step: on a split, from the host's and the device's
+ * time per layer; with the experts streamed from the disk, from each layer's wait on residual
+ * reads against the rest of its time (the residuals read per token should fit in the token's
+ * compute, as a split's host work fits under the device's). */
 void rm_policy_after_token(rm_session * s) {
-    if (!s->policy.auto_on || !s->be->layer_cpu_us) {
-        return;   /* off, or a backend without overlap, which measures nothing */
+    if (!s->policy.auto_on) {
+        return;
     }
-    rm_auto_budget_step(&s->policy.auto_ctl, s->be->layer_cpu_us, s->be->layer_gpu_us, s->m->hp.n_layer);
+    if (s->xc_res_us) {
+        rm_auto_budget_step(&s->policy.auto_ctl, s->xc_res_us, s->xc_layer_us, s->m->hp.n_layer);
+    } else if (s->be->layer_cpu_us) {
+        rm_auto_budget_step(&s->policy.auto_ctl, s->be->layer_cpu_us, s->be->layer_gpu_us, s->m->hp.n_layer);
+    } else {
+        return;   /* a CPU backend holding every weight: no overlap to measure */
+    }
     apply_auto_budget(&s->policy, s->m->hp.n_layer);
 }
 

@@ -7,7 +7,7 @@
 #include "session.h"
 #include "status.h"
 
-static double now_us(void) {
+double rm_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double) ts.tv_sec * 1e6 + (double) ts.tv_nsec * 1e-3;
@@ -16,11 +16,11 @@ static double now_us(void) {
 void rm_prof_begin(rm_session * s, int32_t n) {
     s->prof.kind = n > 1;
     s->prof.tokens[s->prof.kind] += (uint64_t) n;
-    s->prof.t = now_us();
+    s->prof.t = rm_now_us();
 }
 
 void rm_prof_mark(rm_session * s, int part) {
-    const double t = now_us();
+    const double t = rm_now_us();
     s->prof.us[s->prof.kind][part] += t - s->prof.t;
     s->prof.t = t;
 }

@@ -12,6 +12,9 @@ typedef struct rm_profile {
     int      kind;                  /* which of the two the current batch is */
 } rm_profile;
 
+/* A monotonic clock in microseconds. */
+double rm_now_us(void);
+
 /* Starts the profile of a batch of n tokens (its time until the first mark goes nowhere). */
 void rm_prof_begin(rm_session * s, int32_t n);
 

@@ -21,6 +21,14 @@ refuses. Names follow Prometheus' conventions: ``_total`` counters, ``_seconds``
     rapidmoe_residual_applications_total         of them, with the expert's residual applied
     rapidmoe_residual_rate                       the realised residual rate: the two above's ratio
     rapidmoe_draining                            1 after SIGTERM, while running requests finish
+
+A model streamed from its files (``ram_budget``) adds its expert cache, read at each scrape:
+
+    rapidmoe_expert_cache_bytes / _resident_bytes  the cache's slots / the weights kept in memory
+    rapidmoe_expert_cache_hits_total             experts found in the cache (read ahead included)
+    rapidmoe_expert_cache_misses_total           experts the evaluation waited to read
+    rapidmoe_expert_cache_read_ahead_total       experts read ahead of use
+    rapidmoe_expert_cache_read_bytes_total       bytes read from the files
 """
 
 from __future__ import annotations
@@ -36,13 +44,40 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class ServerMetrics:
-    """The metrics of one server; ``render()`` is the text ``GET /metrics`` answers."""
+class ExpertCacheCollector:
+    """The expert cache's counters (``Model.expert_cache``), read when the registry is scraped."""
 
-    def __init__(self, kv_capacity_tokens: int, kv_cache_bytes: int = 0, cache_types: tuple[str, str] = ("f32", "f32")):
+    def __init__(self, read):
+        self.read = read
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        c = self.read()
+        if not c["streaming"]:
+            return
+        yield GaugeMetricFamily("rapidmoe_expert_cache_bytes", "Bytes of the expert cache's slots", value=c["cache_bytes"])
+        yield GaugeMetricFamily("rapidmoe_expert_cache_resident_bytes", "Weight bytes kept in memory (all but the experts)",
+                                value=c["resident_bytes"])
+        yield CounterMetricFamily("rapidmoe_expert_cache_hits", "Experts found in the cache",
+                                  value=c["hits"] + c["prefetch_used"])
+        yield CounterMetricFamily("rapidmoe_expert_cache_misses", "Experts the evaluation waited to read", value=c["misses"])
+        yield CounterMetricFamily("rapidmoe_expert_cache_read_ahead", "Experts read ahead of use", value=c["prefetched"])
+        yield CounterMetricFamily("rapidmoe_expert_cache_read_bytes", "Bytes read from the model's files",
+                                  value=c["bytes_read"])
+
+
+class ServerMetrics:
+    """The metrics of one server; ``render()`` is the text ``GET /metrics`` answers. ``expert_cache``:
+    a function returning ``Model.expert_cache``, for a streamed model's counters."""
+
+    def __init__(self, kv_capacity_tokens: int, kv_cache_bytes: int = 0, cache_types: tuple[str, str] = ("f32", "f32"),
+                 expert_cache=None):
         if prom is None:
             raise ImportError("prometheus_client is not installed (pip install prometheus_client)")
         r = self.registry = prom.CollectorRegistry()
+        if expert_cache is not None:
+            r.register(ExpertCacheCollector(expert_cache))
         self.requests = prom.Counter("rapidmoe_requests", "Requests by how they ended", ["status"], registry=r)
         for status in ("ok", "cancelled", "error", "invalid", "busy", "draining"):
             self.requests.labels(status)            # present at 0 before the first one

@@ -132,7 +132,7 @@ class Model:
     ``ram_budget`` (e.g. ``"12GiB"``, or ``"auto"``) runs a model larger than the memory: the
     weights other than the routed experts stay in memory, and each expert's matrices are read
     from the file when a token is routed to it, into a cache that fills the rest of the budget
-    (least recently used out first), one read at a time. ``prefetch``: ``"known"`` (default) reads
+    (least often used out first), one read at a time. ``prefetch``: ``"known"`` (default) reads
     a batch's experts beyond what the cache holds at once while the CPU computes those before them;
     ``"predict"`` also guesses the next layer's experts from its router and reads them ahead (more
     disk reads: a wrong guess costs one); ``"none"`` reads each when it is needed. CPU only. ``"auto"`` takes three quarters of the memory

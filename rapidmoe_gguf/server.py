@@ -450,7 +450,8 @@ class Server(Observer):
         self.peak_batch = 0                            # the most sequences one step has evaluated
         self.draining = False                          # after SIGTERM: new requests get 503
         self.metrics = ServerMetrics(sum(m.n_ctx for m in self.slots), sum(m.kv_cache_bytes for m in self.slots),
-                                     (model.cache_type_k, model.cache_type_v)) if metrics.prom is not None else None
+                                     (model.cache_type_k, model.cache_type_v),
+                                     expert_cache=lambda: model.expert_cache) if metrics.prom is not None else None
         self.scheduler = Scheduler(self.slots, self.name, config.prefill_chunk, observer=self,
                                    step_latency=config.step_latency)
 

@@ -78,6 +78,27 @@ def test_server_metrics_count_what_was_served(gguf):
     assert got[("rapidmoe_draining",)] == 0
 
 
+def test_server_metrics_count_a_streamed_models_expert_cache(gguf):
+    """A model streamed from its file (ram_budget) adds its expert cache's counters; one wholly in
+    memory has none of them."""
+    pytest.importorskip("prometheus_client")
+    with running(rm.Model(gguf, n_ctx=128, n_threads=2, residual=None, ram_budget="6MiB"), parallel=1,
+                 queue=2) as (url, state):
+        before = scrape(url)
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hello world", "max_tokens": 6, "temperature": 0},
+                       timeout=30)
+        assert r.status_code == 200
+        got = scrape(url)
+        cache = state.model.expert_cache
+    assert got[("rapidmoe_expert_cache_bytes",)] == cache["cache_bytes"] > 0
+    assert got[("rapidmoe_expert_cache_resident_bytes",)] == cache["resident_bytes"] > 0
+    assert got[("rapidmoe_expert_cache_misses_total",)] == cache["misses"] > before[("rapidmoe_expert_cache_misses_total",)]
+    assert got[("rapidmoe_expert_cache_hits_total",)] == cache["hits"] + cache["prefetch_used"]
+    assert got[("rapidmoe_expert_cache_read_bytes_total",)] == cache["bytes_read"] > 0
+    with running(rm.Model(gguf, n_ctx=128, n_threads=2, residual=None), parallel=1, queue=2) as (url, _):
+        assert not any(k[0].startswith("rapidmoe_expert_cache") for k in scrape(url))
+
+
 def test_server_metrics_without_prometheus_client(gguf, monkeypatch):
     monkeypatch.setattr(metrics, "prom", None)
     with running(rm.Model(gguf, n_ctx=128, n_threads=2)) as (url, _):

@@ -121,12 +121,15 @@ class DiskCount:
 
 
 class StreamedEngine(DiskCount, bvl.OursEngine):
-    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, ram_budget: str, prefetch: str):
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, ram_budget: str, prefetch: str,
+                 policy: str | None = None, budget: str = "0.25"):
         import rapidmoe_gguf
         from rapidmoe_gguf import Model, kernels
 
-        self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, residual=None, ram_budget=ram_budget,
-                       prefetch=prefetch)
+        res = {"residual_policy": policy, "residual_budget": budget if budget == "auto" else float(budget)} \
+            if policy else {"residual": None}
+        self.m = Model(path, n_ctx=n_ctx, n_threads=threads, n_batch=n_batch, ram_budget=ram_budget, prefetch=prefetch,
+                       **res)
         self.n_vocab = self.m.n_vocab
         self.extra = {"cpu_isa": kernels.cpu_isa(), "residual_policy": None,
                       "package": os.path.dirname(os.path.abspath(rapidmoe_gguf.__file__))}
@@ -134,6 +137,9 @@ class StreamedEngine(DiskCount, bvl.OursEngine):
     def decode_done(self) -> None:
         super().decode_done()
         self.extra["expert_cache"] = self.m.expert_cache
+        if self.m.residual_path:
+            self.extra["residual_rate"] = self.m.stats()["residual_rate"]
+            self.extra["auto_budget"] = self.m.backend_stats()["auto_budget"]
 
 
 class MappedEngine(DiskCount, bvl.LlamaEngine):
@@ -145,7 +151,7 @@ def worker(a) -> dict:
     and the disk's reads over the decode counted."""
     DiskCount.stat = block_device_stat(a.model)
     bvl.OursEngine = lambda path, threads, n_ctx, n_batch, policy=None, budget=0.25: StreamedEngine(
-        path, threads, n_ctx, n_batch, a.ram_budget, a.prefetch)
+        path, threads, n_ctx, n_batch, a.ram_budget, a.prefetch, a.residual_policy, a.residual_budget)
     bvl.LlamaEngine = MappedEngine
     return bvl.worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, "script")
 
@@ -157,7 +163,8 @@ def run_one(engine: str, python: str, a, stat: str, k: int) -> dict:
         cmd = cg.enter_prefix() + bvl.rt_prefix(a.rt) + [
             python, os.path.abspath(__file__), "--worker", engine, a.model, "--threads", str(a.threads),
             "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill),
-            "--ram-budget", a.ram_budget, "--prefetch", a.prefetch]
+            "--ram-budget", a.ram_budget, "--prefetch", a.prefetch,
+            "--residual-budget", a.residual_budget] + (["--residual-policy", a.residual_policy] if a.residual_policy else [])
         s0 = sectors_read(stat)
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=bvl.worker_env(engine, a.isa), timeout=3600)
@@ -181,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", default="1400MiB", help="the memory cgroup's limit (default: %(default)s)")
     ap.add_argument("--ram-budget", default="auto", help="ours: Model(ram_budget=...) (default: %(default)s)")
     ap.add_argument("--prefetch", default="known", help="ours: Model(prefetch=...) (default: %(default)s)")
+    ap.add_argument("--residual-policy", help="ours: run MODEL with its RESplit sidecar under this policy "
+                                              "(default: base only)")
+    ap.add_argument("--residual-budget", default="0.25", help="with --residual-policy (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=16)
@@ -215,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 if "expert_cache" in r:
                     c = r["expert_cache"]
                     line += f"  hit {c['hit_rate']:.2f} ahead {c['prefetch_accuracy']:.2f}"
+                if r.get("residual_rate") is not None:
+                    line += f"  residual rate {r['residual_rate']:.3f} (auto budget {r['auto_budget']:.3f})"
             print(line, flush=True)
     table = {}
     for e in engines:

@@ -402,8 +402,8 @@ typedef struct rm_model_params {
      * always maps for a GPU placement, whose experts live on the device).
      * RM_LOAD_STREAM is for models larger than the memory (CPU only): the weights other than the
      * routed experts stay in memory, and each expert's matrices are read from the files when a
-     * token is routed to it, into a cache that fills ram_budget_bytes (least recently used out
-     * first), one read at a time.
+     * token is routed to it, into a cache that fills ram_budget_bytes (least often used out
+     * first, bases kept before residuals), one read at a time.
      * RM_LOAD_AUTO streams a CPU model whose files take more than the memory the process may take,
      * with the default budget below. */
     int32_t      load;

@@ -47,6 +47,9 @@ struct rm_xcache {
     uint8_t *  ahead;          /* slot: filled by the reader and not got since */
     uint64_t * used;           /* slot: tick of its last use; >= window0: in the current window */
     uint64_t   tick, window0;
+    uint32_t * uses;           /* unit: how often it was asked for, halved every n_units asks */
+    uint64_t   asks;
+    int        lfu;            /* evict the least often used unit, ties the least recently used (else: LRU) */
 
     pthread_mutex_t mu;
     pthread_cond_t  work, done;
@@ -144,9 +147,9 @@ static rm_status read_unit(rm_xcache * c, int32_t unit, uint8_t * p, int report)
 }
 
 /* The slot to fill next: an empty one, else, outside the window and not being read, the least
- * recently used residual, else the least recently used base (bases stay before residuals: every
- * token that routes to an expert needs its base, only the policy's chosen ones its residual);
- * -1 when there is none. Called with mu held. */
+ * often used residual, else the least often used base (bases stay before residuals: every token
+ * that routes to an expert needs its base, only the policy's chosen ones its residual); among
+ * equals the least recently used. -1 when there is none. Called with mu held. */
 static int32_t victim(const rm_xcache * c) {
     int32_t best[2] = {-1, -1};   /* per tier */
     for (int32_t s = 0; s < c->n_slots; s++) {
@@ -157,7 +160,9 @@ static int32_t victim(const rm_xcache * c) {
             continue;
         }
         const int tier = c->owner[s] % 2;
-        if (best[tier] < 0 || c->used[s] < c->used[best[tier]]) {
+        const int32_t b = best[tier];
+        if (b < 0 || (c->lfu && c->uses[c->owner[s]] != c->uses[c->owner[b]] ? c->uses[c->owner[s]] < c->uses[c->owner[b]]
+                                                                               : c->used[s] < c->used[b])) {
             best[tier] = s;
         }
     }
@@ -255,6 +260,12 @@ rm_status rm_xcache_get(rm_xcache * c, int il, int32_t e, int tier, rm_weight ou
     const int32_t unit = unit_of(c, il, e, tier);
     const uint64_t t0 = now_us();
     pthread_mutex_lock(&c->mu);
+    if (c->lfu) {
+        c->uses[unit]++;
+        if (++c->asks % (uint64_t) c->n_units == 0) {   /* aging: the past counts half */
+            for (int32_t u = 0; u < c->n_units; u++) c->uses[u] >>= 1;
+        }
+    }
     int32_t s = c->where[unit];
     int waited = 0;
     while (s >= 0 && c->state[s] == SLOT_READING) {   /* the reader has it in hand */
@@ -436,8 +447,11 @@ rm_status rm_xcache_open(const rm_model * m, const char * path, const char * res
     c->ahead = calloc((size_t) c->n_slots, 1);
     c->used = calloc((size_t) c->n_slots, sizeof(uint64_t));
     c->queue = calloc((size_t) c->n_slots, sizeof(int32_t));
+    c->uses = calloc((size_t) c->n_units, sizeof(uint32_t));
+    const char * pol = getenv("RAPIDMOE_XCACHE_POLICY");   /* for comparisons: lfu (default) or lru */
+    c->lfu = !(pol && strcmp(pol, "lru") == 0);
     c->mem = mem == MAP_FAILED ? NULL : mem;
-    if (!c->mem || !c->where || !c->owner || !c->state || !c->ahead || !c->used || !c->queue) {
+    if (!c->mem || !c->where || !c->owner || !c->state || !c->ahead || !c->used || !c->queue || !c->uses) {
         rm_xcache_free(c);
         return rm_fail(RM_E_OOM, "rm_model_load: out of memory for the expert cache's %" PRIu64 " bytes", cache_bytes);
     }
@@ -484,6 +498,7 @@ void rm_xcache_free(rm_xcache * c) {
     free(c->ahead);
     free(c->used);
     free(c->queue);
+    free(c->uses);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->io);
     pthread_cond_destroy(&c->work);

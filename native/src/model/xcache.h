@@ -3,7 +3,8 @@
  * Everything but the routed experts stays in memory; each expert's matrices are read from the
  * files with pread (O_DIRECT where the file system takes it, so neither the page cache nor its
  * read-ahead spends memory on them) into a cache of equal slots that fills the byte budget, and
- * the least recently used unit leaves first. A unit is one expert's base matrices (gate, up,
+ * the least often used unit leaves first (counts halved as they age; RAPIDMOE_XCACHE_POLICY=lru
+ * for the least recently used). A unit is one expert's base matrices (gate, up,
  * down, or llama.cpp's fused gate_up and down) or its residual's. With prefetch (rm_model_params)
  * a reader thread reads the units the evaluation asks for ahead of use (rm_xcache_prefetch) while
  * the CPU computes. One read runs at a time, the evaluation's first: on the disks measured, two

@@ -280,6 +280,7 @@ class Model:
         if self.residual_path is not None:
             if residual_policy == "umia" and self.umia_tables is None:
                 residual_policy = "all"
+            self.residual_policy = None   # nothing applied yet: set_residual must apply even ("none", 0.0)
             self.set_residual(residual_policy, residual_budget)
         self._logits = np.zeros(self.n_vocab, dtype=np.float32)
         self._cached: list[int] = []        # the tokens whose keys and values the cache holds, in order

@@ -43,6 +43,9 @@ def test_residual_none_equals_base_only_file(pair):
     base_only = _logits(path, ids, residual=None)
     none = _logits(path, ids, residual_policy="none")
     np.testing.assert_array_equal(base_only, none)
+    # with a budget of 0 too (rapidmoe perplexity --policy none --budget 0): "none" is applied, not
+    # taken for the state a session starts in
+    np.testing.assert_array_equal(base_only, _logits(path, ids, residual_policy="none", residual_budget=0.0))
 
 
 def test_residual_all_equals_reconstructed_precision(pair, tmp_path):

@@ -130,3 +130,25 @@ def test_the_auto_budget_follows_the_residual_reads(pair):
     start, end = budgets[True]
     assert 0.0 < start < 1.0 and end != pytest.approx(start, abs=1e-6)
     assert budgets[False][1] == budgets[False][0]
+
+
+def test_plan_for_a_ram_budget(pair, capsys):
+    """rapidmoe plan --ram-budget: the resident bytes are the files' less their experts; a budget
+    that holds every unit hits always and reads nothing; a smaller one reads what it cannot hold;
+    one below the resident weights and one token's experts is refused."""
+    from rapidmoe_gguf import cli, planner
+
+    whole = planner.stream_plan(pair, "512MiB", residual_budget=0.25, disk_bw_gbps=2.0, host_bw_gbps=20.0)
+    with rm.Model(pair, n_ctx=64, ram_budget="512MiB") as m:
+        assert whole.resident == m.expert_cache["resident_bytes"]
+    assert whole.slots == whole.units and whole.hit_rate == 1.0 and whole.disk_bytes == 0.0
+    small = planner.stream_plan(pair, "6MiB", residual_budget=0.25, disk_bw_gbps=2.0, host_bw_gbps=20.0)
+    with rm.Model(pair, n_ctx=64, ram_budget="6MiB") as m:
+        assert small.slots == m.expert_cache["slots"]
+    assert 0 < small.slots < small.units and 0.0 < small.hit_rate < 1.0 and small.disk_bytes > 0.0
+    assert small.tok_s < small.tok_s_overlapped <= whole.tok_s_overlapped
+    with pytest.raises(planner.PlanError, match="does not hold"):
+        planner.stream_plan(pair, "2MiB")
+    assert cli.main(["plan", pair, "--ram-budget", "6MiB", "--disk-bw", "2", "--host-bw", "20", "--budget", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "expert cache" in out and "disk reads" in out and f"{small.hit_rate:.3f}" in out

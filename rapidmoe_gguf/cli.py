@@ -167,8 +167,8 @@ def _add_model_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
     for flag, short in (("k", "-ctk"), ("v", "-ctv")):
         p.add_argument(f"--cache-type-{flag}", short, type=str.lower, choices=CACHE_TYPES, default=None,
                        help=f"the KV cache's {flag.upper()} element type, as llama.cpp names them (default: "
-                            f"$RAPIDMOE_CACHE_TYPE_{flag.upper()}, else f16, or f32 where the model cannot have it: "
-                            f"multi-head latent attention, a GPU budget; other types than f32: CPU only, not with MLA)")
+                            f"$RAPIDMOE_CACHE_TYPE_{flag.upper()}, else f16, or f32 with a GPU budget; other types "
+                            f"than f32: CPU only; multi-head latent attention caches its latents in the K type)")
     p.add_argument("--policy", choices=POLICIES, default="umia",
                    help="which activated experts get their residual (default: %(default)s)")
     p.add_argument("--budget", type=_budget_arg, default=DEFAULT_BUDGET,

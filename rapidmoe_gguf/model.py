@@ -93,11 +93,11 @@ def default_cache_type(info: dict, on_gpu: bool, what: str = "k") -> str:
     """The KV cache type a model gets when none is asked for: $RAPIDMOE_CACHE_TYPE_K /
     $RAPIDMOE_CACHE_TYPE_V where set (as llama-server's LLAMA_ARG_CACHE_TYPE_K / _V), else
     ``f16``, llama.cpp's default, where the model can have it, and ``f32`` where attention reads no
-    other type: multi-head latent attention's latent cache, a session on a device backend."""
+    other type: a session on a device backend."""
     env = f"RAPIDMOE_CACHE_TYPE_{what.upper()}"
     if os.environ.get(env):
         return cache_type(os.environ[env], f"${env}")
-    if on_gpu or info.get("kv_lora_rank", 0) > 0:
+    if on_gpu:
         return "f32"
     return "f16"
 
@@ -144,8 +144,9 @@ class Model:
     ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16`` halves F32's cache
     (and the bytes decode reads at depth) and ``q8_0`` takes 0.27 of it, at a small cost in the
     logits (docs/QUALITY.md); a block type needs head_dim a multiple of 32. Types other than
-    ``f32`` run on the CPU backend (not with a GPU budget: NeedsCPUError) and not for multi-head
-    latent attention (DeepSeek, GLM-Flash: UnsupportedError). None (the default): ``f16`` as
+    ``f32`` run on the CPU backend (not with a GPU budget: NeedsCPUError). Multi-head latent
+    attention (DeepSeek, GLM-Flash) caches one latent row per position, in ``cache_type_k`` (as
+    llama.cpp; ``cache_type_v`` names nothing cached there). None (the default): ``f16`` as
     llama.cpp's, where the model can have it, else ``f32`` (``default_cache_type``; the
     environment's $RAPIDMOE_CACHE_TYPE_K / _V first). The attributes ``cache_type_k`` /
     ``cache_type_v`` say the types in use. Forks take this session's types.

@@ -10,7 +10,7 @@ import pytest
 import rapidmoe_gguf as rm
 from rapidmoe_gguf import planner
 from rapidmoe_gguf.bundled import bundled_model_path
-from rapidmoe_gguf.errors import InvalidArgumentError, NeedsCPUError, UnsupportedError
+from rapidmoe_gguf.errors import InvalidArgumentError, NeedsCPUError
 from rapidmoe_gguf.gguf_file import open_gguf
 from rapidmoe_gguf.model import CACHE_TYPES
 
@@ -81,26 +81,44 @@ def test_kv_cache_refusals(tmp_path):
         rm.Model(bundled_model_path(), n_ctx=64, gpu_memory="1GiB", gpu_backend="standin", cache_type_k="f16")
 
 
+def f32_cache_bytes(path) -> int:
+    with rm.Model(str(path), n_ctx=256, n_threads=2, cache_type_k="f32", cache_type_v="f32") as m:
+        return m.kv_cache_bytes
+
+
 @pytest.mark.parametrize("kind", ["gpt_oss", "qwen3_5_moe", "deepseek_v2"])
 def test_kv_cache_types_on_other_layer_kinds(tmp_path, tiny_hf, kind):
-    """Sliding-window rings (gpt-oss) and a hybrid's attention layers (Qwen3.5) take the types,
-    prefill equal to decode; multi-head latent attention (DeepSeek) refuses them, naming why."""
+    """Sliding-window rings (gpt-oss), a hybrid's attention layers (Qwen3.5) and multi-head latent
+    attention's latent cache (DeepSeek) take the types, near F32's. Prefill equals decode where
+    one attention form runs both (MLA's prefill runs the expanded form and its decode the absorbed
+    one, whose float sums differ in order, with an F32 cache as with any other)."""
     from test_determinism import _hf
 
     out = tmp_path / "m.gguf"
-    rm.convert(_hf(tmp_path, tiny_hf, kind), out, recipe="f32", progress=False)
+    if kind == "deepseek_v2":   # latents of 56 + 8 (a whole number of Q8_0 blocks, as DeepSeek's 512 + 64)
+        from test_arch_deepseek import make_checkpoint
+
+        make_checkpoint(tmp_path / "hf", kind, kv_lora_rank=56)
+        rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
+    else:
+        rm.convert(_hf(tmp_path, tiny_hf, kind), out, recipe="f32", progress=False)
     ids = list(np.random.default_rng(3).integers(3, 200, 150))
-    if kind == "deepseek_v2":
-        with pytest.raises(UnsupportedError, match="latent"):
-            rm.Model(str(out), n_ctx=256, cache_type_k="f16", cache_type_v="f16")
-        return
     with rm.Model(str(out), n_ctx=256, n_threads=2, n_batch=32) as m:
         ref = m.eval_logits(ids)
     with rm.Model(str(out), n_ctx=256, n_threads=2, n_batch=32, cache_type_k="q8_0", cache_type_v="f16") as m:
         got = m.eval_logits(ids)
         m.reset()
         one = np.stack([m.eval([t]) for t in ids])
-    assert np.array_equal(got, one)
+        q8_bytes = m.kv_cache_bytes
+    if kind == "deepseek_v2":
+        assert q8_bytes == pytest.approx(f32_cache_bytes(out) * 34 / 128)   # Q8_0 latents: 34 bytes a block of 32
+        with rm.Model(str(out), n_ctx=256, n_threads=2, n_batch=32) as m:
+            m.reset()
+            one_f32 = np.stack([m.eval([t]) for t in ids])
+        rel_one = np.abs(one - one_f32).max(-1) / np.abs(one_f32).max(-1)
+        assert 0 < np.median(rel_one) < 0.01 and (rel_one > 0.01).mean() <= 0.02
+    else:
+        assert np.array_equal(got, one)
     # near F32's: a perturbation may flip a near tie of the router's top-k at a position (it did
     # at one of 150 on the hybrid with Q8_0 or BF16, not with F16), so most positions, not all
     rel = np.abs(got - ref).max(-1) / np.abs(ref).max(-1)
@@ -109,8 +127,8 @@ def test_kv_cache_types_on_other_layer_kinds(tmp_path, tiny_hf, kind):
 
 def test_kv_cache_default_is_f16_where_the_model_can_have_it(tmp_path, tiny_hf, monkeypatch):
     """Without a type asked for (and without $RAPIDMOE_CACHE_TYPE_K / _V, which the suite sets):
-    F16 on the CPU, as llama.cpp's default, the same session as an explicit f16; F32 for
-    multi-head latent attention and on a device backend; the environment's types where set, an
+    F16 on the CPU, as llama.cpp's default, the same session as an explicit f16 (multi-head latent
+    attention's latents too); F32 on a device backend; the environment's types where set, an
     invalid one refused naming the variable."""
     from test_determinism import _hf
 
@@ -129,10 +147,27 @@ def test_kv_cache_default_is_f16_where_the_model_can_have_it(tmp_path, tiny_hf, 
     out = tmp_path / "mla.gguf"
     rm.convert(_hf(tmp_path, tiny_hf, "deepseek_v2"), out, recipe="f32", progress=False)
     with rm.Model(str(out), n_ctx=64, n_threads=2) as mla:
-        assert (mla.cache_type_k, mla.cache_type_v) == ("f32", "f32")
+        assert (mla.cache_type_k, mla.cache_type_v) == ("f16", "f16")
     monkeypatch.setenv("RAPIDMOE_CACHE_TYPE_K", "q8_0")
     with rm.Model(bundled_model_path(), n_ctx=64, n_threads=2) as m:
         assert (m.cache_type_k, m.cache_type_v) == ("q8_0", "f16")
     monkeypatch.setenv("RAPIDMOE_CACHE_TYPE_V", "q3_k")
     with pytest.raises(InvalidArgumentError, match=r"\$RAPIDMOE_CACHE_TYPE_V must be one of"):
         rm.Model(bundled_model_path(), n_ctx=64)
+
+
+def test_kv_cache_mla_latents_in_f16_survive_a_state_file(tmp_path):
+    """A state saved from a session whose latent cache is F16 loads into a fresh one and continues
+    bit for bit; the prompt's positions are reusable from it."""
+    from conftest import state_round_trip
+    from test_arch_deepseek import make_checkpoint
+
+    make_checkpoint(tmp_path / "hf", "deepseek_v2")
+    out = tmp_path / "m.gguf"
+    rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
+    prompt, rest = list(range(5, 40)), list(range(40, 52))
+    want, got, reusable = state_round_trip(out, prompt, rest, tmp_path / "s.bin", cache_type_k="f16",
+                                           cache_type_v="f16")
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(want, got)
+    assert reusable == len(prompt)   # the loaded cache holds the prompt, all of which the longer prompt repeats

@@ -223,7 +223,7 @@ static void cu_mla_attention(rm_backend * be, const rm_mla_args * a) {
         }
         if (c->err || !rm_cuda_check(c, rm_cu_mla_rope_part(c->st, q, qlat, sq->n, (int32_t) H, (int32_t) D, (int32_t) R,
                                                             (int32_t) C), "mla: rotary part") ||
-            !rm_cuda_check(c, rm_cu_mla_latent_attention(c->st, qlat, sq->cache, olat, sq->n, sq->pos, (int32_t) H,
+            !rm_cuda_check(c, rm_cu_mla_latent_attention(c->st, qlat, (const float *) sq->cache, olat, sq->n, sq->pos, (int32_t) H,
                                                          (int32_t) C, (int32_t) R, a->scale), "mla: latent attention")) {
             return;
         }

@@ -4,7 +4,11 @@
  * Absorbed:  q_nope . Kb_h c_j = (Kb_h^T q_nope) . c_j, so a head's query becomes a latent
  *            (attn_k_b is stored as Kb_h^T, a plain matrix of kv_lora_rank rows), attention runs
  *            over the cached latents, and Vb_h is applied once to the weighted latent sum.
- * Expanded:  every cached latent is up-projected into the head's keys and values first. */
+ * Expanded:  every cached latent is up-projected into the head's keys and values first.
+ *
+ * A cache of another type than F32 is read as floats a block of latents at a time (absorbed: into
+ * a tile the block's heads share) or a latent at a time (expanded: for each block of the
+ * up-projection), so nothing of its size is ever held as floats. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -39,7 +43,26 @@ typedef struct mla_kv {
     const float * v;   /* values: rows of dv floats, v_stride apart */
     int64_t       v_stride, dv;
     int32_t       block;   /* positions per block */
+    /* or, with raw set, both in latent rows of another type (row_bytes each): a block's rows are
+     * made floats in tile (block rows of k_stride floats) and read there as keys and values */
+    const uint8_t * raw;
+    uint64_t        row_bytes;
+    rm_to_float_fn  to_float;
+    float *         tile;
 } mla_kv;
+
+/* The keys and values of positions [j0, j0 + c). */
+static void kv_block(const mla_kv * kv, int32_t j0, int32_t c, const float ** k, const float ** v) {
+    if (!kv->raw) {
+        *k = kv->k + (int64_t) j0 * kv->k_stride;
+        *v = kv->v + (int64_t) j0 * kv->v_stride;
+        return;
+    }
+    for (int32_t i = 0; i < c; i++) {
+        kv->to_float(kv->raw + (uint64_t) (j0 + i) * kv->row_bytes, kv->tile + (int64_t) i * kv->k_stride, kv->k_stride);
+    }
+    *k = *v = kv->tile;
+}
 
 /* nq query rows; query r sees positions [0, m0 + r * m_step) and writes its output row. */
 typedef struct mla_queries {
@@ -55,12 +78,13 @@ typedef struct mla_queries {
 static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_queries * qs, float scale, float * sc,
                            int64_t sc_stride, float * tmp) {
     const int32_t last = qs->m0 + (qs->nq - 1) * qs->m_step;   /* positions the last query sees */
+    const float * kb, * vb;
     for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
+        kv_block(kv, j0, last - j0 < kv->block ? last - j0 : kv->block, &kb, &vb);
         for (int32_t r = 0; r < qs->nq; r++) {
             const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
             if (c > 0) {
-                k->scores(kv->dk, c, qs->q + r * qs->q_stride, kv->k + (int64_t) j0 * kv->k_stride, kv->k_stride, scale,
-                          sc + r * sc_stride + j0);
+                k->scores(kv->dk, c, qs->q + r * qs->q_stride, kb, kv->k_stride, scale, sc + r * sc_stride + j0);
             }
         }
     }
@@ -68,12 +92,12 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
         rm_softmax_sink(sc + r * sc_stride, qs->m0 + r * qs->m_step, -INFINITY);   /* rm_softmax (ops.c would make a cycle) */
     }
     for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
+        kv_block(kv, j0, last - j0 < kv->block ? last - j0 : kv->block, &kb, &vb);
         for (int32_t r = 0; r < qs->nq; r++) {
             const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
             float * out = qs->out + r * qs->out_stride;
             if (c > 0) {
-                k->values(kv->dv, c, sc + r * sc_stride + j0, kv->v + (int64_t) j0 * kv->v_stride, kv->v_stride,
-                          j0 == 0 ? out : tmp, 0);
+                k->values(kv->dv, c, sc + r * sc_stride + j0, vb, kv->v_stride, j0 == 0 ? out : tmp, 0);
                 if (j0 > 0) {
                     k->axpy(kv->dv, 1.0f, tmp, out);
                 }
@@ -93,7 +117,7 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
 typedef struct mla_task {
     const rm_mla_args * a;
     const float *      q;        /* n rows of n_head * head_dim */
-    const float *      cache;    /* expanded: this layer's latents, rows of kv_lora_rank + n_rot */
+    const void *       cache;    /* expanded: this layer's latents, rows of kv_lora_rank + n_rot (a->type) */
     const rm_mla_seq * seqs;     /* absorbed: n sequences of one token */
     float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
     float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
@@ -121,6 +145,8 @@ static void absorbed_task(void * ctx, int ith, int nth) {
     const int64_t hb = spread < 1 ? 1 : spread > MLA_HEADS ? MLA_HEADS : spread, per = (H + hb - 1) / hb;
     const mla_kernels k = {t->scores, t->values, t->axpy};
     float * sc = t->thread + (uint64_t) ith * t->per_thread, * tmp = sc + (int64_t) MLA_HEADS * a->n_ctx;
+    float * tile = tmp + C;   /* a block of latents as floats, for a cache of another type */
+    const rm_to_float_fn to_float = a->type == RM_TYPE_F32 ? NULL : rm_type_traits_get(a->type)->to_float;
     for (;;) {
         const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (item >= (int64_t) t->n * per) {
@@ -130,8 +156,9 @@ static void absorbed_task(void * ctx, int ith, int nth) {
         for (int64_t h = h0; h < h0 + nh; h++) {
             memcpy(t->qlat + (i * H + h) * LA + C, t->q + (i * H + h) * D + NP, sizeof(float) * (size_t) R);
         }
-        const float * cache = t->seqs[i].cache;
-        const mla_kv kv = {cache, LA, LA, cache, LA, C, MLA_LATENTS};
+        const float * cache = to_float ? NULL : (const float *) t->seqs[i].cache;
+        const mla_kv kv = {cache, LA, LA, cache, LA, C, MLA_LATENTS, to_float ? (const uint8_t *) t->seqs[i].cache : NULL,
+                           a->row_bytes, to_float, tile};
         const mla_queries qs = {t->qlat + (i * H + h0) * LA, LA, (int32_t) nh, t->seqs[i].pos + 1, 0,
                                 t->olat + (i * H + h0) * C, C};   /* causal: positions [0, pos] */
         attend_queries(&k, &kv, &qs, t->scale, sc, a->n_ctx, tmp);
@@ -150,15 +177,32 @@ static void head_weights(const rm_mla_args * a, int64_t h, int64_t C, int64_t NP
     }
 }
 
+/* The cached latents of one sequence: F32 rows in place, or rows of another type made floats one
+ * at a time into row (LA floats). */
+typedef struct mla_latents {
+    const void *   cache;
+    uint64_t       row_bytes;
+    rm_to_float_fn to_float;   /* NULL: F32 */
+    float *        row;
+} mla_latents;
+
+static const float * latent(const mla_latents * l, int32_t j, int64_t LA) {
+    if (!l->to_float) {
+        return (const float *) l->cache + (int64_t) j * LA;
+    }
+    l->to_float((const uint8_t *) l->cache + (uint64_t) j * l->row_bytes, l->row, LA);
+    return l->row;
+}
+
 /* kexp[j] = [Kb_h c_j | k_rope,j] (rows of D = NP + R) for positions [0, P): Kb_h^T's rows in
  * blocks, each block's partial sum over every position before the next. */
-static void expand_keys(const mla_kernels * k, const float * cache, int64_t C, int64_t R, int32_t P, const float * kb,
-                        int64_t NP, float * kexp, float * tmp) {
+static void expand_keys(const mla_kernels * k, const mla_latents * cache, int64_t C, int64_t R, int32_t P,
+                        const float * kb, int64_t NP, float * kexp, float * tmp) {
     const int64_t LA = C + R, D = NP + R, rows = NP < MLA_TILE_FLOATS ? MLA_TILE_FLOATS / NP : 1;
     for (int64_t r0 = 0; r0 < C; r0 += rows) {
         const int64_t rc = C - r0 < rows ? C - r0 : rows;
         for (int32_t j = 0; j < P; j++) {
-            const float * cj = cache + (int64_t) j * LA;
+            const float * cj = latent(cache, j, LA);
             float * kj = kexp + (int64_t) j * D;
             k->values(NP, rc, cj + r0, kb + r0 * NP, NP, r0 == 0 ? kj : tmp, 0);   /* sum_r c_j[r] Kb_h^T[r] */
             if (r0 > 0) {
@@ -167,18 +211,18 @@ static void expand_keys(const mla_kernels * k, const float * cache, int64_t C, i
         }
     }
     for (int32_t j = 0; j < P; j++) {
-        memcpy(kexp + (int64_t) j * D + NP, cache + (int64_t) j * LA + C, sizeof(float) * (size_t) R);
+        memcpy(kexp + (int64_t) j * D + NP, latent(cache, j, LA) + C, sizeof(float) * (size_t) R);
     }
 }
 
 /* vexp[j] = Vb_h c_j (rows of DV) for positions [0, P): Vb_h's rows in blocks. */
-static void expand_values(const mla_kernels * k, const float * cache, int64_t C, int64_t R, int32_t P, const float * vb,
-                          int64_t DV, float * vexp) {
+static void expand_values(const mla_kernels * k, const mla_latents * cache, int64_t C, int64_t R, int32_t P,
+                          const float * vb, int64_t DV, float * vexp) {
     const int64_t LA = C + R, rows = C < MLA_TILE_FLOATS ? MLA_TILE_FLOATS / C : 1;
     for (int64_t d0 = 0; d0 < DV; d0 += rows) {
         const int64_t dc = DV - d0 < rows ? DV - d0 : rows;
         for (int32_t j = 0; j < P; j++) {
-            k->scores(C, dc, cache + (int64_t) j * LA, vb + d0 * C, C, 1.0f, vexp + (int64_t) j * DV + d0);
+            k->scores(C, dc, latent(cache, j, LA), vb + d0 * C, C, 1.0f, vexp + (int64_t) j * DV + d0);
         }
     }
 }
@@ -196,15 +240,17 @@ static void expanded_task(void * ctx, int ith, int nth) {
     float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
     float * kexp = vb + DV * C, * vexp = kexp + (int64_t) a->n_ctx * D, * sc = vexp + (int64_t) a->n_ctx * DV;
     float * tmp = sc + (int64_t) MLA_QUERIES * a->n_ctx;       /* max(NP, DV): a block's partial sum */
+    const mla_latents lat = {t->cache, a->row_bytes, a->type == RM_TYPE_F32 ? NULL : rm_type_traits_get(a->type)->to_float,
+                             tmp + (NP > DV ? NP : DV)};      /* row: one latent as floats */
     for (;;) {
         const int64_t h = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (h >= H) {
             break;
         }
         head_weights(a, h, C, NP, DV, kb, vb);
-        expand_keys(&k, t->cache, C, R, P, kb, NP, kexp, tmp);
-        expand_values(&k, t->cache, C, R, P, vb, DV, vexp);
-        const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS};
+        expand_keys(&k, &lat, C, R, P, kb, NP, kexp, tmp);
+        expand_values(&k, &lat, C, R, P, vb, DV, vexp);
+        const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS, NULL, 0, NULL, NULL};
         for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {   /* causal: token i sees [0, pos + i] */
             const mla_queries qs = {t->q + ((int64_t) i0 * H + h) * D, H * D,
                                     t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, t->pos + i0 + 1, 1,
@@ -222,8 +268,9 @@ static uint64_t thread_floats(int32_t head_dim, int32_t n_rot, int32_t kv_lora_r
     }
     const uint64_t C = (uint64_t) kv_lora_rank, D = (uint64_t) head_dim;
     const uint64_t NP = (uint64_t) (head_dim - n_rot), DV = (uint64_t) head_dim_v;
-    const uint64_t expanded = C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV);
-    const uint64_t absorbed = (uint64_t) n_ctx * MLA_HEADS + C;
+    const uint64_t LA = C + (uint64_t) n_rot;   /* with a cache of another type: a latent, or a block of them, as floats */
+    const uint64_t expanded = C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV) + LA;
+    const uint64_t absorbed = (uint64_t) n_ctx * MLA_HEADS + C + MLA_LATENTS * LA;
     return expanded > absorbed ? expanded : absorbed;
 }
 

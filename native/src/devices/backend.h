@@ -83,7 +83,7 @@ typedef struct rm_attn_args {
 
 /* One sequence's part of a step of multi-head latent attention (rm_mla_args). */
 typedef struct rm_mla_seq {
-    const float * cache;          /* its latents of this layer: rows of kv_lora_rank + n_rot (F32) */
+    const void *  cache;          /* its latents of this layer: rows of kv_lora_rank + n_rot, of rm_mla_args' type */
     int32_t       row0, n, pos;   /* its rows of q and out; the position of its first token */
 } rm_mla_seq;
 
@@ -104,6 +104,9 @@ typedef struct rm_mla_args {
     int32_t           n_head, head_dim, n_rot, kv_lora_rank, head_dim_v, n_ctx;
     float             scale;
     float *           thread_host;/* the CPU's scratch: rm_mla_thread_floats per thread of its pool */
+    int32_t           type;       /* the latents' type: RM_TYPE_F32 (every backend), or another cache type
+                                     (the CPU's, rows of rm_kv_row_bytes: read a block of rows at a time as floats) */
+    uint64_t          row_bytes;  /* bytes of one cached latent row */
 } rm_mla_args;
 
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from

@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "profile.h"
+#include "types.h"
 
 /* The scratch on the session's backend, in floats, laid out in this order. */
 typedef struct mla_layout {
@@ -48,10 +49,10 @@ static void mm(rm_session * s, const rm_weight * w, int64_t mat, const float * x
     s->be->ops->matmul(s->be, &a);
 }
 
-/* Layer il's latents in session o's cache: n_ctx rows of kv_lora_rank + n_rot. */
-static float * layer_cache(const rm_session * o, int il) {
-    const rm_hparams * hp = &o->m->hp;
-    return o->k_cache + (int64_t) il * o->n_ctx * (hp->kv_lora_rank + hp->n_rot);
+/* Layer il's latents in session o's cache: n_ctx rows of kv_lora_rank + n_rot, k_row_bytes each
+ * (F32, or the session's type_k). */
+static uint8_t * layer_cache(const rm_session * o, int il) {
+    return (uint8_t *) o->k_cache + (uint64_t) il * (uint64_t) o->n_ctx * o->k_row_bytes;
 }
 
 /* The attention core of the step's sequences (s->runs, each over its own session's latents) into
@@ -68,7 +69,7 @@ static void attend(rm_session * s, int il, float * scratch, const mla_layout * l
         }
         const rm_mla_args a = {&L->wk_b, &L->wv_b, s->q, scratch + l->qlat, scratch + l->olat, s->attn, seqs, c,
                                hp->n_head, hp->head_dim, hp->n_rot, hp->kv_lora_rank, hp->head_dim_v, s->n_ctx, scale,
-                               s->mla_host};
+                               s->mla_host, s->type_k, s->k_row_bytes};
         s->be->ops->mla_attention(s->be, &a);
     }
 }
@@ -115,8 +116,15 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
             be->ops->rope(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, hp->rope_base, neox);
             be->ops->rope(be, lr + C, run->n, 1, (int32_t) LA, (int32_t) R, run->pos, hp->rope_base, neox);
         }
-        be->ops->copy(be, layer_cache(run->s, il) + (int64_t) run->pos * LA, lr,
-                      sizeof(float) * (uint64_t) run->n * (uint64_t) LA);
+        uint8_t * dst = layer_cache(run->s, il) + (uint64_t) run->pos * run->s->k_row_bytes;
+        if (run->s->type_k == RM_TYPE_F32) {
+            be->ops->copy(be, dst, lr, sizeof(float) * (uint64_t) run->n * (uint64_t) LA);
+        } else {   /* another type: the CPU backend's host memory, row by row */
+            const rm_type_traits * t = rm_type_traits_get(run->s->type_k);
+            for (int32_t i = 0; i < run->n; i++) {
+                t->from_float(lr + (int64_t) i * LA, dst + (uint64_t) i * run->s->k_row_bytes, LA);
+            }
+        }
     }
     const float scale = hp->kq_scale > 0.0f ? hp->kq_scale : 1.0f / sqrtf((float) D);
     attend(s, il, scratch, &l, scale);

@@ -98,9 +98,10 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     const rm_hparams * hp = &m->hp;
     for (int shape = 0; shape < 2; shape++) {   /* both layer shapes' head widths (Gemma 4's differ) */
         const int32_t hd = shape ? hp->head_dim_swa : hp->head_dim;
-        if (!rm_kv_types_ok(params->type_k, params->type_v, hd, hp->kv_lora_rank)) {
+        const int32_t latent = hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot : 0;
+        if (!rm_kv_types_ok(params->type_k, params->type_v, hd, latent)) {
             return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
-                           rm_kv_types_why(params->type_k, params->type_v, hd, hp->kv_lora_rank));
+                           rm_kv_types_why(params->type_k, params->type_v, hd, latent));
         }
     }
     if ((params->type_k != RM_TYPE_F32 || params->type_v != RM_TYPE_F32) && m->device != &rm_device_cpu) {

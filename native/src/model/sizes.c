@@ -67,20 +67,21 @@ uint64_t rm_kv_row_bytes(int32_t type, int64_t n) {
     return 0;
 }
 
-int rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t kv_lora_rank) {
-    if (kv_lora_rank > 0) {
-        return type_k == RM_TYPE_F32 && type_v == RM_TYPE_F32;
+int rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t latent) {
+    if (latent > 0) {   /* one latent row per position in the K cache; V's type names none of it, but is a type */
+        return rm_kv_row_bytes(type_k, latent) > 0 && rm_kv_row_bytes(type_v, 256) > 0;   /* 256: any type's blocks */
     }
     return rm_kv_row_bytes(type_k, head_dim) > 0 && rm_kv_row_bytes(type_v, head_dim) > 0;
 }
 
-const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t kv_lora_rank) {
+const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t latent) {
     static _Thread_local char why[256];
     const rm_type_traits * tk = rm_type_traits_get(type_k), * tv = rm_type_traits_get(type_v);
     const char * nk = tk && tk->name ? tk->name : "?", * nv = tv && tv->name ? tv->name : "?";
-    if (kv_lora_rank > 0) {
-        snprintf(why, sizeof(why), "cache types %s/%s: multi-head latent attention keeps its latent cache in F32 "
-                 "(other types not yet)", nk, nv);
+    if (latent > 0) {
+        snprintf(why, sizeof(why), "cache types %s/%s: multi-head latent attention's latent cache (rows of %d) takes "
+                 "one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 as its K type, with the row a multiple of its block, "
+                 "and any of them as V", nk, nv, (int) latent);
     } else {
         snprintf(why, sizeof(why), "cache types %s/%s: each must be one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
                  "Q5_1, with head_dim %d a multiple of its block", nk, nv, (int) head_dim);
@@ -170,9 +171,10 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
         if (need[i].v <= 0) return rm_fail(RM_E_INVALID_ARG, "%s: %s is %d, must be > 0", __func__, need[i].name, (int) need[i].v);
     }
     if (p->n_ff_shexp < 0) return rm_fail(RM_E_INVALID_ARG, "%s: n_ff_shexp is %d, must be >= 0", __func__, (int) p->n_ff_shexp);
-    if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, p->kv_lora_rank)) {
+    const int32_t latent = p->kv_lora_rank > 0 ? p->kv_lora_rank + p->n_rot : 0;
+    if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, latent)) {
         return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: %s", __func__, rm_kv_types_why(p->type_k, p->type_v, p->head_dim,
-                                                                                 p->kv_lora_rank));
+                                                                                 latent));
     }
     rm_size_params q = *p;
     q.n_batch = rm_session_batch(p->n_ctx, p->n_batch);

@@ -152,3 +152,34 @@ def test_plan_for_a_ram_budget(pair, capsys):
     assert cli.main(["plan", pair, "--ram-budget", "6MiB", "--disk-bw", "2", "--host-bw", "20", "--budget", "0.25"]) == 0
     out = capsys.readouterr().out
     assert "expert cache" in out and "disk reads" in out and f"{small.hit_rate:.3f}" in out
+
+
+def test_a_failed_read_resets_a_hybrids_recurrent_states(tmp_path):
+    """A hybrid's recurrent states run on through a pass whose read failed, so they no longer belong
+    to any prefix: the session is emptied (n_past 0); the prompt evaluated again gives the resident
+    model's logits."""
+    from test_arch_qwen35 import make_tiny_hybrid
+
+    make_tiny_hybrid(tmp_path / "hf", "qwen3_5_moe")
+    path = tmp_path / "h.gguf"
+    rm.convert(tmp_path / "hf", path, recipe="q8_0", progress=False)
+    data = path.read_bytes()
+    ids = IDS[:20]
+    with rm.Model(path, n_ctx=128, n_threads=2, n_batch=16, use_mmap=False) as m:
+        ref = [m.eval(ids[:4]), m.eval(ids[4:])]
+    with rm.Model(path, n_ctx=128, n_threads=2, ram_budget=len(data)) as m:   # its sizes, for a budget of few slots
+        c = m.expert_cache
+        budget = c["resident_bytes"] + 4 * m.info["n_expert_used"] * c["slot_bytes"]
+    with rm.Model(path, n_ctx=128, n_threads=2, n_batch=16, ram_budget=budget, prefetch="none") as m:
+        assert m.expert_cache["slots"] < m.info["n_expert"] * m.info["n_layer"]
+        np.testing.assert_array_equal(m.eval(ids[:4]), ref[0])
+        with open(path, "r+b") as f:
+            f.truncate(_cut_point(path))
+        try:
+            with pytest.raises(rm.RapidMoEError, match=r"h\.gguf"):
+                m.eval(ids[4:])
+            assert m.n_past == 0
+        finally:
+            path.write_bytes(data)
+        np.testing.assert_array_equal(m.eval(ids[:4]), ref[0])
+        np.testing.assert_array_equal(m.eval(ids[4:]), ref[1])

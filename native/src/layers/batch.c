@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deltanet.h"
 #include "policy.h"
 #include "session.h"
 #include "status.h"
@@ -170,6 +171,10 @@ rm_status rm_batch_eval(const rm_batch * b) {
             rm_session * o = b->sessions[j];
             if (rc != RM_OK) {
                 o->n_past = n_past0[j];
+                if (d->xc_status != RM_OK && o->hy) {   /* a failed read: the recurrent states ran on */
+                    rm_hybrid_reset(o->hy, o->m);
+                    o->n_past = 0;
+                }
                 continue;
             }
             o->be->stats.n_tokens += (uint64_t) count[j];

@@ -625,6 +625,10 @@ rm_status rm_session_eval(rm_session * s, const int32_t * tokens, int32_t n, int
         forward(s, tokens + done, nb, first_out, dst);
         if ((st = s->be->ops->status(s->be)) != RM_OK || (st = s->xc_status) != RM_OK) {   /* xc_status: a failed read */
             s->n_past = n_past0;
+            if (st == s->xc_status && s->hy) {   /* the recurrent states ran on: they hold no prefix any more */
+                rm_hybrid_reset(s->hy, s->m);
+                s->n_past = 0;
+            }
             break;
         }
         s->be->stats.n_tokens += (uint64_t) nb;

@@ -146,7 +146,7 @@ static void absorbed_task(void * ctx, int ith, int nth) {
     const mla_kernels k = {t->scores, t->values, t->axpy};
     float * sc = t->thread + (uint64_t) ith * t->per_thread, * tmp = sc + (int64_t) MLA_HEADS * a->n_ctx;
     float * tile = tmp + C;   /* a block of latents as floats, for a cache of another type */
-    const rm_to_float_fn to_float = a->type == RM_TYPE_F32 ? NULL : rm_type_traits_get(a->type)->to_float;
+    const rm_to_float_fn to_float = a->type == RM_TYPE_F32 ? NULL : rm_cpu_dequantize(a->type);
     for (;;) {
         const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (item >= (int64_t) t->n * per) {
@@ -240,7 +240,7 @@ static void expanded_task(void * ctx, int ith, int nth) {
     float * vb = kb + C * NP;                                  /* DV rows of C: Vb_h */
     float * kexp = vb + DV * C, * vexp = kexp + (int64_t) a->n_ctx * D, * sc = vexp + (int64_t) a->n_ctx * DV;
     float * tmp = sc + (int64_t) MLA_QUERIES * a->n_ctx;       /* max(NP, DV): a block's partial sum */
-    const mla_latents lat = {t->cache, a->row_bytes, a->type == RM_TYPE_F32 ? NULL : rm_type_traits_get(a->type)->to_float,
+    const mla_latents lat = {t->cache, a->row_bytes, a->type == RM_TYPE_F32 ? NULL : rm_cpu_dequantize(a->type),
                              tmp + (NP > DV ? NP : DV)};      /* row: one latent as floats */
     for (;;) {
         const int64_t h = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);

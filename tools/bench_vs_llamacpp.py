@@ -331,13 +331,13 @@ class OursEngine:
 
 
 class LlamaEngine:
-    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int):
+    def __init__(self, path: str, threads: int, n_ctx: int, n_batch: int, flash_attn: bool = False):
         import llama_cpp
 
         self.llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                   n_batch=n_batch, n_ubatch=n_batch, verbose=False)
+                                   n_batch=n_batch, n_ubatch=n_batch, flash_attn=flash_attn, verbose=False)
         self.n_vocab = self.llm.n_vocab()
-        self.extra = {"llama_cpp_version": llama_cpp.__version__,
+        self.extra = {"llama_cpp_version": llama_cpp.__version__, "flash_attn": flash_attn,
                       "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}
 
     def reset(self) -> None:
@@ -358,15 +358,16 @@ class LlamaEngine:
 
 
 def worker(engine: str, path: str, threads: int, n_prompt: int, n_decode: int, n_prefill: int, feed: str,
-           policy: str | None = None, budget: float = 0.25) -> dict:
+           policy: str | None = None, budget: float = 0.25, n_batch: int = 0, flash_attn: bool = False) -> dict:
     import numpy as np
 
     t0 = time.perf_counter()
     n_ctx = max(n_prefill, n_prompt + n_decode) + 16
+    n_batch = n_batch or n_prefill
     if engine == "ours":
-        e = OursEngine(path, threads, n_ctx=n_ctx, n_batch=n_prefill, policy=policy, budget=budget)
+        e = OursEngine(path, threads, n_ctx=n_ctx, n_batch=n_batch, policy=policy, budget=budget)
     else:
-        e = LlamaEngine(path, threads, n_ctx=n_ctx, n_batch=n_prefill)
+        e = LlamaEngine(path, threads, n_ctx=n_ctx, n_batch=n_batch, flash_attn=flash_attn)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     # ids past the first few hundred: plain tokens in any vocabulary, no special ones
@@ -451,7 +452,8 @@ def worker_env(engine: str, isa: str | None) -> dict:
 def run_worker(python: str, engine: str, a, prefix: list[str]) -> dict:
     model = a.ours_model if engine == "ours" and a.ours_model else a.model
     cmd = prefix + [python, os.path.abspath(__file__), "--worker", engine, model, "--threads", str(a.threads),
-                    "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill), "--feed", a.feed]
+                    "--prompt", str(a.prompt), "--decode", str(a.decode), "--prefill", str(a.prefill), "--feed", a.feed,
+                    "--batch", str(a.batch)] + (["--llama-flash-attn"] if engine == "llama.cpp" and a.llama_flash_attn else [])
     if engine == "ours" and a.ours_model:
         cmd += ["--policy", a.policy, "--budget", str(a.budget), "--ours-model", a.ours_model]
     p = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(engine, a.isa), timeout=3600)
@@ -487,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding")
     ap.add_argument("--decode", type=int, default=64, help="decoded tokens per run")
     ap.add_argument("--prefill", type=int, default=512, help="tokens of the prefill batch")
+    ap.add_argument("--batch", type=int, default=0, help="both engines' n_batch (llama.cpp's n_ubatch too; default: "
+                                                          "--prefill, one batch): lower it for long prompts, where "
+                                                          "llama.cpp without flash attention holds a batch x context "
+                                                          "score matrix per head")
+    ap.add_argument("--llama-flash-attn", action="store_true", help="llama.cpp with flash attention on "
+                                                                      "(llama-cpp-python's default is off)")
     ap.add_argument("--feed", choices=["script", "greedy"], default="script",
                     help="decode input: a fixed random token script (default) or the greedy choice")
     ap.add_argument("--engines", default="ours,llama.cpp", help="comma-separated subset of ours,llama.cpp")
@@ -509,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.worker:
         print(json.dumps(worker(a.worker, a.model, a.threads, a.prompt, a.decode, a.prefill, a.feed,
-                                policy=a.policy if a.ours_model else None, budget=a.budget)))
+                                policy=a.policy if a.ours_model else None, budget=a.budget, n_batch=a.batch,
+                                flash_attn=a.llama_flash_attn)))
         return 0
     engines = [e for e in a.engines.split(",") if e]
     if any(e not in ("ours", "llama.cpp") for e in engines):

@@ -760,10 +760,6 @@ static rm_status open_stream(rm_model * m, const char * path, const rm_model_par
     if (st != RM_OK) {
         return st;
     }
-    if (params->prefetch < RM_PREFETCH_NONE || params->prefetch > RM_PREFETCH_PREDICT) {
-        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.prefetch %d is not RM_PREFETCH_NONE, _KNOWN or _PREDICT",
-                       params->prefetch);
-    }
     return rm_xcache_open(m, path, params->residual_path, m->ram_budget - m->resident_bytes, min_slots,
                           params->prefetch, &m->xcache);
 }
@@ -772,6 +768,10 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     if (params->load < RM_LOAD_AUTO || params->load > RM_LOAD_STREAM) {
         return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.load %d is not RM_LOAD_AUTO, RM_LOAD_MMAP, RM_LOAD_READ "
                        "or RM_LOAD_STREAM", params->load);
+    }
+    if (params->prefetch < RM_PREFETCH_NONE || params->prefetch > RM_PREFETCH_PREDICT) {
+        return rm_fail(RM_E_INVALID_ARG, "rm_model_load: params.prefetch %d is not RM_PREFETCH_NONE, _KNOWN or _PREDICT",
+                       params->prefetch);
     }
     /* a GPU placement copies its experts to the device: the host keeps them only as a mapping */
     const int stream = params->load == RM_LOAD_STREAM ||

@@ -32,12 +32,6 @@ CGROUP_V1 = "/sys/fs/cgroup/memory"
 CGROUP_V2 = "/sys/fs/cgroup"
 
 
-def parse_bytes(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-
-
 class Cgroup:
     """A memory cgroup of `limit` bytes for one run; removed on exit."""
 
@@ -158,6 +152,8 @@ def worker(a) -> dict:
 
 def run_one(engine: str, python: str, a, stat: str, k: int) -> dict:
     drop_page_cache()
+    from rapidmoe_gguf.planner import parse_bytes   # the driver's environment has the package; a worker's need not
+
     cg = Cgroup(f"rapidmoe-bench-{os.getpid()}-{k}", parse_bytes(a.limit))
     try:
         cmd = cg.enter_prefix() + bvl.rt_prefix(a.rt) + [

@@ -3,6 +3,7 @@
 
 #include "gguf.h"
 #include "model.h"
+#include "profile.h"
 #include "status.h"
 
 #include <errno.h>
@@ -12,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 /* O_DIRECT's unit: offsets, lengths and buffers aligned to it (4 KiB covers every block size) */
@@ -71,12 +71,6 @@ static int32_t unit_of(const rm_xcache * c, int il, int32_t e, int tier) {
 static const xc_mat * mats_of(const rm_xcache * c, int32_t unit) {
     const int32_t il = unit / 2 / c->n_expert, tier = unit % 2;
     return &c->mats[((int64_t) il * 2 + tier) * RM_XC_MATS];
-}
-
-static uint64_t now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
 }
 
 static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -240,10 +234,6 @@ void rm_xcache_begin(rm_xcache * c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-int rm_xcache_has(const rm_xcache * c, int il, int32_t e, int tier) {
-    return c->where[unit_of(c, il, e, tier)] >= 0;
-}
-
 static void views(const rm_xcache * c, int32_t unit, const uint8_t * p, rm_weight out[RM_XC_MATS]) {
     const xc_mat * mt = mats_of(c, unit);
     const int32_t e = unit / 2 % c->n_expert;
@@ -258,7 +248,7 @@ static void views(const rm_xcache * c, int32_t unit, const uint8_t * p, rm_weigh
 
 rm_status rm_xcache_get(rm_xcache * c, int il, int32_t e, int tier, rm_weight out[RM_XC_MATS]) {
     const int32_t unit = unit_of(c, il, e, tier);
-    const uint64_t t0 = now_us();
+    const double t0 = rm_now_us();
     pthread_mutex_lock(&c->mu);
     if (c->lfu) {
         c->uses[unit]++;
@@ -282,7 +272,7 @@ rm_status rm_xcache_get(rm_xcache * c, int il, int32_t e, int tier, rm_weight ou
             c->st.hits++;
         }
         if (waited) {
-            c->st.wait_us += now_us() - t0;
+            c->st.wait_us += (uint64_t) (rm_now_us() - t0);
         }
         pthread_mutex_unlock(&c->mu);
         views(c, unit, c->mem + (uint64_t) s * c->slot_bytes, out);
@@ -313,7 +303,7 @@ rm_status rm_xcache_get(rm_xcache * c, int il, int32_t e, int tier, rm_weight ou
         release(c, s);
         c->st.read_errors++;
     }
-    c->st.wait_us += now_us() - t0;
+    c->st.wait_us += (uint64_t) (rm_now_us() - t0);
     pthread_cond_broadcast(&c->done);
     pthread_mutex_unlock(&c->mu);
     if (st == RM_OK) {

@@ -49,8 +49,6 @@ rm_status rm_xcache_get(rm_xcache * c, int il, int32_t e, int tier, rm_weight ou
 /* Asks the reader thread for these experts' units of layer il (base, and residual when res is set
  * and the model has one), in order, as far as slots outside the current window allow. */
 void    rm_xcache_prefetch(rm_xcache * c, int il, const int32_t * experts, int32_t n, int res);
-/* 1 when (il, e, tier) is in a slot or being read into one. */
-int     rm_xcache_has(const rm_xcache * c, int il, int32_t e, int tier);
 
 void    rm_xcache_stats(const rm_xcache * c, rm_expert_cache_stats * out);
 

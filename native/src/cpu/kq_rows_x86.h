@@ -87,10 +87,10 @@ static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, in
  * lane k as fma(d_w d_x, S), and each block past the last whole group into every lane l, its
  * elements 4l..4l + 3 (the lanes of a block's integer dot there), the lanes added as hsum_ps adds
  * them. In the AVX2 set without AVX-VNNI, the levels past 31 (Q8_0's and IQ4_NL's) would overflow
- * vpmaddubsw's int16 pairs, and a sign per row on each broadcast activation costs as many
- * operations as the one-row kernel: those types then keep it (usable says no). The AVX-512 set's
- * Q4_0 rows may be stored in its own layout (repack_row_q4_0, rows of whole groups only): they are
- * read from there.
+ * vpmaddubsw's int16 pairs: those two types are packed signed instead and take the sign trick (the
+ * magnitudes times the activations with the levels' signs, each pair of products into int32 lanes
+ * at once; the same integers, no offset). The AVX-512 set's Q4_0 rows may be stored in its own
+ * layout (repack_row_q4_0, rows of whole groups only): they are read from there.
  *
  * Room per group of eight blocks (the last one partial when the row ends inside it, its missing
  * blocks zero): the levels, group e of 4 elements of 16 rows at 64 e (4096 bytes); the blocks' d as
@@ -126,16 +126,11 @@ RM_INLINE __m256i r32_levels(const uint8_t * row, int64_t i, const int kind, flo
 }
 
 static int usable_rows_32(int64_t n) { return n > 0 && n % RM_QK == 0; }
-#ifdef RM_KQ_GROUPED
-#define usable_rows_wide usable_rows_32
-#else
-static int usable_rows_wide(int64_t n) { return usable_rows_32(n) && rm_cpu_avx_vnni(); }
-#endif
 #define usable_rows_q4_0 usable_rows_32
 #define usable_rows_q5_0 usable_rows_32
 #define usable_rows_mxfp4 usable_rows_32
-#define usable_rows_q8_0 usable_rows_wide
-#define usable_rows_iq4_nl usable_rows_wide
+#define usable_rows_q8_0 usable_rows_32
+#define usable_rows_iq4_nl usable_rows_32
 
 static uint64_t act_bytes_rows_32(int64_t n, int32_t n_tok) { return (uint64_t) n_tok * (uint64_t) (n / RM_QK) * B32R_ACT; }
 
@@ -192,8 +187,10 @@ RM_INLINE __m256i stored_q4_0_nibbles(const uint8_t * g, int k, float * d) {
     return _mm256_set_m128i(_mm_unpackhi_epi32(lo, hi), _mm_unpacklo_epi32(lo, hi));
 }
 
+/* sgn: the levels signed instead (the offset-128 kinds, Q8_0 and IQ4_NL: the stored byte less 128,
+ * i.e. its top bit flipped back), for the AVX2 set's sign-trick form. */
 RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
-                            uint8_t * room, const int kind) {
+                            uint8_t * room, const int kind, const int sgn) {
     const int64_t nb = n / RM_QK;
     for (int64_t g = 0; g < (nb + 7) / 8; g++) {
         uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
@@ -212,6 +209,9 @@ RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t r
                         lev[k][r] = stored_q4_0_nibbles(src + (uint64_t) g * 8 * sizeof(rm_block_q4_0), k, dk);
                     } else {
                         lev[k][r] = r32_levels(src, 8 * g + k, kind, dk);
+                        if (sgn) {
+                            lev[k][r] = _mm256_xor_si256(lev[k][r], _mm256_set1_epi8((char) 0x80));
+                        }
                     }
                 }
             }
@@ -666,7 +666,7 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
                               const int kind) {
     const int64_t nb = n / RM_QK;
     const uint64_t xrow = (uint64_t) nb * B32R_ACT;
-    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind);
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind, 0);
     const __mmask16 rows = (__mmask16) ((1u << (r1 - r0)) - 1);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
         const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
@@ -828,12 +828,48 @@ static void tpack_q6_K(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb) 
     }
 }
 
+/* IQ4_XS: the table's levels signed (levels past 31 would overflow vpmaddubsw's int16 pairs with
+ * an offset: the kernel takes the sign trick), the nibbles of qs bytes 16j + l as elements 32j + l
+ * and 32j + 16 + l, the eight 6-bit scales less 32 as (sc, sc) pairs in both 16-element places, d.
+ * No offset: the bsums' weights stay unused. */
+static void tpack_iq4_xs(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) rm_iq4nl_values));
+    const __m256i n4 = _mm256_set1_epi8(0x0f), lo16 = _mm256_set1_epi32(0xffff);
+    for (int rh = 0; rh < 2; rh++) {   /* rows 8 rh .. 8 rh + 7 */
+        const uint8_t * const * src = src16 + 8 * rh;
+        __m256i w[4];
+        side8x4(src, 0, w);   /* d | scales_h << 16, scales_l */
+        _mm256_storeu_ps((float *) (wb + KR_D + 32 * rh), side8_fp16(w[0]));
+        _mm256_storeu_ps((float *) (wb + KR_D + 64 + 32 * rh), _mm256_setzero_ps());
+        for (int k = 0; k < 8; k++) {
+            const __m256i sc = _mm256_sub_epi32(
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w[1], 4 * k), _mm256_set1_epi32(0x0f)),
+                                _mm256_and_si256(_mm256_srli_epi32(w[0], 16 + 2 * k - 4), _mm256_set1_epi32(0x30))),
+                _mm256_set1_epi32(32));
+            const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc, lo16), _mm256_slli_epi32(sc, 16));
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * k) + 32 * rh), pair);
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * k + 1) + 32 * rh), pair);
+        }
+        for (int p = 0; p < 4; p++) {
+            __m256i t[8];
+            side8x8(src, offsetof(rm_block_iq4_xs, qs) + 32 * p, t);   /* qs bytes 32p + 4j.. */
+            for (int j = 0; j < 8; j++) {   /* sub-block 2p + j / 4, l = 4 (j % 4) */
+                const int sb = 2 * p + j / 4, l4 = j % 4;
+                const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(t[j], n4));
+                const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(t[j], 4), n4));
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * sb + l4) + 32 * rh), lo);
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * sb + 4 + l4) + 32 * rh), hi);
+            }
+        }
+    }
+}
+
 #define KQ_TPACK_q2_K NULL
 #define KQ_TPACK_q3_K NULL
 #define KQ_TPACK_q4_K tpack_q4_K
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
-#define KQ_TPACK_iq4_xs NULL
+#define KQ_TPACK_iq4_xs tpack_iq4_xs
 #define KQ_UNPACK_q2_K unpack_q2_K   /* unpacked row by row, then transposed */
 #define KQ_UNPACK_q3_K unpack_q3_K
 #define KQ_UNPACK_q4_K NULL
@@ -917,7 +953,7 @@ RM_INLINE __m256i dpbusd_vex(__m256i acc, __m256i u8, __m256i s8) {
 #define KR_TOKENS_AVX2 4
 RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_q8_K * const x[KR_TOKENS_AVX2],
                               const int nt, const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int run,
-                              const int sixteen, const int off_mul, const int vnni) {
+                              const int sixteen, const int off_mul, const int vnni, const int sgn) {
     __m256 acc[KR_TOKENS_AVX2][8];   /* [token][super-block mod 8]: 8 rows; kept in L1 */
     for (int t = 0; t < nt; t++) {
         for (int l = 0; l < 8; l++) {
@@ -932,6 +968,18 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
         }
         for (int j = 0; j < 16; j += 2 - sixteen) {   /* sub-blocks of 16 (or 32) elements */
             const __m256i sc = _mm256_loadu_si256((const __m256i *) (wb + KR_SC + 64 * j));
+            if (sgn) {   /* signed levels: each group's pairs (at most 2 x 127 x 127) times the scales at once */
+#pragma GCC unroll 8
+                for (int e = 4 * j; e < 4 * j + 8; e++) {
+                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
+                    const __m256i alv = _mm256_sign_epi8(lv, lv);
+                    for (int t = 0; t < nt; t++) {
+                        const __m256i bx = _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e));
+                        S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(_mm256_maddubs_epi16(alv, _mm256_sign_epi8(bx, lv)), sc));
+                    }
+                }
+                continue;
+            }
             if (vnni) {
                 for (int t = 0; t < nt; t++) {
                     P[t] = _mm256_setzero_si256();
@@ -967,7 +1015,7 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
         for (int t = 0; t < nt; t++) {   /* sum_j bw_j bsums_j, pair by pair */
             P[t] = _mm256_setzero_si256();
         }
-        for (int p = 0; p < 8; p++) {
+        for (int p = 0; p < 8 * !sgn; p++) {
             const __m256i bw = _mm256_loadu_si256((const __m256i *) (wb + KR_BW + 64 * p));
             for (int t = 0; t < nt; t++) {
                 P[t] = _mm256_add_epi32(P[t], _mm256_madd_epi16(bw, _mm256_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p))));
@@ -977,7 +1025,9 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
         const int l = (int) (b % 8);
         for (int t = 0; t < nt; t++) {
             const __m256 dx = _mm256_set1_ps(x[t][b].d);
-            if (off_mul) {   /* times 4 or 32: a shift, as the one-token kernels take it */
+            if (sgn) {
+                acc[t][l] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(S[t]), acc[t][l]);
+            } else if (off_mul) {   /* times 4 or 32: a shift, as the one-token kernels take it */
                 const __m256i sv = _mm256_sub_epi32(S[t], _mm256_slli_epi32(P[t], off_mul == 4 ? 2 : 5));
                 acc[t][l] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(sv), acc[t][l]);
             } else {
@@ -1002,7 +1052,9 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
      * tokens, ps per weight and token with and without (RAPIDMOE_AVX_VNNI=0): Q4_K 12.1 / 14.3,
      * Q5_K 12.0 / 14.0; for the 16-element ones a vpmulld per 16 products costs what it saves:
      * Q2_K 13.7-14.3 / 14.8-15.0, Q3_K 13.7 / 13.7-14.0, Q6_K 13.5 / 12.9-13.1 */
-    const int vnni = !sixteen && rm_cpu_avx_vnni();
+    /* IQ4_XS (offset 128): its levels packed signed by its tpack, the sign trick */
+    const int sgn = off_mul == 128;
+    const int vnni = !sixteen && !sgn && rm_cpu_avx_vnni();
     pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, tpack, bsize, off_mul == 0);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
@@ -1012,15 +1064,19 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
         }
         float out[KR_TOKENS_AVX2][RM_TILE_ROWS];
         for (int h = 0; h < (r1 - r0 > 8 ? 2 : 1); h++) {
-            switch (nt + 4 * vnni) {   /* a copy per count, the token loops unrolled */
-            case 8: rows_tokens_kq(nsb, room, x, 4, h, out, run, sixteen, off_mul, 1); break;
-            case 7: rows_tokens_kq(nsb, room, x, 3, h, out, run, sixteen, off_mul, 1); break;
-            case 6: rows_tokens_kq(nsb, room, x, 2, h, out, run, sixteen, off_mul, 1); break;
-            case 5: rows_tokens_kq(nsb, room, x, 1, h, out, run, sixteen, off_mul, 1); break;
-            case 4: rows_tokens_kq(nsb, room, x, 4, h, out, run, sixteen, off_mul, 0); break;
-            case 3: rows_tokens_kq(nsb, room, x, 3, h, out, run, sixteen, off_mul, 0); break;
-            case 2: rows_tokens_kq(nsb, room, x, 2, h, out, run, sixteen, off_mul, 0); break;
-            default: rows_tokens_kq(nsb, room, x, 1, h, out, run, sixteen, off_mul, 0); break;
+            switch (nt + 4 * vnni + 8 * sgn) {   /* a copy per count and form, the token loops unrolled */
+            case 12: rows_tokens_kq(nsb, room, x, 4, h, out, run, 0, off_mul, 0, 1); break;
+            case 11: rows_tokens_kq(nsb, room, x, 3, h, out, run, 0, off_mul, 0, 1); break;
+            case 10: rows_tokens_kq(nsb, room, x, 2, h, out, run, 0, off_mul, 0, 1); break;
+            case 9: rows_tokens_kq(nsb, room, x, 1, h, out, run, 0, off_mul, 0, 1); break;
+            case 8: rows_tokens_kq(nsb, room, x, 4, h, out, run, sixteen, off_mul, 1, 0); break;
+            case 7: rows_tokens_kq(nsb, room, x, 3, h, out, run, sixteen, off_mul, 1, 0); break;
+            case 6: rows_tokens_kq(nsb, room, x, 2, h, out, run, sixteen, off_mul, 1, 0); break;
+            case 5: rows_tokens_kq(nsb, room, x, 1, h, out, run, sixteen, off_mul, 1, 0); break;
+            case 4: rows_tokens_kq(nsb, room, x, 4, h, out, run, sixteen, off_mul, 0, 0); break;
+            case 3: rows_tokens_kq(nsb, room, x, 3, h, out, run, sixteen, off_mul, 0, 0); break;
+            case 2: rows_tokens_kq(nsb, room, x, 2, h, out, run, sixteen, off_mul, 0, 0); break;
+            default: rows_tokens_kq(nsb, room, x, 1, h, out, run, sixteen, off_mul, 0, 0); break;
             }
         }
         for (int t = 0; t < nt; t++) {
@@ -1033,14 +1089,25 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
 }
 
 
+/* How the AVX2 set takes a 32-element block's products: int16 runs of vpmaddubsw (levels up to 31),
+ * vpdpbusd (AVX-VNNI), or the sign trick on signed levels (Q8_0 and IQ4_NL without AVX-VNNI). */
+enum { R32_RUNS, R32_VNNI, R32_SIGN };
+
 /* The eight int32 lanes of u . s (u unsigned bytes, s signed; four products a lane). */
 RM_INLINE __m256i dot4_u8s8(__m256i u, __m256i s, const int vnni) {
     return vnni ? dpbusd_vex(_mm256_setzero_si256(), u, s) : _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+/* The eight int32 lanes of lv . bx for signed levels lv (|lv| = alv) and signed activations bx: the
+ * magnitudes times bx with lv's signs, in int16 pairs (at most 2 x 128 x 127: no saturation), then
+ * added into int32 lanes. Levels of Q8_0 and IQ4_NL reach 127, so two pairs would not fit in int16. */
+RM_INLINE __m256i dot4_sign(__m256i lv, __m256i alv, __m256i bx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(alv, _mm256_sign_epi8(bx, lv)), _mm256_set1_epi16(1));
+}
+
 /* nt tokens (1 to KR_TOKENS_AVX2) against half h of the packed tile of nb blocks: out[t][8h + row]. */
 RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * const x[KR_TOKENS_AVX2], const int nt,
-                              const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int kind, const int vnni) {
+                              const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int kind, const int mode) {
     __m256 acc[KR_TOKENS_AVX2][8];   /* [token][block mod 8]: 8 rows */
     for (int t = 0; t < nt; t++) {
         for (int l = 0; l < 8; l++) {
@@ -1056,12 +1123,21 @@ RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * 
                 xb[t] = x[t] + (uint64_t) (8 * g + k) * B32R_ACT;
                 S[t] = _mm256_setzero_si256();
             }
-            if (vnni) {
+            if (mode == R32_VNNI) {
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
                     const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
                     for (int t = 0; t < nt; t++) {
                         S[t] = dpbusd_vex(S[t], lv, _mm256_set1_epi32(*(const int32_t *) (xb[t] + 4 * j)));
+                    }
+                }
+            } else if (mode == R32_SIGN) {
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
+                    const __m256i alv = _mm256_sign_epi8(lv, lv);
+                    for (int t = 0; t < nt; t++) {
+                        S[t] = _mm256_add_epi32(S[t], dot4_sign(lv, alv, _mm256_set1_epi32(*(const int32_t *) (xb[t] + 4 * j))));
                     }
                 }
             } else {   /* levels up to 31: four groups' pairs in int16 (at most 8 x 31 x 128), then int32 lanes */
@@ -1082,7 +1158,7 @@ RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * 
             }
             const __m256 dw = _mm256_loadu_ps((const float *) (wb + B32R_D + 64 * k));
             for (int t = 0; t < nt; t++) {
-                const __m256i sv = _mm256_sub_epi32(S[t], _mm256_set1_epi32(r32_act_less(x[t], 8 * g + k, -1, kind)));
+                const __m256i sv = mode == R32_SIGN ? S[t] : _mm256_sub_epi32(S[t], _mm256_set1_epi32(r32_act_less(x[t], 8 * g + k, -1, kind)));
                 acc[t][k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(r32_act_d(x[t], 8 * g + k))),
                                             _mm256_cvtepi32_ps(sv), acc[t][k]);
             }
@@ -1095,8 +1171,10 @@ RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * 
         for (int j = 0; j < 8; j++) {
             const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
             for (int t = 0; t < nt; t++) {
-                const __m256i p = dot4_u8s8(lv, _mm256_set1_epi32(*(const int32_t *) (x[t] + b * B32R_ACT + 4 * j)), vnni);
-                const __m256i sv = _mm256_sub_epi32(p, _mm256_set1_epi32(r32_act_less(x[t], b, j, kind)));
+                const __m256i bx = _mm256_set1_epi32(*(const int32_t *) (x[t] + b * B32R_ACT + 4 * j));
+                const __m256i sv = mode == R32_SIGN ? dot4_sign(lv, _mm256_sign_epi8(lv, lv), bx)
+                                                    : _mm256_sub_epi32(dot4_u8s8(lv, bx, mode == R32_VNNI),
+                                                                       _mm256_set1_epi32(r32_act_less(x[t], b, j, kind)));
                 acc[t][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(r32_act_d(x[t], b))), _mm256_cvtepi32_ps(sv),
                                             acc[t][j]);
             }
@@ -1113,9 +1191,9 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     (void) stored;   /* the AVX2 set keeps no stored layout */
     const int64_t nb = n / RM_QK;
     const uint64_t xrow = (uint64_t) nb * B32R_ACT;
-    /* Q8_0 and IQ4_NL come here only with it (usable_rows_wide) */
-    const int vnni = rm_cpu_avx_vnni();
-    pack_rows_32(n, w, 0, row_bytes, r0, r1, room, kind);
+    /* the levels past 31 (offset 128: Q8_0, IQ4_NL) without AVX-VNNI take the sign trick */
+    const int mode = rm_cpu_avx_vnni() ? R32_VNNI : r32_offset[kind] == 128 ? R32_SIGN : R32_RUNS;
+    pack_rows_32(n, w, 0, row_bytes, r0, r1, room, kind, mode == R32_SIGN);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const uint8_t * x[KR_TOKENS_AVX2];
@@ -1124,15 +1202,19 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
         }
         float out[KR_TOKENS_AVX2][RM_TILE_ROWS];
         for (int h = 0; h < (r1 - r0 > 8 ? 2 : 1); h++) {
-            switch (nt + 4 * vnni) {   /* a copy per count, the token loops unrolled */
-            case 8: rows_tokens_32(nb, room, x, 4, h, out, kind, 1); break;
-            case 7: rows_tokens_32(nb, room, x, 3, h, out, kind, 1); break;
-            case 6: rows_tokens_32(nb, room, x, 2, h, out, kind, 1); break;
-            case 5: rows_tokens_32(nb, room, x, 1, h, out, kind, 1); break;
-            case 4: rows_tokens_32(nb, room, x, 4, h, out, kind, 0); break;
-            case 3: rows_tokens_32(nb, room, x, 3, h, out, kind, 0); break;
-            case 2: rows_tokens_32(nb, room, x, 2, h, out, kind, 0); break;
-            default: rows_tokens_32(nb, room, x, 1, h, out, kind, 0); break;
+            switch (nt + 4 * mode) {   /* a copy per count and mode, the token loops unrolled */
+            case 12: rows_tokens_32(nb, room, x, 4, h, out, kind, R32_SIGN); break;
+            case 11: rows_tokens_32(nb, room, x, 3, h, out, kind, R32_SIGN); break;
+            case 10: rows_tokens_32(nb, room, x, 2, h, out, kind, R32_SIGN); break;
+            case 9: rows_tokens_32(nb, room, x, 1, h, out, kind, R32_SIGN); break;
+            case 8: rows_tokens_32(nb, room, x, 4, h, out, kind, R32_VNNI); break;
+            case 7: rows_tokens_32(nb, room, x, 3, h, out, kind, R32_VNNI); break;
+            case 6: rows_tokens_32(nb, room, x, 2, h, out, kind, R32_VNNI); break;
+            case 5: rows_tokens_32(nb, room, x, 1, h, out, kind, R32_VNNI); break;
+            case 4: rows_tokens_32(nb, room, x, 4, h, out, kind, R32_RUNS); break;
+            case 3: rows_tokens_32(nb, room, x, 3, h, out, kind, R32_RUNS); break;
+            case 2: rows_tokens_32(nb, room, x, 2, h, out, kind, R32_RUNS); break;
+            default: rows_tokens_32(nb, room, x, 1, h, out, kind, R32_RUNS); break;
             }
         }
         for (int t = 0; t < nt; t++) {

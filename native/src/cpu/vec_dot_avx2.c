@@ -306,6 +306,7 @@ RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 6)
 RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 6)
 RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 6)
 RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 6)
+RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 6)
 RM_ROWS_32(q4_0, R32_Q4_0, 6)
 RM_ROWS_32(q8_0, R32_Q8_0, 6)
 RM_ROWS_32(q5_0, R32_Q5_0, 6)
@@ -368,6 +369,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q4_K] = &rows_q4_K,
         [RM_TYPE_Q5_K] = &rows_q5_K,
         [RM_TYPE_Q6_K] = &rows_q6_K,
+        [RM_TYPE_IQ4_XS] = &rows_iq4_xs,
         [RM_TYPE_Q4_0] = &rows_q4_0,
         [RM_TYPE_Q8_0] = &rows_q8_0,
         [RM_TYPE_Q5_0] = &rows_q5_0,

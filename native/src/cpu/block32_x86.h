@@ -127,6 +127,21 @@ RM_INLINE __m256i b32_levels_unsigned(const void * w, int64_t i, const int kind)
     return _mm256_xor_si256(b32_levels(w, i, kind), _mm256_set1_epi8((char) 0x80));
 }
 
+/* The offset of the unsigned levels a one-token kernel takes with the activations' sums: in the
+ * AVX2 set the smallest that makes them unsigned, so that vpmaddubsw's pairs hold them (levels up
+ * to 31: Q5_0's q, MXFP4's levels plus 12; IQ4_NL's would reach 241: it keeps the signed way). */
+#ifdef RM_KQ_512
+#define B32_OFFSET_WAY(kind) b32_signed[kind]
+RM_INLINE __m256i b32_levels_offset(const void * w, int64_t i, const int kind) { return b32_levels_unsigned(w, i, kind); }
+RM_INLINE float b32_offset_of(const int kind) { return b32_offset[kind]; }
+#else
+#define B32_OFFSET_WAY(kind) ((kind) == B32_Q5_0 || (kind) == B32_MXFP4)
+RM_INLINE __m256i b32_levels_offset(const void * w, int64_t i, const int kind) {
+    return kind == B32_MXFP4 ? _mm256_add_epi8(b32_levels(w, i, kind), _mm256_set1_epi8(12)) : b32_levels_unsigned(w, i, kind);
+}
+RM_INLINE float b32_offset_of(const int kind) { return kind == B32_MXFP4 ? 12.0f : b32_offset[kind]; }
+#endif
+
 /* Block i's scale d_w as a float. */
 RM_INLINE float b32_scale(const void * w, int64_t i, const int kind) {
     const uint8_t * b = (const uint8_t *) w + (uint64_t) i * b32_block_bytes[kind];
@@ -155,20 +170,17 @@ RM_INLINE __m256i b32_block_dot(__m256i q, __m256i aq, const int8_t * x, const i
 }
 
 /* out[c] = dot(w, token c) for nc tokens (1, 4, or with AVX-512 8), tokens x_stride bytes apart.
- * For the Q8_0 kinds the activation scales come from x_info when given (the same floats), and
- * with VNNI a block's integer dot is then one vpdpbusd on the unsigned levels, less the offset
- * times the block's activation sum (x_info's): the same integers, exact in float, so the same
- * results either way. (AVX2's vpmaddubsw would saturate on the tables' unsigned levels.) */
+ * For the Q8_0 kinds the activation scales come from x_info when given (the same floats), and a
+ * block's integer dot is then taken on the unsigned levels (b32_levels_offset), less the offset
+ * times the block's activation sum (x_info's): one vpdpbusd with VNNI, or no signs to move in the
+ * AVX2 set (Q5_0 and MXFP4 only: vpmaddubsw would saturate on IQ4_NL's unsigned levels). The same
+ * integers, exact in float, so the same results either way. */
 RM_INLINE void dot_b32(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
                        const float * x_info, int64_t x_info_stride, const int kind) {
     const int64_t nb = n / RM_QK;
     const size_t wbytes = b32_block_bytes[kind], xbytes = b32_act_bytes[kind];
     const int sgn = b32_signed[kind];
-#ifdef RM_KQ_512
-    const int offset_way = sgn && x_info;
-#else
-    const int offset_way = 0;
-#endif
+    const int offset_way = B32_OFFSET_WAY(kind) && x_info;
     const uint8_t * wb = w;
     const uint8_t * x[RM_MULTI_MAX];
     __m256 acc[RM_MULTI_MAX];
@@ -190,7 +202,7 @@ RM_INLINE void dot_b32(int64_t n, float * out, const void * w, const void * x_q,
         __m256i q[8], aq[8];
         for (int k = 0; k < 8; k++) {
             if (offset_way) {
-                q[k] = aq[k] = b32_levels_unsigned(w, i + k, kind);
+                q[k] = aq[k] = b32_levels_offset(w, i + k, kind);
             } else {
                 q[k] = b32_levels(w, i + k, kind);
                 aq[k] = sgn ? _mm256_sign_epi8(q[k], q[k]) : q[k];
@@ -205,7 +217,7 @@ RM_INLINE void dot_b32(int64_t n, float * out, const void * w, const void * x_q,
                     p[k] = dot_u8s8(q[k], _mm256_loadu_si256((const __m256i *) (xg + k * xbytes + 2)));
                 }
                 /* small integers: exact in float, the value the signed way gives */
-                sums = _mm256_fnmadd_ps(_mm256_set1_ps(b32_offset[kind]), _mm256_loadu_ps(x_info + c * x_info_stride + nb + i),
+                sums = _mm256_fnmadd_ps(_mm256_set1_ps(b32_offset_of(kind)), _mm256_loadu_ps(x_info + c * x_info_stride + nb + i),
                                         _mm256_cvtepi32_ps(block_sums8(p)));
             } else {
                 for (int k = 0; k < 8; k++) {

@@ -215,7 +215,7 @@ def _model_path_and_kwargs(args: argparse.Namespace) -> tuple[str, dict]:
     from .bundled import bundled_model_path
 
     return args.model or bundled_model_path(), dict(
-        n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 256),
+        n_ctx=args.ctx, n_threads=args.threads, n_batch=getattr(args, "batch", 512),
         residual=None if args.no_residual else "auto", residual_policy=args.policy, residual_budget=args.budget,
         gpu_memory=args.gpu_mem, gpu_device=args.gpu_device, gpu_backend=args.gpu_backend,
         gpu_sessions=max(1, getattr(args, "parallel", 1)), use_mmap=getattr(args, "use_mmap", None),
@@ -395,7 +395,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-bw", type=float, default=3.0,
                    help="with --ram-budget: the disk's read bandwidth in GB/s (default: %(default)s, an NVMe drive)")
     p.add_argument("--ctx", "-c", type=int, default=4096, help="context size in tokens (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=256, help="prefill batch size (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=512, help="prefill batch size (default: %(default)s)")
     p.add_argument("--budget", type=float, default=PLAN_BUDGET,
                    help="residual budget for the per-token prediction (default: %(default)s)")
     p.add_argument("--no-residual", action="store_true", help="plan without the residual sidecar")
@@ -615,7 +615,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens before decoding (default: %(default)s)")
     p.add_argument("--decode", "-n", type=int, default=64, help="tokens decoded one at a time (default: %(default)s)")
     p.add_argument("--prefill", type=int, default=512, help="tokens of the prefill prompt (default: %(default)s)")
-    p.add_argument("--batch", type=int, default=256, help="tokens per evaluation batch in prefill (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=512, help="tokens per evaluation batch in prefill (default: %(default)s)")
     p.add_argument("--runs", type=int, default=3, help="runs; figures are medians (default: %(default)s)")
     p.add_argument("--profile", action="store_true", help="also show where the time goes, per part of the forward pass")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -158,7 +158,7 @@ class Model:
         *,
         n_ctx: int = 2048,
         n_threads: int = 0,
-        n_batch: int = 256,
+        n_batch: int = 512,
         residual: str | os.PathLike | None = "auto",
         residual_policy: str = "umia",
         residual_budget: float | str = umia.DEFAULT_BUDGET,

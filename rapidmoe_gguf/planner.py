@@ -363,7 +363,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int = 256,
+def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int = 512,
          residual_budget: float = umia.PLAN_BUDGET, hardware: Hardware | None = None, n_sessions: int = 1) -> Plan:
     """Places the model on a GPU of ``gpu_memory`` bytes (see the module docstring), with room
     for ``n_sessions`` sessions (each its own KV cache and scratch: Model.fork_session, serving
@@ -449,7 +449,7 @@ def _per_token(s: ModelSizes, on: np.ndarray, b: float, n_ctx: int, host_bw: flo
 
 
 def plan_files(path: str | os.PathLike, gpu_memory: str | int, n_ctx: int, *, residual: str | os.PathLike | None = "auto",
-               n_batch: int = 256, residual_budget: float = umia.PLAN_BUDGET, hardware: Hardware | None = None,
+               n_batch: int = 512, residual_budget: float = umia.PLAN_BUDGET, hardware: Hardware | None = None,
                n_sessions: int = 1) -> Plan:
     return plan(ModelSizes.from_files(path, residual), gpu_memory, n_ctx, n_batch=n_batch,
                 residual_budget=residual_budget, hardware=hardware, n_sessions=n_sessions)

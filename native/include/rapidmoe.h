@@ -509,7 +509,7 @@ rm_status rm_model_gpu_info(const rm_model * model, rm_gpu_info * out);
 typedef struct rm_session_params {
     uint32_t struct_size;         /* sizeof(rm_session_params) */
     int32_t  n_ctx;               /* KV cache positions; <= 0: the model's training context */
-    int32_t  n_batch;             /* tokens per prefill step; <= 0: 256 */
+    int32_t  n_batch;             /* tokens per prefill step; <= 0: 512 */
     int32_t  type_k, type_v;      /* the KV cache's element types (rm_type): RM_TYPE_F32 (0), F16, BF16,
                                    * Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 (llama.cpp's cache types but IQ4_NL), else
                                    * RM_E_UNSUPPORTED_TYPE; a block type needs head_dim a multiple of its
@@ -608,7 +608,7 @@ typedef struct rm_size_params {
     int32_t  n_layer, n_embd, n_head, n_head_kv, head_dim;
     int32_t  n_expert, n_expert_used, n_ff_exp, n_ff_shexp, n_vocab;
     int32_t  n_ctx;               /* KV cache positions (> 0) */
-    int32_t  n_batch;             /* as given to rm_session_new (<= 0: 256; clamped to n_ctx) */
+    int32_t  n_batch;             /* as given to rm_session_new (<= 0: 512; clamped to n_ctx) */
     uint64_t stage_expert_bytes;  /* one expert's three residual matrices, the largest layer's;
                                    * 0: the device stages no residuals in prefill */
     int32_t  n_ff;                /* dense FFN width; 0 without dense layers */

@@ -11,7 +11,7 @@
 #include "types.h"
 
 int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch) {
-    const int32_t b = n_batch > 0 ? n_batch : 256;
+    const int32_t b = n_batch > 0 ? n_batch : 512;   /* llama.cpp's n_ubatch */
     return b < n_ctx ? b : n_ctx;
 }
 

@@ -77,6 +77,9 @@ def ram_budget_bytes(ram_budget: str | int | None) -> int:
 
 
 # llama.cpp's KV cache types (its --cache-type-k / -v values), but iq4_nl (no quantizer here yet)
+# A hybrid model also checkpoints this many tokens before a prompt's end (Model._prompt_marks).
+CHECKPOINT_TAIL = 4
+
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 
@@ -417,11 +420,27 @@ class Model:
         self.reset()
         return 0
 
+    def _prompt_marks(self, start: int, end: int) -> list[int]:
+        """Where, reading prompt positions [start, end), a hybrid model stops to checkpoint
+        (besides the prompt's end): every multiple of n_batch (a later prompt that keeps only a
+        part of this one, an edited or trimmed history, goes back to within a step of where it
+        differs), and CHECKPOINT_TAIL tokens before the end (a chat template that renders the last
+        turn's end otherwise the next time, as Qwen3.5's drops a reply's <think> block, differs a
+        few tokens before this prompt's end). None for the other models, whose caches go back to
+        any position."""
+        if not self.info.get("n_layer_linear"):
+            return []
+        marks = set(range((start // self.n_batch + 1) * self.n_batch, end, self.n_batch))
+        if end - CHECKPOINT_TAIL > start:
+            marks.add(end - CHECKPOINT_TAIL)
+        return sorted(marks)
+
     def _checkpoint(self) -> None:
         """Marks the cache's end as a place a later prompt may go back to: a hybrid model keeps a
-        copy of its recurrent states there (the last two such places; rm_session_checkpoint), so
-        that the next turn of a chat, which repeats this prompt, evaluates only what follows it.
-        Without the memory for the copy, the next prompt evaluates from the start (logged)."""
+        copy of its recurrent states there (rm_session_checkpoint: a few such places, spread over
+        the context), so that the next turn of a chat, which repeats this prompt, evaluates only
+        what follows it. Without the memory for the copy, the next prompt evaluates from the start
+        (logged)."""
         try:
             _native.check(lib.rm_session_checkpoint(self._live()))
         except MemoryError as exc:
@@ -809,12 +828,14 @@ class Model:
         keep = self._keep_prefix(history)
         self.last_timings = {"prompt_tokens": int(prompt.size), "prompt_reused": keep, "prompt_s": 0.0,
                              "gen_tokens": 0, "gen_s": 0.0}
-        rest = prompt[keep:]
-        for i in range(0, rest.size, self.n_batch):   # the steps rm_session_eval would take, cancellable between
-            if self.cancel is not None and self.cancel.is_set():
-                return
-            logits = self.eval(rest[i:i + self.n_batch])
-        self._checkpoint()
+        pos = keep
+        for end in self._prompt_marks(keep, prompt.size) + [prompt.size]:
+            while pos < end:   # the steps rm_session_eval would take, cancellable between
+                if self.cancel is not None and self.cancel.is_set():
+                    return
+                logits = self.eval(prompt[pos:min(pos + self.n_batch, end)])
+                pos = min(pos + self.n_batch, end)
+            self._checkpoint()
         t1 = time.perf_counter()
         self.last_timings["prompt_s"] = t1 - t0
         for _ in range(max_tokens):

@@ -173,6 +173,8 @@ class _Seq:
         keep = self.cached = slot._keep_prefix(self.history)
         self.rest = np.asarray(req.prompt_ids[keep:], dtype=np.int32)   # prompt tokens to evaluate
         self.done = 0                             # of them, evaluated
+        # where the slot checkpoints on the way (a hybrid model; Model._prompt_marks), in rest
+        self.marks = [m - keep for m in slot._prompt_marks(keep, len(req.prompt_ids))]
         self.next_token: int | None = None        # sampled, to evaluate in the next step
         self.n_gen = 0
         self.text = TextStream(slot.tokenizer, req.stop)
@@ -191,6 +193,11 @@ class _Seq:
     def left(self) -> int:
         """Prompt tokens still to evaluate."""
         return self.rest.size - self.done
+
+    def take(self, n: int) -> list[int]:
+        """The next n prompt tokens, fewer where the slot checkpoints before them."""
+        stop = next((m for m in self.marks if m > self.done), self.rest.size)
+        return self.rest[self.done:min(self.done + n, stop)].tolist()
 
     def emit(self, text: str, finish_reason: str | None = None, tokens: list | None = None) -> None:
         """Sends text, with the logprobs of ``tokens`` (TextStream.released: the tokens it completes)."""
@@ -371,6 +378,8 @@ class Scheduler:
             if s.prefilling:
                 s.done += len(toks)
                 if s.prefilling:
+                    if s.done in s.marks:
+                        s.slot._checkpoint()
                     continue
                 s.slot._checkpoint()             # the prompt's end: the next turn goes back to it
             self._next_token(s, got)
@@ -396,12 +405,12 @@ class Scheduler:
         if not work:
             first, room = reading[0], min(self.prefill_chunk, n_batch)
             if first.left > room:
-                return [(first, first.rest[first.done:first.done + n_batch].tolist())]
+                return [(first, first.take(n_batch))]
             for s in reading:
                 if s.left > room:
                     break
-                work.append((s, s.rest[s.done:].tolist()))
-                room -= s.left
+                work.append((s, s.take(s.left)))
+                room -= len(work[-1][1])
             return work
         budget = self.step_budget.prompt_tokens(len(work))
         if budget and reading[0].rest.size <= self.prefill_chunk:   # a short prompt starts within a few steps
@@ -410,9 +419,8 @@ class Scheduler:
         for s in reading:
             if room == 0:
                 break
-            n = min(s.left, room)
-            work.append((s, s.rest[s.done:s.done + n].tolist()))
-            room -= n
+            work.append((s, s.take(min(s.left, room))))
+            room -= len(work[-1][1])
         return work
 
     def _drop_cancelled(self) -> None:

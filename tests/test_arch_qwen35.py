@@ -293,7 +293,7 @@ def test_hybrid_logits_match_llama_cpp(hybrid, model_type, tmp_path):
 
 def test_hybrid_session_sizes_count_the_states():
     """rm_session_sizes_get: the KV cache of the attention layers only, and the linear layers'
-    conv and delta-rule states beside it (with their scratch, and the two checkpoint copies of
+    conv and delta-rule states beside it (with their scratch, and the four checkpoint copies of
     both that prefix reuse keeps)."""
     from rapidmoe_gguf._native import check, ffi, lib
 
@@ -317,7 +317,7 @@ def test_hybrid_session_sizes_count_the_states():
     # and log-decays (64 rows of d_k + d_v + 1)
     head = 128 * 128 + 64 * (128 + 128 + 1)
     states = 4 * 30 * (3 * p.ssm_conv_dim + 32 * head)
-    kept = 3 * states   # the states and their two checkpoints
+    kept = 5 * states   # the states and their four checkpoints
     assert kept < out.recurrent_state < kept + 4 * 256 * (2 * 8192 + 5 * 4096 + 4 * 32) + (64 << 20)
 
 

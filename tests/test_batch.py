@@ -324,6 +324,34 @@ def test_prefix_hybrid_next_chat_turn_evaluates_only_the_new_tokens(hybrid_pair)
         assert got_seeded == m.generate(turn2 + " again", 12, temperature=0.9, seed=3)
 
 
+def test_prefix_hybrid_checkpoints_at_chunks_and_the_tail(hybrid_pair):
+    """A hybrid model reading a prompt keeps its states at every multiple of n_batch and 4 tokens
+    before the end, besides the end (Model._prompt_marks), four at most, dropping the one in the
+    densest place but the earliest and the latest: a later prompt that differs inside the first goes
+    back to within a step of where it differs, one that differs in its last few tokens (a template
+    re-rendering the last turn's end) to the tail; and answers exactly as a fresh model does."""
+    first = prompts((100,), seed=12)[0]
+    edited = first[:98] + [5, 6, 7, 8, 9, 10, 11, 12]   # 106 tokens, differs at 98
+    trimmed = first[:70] + [13, 14, 15]                  # differs at 70
+    with rm.Model(hybrid_pair, n_ctx=256, n_threads=2, n_batch=32) as m:
+        a = m.create_completion(first, max_tokens=4, temperature=0)["choices"][0]["text"]
+        live = m._live()
+        assert [lib.rm_session_reusable(live, n) for n in (31, 32, 63, 64, 95, 96, 99, 100)] == \
+            [0, 32, 32, 64, 64, 96, 96, 100]
+        b = m.create_completion(edited, max_tokens=4, temperature=0)["choices"][0]["text"]
+        assert m.last_timings["prompt_reused"] == 96                # the tail
+        # 100 went with its tokens; the tail (102) and end (106) of this prompt came in and 96
+        # left for them: the earliest (32) and the latest stay
+        live = m._live()
+        assert [lib.rm_session_reusable(live, n) for n in (40, 70, 101, 102, 106)] == [32, 64, 64, 102, 106]
+        c = m.create_completion(trimmed, max_tokens=4, temperature=0)["choices"][0]["text"]
+        assert m.last_timings["prompt_reused"] == 64
+    with rm.Model(hybrid_pair, n_ctx=256, n_threads=2, n_batch=32) as m:
+        m.reuse_prefix = False
+        assert [m.create_completion(p, max_tokens=4, temperature=0)["choices"][0]["text"]
+                for p in (first, edited, trimmed)] == [a, b, c]
+
+
 # -- multi-head latent attention and linear-attention layers ---------------------------------------
 
 @pytest.fixture(scope="module")

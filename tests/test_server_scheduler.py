@@ -445,6 +445,26 @@ def test_scheduler_hybrid_and_mla_sequences_batch(tmp_path, kind):
         assert (text, finish, end.usage) == alone(out, req, n_ctx=64)
 
 
+def test_scheduler_hybrid_slot_checkpoints_the_prompt_tail(tmp_path):
+    """A hybrid slot stops reading a prompt 4 tokens before its end to keep its states there
+    (Model._prompt_marks), then reads the rest: the answer is the one it has alone, and a prompt
+    that differs in those last tokens goes back there."""
+    from rapidmoe_gguf._native import lib
+    from test_arch_qwen35 import make_tiny_hybrid
+
+    make_tiny_hybrid(tmp_path / "hf", "qwen3_5_moe")
+    out = tmp_path / "h.gguf"
+    rm.convert(tmp_path / "hf", out, recipe="f32", progress=False)
+    req = request(ids(40, 21), 5)
+    m = rm.Model(out, n_ctx=128, n_threads=2)
+    with m:
+        jobs, obs, sched = serve_jobs(m, 1, [req], prefill_chunk=8)
+        assert [lib.rm_session_reusable(m._live(), n) for n in (35, 36, 39, 40)] == [0, 36, 36, 40]
+    assert obs.steps[:2] == [(36, 1), (4, 1)]
+    text, finish, end = jobs[0].result()
+    assert (text, finish, end.usage) == alone(out, req, n_ctx=128)
+
+
 # -- through the server --------------------------------------------------------------------------
 
 CASES = [

@@ -5,6 +5,7 @@
  * cpu/gdn.c), and the states between calls, which live on the session's backend. */
 #include "deltanet.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,16 +101,51 @@ void rm_hybrid_state_bytes(const rm_model * m, uint64_t * conv, uint64_t * ssm) 
     *ssm = bytes[RM_RECURRENT_BUF_SSM_STATE];
 }
 
+/* The slot a checkpoint at pos takes: its own where pos has one, else an empty one, else the one
+ * whose loss leaves the smallest gap between its neighbours, of all but the earliest and the
+ * latest: the earliest stays, an anchor for prompts that keep only the start of a conversation (a
+ * system prompt); the latest stays (a prompt's tail beside its end, Model._prompt_marks); the rest
+ * thin out where they are densest (a prompt's chunk boundaries, an older turn's tail and end), so
+ * those left spread over the context. */
+_Static_assert(RM_HYBRID_CHECKPOINTS >= 3, "an earliest, a latest and one to give up");
+static int checkpoint_slot(const rm_hybrid * h, int32_t pos) {
+    int empty = -1;
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
+        if (h->ckpt_pos[i] == pos) {
+            return i;
+        }
+        if (h->ckpt_pos[i] < 0 && empty < 0) {
+            empty = i;
+        }
+    }
+    if (empty >= 0) {
+        return empty;
+    }
+    int order[RM_HYBRID_CHECKPOINTS];   /* the slots by position */
+    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
+        int j = i;
+        for (; j > 0 && h->ckpt_pos[order[j - 1]] > h->ckpt_pos[i]; j--) {
+            order[j] = order[j - 1];
+        }
+        order[j] = i;
+    }
+    int best = order[1];
+    int64_t best_gap = INT64_MAX;
+    for (int k = 1; k + 1 < RM_HYBRID_CHECKPOINTS; k++) {
+        const int64_t gap = (int64_t) h->ckpt_pos[order[k + 1]] - h->ckpt_pos[order[k - 1]];
+        if (gap < best_gap) {
+            best_gap = gap;
+            best = order[k];
+        }
+    }
+    return best;
+}
+
 rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos) {
     if (!h) {
         return RM_OK;
     }
-    int slot = h->ckpt_next;
-    for (int i = 0; i < RM_HYBRID_CHECKPOINTS; i++) {
-        if (h->ckpt_pos[i] == pos) {
-            slot = i;
-        }
-    }
+    const int slot = checkpoint_slot(h, pos);
     uint64_t conv, ssm;
     rm_hybrid_state_bytes(m, &conv, &ssm);
     if (!h->ckpt[slot] && !(h->ckpt[slot] = h->be->ops->alloc(h->be, conv + ssm))) {
@@ -119,9 +155,6 @@ rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos) {
     h->be->ops->copy(h->be, h->ckpt[slot], h->conv_state, conv);
     h->be->ops->copy(h->be, (char *) h->ckpt[slot] + conv, h->ssm_state, ssm);
     h->ckpt_pos[slot] = pos;
-    if (slot == h->ckpt_next) {
-        h->ckpt_next = (slot + 1) % RM_HYBRID_CHECKPOINTS;
-    }
     return RM_OK;
 }
 

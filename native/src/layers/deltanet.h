@@ -34,7 +34,6 @@ typedef struct rm_hybrid {
      * positions, so a state restored at p continues exactly as the sequence evaluated at once */
     float *   ckpt[RM_HYBRID_CHECKPOINTS];
     int32_t   ckpt_pos[RM_HYBRID_CHECKPOINTS];
-    int32_t   ckpt_next;          /* the slot the next checkpoint takes, round robin */
 } rm_hybrid;
 
 /* The session's hybrid state, zeroed, in be's memory; *out = NULL for a model without hybrid layers. */
@@ -46,7 +45,8 @@ void      rm_hybrid_reset(rm_hybrid * h, const rm_model * m);   /* states zeroed
 void      rm_hybrid_state_bytes(const rm_model * m, uint64_t * conv, uint64_t * ssm);
 
 /* Keeps a copy of the states as they are now, at cache position pos (replacing one at pos, else
- * the oldest). RM_E_OOM when its memory cannot be had (the states are unchanged). */
+ * taking an empty slot, else the one in the densest place but the earliest: checkpoint_slot).
+ * RM_E_OOM when its memory cannot be had (the states are unchanged). */
 rm_status rm_hybrid_checkpoint(rm_hybrid * h, const rm_model * m, int32_t pos);
 
 /* The latest checkpointed position <= n (-1: none); with restore, the states are set back to it

@@ -62,7 +62,7 @@ void rm_split_buf_bytes(const rm_size_params * p, uint64_t out[RM_SPLIT_BUF_COUN
 
 /* Checkpoints of a session's recurrent states kept for prefix reuse (rm_session_checkpoint), each
  * a copy of the conv and delta-rule states; counted in rm_session_sizes' recurrent_state. */
-#define RM_HYBRID_CHECKPOINTS 2
+#define RM_HYBRID_CHECKPOINTS 4
 
 /* A hybrid model's host buffers (deltanet.c), present when the model has linear-attention keys
  * (ssm_n_v > 0): the recurrent states of its linear layers, their scratch for a step of n_batch

@@ -613,14 +613,22 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
  * the cache once per query row instead (as one job per token and head does) made a 16-token
  * prompt chunk at context 1,900 spend most of its step streaming the same keys 128 times.
  * Within a tile the rows go three at a time through the sets' multi-row kernels (each key and
- * value loaded into a register once for the three), a chunk of ATTN_CHUNK positions at a time so
- * that the chunk stays in L1 while every group of rows passes over it. */
+ * value loaded into a register once for the three), each group over the whole tile at once: its
+ * sums stay in registers for it (in chunks of 16 positions, each group loaded and stored its
+ * output's sums four times a tile), and the tile, 32 KiB of keys and as much of values, is read
+ * from L2 (8,192 tokens as below: 266 -> 285 tok/s).
+ *
+ * A job holds up to ATTN_ROWS rows (16 tokens of 8 query heads): every job converts and reads the
+ * kv head's whole context once, so more rows a job is less of the cache's traffic; a prefill of
+ * 8,192 tokens in steps of 512 (4 kv heads of 8 query heads, F16 cache, AVX-512) ran at 237 tok/s
+ * with 32 rows (the F16 conversion of the tiles, waiting on L3, took 15% of it) and 266 with 128;
+ * 256 and 512 were not faster. */
 #define ATTN_TILE RM_ATTN_TILE   /* positions: 64 rows of K and of V, 32 KiB each at head_dim 128 */
-#define ATTN_ROWS 32          /* query rows of a job at most */
+#define ATTN_ROWS 128          /* query rows of a job at most */
 #define ATTN_JOBS_PER_THREAD 4
-/* Positions of a tile scored (and summed) for all of a job's rows before the next: 16 keys of
- * head_dim 128 are 8 KiB, read from L1 by every group of rows instead of the whole tile's 32 KiB
- * from L2. A multiple of 8, the kernels' groups of positions: a score's floats stay the same. */
+/* The groups' positions go to the end of the chunk of ATTN_CHUNK holding their furthest reach (a
+ * multiple of 8, the kernels' groups of positions: a score's floats stay the same); past it, their
+ * weights are 0 and nothing is computed. */
 #define ATTN_CHUNK 16
 
 /* How a cache of another type than F32 is read: its conversion to floats and its row's layout. */
@@ -735,14 +743,10 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             reach[na] = e - p;
             act[na++] = r;
         }
-        for (int32_t c = 0; c < n; c += ATTN_CHUNK) {   /* a chunk of keys stays in L1 while the rows pass */
-            const int32_t nc = n - c < ATTN_CHUNK ? n - c : ATTN_CHUNK;
-            for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
-                const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
-                if (attn_rows_reach(reach + k0, nr) <= c) continue;   /* all past the rows' ends: masked */
-                t->scores_rows(D, nc, nr, qa + k0, kt + (int64_t) c * kv_stride, kv_stride, scale,
-                               sc + (int64_t) k0 * ATTN_TILE + c, ATTN_TILE);
-            }
+        for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {   /* a group of rows over the tile */
+            const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
+            const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
+            t->scores_rows(D, upto < n ? upto : n, nr, qa + k0, kt, kv_stride, scale, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE);
         }
         for (int32_t k = 0; k < na; k++) {
             const int32_t r = act[k];
@@ -764,14 +768,13 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             l[r] += t->exp_sum(srow, n, mx);
             empty[r] = 0;
         }
-        for (int32_t c = 0; c < n; c += ATTN_CHUNK) {   /* and a chunk of values */
-            const int32_t nc = n - c < ATTN_CHUNK ? n - c : ATTN_CHUNK;
-            for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
-                const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
-                if (attn_rows_reach(reach + k0, nr) <= c) continue;   /* weights 0 from here on */
-                t->values_rows(D, nc, nr, sc + (int64_t) k0 * ATTN_TILE + c, ATTN_TILE, vt + (int64_t) c * kv_stride,
-                               kv_stride, oa + k0);
-            }
+        /* and the values, a group of rows over the tile at once (their sums stay in registers;
+         * the tile is read from L2 by each group): the chunks of positions before the rows'
+         * furthest reach, as the scores took them (weights 0 past each row's own) */
+        for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
+            const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
+            const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
+            t->values_rows(D, upto < n ? upto : n, nr, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE, vt, kv_stride, oa + k0);
         }
         p = pe;
     }

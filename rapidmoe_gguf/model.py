@@ -76,10 +76,10 @@ def ram_budget_bytes(ram_budget: str | int | None) -> int:
     return n
 
 
-# llama.cpp's KV cache types (its --cache-type-k / -v values), but iq4_nl (no quantizer here yet)
 # A hybrid model also checkpoints this many tokens before a prompt's end (Model._prompt_marks).
 CHECKPOINT_TAIL = 4
 
+# llama.cpp's KV cache types (its --cache-type-k / -v values), but iq4_nl (no quantizer here yet)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 

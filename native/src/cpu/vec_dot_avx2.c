@@ -129,35 +129,28 @@ RM_INLINE void dot_32_multi(int64_t n, float * out, const void * w, const void *
         }
         const __m256 dw = scales8(wb + (uint64_t) i * wblock, wblock);   /* d is each block's first field */
         __m256i q[8], aq[8];
-        if (nibbles_way) {   /* Q4_0's nibbles as they are, times x in int16 pairs, less 8 sum(x) */
-            for (int k = 0; k < 8; k++) {
-                q[k] = nibbles_lo_hi(((const rm_block_q4_0 *) w + i + k)->qs);
-            }
-            for (int c = 0; c < nc; c++) {
-                __m256i p[8];
-                const float * xi = x_info + c * x_info_stride;
-                for (int k = 0; k < 8; k++) {
-                    p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *) x[c][i + k].qs)),
-                                             _mm256_set1_epi16(1));
-                }
-                /* small integers: exact in float, the value the signed way gives */
-                const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(block_sums8(p)));
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
-            }
-            continue;
-        }
         for (int k = 0; k < 8; k++) {
-            q[k] = levels(w, i + k);
-            aq[k] = _mm256_sign_epi8(q[k], q[k]);
+            if (nibbles_way) {   /* Q4_0's nibbles as they are */
+                q[k] = aq[k] = nibbles_lo_hi(((const rm_block_q4_0 *) w + i + k)->qs);
+            } else {
+                q[k] = levels(w, i + k);
+                aq[k] = _mm256_sign_epi8(q[k], q[k]);
+            }
         }
         for (int c = 0; c < nc; c++) {
             __m256i p[8];
             for (int k = 0; k < 8; k++) {
-                p[k] = block_dot_s8(q[k], aq[k], x[c] + i + k);
+                p[k] = nibbles_way ? _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *) x[c][i + k].qs)),
+                                                       _mm256_set1_epi16(1))
+                                   : block_dot_s8(q[k], aq[k], x[c] + i + k);
+            }
+            __m256 sums = _mm256_cvtepi32_ps(block_sums8(p));
+            if (nibbles_way) {   /* less 8 sum(x): small integers, exact in float, the value the signed way gives */
+                sums = _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), _mm256_loadu_ps(x_info + c * x_info_stride + nb + i), sums);
             }
             const __m256 dx = x_info ? _mm256_loadu_ps(x_info + c * x_info_stride + i)
                                      : scales8((const uint8_t *) (x[c] + i), sizeof(rm_block_q8_0));
-            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(block_sums8(p)), acc[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), sums, acc[c]);
         }
     }
     for (; i < nb; i++) {  /* the last few blocks, one by one */

@@ -777,6 +777,172 @@ MINIMAX_M2 = ArchSpec(
     check_config=_check_minimax_m2,
 )
 
+# ---- MiMo-V2-Flash: sliding layers with sinks and more kv heads, values narrower than the keys ----
+
+def _sliding_layers(swa: str, kv: str, kv_full: str) -> tuple[HParam, ...]:
+    """Which layers slide and each layer's kv heads, per layer (from the prepared config's swa and
+    kv lists), and the full layers' kv heads (kv_full)."""
+    return (
+        HParam("{arch}.attention.sliding_window_pattern", (swa,), "bools", dim="swa_layers"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, (kv,), "u32s", dim="n_head_kv_layers"),
+        HParam(None, (kv_full,), "u32", dim="n_head_kv"),
+    )
+
+
+def _mimo2_layer_types(config: Mapping[str, Any]) -> list[str]:
+    """transformers' layer_types, else the released config's hybrid_layer_pattern (1: sliding), else
+    transformers' default: full attention on layer 0 and every 6th layer."""
+    n = config["num_hidden_layers"]
+    if config.get("layer_types") is not None:
+        return list(config["layer_types"])
+    if config.get("hybrid_layer_pattern") is not None:
+        return ["sliding_attention" if v else "full_attention" for v in config["hybrid_layer_pattern"]]
+    return ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+
+
+def _mimo2_rope(config: Mapping[str, Any], kind: str) -> tuple[float, float]:
+    """(theta, partial_rotary_factor) of a layer kind: transformers' rope_parameters per kind, else
+    the released config's rope_theta / swa_rope_theta / partial_rotary_factor, else transformers'
+    defaults."""
+    per_kind = (config.get("rope_parameters") or {}).get(kind)
+    if isinstance(per_kind, Mapping):
+        if per_kind.get("rope_type", "default") != "default":
+            raise UnsupportedError(f"config.json: MiMo's {kind} RoPE '{per_kind['rope_type']}' is not supported")
+        return float(per_kind.get("rope_theta", 5e6 if kind == "full_attention" else 1e4)), \
+            float(per_kind.get("partial_rotary_factor", 0.334))
+    theta = config.get("rope_theta" if kind == "full_attention" else "swa_rope_theta")
+    return float(theta if theta is not None else 5e6 if kind == "full_attention" else 1e4), \
+        float(config.get("partial_rotary_factor", 0.334))
+
+
+def _prepare_mimo2(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The values llama.cpp's mimo2 keys hold, from either form of the config (transformers' or the
+    released one, whose extra keys transformers ignores), as transformers runs the model."""
+    n = config["num_hidden_layers"]
+    types = _mimo2_layer_types(config)
+    if len(types) != n or any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise FormatError(f"config.json: MiMo's layer kinds {types} are not {n} of full_attention/sliding_attention")
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or 192
+    v_head_dim = config.get("v_head_dim") or 128
+    checks = [   # transformers builds the sliding layers from the full ones' sizes
+        (config.get("swa_num_key_value_heads") in (None, 2 * kv), "swa_num_key_value_heads other than twice "
+         "num_key_value_heads (transformers gives the sliding layers twice the kv heads)"),
+        (config.get("swa_head_dim") in (None, head_dim), "swa_head_dim other than head_dim"),
+        (config.get("swa_v_head_dim") in (None, v_head_dim), "swa_v_head_dim other than v_head_dim"),
+        (config.get("swa_num_attention_heads") in (None, config["num_attention_heads"]),
+         "swa_num_attention_heads other than num_attention_heads"),
+        (config.get("scoring_func", "sigmoid") == "sigmoid", f"scoring_func '{config.get('scoring_func')}'"),
+        (config.get("topk_method", "noaux_tc") == "noaux_tc", f"topk_method '{config.get('topk_method')}'"),
+        (not config.get("attention_bias"), "attention_bias"),
+        (config.get("add_full_attention_sink_bias") in (None, False), "sinks on the full-attention layers"),
+        (config.get("add_swa_attention_sink_bias") in (None, True), "sliding layers without sinks"),
+        (not config.get("n_shared_experts"), "shared experts"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            raise UnsupportedError(f"config.json: MiMo-V2-Flash with {what} is not supported")
+    mlp = config.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
+    n_dense = next((i for i, t in enumerate(mlp) if t != "dense"), len(mlp))
+    if len(mlp) != n or any(t != "sparse" for t in mlp[n_dense:]):
+        raise UnsupportedError(f"config.json: mlp_layer_types {list(mlp)}: only leading dense layers are supported")
+    (full_theta, full_part), (swa_theta, swa_part) = (_mimo2_rope(config, k) for k in ("full_attention",
+                                                                                       "sliding_attention"))
+    if full_part != swa_part:
+        raise UnsupportedError(f"config.json: MiMo with partial_rotary_factor {full_part} on the full layers and "
+                               f"{swa_part} on the sliding ones is not supported")
+    # transformers: the released sliding_window_size previous tokens plus the query
+    window = config["sliding_window_size"] + 1 if config.get("sliding_window_size") is not None \
+        else config.get("sliding_window", 129)
+    scale = config.get("routed_scaling_factor")
+    return dict(config, _mimo_swa=[t == "sliding_attention" for t in types],
+                _mimo_kv=[2 * kv if t == "sliding_attention" else kv for t in types], _mimo_kv_full=kv,
+                _mimo_head_dim=head_dim, _mimo_v_head_dim=v_head_dim, _mimo_n_rot=int(head_dim * full_part),
+                _mimo_full_theta=full_theta, _mimo_swa_theta=swa_theta, _mimo_window=window, _n_dense=n_dense,
+                _mimo_eps=config.get("rms_norm_eps", config.get("layernorm_epsilon", 1e-5)),
+                _mimo_v_scale=config.get("attention_value_scale", 0.707),
+                _mimo_scale=1.0 if scale is None else scale, _norm_topk=bool(config.get("norm_topk_prob", True)),
+                _n_group=int(config.get("n_group") or 1),
+                _topk_group=int(config.get("topk_group") or config.get("n_group") or 1))
+
+
+def _mimo2_layer_kind(config: Mapping[str, Any], bid: int) -> str:
+    return "sliding" if _mimo2_layer_types(config)[bid] == "sliding_attention" else "full"
+
+
+def _mimo2_tensors() -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    a, m = p + "self_attn.", p + "mlp."
+    x = m + "experts.{xid}."
+    t = [TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm")]
+    for kind, sfx in (("full", ""), ("sliding", "_swa")):
+        t += [
+            TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q"), "attn", layers=kind),
+            TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv" + sfx), "attn", layers=kind),
+            TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv_v" + sfx), "attn",
+                       layers=kind),
+            TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_v", "n_embd"), "attn", layers=kind),
+        ]
+    # the sliding layers' sinks (the released name; transformers calls them sinks once loaded)
+    t.append(TensorSpec("blk.{bid}.attn_sinks.weight", a + "attention_sink_bias", ("n_head",), "bias",
+                        optional=True))
+    t += [
+        TensorSpec("blk.{bid}.ffn_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "gate.weight", ("n_embd", "n_expert"), "router", layers="moe"),
+        TensorSpec("blk.{bid}.exp_probs_b.bias", m + "gate.e_score_correction_bias", ("n_expert",), "bias",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + "gate_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + "up_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + "down_proj.weight", ("n_ff_exp", "n_embd", "n_expert"),
+                   "expert", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate.weight", m + "gate_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_up.weight", m + "up_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_down.weight", m + "down_proj.weight", ("n_ff", "n_embd"), "dense", layers="dense"),
+    ]
+    return _GLOBAL_TENSORS + tuple(t)
+
+
+MIMO2 = ArchSpec(
+    name="mimo2",
+    hf_architectures=("MiMoV2FlashForCausalLM",),
+    hparams=_COMMON_HPARAMS[:5] + _sliding_layers("_mimo_swa", "_mimo_kv", "_mimo_kv_full") + (
+        HParam(None, (), "u32", default=lambda d: 2 * d["n_head_kv"], dim="n_head_kv_swa"),
+        HParam(Keys.Attention.KEY_LENGTH, ("_mimo_head_dim",), "u32", dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH, ("_mimo_v_head_dim",), "u32", dim="head_dim_v"),
+        HParam(Keys.Rope.DIMENSION_COUNT, ("_mimo_n_rot",), "u32", default=lambda d: d["head_dim"], dim="n_rot"),
+        HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
+        HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        _norm_topk(("_norm_topk",), True),
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff"),
+        HParam(Keys.LLM.EXPERT_GATING_FUNC, (), "u32", default=_GATING["sigmoid"], dim="gating"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("_mimo_scale",), "f32", default=1.0, dim="expert_weights_scale"),
+        HParam(Keys.LLM.EXPERT_GROUP_COUNT, ("_n_group",), "u32", default=1, dim="n_group"),
+        HParam(Keys.LLM.EXPERT_GROUP_USED_COUNT, ("_topk_group",), "u32", default=lambda d: d["n_group"],
+               dim="n_group_used"),
+        HParam(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("_n_dense",), "u32", default=0, dim="n_layer_dense_lead"),
+        # the checkpoint's multi-token-prediction layers are not converted
+        HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),
+        HParam(Keys.Attention.SLIDING_WINDOW, ("_mimo_window",), "u32", dim="n_swa"),
+        HParam("{arch}.attention.value_scale", ("_mimo_v_scale",), "f32", default=1.0, dim="v_scale"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("_mimo_eps",), "f32", default=1e-5, dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("_mimo_full_theta",), "f32", default=10000.0, dim="rope_base"),
+        HParam("{arch}.rope.freq_base_swa", ("_mimo_swa_theta",), "f32", default=10000.0, dim="rope_base_swa"),
+        HParam(None, (), "u32", default=lambda d: d["n_head_kv"] * d["head_dim_v"], dim="n_kv_v"),
+        HParam(None, (), "u32", default=lambda d: d["n_head_kv_swa"] * d["head_dim"], dim="n_kv_swa"),
+        HParam(None, (), "u32", default=lambda d: d["n_head_kv_swa"] * d["head_dim_v"], dim="n_kv_v_swa"),
+        HParam(None, (), "u32", default=lambda d: d["n_head"] * d["head_dim_v"], dim="n_v"),
+    ),
+    tensors=_mimo2_tensors(),
+    output_from_embd=True,
+    prepare_config=_prepare_mimo2,
+    layer_kind=_mimo2_layer_kind,
+    sliding_window=True,
+    skipped=_MTP,
+)
+
 # ---- Gemma 4 (26B-A4B): sliding and full layers of two shapes, a GELU FFN beside the experts ----
 
 def _gemma4_layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -843,15 +1009,7 @@ def _gemma4_layer_kind(config: Mapping[str, Any], bid: int) -> str:
     return "sliding" if _gemma4_layer_types(config)[bid] == "sliding_attention" else "full"
 
 
-_GEMMA4_HPARAMS = (
-    HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
-    HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
-    HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
-    HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
-    HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
-    HParam("{arch}.attention.sliding_window_pattern", ("_g4_swa",), "bools", dim="swa_layers"),
-    HParam(Keys.Attention.HEAD_COUNT_KV, ("_g4_kv",), "u32s", dim="n_head_kv_layers"),
-    HParam(None, ("_g4_full_kv",), "u32", dim="n_head_kv"),
+_GEMMA4_HPARAMS = _COMMON_HPARAMS[:5] + _sliding_layers("_g4_swa", "_g4_kv", "_g4_full_kv") + (
     HParam(None, ("num_key_value_heads",), "u32", default=lambda d: d["n_head"], dim="n_head_kv_swa"),
     HParam(Keys.Attention.KEY_LENGTH, ("_g4_full_head_dim",), "u32", dim="head_dim"),
     HParam(Keys.Attention.VALUE_LENGTH, ("_g4_full_head_dim",), "u32", dim="head_dim_v"),
@@ -947,7 +1105,7 @@ GEMMA4 = ArchSpec(
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
-                                                  DEEPSEEK2, GPT_OSS, MINIMAX_M2, GEMMA4)}
+                                                  DEEPSEEK2, GPT_OSS, MINIMAX_M2, MIMO2, GEMMA4)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}

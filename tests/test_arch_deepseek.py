@@ -267,7 +267,7 @@ def test_arch_deepseek_planner_counts_the_latent_cache(converted):
     assert not any("latent attention" in m for m in plan.messages)     # it runs on the device
     mha = planner.ModelSizes(**{**sizes.__dict__, "kv_lora_rank": 0, "n_head_kv": sizes.n_head})
     head_k, head_v = _MLA["qk_nope_head_dim"] + rope, _MLA["v_head_dim"]
-    assert planner.session_device_bytes(mha, 1, 1, False)["kv_cache"] == 4 * 3 * 3 * (head_k + head_k)
+    assert planner.session_device_bytes(mha, 1, 1, False)["kv_cache"] == 4 * 3 * 3 * (head_k + head_v)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,6 +52,16 @@ heads of 128 with q/k norms over the whole projection, RoPE on 64 dims of each h
 with the released config's scoring_func "sigmoid", which llama.cpp's converter needs to write
 the gating key llama.cpp reads.
 
+``--arch mimo2`` writes a MiMoV2FlashForCausalLM with MiMo-V2-Flash's per-layer shapes (hidden 4096,
+64 query heads with keys of 192 and values of 128, RoPE on 64 of them; sliding layers with 8 KV
+heads, a window of 128 and sinks, full layers with 4 KV heads; experts of FFN 2048, top-8 by sigmoid
+scores with a selection bias), 2 layers, a sliding one then a full one, both MoE, and 128 experts
+rather than 256 so that the checkpoint and llama.cpp's f16 file fit this machine's disk together
+(6.5 B parameters, 12.9 GB bf16; a decoded token reads the same experts' bytes). Its config.json
+carries the released config's keys, which llama.cpp's converter reads, and a model_type that
+transformers does not know, so that the converter reads config.json itself (through transformers'
+own class it meets RoPE keys it does not read).
+
 ``--arch qwen35moe`` writes a Qwen3_5MoeForCausalLM with Qwen3.5-35B-A3B's per-layer shapes instead
 (hidden 2048, 256 experts, top-8, expert and shared-expert FFN 512; gated attention with 16 query
 and 2 KV heads of dim 256, RoPE on a quarter of each head; Gated DeltaNet with 16 key and 32
@@ -94,7 +104,7 @@ FORMATS = {
     "mxfp4-q8": ("mxfp4-q8", {}),
 }
 # --arch -> the formats written by default
-DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0"}
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0", "mimo2": "q8_0"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
@@ -105,6 +115,7 @@ SHAPES = {
     "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
     "gemma4": dict(experts=128, experts_used=8, hidden=2816, expert_ff=704, heads=16, kv_heads=8, head_dim=256),
     "minimax-m2": dict(experts=256, experts_used=8, hidden=3072, expert_ff=1536, heads=48, kv_heads=8, head_dim=128),
+    "mimo2": dict(experts=128, experts_used=8, hidden=4096, expert_ff=2048, heads=64, kv_heads=4, head_dim=192),
 }
 # Gemma-4-26B-A4B's full-attention layers and dense FFN
 GEMMA4_FULL = dict(global_head_dim=512, num_global_key_value_heads=2, intermediate_size=2112, sliding_window=1024)
@@ -251,6 +262,51 @@ def tensor_list_minimax(a) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+MIMO2_V_HEAD_DIM, MIMO2_WINDOW = 128, 128
+
+
+def hf_config_mimo2(a) -> dict:
+    """The released config's keys (hybrid_layer_pattern, swa_*, rope_theta / swa_rope_theta,
+    sliding_window, layernorm_epsilon) beside transformers' own."""
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(a.layers)]
+    return dict(
+        architectures=["MiMoV2FlashForCausalLM"], model_type="mimo_v2_flash_bench", vocab_size=a.vocab,
+        hidden_size=a.hidden, intermediate_size=16384, moe_intermediate_size=a.expert_ff, num_hidden_layers=a.layers,
+        num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+        v_head_dim=MIMO2_V_HEAD_DIM, n_routed_experts=a.experts, num_experts_per_tok=a.experts_used, n_group=1,
+        topk_group=1, norm_topk_prob=True, routed_scaling_factor=None, scoring_func="sigmoid", topk_method="noaux_tc",
+        max_position_embeddings=262144, rms_norm_eps=1e-5, layernorm_epsilon=1e-5, tie_word_embeddings=False,
+        bos_token_id=0, eos_token_id=2, torch_dtype="bfloat16", layer_types=types,
+        mlp_layer_types=["sparse"] * a.layers, hybrid_layer_pattern=[int(t == "sliding_attention") for t in types],
+        sliding_window=MIMO2_WINDOW, swa_num_key_value_heads=2 * a.kv_heads, swa_head_dim=a.head_dim,
+        swa_v_head_dim=MIMO2_V_HEAD_DIM, swa_num_attention_heads=a.heads, rope_theta=5000000.0,
+        swa_rope_theta=10000.0, partial_rotary_factor=0.334, attention_value_scale=0.707,
+        add_swa_attention_sink_bias=True, add_full_attention_sink_bias=False)
+
+
+def tensor_list_mimo2(a) -> list[tuple[str, tuple[int, ...]]]:
+    """MiMo-V2-Flash's tensors as released: q/k/v/o apart, the sliding layers' sinks, each expert's
+    gate/up/down."""
+    types = hf_config_mimo2(a)["layer_types"]
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        p, s, m = f"model.layers.{b}.", f"model.layers.{b}.self_attn.", f"model.layers.{b}.mlp."
+        kv = 2 * a.kv_heads if types[b] == "sliding_attention" else a.kv_heads
+        t += [(p + "input_layernorm.weight", (a.hidden,)), (s + "q_proj.weight", (a.heads * a.head_dim, a.hidden)),
+              (s + "k_proj.weight", (kv * a.head_dim, a.hidden)), (s + "v_proj.weight", (kv * MIMO2_V_HEAD_DIM, a.hidden)),
+              (s + "o_proj.weight", (a.hidden, a.heads * MIMO2_V_HEAD_DIM))]
+        if types[b] == "sliding_attention":
+            t.append((s + "attention_sink_bias", (a.heads,)))
+        t += [(p + "post_attention_layernorm.weight", (a.hidden,)), (m + "gate.weight", (a.experts, a.hidden)),
+              (m + "gate.e_score_correction_bias", (a.experts,))]
+        for x in range(a.experts):
+            t += [(m + f"experts.{x}.gate_proj.weight", (a.expert_ff, a.hidden)),
+                  (m + f"experts.{x}.up_proj.weight", (a.expert_ff, a.hidden)),
+                  (m + f"experts.{x}.down_proj.weight", (a.hidden, a.expert_ff))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
 def hf_config(a) -> dict:
     """config.json, through transformers' own Qwen3MoeConfig (or GptOssConfig) so that every field
     is spelled as it spells it."""
@@ -275,6 +331,8 @@ def hf_config(a) -> dict:
         return hf_config_gemma4(a)
     if a.arch == "minimax-m2":
         return hf_config_minimax(a)
+    if a.arch == "mimo2":
+        return hf_config_mimo2(a)
     if a.arch == "deepseek2":
         return deepseek_config(a)
     cfg = Qwen3MoeConfig(
@@ -355,6 +413,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return tensor_list_gemma4(a)
     if a.arch == "minimax-m2":
         return tensor_list_minimax(a)
+    if a.arch == "mimo2":
+        return tensor_list_mimo2(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
     for b in range(a.layers):
@@ -532,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
                          "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
-                         "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's")
-    ap.add_argument("--layers", type=int, default=None, help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2: 2)")
+                         "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's; mimo2: MiMo-V2-Flash's")
+    ap.add_argument("--layers", type=int, default=None, help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2: 2)")
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--experts-used", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=None)
@@ -562,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.layers is None:
-        a.layers = {"gemma4": 6, "minimax-m2": 2}.get(a.arch, 4)
+        a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2}.get(a.arch, 4)
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch == "qwen35moe"
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")

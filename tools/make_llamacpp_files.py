@@ -105,13 +105,13 @@ def llama_src(cache: str) -> str:
 
 
 def _has_mtp_option(hf: str) -> bool:
-    """Qwen3.5-MoE and Qwen3-Next: llama.cpp's converter wants an MTP block unless told --no-mtp,
-    and a checkpoint made by transformers (the benchmark model's) has none."""
+    """Qwen3.5-MoE, Qwen3-Next and MiMo-V2-Flash: llama.cpp's converter wants an MTP block unless
+    told --no-mtp, and a checkpoint made by transformers (the benchmark model's) has none."""
     import json
 
     with open(os.path.join(hf, "config.json"), encoding="utf-8") as f:
         archs = json.load(f).get("architectures") or []
-    return any(n in ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM") for n in archs)
+    return any(n in ("Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "MiMoV2FlashForCausalLM") for n in archs)
 
 
 def _atomic(run, out: str) -> None:

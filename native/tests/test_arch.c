@@ -87,10 +87,10 @@ static void test_describe_bounds(void) {
     EXPECT(rm_arch_hparam_describe(0, 4, &hi) == RM_OK && strcmp(hi.key, "attention.key_length") == 0 &&
                strcmp(hi.dflt, "n_embd/n_head") == 0 && strcmp(hi.max, "65536") == 0,
            "key_length row: %s %s %s", hi.key, hi.dflt, hi.max);
-    char list[256];
+    char list[512];
     rm_arch_supported_list(list, sizeof(list));
     EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, glm4moe (GLM-4.5), "
-                         "deepseek2 (DeepSeek-V2/V3), gpt-oss, minimax-m2 (MiniMax-M2), gemma4 (Gemma 4)") == 0, "list '%s'", list);
+                         "deepseek2 (DeepSeek-V2/V3), gpt-oss, minimax-m2 (MiniMax-M2), mimo2 (MiMo-V2-Flash), gemma4 (Gemma 4)") == 0, "list '%s'", list);
 }
 
 int main(void) {

@@ -154,24 +154,25 @@ static void test_matmul_many(rm_backend * be, const rm_model * m, const char * l
  * a sink logit per head (the model's first F32 vector, attn_norm, values near 1, which every
  * backend holds), and with ring > 0 the cache laid out as a sliding layer's ring of `ring` rows,
  * position p in row p % ring, which wraps inside some tokens' windows and inside a tile. */
-static void test_attention_scaled(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
-                                  int HKV, float scale) {
+static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int DV, int W, int ring,
+                                int H, int HKV, float scale) {
     const int G = H / HKV, N_CTX = pos0 + n_tok;
     const rm_weight * sinks = W > 0 ? &m->layers[0].attn_norm : NULL;
     const float * sk = sinks ? (const float *) sinks->data : NULL;
-    float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * D, 1.0f);
+    float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * DV, 1.0f);
     const int rows = ring > 0 ? ring : N_CTX;
-    float * kr = malloc(sizeof(float) * (size_t) (rows * HKV * D)), * vr = malloc(sizeof(float) * (size_t) (rows * HKV * D));
+    float * kr = malloc(sizeof(float) * (size_t) (rows * HKV * D)), * vr = malloc(sizeof(float) * (size_t) (rows * HKV * DV));
     for (int p = 0; p < N_CTX; p++) {
         memcpy(kr + (p % rows) * HKV * D, k + p * HKV * D, sizeof(float) * (size_t) (HKV * D));
-        memcpy(vr + (p % rows) * HKV * D, v + p * HKV * D, sizeof(float) * (size_t) (HKV * D));
+        memcpy(vr + (p % rows) * HKV * DV, v + p * HKV * DV, sizeof(float) * (size_t) (HKV * DV));
     }
-    float * qd = put(be, q, n_tok * H * D), * kd = put(be, kr, rows * HKV * D), * vd = put(be, vr, rows * HKV * D);
-    float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+    float * qd = put(be, q, n_tok * H * D), * kd = put(be, kr, rows * HKV * D), * vd = put(be, vr, rows * HKV * DV);
+    float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * DV));
     rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks, ring};
     a.scale = scale;
+    a.head_dim_v = DV == D ? 0 : DV;
     be->ops->attention(be, &a);
-    float * o = get(be, od, n_tok * H * D);
+    float * o = get(be, od, n_tok * H * DV);
     double * s = malloc(sizeof(double) * (size_t) N_CTX), worst = 0;
     for (int i = 0; i < n_tok; i++) {
         for (int h = 0; h < H; h++) {
@@ -185,19 +186,24 @@ static void test_attention_scaled(rm_backend * be, const rm_model * m, int n_tok
             }
             if (sk) z = exp(sk[h] - mx);
             for (int p = p0; p < n_kv; p++) z += exp(s[p] - mx);
-            for (int c = 0; c < D; c++) {
+            for (int c = 0; c < DV; c++) {
                 double ref = 0;
-                for (int p = p0; p < n_kv; p++) ref += exp(s[p] - mx) / z * v[(p * HKV + kh) * D + c];
-                worst = fmax(worst, fabs(o[(i * H + h) * D + c] - ref));
+                for (int p = p0; p < n_kv; p++) ref += exp(s[p] - mx) / z * v[(p * HKV + kh) * DV + c];
+                worst = fmax(worst, fabs(o[(i * H + h) * DV + c] - ref));
             }
         }
     }
-    char what[80];
-    snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d, window %d, ring %d, %d/%d heads%s", n_tok, pos0, D, W,
-             ring, H, HKV, scale > 0.0f ? ", logits unscaled" : "");
+    char what[96];
+    snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d/%d, window %d, ring %d, %d/%d heads%s", n_tok, pos0, D,
+             DV, W, ring, H, HKV, scale > 0.0f ? ", logits unscaled" : "");
     record(be->ops->name, "attention", what, worst / 4.0, 2e-5);
     be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
     free(q), free(k), free(v), free(o), free(kr), free(vr), free(s);
+}
+
+static void test_attention_scaled(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
+                                  int HKV, float scale) {
+    test_attention_full(be, m, n_tok, pos0, D, D, W, ring, H, HKV, scale);
 }
 
 static void test_attention_case(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
@@ -284,6 +290,10 @@ static void test_attention_small(rm_backend * be, const rm_model * m) {
     }
     test_attention_case(be, m, 6, 17, 64, 5, 0, 4, 2);    /* gpt-oss: a window of 5 and sinks */
     test_attention_case(be, m, 6, 17, 64, 5, 11, 4, 2);   /* the same on a ring of 11 rows */
+    /* MiMo's: values of 128 against keys of 192, a window with sinks on a ring, and a long prefix */
+    test_attention_full(be, m, 6, 17, 192, 128, 5, 11, 8, 2, 0.0f);
+    test_attention_full(be, m, 5, 150, 192, 128, 0, 0, 8, 1, 0.0f);
+    test_attention_full(be, m, 1, 70, 24, 16, 0, 0, 4, 1, 0.0f);
 }
 
 /* gpt-oss's clamped SwiGLU on values that reach past the limit, and YaRN RoPE (factor 32). */

@@ -287,9 +287,9 @@ class HFSource(Source):
         return hn, SourceTensor(name, ne, "expert", read)
 
     def _layer_kind(self, wanted: str, bid: int) -> str:
-        """The kind layer bid has among those a tensor may be limited to: the hybrids' "full" or
-        "linear" attention from the config; else dense or moe FFN, q_lora or q_direct query."""
-        if self.arch.layer_kind is not None:
+        """The kind layer bid has among those a tensor may be limited to: the attention kind ("full",
+        "linear", "sliding") from the config; dense or moe FFN, q_lora or q_direct query."""
+        if self.arch.layer_kind is not None and wanted in ("full", "sliding", "linear"):
             return self.arch.layer_kind(self.config, bid)
         return _layer_kind(wanted, bid, self.hp.dims)
 

@@ -682,13 +682,16 @@ static inline int32_t attn_rows_reach(const int32_t * reach, int nr) {
     return m;
 }
 
+/* The values' head width. */
+static inline int32_t attn_dv(const rm_attn_args * a) { return a->head_dim_v > 0 ? a->head_dim_v : a->head_dim; }
+
 static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile) {
     const rm_attn_args * a = t->a;
-    const int32_t D = a->head_dim, G = a->n_head / a->n_head_kv;
-    const int64_t q_stride = (int64_t) a->n_head * D, row_elems = (int64_t) a->n_head_kv * D;
+    const int32_t D = a->head_dim, DV = attn_dv(a), G = a->n_head / a->n_head_kv;
+    const int64_t q_stride = (int64_t) a->n_head * D, o_stride = (int64_t) a->n_head * DV;
     /* the tiles are read in place from an F32 cache, else converted into `tile` first */
     const int typed = a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32;
-    const int64_t kv_stride = typed ? D : row_elems;
+    const int64_t k_stride = typed ? D : (int64_t) a->n_head_kv * D, v_stride = typed ? DV : (int64_t) a->n_head_kv * DV;
     const float scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float) D);
     const int32_t g = (int32_t) (job % t->n_gs), kvh = (int32_t) (job / t->n_gs % a->n_head_kv);
     const int32_t i0 = (int32_t) (job / t->n_gs / a->n_head_kv) * t->tb;
@@ -705,7 +708,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
     int32_t lo, lo_last;              /* the job's positions: the first token's first to the last's last */
     (void) attn_span(a, i0, &lo);
     const int32_t hi = attn_span(a, i0 + n_i - 1, &lo_last);
-    const int64_t head = (int64_t) kvh * D;
+    const int64_t head = (int64_t) kvh * D, head_v = (int64_t) kvh * DV;
     for (int32_t p = lo; p < hi;) {
         /* tiles end at multiples of ATTN_TILE (and where a ring wraps): a row's arithmetic is the
          * same whichever rows share its job, so decode and prefill give the same floats */
@@ -720,10 +723,10 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             kt = tile;
             vt = tile + (int64_t) ATTN_TILE * D;
             kv_tile_floats(a->k_cache, &t->rk, row, pe - p, head, D, tile);
-            kv_tile_floats(a->v_cache, &t->rv, row, pe - p, head, D, tile + (int64_t) ATTN_TILE * D);
+            kv_tile_floats(a->v_cache, &t->rv, row, pe - p, head_v, DV, tile + (int64_t) ATTN_TILE * D);
         } else {
-            kt = a->k_cache + row * kv_stride + head;
-            vt = a->v_cache + row * kv_stride + head;
+            kt = a->k_cache + row * k_stride + head;
+            vt = a->v_cache + row * v_stride + head_v;
         }
         /* the rows that see positions of the tile: each scores the whole tile, the positions it
          * does not see masked out (their exponentials are 0, and adding 0 changes no sum: a row's
@@ -738,7 +741,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
             if (b >= e) continue;
             qa[na] = a->q + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
-            oa[na] = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+            oa[na] = a->out + (int64_t) (i0 + r / n_h) * o_stride + (int64_t) (h0 + r % n_h) * DV;
             from[na] = b - p;
             reach[na] = e - p;
             act[na++] = r;
@@ -746,7 +749,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
         for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {   /* a group of rows over the tile */
             const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
             const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
-            t->scores_rows(D, upto < n ? upto : n, nr, qa + k0, kt, kv_stride, scale, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE);
+            t->scores_rows(D, upto < n ? upto : n, nr, qa + k0, kt, k_stride, scale, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE);
         }
         for (int32_t k = 0; k < na; k++) {
             const int32_t r = act[k];
@@ -757,12 +760,12 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
             for (int32_t j = from[k]; j < reach[k]; j++) mx = srow[j] > mx ? srow[j] : mx;
             float * out = oa[k];
             if (empty[r]) {
-                memset(out, 0, sizeof(float) * (size_t) D);
+                memset(out, 0, sizeof(float) * (size_t) DV);
             }
             if (mx > m[r]) {          /* the earlier positions' weights shrink by e^(m - mx) */
                 const float f = expf(m[r] - mx);
                 l[r] *= f;
-                for (int32_t c = 0; !empty[r] && c < D; c++) out[c] *= f;
+                for (int32_t c = 0; !empty[r] && c < DV; c++) out[c] *= f;
                 m[r] = mx;
             }
             l[r] += t->exp_sum(srow, n, mx);
@@ -774,21 +777,22 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile)
         for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
             const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
             const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
-            t->values_rows(D, upto < n ? upto : n, nr, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE, vt, kv_stride, oa + k0);
+            t->values_rows(DV, upto < n ? upto : n, nr, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE, vt, v_stride, oa + k0);
         }
         p = pe;
     }
     for (int32_t r = 0; r < R; r++) {   /* every row sees at least its own position */
-        float * out = a->out + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
+        float * out = a->out + (int64_t) (i0 + r / n_h) * o_stride + (int64_t) (h0 + r % n_h) * DV;
         const float inv = 1.0f / l[r];
-        for (int32_t c = 0; c < D; c++) out[c] *= inv;
+        for (int32_t c = 0; c < DV; c++) out[c] *= inv;
     }
 }
 
 static void attn_task_fn(void * p, int ith, int nth) {
     attn_task * t = p;
     float * sc = t->c->scores + (int64_t) ith * t->c->scores_room;
-    float * tile = t->a->kv_tiles ? t->a->kv_tiles + (int64_t) ith * 2 * RM_ATTN_TILE * t->a->head_dim : NULL;
+    const int32_t wide = t->a->head_dim > attn_dv(t->a) ? t->a->head_dim : attn_dv(t->a);
+    float * tile = t->a->kv_tiles ? t->a->kv_tiles + (int64_t) ith * 2 * RM_ATTN_TILE * wide : NULL;
     const int64_t n_jobs = (int64_t) t->n_tb * t->a->n_head_kv * t->n_gs;
     for (;;) {
         const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
@@ -830,7 +834,7 @@ static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
                    .exp_sum = rm_cpu_exp_sum()};
     if (a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32) {
         t.rk = kv_reader_of(a->type_k, (int64_t) a->n_head_kv * a->head_dim);
-        t.rv = kv_reader_of(a->type_v, (int64_t) a->n_head_kv * a->head_dim);
+        t.rv = kv_reader_of(a->type_v, (int64_t) a->n_head_kv * attn_dv(a));
     }
     attn_blocks(&t, rm_pool_size(c->pool));
     atomic_init(&t.next_job, 0);

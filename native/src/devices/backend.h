@@ -61,8 +61,8 @@ typedef struct rm_mm_item {
 typedef struct rm_attn_args {
     const float * q;              /* n_tok rows of n_head*head_dim */
     const float * k_cache;        /* n_ctx rows of n_head_kv*head_dim: this layer's cache */
-    const float * v_cache;
-    float *       out;            /* n_tok rows of n_head*head_dim */
+    const float * v_cache;        /* n_ctx rows of n_head_kv*head_dim_v */
+    float *       out;            /* n_tok rows of n_head*head_dim_v */
     int32_t       n_tok;
     int32_t       pos0;           /* position of the first token; token t sees positions [0, pos0 + t] */
     int32_t       n_head, n_head_kv, head_dim;
@@ -73,9 +73,11 @@ typedef struct rm_attn_args {
                                      (a sliding layer's; rm_kv_ring_rows); 0: position p in row p */
     int32_t       type_k, type_v; /* the caches' element types (RM_TYPE_F32: the float rows above; others,
                                      rows of rm_kv_row_bytes: the CPU backend only) */
-    float *       kv_tiles;       /* with another type than F32: host scratch of 2 * RM_ATTN_TILE * head_dim
-                                     floats per thread of the CPU pool, a tile of K and of V as floats */
+    float *       kv_tiles;       /* with another type than F32: host scratch of 2 * RM_ATTN_TILE * the wider of
+                                     head_dim and head_dim_v floats per thread of the CPU pool, a tile of K and
+                                     of V as floats */
     float         scale;          /* the logits are q.k times this; 0: 1 / sqrt(head_dim) */
+    int32_t       head_dim_v;     /* the values' head width (MiMo's are narrower than the keys'); 0: head_dim */
 } rm_attn_args;
 
 /* Positions of K and V the CPU attention reads as one tile (flash attention's order; ops.c). */

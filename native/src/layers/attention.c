@@ -24,7 +24,7 @@ static void kv_row_bytes(const rm_session * s, uint32_t kind, uint64_t * k_row, 
     }
     const rm_attn_shape sh = rm_attn_shape_of(hp, kind);
     *k_row = rm_kv_row_bytes(s->type_k, (int64_t) sh.n_head_kv * sh.head_dim);
-    *v_row = rm_kv_row_bytes(s->type_v, (int64_t) sh.n_head_kv * sh.head_dim);
+    *v_row = rm_kv_row_bytes(s->type_v, (int64_t) sh.n_head_kv * sh.head_dim_v);
 }
 
 void rm_attention_kv_layout(rm_session * s) {
@@ -93,9 +93,10 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     rm_session * o = run->s;   /* whose cache */
     const rm_attn_shape sh = rm_attn_shape_of(hp, L->kind);
     const int64_t Q = (int64_t) hp->n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
+    const int64_t QV = (int64_t) hp->n_head * sh.head_dim_v, KVV = (int64_t) sh.n_head_kv * sh.head_dim_v;
     const int32_t n = run->n, pos = run->pos;
     float * q = s->q + (int64_t) run->row0 * Q, * k = s->k + (int64_t) run->row0 * KV;
-    const float * v = s->v + (int64_t) run->row0 * KV;
+    const float * v = s->v + (int64_t) run->row0 * KVV;
     const int neox = m->arch->rope == RM_ROPE_NEOX;
     if (hp->rope_yarn_factor > 0.0f) {   /* the rows that read rope.scaling.factor run YaRN */
         rm_rope_yarn y;
@@ -113,10 +114,11 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     void * kc = (uint8_t *) o->k_cache + p.k_off;
     void * vc = (uint8_t *) o->v_cache + p.v_off;
     cache_append(s, kc, o->type_k, p.k_row, k, n, KV, p.ring, pos);
-    cache_append(s, vc, o->type_v, p.v_row, v, n, KV, p.ring, pos);
-    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * Q, n, pos, hp->n_head, sh.n_head_kv, sh.head_dim,
+    cache_append(s, vc, o->type_v, p.v_row, v, n, KVV, p.ring, pos);
+    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * QV, n, pos, hp->n_head, sh.n_head_kv, sh.head_dim,
                        L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, p.ring,
-                       o->type_k, o->type_v, o->kv_tiles, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f};
+                       o->type_k, o->type_v, o->kv_tiles, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f,
+                       sh.head_dim_v};
     be->ops->attention(be, &aa);
 }
 
@@ -127,6 +129,7 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     rm_backend * be = s->be;
     const rm_attn_shape sh = rm_attn_shape_of(hp, L->kind);
     const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
+    const int64_t QV = (int64_t) hp->n_head * sh.head_dim_v, KVV = (int64_t) sh.n_head_kv * sh.head_dim_v;
     const int gated = (L->kind & RM_LAYER_ATTN_GATE) != 0;   /* wq gives q and its output gate */
     const int v_from_k = !L->wv.data;                         /* Gemma 4's full layers: V is K's projection */
     float * qy = gated ? s->hy->qg : s->q;
@@ -135,24 +138,27 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     if (be->ops->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
         const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, qy, QY, 0}, NULL, 0},
                                    {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},
-                                   {{&L->wv, 0, s->xn, E, n, s->v, KV, 0}, NULL, 0}};
+                                   {{&L->wv, 0, s->xn, E, n, s->v, KVV, 0}, NULL, 0}};
         be->ops->matmul_many(be, qkv, v_from_k ? 2 : 3);
     } else {
         matmul(s, &L->wq, s->xn, E, n, qy, QY, 0);
         matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
-        if (!v_from_k) matmul(s, &L->wv, s->xn, E, n, s->v, KV, 0);
+        if (!v_from_k) matmul(s, &L->wv, s->xn, E, n, s->v, KVV, 0);
     }
     if (v_from_k) be->ops->copy(be, s->v, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     if (gated) rm_attn_gate_split(s, n);
     if (L->bq.data) be->ops->add_bias(be, s->q, &L->bq, n, Q);
     if (L->bk.data) be->ops->add_bias(be, s->k, &L->bk, n, KV);
-    if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KV);
+    if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KVV);
     if (m->arch->qk_norm != RM_QK_NORM_NONE && L->q_norm.data) {   /* GLM-4.5's are optional */
         qk_norm(s, s->q, &L->q_norm, n, hp->n_head, sh.head_dim);
         qk_norm(s, s->k, &L->k_norm, n, sh.n_head_kv, sh.head_dim);
     }
     if (L->kind & RM_LAYER_V_NORM) {   /* per head, without a weight */
-        be->ops->rmsnorm(be, s->v, s->v, NULL, (int64_t) n * sh.n_head_kv, sh.head_dim, hp->rms_eps);
+        be->ops->rmsnorm(be, s->v, s->v, NULL, (int64_t) n * sh.n_head_kv, sh.head_dim_v, hp->rms_eps);
+    }
+    if (hp->v_scale > 0.0f && hp->v_scale != 1.0f) {   /* MiMo's, on the values before they are cached */
+        be->ops->scale(be, s->v, (int64_t) n * KVV, hp->v_scale);
     }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     for (int32_t r = 0; r < s->n_runs; r++) {
@@ -161,11 +167,11 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     if (gated) rm_attn_gate_apply(s, n);
     rm_prof_mark(s, RM_PROF_ATTN);
     if (L->kind & RM_LAYER_POST_NORM) {   /* x += norm(Wo attn): xn is free once q, k and v are projected */
-        matmul(s, &L->wo, s->attn, Q, n, s->xn, E, 0);
+        matmul(s, &L->wo, s->attn, QV, n, s->xn, E, 0);
         be->ops->rmsnorm(be, s->xn, s->xn, &L->attn_post_norm, n, E, hp->rms_eps);
         be->ops->add(be, s->x, s->xn, (int64_t) n * E);
     } else {
-        matmul(s, &L->wo, s->attn, Q, n, s->x, E, 1);   /* x += Wo attn */
+        matmul(s, &L->wo, s->attn, QV, n, s->x, E, 1);   /* x += Wo attn */
     }
     if (L->bo.data) be->ops->add_bias(be, s->x, &L->bo, n, E);
     rm_prof_mark(s, RM_PROF_ATTN_OUT);

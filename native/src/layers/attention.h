@@ -9,23 +9,25 @@
  * own session's KV cache. */
 void rm_attention_block(rm_session * s, int il, int32_t n);
 
-/* A layer's attention shape: its kv heads, head width, rotary dims and RoPE base (a sliding layer
- * may have its own, Gemma 4's). */
+/* A layer's attention shape: its kv heads, key and value head widths, rotary dims and RoPE base
+ * (a sliding layer may have its own, Gemma 4's). */
 typedef struct rm_attn_shape {
-    int32_t n_head_kv, head_dim, n_rot;
+    int32_t n_head_kv, head_dim, head_dim_v, n_rot;
     float   rope_base;
 } rm_attn_shape;
 
 static inline rm_attn_shape rm_attn_shape_of(const rm_hparams * hp, uint32_t kind) {
     const int slides = (kind & RM_LAYER_ATTN_SLIDING) != 0;
+    const int32_t dv = hp->head_dim_v > 0 ? hp->head_dim_v : hp->head_dim;
     return (rm_attn_shape) {slides ? hp->n_head_kv_swa : hp->n_head_kv, slides ? hp->head_dim_swa : hp->head_dim,
+                            slides ? rm_head_dim_v_swa(hp->head_dim, dv, hp->head_dim_swa) : dv,
                             slides ? hp->n_rot_swa : hp->n_rot, slides ? hp->rope_base_swa : hp->rope_base};
 }
 
 /* Where layer il's cache lies in session s's K and V buffers. A sliding-window layer keeps only
  * the last rm_kv_ring_rows positions, position p in row p % ring; other layers keep n_ctx (ring
  * 0); a linear-attention layer keeps none (rows 0). Rows are the layer's width (its kv heads
- * times its head width, MLA's latent) in the cache's type. The same layout as sizes.c's byte
+ * times its key or value head width, MLA's latent) in the cache's type. The same layout as sizes.c's byte
  * count. */
 typedef struct rm_kv_place {
     uint64_t k_off, v_off;        /* bytes into k_cache and v_cache */

@@ -96,12 +96,14 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
                        params->struct_size, sizeof(rm_session_params));
     }
     const rm_hparams * hp = &m->hp;
+    const int32_t hd_v = hp->head_dim_v > 0 ? hp->head_dim_v : hp->head_dim;
+    const int32_t hd_v_swa = rm_head_dim_v_swa(hp->head_dim, hd_v, hp->head_dim_swa);
     for (int shape = 0; shape < 2; shape++) {   /* both layer shapes' head widths (Gemma 4's differ) */
-        const int32_t hd = shape ? hp->head_dim_swa : hp->head_dim;
+        const int32_t hd = shape ? hp->head_dim_swa : hp->head_dim, hdv = shape ? hd_v_swa : hd_v;
         const int32_t latent = hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot : 0;
-        if (!rm_kv_types_ok(params->type_k, params->type_v, hd, latent)) {
+        if (!rm_kv_types_ok(params->type_k, params->type_v, hd, hdv, latent)) {
             return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
-                           rm_kv_types_why(params->type_k, params->type_v, hd, latent));
+                           rm_kv_types_why(params->type_k, params->type_v, hd, hdv, latent));
         }
     }
     if ((params->type_k != RM_TYPE_F32 || params->type_v != RM_TYPE_F32) && m->device != &rm_device_cpu) {
@@ -118,9 +120,11 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     /* the widest layer's rows (the layers' own: rm_attention_kv_place) */
     const int64_t kv_w = (int64_t) hp->n_head_kv * hp->head_dim, kv_w_swa = (int64_t) hp->n_head_kv_swa * hp->head_dim_swa;
     const int64_t kv_widest = kv_w > kv_w_swa ? kv_w : kv_w_swa;
-    const int32_t hd_widest = hp->head_dim > hp->head_dim_swa ? hp->head_dim : hp->head_dim_swa;
+    const int64_t v_w = (int64_t) hp->n_head_kv * hd_v, v_w_swa = (int64_t) hp->n_head_kv_swa * hd_v_swa;
+    int32_t hd_widest = hp->head_dim > hp->head_dim_swa ? hp->head_dim : hp->head_dim_swa;
+    hd_widest = hd_v > hd_widest ? hd_v : hd_v_swa > hd_widest ? hd_v_swa : hd_widest;
     s->k_row_bytes = rm_kv_row_bytes(s->type_k, hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot : kv_widest);
-    s->v_row_bytes = rm_kv_row_bytes(s->type_v, kv_widest);
+    s->v_row_bytes = rm_kv_row_bytes(s->type_v, v_w > v_w_swa ? v_w : v_w_swa);
     s->n_ctx = params->n_ctx > 0 ? params->n_ctx : hp->n_ctx_train;
     s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;

@@ -185,6 +185,37 @@ static const rm_hparam_row HP_MINIMAX_M2[] = {
     HP_TAIL,
 };
 
+/* MiMo-V2-Flash: sliding layers (a per-layer list, of 32-bit integers in llama.cpp's files) with
+ * their own kv heads (head_count_kv per layer) and RoPE base; value heads narrower than the keys,
+ * the values scaled; sigmoid routing with a selection bias, renormalised (llama.cpp hard-codes
+ * both), optional expert groups and a scale (llama.cpp ignores them: its files of the released
+ * models have one group and no scale). llama.cpp writes no count of the leading dense layers:
+ * they are the ones without a router (RM_ARCH_DENSE_BY_ROUTER). */
+static const rm_hparam_row HP_MIMO2[] = {
+    INT("embedding_length",        n_embd,        REQUIRED,          K(1), K(1 << 20)),
+    INT("block_count",             n_layer,       REQUIRED,          K(1), K(4096)),
+    INT("attention.head_count",    n_head,        REQUIRED,          K(1), K(4096)),
+    INT_SWA("attention.head_count_kv", n_head_kv, n_head_kv_swa, V(n_head), K(1), V(n_head)),
+    INT("attention.key_length",    head_dim,      DIV(n_embd, n_head), K(1), K(1 << 16)),
+    INT("attention.value_length",  head_dim_v,    V(head_dim),       K(1), K(1 << 16)),
+    INT("rope.dimension_count",    n_rot,         V(head_dim),       K(2), V(head_dim)),
+    HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("feed_forward_length",     n_ff,          REQUIRED,          K(1), K(1 << 20)),
+    {"expert_gating_func", "gating", HPOFF(gating), RM_HPARAM_INT, K(RM_GATING_SIGMOID), K(0), K(16),
+     K(RM_GATING_SIGMOID), K(RM_GATING_SIGMOID), "MiMo routes by sigmoid", 0, NULL},
+    FLOAT("expert_weights_scale",  expert_weights_scale, K(1.0f)),
+    INT("expert_group_count",      n_group,       K(1),              K(1), V(n_expert)),
+    INT("expert_group_used_count", n_group_used,  V(n_group),        K(1), V(n_group)),
+    INT("leading_dense_block_count", n_layer_dense_lead, K(0),       K(0), V(n_layer)),
+    INT("nextn_predict_layers",    n_layer_nextn, K(0),              K(0), V(n_layer)),
+    INT("attention.sliding_window", n_swa,        REQUIRED,          K(1), K(1 << 24)),
+    FLOAT("attention.value_scale", v_scale,       K(1.0f)),
+    FLOAT("attention.layer_norm_rms_epsilon", rms_eps, K(1e-5f)),
+    FLOAT("rope.freq_base",        rope_base,     K(10000.0f)),
+    /* transformers' default for the sliding layers; llama.cpp's converter writes it from the config */
+    FLOAT("rope.freq_base_swa",    rope_base_swa, K(10000.0f)),
+};
+
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
 
 #define LOFF(f) ((uint16_t) offsetof(rm_layer, f))
@@ -396,6 +427,38 @@ static const rm_tensor_row GEMMA4_LAYER[] = {
 };
 #undef OPT
 
+/* MiMo-V2-Flash: plain attention whose values are narrower than the keys (and sliding layers with
+ * more kv heads), sinks where the file has them (the sliding layers'), the FFN of GLM's layers
+ * without shared experts. */
+#define OPT RM_TENSOR_OPTIONAL
+static const rm_tensor_row MIMO2_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,    1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, FULL, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, FULL, 0, NE(EMBD, KV_V, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, FULL, 0, NE(V, EMBD, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, SWA,  0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, SWA,  0, NE(EMBD, KV_SWA, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, SWA,  0, NE(EMBD, KV_V_SWA, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, SWA,  0, NE(V, EMBD, ONE)),
+    T("blk.%d.attn_sinks.weight",  sinks,     OPT, 0,    1, NE(HEADS, ONE, ONE)),
+    T("blk.%d.ffn_norm.weight",    ffn_norm,  REQ, 0,    1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T("blk.%d.exp_probs_b.bias",   exp_probs_b, REQ, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)),
+    ROUTED_EXPERTS,
+    T("blk.%d.ffn_gate.weight",    ffn_gate,  REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),
+    T("blk.%d.ffn_up.weight",      ffn_up,    REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),
+    T("blk.%d.ffn_down.weight",    ffn_down,  REQ, RM_LAYER_FFN_DENSE, 0, NE(FF, EMBD, ONE)),
+    EXPERT_RESIDUALS,
+};
+#undef OPT
+
+/* MiMo: the leading dense layers, and the layers its list marks slide */
+static const rm_kind_rule MIMO2_RULES[] = {
+    {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE, RM_LAYER_FFN_DENSE},
+    {RM_RULE_LISTED, 0, RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
+};
+
 /* Gemma 4: the layers its list marks slide, with the sliding shape */
 static const rm_kind_rule GEMMA4_RULES[] = {
     {RM_RULE_LISTED, 0, RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
@@ -456,6 +519,12 @@ static const rm_arch ARCHS[] = {
      * selection bias, no shared expert. */
     {"minimax-m2", "MiniMax-M2", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
      ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0},
+    /* MiMo-V2-Flash: sliding layers with sinks and twice the kv heads, values narrower than the keys
+     * and scaled, partial NEOX RoPE with a base per layer kind, sigmoid routing with a selection bias,
+     * a leading dense layer. */
+    {"mimo2", "MiMo-V2-Flash", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
+     ROWS(HP_MIMO2), ROWS(MIMO2_LAYER), ROWS(MIMO2_RULES), NULL, "attention.sliding_window_pattern",
+     RM_ARCH_DENSE_BY_ROUTER},
     /* Gemma 4 (26B-A4B): sliding and full layers of two shapes, sandwich norms, a GELU FFN beside
      * the experts, proportional RoPE on the full layers (rope_freqs), unscaled attention logits,
      * scaled embeddings, soft-capped logits. */
@@ -510,7 +579,7 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
         const int32_t n = hp_int(hp, rule->n_off);
         const int picked = rule->form == RM_RULE_FIRST_N      ? il < n
                            : rule->form == RM_RULE_ALL_IF_SET ? n > 0
-                           : rule->form == RM_RULE_LISTED     ? hp->layer_swa != NULL && hp->layer_swa[il]
+                           : rule->form == RM_RULE_LISTED     ? rm_hp_slides(hp, il)
                                                               : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
@@ -583,6 +652,8 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_HEAD_SWA: return hp->head_dim_swa;
     case RM_DIM_FF_EXP2: return 2 * (int64_t) hp->n_ff_exp;
     case RM_DIM_ROT_HALF: return hp->n_rot / 2;
+    case RM_DIM_KV_V: return (int64_t) hp->n_head_kv * hp->head_dim_v;
+    case RM_DIM_KV_V_SWA: return (int64_t) hp->n_head_kv_swa * rm_head_dim_v_swa(hp->head_dim, hp->head_dim_v, hp->head_dim_swa);
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -593,7 +664,7 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
     "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
     "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
-    "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half",
+    "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }

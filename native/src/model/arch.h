@@ -75,6 +75,8 @@ typedef enum rm_dim {
     RM_DIM_HEAD_SWA,              /* head_dim_swa */
     RM_DIM_FF_EXP2,               /* 2 * n_ff_exp: an expert's gate and up rows together */
     RM_DIM_ROT_HALF,              /* n_rot / 2: a RoPE frequency per pair of dims */
+    RM_DIM_KV_V,                  /* n_head_kv * head_dim_v: the value projection's rows */
+    RM_DIM_KV_V_SWA,              /* n_head_kv_swa * a sliding layer's value head width (rm_head_dim_v_swa) */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -147,7 +149,9 @@ typedef struct rm_arch {
 /* What an architecture does that no key says (llama.cpp hard-codes it). */
 typedef enum rm_arch_flag {
     RM_ARCH_EMBD_SCALE = 1,       /* the token embeddings times sqrt(n_embd) (Gemma) */
-    RM_ARCH_KQ_UNSCALED = 2       /* attention logits are q.k, not q.k / sqrt(head_dim) (Gemma 4) */
+    RM_ARCH_KQ_UNSCALED = 2,      /* attention logits are q.k, not q.k / sqrt(head_dim) (Gemma 4) */
+    RM_ARCH_DENSE_BY_ROUTER = 4   /* without leading_dense_block_count, the leading layers without a router
+                                     (ffn_gate_inp) are the dense ones (llama.cpp's mimo2 writes no count) */
 } rm_arch_flag;
 
 /* NULL when the architecture is not supported. */

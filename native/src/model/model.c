@@ -47,8 +47,9 @@ static int get_float(const loader * ld, const char * suffix, float * out) {
     return st == RM_OK ? 1 : st == RM_GGUF_MISSING ? 0 : -1;
 }
 
-/* The arch's per-layer list of sliding layers (rm_arch.swa_layers_key) into hp->layer_swa, once
- * block_count is known: 1 read (or none to read), 0 on a damaged list (error set). */
+/* The arch's per-layer list of sliding layers (rm_arch.swa_layers_key: bools, or 32-bit integers
+ * as llama.cpp writes MiMo's) into hp->layer_swa, once block_count is known: 1 read (or none to
+ * read), 0 on a damaged list (error set). */
 static int read_layer_swa(const loader * ld, rm_hparams * hp) {
     if (hp->layer_swa || !ld->arch->swa_layers_key) {
         return 1;
@@ -56,16 +57,19 @@ static int read_layer_swa(const loader * ld, rm_hparams * hp) {
     char key[128];
     snprintf(key, sizeof(key), "%s.%s", ld->arch->name, ld->arch->swa_layers_key);
     rm_gguf_arr arr;
-    const rm_status st = rm_gguf_get_arr(ld->g, key, RM_GGUF_BOOL, &arr);
+    const rm_status st = rm_gguf_get_arr(ld->g, key, -1, &arr);
     if (st == RM_GGUF_MISSING) {
         return 1;   /* no layer slides */
     }
-    if (st != RM_OK || hp->n_layer <= 0 || arr.n < (uint64_t) hp->n_layer) {
-        rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a bool array of at least block_count (%d) entries", ld->fn, ld->path,
-                key, hp->n_layer);
+    const int bytes = st != RM_OK ? 0 : arr.type == RM_GGUF_BOOL ? 1
+                      : arr.type == RM_GGUF_INT32 || arr.type == RM_GGUF_UINT32 ? 4 : 0;
+    if (!bytes || hp->n_layer <= 0 || arr.n < (uint64_t) hp->n_layer) {
+        rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be an array of bools or 32-bit integers of at least block_count (%d) "
+                "entries", ld->fn, ld->path, key, hp->n_layer);
         return 0;
     }
     hp->layer_swa = arr.data;
+    hp->layer_swa_bytes = bytes;
     return 1;
 }
 
@@ -93,7 +97,7 @@ static int get_int_per_layer(const loader * ld, const rm_hparam_row * h, rm_hpar
     for (int il = 0; il < hp->n_layer; il++) {
         const int64_t x = arr.type == RM_GGUF_UINT32 ? (int64_t) ((const uint32_t *) arr.data)[il]
                                                      : (int64_t) ((const int32_t *) arr.data)[il];
-        const int slides = hp->layer_swa && hp->layer_swa[il];
+        const int slides = rm_hp_slides(hp, il);
         if (v[slides] >= 0 && v[slides] != x) {
             rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: '%s' gives layer %d %lld and an earlier %s layer %lld: the forward "
                     "pass runs one value for the sliding layers and one for the others", ld->fn, ld->path, key, il,
@@ -217,7 +221,7 @@ static rm_status find_arch(loader * ld) {
     const rm_str an = rm_gguf_kv_str(ld->g, ia);
     ld->arch = rm_arch_find(an.ptr, an.len);
     if (!ld->arch) {
-        char supported[256];
+        char supported[512];
         rm_arch_supported_list(supported, sizeof(supported));
         return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: architecture '%.*s' is not supported (supported: %s)", ld->fn,
                        ld->path, (int) (an.len > 64 ? 64 : an.len), an.ptr, supported);
@@ -275,6 +279,7 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
     hp->head_dim_swa = hp->head_dim_swa > 0 ? hp->head_dim_swa : hp->head_dim;
     hp->n_rot_swa = hp->n_rot_swa > 0 ? hp->n_rot_swa : hp->n_rot;
     hp->rope_base_swa = hp->rope_base_swa > 0.0f ? hp->rope_base_swa : hp->rope_base;
+    hp->head_dim_v = hp->head_dim_v > 0 ? hp->head_dim_v : hp->head_dim;
     if (hp->final_softcap >= 1e30f) {
         hp->final_softcap = 0.0f;   /* the row's default: the file sets no cap */
     }
@@ -295,6 +300,15 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
         if (hp->n_layer_dense_lead > hp->n_layer) {
             hp->n_layer_dense_lead = hp->n_layer;
         }
+    }
+    int64_t dense = 0;
+    if ((ld->arch->flags & RM_ARCH_DENSE_BY_ROUTER) && get_int(ld, "leading_dense_block_count", &dense) == 0) {
+        int32_t n = 0;   /* the leading layers without a router */
+        for (char name[64]; n < hp->n_layer; n++) {
+            snprintf(name, sizeof(name), "blk.%d.ffn_gate_inp.weight", n);
+            if (rm_gguf_find_tensor(ld->g, name) >= 0) break;
+        }
+        hp->n_layer_dense_lead = n;
     }
     if (hp->n_group > 1 && hp->n_expert % hp->n_group != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: expert_count %d is not a multiple of expert_group_count %d", ld->fn,

@@ -67,14 +67,14 @@ uint64_t rm_kv_row_bytes(int32_t type, int64_t n) {
     return 0;
 }
 
-int rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t latent) {
+int rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t head_dim_v, int32_t latent) {
     if (latent > 0) {   /* one latent row per position in the K cache; V's type names none of it, but is a type */
         return rm_kv_row_bytes(type_k, latent) > 0 && rm_kv_row_bytes(type_v, 256) > 0;   /* 256: any type's blocks */
     }
-    return rm_kv_row_bytes(type_k, head_dim) > 0 && rm_kv_row_bytes(type_v, head_dim) > 0;
+    return rm_kv_row_bytes(type_k, head_dim) > 0 && rm_kv_row_bytes(type_v, head_dim_v > 0 ? head_dim_v : head_dim) > 0;
 }
 
-const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t latent) {
+const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t head_dim_v, int32_t latent) {
     static _Thread_local char why[256];
     const rm_type_traits * tk = rm_type_traits_get(type_k), * tv = rm_type_traits_get(type_v);
     const char * nk = tk && tk->name ? tk->name : "?", * nv = tv && tv->name ? tv->name : "?";
@@ -83,8 +83,10 @@ const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, i
                  "one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 as its K type, with the row a multiple of its block, "
                  "and any of them as V", nk, nv, (int) latent);
     } else {
+        const int32_t dv = head_dim_v > 0 ? head_dim_v : head_dim;
         snprintf(why, sizeof(why), "cache types %s/%s: each must be one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                 "Q5_1, with head_dim %d a multiple of its block", nk, nv, (int) head_dim);
+                 "Q5_1, with its heads' width (keys %d, values %d) a multiple of its block", nk, nv, (int) head_dim,
+                 (int) dv);
     }
     return why;
 }
@@ -101,7 +103,8 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     F = (uint64_t) p->n_ff > F ? (uint64_t) p->n_ff : F;   /* leading dense layers use the same gate/up buffers */
     /* MLA caches one latent (kv_lora_rank + n_rot) per position in the K cache and no V */
     const uint64_t K_ROW = p->kv_lora_rank > 0 ? (uint64_t) p->kv_lora_rank + (uint64_t) p->n_rot : KV;
-    const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : KV;
+    const int32_t DV = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
+    const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : (uint64_t) p->n_head_kv * (uint64_t) DV;
     uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
     ATT = ATT > E ? ATT : E;   /* also the dense FFN's output beside the experts (Gemma 4's) */
     /* linear-attention layers keep a recurrent state instead (rm_recurrent_buf_bytes) */
@@ -114,14 +117,17 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     const uint64_t KV_SWA = p->kv_lora_rank > 0 ? K_ROW
                             : (uint64_t) (p->n_head_kv_swa > 0 ? p->n_head_kv_swa : p->n_head_kv) *
                                   (uint64_t) (p->head_dim_swa > 0 ? p->head_dim_swa : p->head_dim);
+    const uint64_t V_SWA = (uint64_t) (p->n_head_kv_swa > 0 ? p->n_head_kv_swa : p->n_head_kv) *
+                           (uint64_t) rm_head_dim_v_swa(p->head_dim, DV, p->head_dim_swa > 0 ? p->head_dim_swa : p->head_dim);
+    const uint64_t V_STEP = KV_STEP > V_ROW ? (KV_STEP > V_SWA ? KV_STEP : V_SWA) : (V_ROW > V_SWA ? V_ROW : V_SWA);
     const uint64_t sizes[RM_SESSION_BUF_COUNT] = {
         [RM_SESSION_BUF_K_CACHE] = POS * rm_kv_row_bytes(p->type_k, (int64_t) K_ROW) +
                                    RINGS * rm_kv_row_bytes(p->type_k, (int64_t) KV_SWA),
         [RM_SESSION_BUF_V_CACHE] = POS * rm_kv_row_bytes(p->type_v, (int64_t) V_ROW) +
-                                   RINGS * (V_ROW ? rm_kv_row_bytes(p->type_v, (int64_t) KV_SWA) : 0),
+                                   RINGS * (V_ROW ? rm_kv_row_bytes(p->type_v, (int64_t) V_SWA) : 0),
         [RM_SESSION_BUF_X] = f * B * E,       [RM_SESSION_BUF_XN] = f * B * E,
         [RM_SESSION_BUF_Q] = f * B * Q,       [RM_SESSION_BUF_K] = f * B * KV_STEP,
-        [RM_SESSION_BUF_V] = f * B * KV_STEP, [RM_SESSION_BUF_ATTN] = f * B * ATT,
+        [RM_SESSION_BUF_V] = f * B * V_STEP,  [RM_SESSION_BUF_ATTN] = f * B * ATT,
         [RM_SESSION_BUF_MOE] = f * B * E,     [RM_SESSION_BUF_ROUTER] = f * B * (uint64_t) p->n_expert,
         /* eg: also an expert's gate and up rows side by side (llama.cpp's fused ffn_gate_up_exps) */
         [RM_SESSION_BUF_EX] = f * B * E,      [RM_SESSION_BUF_EG] = f * B * (F > 2 * (uint64_t) p->n_ff_exp ? F : 2 * (uint64_t) p->n_ff_exp),
@@ -172,9 +178,9 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
     }
     if (p->n_ff_shexp < 0) return rm_fail(RM_E_INVALID_ARG, "%s: n_ff_shexp is %d, must be >= 0", __func__, (int) p->n_ff_shexp);
     const int32_t latent = p->kv_lora_rank > 0 ? p->kv_lora_rank + p->n_rot : 0;
-    if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, latent)) {
+    if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, p->head_dim_v, latent)) {
         return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: %s", __func__, rm_kv_types_why(p->type_k, p->type_v, p->head_dim,
-                                                                                 latent));
+                                                                                 p->head_dim_v, latent));
     }
     rm_size_params q = *p;
     q.n_batch = rm_session_batch(p->n_ctx, p->n_batch);

@@ -32,11 +32,12 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
  * blocks; 0 for a type that is not a cache type or does not divide n. */
 uint64_t rm_kv_row_bytes(int32_t type, int64_t n);
 
-/* 1 when a session of these cache types can be made for heads of head_dim, or with multi-head
+/* 1 when a session of these cache types can be made for key heads of head_dim and value heads of
+ * head_dim_v (0: head_dim), or with multi-head
  * latent attention for latent rows of `latent` (kv_lora_rank + n_rot; 0 without MLA: its latents
  * take type_k, and no V is cached); else rm_kv_types_why says why (a thread's own buffer). */
-int          rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t latent);
-const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t latent);
+int          rm_kv_types_ok(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t head_dim_v, int32_t latent);
+const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, int32_t head_dim_v, int32_t latent);
 
 /* The forward pass's buffers (rm_session), on the session's backend. */
 enum {

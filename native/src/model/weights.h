@@ -5,6 +5,7 @@
 #define RM_WEIGHTS_H
 
 #include <stdint.h>
+#include <string.h>
 
 /* A weight tensor inside a mapped file. A 3-D expert tensor holds ne[2] matrices of ne[1] rows. */
 typedef struct rm_weight {
@@ -77,7 +78,7 @@ typedef struct rm_layer {
 typedef struct rm_hparams {
     int32_t n_vocab, n_embd, n_layer;
     int32_t n_head, n_head_kv, head_dim, n_rot;
-    int32_t head_dim_v;                  /* value_length; the forward pass runs only head_dim_v == head_dim */
+    int32_t head_dim_v;                  /* value_length: value heads' width (MLA's; MiMo's narrower than the keys') */
     int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int32_t n_ctx_train;
     int32_t norm_topk;
@@ -114,8 +115,29 @@ typedef struct rm_hparams {
     float   final_softcap;               /* logits = c * tanh(logits / c); 0: none */
     int32_t n_embd_per_layer;            /* per-layer input embeddings (Gemma 4's small models): not run */
     int32_t n_kv_shared;                 /* trailing layers that reuse earlier layers' KV: not run */
-    const uint8_t * layer_swa;           /* per layer, 1 when it slides: the arch's swa_layers_key list (in the
-                                            mapped file); NULL without one */
+    const uint8_t * layer_swa;           /* per layer, nonzero when it slides: the arch's swa_layers_key list (in
+                                            the mapped file; rm_hp_slides reads it); NULL without one */
+    int32_t layer_swa_bytes;             /* its entries' width: 1 (bools, Gemma 4's) or 4 (int32s, MiMo's) */
+    float   v_scale;                     /* the values times this (attention.value_scale, MiMo's); 0 read as 1 */
 } rm_hparams;
+
+/* A sliding layer's value head width: its key heads' (Gemma 4's own width), unless value_length
+ * makes the values narrower than the keys, then that width in both shapes (MiMo's). */
+static inline int32_t rm_head_dim_v_swa(int32_t head_dim, int32_t head_dim_v, int32_t head_dim_swa) {
+    return head_dim_v > 0 && head_dim_v != head_dim ? head_dim_v : head_dim_swa;
+}
+
+/* Whether layer il slides by the file's list (0 without one). */
+static inline int rm_hp_slides(const rm_hparams * hp, int32_t il) {
+    if (!hp->layer_swa) {
+        return 0;
+    }
+    if (hp->layer_swa_bytes == 4) {
+        int32_t v;
+        memcpy(&v, hp->layer_swa + 4 * (size_t) il, sizeof(v));
+        return v != 0;
+    }
+    return hp->layer_swa[il] != 0;
+}
 
 #endif

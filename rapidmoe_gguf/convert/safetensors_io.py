@@ -32,7 +32,27 @@ _DTYPES = {
     "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
     "F8_E4M3": 1, "F8_E5M2": 1,
 }
-_READABLE = ("F32", "F16", "BF16")
+_READABLE = ("F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def _fp8_table(exp_bits: int, bias: int, nan_all_ones: bool) -> np.ndarray:
+    """The 256 float32 values of an 8-bit float (sign, exp_bits, the rest mantissa): E4M3 as
+    torch's float8_e4m3fn (no infinities, S.1111.111 NaN), E5M2 as IEEE (infinities and NaNs)."""
+    man_bits = 7 - exp_bits
+    out = np.empty(256, np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> man_bits) & ((1 << exp_bits) - 1), b & ((1 << man_bits) - 1)
+        if e == (1 << exp_bits) - 1 and (m == (1 << man_bits) - 1 if nan_all_ones else True):
+            out[b] = np.nan if (nan_all_ones or m) else sign * np.inf
+        elif e == 0:
+            out[b] = sign * m / (1 << man_bits) * 2.0 ** (1 - bias)
+        else:
+            out[b] = sign * (1 + m / (1 << man_bits)) * 2.0 ** (e - bias)
+    return out
+
+
+_FP8 = {"F8_E4M3": _fp8_table(4, 7, True), "F8_E5M2": _fp8_table(5, 15, False)}
 _MAX_HEADER = 256 * 1024 * 1024
 
 
@@ -78,8 +98,9 @@ class SafetensorsFile:
             raise FormatError(f"{self.path}: no tensor '{name}'") from None
 
     def read_f32(self, name: str, index: int | None = None) -> np.ndarray:
-        """The tensor as a new float32 array of its shape (F32, F16 and BF16 are read); with
-        ``index``, only the slab ``tensor[index]`` (one expert of a stacked expert tensor)."""
+        """The tensor as a new float32 array of its shape (F32, F16, BF16 and the 8-bit floats are
+        read, the latter without their scales: SafetensorsCheckpoint applies those); with ``index``,
+        only the slab ``tensor[index]`` (one expert of a stacked expert tensor)."""
         e = self.entry(name)
         if e.dtype not in _READABLE:
             raise UnsupportedError(f"{self.path}: tensor '{name}' has dtype {e.dtype}; only "
@@ -89,6 +110,8 @@ class SafetensorsFile:
             out = np.frombuffer(self._map, dtype="<f4", count=n, offset=begin).astype(np.float32)
         elif e.dtype == "F16":
             out = np.frombuffer(self._map, dtype="<f2", count=n, offset=begin).astype(np.float32)
+        elif e.dtype in _FP8:
+            out = _FP8[e.dtype][np.frombuffer(self._map, dtype=np.uint8, count=n, offset=begin)]
         else:  # BF16 is the top half of an IEEE float32
             raw = np.frombuffer(self._map, dtype="<u2", count=n, offset=begin)
             out = (raw.astype(np.uint32) << 16).view(np.float32)
@@ -192,8 +215,39 @@ def _parse_header(path: str, buf: mmap.mmap, size: int) -> tuple[dict, dict[str,
     return metadata, entries
 
 
+SCALE_INV = "_scale_inv"   # an FP8 weight's per-block scales: the tensor's name plus this
+
+
+def dequantize_blocks(w: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None, where: str) -> np.ndarray:
+    """w (..., rows, cols) times its per-block scales (..., ceil(rows / b0), ceil(cols / b1)), as
+    transformers dequantizes block-wise FP8 checkpoints (the product in float32). block: the
+    config's weight_block_size, else what the scale grid divides evenly."""
+    rows, cols = w.shape[-2:] if w.ndim >= 2 else (1, w.shape[-1])
+    if scale.ndim != w.ndim:
+        raise FormatError(f"{where}: scales of shape {list(scale.shape)} for a weight of shape {list(w.shape)}")
+    if block is None:
+        sr, sc = scale.shape[-2:] if scale.ndim >= 2 else (1, scale.shape[-1])
+        if rows % sr or cols % sc:
+            raise FormatError(f"{where}: a weight of {rows} x {cols} is no whole number of blocks of its scale "
+                              f"grid {sr} x {sc}, and config.json gives no weight_block_size")
+        block = (rows // sr, cols // sc)
+    b0, b1 = block
+    want = (*w.shape[:-2], -(-rows // b0), -(-cols // b1)) if w.ndim >= 2 else (-(-cols // b1),)
+    if scale.shape != tuple(want):
+        raise FormatError(f"{where}: scales of shape {list(scale.shape)}, but blocks of {b0} x {b1} over a weight "
+                          f"of shape {list(w.shape)} need {list(want)}")
+    if w.ndim < 2:
+        return w * np.repeat(scale, b1)[:cols]
+    full = np.repeat(np.repeat(scale.astype(np.float32), b0, axis=-2), b1, axis=-1)[..., :rows, :cols]
+    return w * full
+
+
 class SafetensorsCheckpoint:
-    """All tensors of a checkpoint directory, single-file or sharded, by tensor name."""
+    """All tensors of a checkpoint directory, single-file or sharded, by tensor name. An 8-bit
+    float weight is read with its ``<name>_scale_inv`` block scales applied (``fp8_block``: the
+    config's weight_block_size, or None: from the scale grid)."""
+
+    fp8_block: tuple[int, int] | None = None
 
     def __init__(self, directory: str | os.PathLike[str]):
         self.directory = os.fspath(directory)
@@ -273,7 +327,15 @@ class SafetensorsCheckpoint:
         return self._file(name).path
 
     def read_f32(self, name: str, index: int | None = None) -> np.ndarray:
-        return self._file(name).read_f32(self._stored.get(name, name), index)
+        w = self._file(name).read_f32(self._stored.get(name, name), index)
+        dtype = self.entry(name).dtype
+        if dtype not in _FP8:
+            return w
+        if name + SCALE_INV not in self:
+            raise UnsupportedError(f"{self.file_of(name)}: tensor '{name}' is {dtype} without '{name}{SCALE_INV}': "
+                                   "only FP8 checkpoints with per-block scales (quant_method fp8) can be converted")
+        scale = self._file(name + SCALE_INV).read_f32(self._stored.get(name + SCALE_INV, name + SCALE_INV), index)
+        return dequantize_blocks(w, scale, self.fp8_block, f"{self.file_of(name)}: tensor '{name}'")
 
     def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
         return self._file(name).read_u8(self._stored.get(name, name), index)

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from ..errors import FormatError, InvalidArgumentError, RapidMoEError, Unsupport
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
 from ..metadata import get_float, get_int, get_str
-from .safetensors_io import SafetensorsCheckpoint
+from .safetensors_io import SCALE_INV, SafetensorsCheckpoint
 
 log = logging.getLogger("rapidmoe_gguf.convert")
 
@@ -186,6 +186,7 @@ class HFSource(Source):
         _check_common_config(self.config, cfg_path, self.arch)
         self.hp: ResolvedHParams = resolve_hparams(self.arch, self.config, cfg_path)
         self.ckpt = SafetensorsCheckpoint(directory)
+        self.ckpt.fp8_block = _fp8_block(self.config, cfg_path)
         try:
             if multimodal:
                 self.ckpt.rename_prefix(*self.arch.text_model)
@@ -260,6 +261,7 @@ class HFSource(Source):
                 log.info("%s: %d tensor(s) of the %s (%s...) are not converted: the runtime does not run it",
                          self.directory, len(skipped), what, skipped[0])
                 used.update(skipped)
+        used.update(n + SCALE_INV for n in list(used) if n + SCALE_INV in self.ckpt)   # FP8 weights' scales
         extra = [n for n in self.ckpt.names if n not in used and not self._IGNORED.search(n)
                  and not self._dropped_layer(n)]
         if extra:
@@ -436,6 +438,25 @@ def _text_config(config: dict, spec: ArchSpec, where: str) -> dict:
     if "tie_word_embeddings" in config:   # transformers ties the lm_head by the top level's flag
         out["tie_word_embeddings"] = config["tie_word_embeddings"]
     return out
+
+
+def _fp8_block(config: Mapping[str, Any], where: str) -> tuple[int, int] | None:
+    """The block size of an FP8 checkpoint's scales (quantization_config.weight_block_size; None:
+    not given, read from each scale grid); other quantization methods are refused by name."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, Mapping):
+        return None
+    method = qc.get("quant_method")
+    if method not in (None, "fp8", "mxfp4"):
+        raise UnsupportedError(f"{where}: quantization_config.quant_method '{method}' is not supported (fp8 "
+                               "with per-block scales and gpt-oss's mxfp4 are; convert a bf16 copy)")
+    block = qc.get("weight_block_size") if method == "fp8" else None
+    if block is None:
+        return None
+    if (not isinstance(block, (list, tuple)) or len(block) != 2 or
+            not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise FormatError(f"{where}: quantization_config.weight_block_size {block!r} is not two positive integers")
+    return int(block[0]), int(block[1])
 
 
 def _check_common_config(config: dict, where: str, spec: ArchSpec) -> None:

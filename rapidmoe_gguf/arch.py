@@ -872,8 +872,7 @@ def _mimo2_layer_kind(config: Mapping[str, Any], bid: int) -> str:
 
 def _mimo2_tensors() -> tuple[TensorSpec, ...]:
     p = "model.layers.{bid}."
-    a, m = p + "self_attn.", p + "mlp."
-    x = m + "experts.{xid}."
+    a = p + "self_attn."
     t = [TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm")]
     for kind, sfx in (("full", ""), ("sliding", "_swa")):
         t += [
@@ -886,21 +885,8 @@ def _mimo2_tensors() -> tuple[TensorSpec, ...]:
     # the sliding layers' sinks (the released name; transformers calls them sinks once loaded)
     t.append(TensorSpec("blk.{bid}.attn_sinks.weight", a + "attention_sink_bias", ("n_head",), "bias",
                         optional=True))
-    t += [
-        TensorSpec("blk.{bid}.ffn_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm"),
-        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "gate.weight", ("n_embd", "n_expert"), "router", layers="moe"),
-        TensorSpec("blk.{bid}.exp_probs_b.bias", m + "gate.e_score_correction_bias", ("n_expert",), "bias",
-                   layers="moe"),
-        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + "gate_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
-                   "expert", layers="moe"),
-        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + "up_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
-                   "expert", layers="moe"),
-        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + "down_proj.weight", ("n_ff_exp", "n_embd", "n_expert"),
-                   "expert", layers="moe"),
-        TensorSpec("blk.{bid}.ffn_gate.weight", m + "gate_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
-        TensorSpec("blk.{bid}.ffn_up.weight", m + "up_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
-        TensorSpec("blk.{bid}.ffn_down.weight", m + "down_proj.weight", ("n_ff", "n_embd"), "dense", layers="dense"),
-    ]
+    # DeepSeek's FFN rows without the shared experts
+    t += [f for f in _deepseek_ffn("blk.{bid}.ffn_norm.weight") if "_shexp." not in f.gguf]
     return _GLOBAL_TENSORS + tuple(t)
 
 

@@ -428,7 +428,7 @@ static const rm_tensor_row GEMMA4_LAYER[] = {
 #undef OPT
 
 /* MiMo-V2-Flash: plain attention whose values are narrower than the keys (and sliding layers with
- * more kv heads), sinks where the file has them (the sliding layers'), the FFN of GLM's layers
+ * more kv heads), sinks where the file has them (the sliding layers'), the FFN of DeepSeek's layers
  * without shared experts. */
 #define OPT RM_TENSOR_OPTIONAL
 static const rm_tensor_row MIMO2_LAYER[] = {
@@ -442,14 +442,7 @@ static const rm_tensor_row MIMO2_LAYER[] = {
     T("blk.%d.attn_v.weight",      wv,        REQ, SWA,  0, NE(EMBD, KV_V_SWA, ONE)),
     T("blk.%d.attn_output.weight", wo,        REQ, SWA,  0, NE(V, EMBD, ONE)),
     T("blk.%d.attn_sinks.weight",  sinks,     OPT, 0,    1, NE(HEADS, ONE, ONE)),
-    T("blk.%d.ffn_norm.weight",    ffn_norm,  REQ, 0,    1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
-    T("blk.%d.exp_probs_b.bias",   exp_probs_b, REQ, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)),
-    ROUTED_EXPERTS,
-    T("blk.%d.ffn_gate.weight",    ffn_gate,  REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),
-    T("blk.%d.ffn_up.weight",      ffn_up,    REQ, RM_LAYER_FFN_DENSE, 0, NE(EMBD, FF, ONE)),
-    T("blk.%d.ffn_down.weight",    ffn_down,  REQ, RM_LAYER_FFN_DENSE, 0, NE(FF, EMBD, ONE)),
-    EXPERT_RESIDUALS,
+    DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),   /* no layer of MiMo's has RM_LAYER_SHEXP: no shared expert */
 };
 #undef OPT
 

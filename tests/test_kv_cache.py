@@ -171,3 +171,18 @@ def test_kv_cache_mla_latents_in_f16_survive_a_state_file(tmp_path):
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(want, got)
     assert reusable == len(prompt)   # the loaded cache holds the prompt, all of which the longer prompt repeats
+
+
+@pytest.mark.parametrize("cache", ["f32", "f16", "q8_0"])
+def test_kv_cache_decode_split_by_segments_equals_prefill(cache):
+    """Past two segments of 512 positions one token's attention is split between the threads by
+    segments (ops.c) and each segment's softmax merged at the end, where a prefill merges the same
+    segments inside its jobs: the same floats, in every cache type."""
+    with rm.Model(bundled_model_path(), n_ctx=1400, n_threads=2, n_batch=512, cache_type_k=cache,
+                  cache_type_v=cache) as m:
+        ids = (m.tokenize(TEXT) * 20)[:1300]
+        whole = m.eval_logits(ids)[-6:]          # steps of 512, 512 and 276 tokens
+        m.reset()
+        m.eval(ids[:-6])
+        one = np.stack([m.eval([t]) for t in ids[-6:]])
+    assert np.array_equal(whole, one), f"{cache}: prefill and decode differ past two segments"

@@ -201,6 +201,34 @@ static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, 
     free(q), free(k), free(v), free(o), free(kr), free(vr), free(s);
 }
 
+/* Tokens one at a time against the same tokens in one call, past two segments of 512 positions:
+ * one token's rows are split between the threads by segments and merged at the end, the call's
+ * rows (more than a job holds) merge the same segments inside each job; the same floats, bit for
+ * bit, the window with sinks on a ring too. Random keys keep every segment's share of the weight. */
+static void test_attention_split_equal(rm_backend * be, const rm_model * m, int W, int ring) {
+    const int n_tok = 6, pos0 = 1300, H = 32, HKV = 4, D = 64, N_CTX = pos0 + n_tok, rows = ring > 0 ? ring : N_CTX;
+    const rm_weight * sinks = W > 0 ? &m->layers[0].attn_norm : NULL;
+    float * q = randn(n_tok * H * D, 1.0f), * k = randn(rows * HKV * D, 1.0f), * v = randn(rows * HKV * D, 1.0f);
+    float * qd = put(be, q, n_tok * H * D), * kd = put(be, k, rows * HKV * D), * vd = put(be, v, rows * HKV * D);
+    float * od = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+    float * od1 = be->ops->alloc(be, sizeof(float) * (uint64_t) (n_tok * H * D));
+    rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks, ring};
+    be->ops->attention(be, &a);
+    for (int i = 0; i < n_tok; i++) {
+        rm_attn_args a1 = {qd + i * H * D, kd, vd, od1 + i * H * D, 1, pos0 + i, H, HKV, D, W, sinks, ring};
+        be->ops->attention(be, &a1);
+    }
+    float * all = get(be, od, n_tok * H * D), * one = get(be, od1, n_tok * H * D);
+    int64_t differ = 0;
+    for (int64_t j = 0; j < (int64_t) n_tok * H * D; j++) differ += memcmp(&all[j], &one[j], sizeof(float)) != 0;
+    char what[64];
+    snprintf(what, sizeof(what), "one token at a time, window %d, ring %d", W, ring);
+    record(be->ops->name, "attention", what, (double) differ, 0.0);
+    be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
+    be->ops->release(be, od1);
+    free(q), free(k), free(v), free(all), free(one);
+}
+
 static void test_attention_scaled(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int W, int ring, int H,
                                   int HKV, float scale) {
     test_attention_full(be, m, n_tok, pos0, D, D, W, ring, H, HKV, scale);
@@ -589,6 +617,16 @@ int main(int argc, char ** argv) {
             test_attention_case(cpu, m, 6, 230, 128, 0, 0, 16, 2);
             test_attention_case(cpu, m, 1, 230, 128, 0, 0, 64, 1);   /* a group above the rows a job holds */
             test_attention_case(cpu, m, 3, 230, 128, 0, 0, 64, 1);
+            /* segments of 512 positions: one token's split by them (merged at the end), several
+             * tokens' each merged in its job; a window with sinks, a ring, values narrower */
+            for (int n_tok = 1; n_tok <= 5; n_tok += 4) {
+                test_attention_case(cpu, m, n_tok, 1400, 64, 0, 0, 8, 2);
+                test_attention_case(cpu, m, n_tok, 1400, 64, 700, 0, 8, 2);
+                test_attention_case(cpu, m, n_tok, 1400, 64, 600, 650, 8, 4);
+                test_attention_full(cpu, m, n_tok, 1100, 192, 128, 0, 0, 16, 2, 0.0f);
+            }
+            test_attention_split_equal(cpu, m, 0, 0);
+            test_attention_split_equal(cpu, m, 900, 1000);
             test_gpt_oss_ops(cpu);
             test_gemma4_ops(cpu, m);
         }

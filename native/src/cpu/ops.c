@@ -92,6 +92,8 @@ typedef struct cpu_ctx {
     int64_t   x_info_cap;         /* floats */
     float *   scores;             /* attention: per thread, a tile's scores */
     int64_t   scores_room;        /* floats per thread: ATTN_ROWS rows of ATTN_TILE, and a cache line */
+    float *   attn_own;           /* attention's scratch where a call brings none */
+    int64_t   attn_own_floats;
     uint8_t * xt;                 /* transposed activations for the prefill form: n_batch rows */
     uint64_t  xt_cap;
     uint8_t * pack;               /* each thread's packed rows: pack_stride bytes apiece */
@@ -622,7 +624,18 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
  * kv head's whole context once, so more rows a job is less of the cache's traffic; a prefill of
  * 8,192 tokens in steps of 512 (4 kv heads of 8 query heads, F16 cache, AVX-512) ran at 237 tok/s
  * with 32 rows (the F16 conversion of the tiles, waiting on L3, took 15% of it) and 266 with 128;
- * 256 and 512 were not faster. */
+ * 256 and 512 were not faster.
+ *
+ * The positions go in segments of ATTN_SEG, at its multiples: a row's softmax and output sums are
+ * taken over one segment at a time from nothing, and the segments' are merged in order
+ * (attn_merge), a sink's logit last (attn_finish). So a job may take one segment of a long context
+ * and leave the merge to the end: one token's attention at depth is split between the threads by
+ * positions, and each of its jobs reads whole rows of the cache, every kv head at once, where a job
+ * of one kv head reads a 256-byte slice of every 1 KiB row (F16, 4 kv heads of 128), a stride the
+ * prefetchers serve poorly. A row's floats are the same either way: the same segments, merged in
+ * the same order by the same code. Decode after 16,384 positions (the benchmark model, F16 cache,
+ * AVX-512, 2 threads, medians of 3 runs of 48 tokens each): 31.8 ms a token with a job per kv
+ * head, 26.0 with its slices prefetched (kv_tile_floats), 20.7 split by segments. */
 #define ATTN_TILE RM_ATTN_TILE   /* positions: 64 rows of K and of V, 32 KiB each at head_dim 128 */
 #define ATTN_ROWS 128          /* query rows of a job at most */
 #define ATTN_JOBS_PER_THREAD 4
@@ -630,6 +643,15 @@ static void cpu_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n
  * multiple of 8, the kernels' groups of positions: a score's floats stay the same); past it, their
  * weights are 0 and nothing is computed. */
 #define ATTN_CHUNK 16
+#define ATTN_SEG 512           /* positions of a segment: a multiple of ATTN_TILE */
+#define ATTN_WIDE 1024         /* floats of a tile's row at most where a job takes several kv heads */
+#define KV_AHEAD 32            /* rows of the cache a tile's conversion prefetches ahead of its reads */
+
+#if defined(__GNUC__)
+#define ATTN_NOINLINE __attribute__((noinline))
+#else
+#define ATTN_NOINLINE
+#endif
 
 /* How a cache of another type than F32 is read: its conversion to floats and its row's layout. */
 typedef struct kv_reader {
@@ -645,10 +667,40 @@ typedef struct attn_task {
     rm_attn_scores_rows_fn scores_rows;
     rm_attn_values_rows_fn values_rows;
     rm_exp_sum_fn        exp_sum;
-    int32_t              tb, gs;      /* a job: tb tokens times gs query heads of one kv head */
+    /* by kv head: a job is tb tokens times gs query heads of one kv head, over every segment */
+    int32_t              tb, gs;
     int32_t              n_tb, n_gs;  /* token blocks; head groups per kv head */
-    atomic_llong         next_job;
+    /* split: a job is one segment times kh kv heads (all their query heads), every token */
+    int32_t              split;
+    int32_t              seg0, n_seg; /* the segments [seg0, seg0 + n_seg) */
+    int32_t              kh, n_kc;    /* kv heads a job; jobs a segment */
+    int32_t              tw;          /* floats of a tile's row */
+    float *              scratch;     /* per thread thread_floats: its tile of K and of V, a segment's sums */
+    int64_t              thread_floats;
+    float *              parts;       /* split: per segment and row (token * n_head + head), DV sums, max, sum */
+    atomic_llong         next_job, next_row;   /* the jobs' counter; the split's merge's */
 } attn_task;
+
+/* The kv heads one tile holds at most: as many as ATTN_WIDE floats a row take, at least one. */
+static inline int32_t attn_kh_cap(int32_t wide, int32_t n_head_kv) {
+    const int32_t cap = ATTN_WIDE / wide > 1 ? ATTN_WIDE / wide : 1;
+    return n_head_kv < cap ? n_head_kv : cap;
+}
+
+/* A thread's scratch: a tile of K and of V (ATTN_TILE rows of tw floats), a segment's output sums
+ * for ATTN_ROWS rows of up to `wide` floats; on cache lines of their own. */
+static inline int64_t attn_thread_floats(int64_t tw, int64_t wide) {
+    return (2 * ATTN_TILE * tw + ATTN_ROWS * wide + 15) / 16 * 16;
+}
+
+int64_t rm_cpu_attn_scratch_floats(int32_t n_threads, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                   int32_t n_ctx) {
+    /* a call's tile row is kh * its width <= ATTN_WIDE, or one head of at most head_dim */
+    const int64_t all = (int64_t) n_head_kv * head_dim, tw = all < ATTN_WIDE ? all : ATTN_WIDE;
+    const int64_t rows = n_head < ATTN_ROWS ? n_head : ATTN_ROWS;   /* a split's: one token's heads */
+    return attn_thread_floats(tw > head_dim ? tw : head_dim, head_dim) * (n_threads > 0 ? n_threads : 1) +
+           ((int64_t) n_ctx / ATTN_SEG + 2) * rows * (head_dim + 2);
+}
 
 /* The positions token i sees: [*p0, returned). */
 static inline int32_t attn_span(const rm_attn_args * a, int32_t i, int32_t * p0) {
@@ -663,14 +715,22 @@ static kv_reader kv_reader_of(int32_t type, int64_t row_elems) {
                        (uint64_t) tt->block_bytes, tt->block_elems};
 }
 
-/* Rows row..row + n of one kv head's slice (D elements from element `head` of each row) of a
- * cache read by r, as floats in out (n rows of D) (a block type's blocks never straddle two heads:
- * sizes.c's rm_kv_types_ok). */
+/* Rows row..row + n of a slice of a cache read by r (D elements from element `head` of each row:
+ * one kv head's or several adjacent ones'), as floats in out (n rows of D) (a block type's blocks
+ * never straddle two heads: sizes.c's rm_kv_types_ok). A slice narrower than the row is fetched
+ * KV_AHEAD rows ahead meanwhile: such a stride the hardware prefetchers follow poorly (whole rows
+ * they do, and fetching those too was slower); past the cache's end a prefetch only misses. */
 static void kv_tile_floats(const void * cache, const kv_reader * r, int64_t row, int32_t n, int64_t head, int32_t D,
                            float * out) {
     const uint8_t * at = (const uint8_t *) cache + (uint64_t) row * r->row_bytes +
                          (uint64_t) (head / r->block_elems) * r->block_bytes;
+    const uint64_t slice = (uint64_t) (D / r->block_elems) * r->block_bytes;
+    const uint64_t fetch = slice < r->row_bytes ? slice : 0;   /* whole rows stream well as they are */
     for (int32_t j = 0; j < n; j++) {
+        const uint8_t * ahead = at + (uint64_t) (j + KV_AHEAD) * r->row_bytes;
+        for (uint64_t b = 0; b < fetch; b += 64) {
+            __builtin_prefetch(ahead + b, 0, 0);
+        }
         r->to_float(at + (uint64_t) j * r->row_bytes, out + (int64_t) j * D, D);
     }
 }
@@ -685,121 +745,244 @@ static inline int32_t attn_rows_reach(const int32_t * reach, int nr) {
 /* The values' head width. */
 static inline int32_t attn_dv(const rm_attn_args * a) { return a->head_dim_v > 0 ? a->head_dim_v : a->head_dim; }
 
-static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile) {
+/* Merges a segment's softmax (its max m2, sum l2 and output sums o2) into a row's (*m, *l, o), both
+ * rescaled to the larger max. Out of line: the split's final merge and the whole-context jobs run
+ * this same code, so their floats agree. */
+static ATTN_NOINLINE void attn_merge(float * o, float * m, float * l, const float * o2, float m2, float l2, int32_t n) {
+    const float mx = *m > m2 ? *m : m2;
+    const float f = expf(*m - mx), f2 = expf(m2 - mx);
+    for (int32_t c = 0; c < n; c++) {
+        o[c] = o[c] * f + o2[c] * f2;
+    }
+    *l = *l * f + l2 * f2;
+    *m = mx;
+}
+
+/* A row's end: a sink's logit joins its softmax (a share of the weight, no value), and the output
+ * sums are divided by the softmax's sum. */
+static ATTN_NOINLINE void attn_finish(float * o, float m, float l, const float * sink, int32_t n) {
+    if (sink) {
+        const float mx = m > *sink ? m : *sink;
+        const float f = expf(m - mx);
+        l = l * f + expf(*sink - mx);
+        for (int32_t c = 0; c < n; c++) o[c] *= f;
+    }
+    const float inv = 1.0f / l;
+    for (int32_t c = 0; c < n; c++) o[c] *= inv;
+}
+
+/* A segment's sums of split row `row` (token * n_head + head): DV floats, then its max and sum. */
+static inline float * attn_part(const attn_task * t, int32_t seg, int64_t row) {
+    const int64_t DV = attn_dv(t->a), rows = (int64_t) t->a->n_tok * t->a->n_head;
+    return t->parts + ((int64_t) (seg - t->seg0) * rows + row) * (DV + 2);
+}
+
+static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile, float * seg_out) {
     const rm_attn_args * a = t->a;
     const int32_t D = a->head_dim, DV = attn_dv(a), G = a->n_head / a->n_head_kv;
     const int64_t q_stride = (int64_t) a->n_head * D, o_stride = (int64_t) a->n_head * DV;
     /* the tiles are read in place from an F32 cache, else converted into `tile` first */
     const int typed = a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32;
-    const int64_t k_stride = typed ? D : (int64_t) a->n_head_kv * D, v_stride = typed ? DV : (int64_t) a->n_head_kv * DV;
     const float scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float) D);
-    const int32_t g = (int32_t) (job % t->n_gs), kvh = (int32_t) (job / t->n_gs % a->n_head_kv);
-    const int32_t i0 = (int32_t) (job / t->n_gs / a->n_head_kv) * t->tb;
-    const int32_t n_i = a->n_tok - i0 < t->tb ? a->n_tok - i0 : t->tb;
-    const int32_t h0 = kvh * G + g * t->gs, n_h = G - g * t->gs < t->gs ? G - g * t->gs : t->gs;
-    const int32_t R = n_i * n_h;      /* row r: token i0 + r / n_h, head h0 + r % n_h */
-    float m[ATTN_ROWS], l[ATTN_ROWS];
-    int empty[ATTN_ROWS];             /* its output not written yet */
-    for (int32_t r = 0; r < R; r++) {
-        m[r] = a->sinks ? ((const float *) a->sinks->data)[h0 + r % n_h] : -INFINITY;
-        l[r] = a->sinks ? 1.0f : 0.0f;   /* the sink's own share, e^(sink - m) */
-        empty[r] = 1;
+    int32_t i0, n_i, kh0, n_kh, hg, n_h, s_lo, s_hi;   /* tokens, kv heads, query heads of each, segments */
+    if (t->split) {
+        const int32_t kc = (int32_t) (job % t->n_kc);
+        i0 = 0;
+        n_i = a->n_tok;
+        kh0 = kc * t->kh;
+        n_kh = a->n_head_kv - kh0 < t->kh ? a->n_head_kv - kh0 : t->kh;
+        hg = 0;
+        n_h = G;
+        s_lo = s_hi = t->seg0 + (int32_t) (job / t->n_kc);
+    } else {
+        const int32_t g = (int32_t) (job % t->n_gs);
+        kh0 = (int32_t) (job / t->n_gs % a->n_head_kv);
+        n_kh = 1;
+        i0 = (int32_t) (job / t->n_gs / a->n_head_kv) * t->tb;
+        n_i = a->n_tok - i0 < t->tb ? a->n_tok - i0 : t->tb;
+        hg = g * t->gs;
+        n_h = G - hg < t->gs ? G - hg : t->gs;
+        s_lo = 0;
+        s_hi = INT32_MAX;
     }
+    /* row r: kv head kh0 + r / per, token i0 + r % per / n_h, query head (kh0 + r / per) * G + hg + r % n_h */
+    const int32_t per = n_i * n_h, R = n_kh * per;
     int32_t lo, lo_last;              /* the job's positions: the first token's first to the last's last */
     (void) attn_span(a, i0, &lo);
     const int32_t hi = attn_span(a, i0 + n_i - 1, &lo_last);
-    const int64_t head = (int64_t) kvh * D, head_v = (int64_t) kvh * DV;
-    for (int32_t p = lo; p < hi;) {
-        /* tiles end at multiples of ATTN_TILE (and where a ring wraps): a row's arithmetic is the
-         * same whichever rows share its job, so decode and prefill give the same floats */
-        int32_t pe = (p / ATTN_TILE + 1) * ATTN_TILE < hi ? (p / ATTN_TILE + 1) * ATTN_TILE : hi;
-        int64_t row = p;              /* the tile's first cache row */
-        if (a->ring > 0) {
-            row = p % a->ring;
-            if (pe - p > a->ring - row) pe = p + (int32_t) (a->ring - row);
-        }
-        const float * kt, * vt;
-        if (typed) {                   /* the job's tile of this kv head, once for all its rows */
-            kt = tile;
-            vt = tile + (int64_t) ATTN_TILE * D;
-            kv_tile_floats(a->k_cache, &t->rk, row, pe - p, head, D, tile);
-            kv_tile_floats(a->v_cache, &t->rv, row, pe - p, head_v, DV, tile + (int64_t) ATTN_TILE * D);
-        } else {
-            kt = a->k_cache + row * k_stride + head;
-            vt = a->v_cache + row * v_stride + head_v;
-        }
-        /* the rows that see positions of the tile: each scores the whole tile, the positions it
-         * does not see masked out (their exponentials are 0, and adding 0 changes no sum: a row's
-         * floats do not depend on how far the tile reaches for the other rows of its job) */
-        const int32_t n = pe - p;
-        int32_t act[ATTN_ROWS], from[ATTN_ROWS], reach[ATTN_ROWS], na = 0;   /* the row sees [from, reach) */
-        const float * qa[ATTN_ROWS];
-        float * oa[ATTN_ROWS];
-        for (int32_t r = 0; r < R; r++) {
-            int32_t r0;
-            const int32_t r1 = attn_span(a, i0 + r / n_h, &r0);
-            const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
-            if (b >= e) continue;
-            qa[na] = a->q + (int64_t) (i0 + r / n_h) * q_stride + (int64_t) (h0 + r % n_h) * D;
-            oa[na] = a->out + (int64_t) (i0 + r / n_h) * o_stride + (int64_t) (h0 + r % n_h) * DV;
-            from[na] = b - p;
-            reach[na] = e - p;
-            act[na++] = r;
-        }
-        for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {   /* a group of rows over the tile */
-            const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
-            const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
-            t->scores_rows(D, upto < n ? upto : n, nr, qa + k0, kt, k_stride, scale, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE);
-        }
-        for (int32_t k = 0; k < na; k++) {
-            const int32_t r = act[k];
-            float * srow = sc + (int64_t) k * ATTN_TILE;
-            for (int32_t j = 0; j < from[k]; j++) srow[j] = -INFINITY;
-            for (int32_t j = reach[k]; j < n; j++) srow[j] = -INFINITY;
-            float mx = m[r];
-            for (int32_t j = from[k]; j < reach[k]; j++) mx = srow[j] > mx ? srow[j] : mx;
-            float * out = oa[k];
-            if (empty[r]) {
-                memset(out, 0, sizeof(float) * (size_t) DV);
-            }
-            if (mx > m[r]) {          /* the earlier positions' weights shrink by e^(m - mx) */
-                const float f = expf(m[r] - mx);
-                l[r] *= f;
-                for (int32_t c = 0; !empty[r] && c < DV; c++) out[c] *= f;
-                m[r] = mx;
-            }
-            l[r] += t->exp_sum(srow, n, mx);
-            empty[r] = 0;
-        }
-        /* and the values, a group of rows over the tile at once (their sums stay in registers;
-         * the tile is read from L2 by each group): the chunks of positions before the rows'
-         * furthest reach, as the scores took them (weights 0 past each row's own) */
-        for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
-            const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
-            const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
-            t->values_rows(DV, upto < n ? upto : n, nr, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE, vt, v_stride, oa + k0);
-        }
-        p = pe;
+    s_lo = lo / ATTN_SEG > s_lo ? lo / ATTN_SEG : s_lo;
+    s_hi = (hi - 1) / ATTN_SEG < s_hi ? (hi - 1) / ATTN_SEG : s_hi;
+    /* a tile row's floats: the job's kv heads' converted, or the F32 cache's whole row in place */
+    const int64_t k_stride = typed ? (int64_t) n_kh * D : (int64_t) a->n_head_kv * D;
+    const int64_t v_stride = typed ? (int64_t) n_kh * DV : (int64_t) a->n_head_kv * DV;
+    float * const vtile = tile + (int64_t) ATTN_TILE * t->tw;
+    float M[ATTN_ROWS], L[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
+    uint8_t seen[ATTN_ROWS], fresh[ATTN_ROWS];   /* a segment in the row's sums; none of this segment's tiles yet */
+    int32_t tok[ATTN_ROWS];
+    float * orow[ATTN_ROWS], * dst[ATTN_ROWS];   /* the row's output; where this segment's sums go */
+    const float * qrow[ATTN_ROWS];
+    for (int32_t r = 0; r < R; r++) {
+        const int32_t h = (kh0 + r / per) * G + hg + r % n_h;
+        tok[r] = i0 + r % per / n_h;
+        qrow[r] = a->q + (int64_t) tok[r] * q_stride + (int64_t) h * D;
+        orow[r] = a->out + (int64_t) tok[r] * o_stride + (int64_t) h * DV;
+        seen[r] = 0;
     }
-    for (int32_t r = 0; r < R; r++) {   /* every row sees at least its own position */
-        float * out = a->out + (int64_t) (i0 + r / n_h) * o_stride + (int64_t) (h0 + r % n_h) * DV;
-        const float inv = 1.0f / l[r];
-        for (int32_t c = 0; c < DV; c++) out[c] *= inv;
+    for (int32_t sg = s_lo; sg <= s_hi; sg++) {
+        const int32_t sp0 = sg * ATTN_SEG > lo ? sg * ATTN_SEG : lo;
+        const int32_t sp1 = (sg + 1) * ATTN_SEG < hi ? (sg + 1) * ATTN_SEG : hi;
+        for (int32_t r = 0; r < R; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+            fresh[r] = 1;
+            if (t->split) {
+                const int32_t h = (kh0 + r / per) * G + hg + r % n_h;
+                dst[r] = attn_part(t, sg, (int64_t) tok[r] * a->n_head + h);
+            } else {
+                dst[r] = seen[r] ? seg_out + (int64_t) r * DV : orow[r];
+            }
+        }
+        for (int32_t p = sp0; p < sp1;) {
+            /* tiles end at multiples of ATTN_TILE (and where a ring wraps): a row's arithmetic is
+             * the same whichever rows share its job, so decode and prefill give the same floats */
+            int32_t pe = (p / ATTN_TILE + 1) * ATTN_TILE < sp1 ? (p / ATTN_TILE + 1) * ATTN_TILE : sp1;
+            int64_t row = p;          /* the tile's first cache row */
+            if (a->ring > 0) {
+                row = p % a->ring;
+                if (pe - p > a->ring - row) pe = p + (int32_t) (a->ring - row);
+            }
+            const int32_t n = pe - p;
+            if (typed) {               /* the job's kv heads' tile, once for all their rows */
+                kv_tile_floats(a->k_cache, &t->rk, row, n, (int64_t) kh0 * D, n_kh * D, tile);
+                kv_tile_floats(a->v_cache, &t->rv, row, n, (int64_t) kh0 * DV, n_kh * DV, vtile);
+            }
+            for (int32_t kl = 0; kl < n_kh; kl++) {
+                const float * kt = typed ? tile + (int64_t) kl * D : a->k_cache + row * k_stride + (int64_t) (kh0 + kl) * D;
+                const float * vt = typed ? vtile + (int64_t) kl * DV
+                                         : a->v_cache + row * v_stride + (int64_t) (kh0 + kl) * DV;
+                /* the rows that see positions of the tile: each scores the whole tile, the positions
+                 * it does not see masked out (their exponentials are 0, and adding 0 changes no sum:
+                 * a row's floats do not depend on how far the tile reaches for the other rows) */
+                int32_t act[ATTN_ROWS], from[ATTN_ROWS], reach[ATTN_ROWS], na = 0;   /* sees [from, reach) */
+                const float * qa[ATTN_ROWS];
+                float * oa[ATTN_ROWS];
+                for (int32_t r = kl * per; r < (kl + 1) * per; r++) {
+                    int32_t r0;
+                    const int32_t r1 = attn_span(a, tok[r], &r0);
+                    const int32_t b = r0 > p ? r0 : p, e = r1 < pe ? r1 : pe;
+                    if (b >= e) continue;
+                    qa[na] = qrow[r];
+                    oa[na] = dst[r];
+                    from[na] = b - p;
+                    reach[na] = e - p;
+                    act[na++] = r;
+                }
+                for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {   /* a group of rows over the tile */
+                    const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
+                    const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
+                    t->scores_rows(D, upto < n ? upto : n, nr, qa + k0, kt, k_stride, scale, sc + (int64_t) k0 * ATTN_TILE,
+                                   ATTN_TILE);
+                }
+                for (int32_t k = 0; k < na; k++) {
+                    const int32_t r = act[k];
+                    float * srow = sc + (int64_t) k * ATTN_TILE;
+                    for (int32_t j = 0; j < from[k]; j++) srow[j] = -INFINITY;
+                    for (int32_t j = reach[k]; j < n; j++) srow[j] = -INFINITY;
+                    float mx = m[r];
+                    for (int32_t j = from[k]; j < reach[k]; j++) mx = srow[j] > mx ? srow[j] : mx;
+                    float * out = oa[k];
+                    if (fresh[r]) {
+                        memset(out, 0, sizeof(float) * (size_t) DV);
+                    }
+                    if (mx > m[r]) {      /* the earlier positions' weights shrink by e^(m - mx) */
+                        const float f = expf(m[r] - mx);
+                        l[r] *= f;
+                        for (int32_t c = 0; !fresh[r] && c < DV; c++) out[c] *= f;
+                        m[r] = mx;
+                    }
+                    l[r] += t->exp_sum(srow, n, mx);
+                    fresh[r] = 0;
+                }
+                /* and the values, a group of rows over the tile at once (their sums stay in
+                 * registers; the tile is read from L2 by each group): the chunks of positions
+                 * before the rows' furthest reach, as the scores took them (weights 0 past each
+                 * row's own) */
+                for (int32_t k0 = 0; k0 < na; k0 += RM_ATTN_ROWS_AT_ONCE) {
+                    const int nr = na - k0 < RM_ATTN_ROWS_AT_ONCE ? (int) (na - k0) : RM_ATTN_ROWS_AT_ONCE;
+                    const int32_t upto = (attn_rows_reach(reach + k0, nr) + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
+                    t->values_rows(DV, upto < n ? upto : n, nr, sc + (int64_t) k0 * ATTN_TILE, ATTN_TILE, vt, v_stride,
+                                   oa + k0);
+                }
+            }
+            p = pe;
+        }
+        /* the segment's softmax into the rows' own, or left for the split's merge */
+        for (int32_t r = 0; r < R; r++) {
+            if (t->split) {
+                dst[r][DV] = fresh[r] ? -INFINITY : m[r];   /* -inf: the row sees none of the segment */
+                dst[r][DV + 1] = l[r];
+            } else if (fresh[r]) {
+                continue;
+            } else if (!seen[r]) {    /* the first: its sums went straight to the output */
+                M[r] = m[r];
+                L[r] = l[r];
+                seen[r] = 1;
+            } else {
+                attn_merge(orow[r], &M[r], &L[r], dst[r], m[r], l[r], DV);
+            }
+        }
+    }
+    if (!t->split) {
+        for (int32_t r = 0; r < R; r++) {   /* every row sees at least its own position */
+            const int32_t h = (kh0 + r / per) * G + hg + r % n_h;
+            attn_finish(orow[r], M[r], L[r], a->sinks ? (const float *) a->sinks->data + h : NULL, DV);
+        }
     }
 }
 
 static void attn_task_fn(void * p, int ith, int nth) {
     attn_task * t = p;
     float * sc = t->c->scores + (int64_t) ith * t->c->scores_room;
-    const int32_t wide = t->a->head_dim > attn_dv(t->a) ? t->a->head_dim : attn_dv(t->a);
-    float * tile = t->a->kv_tiles ? t->a->kv_tiles + (int64_t) ith * 2 * RM_ATTN_TILE * wide : NULL;
-    const int64_t n_jobs = (int64_t) t->n_tb * t->a->n_head_kv * t->n_gs;
+    float * tile = t->scratch + (int64_t) ith * t->thread_floats;
+    float * seg_out = tile + 2 * (int64_t) ATTN_TILE * t->tw;
+    const int64_t n_jobs = t->split ? (int64_t) t->n_seg * t->n_kc : (int64_t) t->n_tb * t->a->n_head_kv * t->n_gs;
     for (;;) {
         const int64_t job = atomic_fetch_add_explicit(&t->next_job, 1, memory_order_relaxed);
         if (job >= n_jobs) break;
-        attn_job(t, job, sc, tile);
+        attn_job(t, job, sc, tile, seg_out);
     }
     (void) nth;
+}
+
+/* The split's end: each row's segments merged in order, the first taken as it is (as a job over
+ * every segment leaves it in the output). */
+static void attn_merge_fn(void * p, int ith, int nth) {
+    attn_task * t = p;
+    const rm_attn_args * a = t->a;
+    const int32_t DV = attn_dv(a);
+    const int64_t rows = (int64_t) a->n_tok * a->n_head;
+    for (;;) {
+        const int64_t row = atomic_fetch_add_explicit(&t->next_row, 1, memory_order_relaxed);
+        if (row >= rows) break;
+        const int32_t i = (int32_t) (row / a->n_head), h = (int32_t) (row % a->n_head);
+        float * o = a->out + (int64_t) i * a->n_head * DV + (int64_t) h * DV;
+        float M = -INFINITY, L = 0.0f;
+        int seen = 0;
+        for (int32_t sg = t->seg0; sg < t->seg0 + t->n_seg; sg++) {
+            const float * part = attn_part(t, sg, row);
+            if (part[DV] == -INFINITY) continue;
+            if (!seen) {
+                memcpy(o, part, sizeof(float) * (size_t) DV);
+                M = part[DV];
+                L = part[DV + 1];
+                seen = 1;
+            } else {
+                attn_merge(o, &M, &L, part, part[DV], part[DV + 1], DV);
+            }
+        }
+        attn_finish(o, M, L, a->sinks ? (const float *) a->sinks->data + h : NULL, DV);
+    }
+    (void) ith, (void) nth;
 }
 
 /* Rows per job: all of a kv head's query heads and as many tokens as leave the threads
@@ -828,17 +1011,68 @@ static void attn_blocks(attn_task * t, int nth) {
     t->n_tb = (int32_t) ((a->n_tok + tb - 1) / tb);
 }
 
+/* The split by segments, where a call's rows are few (a token's heads) and its context spans two
+ * segments or more: as many kv heads a job as a tile holds (whole rows of the cache where it holds
+ * them all), fewer where the segments alone would leave the threads short of jobs. */
+static int attn_split(attn_task * t, int nth, int32_t wide) {
+    const rm_attn_args * a = t->a;
+    const int32_t G = a->n_head / a->n_head_kv, want = ATTN_JOBS_PER_THREAD * nth;
+    int32_t lo;
+    (void) attn_span(a, 0, &lo);
+    t->seg0 = lo / ATTN_SEG;
+    t->n_seg = (a->pos0 + a->n_tok - 1) / ATTN_SEG - t->seg0 + 1;
+    if (t->n_seg < 2 || (int64_t) a->n_tok * a->n_head > ATTN_ROWS) return 0;
+    int32_t kh = attn_kh_cap(wide, a->n_head_kv);
+    kh = kh < ATTN_ROWS / (a->n_tok * G) ? kh : ATTN_ROWS / (a->n_tok * G);
+    const int32_t kc_want = (want + t->n_seg - 1) / t->n_seg;
+    const int32_t kh_fewer = (a->n_head_kv + kc_want - 1) / kc_want;
+    kh = kh_fewer < kh ? kh_fewer : kh;
+    t->kh = kh < 1 ? 1 : kh;
+    t->n_kc = (a->n_head_kv + t->kh - 1) / t->kh;
+    return 1;
+}
+
 static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
+    const int nth = rm_pool_size(c->pool);
     attn_task t = {.a = a, .c = c, .scores_rows = rm_cpu_attn_scores_rows(), .values_rows = rm_cpu_attn_values_rows(),
                    .exp_sum = rm_cpu_exp_sum()};
+    const int32_t DV = attn_dv(a), wide = a->head_dim > DV ? a->head_dim : DV;
     if (a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32) {
         t.rk = kv_reader_of(a->type_k, (int64_t) a->n_head_kv * a->head_dim);
-        t.rv = kv_reader_of(a->type_v, (int64_t) a->n_head_kv * attn_dv(a));
+        t.rv = kv_reader_of(a->type_v, (int64_t) a->n_head_kv * DV);
     }
-    attn_blocks(&t, rm_pool_size(c->pool));
+    t.tw = attn_kh_cap(wide, a->n_head_kv) * wide;
+    t.thread_floats = attn_thread_floats(t.tw, wide);
+    attn_blocks(&t, nth);
+    t.split = attn_split(&t, nth, wide);
+    const int64_t whole = t.thread_floats * nth;
+    const int64_t need = whole + (t.split ? (int64_t) t.n_seg * a->n_tok * a->n_head * (DV + 2) : 0);
+    t.scratch = a->scratch;
+    if (!t.scratch || a->scratch_floats < need) {
+        if (t.scratch && a->scratch_floats >= whole) {
+            t.split = 0;              /* the same floats, a job per kv head */
+        } else {                      /* no scratch given: the backend's own */
+            if (c->attn_own_floats < need) {
+                free(c->attn_own);
+                c->attn_own = malloc(sizeof(float) * (size_t) need);
+                c->attn_own_floats = c->attn_own ? need : 0;
+            }
+            if (!c->attn_own) {
+                rm_fail(RM_E_OOM, "cpu backend: out of memory for attention's scratch of %lld floats", (long long) need);
+                for (int64_t j = 0; j < (int64_t) a->n_tok * a->n_head * DV; j++) a->out[j] = NAN;
+                return;
+            }
+            t.scratch = c->attn_own;
+        }
+    }
+    t.parts = t.scratch + whole;
     atomic_init(&t.next_job, 0);
+    atomic_init(&t.next_row, 0);
     rm_pool_run_shared(c->pool, attn_task_fn, &t);
+    if (t.split) {
+        rm_pool_run_shared(c->pool, attn_merge_fn, &t);
+    }
 }
 
 /* ---- the small ops: activations are host memory, so they are the reference math itself ---- */
@@ -955,6 +1189,7 @@ static void cpu_free(rm_backend * be) {
     free(c->xq);
     free(c->x_info);
     free(c->scores);
+    free(c->attn_own);
     free(c->many);
     free(c->xq_many);
     free(c->x_info_many);

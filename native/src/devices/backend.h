@@ -73,12 +73,20 @@ typedef struct rm_attn_args {
                                      (a sliding layer's; rm_kv_ring_rows); 0: position p in row p */
     int32_t       type_k, type_v; /* the caches' element types (RM_TYPE_F32: the float rows above; others,
                                      rows of rm_kv_row_bytes: the CPU backend only) */
-    float *       kv_tiles;       /* with another type than F32: host scratch of 2 * RM_ATTN_TILE * the wider of
-                                     head_dim and head_dim_v floats per thread of the CPU pool, a tile of K and
-                                     of V as floats */
+    float *       scratch;        /* host scratch for the CPU attention, scratch_floats of them (at least
+                                     rm_cpu_attn_scratch_floats for this layer's shape); NULL: the CPU backend
+                                     takes its own */
     float         scale;          /* the logits are q.k times this; 0: 1 / sqrt(head_dim) */
     int32_t       head_dim_v;     /* the values' head width (MiMo's are narrower than the keys'); 0: head_dim */
+    int64_t       scratch_floats;
 } rm_attn_args;
+
+/* The host scratch the CPU attention of n_threads threads takes (rm_attn_args.scratch), in floats,
+ * for layers of at most n_head query heads and n_head_kv kv heads of at most head_dim floats (keys
+ * or values) over a cache of n_ctx positions: each thread's tile of K and V as floats and a
+ * segment's output sums, and the partial sums of a decode split over segments of positions. */
+int64_t rm_cpu_attn_scratch_floats(int32_t n_threads, int32_t n_head, int32_t n_head_kv, int32_t head_dim,
+                                   int32_t n_ctx);
 
 /* Positions of K and V the CPU attention reads as one tile (flash attention's order; ops.c). */
 #define RM_ATTN_TILE 64

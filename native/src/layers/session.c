@@ -32,7 +32,7 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->kv_at, s->mla_host, s->kv_tiles, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->kv_at, s->mla_host, s->attn_scratch, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->xv, s->exp_n_all, s->pred, s->pred_experts, s->xc_res_us, s->xc_layer_us, s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
                      s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
@@ -134,9 +134,10 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
     s->kv_at = xalloc(sizeof(rm_kv_place) * NL, &failed);
-    if (s->type_k != RM_TYPE_F32 || s->type_v != RM_TYPE_F32) {
-        s->kv_tiles = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * 2 * RM_ATTN_TILE * (size_t) hd_widest,
-                             &failed);
+    {
+        const int32_t n_kv = hp->n_head_kv > hp->n_head_kv_swa ? hp->n_head_kv : hp->n_head_kv_swa;
+        s->attn_scratch_floats = rm_cpu_attn_scratch_floats(rm_pool_size(m->pool), hp->n_head, n_kv, hd_widest, s->n_ctx);
+        s->attn_scratch = xalloc(sizeof(float) * (size_t) s->attn_scratch_floats, &failed);
     }
     if (hp->kv_lora_rank > 0) {
         s->mla_host = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * rm_mla_thread_floats(hp, s->n_ctx), &failed);

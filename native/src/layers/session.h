@@ -33,7 +33,8 @@ struct rm_session {
     float * v_cache;              /* k_row_bytes each), and of type_v (v_row_bytes); F32 unless asked */
     int32_t  type_k, type_v;
     uint64_t k_row_bytes, v_row_bytes;
-    float *  kv_tiles;            /* host: rm_attn_args.kv_tiles, with a cache type other than F32; else NULL */
+    float *  attn_scratch;        /* host: rm_attn_args.scratch, attn_scratch_floats of them */
+    int64_t  attn_scratch_floats;
     float * x;                    /* residual stream, rows of n_embd */
     float * xn;                   /* normalised input of a block, rows of n_embd */
     float * q, * k, * v;          /* projections, rows of n_head*head_dim / n_head_kv*head_dim */

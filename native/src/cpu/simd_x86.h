@@ -194,20 +194,22 @@ static void attn_values(int64_t d, int64_t n, const float * s, const float * v, 
     attn_values_x86(d, n, s, v, stride, out, accumulate);
 }
 
-/* Several query rows at once (rm_attn_scores_rows_fn): four positions of two rows at a time, each
- * key's 8 floats loaded once for both; a position's four sums come out of the tree sums8_ps takes
- * for it ((0+1)+(2+3)) + ((4+5)+(6+7)) of its lanes, and a partial last group is filled out with
- * its first position's key: a score is the same floats whatever n and the other rows. */
+/* Several query rows at once (rm_attn_scores_rows_fn): four positions of up to three rows at a
+ * time (RM_ATTN_ROWS_AT_ONCE, the rows ops.c passes together; twelve sums, the rows' three chunks
+ * of query and a key in the sixteen registers), each key's 8 floats loaded once for all; a
+ * position's four sums come out of the tree sums8_ps takes for it ((0+1)+(2+3)) + ((4+5)+(6+7))
+ * of its lanes, and a partial last group is filled out with its first position's key: a score is
+ * the same floats whatever n and the other rows. */
 RM_INLINE void scores4_rows_x86(int64_t d, const int nr, const float * const q[], const float * const kp[4], float scale,
-                                float * const s[2]) {
-    __m256 acc[2][4];
+                                float * const s[3]) {
+    __m256 acc[3][4];
     for (int r = 0; r < nr; r++) {
         for (int j = 0; j < 4; j++) {
             acc[r][j] = _mm256_setzero_ps();
         }
     }
     for (int64_t i = 0; i < d; i += 8) {
-        __m256 qv[2];
+        __m256 qv[3];
         for (int r = 0; r < nr; r++) {
             qv[r] = _mm256_loadu_ps(q[r] + i);
         }
@@ -226,48 +228,53 @@ RM_INLINE void scores4_rows_x86(int64_t d, const int nr, const float * const q[]
     }
 }
 
+RM_INLINE void scores_rows_x86(int64_t d, int64_t n, const int nr, const float * const q[], const float * k,
+                               int64_t stride, float scale, float * s, int64_t s_stride) {
+    for (int64_t p = 0; p < n; p += 4) {
+        const float * kp[4];
+        float part[3][4];
+        float * out[3];
+        for (int j = 0; j < 4; j++) {
+            kp[j] = k + (p + j < n ? p + j : p) * stride;
+        }
+        for (int r = 0; r < nr; r++) {
+            out[r] = p + 4 <= n ? s + r * s_stride + p : part[r];
+        }
+        scores4_rows_x86(d, nr, q, kp, scale, out);
+        for (int r = 0; p + 4 > n && r < nr; r++) {
+            memcpy(s + r * s_stride + p, part[r], sizeof(float) * (size_t) (n - p));
+        }
+    }
+}
+
 static void attn_scores_rows(int64_t d, int64_t n, int nr, const float * const q[], const float * k, int64_t stride,
                              float scale, float * s, int64_t s_stride) {
     if (d % 8) {
         rm_cpu_attn_scores_rows_ref(d, n, nr, q, k, stride, scale, s, s_stride);
         return;
     }
-    for (int r0 = 0; r0 < nr; r0 += 2) {
-        const int m = nr - r0 < 2 ? nr - r0 : 2;
-        for (int64_t p = 0; p < n; p += 4) {
-            const float * kp[4];
-            float part[2][4];
-            float * out[2];
-            for (int j = 0; j < 4; j++) {
-                kp[j] = k + (p + j < n ? p + j : p) * stride;
-            }
-            for (int r = 0; r < m; r++) {
-                out[r] = p + 4 <= n ? s + (r0 + r) * s_stride + p : part[r];
-            }
-            if (m == 2) {
-                scores4_rows_x86(d, 2, q + r0, kp, scale, out);
-            } else {
-                scores4_rows_x86(d, 1, q + r0, kp, scale, out);
-            }
-            for (int r = 0; p + 4 > n && r < m; r++) {
-                memcpy(s + (r0 + r) * s_stride + p, part[r], sizeof(float) * (size_t) (n - p));
-            }
+    for (int r0 = 0; r0 < nr; r0 += 3) {   /* a copy per count, the row loops unrolled */
+        switch (nr - r0 < 3 ? nr - r0 : 3) {
+        case 3: scores_rows_x86(d, n, 3, q + r0, k, stride, scale, s + r0 * s_stride, s_stride); break;
+        case 2: scores_rows_x86(d, n, 2, q + r0, k, stride, scale, s + r0 * s_stride, s_stride); break;
+        default: scores_rows_x86(d, n, 1, q + r0, k, stride, scale, s + r0 * s_stride, s_stride); break;
         }
     }
 }
 
-/* Two output rows at a time, 32 floats each in registers while every position passes: each
- * value's floats loaded once for both; each row's arithmetic is attn_values_x86's. */
+/* Up to three output rows at a time, 32 floats each in registers while every position passes
+ * (twelve sums, the rows' three weights and a value in the sixteen registers): each value's floats
+ * loaded once for all the rows; each row's arithmetic is attn_values_x86's. */
 RM_INLINE void values32_rows_x86(int64_t n, const int nr, const float * s, int64_t s_stride, const float * v,
-                                 int64_t stride, float * const out[2], int64_t i0) {
-    __m256 acc[2][4];
+                                 int64_t stride, float * const out[3], int64_t i0) {
+    __m256 acc[3][4];
     for (int r = 0; r < nr; r++) {
         for (int j = 0; j < 4; j++) {
             acc[r][j] = _mm256_loadu_ps(out[r] + i0 + 8 * j);
         }
     }
     for (int64_t p = 0; p < n; p++) {
-        __m256 sp[2];
+        __m256 sp[3];
         for (int r = 0; r < nr; r++) {
             sp[r] = _mm256_set1_ps(s[r * s_stride + p]);
         }
@@ -295,12 +302,12 @@ static void attn_values_rows(int64_t d, int64_t n, int nr, const float * s, int6
         }
         return;
     }
-    for (int r0 = 0; r0 < nr; r0 += 2) {
+    for (int r0 = 0; r0 < nr; r0 += 3) {
         for (int64_t i0 = 0; i0 < d; i0 += 32) {
-            if (nr - r0 >= 2) {
-                values32_rows_x86(n, 2, s + r0 * s_stride, s_stride, v, stride, out + r0, i0);
-            } else {
-                values32_rows_x86(n, 1, s + r0 * s_stride, s_stride, v, stride, out + r0, i0);
+            switch (nr - r0 < 3 ? nr - r0 : 3) {
+            case 3: values32_rows_x86(n, 3, s + r0 * s_stride, s_stride, v, stride, out + r0, i0); break;
+            case 2: values32_rows_x86(n, 2, s + r0 * s_stride, s_stride, v, stride, out + r0, i0); break;
+            default: values32_rows_x86(n, 1, s + r0 * s_stride, s_stride, v, stride, out + r0, i0); break;
             }
         }
     }

@@ -350,6 +350,14 @@ rm_attn_values_rows_fn rm_cpu_attn_values_rows_isa(rm_isa isa) {
     return rm_cpu_attn_values_rows_ref;
 }
 
+rm_max_fn rm_cpu_max_isa(rm_isa isa) {
+    for (int i = isa; i > RM_ISA_SCALAR; i--) {
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->max_of) return k->max_of;
+    }
+    return rm_cpu_max_ref;
+}
+
 rm_exp_sum_fn rm_cpu_exp_sum_isa(rm_isa isa) {
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
         const rm_cpu_kernels * k = kernels_of((rm_isa) i);

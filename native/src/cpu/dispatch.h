@@ -146,6 +146,10 @@ typedef void (*rm_attn_values_rows_fn)(int64_t d, int64_t n, int nr, const float
  * and add in lanes). */
 typedef float (*rm_exp_sum_fn)(float * x, int64_t n, float m);
 
+/* The largest of m and x[0..n) (a NaN in x passed over, as `x[j] > m ? x[j] : m` does): exact, so
+ * every set gives the reference's float. */
+typedef float (*rm_max_fn)(const float * x, int64_t n, float m);
+
 /* The Gated DeltaNet layer's delta rule and causal conv, as rm_gdn_rule and rm_gdn_conv (cpu/gdn.h,
  * their scalar twins) compute them, to float rounding. */
 typedef void (*rm_gdn_rule_fn)(const rm_gdn_head * h, int32_t pos, float * state, float * scratch);
@@ -166,6 +170,7 @@ typedef struct rm_cpu_kernels {
     rm_attn_scores_rows_fn attn_scores_rows;
     rm_attn_values_rows_fn attn_values_rows;
     rm_exp_sum_fn       exp_sum;
+    rm_max_fn           max_of;
     const rm_packed_kernels * packed[RM_TYPE_COUNT];   /* optional: the prefill form */
     const rm_tile_kernels *   tile[RM_TYPE_COUNT];     /* optional: the tile form (AMX) */
     uint8_t             streams[RM_TYPE_COUNT];        /* 1: the type's one-token kernels (vec_dot,
@@ -206,6 +211,7 @@ rm_axpy_fn          rm_cpu_axpy_isa(rm_isa isa);
 rm_attn_scores_fn   rm_cpu_attn_scores_isa(rm_isa isa);
 rm_attn_values_fn   rm_cpu_attn_values_isa(rm_isa isa);
 rm_exp_sum_fn       rm_cpu_exp_sum_isa(rm_isa isa);
+rm_max_fn           rm_cpu_max_isa(rm_isa isa);
 rm_attn_scores_rows_fn rm_cpu_attn_scores_rows_isa(rm_isa isa);
 rm_attn_values_rows_fn rm_cpu_attn_values_rows_isa(rm_isa isa);
 rm_gdn_rule_fn      rm_cpu_gdn_rule_isa(rm_isa isa);   /* the twins where a set has none */
@@ -216,6 +222,7 @@ void rm_cpu_attn_scores_ref(int64_t d, int64_t n, const float * q, const float *
 void rm_cpu_attn_values_ref(int64_t d, int64_t n, const float * s, const float * v, int64_t stride, float * out,
                             int accumulate);
 float rm_cpu_exp_sum_ref(float * x, int64_t n, float m);
+float rm_cpu_max_ref(const float * x, int64_t n, float m);
 void rm_cpu_attn_scores_rows_ref(int64_t d, int64_t n, int nr, const float * const q[], const float * k, int64_t stride,
                                  float scale, float * s, int64_t s_stride);
 void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, int64_t s_stride, const float * v,
@@ -244,6 +251,7 @@ static inline rm_axpy_fn          rm_cpu_axpy(void)               { return rm_cp
 static inline rm_attn_scores_fn   rm_cpu_attn_scores(void)        { return rm_cpu_attn_scores_isa(rm_isa_active()); }
 static inline rm_attn_values_fn   rm_cpu_attn_values(void)        { return rm_cpu_attn_values_isa(rm_isa_active()); }
 static inline rm_exp_sum_fn       rm_cpu_exp_sum(void)            { return rm_cpu_exp_sum_isa(rm_isa_active()); }
+static inline rm_max_fn           rm_cpu_max(void)                { return rm_cpu_max_isa(rm_isa_active()); }
 static inline rm_attn_scores_rows_fn rm_cpu_attn_scores_rows(void) { return rm_cpu_attn_scores_rows_isa(rm_isa_active()); }
 static inline rm_attn_values_rows_fn rm_cpu_attn_values_rows(void) { return rm_cpu_attn_values_rows_isa(rm_isa_active()); }
 static inline rm_gdn_rule_fn      rm_cpu_gdn_rule(void)           { return rm_cpu_gdn_rule_isa(rm_isa_active()); }

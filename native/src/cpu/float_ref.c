@@ -46,6 +46,13 @@ void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, 
     }
 }
 
+float rm_cpu_max_ref(const float * x, int64_t n, float m) {
+    for (int64_t j = 0; j < n; j++) {
+        m = x[j] > m ? x[j] : m;
+    }
+    return m;
+}
+
 float rm_cpu_exp_sum_ref(float * x, int64_t n, float m) {
     float sum = 0.0f;
     for (int64_t j = 0; j < n; j++) {

@@ -667,6 +667,7 @@ typedef struct attn_task {
     rm_attn_scores_rows_fn scores_rows;
     rm_attn_values_rows_fn values_rows;
     rm_exp_sum_fn        exp_sum;
+    rm_max_fn            max_of;
     /* by kv head: a job is tb tokens times gs query heads of one kv head, over every segment */
     int32_t              tb, gs;
     int32_t              n_tb, n_gs;  /* token blocks; head groups per kv head */
@@ -888,8 +889,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
                     float * srow = sc + (int64_t) k * ATTN_TILE;
                     for (int32_t j = 0; j < from[k]; j++) srow[j] = -INFINITY;
                     for (int32_t j = reach[k]; j < n; j++) srow[j] = -INFINITY;
-                    float mx = m[r];
-                    for (int32_t j = from[k]; j < reach[k]; j++) mx = srow[j] > mx ? srow[j] : mx;
+                    const float mx = t->max_of(srow + from[k], reach[k] - from[k], m[r]);
                     float * out = oa[k];
                     if (fresh[r]) {
                         memset(out, 0, sizeof(float) * (size_t) DV);
@@ -1036,7 +1036,7 @@ static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
     const int nth = rm_pool_size(c->pool);
     attn_task t = {.a = a, .c = c, .scores_rows = rm_cpu_attn_scores_rows(), .values_rows = rm_cpu_attn_values_rows(),
-                   .exp_sum = rm_cpu_exp_sum()};
+                   .exp_sum = rm_cpu_exp_sum(), .max_of = rm_cpu_max()};
     const int32_t DV = attn_dv(a), wide = a->head_dim > DV ? a->head_dim : DV;
     if (a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32) {
         t.rk = kv_reader_of(a->type_k, (int64_t) a->n_head_kv * a->head_dim);

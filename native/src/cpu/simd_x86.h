@@ -175,6 +175,25 @@ static float exp_sum_x86(float * x, int64_t n, float m) {
     return hsum_ps(acc);
 }
 
+/* rm_max_fn: eight lanes at a time (vmaxps keeps its second operand where the first is a NaN),
+ * the rest one by one. */
+static float max_x86(const float * x, int64_t n, float m) {
+    __m256 acc = _mm256_set1_ps(m);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        acc = _mm256_max_ps(_mm256_loadu_ps(x + i), acc);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++) {
+        m = lanes[j] > m ? lanes[j] : m;
+    }
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
 /* The table entries (each kernel-set file has its own copy, built with its flags); a row length
  * that is not a multiple of 8 goes to the reference. */
 static void attn_scores(int64_t d, int64_t n, const float * q, const float * k, int64_t stride, float scale, float * s) {

@@ -375,6 +375,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .attn_scores_rows = attn_scores_rows,
     .attn_values_rows = attn_values_rows,
     .exp_sum = exp_sum_x86,
+    .max_of = max_x86,
     .tile = {
         [RM_TYPE_Q2_K] = &rows_q2_K,
         [RM_TYPE_Q3_K] = &rows_q3_K,

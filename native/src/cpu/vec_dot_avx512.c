@@ -766,6 +766,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .attn_scores_rows = attn_scores_rows_512,
     .attn_values_rows = attn_values_rows_512,
     .exp_sum = exp_sum_x86,
+    .max_of = max_x86,
     .packed = {
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,

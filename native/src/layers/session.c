@@ -134,7 +134,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
     s->kv_at = xalloc(sizeof(rm_kv_place) * NL, &failed);
-    {
+    if (hp->kv_lora_rank == 0) {   /* MLA's layers have their own op (and scratch: mla_host) */
         const int32_t n_kv = hp->n_head_kv > hp->n_head_kv_swa ? hp->n_head_kv : hp->n_head_kv_swa;
         s->attn_scratch_floats = rm_cpu_attn_scratch_floats(rm_pool_size(m->pool), hp->n_head, n_kv, hd_widest, s->n_ctx);
         s->attn_scratch = xalloc(sizeof(float) * (size_t) s->attn_scratch_floats, &failed);

@@ -819,14 +819,14 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
     float * const vtile = tile + (int64_t) ATTN_TILE * t->tw;
     float M[ATTN_ROWS], L[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
     uint8_t seen[ATTN_ROWS], fresh[ATTN_ROWS];   /* a segment in the row's sums; none of this segment's tiles yet */
-    int32_t tok[ATTN_ROWS];
+    int32_t tok[ATTN_ROWS], head[ATTN_ROWS];     /* the row's token and query head */
     float * orow[ATTN_ROWS], * dst[ATTN_ROWS];   /* the row's output; where this segment's sums go */
     const float * qrow[ATTN_ROWS];
     for (int32_t r = 0; r < R; r++) {
-        const int32_t h = (kh0 + r / per) * G + hg + r % n_h;
         tok[r] = i0 + r % per / n_h;
-        qrow[r] = a->q + (int64_t) tok[r] * q_stride + (int64_t) h * D;
-        orow[r] = a->out + (int64_t) tok[r] * o_stride + (int64_t) h * DV;
+        head[r] = (kh0 + r / per) * G + hg + r % n_h;
+        qrow[r] = a->q + (int64_t) tok[r] * q_stride + (int64_t) head[r] * D;
+        orow[r] = a->out + (int64_t) tok[r] * o_stride + (int64_t) head[r] * DV;
         seen[r] = 0;
     }
     for (int32_t sg = s_lo; sg <= s_hi; sg++) {
@@ -837,8 +837,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
             l[r] = 0.0f;
             fresh[r] = 1;
             if (t->split) {
-                const int32_t h = (kh0 + r / per) * G + hg + r % n_h;
-                dst[r] = attn_part(t, sg, (int64_t) tok[r] * a->n_head + h);
+                dst[r] = attn_part(t, sg, (int64_t) tok[r] * a->n_head + head[r]);
             } else {
                 dst[r] = seen[r] ? seg_out + (int64_t) r * DV : orow[r];
             }
@@ -934,8 +933,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
     }
     if (!t->split) {
         for (int32_t r = 0; r < R; r++) {   /* every row sees at least its own position */
-            const int32_t h = (kh0 + r / per) * G + hg + r % n_h;
-            attn_finish(orow[r], M[r], L[r], a->sinks ? (const float *) a->sinks->data + h : NULL, DV);
+            attn_finish(orow[r], M[r], L[r], a->sinks ? (const float *) a->sinks->data + head[r] : NULL, DV);
         }
     }
 }

@@ -178,6 +178,21 @@ def _kl(ref, ours):
     return (p * (np.log(p) - lq)).sum(-1)
 
 
+@pytest.mark.skipif(rm.cpu_isa() != "avx512", reason="the stored layout is the AVX-512 set's")
+def test_arch_gpt_oss_mxfp4_experts_repacked_at_load(tmp_path, monkeypatch):
+    """MXFP4 experts kept in the AVX-512 set's stored layout from load give the file layout's
+    logits bit for bit: rows of 288 (a group of eight blocks and one past it, as gpt-oss's 2,880 end
+    two blocks past their groups), prompt batches of 16 (experts meet 1 to 16 tokens: the stored
+    one-token form, the groups unpacked for the prefill form, the tiles), then decode."""
+    src = make_tiny_gpt_oss(tmp_path / "hf", hidden_size=288, intermediate_size=288)
+    path = tmp_path / "m.gguf"
+    rm.convert(src, path, recipe="mxfp4", progress=False)
+    ids = np.random.default_rng(7).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
+    repacked = ours(path, ids, n_batch=16)
+    monkeypatch.setenv("RAPIDMOE_REPACK", "0")
+    np.testing.assert_array_equal(repacked, ours(path, ids, n_batch=16))
+
+
 def test_arch_gpt_oss_split_recipe_runs(tmp_path):
     """A Q4_K base + Q8_0 residual pair against transformers. Every token uses all 4 experts: with
     top-2 on random weights, Q8_0 rounding alone flips router choices (mean KL 0.027 even for the

@@ -226,6 +226,35 @@ def test_kernels_mxfp4_subnormal_and_small_scales(isa):
     err = np.abs(got.astype(np.float64) - want) / (xn[:, None] * wn[None, :])
     assert err.max() <= TOL, f"{isa}: error {err.max():.2e}"
     assert kernels.vec_dot_rows("MXFP4", w, x_q, n, isa=isa).tobytes() == got.tobytes()
+    for n_tok in (1, 9):   # rows repacked as at load (AVX-512): the stored form, then the tiles
+        assert (kernels.vec_dot_rows("MXFP4", w, x_q[:n_tok * len(x_q) // 9], n, isa=isa, stored=True).tobytes()
+                == got[:n_tok].tobytes())
+
+
+# Q4_0 and MXFP4 rows repacked at load into the AVX-512 set's stored layout (Q4_0's rows of whole
+# groups of eight blocks only; MXFP4's also with blocks past the last group, as gpt-oss's 2,880 have).
+STORED_TYPES = ["Q4_0", "MXFP4"]
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("name", STORED_TYPES)
+def test_kernels_stored_rows_equal_the_file_layout(name, isa):
+    """Rows in the stored layout give the file layout's floats bit for bit, however many tokens
+    (the one-token form up to 7, the stored groups unpacked for the prefill form from 8, the tiles
+    from 10): whole groups, a tail of 2 and 3 blocks past them, a single group, and rows that hold
+    no whole group (kept in the file's layout). In a set without a stored layout the same path as
+    the file's, so the same check holds."""
+    for n, n_rows, n_toks in [(2048, 19, (1, 3, 4, 5, 8, 9, 12, 17)), (2880, 21, (1, 4, 7, 8, 11, 16)),
+                              (352, 17, (1, 9, 10)), (256, 5, (2, 8, 13)), (224, 3, (1, 10))]:
+        for k, w in enumerate(random_rows(name, n_rows, n, seed=n)):   # quantized rows, random blocks
+            for n_tok in n_toks:
+                _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
+                want = kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+                got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa, stored=True)
+                assert got.tobytes() == want.tobytes(), f"{isa} {name} n={n} rows#{k} tokens={n_tok}"
+                one = kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=False)
+                assert got.tobytes() == one.tobytes(), f"{isa} {name} n={n} rows#{k} tokens={n_tok}: not one-token's"
 
 
 # IQ types with SIMD kernels (one token and several at once)
@@ -446,10 +475,10 @@ def isa_logits(tiny_hf, tmp_path_factory):
     return result
 
 
-@pytest.mark.parametrize("recipe", ["q4_0-q4_0", "q2k-q4"])
+@pytest.mark.parametrize("recipe", ["q4_0-q4_0", "q2k-q4", "mxfp4"])
 def test_kernels_repacked_weights_give_the_same_logits(isa_logits, recipe):
-    """Q4_0 matrices repacked at load (AVX-512) give the file layout's logits bit for bit, in
-    prefill and in decode."""
+    """Q4_0 and MXFP4 matrices repacked at load (AVX-512) give the file layout's logits bit for bit,
+    in prefill and in decode."""
     if "avx512-not-repacked" not in isa_logits:
         pytest.skip("no AVX-512 kernel set on this machine")
     np.testing.assert_array_equal(isa_logits["avx512"][recipe], isa_logits["avx512-not-repacked"][recipe])

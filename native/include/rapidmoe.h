@@ -165,7 +165,9 @@ int32_t   rm_cpu_isa_supported(const char * isa);
  * type's vec_dot_type, x_len bytes), by the kernels of set isa (NULL: the set in use). batched = 1
  * computes as the CPU backend computes a matrix product (several tokens per kernel call where the
  * type has a kernel for it: from 8 tokens the prefill form that packs each row once, from 16 the
- * AMX tiles); batched = 0 calls the one-token kernel for each row and token.
+ * AMX tiles); batched = 0 calls the one-token kernel for each row and token; batched = 2 computes
+ * as batched = 1 from the rows repacked first into the set's stored layout, as a CPU-only model
+ * keeps them from load (where the set has one for the type and row length; else as batched = 1).
  * RM_E_UNSUPPORTED_TYPE when this CPU or build lacks the set. */
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
                          const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y);

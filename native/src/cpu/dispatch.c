@@ -258,6 +258,14 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type) {
     return NULL;
 }
 
+const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n) {
+    const rm_packed_kernels * pk = rm_cpu_packed_isa(isa, type);
+    return pk && pk->repack_row && n > 0 && n % RM_QK == 0 && pk->packed_bytes(n) > 0 &&
+                   (pk->stored_tail || n % (8 * RM_QK) == 0)
+               ? pk
+               : NULL;
+}
+
 int rm_cpu_streams_isa(rm_isa isa, int32_t type) {
     if (type < 0 || type >= RM_TYPE_COUNT) return 0;
     for (int i = isa; i > RM_ISA_SCALAR; i--) {
@@ -400,8 +408,8 @@ static rm_status isa_arg(const char * fn, const char * isa, rm_isa * out) {
 
 /* rm_vec_dot_isa in the tile form, as the CPU backend runs it: the tokens laid out once, then
  * the rows RM_TILE_ROWS at a time. */
-static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_t n, const uint8_t * w, uint64_t row,
-                             int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok, float * y) {
+static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_t n, const uint8_t * w, int stored,
+                             uint64_t row, int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok, float * y) {
     void * x_t = malloc((size_t) tk->act_bytes(n, (int32_t) n_tok));
     void * room = malloc((size_t) tk->room_bytes(n));
     if (x_t == NULL || room == NULL) {
@@ -415,7 +423,7 @@ static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_
     }
     for (int64_t r0 = 0; r0 < n_rows; r0 += RM_TILE_ROWS) {
         const int64_t r1 = r0 + RM_TILE_ROWS < n_rows ? r0 + RM_TILE_ROWS : n_rows;
-        tk->matmul(n, w, 0, row, r0, r1, x_t, (int32_t) n_tok, room, y, n_rows, 0);
+        tk->matmul(n, w, stored, row, r0, r1, x_t, (int32_t) n_tok, room, y, n_rows, 0);
     }
     free(x_t);
     free(room);
@@ -423,10 +431,12 @@ static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_
 }
 
 /* rm_vec_dot_isa in the prefill form, as the CPU backend runs it: the tokens transposed once,
- * then each row packed and passed over by eight, four, then one token at a time. */
-static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, int64_t n, const uint8_t * w, uint64_t row,
-                               int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok, const float * info,
-                               int64_t info_stride, float * y) {
+ * then each row packed and passed over by eight, four, then one token at a time; rows stored
+ * packed (w in the stored layout) are unpacked instead, and with fewer than RM_PACK_MIN_TOKENS
+ * tokens read as they are. */
+static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, int64_t n, const uint8_t * w, int stored,
+                               uint64_t row, int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok,
+                               const float * info, int64_t info_stride, float * y) {
     const uint64_t xt_stride = pk->act_bytes(n);
     uint8_t * x_t = malloc((size_t) (xt_stride * (uint64_t) n_tok));
     void * packed = malloc((size_t) pk->packed_bytes(n));
@@ -438,13 +448,23 @@ static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, in
     for (int64_t i = 0; i < n_tok; i++) {
         pk->transpose_act(n, x_q + (uint64_t) i * xrow, x_t + (uint64_t) i * xt_stride);
     }
+    const int as_stored = stored && n_tok < RM_PACK_MIN_TOKENS;
     for (int64_t r = 0; r < n_rows; r++) {
-        pk->pack_row(n, w + (uint64_t) r * row, packed);
+        if (stored && !as_stored) {
+            pk->unpack_stored(n, w + (uint64_t) r * row, packed);
+        } else if (!stored) {
+            pk->pack_row(n, w + (uint64_t) r * row, packed);
+        }
         for (int64_t i = 0; i < n_tok;) {
             const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
             float v[RM_MULTI_MAX];
-            pk->dot(n, nc, v, packed, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
-                    x_q + (uint64_t) i * xrow, xrow, info + i * info_stride, info_stride);
+            if (as_stored) {
+                pk->dot_stored(n, nc, v, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
+                               info + i * info_stride, info_stride);
+            } else {
+                pk->dot(n, nc, v, packed, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
+                        info + i * info_stride, info_stride);
+            }
             for (int c = 0; c < nc; c++) {
                 y[(i + c) * n_rows + r] = v[c];
             }
@@ -453,6 +473,62 @@ static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, in
     }
     free(x_t);
     free(packed);
+    return RM_OK;
+}
+
+/* rm_vec_dot_isa's products, w in the stored layout when `stored`. */
+static rm_status vec_dot_rows(const char * fn, rm_isa which, int32_t type, const void * w, int stored, uint64_t row,
+                              int64_t n_rows, const void * x_q, uint64_t xrow, int64_t n_tok, int64_t n, int batched,
+                              float * y) {
+    const rm_type_traits * t = rm_type_traits_get(type);
+    rm_status st;
+    const rm_tile_kernels * tk = batched ? rm_cpu_tile_isa(which, type) : NULL;
+    if (tk && n_tok >= tk->min_tokens && n_tok <= INT32_MAX && tk->usable(n)) {
+        return tile_matmul(fn, tk, n, w, stored, row, n_rows, x_q, xrow, n_tok, y);
+    }
+    /* as the CPU backend's matmul_tile: eight, four, then the rest at a time where there is a kernel for it,
+     * with the activations' block scales and sums worked out once */
+    const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
+    const rm_vec_dot_multi_fn multi = batched ? rm_cpu_vec_dot_multi_isa(which, type) : NULL;
+    const int burst = rm_cpu_row_burst_isa(which, type, n_tok);
+    const uint8_t * wb = w;
+    const uint8_t * xb = x_q;
+    float * info = NULL;
+    const int64_t info_stride = 2 * (n / RM_QK);
+    if (multi && t->vec_dot_type == RM_TYPE_Q8_0 && n_tok > 0) {
+        info = malloc(sizeof(float) * (size_t) (info_stride * n_tok));
+        if (info == NULL) return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", fn, (long long) n_tok);
+        for (int64_t i = 0; i < n_tok; i++) {
+            rm_q8_0_act_info(xb + (uint64_t) i * xrow, n, info + i * info_stride);
+        }
+    }
+    const rm_packed_kernels * pk = info ? rm_cpu_packed_isa(which, type) : NULL;
+    if (pk && (n_tok >= RM_PACK_MIN_TOKENS || stored) && pk->packed_bytes(n) > 0) {
+        st = packed_matmul(fn, pk, n, wb, stored, row, n_rows, xb, xrow, n_tok, info, info_stride, y);
+        free(info);
+        return st;
+    }
+    int64_t i = 0;
+    for (; multi && i < n_tok; ) {
+        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : (int) (n_tok - i);
+        for (int64_t r = 0; r < n_rows; r++) {
+            float v[RM_MULTI_MAX];
+            if (burst) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
+            multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,
+                  info_stride);
+            for (int c = 0; c < nc; c++) {
+                y[(i + c) * n_rows + r] = v[c];
+            }
+        }
+        i += nc;
+    }
+    for (; i < n_tok; i++) {
+        for (int64_t r = 0; r < n_rows; r++) {
+            if (burst) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
+            dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
+        }
+    }
+    free(info);
     return RM_OK;
 }
 
@@ -488,54 +564,21 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
                        __func__, t->name, (long long) n_tok, (long long) n, xt->name,
                        (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
     }
-    const rm_tile_kernels * tk = batched ? rm_cpu_tile_isa(which, type) : NULL;
-    if (tk && n_tok >= tk->min_tokens && n_tok <= INT32_MAX && tk->usable(n)) {
-        return tile_matmul(__func__, tk, n, w, row, n_rows, x_q, xrow, n_tok, y);
-    }
-    /* as the CPU backend's matmul_tile: eight, four, then the rest at a time where there is a kernel for it,
-     * with the activations' block scales and sums worked out once */
-    const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(which, type);
-    const rm_vec_dot_multi_fn multi = batched ? rm_cpu_vec_dot_multi_isa(which, type) : NULL;
-    const int burst = rm_cpu_row_burst_isa(which, type, n_tok);
-    const uint8_t * wb = w;
-    const uint8_t * xb = x_q;
-    float * info = NULL;
-    const int64_t info_stride = 2 * (n / RM_QK);
-    if (multi && t->vec_dot_type == RM_TYPE_Q8_0 && n_tok > 0) {
-        info = malloc(sizeof(float) * (size_t) (info_stride * n_tok));
-        if (info == NULL) return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", __func__, (long long) n_tok);
-        for (int64_t i = 0; i < n_tok; i++) {
-            rm_q8_0_act_info(xb + (uint64_t) i * xrow, n, info + i * info_stride);
+    /* batched = 2: the rows repacked first, where the set keeps such rows in a stored layout */
+    const rm_packed_kernels * spk = batched == 2 && t->vec_dot_type == RM_TYPE_Q8_0 ? rm_cpu_stored_isa(which, type, n) : NULL;
+    uint8_t * stored = NULL;
+    if (spk && n_rows > 0) {
+        if ((stored = malloc((size_t) (row * (uint64_t) n_rows))) == NULL) {
+            return rm_fail(RM_E_OOM, "%s: no memory for %lld rows", __func__, (long long) n_rows);
         }
-    }
-    const rm_packed_kernels * pk = info ? rm_cpu_packed_isa(which, type) : NULL;
-    if (pk && n_tok >= RM_PACK_MIN_TOKENS && pk->packed_bytes(n) > 0) {
-        st = packed_matmul(__func__, pk, n, wb, row, n_rows, xb, xrow, n_tok, info, info_stride, y);
-        free(info);
-        return st;
-    }
-    int64_t i = 0;
-    for (; multi && i < n_tok; ) {
-        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : (int) (n_tok - i);
         for (int64_t r = 0; r < n_rows; r++) {
-            float v[RM_MULTI_MAX];
-            if (burst) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
-            multi(n, nc, v, wb + (uint64_t) r * row, xb + (uint64_t) i * xrow, xrow, info ? info + i * info_stride : NULL,
-                  info_stride);
-            for (int c = 0; c < nc; c++) {
-                y[(i + c) * n_rows + r] = v[c];
-            }
-        }
-        i += nc;
-    }
-    for (; i < n_tok; i++) {
-        for (int64_t r = 0; r < n_rows; r++) {
-            if (burst) rm_prefetch_row_ahead(wb + (uint64_t) r * row, row);
-            dot(n, &y[i * n_rows + r], wb + (uint64_t) r * row, xb + (uint64_t) i * xrow);
+            spk->repack_row(n, (const uint8_t *) w + (uint64_t) r * row, stored + (uint64_t) r * row);
         }
     }
-    free(info);
-    return RM_OK;
+    st = vec_dot_rows(__func__, which, type, stored ? stored : w, stored != NULL, row, n_rows, x_q, xrow, n_tok, n,
+                      batched != 0, y);
+    free(stored);
+    return st;
 }
 
 rm_status rm_quantize_isa(const char * isa, int32_t type, const float * x, int64_t n, void * dst, uint64_t dst_cap) {

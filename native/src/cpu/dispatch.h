@@ -49,15 +49,16 @@ typedef void (*rm_vec_dot_multi_fn)(int64_t n, int nc, float * out, const void *
  * (transpose_act), after which a group of eight blocks' integer dots comes out of eight
  * multiply-adds with no horizontal adds. dot: out[c] = dot(row, token c) for nc tokens (1, 4 or
  * 8), from the packed row (and the raw row w, for blocks that do not fill a group), the
- * transposed activations x_t (xt_stride bytes apart), the quantized ones x_q (x_stride bytes
- * apart) and their x_info (required). Each out[c] is bit for bit vec_dot's for that token. */
+ * transposed activations x_t (xt_stride bytes apart; a token's blocks past its last whole group
+ * follow the groups as they are) and their x_info (required). Each out[c] is bit for bit vec_dot's
+ * for that token. */
 typedef struct rm_packed_kernels {
     uint64_t (*packed_bytes)(int64_t n);                 /* one packed row of n weights */
     uint64_t (*act_bytes)(int64_t n);                    /* one token's transposed activations */
     void (*pack_row)(int64_t n, const void * w, void * packed);
     void (*transpose_act)(int64_t n, const void * x_q, void * x_t);
     void (*dot)(int64_t n, int nc, float * out, const void * packed, const void * w, const void * x_t,
-                uint64_t xt_stride, const void * x_q, uint64_t x_stride, const float * x_info, int64_t x_info_stride);
+                uint64_t xt_stride, const float * x_info, int64_t x_info_stride);
     /* Optional: a layout for rows kept packed in memory (rm_repacked, made once at load), the same
      * bytes per row as the type's own (rows of a whole number of groups only). repack_row
      * converts a row; dot_stored is dot for such a row (no raw row needed), bit for bit. */
@@ -65,6 +66,9 @@ typedef struct rm_packed_kernels {
     void (*unpack_stored)(int64_t n, const void * stored, void * packed);   /* stored row -> pack_row's form */
     void (*dot_stored)(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
                        const float * x_info, int64_t x_info_stride);
+    /* 1: rows that end inside a group are stored too, their last blocks as the file has them, at
+     * the same offsets (the form's w may then be the stored row); 0: rows of whole groups only */
+    int32_t stored_tail;
 } rm_packed_kernels;
 
 /* The tile form of a matrix product (AMX): weights RM_TILE_ROWS rows at a time against every
@@ -230,6 +234,9 @@ void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, 
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
+/* The packed kernels of set isa when they keep rows of n weights of type in their stored layout
+ * (repack_row: rows of at least one group, of whole groups unless stored_tail), else NULL. */
+const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n);
 /* The tile form of `isa`'s own set for a type (no fall-through); NULL: none. */
 const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);
 /* The most room one thread needs for any tile kernel of `isa` on rows of up to n (0: none). */
@@ -258,5 +265,6 @@ static inline rm_gdn_rule_fn      rm_cpu_gdn_rule(void)           { return rm_cp
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 static inline const rm_tile_kernels *   rm_cpu_tile(int32_t t)    { return rm_cpu_tile_isa(rm_isa_active(), t); }
+static inline const rm_packed_kernels * rm_cpu_stored(int32_t t, int64_t n) { return rm_cpu_stored_isa(rm_isa_active(), t, n); }
 
 #endif

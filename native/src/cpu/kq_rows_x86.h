@@ -89,8 +89,8 @@ static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, in
  * them. In the AVX2 set without AVX-VNNI, the levels past 31 (Q8_0's and IQ4_NL's) would overflow
  * vpmaddubsw's int16 pairs: those two types are packed signed instead and take the sign trick (the
  * magnitudes times the activations with the levels' signs, each pair of products into int32 lanes
- * at once; the same integers, no offset). The AVX-512 set's Q4_0 rows may be stored in its own
- * layout (repack_row_q4_0, rows of whole groups only): they are read from there.
+ * at once; the same integers, no offset). The AVX-512 set's Q4_0 and MXFP4 rows may be stored in
+ * its own layout (repack_row_32): they are read from there.
  *
  * Room per group of eight blocks (the last one partial when the row ends inside it, its missing
  * blocks zero): the levels, group e of 4 elements of 16 rows at 64 e (4096 bytes); the blocks' d as
@@ -173,18 +173,54 @@ RM_INLINE int32_t r32_act_less(const uint8_t * x, int64_t b, int e, const int ki
     return (int32_t) ((uint32_t) sum * (uint32_t) r32_offset[kind]);
 }
 
-/* Block k's 32 nibbles in element order from a group of eight Q4_0 blocks in the AVX-512 set's
- * stored layout (repack_row_q4_0: the eight fp16 scales, then 4 x 32 bytes whose dword k holds in
- * its low nibbles levels 8m..8m+3 of block k and in its high ones 8m+4..8m+7, m = 0..3), and its d. */
-RM_INLINE __m256i stored_q4_0_nibbles(const uint8_t * g, int k, float * d) {
-    rm_fp16 h;
-    memcpy(&h, g + 2 * k, sizeof(h));
-    *d = fp16(h);
-    const __m128i v = _mm_setr_epi32(*(const int32_t *) (g + 16 + 4 * k), *(const int32_t *) (g + 48 + 4 * k),
-                                     *(const int32_t *) (g + 80 + 4 * k), *(const int32_t *) (g + 112 + 4 * k));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-    return _mm256_set_m128i(_mm_unpackhi_epi32(lo, hi), _mm_unpacklo_epi32(lo, hi));
+/* Eight rows' whole group g from the stored layout into the room (wb, d): rows r0 + 8h.. (those
+ * from r1 on as zero blocks). A stored row's T_j holds its blocks' dword j side by side (dword k:
+ * block k's elements 4j..4j + 3), so one transpose over the eight rows gives block k's dword j of
+ * every row, what the room holds at 64 (8k + j) + 32h: the levels r32_levels gives, unpacked in a
+ * few operations per 64 instead of gathered block by block. */
+RM_INLINE void r32_pack_stored_group(const uint8_t * w, uint64_t row_bytes, int64_t r0, int64_t r1, int64_t g, int h,
+                                     uint8_t * wb, float * d, const int kind) {
+    const size_t scale_bytes = kind == R32_MXFP4 ? 8 : 16;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i table = _mm256_broadcastsi128_si256(   /* MXFP4's levels plus 12, by index */
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *) rm_mxfp4_values), _mm_set1_epi8(12)));
+    __m256i t[8][8];   /* [j][row] */
+    for (int r = 0; r < 8; r++) {
+        const int64_t row = r0 + 8 * h + r;
+        const uint8_t * src = w + (uint64_t) row * row_bytes + (uint64_t) g * 8 * r32_block_bytes[kind];
+        for (int k = 0; k < 8; k++) {
+            float * dk = &d[RM_TILE_ROWS * k + 8 * h + r];
+            if (row >= r1) {
+                *dk = 0.0f;
+            } else if (kind == R32_MXFP4) {
+                *dk = rm_e8m0_to_fp32_half(src[k]);
+            } else {
+                rm_fp16 x;
+                memcpy(&x, src + 2 * k, sizeof(x));
+                *dk = fp16(x);
+            }
+        }
+        for (int m = 0; m < 4; m++) {
+            if (row >= r1) {
+                t[2 * m][r] = t[2 * m + 1][r] = _mm256_setzero_si256();
+                continue;
+            }
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (src + scale_bytes + 32 * m));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (kind == R32_MXFP4) {
+                lo = _mm256_shuffle_epi8(table, lo);
+                hi = _mm256_shuffle_epi8(table, hi);
+            }
+            t[2 * m][r] = lo;
+            t[2 * m + 1][r] = hi;
+        }
+    }
+    for (int j = 0; j < 8; j++) {
+        transpose8_epi32(t[j]);
+        for (int k = 0; k < 8; k++) {
+            _mm256_storeu_si256((__m256i *) (wb + 64 * (8 * k + j) + 32 * h), t[j][k]);
+        }
+    }
 }
 
 /* sgn: the levels signed instead (the offset-128 kinds, Q8_0 and IQ4_NL: the stored byte less 128,
@@ -196,6 +232,10 @@ RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t r
         uint8_t * wb = room + (uint64_t) g * B32R_BYTES;
         float * d = (float *) (wb + B32R_D);
         for (int h = 0; h < 2; h++) {
+            if (stored && 8 * g + 8 <= nb) {   /* Q4_0, MXFP4: eight blocks take as many bytes in either layout */
+                r32_pack_stored_group(w, row_bytes, r0, r1, g, h, wb, d, kind);
+                continue;
+            }
             __m256i lev[8][8];   /* [block][row] */
             for (int r = 0; r < 8; r++) {
                 const int64_t row = r0 + 8 * h + r;
@@ -205,9 +245,7 @@ RM_INLINE void pack_rows_32(int64_t n, const uint8_t * w, int stored, uint64_t r
                     if (row >= r1 || 8 * g + k >= nb) {
                         lev[k][r] = _mm256_setzero_si256();
                         *dk = 0.0f;
-                    } else if (stored) {   /* Q4_0 only: eight blocks take 144 bytes in either layout */
-                        lev[k][r] = stored_q4_0_nibbles(src + (uint64_t) g * 8 * sizeof(rm_block_q4_0), k, dk);
-                    } else {
+                    } else {   /* the file's layout, or a stored row's blocks past its groups (the file's) */
                         lev[k][r] = r32_levels(src, 8 * g + k, kind, dk);
                         if (sgn) {
                             lev[k][r] = _mm256_xor_si256(lev[k][r], _mm256_set1_epi8((char) 0x80));

@@ -104,7 +104,7 @@ static void put_group_32(int64_t n, const void * x_q, uint64_t x_stride, int32_t
 }
 
 /* Block k of a group of eight in the AVX-512 set's stored Q4_0 layout (vec_dot_avx512.c,
- * repack_row_q4_0): the eight fp16 scales, then 4 x 32 bytes whose dword k holds, in its low
+ * repack_row_32): the eight fp16 scales, then 4 x 32 bytes whose dword k holds, in its low
  * nibbles, levels 8m..8m+3 of block k and in its high nibbles levels 8m+4..8m+7 (m = 0..3). */
 static void stored_q4_0_block(const uint8_t * g, int k, float * d, uint8_t * out) {
     rm_fp16 h;

@@ -189,6 +189,8 @@ static void matmul_tile_packed(const mm_task * t, int ith, int64_t r0, int64_t r
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes, pb = t->pk->packed_bytes(n_in);
     uint8_t * room = t->pack + (uint64_t) ith * t->pack_stride;
+    /* the blocks past the last group: a stored row keeps them where the file has them */
+    const uint8_t * raw = t->stored ? t->stored : t->wdata;
     const int64_t fit = (int64_t) (MM_PACK_BYTES / pb) > 0 ? (int64_t) (MM_PACK_BYTES / pb) : 1;
     for (int64_t s0 = r0; s0 < r1; s0 += fit) {
         const int64_t s1 = s0 + fit < r1 ? s0 + fit : r1;
@@ -203,9 +205,9 @@ static void matmul_tile_packed(const mm_task * t, int ith, int64_t r0, int64_t r
             const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
             for (int64_t r = s0; r < s1; r++) {
                 float v[RM_MULTI_MAX];
-                t->pk->dot(n_in, nc, v, room + (uint64_t) (r - s0) * pb, t->wdata + (uint64_t) r * rb,
-                           t->xt + (uint64_t) i * t->xt_stride, t->xt_stride, t->xq + (uint64_t) i * t->xq_stride,
-                           t->xq_stride, t->x_info + i * t->x_info_stride, t->x_info_stride);
+                t->pk->dot(n_in, nc, v, room + (uint64_t) (r - s0) * pb, raw + (uint64_t) r * rb,
+                           t->xt + (uint64_t) i * t->xt_stride, t->xt_stride, t->x_info + i * t->x_info_stride,
+                           t->x_info_stride);
                 for (int c = 0; c < nc; c++) {
                     store(a, i + c, r, v[c]);
                 }

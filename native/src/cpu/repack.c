@@ -36,8 +36,7 @@ static int wanted(const rm_weight * w) {
     if (!w->data || w->ne[1] <= 1) {
         return 0;
     }
-    const rm_packed_kernels * pk = rm_cpu_packed(w->type);
-    return pk && pk->repack_row && w->ne[0] % (8 * RM_QK) == 0;
+    return rm_cpu_stored(w->type, w->ne[0]) != NULL;
 }
 
 /* Lists w (its whole data: all experts of a 3-D tensor) when it is wanted and not listed yet

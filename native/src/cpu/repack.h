@@ -1,8 +1,8 @@
 /* cpu/repack.h - internal: weights kept in the CPU kernels' stored layout, made once at load.
  *
- * For types whose kernel set has a stored form (rm_packed_kernels.repack_row: Q4_0 on AVX-512
- * VNNI), a CPU-only model converts every such matrix of the layers and the output head, whole
- * rows of whole groups only, into an arena of the same size, and the CPU backend reads those
+ * For types whose kernel set has a stored form (rm_packed_kernels.repack_row: Q4_0 and MXFP4 on
+ * AVX-512 VNNI), a CPU-only model converts every such matrix of the layers and the output head
+ * (rows of at least one group; Q4_0's of whole groups only) into an arena of the same size, and the CPU backend reads those
  * instead of the file's bytes (the one-token kernels then skip their unpacking and horizontal
  * adds). The file's pages of those tensors are released after the copy, so resident memory
  * stays about the file's size. Lookups go by the file address, as a device's copies do

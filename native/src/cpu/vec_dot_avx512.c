@@ -306,7 +306,8 @@ RM_INLINE void transpose8x8_epi32(__m256i v[8]) {
 }
 
 static uint64_t packed_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * PACK_GROUP_BYTES; }
-static uint64_t act_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * 256; }
+/* A token's activations: the transposed groups, then the levels of the blocks past them as they are. */
+static uint64_t act_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK) * 32; }
 
 RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int kind) {
     uint8_t * out = packed;
@@ -332,7 +333,8 @@ static void pack_row_mxfp4(int64_t n, const void * w, void * packed) { pack_row_
 static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
     const rm_block_q8_0 * x = x_q;
     uint8_t * out = x_t;
-    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += 256) {
+    int64_t i = 0;
+    for (; i + 8 <= n / RM_QK; i += 8, out += 256) {
         __m256i v[8];
         for (int k = 0; k < 8; k++) {
             v[k] = _mm256_loadu_si256((const __m256i *) x[i + k].qs);
@@ -341,6 +343,9 @@ static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
         for (int j = 0; j < 8; j++) {
             _mm256_storeu_si256((__m256i *) (out + 32 * j), v[j]);
         }
+    }
+    for (; i < n / RM_QK; i++, out += 32) {
+        memcpy(out, x[i].qs, 32);
     }
 }
 
@@ -362,11 +367,28 @@ RM_INLINE void group_dot(const __m512i q[4], __m256 dw, const uint8_t * xg, uint
     }
 }
 
+/* Blocks i.. to the end of the row one by one, as dot_32_multi and dot_32_packed take them: w the
+ * row in the file's layout (or a stored row, whose blocks past the groups are the file's), x_t32
+ * the tokens' 32 levels of block i, then i + 1.., xt_stride bytes a token apart. */
+RM_INLINE void tail_blocks(int64_t nb, int64_t i, const void * w, const uint8_t * x_t32, uint64_t xt_stride, const int nc,
+                           const float * x_info, int64_t x_info_stride, const int kind, __m256 * acc) {
+    for (; i < nb; i++, x_t32 += 32) {
+        const __m256i q = levels_signed(w, i, kind), aq = _mm256_sign_epi8(q, q);
+        const float dw = levels_scale(w, i, kind);
+        for (int c = 0; c < nc; c++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *) (x_t32 + (uint64_t) c * xt_stride));
+            const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, _mm256_sign_epi8(x, q));
+            const float dx = x_info[c * x_info_stride + i];
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(p), acc[c]);
+        }
+    }
+}
+
 /* dot_32_multi's x_info way, group by group from the packed forms; the same integers and then
  * the same float operations, so the same results. */
 RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const void * w, const void * x_t,
-                             uint64_t xt_stride, const void * x_q, uint64_t x_stride, const int nc,
-                             const float * x_info, int64_t x_info_stride, const int kind) {
+                             uint64_t xt_stride, const int nc, const float * x_info, int64_t x_info_stride,
+                             const int kind) {
     const int64_t nb = n / RM_QK;
     const float offset = levels_offset[kind];
     const uint8_t * pk = packed;
@@ -384,15 +406,7 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
         group_dot(q, dw, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, nb, i,
                   offset, acc);
     }
-    for (; i < nb; i++) {  /* the last few blocks, one by one, as dot_32_multi does */
-        const __m256i q = levels_signed(w, i, kind), aq = _mm256_sign_epi8(q, q);
-        const float dw = levels_scale(w, i, kind);
-        for (int c = 0; c < nc; c++) {
-            const rm_block_q8_0 * xc = (const rm_block_q8_0 *) ((const uint8_t *) x_q + (uint64_t) c * x_stride);
-            const float dx = x_info[c * x_info_stride + i];
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(block_dot(q, aq, xc + i)), acc[c]);
-        }
-    }
+    tail_blocks(nb, i, w, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, kind, acc);
     for (int c = 0; c < nc; c++) {
         out[c] = hsum_ps(acc[c]);
     }
@@ -400,14 +414,13 @@ RM_INLINE void dot_32_packed(int64_t n, float * out, const void * packed, const 
 
 #define RM_PACKED_DOT(name, kind)                                                                                  \
     static void name(int64_t n, int nc, float * out, const void * packed, const void * w, const void * x_t,        \
-                     uint64_t xt_stride, const void * x_q, uint64_t x_stride, const float * x_info,                \
-                     int64_t x_info_stride) {                                                                      \
+                     uint64_t xt_stride, const float * x_info, int64_t x_info_stride) {                            \
         if (nc == 8) {                                                                                             \
-            dot_32_packed(n, out, packed, w, x_t, xt_stride, x_q, x_stride, 8, x_info, x_info_stride, kind);       \
+            dot_32_packed(n, out, packed, w, x_t, xt_stride, 8, x_info, x_info_stride, kind);                      \
         } else if (nc == 4) {                                                                                      \
-            dot_32_packed(n, out, packed, w, x_t, xt_stride, x_q, x_stride, 4, x_info, x_info_stride, kind);       \
+            dot_32_packed(n, out, packed, w, x_t, xt_stride, 4, x_info, x_info_stride, kind);                      \
         } else {                                                                                                   \
-            dot_32_packed(n, out, packed, w, x_t, xt_stride, x_q, x_stride, 1, x_info, x_info_stride, kind);       \
+            dot_32_packed(n, out, packed, w, x_t, xt_stride, 1, x_info, x_info_stride, kind);                      \
         }                                                                                                          \
     }
 RM_PACKED_DOT(dot_packed_q4_0, Q4_0_LEVELS)
@@ -416,91 +429,131 @@ RM_PACKED_DOT(dot_packed_q5_0, Q5_0_LEVELS)
 RM_PACKED_DOT(dot_packed_iq4_nl, IQ4_NL_LEVELS)
 RM_PACKED_DOT(dot_packed_mxfp4, MXFP4_LEVELS)
 
-/* Q4_0 rows stored packed (rm_packed_kernels.repack_row): a group of eight blocks is their eight
- * fp16 scales (16 bytes), then the transposed levels as nibbles, T_2m in the low and T_2m+1 in the
- * high nibbles of 32 bytes (128 bytes): 144 bytes, as the eight blocks take in the file. The
- * one-token kernel then unpacks a group in a dozen operations and needs no horizontal adds, the
- * work dot_32_multi spends most of its time on; the integers and floats are dot_32_packed's. */
-static void repack_row_q4_0(int64_t n, const void * w, void * stored) {
+/* Rows stored packed (rm_packed_kernels.repack_row), Q4_0 and MXFP4: a group of eight blocks is
+ * their eight scales (Q4_0's fp16 d, 16 bytes; MXFP4's E8M0 bytes, 8), then the transposed
+ * nibbles, T_2m in the low and T_2m+1 in the high nibbles of 32 bytes (128 bytes): 144 and 136
+ * bytes, as the eight blocks take in the file. Q4_0's nibbles are its levels plus 8, MXFP4's the
+ * indices of its table. MXFP4 rows that end inside a group (gpt-oss's 2,880 elements) keep those
+ * blocks after the groups as the file has them, at the same offsets. The one-token kernel then
+ * unpacks a group in a dozen operations and needs no horizontal adds, the work the file layout's
+ * kernels spend most of their time on; the integers and floats are dot_32_packed's, so those of
+ * the file layout's kernels. */
+#define STORED_NIBBLES 128
+RM_INLINE size_t stored_scale_bytes(const int kind) { return kind == MXFP4_LEVELS ? 8 : 16; }
+
+/* Block i's nibbles in element order (low nibbles of the 16 bytes, then the high ones). */
+RM_INLINE __m256i block_nibbles(const void * w, int64_t i, const int kind) {
+    return kind == MXFP4_LEVELS ? nibbles32(((const rm_block_mxfp4 *) w + i)->qs)
+                                : nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs);
+}
+
+/* The unsigned levels (levels_unsigned's) of 64 stored nibbles, T_2m's 32 and T_2m+1's. */
+RM_INLINE __m512i stored_levels(__m256i v, const int kind) {
+    const __m512i nib = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1),
+                                         _mm512_set1_epi8(0x0f));
+    if (kind == MXFP4_LEVELS) {   /* the table's levels plus 128 */
+        const __m128i t = _mm_xor_si128(_mm_loadu_si128((const __m128i *) rm_mxfp4_values), _mm_set1_epi8((char) 0x80));
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), nib);
+    }
+    return nib;
+}
+
+/* The eight weight scales of a stored group as floats. */
+RM_INLINE __m256 stored_scales8(const uint8_t * g, const int kind) {
+    return kind == MXFP4_LEVELS ? e8m0_half8(g, 1) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g));
+}
+
+RM_INLINE void repack_row_32(int64_t n, const void * w, void * stored, const int kind) {
+    const int64_t nb = n / RM_QK;
+    const size_t wblock = levels_block_bytes[kind];
     uint8_t * out = stored;
-    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, out += 8 * sizeof(rm_block_q4_0)) {
-        for (int k = 0; k < 8; k++) {
-            memcpy(out + 2 * k, &((const rm_block_q4_0 *) w + i + k)->d, 2);
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8, out += 8 * wblock) {
+        const uint8_t * src = (const uint8_t *) w + (uint64_t) i * wblock;
+        for (int k = 0; k < 8; k++) {   /* the scale is each block's first field */
+            memcpy(out + stored_scale_bytes(kind) / 8 * (size_t) k, src + (size_t) k * wblock, stored_scale_bytes(kind) / 8);
         }
         __m256i v[8];
         for (int k = 0; k < 8; k++) {
-            v[k] = levels_unsigned(w, i + k, Q4_0_LEVELS);
+            v[k] = block_nibbles(w, i + k, kind);
         }
         transpose8x8_epi32(v);
         for (int m = 0; m < 4; m++) {
-            _mm256_storeu_si256((__m256i *) (out + 16 + 32 * m), _mm256_or_si256(v[2 * m], _mm256_slli_epi16(v[2 * m + 1], 4)));
+            _mm256_storeu_si256((__m256i *) (out + stored_scale_bytes(kind) + 32 * m),
+                                _mm256_or_si256(v[2 * m], _mm256_slli_epi16(v[2 * m + 1], 4)));
         }
     }
+    memcpy(out, (const uint8_t *) w + (uint64_t) i * wblock, (size_t) (nb - i) * wblock);   /* the blocks past the groups */
 }
 
-static void unpack_stored_q4_0(int64_t n, const void * stored, void * packed) {
+RM_INLINE void unpack_stored_32(int64_t n, const void * stored, void * packed, const int kind) {
     const uint8_t * g = stored;
     uint8_t * out = packed;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, g += 8 * sizeof(rm_block_q4_0), out += PACK_GROUP_BYTES) {
-        _mm256_storeu_ps((float *) out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g)));
-        for (int m = 0; m < 4; m++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + 16 + 32 * m));
-            _mm256_storeu_si256((__m256i *) (out + 32 + 64 * m), _mm256_and_si256(v, m4));
-            _mm256_storeu_si256((__m256i *) (out + 64 + 64 * m), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    for (int64_t i = 0; i + 8 <= n / RM_QK; i += 8, g += 8 * levels_block_bytes[kind], out += PACK_GROUP_BYTES) {
+        _mm256_storeu_ps((float *) out, stored_scales8(g, kind));
+        for (int m = 0; m < 4; m++) {   /* T_2m and T_2m+1, side by side as pack_row_32 leaves them */
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + stored_scale_bytes(kind) + 32 * m));
+            _mm512_storeu_si512((void *) (out + 32 + 64 * m), stored_levels(v, kind));
         }
     }
 }
 
-RM_INLINE void dot_stored_q4_0_nc(int64_t n, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
-                                  const int nc, const float * x_info, int64_t x_info_stride) {
+RM_INLINE void dot_stored_nc(int64_t n, float * out, const void * stored, const void * x_t, uint64_t xt_stride, const int nc,
+                             const float * x_info, int64_t x_info_stride, const int kind) {
     const int64_t nb = n / RM_QK;
     const uint8_t * g = stored;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
     }
-    for (int64_t i = 0; i + 8 <= nb; i += 8, g += 8 * sizeof(rm_block_q4_0)) {
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8, g += 8 * levels_block_bytes[kind]) {
         if (nc == 1) {
-            rm_stream_ahead(g, 8 * sizeof(rm_block_q4_0));
+            rm_stream_ahead(g, (int) (8 * levels_block_bytes[kind]));
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g));
+        const __m256 dw = stored_scales8(g, kind);
         __m512i q[4];   /* T_2m and T_2m+1 side by side, as dot_32_packed has them */
         for (int m = 0; m < 4; m++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + 16 + 32 * m));
-            q[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
-                                      _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
+            q[m] = stored_levels(_mm256_loadu_si256((const __m256i *) (g + stored_scale_bytes(kind) + 32 * m)), kind);
         }
         group_dot(q, dw, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, nb, i,
-                  8.0f, acc);
+                  levels_offset[kind], acc);
     }
+    tail_blocks(nb, i, stored, (const uint8_t *) x_t + (uint64_t) (i / 8) * 256, xt_stride, nc, x_info, x_info_stride, kind, acc);
     for (int c = 0; c < nc; c++) {
         out[c] = hsum_ps(acc[c]);
     }
 }
 
-static void dot_stored_q4_0(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
-                            const float * x_info, int64_t x_info_stride) {
-    if (nc == 8) {
-        dot_stored_q4_0_nc(n, out, stored, x_t, xt_stride, 8, x_info, x_info_stride);
-    } else if (nc == 4) {
-        dot_stored_q4_0_nc(n, out, stored, x_t, xt_stride, 4, x_info, x_info_stride);
-    } else {
-        dot_stored_q4_0_nc(n, out, stored, x_t, xt_stride, 1, x_info, x_info_stride);
+#define RM_STORED_KERNELS(type, kind)                                                                              \
+    static void repack_row_##type(int64_t n, const void * w, void * stored) { repack_row_32(n, w, stored, kind); } \
+    static void unpack_stored_##type(int64_t n, const void * stored, void * packed) {                              \
+        unpack_stored_32(n, stored, packed, kind);                                                                 \
+    }                                                                                                              \
+    static void dot_stored_##type(int64_t n, int nc, float * out, const void * stored, const void * x_t,           \
+                                  uint64_t xt_stride, const float * x_info, int64_t x_info_stride) {               \
+        if (nc == 8) {                                                                                             \
+            dot_stored_nc(n, out, stored, x_t, xt_stride, 8, x_info, x_info_stride, kind);                         \
+        } else if (nc == 4) {                                                                                      \
+            dot_stored_nc(n, out, stored, x_t, xt_stride, 4, x_info, x_info_stride, kind);                         \
+        } else {                                                                                                   \
+            dot_stored_nc(n, out, stored, x_t, xt_stride, 1, x_info, x_info_stride, kind);                         \
+        }                                                                                                          \
     }
-}
+RM_STORED_KERNELS(q4_0, Q4_0_LEVELS)
+RM_STORED_KERNELS(mxfp4, MXFP4_LEVELS)
 
+/* stored_tail: 0 for Q4_0 (rows of whole groups only), 1 for MXFP4 */
 static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pack_row_q4_0, transpose_act_32, dot_packed_q4_0,
-                                              repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0};
+                                              repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0, 0};
 static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0,
-                                              NULL, NULL, NULL};
+                                              NULL, NULL, NULL, 0};
 static const rm_packed_kernels packed_q5_0 = {packed_bytes_32, act_bytes_32, pack_row_q5_0, transpose_act_32, dot_packed_q5_0,
-                                              NULL, NULL, NULL};
+                                              NULL, NULL, NULL, 0};
 static const rm_packed_kernels packed_iq4_nl = {packed_bytes_32, act_bytes_32, pack_row_iq4_nl, transpose_act_32,
-                                                dot_packed_iq4_nl, NULL, NULL, NULL};
+                                                dot_packed_iq4_nl, NULL, NULL, NULL, 0};
 static const rm_packed_kernels packed_mxfp4 = {packed_bytes_32, act_bytes_32, pack_row_mxfp4, transpose_act_32,
-                                               dot_packed_mxfp4, NULL, NULL, NULL};
+                                               dot_packed_mxfp4, repack_row_mxfp4, unpack_stored_mxfp4, dot_stored_mxfp4, 1};
 
 /* ---- attention, 512 bits wide: rows of a multiple of 16 floats (others: simd_x86.h's) ---- */
 

@@ -90,7 +90,7 @@ rm_dev_weights * rm_repack_model(const rm_model * m, rm_pool * pool, int * faile
     }
     const int64_t n = r->n_ranges;
     uint8_t * arena = NULL;
-    if (n == 0 || posix_memalign((void **) &arena, 64, (size_t) r->bytes) != 0) {
+    if (n == 0 || posix_memalign((void **) &arena, 2u << 20, (size_t) r->bytes) != 0) {
         *failed = n > 0;
         if (*failed) {
             rm_fail(RM_E_OOM, "rm_model_load: out of memory for %llu bytes of repacked weights",
@@ -100,11 +100,20 @@ rm_dev_weights * rm_repack_model(const rm_model * m, rm_pool * pool, int * faile
         rm_repack_free(r);
         return NULL;
     }
+#ifdef MADV_HUGEPAGE
+    madvise(arena, (size_t) r->bytes, MADV_HUGEPAGE);
+#endif
     rm_dev_weights_place(r, arena);
     for (int64_t j = 0; j < n; j++) {   /* tensor by tensor, so the file's copy of each leaves at once */
         repack_job job = {src[j], r->ranges[j].dev, (int64_t) (r->ranges[j].bytes / src[j]->row_bytes)};
         rm_pool_run(pool, repack_fn, &job);
-        if (!rm_gguf_is_read(m->base)) {   /* a read copy's released pages would read back as 0 */
+        const rm_gguf * g = m->residual && rm_gguf_map(m->residual) <= r->ranges[j].host &&
+                                    r->ranges[j].host < rm_gguf_map(m->residual) + rm_gguf_size(m->residual)
+                                ? m->residual
+                                : m->base;   /* the file whose bytes these are */
+        if (rm_gguf_is_read(g)) {   /* released pages of a read copy would read back as 0 */
+            rm_gguf_unread(g, r->ranges[j].host, r->ranges[j].bytes);
+        } else {
             release_pages(r->ranges[j].host, r->ranges[j].bytes);
         }
     }

@@ -93,6 +93,7 @@ struct rm_gguf {
     const uint8_t * map;              /* the whole file, PROT_READ */
     uint64_t        size;
     int             read;             /* map holds the file read into anonymous memory (read_contents) */
+    int             fd;               /* a read copy's file, for rm_gguf_unread; else -1 */
     uint32_t        version;
     uint32_t        alignment;
     uint64_t        data_offset;      /* file offset of the data section */
@@ -973,7 +974,7 @@ static rm_status map_contents(const char * path, int fd, uint64_t size, const ui
 }
 
 /* Opens path, checks it is a non-empty regular file, and maps it read-only. */
-static rm_status map_file(const char * path, int32_t load, const uint8_t ** map, uint64_t * size, int * read) {
+static rm_status map_file(const char * path, int32_t load, const uint8_t ** map, uint64_t * size, int * read, int * keep) {
     /* O_NONBLOCK: opening a FIFO must not hang; it is refused below as not a regular file. */
     const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
@@ -1009,6 +1010,7 @@ static rm_status map_file(const char * path, int32_t load, const uint8_t ** map,
         st = map_contents(path, fd, *size, map);
 #endif
     }
+    *keep = st == RM_OK && *read ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     close(fd);
     return st;
 }
@@ -1016,6 +1018,26 @@ static rm_status map_file(const char * path, int32_t load, const uint8_t ** map,
 rm_status rm_gguf_open(const char * path, rm_gguf ** out) { return rm_gguf_open_load(path, RM_LOAD_MMAP, out); }
 
 int rm_gguf_is_read(const rm_gguf * g) { return g->read; }
+
+int rm_gguf_unread(const rm_gguf * g, const void * p, uint64_t bytes) {
+#ifdef RM_GGUF_READ_TO_HEAP
+    (void) g, (void) p, (void) bytes;
+    return 0;
+#else
+    if (!g->read || g->fd < 0 || (const uint8_t *) p < g->map || (uint64_t) ((const uint8_t *) p - g->map) + bytes > g->size) {
+        return 0;   /* not this copy's bytes */
+    }
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t) p + page - 1) / page * page, hi = ((uintptr_t) p + bytes) / page * page;
+    if (hi <= lo) {
+        return 1;
+    }
+    /* the copy's map is 2 MiB aligned at the file's byte 0, so lo's file offset is page-aligned too */
+    const void * q = mmap((void *) lo, (size_t) (hi - lo), PROT_READ, MAP_PRIVATE | MAP_FIXED, g->fd,
+                          (off_t) (lo - (uintptr_t) g->map));
+    return q != MAP_FAILED;
+#endif
+}
 
 const uint8_t * rm_gguf_map(const rm_gguf * g) { return g->map; }
 
@@ -1107,19 +1129,21 @@ rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out) {
     }
     const uint8_t * map = NULL;
     uint64_t size = 0;
-    int read = 0;
-    rm_status st = map_file(path, load, &map, &size, &read);
+    int read = 0, fd = -1;
+    rm_status st = map_file(path, load, &map, &size, &read, &fd);
     if (st != RM_OK) {
         return st;
     }
     rm_gguf * g = calloc(1, sizeof(rm_gguf));
     if (g == NULL) {
         unmap_file(map, size, read);
+        if (fd >= 0) close(fd);
         return rm_fail(RM_E_OOM, "rm_gguf_open: %s: out of memory", path);
     }
     g->map  = map;
     g->size = size;
     g->read = read;
+    g->fd   = fd;
     reader r = {g, path, 0};
     if ((st = parse(&r)) != RM_OK) {
         rm_gguf_close(g);
@@ -1144,6 +1168,9 @@ void rm_gguf_close(rm_gguf * g) {
     free(g->tensor_index.slots);
     if (g->map != NULL) {
         unmap_file(g->map, g->size, g->read);
+    }
+    if (g->fd >= 0) {
+        close(g->fd);
     }
     free(g);
 }

@@ -30,6 +30,12 @@ rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out);
  * it is mapped: released pages of a mapping read back from the file, those of a read copy as 0. */
 int rm_gguf_is_read(const rm_gguf * g);
 
+/* A read copy's pages wholly inside [p, p + bytes) given back: mapped from the file instead, so
+ * they read the same bytes again, from the page cache, only where something reads them (the
+ * originals of weights a device keeps in a layout of its own). 1 when done; 0 for a mapped file
+ * (release its pages instead), bytes outside g's, or when the mapping failed. */
+int rm_gguf_unread(const rm_gguf * g, const void * p, uint64_t bytes);
+
 /* The file's first byte in memory (a tensor's data minus this is its file offset), and its size. */
 const uint8_t * rm_gguf_map(const rm_gguf * g);
 uint64_t        rm_gguf_size(const rm_gguf * g);

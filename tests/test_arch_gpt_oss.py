@@ -178,9 +178,9 @@ def _kl(ref, ours):
     return (p * (np.log(p) - lq)).sum(-1)
 
 
-@pytest.mark.skipif(rm.cpu_isa() != "avx512", reason="the stored layout is the AVX-512 set's")
+@pytest.mark.skipif(rm.cpu_isa() not in ("avx2", "avx512"), reason="the stored layout is the x86 sets'")
 def test_arch_gpt_oss_mxfp4_experts_repacked_at_load(tmp_path, monkeypatch):
-    """MXFP4 experts kept in the AVX-512 set's stored layout from load give the file layout's
+    """MXFP4 experts kept in the kernel set's stored layout from load give the file layout's
     logits bit for bit: rows of 288 (a group of eight blocks and one past it, as gpt-oss's 2,880 end
     two blocks past their groups), prompt batches of 16 (experts meet 1 to 16 tokens: the stored
     one-token form, the groups unpacked for the prefill form, the tiles), then decode."""

@@ -465,23 +465,26 @@ def isa_logits(tiny_hf, tmp_path_factory):
         assert p.returncode == 0, p.stderr
         with np.load(d / f"{isa}.npz") as z:
             result[isa] = dict(zip(MODEL_RECIPES, (z[f"arr_{k}"] for k in range(len(paths)))))
-    if "avx512" in result:   # once more without the weights repacked at load (RAPIDMOE_REPACK=0)
-        env.update(RAPIDMOE_ISA="avx512", RAPIDMOE_REPACK="0")
-        p = subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, "avx512", ids, *paths], cwd=d, env=env,
+    for isa in ("avx2", "avx512"):   # once more without the weights repacked at load (RAPIDMOE_REPACK=0)
+        if isa not in result:
+            continue
+        env.update(RAPIDMOE_ISA=isa, RAPIDMOE_REPACK="0")
+        p = subprocess.run([sys.executable, "-c", _LOGITS_SCRIPT, isa, ids, *paths], cwd=d, env=env,
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
-        with np.load(d / "avx512.npz") as z:
-            result["avx512-not-repacked"] = dict(zip(MODEL_RECIPES, (z[f"arr_{k}"] for k in range(len(paths)))))
+        with np.load(d / f"{isa}.npz") as z:
+            result[f"{isa}-not-repacked"] = dict(zip(MODEL_RECIPES, (z[f"arr_{k}"] for k in range(len(paths)))))
     return result
 
 
-@pytest.mark.parametrize("recipe", ["q4_0-q4_0", "q2k-q4", "mxfp4"])
-def test_kernels_repacked_weights_give_the_same_logits(isa_logits, recipe):
-    """Q4_0 and MXFP4 matrices repacked at load (AVX-512) give the file layout's logits bit for bit,
-    in prefill and in decode."""
-    if "avx512-not-repacked" not in isa_logits:
-        pytest.skip("no AVX-512 kernel set on this machine")
-    np.testing.assert_array_equal(isa_logits["avx512"][recipe], isa_logits["avx512-not-repacked"][recipe])
+@pytest.mark.parametrize("isa,recipe", [("avx512", "q4_0-q4_0"), ("avx512", "q2k-q4"), ("avx512", "mxfp4"),
+                                        ("avx2", "mxfp4")])
+def test_kernels_repacked_weights_give_the_same_logits(isa_logits, isa, recipe):
+    """Matrices repacked at load (Q4_0 and MXFP4 in the AVX-512 set, MXFP4 in the AVX2 set) give
+    the file layout's logits bit for bit, in prefill and in decode."""
+    if f"{isa}-not-repacked" not in isa_logits:
+        pytest.skip(f"no {isa} kernel set on this machine")
+    np.testing.assert_array_equal(isa_logits[isa][recipe], isa_logits[f"{isa}-not-repacked"][recipe])
 
 
 _RSS_SCRIPT = """

@@ -21,6 +21,8 @@
 #ifndef RM_CPU_BLOCK32_X86_H
 #define RM_CPU_BLOCK32_X86_H
 
+#include "transpose_x86.h"
+
 enum { B32_Q5_0, B32_IQ4_NL, B32_MXFP4, B32_Q4_1, B32_Q5_1 };
 
 /* Per kind: the weight block's bytes, the activation block's bytes, and whether the levels are
@@ -72,6 +74,62 @@ RM_INLINE __m256 e8m0_half8(const uint8_t * e, size_t stride) {
 RM_INLINE __m256i nibbles32(const uint8_t * qs) {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
     return _mm256_and_si256(_mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xf0), _mm256_set1_epi8(0x0f));
+}
+
+/* ---- rows of 32-element blocks in groups of eight, transposed (the prefill and stored forms) --
+ *
+ * A group of eight blocks as registers: L_k, block k's 32 levels (dword j: levels 4j..4j+3).
+ * Transposed, T_j holds dword j of every block (dword k: block k's levels 4j..4j+3), so eight
+ * multiply-adds of T_j (weights) against T_j (activations) leave block k's integer dot in lane k:
+ * the lanes block_sums8 makes with its tree of horizontal adds, here with none. A token's
+ * activations so laid out: its groups' eight T_j (256 bytes each), then the 32 levels of each block
+ * past the last whole group as they are.
+ *
+ * Rows stored in groups (rm_packed_kernels.repack_row; Q4_0 and MXFP4, whose blocks are a scale
+ * field and 16 bytes of nibbles): a group is its eight blocks' scale fields side by side (Q4_0's
+ * fp16 d, 16 bytes; MXFP4's E8M0 bytes, 8), then their nibbles transposed, T_2m in the low and
+ * T_2m+1 in the high nibbles of 32 bytes (128 bytes): as many bytes as the eight blocks take in
+ * the file. Blocks past the last whole group stay as the file has them, at the same offsets. */
+static inline uint64_t grouped_act_bytes(int64_t n) { return (uint64_t) (n / RM_QK) * 32; }
+
+static inline void grouped_transpose_act(int64_t n, const void * x_q, void * x_t) {
+    const rm_block_q8_0 * x = x_q;
+    uint8_t * out = x_t;
+    int64_t i = 0;
+    for (; i + 8 <= n / RM_QK; i += 8, out += 256) {
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            v[k] = _mm256_loadu_si256((const __m256i *) x[i + k].qs);
+        }
+        transpose8_epi32(v);
+        for (int j = 0; j < 8; j++) {
+            _mm256_storeu_si256((__m256i *) (out + 32 * j), v[j]);
+        }
+    }
+    for (; i < n / RM_QK; i++, out += 32) {
+        memcpy(out, x[i].qs, 32);
+    }
+}
+
+/* A row into the stored layout: blocks of block_bytes, each a scale field of scale_bytes then its
+ * 16 nibble bytes. */
+RM_INLINE void b32_repack_row(int64_t n, const void * w, void * stored, const size_t block_bytes, const size_t scale_bytes) {
+    const int64_t nb = n / RM_QK;
+    uint8_t * out = stored;
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8, out += 8 * block_bytes) {
+        const uint8_t * src = (const uint8_t *) w + (uint64_t) i * block_bytes;
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) {
+            memcpy(out + scale_bytes * (size_t) k, src + (size_t) k * block_bytes, scale_bytes);
+            v[k] = nibbles32(src + (size_t) k * block_bytes + scale_bytes);
+        }
+        transpose8_epi32(v);
+        for (int m = 0; m < 4; m++) {
+            _mm256_storeu_si256((__m256i *) (out + 8 * scale_bytes + 32 * m), _mm256_or_si256(v[2 * m], _mm256_slli_epi16(v[2 * m + 1], 4)));
+        }
+    }
+    memcpy(out, (const uint8_t *) w + (uint64_t) i * block_bytes, (size_t) (nb - i) * block_bytes);
 }
 
 /* Q5_0 and Q5_1: the nibbles with bit j of qh as bit 4 of element j; Q5_0 then less 16. */

@@ -260,10 +260,8 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type) {
 
 const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n) {
     const rm_packed_kernels * pk = rm_cpu_packed_isa(isa, type);
-    return pk && pk->repack_row && n > 0 && n % RM_QK == 0 && pk->packed_bytes(n) > 0 &&
-                   (pk->stored_tail || n % (8 * RM_QK) == 0)
-               ? pk
-               : NULL;
+    return pk && pk->repack_row && n >= 8 * RM_QK && n % RM_QK == 0 && (pk->stored_tail || n % (8 * RM_QK) == 0) ? pk
+                                                                                                               : NULL;
 }
 
 int rm_cpu_streams_isa(rm_isa isa, int32_t type) {
@@ -437,10 +435,11 @@ static rm_status tile_matmul(const char * fn, const rm_tile_kernels * tk, int64_
 static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, int64_t n, const uint8_t * w, int stored,
                                uint64_t row, int64_t n_rows, const uint8_t * x_q, uint64_t xrow, int64_t n_tok,
                                const float * info, int64_t info_stride, float * y) {
+    const int as_stored = stored && n_tok < RM_PACK_MIN_TOKENS;
     const uint64_t xt_stride = pk->act_bytes(n);
     uint8_t * x_t = malloc((size_t) (xt_stride * (uint64_t) n_tok));
-    void * packed = malloc((size_t) pk->packed_bytes(n));
-    if (x_t == NULL || packed == NULL) {
+    void * packed = as_stored ? NULL : malloc((size_t) pk->packed_bytes(n));
+    if (x_t == NULL || (packed == NULL && !as_stored)) {
         free(x_t);
         free(packed);
         return rm_fail(RM_E_OOM, "%s: no memory for %lld tokens", fn, (long long) n_tok);
@@ -448,7 +447,6 @@ static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, in
     for (int64_t i = 0; i < n_tok; i++) {
         pk->transpose_act(n, x_q + (uint64_t) i * xrow, x_t + (uint64_t) i * xt_stride);
     }
-    const int as_stored = stored && n_tok < RM_PACK_MIN_TOKENS;
     for (int64_t r = 0; r < n_rows; r++) {
         if (stored && !as_stored) {
             pk->unpack_stored(n, w + (uint64_t) r * row, packed);
@@ -503,7 +501,14 @@ static rm_status vec_dot_rows(const char * fn, rm_isa which, int32_t type, const
         }
     }
     const rm_packed_kernels * pk = info ? rm_cpu_packed_isa(which, type) : NULL;
-    if (pk && (n_tok >= RM_PACK_MIN_TOKENS || stored) && pk->packed_bytes(n) > 0) {
+    if (pk && !rm_packed_form_runs(pk, n, n_tok, stored)) {
+        pk = NULL;
+    }
+    if (stored && !pk) {   /* the caller's rows are in the stored layout: nothing else reads them */
+        free(info);
+        return rm_fail(RM_E_INVALID_ARG, "%s: %s: no form reads stored rows for %lld tokens", fn, t->name, (long long) n_tok);
+    }
+    if (pk) {
         st = packed_matmul(fn, pk, n, wb, stored, row, n_rows, xb, xrow, n_tok, info, info_stride, y);
         free(info);
         return st;

@@ -53,6 +53,7 @@ typedef void (*rm_vec_dot_multi_fn)(int64_t n, int nc, float * out, const void *
  * follow the groups as they are) and their x_info (required). Each out[c] is bit for bit vec_dot's
  * for that token. */
 typedef struct rm_packed_kernels {
+    /* NULL in a set that has the stored form below alone (pack_row, dot, unpack_stored too) */
     uint64_t (*packed_bytes)(int64_t n);                 /* one packed row of n weights */
     uint64_t (*act_bytes)(int64_t n);                    /* one token's transposed activations */
     void (*pack_row)(int64_t n, const void * w, void * packed);
@@ -70,6 +71,20 @@ typedef struct rm_packed_kernels {
      * the same offsets (the form's w may then be the stored row); 0: rows of whole groups only */
     int32_t stored_tail;
 } rm_packed_kernels;
+
+/* Whether pk's forms take a product of n_tok tokens on rows of n weights: rows stored packed
+ * (`stored`) with fewer than RM_PACK_MIN_TOKENS tokens are read as they are (dot_stored); from
+ * RM_PACK_MIN_TOKENS tokens on each row is packed per product (unpack_stored or pack_row, then
+ * dot). Every form needs a whole group of eight blocks. */
+static inline int rm_packed_form_runs(const rm_packed_kernels * pk, int64_t n, int64_t n_tok, int stored) {
+    if (n < 8 * RM_QK) {
+        return 0;
+    }
+    if (stored && n_tok < RM_PACK_MIN_TOKENS) {
+        return pk->dot_stored != NULL;
+    }
+    return n_tok >= RM_PACK_MIN_TOKENS && pk->dot != NULL && (stored ? pk->unpack_stored != NULL : pk->pack_row != NULL);
+}
 
 /* The tile form of a matrix product (AMX): weights RM_TILE_ROWS rows at a time against every
  * token of the product, the tokens in groups of RM_TILE_TOKENS laid out once per product
@@ -235,7 +250,8 @@ void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, 
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
 /* The packed kernels of set isa when they keep rows of n weights of type in their stored layout
- * (repack_row: rows of at least one group, of whole groups unless stored_tail), else NULL. */
+ * (repack_row: rows of at least one group of eight blocks, of whole groups unless stored_tail),
+ * else NULL. */
 const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n);
 /* The tile form of `isa`'s own set for a type (no fall-through); NULL: none. */
 const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);

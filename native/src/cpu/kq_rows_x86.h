@@ -1226,12 +1226,11 @@ RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * 
 RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
                               const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
                               const int kind) {
-    (void) stored;   /* the AVX2 set keeps no stored layout */
     const int64_t nb = n / RM_QK;
     const uint64_t xrow = (uint64_t) nb * B32R_ACT;
     /* the levels past 31 (offset 128: Q8_0, IQ4_NL) without AVX-VNNI take the sign trick */
     const int mode = rm_cpu_avx_vnni() ? R32_VNNI : r32_offset[kind] == 128 ? R32_SIGN : R32_RUNS;
-    pack_rows_32(n, w, 0, row_bytes, r0, r1, room, kind, mode == R32_SIGN);
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind, mode == R32_SIGN);   /* stored: MXFP4's rows only */
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const uint8_t * x[KR_TOKENS_AVX2];

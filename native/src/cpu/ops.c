@@ -358,11 +358,11 @@ static void mm_set_acts(mm_task * t, uint8_t * xq, float * info) {
     t->x_info = t->x_info_stride ? info : NULL;
 }
 
-/* Whether t takes the packed form: a packed kernel and a whole group of blocks, and either rows
- * stored packed at load (any number of tokens) or enough tokens to pay for packing them. */
+/* Whether t takes the packed form (rm_packed_form_runs): rows stored packed at load, read as they
+ * are or unpacked, or enough tokens to pay for packing them. */
 static int wants_packed(const mm_task * t) {
     const rm_packed_kernels * pk = rm_cpu_packed(t->a->w->type);
-    return pk && t->x_info && pk->packed_bytes(t->a->w->ne[0]) > 0 && (t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS);
+    return pk && t->x_info && rm_packed_form_runs(pk, t->a->w->ne[0], t->a->n_tok, t->stored != NULL);
 }
 
 /* The tile form's kernels for t, when they give the one-token kernels' floats (a token's numbers

@@ -312,6 +312,94 @@ static void f16_to_float(const void * src, float * dst, int64_t n) {
     }
 }
 
+/* ---- MXFP4 rows stored in groups from load (block32_x86.h's layout) --------------------------
+ *
+ * The one-token kernel on stored rows: a group's levels (plus 12) come out of a shift, two masks
+ * and two table shuffles per 64, and the eight blocks' integer dots out of vpmaddubsw on T_j
+ * against the tokens' transposed activations (grouped_transpose_act), four T_j's pairs added in
+ * int16 (at most 4 x 2 x 24 x 127) before one vpmaddwd: no horizontal adds. The integers are
+ * dot_b32's (its offset way), the float steps its operations in its order, and the blocks past
+ * the last group its own (read from the stored row, which keeps them as the file does): the file
+ * layout's floats bit for bit. Many tokens take the tiles (kq_rows_x86.h), which read the stored
+ * groups too; there is no packed prefill form in this set. */
+RM_INLINE void dot_stored_mxfp4_nc(int64_t n, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
+                                   const int nc, const float * x_info, int64_t x_info_stride) {
+    const int64_t nb = n / RM_QK;
+    const uint8_t * g = stored;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i table = _mm256_broadcastsi128_si256(   /* the levels plus 12, by index */
+        _mm_add_epi8(_mm_loadu_si128((const __m128i *) rm_mxfp4_values), _mm_set1_epi8(12)));
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) {
+        acc[c] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8, g += 8 * sizeof(rm_block_mxfp4)) {
+        if (nc == 1) {
+            rm_stream_ahead(g, 8 * sizeof(rm_block_mxfp4));
+        }
+        const __m256 dw = e8m0_half8(g, 1);
+        __m256i t[8];
+        for (int m = 0; m < 4; m++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + 8 + 32 * m));
+            t[2 * m] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+            t[2 * m + 1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+        }
+        const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
+        for (int c = 0; c < nc; c++) {
+            const uint8_t * xc = xg + (uint64_t) c * xt_stride;
+            __m256i s = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i p = _mm256_maddubs_epi16(t[4 * h], _mm256_loadu_si256((const __m256i *) (xc + 128 * h)));
+                for (int j = 1; j < 4; j++) {
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(t[4 * h + j],
+                                                                 _mm256_loadu_si256((const __m256i *) (xc + 128 * h + 32 * j))));
+                }
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+            }
+            const float * xi = x_info + c * x_info_stride;
+            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(b32_offset_of(B32_MXFP4)), _mm256_loadu_ps(xi + nb + i),
+                                                 _mm256_cvtepi32_ps(s));
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
+        }
+    }
+    const uint8_t * xt = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
+    for (; i < nb; i++, xt += 32) {   /* the blocks past the groups, as dot_b32 takes them */
+        const __m256i q = b32_levels(stored, i, B32_MXFP4), aq = _mm256_sign_epi8(q, q);
+        const float dw = b32_scale(stored, i, B32_MXFP4);
+        for (int c = 0; c < nc; c++) {
+            const __m256 s = _mm256_cvtepi32_ps(b32_block_dot(q, aq, (const int8_t *) (xt + (uint64_t) c * xt_stride), B32_MXFP4));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x_info[c * x_info_stride + i]), s, acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) {
+        out[c] = hsum_ps(acc[c]);
+    }
+}
+
+static void dot_stored_mxfp4(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
+                             const float * x_info, int64_t x_info_stride) {
+    for (int c = 0; c < nc;) {   /* four, then one at a time, as dot_b32_tokens */
+        const int k = nc - c >= 4 ? 4 : 1;
+        if (k == 4) {
+            dot_stored_mxfp4_nc(n, out + c, stored, (const uint8_t *) x_t + (uint64_t) c * xt_stride, xt_stride, 4,
+                                x_info + c * x_info_stride, x_info_stride);
+        } else {
+            dot_stored_mxfp4_nc(n, out + c, stored, (const uint8_t *) x_t + (uint64_t) c * xt_stride, xt_stride, 1,
+                                x_info + c * x_info_stride, x_info_stride);
+        }
+        c += k;
+    }
+}
+
+static void repack_row_mxfp4(int64_t n, const void * w, void * stored) {
+    b32_repack_row(n, w, stored, sizeof(rm_block_mxfp4), 1);
+}
+
+/* the stored form alone: no packed prefill form (packed_bytes, pack_row, dot, unpack_stored) */
+static const rm_packed_kernels packed_mxfp4 = {NULL, grouped_act_bytes, NULL, grouped_transpose_act, NULL,
+                                               repack_row_mxfp4, NULL, dot_stored_mxfp4, 1};
+
 /* The K-quants' tile form (kq_rows_x86.h), from this many tokens on (tools/bench_kernels.py). */
 RM_ROWS_KQ(q2_K, rm_block_q2_K, 1, 0, 6)
 RM_ROWS_KQ(q3_K, rm_block_q3_K, 1, 4, 6)
@@ -376,6 +464,9 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .attn_values_rows = attn_values_rows,
     .exp_sum = exp_sum_x86,
     .max_of = max_x86,
+    .packed = {
+        [RM_TYPE_MXFP4] = &packed_mxfp4,
+    },
     .tile = {
         [RM_TYPE_Q2_K] = &rows_q2_K,
         [RM_TYPE_Q3_K] = &rows_q3_K,

@@ -278,36 +278,12 @@ static void vec_dot_q4_0_multi(int64_t n, int nc, float * out, const void * w, c
 
 /* ---- the prefill form of the 32-element kernels (rm_packed_kernels) ------------------------ *
  *
- * A group of eight blocks, as registers: L_k, block k's 32 levels (dword j: levels 4j..4j+3).
- * Transposed, T_j holds dword j of every block (dword k: block k's levels 4j..4j+3), so eight
- * vpdpbusd of T_j (weights) against T_j (activations) leave block k's integer dot in lane k: the
- * lanes block_sums8 makes with its tree of horizontal adds, here with none. A packed group is the
- * eight weight scales as floats and the eight T_j (288 bytes); the activations' group is their
- * eight T_j (256 bytes). Blocks past the last whole group stay in the raw row. */
+ * A packed group is the eight weight scales as floats and the eight T_j of block32_x86.h (288
+ * bytes); the activations are grouped_transpose_act's. Blocks past the last whole group stay in the
+ * raw row. */
 #define PACK_GROUP_BYTES (8 * sizeof(float) + 8 * 32)
 
-RM_INLINE void transpose8x8_epi32(__m256i v[8]) {
-    const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
-    const __m256i t4 = _mm256_unpacklo_epi32(v[4], v[5]), t5 = _mm256_unpackhi_epi32(v[4], v[5]);
-    const __m256i t6 = _mm256_unpacklo_epi32(v[6], v[7]), t7 = _mm256_unpackhi_epi32(v[6], v[7]);
-    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-    v[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
-    v[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
-    v[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
-    v[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
-    v[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
-    v[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
-    v[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
-    v[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
-}
-
 static uint64_t packed_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK / 8) * PACK_GROUP_BYTES; }
-/* A token's activations: the transposed groups, then the levels of the blocks past them as they are. */
-static uint64_t act_bytes_32(int64_t n) { return (uint64_t) (n / RM_QK) * 32; }
 
 RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int kind) {
     uint8_t * out = packed;
@@ -317,7 +293,7 @@ RM_INLINE void pack_row_32(int64_t n, const void * w, void * packed, const int k
         for (int k = 0; k < 8; k++) {
             v[k] = levels_unsigned(w, i + k, kind);
         }
-        transpose8x8_epi32(v);
+        transpose8_epi32(v);
         for (int j = 0; j < 8; j++) {
             _mm256_storeu_si256((__m256i *) (out + 32 + 32 * j), v[j]);
         }
@@ -330,24 +306,6 @@ static void pack_row_q5_0(int64_t n, const void * w, void * packed) { pack_row_3
 static void pack_row_iq4_nl(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, IQ4_NL_LEVELS); }
 static void pack_row_mxfp4(int64_t n, const void * w, void * packed) { pack_row_32(n, w, packed, MXFP4_LEVELS); }
 
-static void transpose_act_32(int64_t n, const void * x_q, void * x_t) {
-    const rm_block_q8_0 * x = x_q;
-    uint8_t * out = x_t;
-    int64_t i = 0;
-    for (; i + 8 <= n / RM_QK; i += 8, out += 256) {
-        __m256i v[8];
-        for (int k = 0; k < 8; k++) {
-            v[k] = _mm256_loadu_si256((const __m256i *) x[i + k].qs);
-        }
-        transpose8x8_epi32(v);
-        for (int j = 0; j < 8; j++) {
-            _mm256_storeu_si256((__m256i *) (out + 32 * j), v[j]);
-        }
-    }
-    for (; i < n / RM_QK; i++, out += 32) {
-        memcpy(out, x[i].qs, 32);
-    }
-}
 
 /* One group of eight blocks against nc tokens' transposed activations: q holds T_2m and T_2m+1
  * side by side (m = 0..3), dw the eight weight scales; the packed and stored kernels share it, so
@@ -429,23 +387,13 @@ RM_PACKED_DOT(dot_packed_q5_0, Q5_0_LEVELS)
 RM_PACKED_DOT(dot_packed_iq4_nl, IQ4_NL_LEVELS)
 RM_PACKED_DOT(dot_packed_mxfp4, MXFP4_LEVELS)
 
-/* Rows stored packed (rm_packed_kernels.repack_row), Q4_0 and MXFP4: a group of eight blocks is
- * their eight scales (Q4_0's fp16 d, 16 bytes; MXFP4's E8M0 bytes, 8), then the transposed
- * nibbles, T_2m in the low and T_2m+1 in the high nibbles of 32 bytes (128 bytes): 144 and 136
- * bytes, as the eight blocks take in the file. Q4_0's nibbles are its levels plus 8, MXFP4's the
- * indices of its table. MXFP4 rows that end inside a group (gpt-oss's 2,880 elements) keep those
- * blocks after the groups as the file has them, at the same offsets. The one-token kernel then
- * unpacks a group in a dozen operations and needs no horizontal adds, the work the file layout's
- * kernels spend most of their time on; the integers and floats are dot_32_packed's, so those of
- * the file layout's kernels. */
-#define STORED_NIBBLES 128
+/* Rows stored packed (rm_packed_kernels.repack_row), Q4_0 and MXFP4, in block32_x86.h's layout:
+ * Q4_0's nibbles are its levels plus 8, MXFP4's the indices of its table. MXFP4 rows that end
+ * inside a group (gpt-oss's 2,880 elements) are stored too. The one-token kernel then unpacks a
+ * group in a dozen operations and needs no horizontal adds, the work the file layout's kernels
+ * spend most of their time on; the integers and floats are dot_32_packed's, so those of the file
+ * layout's kernels. */
 RM_INLINE size_t stored_scale_bytes(const int kind) { return kind == MXFP4_LEVELS ? 8 : 16; }
-
-/* Block i's nibbles in element order (low nibbles of the 16 bytes, then the high ones). */
-RM_INLINE __m256i block_nibbles(const void * w, int64_t i, const int kind) {
-    return kind == MXFP4_LEVELS ? nibbles32(((const rm_block_mxfp4 *) w + i)->qs)
-                                : nibbles_lo_hi(((const rm_block_q4_0 *) w + i)->qs);
-}
 
 /* The unsigned levels (levels_unsigned's) of 64 stored nibbles, T_2m's 32 and T_2m+1's. */
 RM_INLINE __m512i stored_levels(__m256i v, const int kind) {
@@ -464,26 +412,7 @@ RM_INLINE __m256 stored_scales8(const uint8_t * g, const int kind) {
 }
 
 RM_INLINE void repack_row_32(int64_t n, const void * w, void * stored, const int kind) {
-    const int64_t nb = n / RM_QK;
-    const size_t wblock = levels_block_bytes[kind];
-    uint8_t * out = stored;
-    int64_t i = 0;
-    for (; i + 8 <= nb; i += 8, out += 8 * wblock) {
-        const uint8_t * src = (const uint8_t *) w + (uint64_t) i * wblock;
-        for (int k = 0; k < 8; k++) {   /* the scale is each block's first field */
-            memcpy(out + stored_scale_bytes(kind) / 8 * (size_t) k, src + (size_t) k * wblock, stored_scale_bytes(kind) / 8);
-        }
-        __m256i v[8];
-        for (int k = 0; k < 8; k++) {
-            v[k] = block_nibbles(w, i + k, kind);
-        }
-        transpose8x8_epi32(v);
-        for (int m = 0; m < 4; m++) {
-            _mm256_storeu_si256((__m256i *) (out + stored_scale_bytes(kind) + 32 * m),
-                                _mm256_or_si256(v[2 * m], _mm256_slli_epi16(v[2 * m + 1], 4)));
-        }
-    }
-    memcpy(out, (const uint8_t *) w + (uint64_t) i * wblock, (size_t) (nb - i) * wblock);   /* the blocks past the groups */
+    b32_repack_row(n, w, stored, levels_block_bytes[kind], stored_scale_bytes(kind) / 8);
 }
 
 RM_INLINE void unpack_stored_32(int64_t n, const void * stored, void * packed, const int kind) {
@@ -544,15 +473,15 @@ RM_STORED_KERNELS(q4_0, Q4_0_LEVELS)
 RM_STORED_KERNELS(mxfp4, MXFP4_LEVELS)
 
 /* stored_tail: 0 for Q4_0 (rows of whole groups only), 1 for MXFP4 */
-static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, act_bytes_32, pack_row_q4_0, transpose_act_32, dot_packed_q4_0,
+static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, grouped_act_bytes, pack_row_q4_0, grouped_transpose_act, dot_packed_q4_0,
                                               repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0, 0};
-static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, act_bytes_32, pack_row_q8_0, transpose_act_32, dot_packed_q8_0,
+static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, grouped_act_bytes, pack_row_q8_0, grouped_transpose_act, dot_packed_q8_0,
                                               NULL, NULL, NULL, 0};
-static const rm_packed_kernels packed_q5_0 = {packed_bytes_32, act_bytes_32, pack_row_q5_0, transpose_act_32, dot_packed_q5_0,
+static const rm_packed_kernels packed_q5_0 = {packed_bytes_32, grouped_act_bytes, pack_row_q5_0, grouped_transpose_act, dot_packed_q5_0,
                                               NULL, NULL, NULL, 0};
-static const rm_packed_kernels packed_iq4_nl = {packed_bytes_32, act_bytes_32, pack_row_iq4_nl, transpose_act_32,
+static const rm_packed_kernels packed_iq4_nl = {packed_bytes_32, grouped_act_bytes, pack_row_iq4_nl, grouped_transpose_act,
                                                 dot_packed_iq4_nl, NULL, NULL, NULL, 0};
-static const rm_packed_kernels packed_mxfp4 = {packed_bytes_32, act_bytes_32, pack_row_mxfp4, transpose_act_32,
+static const rm_packed_kernels packed_mxfp4 = {packed_bytes_32, grouped_act_bytes, pack_row_mxfp4, grouped_transpose_act,
                                                dot_packed_mxfp4, repack_row_mxfp4, unpack_stored_mxfp4, dot_stored_mxfp4, 1};
 
 /* ---- attention, 512 bits wide: rows of a multiple of 16 floats (others: simd_x86.h's) ---- */

@@ -1230,7 +1230,7 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     const uint64_t xrow = (uint64_t) nb * B32R_ACT;
     /* the levels past 31 (offset 128: Q8_0, IQ4_NL) without AVX-VNNI take the sign trick */
     const int mode = rm_cpu_avx_vnni() ? R32_VNNI : r32_offset[kind] == 128 ? R32_SIGN : R32_RUNS;
-    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind, mode == R32_SIGN);   /* stored: MXFP4's rows only */
+    pack_rows_32(n, w, stored, row_bytes, r0, r1, room, kind, mode == R32_SIGN);   /* stored: Q4_0's and MXFP4's */
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const uint8_t * x[KR_TOKENS_AVX2];

@@ -312,38 +312,45 @@ static void f16_to_float(const void * src, float * dst, int64_t n) {
     }
 }
 
-/* ---- MXFP4 rows stored in groups from load (block32_x86.h's layout) --------------------------
+/* ---- Q4_0 and MXFP4 rows stored in groups from load (block32_x86.h's layout) ----------------
  *
- * The one-token kernel on stored rows: a group's levels (plus 12) come out of a shift, two masks
- * and two table shuffles per 64, and the eight blocks' integer dots out of vpmaddubsw on T_j
- * against the tokens' transposed activations (grouped_transpose_act), four T_j's pairs added in
- * int16 (at most 4 x 2 x 24 x 127) before one vpmaddwd: no horizontal adds. The integers are
- * dot_b32's (its offset way), the float steps its operations in its order, and the blocks past
- * the last group its own (read from the stored row, which keeps them as the file does): the file
- * layout's floats bit for bit. Many tokens take the tiles (kq_rows_x86.h), which read the stored
- * groups too; there is no packed prefill form in this set. */
-RM_INLINE void dot_stored_mxfp4_nc(int64_t n, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
-                                   const int nc, const float * x_info, int64_t x_info_stride) {
+ * The one-token kernel on stored rows: a group's levels (Q4_0's nibbles, MXFP4's table levels
+ * plus 12) come out of a shift, two masks (and for MXFP4 two table shuffles) per 64, and the eight
+ * blocks' integer dots out of vpmaddubsw on T_j against the tokens' transposed activations
+ * (grouped_transpose_act), four T_j's pairs added in int16 (at most 4 x 2 x 24 x 127) before one
+ * vpmaddwd: no horizontal adds. The integers are those of the file layout's kernels (dot_32_multi's
+ * and dot_b32's offset ways), the float steps their operations in their order, and MXFP4's blocks
+ * past the last group dot_b32's own (read from the stored row, which keeps them as the file does):
+ * the file layout's floats bit for bit. Many tokens take the tiles (kq_rows_x86.h), which read the
+ * stored groups too; there is no packed prefill form in this set. */
+RM_INLINE void dot_stored_nc(int64_t n, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
+                             const int nc, const float * x_info, int64_t x_info_stride, const int mxfp4) {
     const int64_t nb = n / RM_QK;
+    const size_t gbytes = 8 * (mxfp4 ? sizeof(rm_block_mxfp4) : sizeof(rm_block_q4_0)), sbytes = mxfp4 ? 8 : 16;
+    const float offset = mxfp4 ? b32_offset_of(B32_MXFP4) : 8.0f;
     const uint8_t * g = stored;
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const __m256i table = _mm256_broadcastsi128_si256(   /* the levels plus 12, by index */
+    const __m256i table = _mm256_broadcastsi128_si256(   /* MXFP4's levels plus 12, by index */
         _mm_add_epi8(_mm_loadu_si128((const __m128i *) rm_mxfp4_values), _mm_set1_epi8(12)));
     __m256 acc[4];
     for (int c = 0; c < nc; c++) {
         acc[c] = _mm256_setzero_ps();
     }
     int64_t i = 0;
-    for (; i + 8 <= nb; i += 8, g += 8 * sizeof(rm_block_mxfp4)) {
+    for (; i + 8 <= nb; i += 8, g += gbytes) {
         if (nc == 1) {
-            rm_stream_ahead(g, 8 * sizeof(rm_block_mxfp4));
+            rm_stream_ahead(g, (int) gbytes);
         }
-        const __m256 dw = e8m0_half8(g, 1);
+        const __m256 dw = mxfp4 ? e8m0_half8(g, 1) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) g));
         __m256i t[8];
         for (int m = 0; m < 4; m++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + 8 + 32 * m));
-            t[2 * m] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
-            t[2 * m + 1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (g + sbytes + 32 * m));
+            t[2 * m] = _mm256_and_si256(v, m4);
+            t[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (mxfp4) {
+                t[2 * m] = _mm256_shuffle_epi8(table, t[2 * m]);
+                t[2 * m + 1] = _mm256_shuffle_epi8(table, t[2 * m + 1]);
+            }
         }
         const uint8_t * xg = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
         for (int c = 0; c < nc; c++) {
@@ -358,13 +365,12 @@ RM_INLINE void dot_stored_mxfp4_nc(int64_t n, float * out, const void * stored, 
                 s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
             }
             const float * xi = x_info + c * x_info_stride;
-            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(b32_offset_of(B32_MXFP4)), _mm256_loadu_ps(xi + nb + i),
-                                                 _mm256_cvtepi32_ps(s));
+            const __m256 sums = _mm256_fnmadd_ps(_mm256_set1_ps(offset), _mm256_loadu_ps(xi + nb + i), _mm256_cvtepi32_ps(s));
             acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(xi + i)), sums, acc[c]);
         }
     }
     const uint8_t * xt = (const uint8_t *) x_t + (uint64_t) (i / 8) * 256;
-    for (; i < nb; i++, xt += 32) {   /* the blocks past the groups, as dot_b32 takes them */
+    for (; i < nb; i++, xt += 32) {   /* MXFP4's blocks past the groups, as dot_b32 takes them (Q4_0: none) */
         const __m256i q = b32_levels(stored, i, B32_MXFP4), aq = _mm256_sign_epi8(q, q);
         const float dw = b32_scale(stored, i, B32_MXFP4);
         for (int c = 0; c < nc; c++) {
@@ -377,26 +383,31 @@ RM_INLINE void dot_stored_mxfp4_nc(int64_t n, float * out, const void * stored, 
     }
 }
 
-static void dot_stored_mxfp4(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
-                             const float * x_info, int64_t x_info_stride) {
-    for (int c = 0; c < nc;) {   /* four, then one at a time, as dot_b32_tokens */
-        const int k = nc - c >= 4 ? 4 : 1;
-        if (k == 4) {
-            dot_stored_mxfp4_nc(n, out + c, stored, (const uint8_t *) x_t + (uint64_t) c * xt_stride, xt_stride, 4,
-                                x_info + c * x_info_stride, x_info_stride);
-        } else {
-            dot_stored_mxfp4_nc(n, out + c, stored, (const uint8_t *) x_t + (uint64_t) c * xt_stride, xt_stride, 1,
-                                x_info + c * x_info_stride, x_info_stride);
-        }
-        c += k;
+/* four tokens, then one at a time, as the file layout's kernels take them */
+#define RM_STORED_KERNELS(type, mxfp4, bsize, scale_bytes)                                                          \
+    static void dot_stored_##type(int64_t n, int nc, float * out, const void * stored, const void * x_t,           \
+                                  uint64_t xt_stride, const float * x_info, int64_t x_info_stride) {               \
+        for (int c = 0; c < nc;) {                                                                                 \
+            const uint8_t * xc = (const uint8_t *) x_t + (uint64_t) c * xt_stride;                                 \
+            if (nc - c >= 4) {                                                                                     \
+                dot_stored_nc(n, out + c, stored, xc, xt_stride, 4, x_info + c * x_info_stride, x_info_stride, mxfp4); \
+                c += 4;                                                                                            \
+            } else {                                                                                               \
+                dot_stored_nc(n, out + c, stored, xc, xt_stride, 1, x_info + c * x_info_stride, x_info_stride, mxfp4); \
+                c += 1;                                                                                            \
+            }                                                                                                      \
+        }                                                                                                          \
+    }                                                                                                              \
+    static void repack_row_##type(int64_t n, const void * w, void * stored) {                                      \
+        b32_repack_row(n, w, stored, bsize, scale_bytes);                                                          \
     }
-}
+RM_STORED_KERNELS(q4_0, 0, sizeof(rm_block_q4_0), 2)
+RM_STORED_KERNELS(mxfp4, 1, sizeof(rm_block_mxfp4), 1)
 
-static void repack_row_mxfp4(int64_t n, const void * w, void * stored) {
-    b32_repack_row(n, w, stored, sizeof(rm_block_mxfp4), 1);
-}
-
-/* the stored form alone: no packed prefill form (packed_bytes, pack_row, dot, unpack_stored) */
+/* the stored form alone (no packed prefill form: packed_bytes, pack_row, dot, unpack_stored);
+ * stored_tail: Q4_0's rows of whole groups only, as in the AVX-512 set (its AMX tiles read them) */
+static const rm_packed_kernels packed_q4_0 = {NULL, grouped_act_bytes, NULL, grouped_transpose_act, NULL,
+                                              repack_row_q4_0, NULL, dot_stored_q4_0, 0};
 static const rm_packed_kernels packed_mxfp4 = {NULL, grouped_act_bytes, NULL, grouped_transpose_act, NULL,
                                                repack_row_mxfp4, NULL, dot_stored_mxfp4, 1};
 
@@ -465,6 +476,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .exp_sum = exp_sum_x86,
     .max_of = max_x86,
     .packed = {
+        [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_MXFP4] = &packed_mxfp4,
     },
     .tile = {

@@ -1,12 +1,14 @@
 /* cpu/repack.h - internal: weights kept in the CPU kernels' stored layout, made once at load.
  *
- * For types whose kernel set has a stored form (rm_packed_kernels.repack_row: Q4_0 and MXFP4 on
- * AVX-512 VNNI), a CPU-only model converts every such matrix of the layers and the output head
- * (rows of at least one group; Q4_0's of whole groups only) into an arena of the same size, and the CPU backend reads those
- * instead of the file's bytes (the one-token kernels then skip their unpacking and horizontal
- * adds). The file's pages of those tensors are released after the copy, so resident memory
- * stays about the file's size. Lookups go by the file address, as a device's copies do
- * (devweights.h). */
+ * For types whose kernel set has a stored form (rm_cpu_stored: Q4_0 and MXFP4 in the AVX2 and
+ * AVX-512 sets), a CPU-only model converts every such matrix of the layers and the output head
+ * (rows of at least one group of eight blocks; Q4_0's of whole groups only) into an arena of the
+ * same size, in 2 MiB pages where the kernel has transparent huge pages (decode streams it: one
+ * TLB miss per 2 MiB), and the CPU backend reads those instead of the file's bytes. The file's
+ * copy of those tensors is handed back after the conversion, so resident memory stays about the
+ * file's size: a mapped file's pages are released (they read back from the file), a read copy's
+ * are mapped from the file again (rm_gguf_unread). Lookups go by the file address, as a device's
+ * copies do (devweights.h). */
 #ifndef RM_REPACK_H
 #define RM_REPACK_H
 

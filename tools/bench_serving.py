@@ -10,12 +10,15 @@ slots, --prefill-chunk as given, the base file without its residual sidecar, end
 tokens ignored so every reply runs to its length). For each N, N clients at once stream a
 completion of --prompt random token ids (each its own) and --decode new tokens, sampled at
 temperature 1 (on random weights a greedy reply repeats one token, and every step would read the
-same experts). Per stream: time to first token (request sent to first chunk), then the gaps
-between its chunks (a chunk is one token, or a few when a token ends inside a UTF-8 character).
-Aggregate decode tok/s = the sum over the streams of each one's decode rate (its tokens after
-the first over the time from its first chunk to its last): the rate at which the steps they share
-produce tokens, as llama.cpp's figure below (the streams start one prompt per step, so a
-first-to-last span would count their staggered starts against the decode rate).
+same experts), with `logprobs` 0 so that each chunk names the tokens it carries. A chunk carries
+the tokens whose text it completes: one, or several where tokens give no text of their own (a
+character split across byte tokens; most of the benchmark model's vocabulary, whose pieces are
+empty). Per stream: time to first token (request sent to first chunk), then the inter-token
+gaps, each chunk's gap since the one before spread evenly over the tokens it carries. Aggregate
+decode tok/s = the sum over the streams of each one's decode rate (the tokens its chunks after
+the first carry, over the time from its first chunk to its last): the rate at which the steps
+they share produce tokens, as llama.cpp's figure below (the streams start one prompt per step,
+so a first-to-last span would count their staggered starts against the decode rate).
 
 llama.cpp. llama-cpp-python 0.3.36 in its own environment (tools/bench_vs_llamacpp.py installs
 it; --llama-python names another), through its low-level API: one context with n_seq_max = N,
@@ -199,16 +202,22 @@ SERVER = textwrap.dedent("""
 class Stream:
     def __init__(self):
         self.sent = self.first = None
-        self.times: list[float] = []
+        self.times: list[float] = []   # chunk arrivals
+        self.counts: list[int] = []    # the tokens each chunk carries
         self.tokens = 0
 
     def gaps(self, lo=float("-inf"), hi=float("inf")) -> list[float]:
-        return [b - a for a, b in zip(self.times, self.times[1:]) if lo <= b <= hi]
+        """Per token: a chunk's gap since the one before, over the tokens it carries."""
+        return [(b - a) / k for a, b, k in zip(self.times, self.times[1:], self.counts[1:]) if lo <= b <= hi
+                for _ in range(k)]
+
+    def decode_rate(self) -> float:
+        return sum(self.counts[1:]) / (self.times[-1] - self.times[0])
 
 
 async def stream_one(client, ids, max_tokens, seed, st: Stream, stop: asyncio.Event | None = None) -> None:
     body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "logprobs": 0}
     st.sent = time.perf_counter()
     async with client.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
@@ -219,10 +228,11 @@ async def stream_one(client, ids, max_tokens, seed, st: Stream, stop: asyncio.Ev
             ev = json.loads(line[6:])
             if ev.get("usage"):
                 st.tokens = ev["usage"]["completion_tokens"]
-            elif ev["choices"][0]["text"]:
+            elif (ev["choices"][0]["logprobs"] or {}).get("tokens"):
                 now = time.perf_counter()
                 st.first = st.first or now
                 st.times.append(now)
+                st.counts.append(len(ev["choices"][0]["logprobs"]["tokens"]))
             if stop is not None and stop.is_set():
                 return                                  # hang up: the server cancels the rest
 
@@ -240,7 +250,7 @@ async def ours_streams(url, n, a, n_vocab) -> dict:
     gaps = [g for st in streams for g in st.gaps()]
     return {"ttft_s": statistics.median(st.first - st.sent for st in streams),
             "itl_p50_s": pct(gaps, 50), "itl_p99_s": pct(gaps, 99),
-            "decode_tok_s": sum((st.tokens - 1) / (st.times[-1] - st.times[0]) for st in streams)}
+            "decode_tok_s": sum(st.decode_rate() for st in streams)}
 
 
 async def ours_long(url, a, n_vocab) -> dict:

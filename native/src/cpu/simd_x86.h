@@ -615,146 +615,42 @@ static inline void levels_q6_K(const rm_block_q6_K * b, int h, __m256i q[4]) {
  * Each super-block sums its integer products, weighted by the sub-block scales, in int32 lanes;
  * the constant parts of the levels (Q2_K/Q4_K mins, the -4 of Q3_K, the -32 of Q6_K) come out
  * through the activations' per-16 sums (bsums), as one small dot. The float steps that follow
- * (and the mins, which carry a float scale of their own) are kq_sum's, above; the kernels walk the
- * super-blocks in groups of eight for it.
+ * (and the mins, which carry a float scale of their own) are kq_sum's, above. One skeleton
+ * (kq_dot) walks the super-blocks in kq_sum's groups of eight for every type; a type gives only
+ * its step on one super-block (kq_step_*: unpacking its levels and scales, interleaved with the
+ * products so that they stay in registers).
  * ------------------------------------------------------------------------------------------- */
 
-/* Q2_K for nc tokens (called with 1): levels 0..3 times scales, less dmin times the mins (via bsums). */
-RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
-    const rm_block_q2_K * b = w;
-    const int64_t nb = n / RM_QK_K;
-    kq_sum acc[RM_MULTI_MAX];
-    for (int c = 0; c < nc; c++) {
-        kq_sum_init(KQ_PAIRED, &acc[c]);
-    }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_PAIRED)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(KQ_PAIRED) ? (int) (nb - i0) : KQ_GROUP(KQ_PAIRED);
-        for (int c = 0; c < nc; c++) {
-            kq_sum_begin(KQ_PAIRED, &acc[c]);
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(KQ_PAIRED); k++) {
-            if (k >= cnt) {
-                break;
-            }
-            const int64_t i = i0 + k;
-            if (nc == 1) {
-                rm_stream_ahead(&b[i], (int) sizeof(*b));
-            }
-            const __m128i raw = _mm_loadu_si128((const __m128i *) b[i].scales);
-            const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
-            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
-            const rm_block_q8_K * a[RM_MULTI_MAX];
-            __m256i sumi[RM_MULTI_MAX];
-            for (int c = 0; c < nc; c++) {
-                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-                sumi[c] = _mm256_setzero_si256();
-            }
-            for (int h = 0; h < 2; h++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
-                const __m256i s16 = scales16_half(sc, h);
-                for (int g = 0; g < 4; g++) {
-                    const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
-                    const __m256i s = scale_pair16(s16, g);
-                    for (int c = 0; c < nc; c++) {
-                        const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                        sumi[c] = RM_KQ_ACC(sumi[c], p, s);
-                    }
-                }
-            }
-            const float dw = fp16(b[i].d), dmw = fp16(b[i].dmin);
-            for (int c = 0; c < nc; c++) {
-                const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
-                kq_sum_add(KQ_PAIRED, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
-            }
-        }
-        for (int c = 0; c < nc; c++) {
-            kq_sum_flush(KQ_PAIRED, &acc[c], cnt, 1);
-        }
-    }
-    for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(KQ_PAIRED, &acc[c], 1);
-    }
-}
+/* What a type's step leaves for super-block i and token c: the int32 lanes whose sum is the exact
+ * integer dot S (sub-block dots weighted by their scales, less the levels' constant offset), the
+ * lanes whose sum is M (the mins weighted by the activations' sums; types with mins only), and
+ * their float scales f = d_x d_w and g = d_x dmin_w (kq_sum's). */
+typedef struct {
+    __m256i s, m;
+    float   f, g;
+} kq_step;
 
-/* Q3_K for nc tokens (called with 1): levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
-RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
-    const rm_block_q3_K * b = w;
-    const int64_t nb = n / RM_QK_K;
-    kq_sum acc[RM_MULTI_MAX];
-    for (int c = 0; c < nc; c++) {
-        kq_sum_init(KQ_PAIRED, &acc[c]);
-    }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_PAIRED)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(KQ_PAIRED) ? (int) (nb - i0) : KQ_GROUP(KQ_PAIRED);
-        for (int c = 0; c < nc; c++) {
-            kq_sum_begin(KQ_PAIRED, &acc[c]);
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(KQ_PAIRED); k++) {
-            if (k >= cnt) {
-                break;
-            }
-            const int64_t i = i0 + k;
-            if (nc == 1) {
-                rm_stream_ahead(&b[i], (int) sizeof(*b));
-            }
-            const __m128i sc = scales_q3_K(&b[i]);
-            const rm_block_q8_K * a[RM_MULTI_MAX];
-            __m256i sumi[RM_MULTI_MAX];
-            for (int c = 0; c < nc; c++) {
-                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-                sumi[c] = _mm256_setzero_si256();
-            }
-            const __m256i hm = _mm256_loadu_si256((const __m256i *) b[i].hmask);
-            for (int h = 0; h < 2; h++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *) (b[i].qs + 32 * h));
-                const __m256i s16 = scales16_half(sc, h);
-                for (int g = 0; g < 4; g++) {
-                    const __m256i l = levels_q3_K(q, hm, h, g);
-                    const __m256i s = scale_pair16(s16, g);
-                    for (int c = 0; c < nc; c++) {
-                        const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                        sumi[c] = RM_KQ_ACC(sumi[c], p, s);
-                    }
-                }
-            }
-            const float dw = fp16(b[i].d);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-            for (int c = 0; c < nc; c++) {
-                /* only the lanes' sum enters: the offset taken off lane by lane */
-                const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
-                kq_sum_add(KQ_PAIRED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
-            }
-        }
-        for (int c = 0; c < nc; c++) {
-            kq_sum_flush(KQ_PAIRED, &acc[c], cnt, 0);
-        }
-    }
-    for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(KQ_PAIRED, &acc[c], 0);
-    }
-}
+/* A type's step: super-block i of row w against the nc tokens' super-blocks a[c]. */
+typedef void (*kq_step_fn)(const void * w, int64_t i, const rm_block_q8_K * const * a, int nc, kq_step * r);
 
-/* Q4_K and Q5_K for nc tokens (called with 1): the levels and scales of a super-block are unpacked
- * once. The two types differ only in where the fields lie and in Q5_K's fifth bit: qh bit 2p of
- * byte l is the top bit of element 64p + l, bit 2p + 1 that of element 64p + 32 + l. */
-RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc,
-                            const int five) {
-    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
-    const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
+/* The one skeleton of the one-token kernels (called with one token; several go to the prefill
+ * form below): the super-blocks in kq_sum's groups, each streamed ahead, taken by the type's step
+ * and added by kq_sum_add. `grouped`: KQ_GROUPED or KQ_PAIRED (kq_sum's, by register room);
+ * `mins`: whether the type has mins (M lanes and g). */
+RM_INLINE void kq_dot(int64_t n, float * out, const void * w, const size_t bsize, const void * x_q, uint64_t x_stride,
+                      const int nc, const int grouped, const int mins, const kq_step_fn step) {
     const int64_t nb = n / RM_QK_K;
     kq_sum acc[RM_MULTI_MAX];
     for (int c = 0; c < nc; c++) {
-        kq_sum_init(KQ_GROUPED, &acc[c]);
+        kq_sum_init(grouped, &acc[c]);
     }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
+    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(grouped)) {   /* kq_sum's groups */
+        const int cnt = nb - i0 < KQ_GROUP(grouped) ? (int) (nb - i0) : KQ_GROUP(grouped);
         for (int c = 0; c < nc; c++) {
-            kq_sum_begin(KQ_GROUPED, &acc[c]);
+            kq_sum_begin(grouped, &acc[c]);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
+        for (int k = 0; k < KQ_GROUP(grouped); k++) {
             if (k >= cnt) {
                 break;
             }
@@ -762,115 +658,183 @@ RM_INLINE void dot_k4_multi(int64_t n, float * out, const void * w, const void *
             if (nc == 1) {
                 rm_stream_ahead((const uint8_t *) w + (size_t) i * bsize, (int) bsize);
             }
-            /* d, dmin and scales lie at the same offsets in both blocks */
-            const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
-            const uint8_t * qs = (const uint8_t *) b + qs_at;
-            const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
-            const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
             const rm_block_q8_K * a[RM_MULTI_MAX];
-            __m256i sumi[RM_MULTI_MAX];
             for (int c = 0; c < nc; c++) {
                 a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-                sumi[c] = _mm256_setzero_si256();
             }
-            /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
-             * sub-block's scale in all sixteen lanes */
-            const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-            for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
-                __m256i lo, hi;
-                levels_k4(qs, qh, p, five, &lo, &hi);
-                const __m256i s0 = scale_bcast16(s16, 2 * p), s1 = scale_bcast16(s16, 2 * p + 1);
-                for (int c = 0; c < nc; c++) {
-                    const int8_t * y = a[c]->qs + 64 * p;
-                    const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
-                    const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
-                    sumi[c] = RM_KQ_ACC(sumi[c], p0, s0);
-                    sumi[c] = RM_KQ_ACC(sumi[c], p1, s1);
-                }
-            }
-            /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
-             * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
-            const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
-            const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-            const float dw = fp16(b->d), dmw = fp16(b->dmin);
+            kq_step r[RM_MULTI_MAX];
+            step(w, i, a, nc, r);
             for (int c = 0; c < nc; c++) {
-                const __m256i mb = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
-                kq_sum_add(KQ_GROUPED, &acc[c], k, sumi[c], mb, a[c]->d * dw, a[c]->d * dmw, 1);
+                kq_sum_add(grouped, &acc[c], k, r[c].s, r[c].m, r[c].f, r[c].g, mins);
             }
         }
         for (int c = 0; c < nc; c++) {
-            kq_sum_flush(KQ_GROUPED, &acc[c], cnt, 1);
+            kq_sum_flush(grouped, &acc[c], cnt, mins);
         }
     }
     for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(KQ_GROUPED, &acc[c], 1);
+        out[c] = kq_sum_out(grouped, &acc[c], mins);
     }
+}
+
+/* Q2_K: levels 0..3 times scales, less dmin times the mins (via bsums). */
+RM_INLINE void kq_step_q2_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    const rm_block_q2_K * b = (const rm_block_q2_K *) w + i;
+    const __m128i raw = _mm_loadu_si128((const __m128i *) b->scales);
+    const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+    const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+    for (int c = 0; c < nc; c++) {
+        r[c].s = _mm256_setzero_si256();
+    }
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
+        const __m256i s16 = scales16_half(sc, h);
+        for (int g = 0; g < 4; g++) {
+            const __m256i l = _mm256_and_si256(_mm256_srli_epi16(q, 2 * g), _mm256_set1_epi8(3));
+            const __m256i s = scale_pair16(s16, g);
+            for (int c = 0; c < nc; c++) {
+                const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                r[c].s = RM_KQ_ACC(r[c].s, p, s);
+            }
+        }
+    }
+    const float dw = fp16(b->d), dmw = fp16(b->dmin);
+    for (int c = 0; c < nc; c++) {
+        r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
+        r[c].f = a[c]->d * dw;
+        r[c].g = a[c]->d * dmw;
+    }
+}
+
+/* Q3_K: levels taken as q + 4 in 0..7, the 4 taken back through bsums. */
+RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    const rm_block_q3_K * b = (const rm_block_q3_K *) w + i;
+    const __m128i sc = scales_q3_K(b);
+    for (int c = 0; c < nc; c++) {
+        r[c].s = _mm256_setzero_si256();
+    }
+    const __m256i hm = _mm256_loadu_si256((const __m256i *) b->hmask);
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
+        const __m256i s16 = scales16_half(sc, h);
+        for (int g = 0; g < 4; g++) {
+            const __m256i l = levels_q3_K(q, hm, h, g);
+            const __m256i s = scale_pair16(s16, g);
+            for (int c = 0; c < nc; c++) {
+                const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                r[c].s = RM_KQ_ACC(r[c].s, p, s);
+            }
+        }
+    }
+    const float dw = fp16(b->d);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+    for (int c = 0; c < nc; c++) {
+        /* only the lanes' sum enters: the offset taken off lane by lane */
+        r[c].s = r[c].m = _mm256_sub_epi32(r[c].s, _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
+        r[c].f = a[c]->d * dw;
+        r[c].g = 0.0f;
+    }
+}
+
+/* Q4_K and Q5_K: the levels and scales of a super-block are unpacked once. The two types differ
+ * only in where the fields lie and in Q5_K's fifth bit: qh bit 2p of byte l is the top bit of
+ * element 64p + l, bit 2p + 1 that of element 64p + 32 + l. */
+RM_INLINE void kq_step_k4(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r,
+                          const int five) {
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
+    /* d, dmin and scales lie at the same offsets in both blocks */
+    const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
+    const uint8_t * qs = (const uint8_t *) b + qs_at;
+    const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
+    const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
+    for (int c = 0; c < nc; c++) {
+        r[c].s = _mm256_setzero_si256();
+    }
+    /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
+     * sub-block's scale in all sixteen lanes */
+    const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    for (int p = 0; p < 4; p++) {  /* 32 bytes: sub-block 2p in the low nibbles, 2p + 1 in the high */
+        __m256i lo, hi;
+        levels_k4(qs, qh, p, five, &lo, &hi);
+        const __m256i s0 = scale_bcast16(s16, 2 * p), s1 = scale_bcast16(s16, 2 * p + 1);
+        for (int c = 0; c < nc; c++) {
+            const int8_t * y = a[c]->qs + 64 * p;
+            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
+            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
+            r[c].s = RM_KQ_ACC(r[c].s, p0, s0);
+            r[c].s = RM_KQ_ACC(r[c].s, p1, s1);
+        }
+    }
+    /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
+     * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
+    const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+    const float dw = fp16(b->d), dmw = fp16(b->dmin);
+    for (int c = 0; c < nc; c++) {
+        r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
+        r[c].f = a[c]->d * dw;
+        r[c].g = a[c]->d * dmw;
+    }
+}
+
+RM_INLINE void kq_step_q4_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    kq_step_k4(w, i, a, nc, r, 0);
+}
+
+RM_INLINE void kq_step_q5_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    kq_step_k4(w, i, a, nc, r, 1);
+}
+
+/* Q6_K: levels taken as q + 32 in 0..63, the 32 taken back through bsums. */
+RM_INLINE void kq_step_q6_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    const rm_block_q6_K * b = (const rm_block_q6_K *) w + i;
+    const __m128i sc = _mm_loadu_si128((const __m128i *) b->scales);
+    for (int c = 0; c < nc; c++) {
+        r[c].s = _mm256_setzero_si256();
+    }
+    for (int h = 0; h < 2; h++) {
+        __m256i q[4];
+        levels_q6_K(b, h, q);
+        const __m256i s16 = scales16_half(sc, h);
+        for (int g = 0; g < 4; g++) {
+            const __m256i s = scale_pair16(s16, g);
+            for (int c = 0; c < nc; c++) {
+                const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
+                r[c].s = RM_KQ_ACC(r[c].s, p, s);
+            }
+        }
+    }
+    const float dw = fp16(b->d);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+    for (int c = 0; c < nc; c++) {
+        /* only the lanes' sum enters: the offset taken off lane by lane */
+        r[c].s = r[c].m = _mm256_sub_epi32(r[c].s, _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
+        r[c].f = a[c]->d * dw;
+        r[c].g = 0.0f;
+    }
+}
+
+/* The types' kernels for nc tokens (called with 1). Q2_K and Q3_K take kq_sum's paired form in
+ * both sets (their unpacking leaves no room for eight super-blocks' lanes). */
+RM_INLINE void dot_q2_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    kq_dot(n, out, w, sizeof(rm_block_q2_K), x_q, x_stride, nc, KQ_PAIRED, 1, kq_step_q2_K);
+}
+
+RM_INLINE void dot_q3_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
+    kq_dot(n, out, w, sizeof(rm_block_q3_K), x_q, x_stride, nc, KQ_PAIRED, 0, kq_step_q3_K);
 }
 
 RM_INLINE void dot_q4_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
-    dot_k4_multi(n, out, w, x_q, x_stride, nc, 0);
+    kq_dot(n, out, w, sizeof(rm_block_q4_K), x_q, x_stride, nc, KQ_GROUPED, 1, kq_step_q4_K);
 }
 
 RM_INLINE void dot_q5_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
-    dot_k4_multi(n, out, w, x_q, x_stride, nc, 1);
+    kq_dot(n, out, w, sizeof(rm_block_q5_K), x_q, x_stride, nc, KQ_GROUPED, 1, kq_step_q5_K);
 }
 
-/* Q6_K for nc tokens (called with 1): the levels of a super-block are unpacked once. */
 RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
-    const rm_block_q6_K * b = w;
-    const int64_t nb = n / RM_QK_K;
-    kq_sum acc[RM_MULTI_MAX];
-    for (int c = 0; c < nc; c++) {
-        kq_sum_init(KQ_GROUPED, &acc[c]);
-    }
-    for (int64_t i0 = 0; i0 < nb; i0 += KQ_GROUP(KQ_GROUPED)) {   /* kq_sum's groups */
-        const int cnt = nb - i0 < KQ_GROUP(KQ_GROUPED) ? (int) (nb - i0) : KQ_GROUP(KQ_GROUPED);
-        for (int c = 0; c < nc; c++) {
-            kq_sum_begin(KQ_GROUPED, &acc[c]);
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < KQ_GROUP(KQ_GROUPED); k++) {
-            if (k >= cnt) {
-                break;
-            }
-            const int64_t i = i0 + k;
-            if (nc == 1) {
-                rm_stream_ahead(&b[i], (int) sizeof(*b));
-            }
-            const __m128i sc = _mm_loadu_si128((const __m128i *) b[i].scales);
-            const rm_block_q8_K * a[RM_MULTI_MAX];
-            __m256i sumi[RM_MULTI_MAX];
-            for (int c = 0; c < nc; c++) {
-                a[c] = (const rm_block_q8_K *) ((const uint8_t *) x_q + (uint64_t) c * x_stride) + i;
-                sumi[c] = _mm256_setzero_si256();
-            }
-            for (int h = 0; h < 2; h++) {
-                __m256i q[4];
-                levels_q6_K(&b[i], h, q);
-                const __m256i s16 = scales16_half(sc, h);
-                for (int g = 0; g < 4; g++) {
-                    const __m256i s = scale_pair16(s16, g);
-                    for (int c = 0; c < nc; c++) {
-                        const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                        sumi[c] = RM_KQ_ACC(sumi[c], p, s);
-                    }
-                }
-            }
-            const float dw = fp16(b[i].d);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-            for (int c = 0; c < nc; c++) {
-                /* only the lanes' sum enters: the offset taken off lane by lane */
-                const __m256i t = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
-                kq_sum_add(KQ_GROUPED, &acc[c], k, t, t, a[c]->d * dw, 0.0f, 0);
-            }
-        }
-        for (int c = 0; c < nc; c++) {
-            kq_sum_flush(KQ_GROUPED, &acc[c], cnt, 0);
-        }
-    }
-    for (int c = 0; c < nc; c++) {
-        out[c] = kq_sum_out(KQ_GROUPED, &acc[c], 0);
-    }
+    kq_dot(n, out, w, sizeof(rm_block_q6_K), x_q, x_stride, nc, KQ_GROUPED, 0, kq_step_q6_K);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -577,8 +577,9 @@ static inline __m256i levels_q3_K(__m256i q, __m256i hm, int h, int g) {
     const __m256i hi = e < 0 ? _mm256_slli_epi16(hm, -e) : _mm256_srli_epi16(hm, e);
     return _mm256_ternarylogic_epi32(low, hi, _mm256_set1_epi8(4), 0xf8);
 #else
-    const __m256i bit = _mm256_set1_epi8((char) (1 << (4 * h + g)));
-    return _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), _mm256_set1_epi8(4)));
+    const int e = 4 * h + g - 2;   /* as above, the bit put in with a mask and an or */
+    const __m256i hi = e < 0 ? _mm256_slli_epi16(hm, -e) : _mm256_srli_epi16(hm, e);
+    return _mm256_or_si256(low, _mm256_and_si256(hi, _mm256_set1_epi8(4)));
 #endif
 }
 

@@ -634,6 +634,19 @@ typedef struct {
 /* A type's step: super-block i of row w against the nc tokens' super-blocks a[c]. */
 typedef void (*kq_step_fn)(const void * w, int64_t i, const rm_block_q8_K * const * a, int nc, kq_step * r);
 
+/* A step's products go into KQ_CHAINS accumulators a token, added at its end: in the AVX-512 set
+ * each vpdpwssd waits for the one before in its chain, and a single chain held a token to one
+ * product every 4 cycles (the Q4_K kernel at 29 G weights/s a thread, its latency bound). The
+ * int32 lanes are the same sums either way. The AVX2 set's chains are vpaddd (one cycle), and its
+ * 16 registers have no room for more. */
+#ifdef RM_KQ_GROUPED
+#define KQ_CHAINS 2
+#else
+#define KQ_CHAINS 1
+#endif
+
+RM_INLINE __m256i kq_chains_sum(const __m256i * t) { return KQ_CHAINS == 2 ? _mm256_add_epi32(t[0], t[1]) : t[0]; }
+
 /* The one skeleton of the one-token kernels (called with one token; several go to the prefill
  * form below): the super-blocks in kq_sum's groups, each streamed ahead, taken by the type's step
  * and added by kq_sum_add. `grouped`: KQ_GROUPED or KQ_PAIRED (kq_sum's, by register room);
@@ -684,8 +697,11 @@ RM_INLINE void kq_step_q2_K(const void * w, int64_t i, const rm_block_q8_K * con
     const __m128i raw = _mm_loadu_si128((const __m128i *) b->scales);
     const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
     const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+    __m256i t[RM_MULTI_MAX][KQ_CHAINS];
     for (int c = 0; c < nc; c++) {
-        r[c].s = _mm256_setzero_si256();
+        for (int k = 0; k < KQ_CHAINS; k++) {
+            t[c][k] = _mm256_setzero_si256();
+        }
     }
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
@@ -695,12 +711,13 @@ RM_INLINE void kq_step_q2_K(const void * w, int64_t i, const rm_block_q8_K * con
             const __m256i s = scale_pair16(s16, g);
             for (int c = 0; c < nc; c++) {
                 const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                r[c].s = RM_KQ_ACC(r[c].s, p, s);
+                t[c][g % KQ_CHAINS] = RM_KQ_ACC(t[c][g % KQ_CHAINS], p, s);
             }
         }
     }
     const float dw = fp16(b->d), dmw = fp16(b->dmin);
     for (int c = 0; c < nc; c++) {
+        r[c].s = kq_chains_sum(t[c]);
         r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mn);
         r[c].f = a[c]->d * dw;
         r[c].g = a[c]->d * dmw;
@@ -711,8 +728,11 @@ RM_INLINE void kq_step_q2_K(const void * w, int64_t i, const rm_block_q8_K * con
 RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
     const rm_block_q3_K * b = (const rm_block_q3_K *) w + i;
     const __m128i sc = scales_q3_K(b);
+    __m256i t[RM_MULTI_MAX][KQ_CHAINS];
     for (int c = 0; c < nc; c++) {
-        r[c].s = _mm256_setzero_si256();
+        for (int k = 0; k < KQ_CHAINS; k++) {
+            t[c][k] = _mm256_setzero_si256();
+        }
     }
     const __m256i hm = _mm256_loadu_si256((const __m256i *) b->hmask);
     for (int h = 0; h < 2; h++) {
@@ -723,7 +743,7 @@ RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * con
             const __m256i s = scale_pair16(s16, g);
             for (int c = 0; c < nc; c++) {
                 const __m256i p = _mm256_maddubs_epi16(l, _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                r[c].s = RM_KQ_ACC(r[c].s, p, s);
+                t[c][g % KQ_CHAINS] = RM_KQ_ACC(t[c][g % KQ_CHAINS], p, s);
             }
         }
     }
@@ -731,7 +751,7 @@ RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * con
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
     for (int c = 0; c < nc; c++) {
         /* only the lanes' sum enters: the offset taken off lane by lane */
-        r[c].s = r[c].m = _mm256_sub_epi32(r[c].s, _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
+        r[c].s = r[c].m = _mm256_sub_epi32(kq_chains_sum(t[c]), _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
         r[c].f = a[c]->d * dw;
         r[c].g = 0.0f;
     }
@@ -749,8 +769,11 @@ RM_INLINE void kq_step_k4(const void * w, int64_t i, const rm_block_q8_K * const
     const uint8_t * qs = (const uint8_t *) b + qs_at;
     const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
     const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
+    __m256i t[RM_MULTI_MAX][KQ_CHAINS];
     for (int c = 0; c < nc; c++) {
-        r[c].s = _mm256_setzero_si256();
+        for (int k = 0; k < KQ_CHAINS; k++) {
+            t[c][k] = _mm256_setzero_si256();
+        }
     }
     /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
      * sub-block's scale in all sixteen lanes */
@@ -763,8 +786,8 @@ RM_INLINE void kq_step_k4(const void * w, int64_t i, const rm_block_q8_K * const
             const int8_t * y = a[c]->qs + 64 * p;
             const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) y));
             const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (y + 32)));
-            r[c].s = RM_KQ_ACC(r[c].s, p0, s0);
-            r[c].s = RM_KQ_ACC(r[c].s, p1, s1);
+            t[c][0] = RM_KQ_ACC(t[c][0], p0, s0);
+            t[c][KQ_CHAINS - 1] = RM_KQ_ACC(t[c][KQ_CHAINS - 1], p1, s1);
         }
     }
     /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
@@ -773,6 +796,7 @@ RM_INLINE void kq_step_k4(const void * w, int64_t i, const rm_block_q8_K * const
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
     const float dw = fp16(b->d), dmw = fp16(b->dmin);
     for (int c = 0; c < nc; c++) {
+        r[c].s = kq_chains_sum(t[c]);
         r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
         r[c].f = a[c]->d * dw;
         r[c].g = a[c]->d * dmw;
@@ -791,8 +815,11 @@ RM_INLINE void kq_step_q5_K(const void * w, int64_t i, const rm_block_q8_K * con
 RM_INLINE void kq_step_q6_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
     const rm_block_q6_K * b = (const rm_block_q6_K *) w + i;
     const __m128i sc = _mm_loadu_si128((const __m128i *) b->scales);
+    __m256i t[RM_MULTI_MAX][KQ_CHAINS];
     for (int c = 0; c < nc; c++) {
-        r[c].s = _mm256_setzero_si256();
+        for (int k = 0; k < KQ_CHAINS; k++) {
+            t[c][k] = _mm256_setzero_si256();
+        }
     }
     for (int h = 0; h < 2; h++) {
         __m256i q[4];
@@ -802,7 +829,7 @@ RM_INLINE void kq_step_q6_K(const void * w, int64_t i, const rm_block_q8_K * con
             const __m256i s = scale_pair16(s16, g);
             for (int c = 0; c < nc; c++) {
                 const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *) (a[c]->qs + 128 * h + 32 * g)));
-                r[c].s = RM_KQ_ACC(r[c].s, p, s);
+                t[c][g % KQ_CHAINS] = RM_KQ_ACC(t[c][g % KQ_CHAINS], p, s);
             }
         }
     }
@@ -810,7 +837,7 @@ RM_INLINE void kq_step_q6_K(const void * w, int64_t i, const rm_block_q8_K * con
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
     for (int c = 0; c < nc; c++) {
         /* only the lanes' sum enters: the offset taken off lane by lane */
-        r[c].s = r[c].m = _mm256_sub_epi32(r[c].s, _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
+        r[c].s = r[c].m = _mm256_sub_epi32(kq_chains_sum(t[c]), _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
         r[c].f = a[c]->d * dw;
         r[c].g = 0.0f;
     }

@@ -514,8 +514,8 @@ def test_kernels_repacked_weights_cost_no_memory_in_a_read_file(tiny_hf, tmp_pat
     rm.convert(src, path, recipe="q4_0-q4_0", progress=False)
     grown = {}
     for repack in ("1", "0"):
-        p = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(path)], env=package_env(RAPIDMOE_REPACK=repack),
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(path)], cwd=tmp_path,
+                           env=package_env(RAPIDMOE_REPACK=repack), capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr
         grown[repack] = int(p.stdout.split()[-1])
     experts = 2 * 3 * 16 * 512 * 512 * 18 // 32

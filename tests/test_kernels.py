@@ -501,12 +501,14 @@ with rm.Model(sys.argv[1], n_ctx=64, n_threads=2, use_mmap=False) as m:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
 def test_kernels_repacked_weights_cost_no_memory_in_a_read_file(tiny_hf, tmp_path):
-    """A file read whole into memory (use_mmap=False) whose Q4_0 matrices the AVX-512 set keeps
+    """A file read whole into memory (use_mmap=False) whose Q4_0 matrices the kernel set keeps
     repacked: the copy's pages of those matrices are handed back (mapped from the file again), so
     the process holds them once, not twice. 14 MB of Q4_0 experts in each of the base and residual
     files (both read); measured: 0.06 MB more anonymous memory repacked than not, against 28 MB."""
-    if kernels.cpu_isa() != "avx512":
-        pytest.skip("the stored layout is the AVX-512 set's")
+    if kernels.cpu_isa() not in ("avx2", "avx512"):
+        pytest.skip("the stored layout is the x86 sets'")
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip("the sanitizer build copies files to the heap, not into a read copy (gguf.c)")
     import rapidmoe_gguf as rm
 
     src = tiny_hf("qwen3_moe", hidden_size=512, moe_intermediate_size=512, num_experts=16)

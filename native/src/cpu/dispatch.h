@@ -60,9 +60,9 @@ typedef struct rm_packed_kernels {
     void (*transpose_act)(int64_t n, const void * x_q, void * x_t);
     void (*dot)(int64_t n, int nc, float * out, const void * packed, const void * w, const void * x_t,
                 uint64_t xt_stride, const float * x_info, int64_t x_info_stride);
-    /* Optional: a layout for rows kept packed in memory (rm_repacked, made once at load), the same
-     * bytes per row as the type's own (rows of a whole number of groups only). repack_row
-     * converts a row; dot_stored is dot for such a row (no raw row needed), bit for bit. */
+    /* Optional: a layout for rows kept packed in memory (repack.h, made once at load), the same
+     * bytes per row as the type's own (rows of a whole number of groups, unless stored_tail).
+     * repack_row converts a row; dot_stored is dot for such a row (no raw row needed), bit for bit. */
     void (*repack_row)(int64_t n, const void * w, void * stored);
     void (*unpack_stored)(int64_t n, const void * stored, void * packed);   /* stored row -> pack_row's form */
     void (*dot_stored)(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,

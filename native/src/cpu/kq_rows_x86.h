@@ -89,8 +89,8 @@ static void put_group_rows_kq(int64_t n, const void * x_q, uint64_t x_stride, in
  * them. In the AVX2 set without AVX-VNNI, the levels past 31 (Q8_0's and IQ4_NL's) would overflow
  * vpmaddubsw's int16 pairs: those two types are packed signed instead and take the sign trick (the
  * magnitudes times the activations with the levels' signs, each pair of products into int32 lanes
- * at once; the same integers, no offset). The AVX-512 set's Q4_0 and MXFP4 rows may be stored in
- * its own layout (repack_row_32): they are read from there.
+ * at once; the same integers, no offset). Q4_0 and MXFP4 rows may be kept in the stored layout
+ * (block32_x86.h's b32_repack_row, both sets): they are read from there.
  *
  * Room per group of eight blocks (the last one partial when the row ends inside it, its missing
  * blocks zero): the levels, group e of 4 elements of 16 rows at 64 e (4096 bytes); the blocks' d as

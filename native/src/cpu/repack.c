@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "status.h"
 #include "dispatch.h"
@@ -50,15 +49,6 @@ static void consider(rm_dev_weights * r, const rm_weight ** src, const rm_weight
     src[r->n_ranges] = w;
     r->ranges[r->n_ranges++] = (rm_dev_range) {w->data, bytes, NULL, r->bytes};
     r->bytes += (bytes + 63) / 64 * 64;
-}
-
-/* The file's pages of [p, p + bytes) are not needed any more: let the kernel drop them. */
-static void release_pages(const uint8_t * p, uint64_t bytes) {
-    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = ((uintptr_t) p + page - 1) / page * page, hi = ((uintptr_t) p + bytes) / page * page;
-    if (hi > lo) {
-        madvise((void *) lo, hi - lo, MADV_DONTNEED);
-    }
 }
 
 rm_dev_weights * rm_repack_model(const rm_model * m, rm_pool * pool, int * failed) {
@@ -107,14 +97,8 @@ rm_dev_weights * rm_repack_model(const rm_model * m, rm_pool * pool, int * faile
     for (int64_t j = 0; j < n; j++) {   /* tensor by tensor, so the file's copy of each leaves at once */
         repack_job job = {src[j], r->ranges[j].dev, (int64_t) (r->ranges[j].bytes / src[j]->row_bytes)};
         rm_pool_run(pool, repack_fn, &job);
-        const rm_gguf * g = m->residual && rm_gguf_map(m->residual) <= r->ranges[j].host &&
-                                    r->ranges[j].host < rm_gguf_map(m->residual) + rm_gguf_size(m->residual)
-                                ? m->residual
-                                : m->base;   /* the file whose bytes these are */
-        if (rm_gguf_is_read(g)) {   /* released pages of a read copy would read back as 0 */
-            rm_gguf_unread(g, r->ranges[j].host, r->ranges[j].bytes);
-        } else {
-            release_pages(r->ranges[j].host, r->ranges[j].bytes);
+        if (!rm_gguf_give_back(m->base, r->ranges[j].host, r->ranges[j].bytes) && m->residual) {
+            rm_gguf_give_back(m->residual, r->ranges[j].host, r->ranges[j].bytes);   /* the file that holds them */
         }
     }
     free(src);

@@ -7,7 +7,7 @@
  * TLB miss per 2 MiB), and the CPU backend reads those instead of the file's bytes. The file's
  * copy of those tensors is handed back after the conversion, so resident memory stays about the
  * file's size: a mapped file's pages are released (they read back from the file), a read copy's
- * are mapped from the file again (rm_gguf_unread). Lookups go by the file address, as a device's
+ * are mapped from the file again (rm_gguf_give_back). Lookups go by the file address, as a device's
  * copies do (devweights.h). */
 #ifndef RM_REPACK_H
 #define RM_REPACK_H

@@ -645,7 +645,28 @@ typedef void (*kq_step_fn)(const void * w, int64_t i, const rm_block_q8_K * cons
 #define KQ_CHAINS 1
 #endif
 
+RM_INLINE void kq_chains_zero(__m256i t[][KQ_CHAINS], const int nc) {
+    for (int c = 0; c < nc; c++) {
+        for (int k = 0; k < KQ_CHAINS; k++) {
+            t[c][k] = _mm256_setzero_si256();
+        }
+    }
+}
+
 RM_INLINE __m256i kq_chains_sum(const __m256i * t) { return KQ_CHAINS == 2 ? _mm256_add_epi32(t[0], t[1]) : t[0]; }
+
+/* The end of a step for the types whose levels carry a constant offset (Q3_K's 4, Q6_K's 32 =
+ * 1 << shift) and no mins: the chains' lanes less the offset times the scale-weighted bsums, lane by
+ * lane (only the lanes' sum enters). */
+RM_INLINE void kq_step_offset_end(__m256i t[][KQ_CHAINS], const rm_block_q8_K * const * a, const int nc, __m128i sc,
+                                  const int shift, float dw, kq_step * r) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
+    for (int c = 0; c < nc; c++) {
+        r[c].s = r[c].m = _mm256_sub_epi32(kq_chains_sum(t[c]), _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), shift));
+        r[c].f = a[c]->d * dw;
+        r[c].g = 0.0f;
+    }
+}
 
 /* The one skeleton of the one-token kernels (called with one token; several go to the prefill
  * form below): the super-blocks in kq_sum's groups, each streamed ahead, taken by the type's step
@@ -698,11 +719,7 @@ RM_INLINE void kq_step_q2_K(const void * w, int64_t i, const rm_block_q8_K * con
     const __m128i sc = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
     const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
     __m256i t[RM_MULTI_MAX][KQ_CHAINS];
-    for (int c = 0; c < nc; c++) {
-        for (int k = 0; k < KQ_CHAINS; k++) {
-            t[c][k] = _mm256_setzero_si256();
-        }
-    }
+    kq_chains_zero(t, nc);
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
         const __m256i s16 = scales16_half(sc, h);
@@ -729,11 +746,7 @@ RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * con
     const rm_block_q3_K * b = (const rm_block_q3_K *) w + i;
     const __m128i sc = scales_q3_K(b);
     __m256i t[RM_MULTI_MAX][KQ_CHAINS];
-    for (int c = 0; c < nc; c++) {
-        for (int k = 0; k < KQ_CHAINS; k++) {
-            t[c][k] = _mm256_setzero_si256();
-        }
-    }
+    kq_chains_zero(t, nc);
     const __m256i hm = _mm256_loadu_si256((const __m256i *) b->hmask);
     for (int h = 0; h < 2; h++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *) (b->qs + 32 * h));
@@ -747,14 +760,7 @@ RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * con
             }
         }
     }
-    const float dw = fp16(b->d);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-    for (int c = 0; c < nc; c++) {
-        /* only the lanes' sum enters: the offset taken off lane by lane */
-        r[c].s = r[c].m = _mm256_sub_epi32(kq_chains_sum(t[c]), _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 2));
-        r[c].f = a[c]->d * dw;
-        r[c].g = 0.0f;
-    }
+    kq_step_offset_end(t, a, nc, sc, 2, fp16(b->d), r);
 }
 
 /* Q4_K and Q5_K: the levels and scales of a super-block are unpacked once. The two types differ
@@ -770,11 +776,7 @@ RM_INLINE void kq_step_k4(const void * w, int64_t i, const rm_block_q8_K * const
     const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) b)->qh) : _mm256_setzero_si256();
     const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
     __m256i t[RM_MULTI_MAX][KQ_CHAINS];
-    for (int c = 0; c < nc; c++) {
-        for (int k = 0; k < KQ_CHAINS; k++) {
-            t[c][k] = _mm256_setzero_si256();
-        }
-    }
+    kq_chains_zero(t, nc);
     /* the eight scales as int16 in both 128-bit lanes: one in-lane shuffle then gives a
      * sub-block's scale in all sixteen lanes */
     const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
@@ -816,11 +818,7 @@ RM_INLINE void kq_step_q6_K(const void * w, int64_t i, const rm_block_q8_K * con
     const rm_block_q6_K * b = (const rm_block_q6_K *) w + i;
     const __m128i sc = _mm_loadu_si128((const __m128i *) b->scales);
     __m256i t[RM_MULTI_MAX][KQ_CHAINS];
-    for (int c = 0; c < nc; c++) {
-        for (int k = 0; k < KQ_CHAINS; k++) {
-            t[c][k] = _mm256_setzero_si256();
-        }
-    }
+    kq_chains_zero(t, nc);
     for (int h = 0; h < 2; h++) {
         __m256i q[4];
         levels_q6_K(b, h, q);
@@ -833,14 +831,7 @@ RM_INLINE void kq_step_q6_K(const void * w, int64_t i, const rm_block_q8_K * con
             }
         }
     }
-    const float dw = fp16(b->d);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc);
-    for (int c = 0; c < nc; c++) {
-        /* only the lanes' sum enters: the offset taken off lane by lane */
-        r[c].s = r[c].m = _mm256_sub_epi32(kq_chains_sum(t[c]), _mm256_slli_epi32(bsums_madd16(a[c]->bsums, sc16), 5));
-        r[c].f = a[c]->d * dw;
-        r[c].g = 0.0f;
-    }
+    kq_step_offset_end(t, a, nc, sc, 5, fp16(b->d), r);
 }
 
 /* The types' kernels for nc tokens (called with 1). Q2_K and Q3_K take kq_sum's paired form in

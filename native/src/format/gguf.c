@@ -93,7 +93,7 @@ struct rm_gguf {
     const uint8_t * map;              /* the whole file, PROT_READ */
     uint64_t        size;
     int             read;             /* map holds the file read into anonymous memory (read_contents) */
-    int             fd;               /* a read copy's file, for rm_gguf_unread; else -1 */
+    int             fd;               /* a read copy's file, for rm_gguf_give_back; else -1 */
     uint32_t        version;
     uint32_t        alignment;
     uint64_t        data_offset;      /* file offset of the data section */
@@ -1017,26 +1017,27 @@ static rm_status map_file(const char * path, int32_t load, const uint8_t ** map,
 
 rm_status rm_gguf_open(const char * path, rm_gguf ** out) { return rm_gguf_open_load(path, RM_LOAD_MMAP, out); }
 
-int rm_gguf_is_read(const rm_gguf * g) { return g->read; }
-
-int rm_gguf_unread(const rm_gguf * g, const void * p, uint64_t bytes) {
-#ifdef RM_GGUF_READ_TO_HEAP
-    (void) g, (void) p, (void) bytes;
-    return 0;
-#else
-    if (!g->read || g->fd < 0 || (const uint8_t *) p < g->map || (uint64_t) ((const uint8_t *) p - g->map) + bytes > g->size) {
-        return 0;   /* not this copy's bytes */
+int rm_gguf_give_back(const rm_gguf * g, const void * p, uint64_t bytes) {
+    if ((const uint8_t *) p < g->map || (uint64_t) ((const uint8_t *) p - g->map) + bytes > g->size) {
+        return 0;   /* not this file's bytes */
     }
+#ifdef RM_GGUF_READ_TO_HEAP
+    (void) bytes;   /* a heap copy: released pages would read back as zeros; keep them */
+#else
     const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t) p + page - 1) / page * page, hi = ((uintptr_t) p + bytes) / page * page;
     if (hi <= lo) {
         return 1;
     }
-    /* the copy's map is 2 MiB aligned at the file's byte 0, so lo's file offset is page-aligned too */
-    const void * q = mmap((void *) lo, (size_t) (hi - lo), PROT_READ, MAP_PRIVATE | MAP_FIXED, g->fd,
-                          (off_t) (lo - (uintptr_t) g->map));
-    return q != MAP_FAILED;
+    if (!g->read) {   /* a mapping's released pages read back from the file */
+        madvise((void *) lo, (size_t) (hi - lo), MADV_DONTNEED);
+    } else if (g->fd >= 0) {
+        /* a read copy's would read back as zeros: map the file over them instead (the copy is
+         * 2 MiB aligned at the file's byte 0, so lo's file offset is page-aligned too) */
+        mmap((void *) lo, (size_t) (hi - lo), PROT_READ, MAP_PRIVATE | MAP_FIXED, g->fd, (off_t) (lo - (uintptr_t) g->map));
+    }
 #endif
+    return 1;
 }
 
 const uint8_t * rm_gguf_map(const rm_gguf * g) { return g->map; }

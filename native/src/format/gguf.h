@@ -26,15 +26,11 @@
  * (rm_model_params.load). rm_gguf_open maps. */
 rm_status rm_gguf_open_load(const char * path, int32_t load, rm_gguf ** out);
 
-/* 1 when the file was read into anonymous memory (RM_LOAD_READ, or RM_LOAD_AUTO's choice), 0 when
- * it is mapped: released pages of a mapping read back from the file, those of a read copy as 0. */
-int rm_gguf_is_read(const rm_gguf * g);
-
-/* A read copy's pages wholly inside [p, p + bytes) given back: mapped from the file instead, so
- * they read the same bytes again, from the page cache, only where something reads them (the
- * originals of weights a device keeps in a layout of its own). 1 when done; 0 for a mapped file
- * (release its pages instead), bytes outside g's, or when the mapping failed. */
-int rm_gguf_unread(const rm_gguf * g, const void * p, uint64_t bytes);
+/* The pages wholly inside [p, p + bytes) of g's bytes handed back, where something else now holds
+ * what they hold (weights a device keeps in a layout of its own): a mapping's released (they read
+ * back from the file), a read copy's mapped from the file again (the same bytes, read only where
+ * something reads them). Returns 0 when the range is not g's, else 1. */
+int rm_gguf_give_back(const rm_gguf * g, const void * p, uint64_t bytes);
 
 /* The file's first byte in memory (a tensor's data minus this is its file offset), and its size. */
 const uint8_t * rm_gguf_map(const rm_gguf * g);

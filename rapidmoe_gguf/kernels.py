@@ -57,14 +57,16 @@ def quantize_activations(type_name: str | int, x: np.ndarray, isa: str | None = 
 
 def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.ndarray,
                  x_q: bytes | bytearray | memoryview | np.ndarray, n: int | None = None,
-                 isa: str | None = None, batched: bool = True, stored: bool = False) -> np.ndarray:
+                 isa: str | None = None, batched: bool = True, stored: bool = False,
+                 repacked: bool = False) -> np.ndarray:
     """Dot products of every row of weights w (quantized bytes, rows of n elements) with every
     token of x_q (rows of n activations already in the type's vec_dot_type, float32 for F32/F16/BF16
     weights), by the kernels of set ``isa`` (None: the set in use): as the CPU backend computes a
     matrix product (``batched``), or with the one-token kernel for every row and token; ``stored``
     (with ``batched``): from the rows repacked into the set's stored layout first, as a CPU-only
-    model keeps them from load where the set has such a layout for the type. n defaults
-    to the length of x_q as one token. Returns a float32 array of shape (tokens, rows)."""
+    model keeps them from load where the set has such a layout for the type; ``repacked``: w is
+    in that layout already (``repack_rows``'s). n defaults to the length of x_q as one token.
+    Returns a float32 array of shape (tokens, rows)."""
     t = type_info(type_name)
     xt = type_info(t.vec_dot_type)
     if isinstance(w, np.ndarray):
@@ -82,5 +84,22 @@ def vec_dot_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.nd
                                    f"rows of {n}")
     y = np.empty((len(xbuf) // xrow, len(wbuf) // row), dtype=np.float32)
     check(lib.rm_vec_dot_isa(_isa_arg(isa), t.id, wbuf, len(wbuf), y.shape[1], xbuf, len(xbuf), y.shape[0], n,
-                             2 if batched and stored else int(batched), ffi.from_buffer("float[]", y)))
+                             3 if repacked else 2 if batched and stored else int(batched), ffi.from_buffer("float[]", y)))
     return y
+
+
+def repack_rows(type_name: str | int, w: bytes | bytearray | memoryview | np.ndarray, n: int,
+                isa: str | None = None) -> bytes:
+    """Rows of weights w (quantized bytes, rows of n elements) in set ``isa``'s stored layout, as a
+    CPU-only model keeps them from load (for ``vec_dot_rows(..., repacked=True)``); an
+    InvalidArgumentError where the set keeps no such rows."""
+    t = type_info(type_name)
+    if isinstance(w, np.ndarray):
+        w = np.ascontiguousarray(w)
+    wbuf = ffi.from_buffer(w)
+    row = t.row_bytes(n)
+    if row == 0 or len(wbuf) % row:
+        raise InvalidArgumentError(f"repack_rows: {t.name}: {len(wbuf)} bytes is not a whole number of rows of {n}")
+    out = bytearray(len(wbuf))
+    check(lib.rm_repack_rows_isa(_isa_arg(isa), t.id, wbuf, len(wbuf), len(wbuf) // row, n, ffi.from_buffer(out)))
+    return bytes(out)

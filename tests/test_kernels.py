@@ -257,6 +257,52 @@ def test_kernels_stored_rows_equal_the_file_layout(name, isa):
                 assert got.tobytes() == one.tobytes(), f"{isa} {name} n={n} rows#{k} tokens={n_tok}: not one-token's"
 
 
+# The K-quants' stored layouts: the AVX-512 set keeps Q4_K and Q6_K matrices of a multiple of 16 rows
+# sixteen rows to a tile (read by the tile form for any number of tokens) and Q5_K row by row with
+# each sub-block's elements in a lane; the AVX2 set Q4_K and Q5_K row by row. Other row counts stay
+# as the file has them.
+KQ_STORED_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+
+
+@needs_simd
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("name", KQ_STORED_TYPES)
+def test_kernels_kquant_stored_rows_equal_the_file_layout(name, isa):
+    """K-quant matrices in a set's stored layout give the one-token kernel's floats bit for bit for
+    1 to 17 tokens (the stored forms under 6, the tile form from 6), for rows of one super-block to
+    eight, whole tiles of rows and not."""
+    for n, n_rows, n_toks in [(2048, 32, (1, 2, 3, 4, 5, 6, 8, 9, 17)), (768, 16, (1, 4, 7, 16)), (256, 48, (1, 8)),
+                              (512, 19, (1, 6))]:
+        for k, w in enumerate(random_rows(name, n_rows, n, seed=n)):
+            for n_tok in n_toks:
+                _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
+                one = kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=False)
+                got = kernels.vec_dot_rows(name, w, x_q, n, isa=isa, stored=True)
+                assert got.tobytes() == one.tobytes(), f"{isa} {name} n={n} rows#{k} tokens={n_tok}"
+                assert kernels.vec_dot_rows(name, w, x_q, n, isa=isa).tobytes() == one.tobytes()
+
+
+@needs_simd
+def test_kernels_repack_rows_gives_the_stored_layout_or_says_why_not():
+    """repack_rows converts rows the set keeps stored (another byte order, the same size; products
+    from them as from the file's rows) and refuses the rest with the reason: the AVX-512 set's
+    Q4_K tiles need whole tiles of sixteen rows, Q8_0 has no stored layout."""
+    isa = "avx512" if "avx512" in kernels.supported_isas() else "avx2"
+    w = random_rows("Q4_K", 32, 512, seed=3)[1]
+    stored = kernels.repack_rows("Q4_K", w, 512, isa=isa)
+    assert len(stored) == len(w) and stored != w
+    _, x_q = activations("Q4_K", 512, seed=4, n_tok=3)
+    assert (kernels.vec_dot_rows("Q4_K", stored, x_q, 512, isa=isa, repacked=True).tobytes()
+            == kernels.vec_dot_rows("Q4_K", w, x_q, 512, isa=isa, batched=False).tobytes())
+    with pytest.raises(InvalidArgumentError, match="keeps no .* Q8_0 weights in a stored layout"):
+        kernels.repack_rows("Q8_0", random_rows("Q8_0", 4, 256, seed=5)[0], 256, isa=isa)
+    if isa == "avx512":
+        with pytest.raises(InvalidArgumentError, match="keeps no 19 rows of 512 Q4_K weights"):
+            kernels.repack_rows("Q4_K", random_rows("Q4_K", 19, 512, seed=6)[0], 512, isa=isa)
+        with pytest.raises(InvalidArgumentError, match="keeps no 19 rows"):
+            kernels.vec_dot_rows("Q4_K", random_rows("Q4_K", 19, 512, seed=6)[0], x_q, 512, isa=isa, repacked=True)
+
+
 # IQ types with SIMD kernels (one token and several at once)
 IQ_SIMD_TYPES = ["IQ4_XS", "IQ2_XXS", "IQ3_XXS", "IQ4_NL"]
 # Row lengths: one block and more; for IQ4_NL's 32-element blocks, rows ending in blocks past the
@@ -478,10 +524,10 @@ def isa_logits(tiny_hf, tmp_path_factory):
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-@pytest.mark.parametrize("recipe", ["q4_0-q4_0", "q2k-q4", "mxfp4"])
+@pytest.mark.parametrize("recipe", ["q4_0-q4_0", "q2k-q4", "mxfp4", "q4k-q8"])
 def test_kernels_repacked_weights_give_the_same_logits(isa_logits, isa, recipe):
-    """Q4_0 and MXFP4 matrices repacked at load (both sets) give the file layout's logits bit for
-    bit, in prefill and in decode."""
+    """Q4_0, MXFP4 and Q4_K matrices repacked at load (both sets) give the file layout's logits bit
+    for bit, in prefill and in decode."""
     if f"{isa}-not-repacked" not in isa_logits:
         pytest.skip(f"no {isa} kernel set on this machine")
     np.testing.assert_array_equal(isa_logits[isa][recipe], isa_logits[f"{isa}-not-repacked"][recipe])

@@ -16,6 +16,7 @@ the form for a machine shared with other work, where a burst of load then hits b
 
     python tools/bench_kernels.py [--types Q4_0,Q4_K] [--json out.json]
     python tools/bench_kernels.py --tokens 64 --types Q4_K,Q5_K,Q6_K
+    python tools/bench_kernels.py --stored --types Q4_0,Q4_K,Q5_K   # as a CPU-only model keeps them
     python tools/bench_kernels.py --tokens 128 --compare avx512,amx --types Q8_0,Q4_0 --n 2048,768
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the source tree
 from rapidmoe_gguf import kernels, quants  # noqa: E402
+from rapidmoe_gguf.errors import InvalidArgumentError  # noqa: E402
 
 DEFAULT_TYPES = ["F32", "F16", "Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
@@ -56,6 +58,24 @@ def make(name: str, n: int, n_rows: int, seed: int = 0, n_tok: int = 1):
     act = quants.TYPES[name].vec_dot_type
     x_q = x.tobytes() if act == "F32" else quants.quantize(act, x)
     return w, x_q
+
+
+def layouts(name: str, w: bytes, n: int, isas, stored: bool) -> dict:
+    """Per set: the rows to time and whether they are in its stored layout (with ``stored``, where
+    the set keeps such rows for the type and row length)."""
+    out = {}
+    for isa in isas:
+        out[isa] = (w, False)
+        if stored:
+            try:
+                out[isa] = (kernels.repack_rows(name, w, n, isa=isa), True)
+            except InvalidArgumentError:
+                pass
+    return out
+
+
+def dot(name: str, rows: tuple, x_q: bytes, n: int, isa: str):
+    return kernels.vec_dot_rows(name, rows[0], x_q, n, isa=isa, repacked=rows[1])
 
 
 def time_it(fn, min_s: float) -> float:
@@ -84,6 +104,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1, help="activation rows: > 1 times the prefill form")
     ap.add_argument("--compare", help="two kernel sets, A,B: alternate them (with --tokens)")
     ap.add_argument("--repeats", type=int, default=21, help="calls of each set with --compare")
+    ap.add_argument("--stored", action="store_true",
+                    help="the rows in each set's stored layout, as a CPU-only model keeps them from load "
+                         "(types and sets that have one; the others as the file has them)")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
     if args.compare:
@@ -101,14 +124,15 @@ def main() -> None:
         for case, nbytes in [("cache", args.cache_kib << 10), ("memory", args.mem_mib << 20)]:
             n_rows = max(1, nbytes // row)
             w, x_q = make(name, args.n, n_rows)
+            rows = layouts(name, w, args.n, isas, args.stored)
             gbs = {}
             for isa in isas:
                 min_s = args.min_s if isa != "scalar" or case == "cache" else args.min_s / 2
-                dt = time_it(lambda: kernels.vec_dot_rows(name, w, x_q, args.n, isa=isa), min_s)
+                dt = time_it(lambda: dot(name, rows[isa], x_q, args.n, isa), min_s)
                 gbs[isa] = len(w) / dt / 1e9
             speed = {isa: gbs[isa] / gbs["scalar"] for isa in isas}
             results.append({"type": name, "case": case, "n": args.n, "rows": n_rows, "weight_bytes": len(w),
-                            "gb_per_s": gbs, "speedup_vs_scalar": speed})
+                            "stored": [isa for isa in isas if rows[isa][1]], "gb_per_s": gbs, "speedup_vs_scalar": speed})
             print(f"{name:6} {case:6} " + " ".join(f"{gbs[isa]:12.2f}" for isa in isas) + "   "
                   + " ".join(f"{isa} x{speed[isa]:.1f}" for isa in isas if isa != "scalar"))
     if args.json:
@@ -135,9 +159,11 @@ def prefill(args) -> None:
     for name in args.types.split(","):
         n_rows = max(1, (args.cache_kib << 10) // quants.row_bytes(name, args.n))
         w, x_q = make(name, args.n, n_rows, n_tok=args.tokens)
-        ps = {isa: 1e12 * best_call(lambda: kernels.vec_dot_rows(name, w, x_q, args.n, isa=isa))
+        rows = layouts(name, w, args.n, isas, args.stored)
+        ps = {isa: 1e12 * best_call(lambda: dot(name, rows[isa], x_q, args.n, isa))
               / (n_rows * args.n * args.tokens) for isa in isas}
-        results.append({"type": name, "tokens": args.tokens, "n": args.n, "rows": n_rows, "ps_per_weight_token": ps})
+        results.append({"type": name, "tokens": args.tokens, "n": args.n, "rows": n_rows,
+                        "stored": [isa for isa in isas if rows[isa][1]], "ps_per_weight_token": ps})
         print(f"{name:6} " + " ".join(f"{ps[isa]:16.2f}" for isa in isas))
     if args.json:
         with open(args.json, "w") as f:
@@ -157,13 +183,14 @@ def compare(args) -> None:
         for n in (int(v) for v in args.n.split(",")):
             n_rows = max(16, (args.cache_kib << 10) // quants.row_bytes(name, n))
             w, x_q = make(name, n, n_rows, n_tok=args.tokens)
-            ya, yb = (kernels.vec_dot_rows(name, w, x_q, n, isa=isa).astype(np.float64) for isa in (a, b))
+            rows = layouts(name, w, n, (a, b), args.stored)
+            ya, yb = (dot(name, rows[isa], x_q, n, isa).astype(np.float64) for isa in (a, b))
             differ = float(np.abs(ya - yb).max() / np.abs(yb).max())   # 0: the same floats
             times = {a: [], b: []}
             for _ in range(args.repeats):
                 for isa in (a, b):
                     t0 = time.perf_counter()
-                    kernels.vec_dot_rows(name, w, x_q, n, isa=isa)
+                    dot(name, rows[isa], x_q, n, isa)
                     times[isa].append(time.perf_counter() - t0)
             ps = {isa: 1e12 * float(np.median(times[isa])) / (n_rows * n * args.tokens) for isa in (a, b)}
             results.append({"type": name, "n": n, "rows": n_rows, "tokens": args.tokens, "ps_per_weight_token": ps,

@@ -167,10 +167,17 @@ int32_t   rm_cpu_isa_supported(const char * isa);
  * type has a kernel for it: from 8 tokens the prefill form that packs each row once, from 16 the
  * AMX tiles); batched = 0 calls the one-token kernel for each row and token; batched = 2 computes
  * as batched = 1 from the rows repacked first into the set's stored layout, as a CPU-only model
- * keeps them from load (where the set has one for the type and row length; else as batched = 1).
+ * keeps them from load (where the set has one for the type and row length; else as batched = 1);
+ * batched = 3 as 2 from rows given in the stored layout already (rm_repack_rows_isa's).
  * RM_E_UNSUPPORTED_TYPE when this CPU or build lacks the set. */
 rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows,
                          const void * x_q, uint64_t x_len, int64_t n_tok, int64_t n, int32_t batched, float * y);
+
+/* For tests and benchmarks: the n_rows rows of w (n weights of `type` each, w_len bytes) converted
+ * into set isa's stored layout, as a CPU-only model keeps them from load, into out (as many bytes).
+ * RM_E_INVALID_ARG where the set keeps no such rows (the type, or the row length). */
+rm_status rm_repack_rows_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows, int64_t n,
+                             void * out);
 
 /* The activation quantizer the CPU backend uses with set isa (NULL: the set in use): n floats of
  * x to dst (dst_cap bytes). It writes the same bytes as rm_quantize. */

@@ -258,10 +258,56 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type) {
     return NULL;
 }
 
-const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n) {
+const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n, int64_t n_rows) {
     const rm_packed_kernels * pk = rm_cpu_packed_isa(isa, type);
-    return pk && pk->repack_row && n >= 8 * RM_QK && n % RM_QK == 0 && (pk->stored_tail || n % (8 * RM_QK) == 0) ? pk
-                                                                                                               : NULL;
+    const rm_tile_kernels * tk = rm_cpu_tile_isa(isa, type);
+    if (!pk || (tk && !tk->reads_stored)) {   /* the set's tiles read the file's layout only (AMX's K-quants) */
+        return NULL;
+    }
+    if (pk->repack_tile) {   /* whole tiles of rows, whole super-blocks */
+        return n > 0 && n % RM_QK_K == 0 && n_rows > 0 && n_rows % RM_TILE_ROWS == 0 ? pk : NULL;
+    }
+    return pk->repack_row && n >= 8 * RM_QK && n % RM_QK == 0 && (pk->stored_tail || n % (8 * RM_QK) == 0) ? pk : NULL;
+}
+
+void rm_cpu_repack_rows(const rm_packed_kernels * pk, int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
+                        int64_t r1, void * stored) {
+    for (int64_t r = r0; r < r1; r += pk->repack_tile ? RM_TILE_ROWS : 1) {
+        const uint8_t * src = (const uint8_t *) w + (uint64_t) r * row_bytes;
+        uint8_t * dst = (uint8_t *) stored + (uint64_t) r * row_bytes;
+        if (pk->repack_tile) {
+            pk->repack_tile(n, src, row_bytes, dst);
+        } else {
+            pk->repack_row(n, src, dst);
+        }
+    }
+}
+
+void rm_cpu_dot_stored(const rm_packed_kernels * pk, int64_t n, int nc, const uint8_t * stored, uint64_t row_bytes,
+                       int64_t r0, int64_t r1, const uint8_t * x_t, uint64_t xt_stride, const float * x_info,
+                       int64_t x_info_stride, float * y, int64_t y_stride, int accumulate) {
+    if (!pk->dot_tile) {
+        for (int64_t r = r0; r < r1; r++) {
+            float v[RM_MULTI_MAX];
+            pk->dot_stored(n, nc, v, stored + (uint64_t) r * row_bytes, x_t, xt_stride, x_info, x_info_stride);
+            for (int c = 0; c < nc; c++) {
+                float * o = y + (int64_t) c * y_stride + r;
+                *o = accumulate ? *o + v[c] : v[c];
+            }
+        }
+        return;
+    }
+    for (int64_t k0 = r0 / RM_TILE_ROWS * RM_TILE_ROWS; k0 < r1; k0 += RM_TILE_ROWS) {   /* the tiles rows r0..r1 touch */
+        float v[RM_MULTI_MAX][RM_TILE_ROWS];
+        pk->dot_tile(n, nc, v, stored + (uint64_t) k0 * row_bytes, x_t, xt_stride);
+        const int64_t a = r0 > k0 ? r0 : k0, e = r1 < k0 + RM_TILE_ROWS ? r1 : k0 + RM_TILE_ROWS;
+        for (int c = 0; c < nc; c++) {
+            for (int64_t r = a; r < e; r++) {
+                float * o = y + (int64_t) c * y_stride + r;
+                *o = accumulate ? *o + v[c][r - k0] : v[c][r - k0];
+            }
+        }
+    }
 }
 
 int rm_cpu_streams_isa(rm_isa isa, int32_t type) {
@@ -447,22 +493,23 @@ static rm_status packed_matmul(const char * fn, const rm_packed_kernels * pk, in
     for (int64_t i = 0; i < n_tok; i++) {
         pk->transpose_act(n, x_q + (uint64_t) i * xrow, x_t + (uint64_t) i * xt_stride);
     }
-    for (int64_t r = 0; r < n_rows; r++) {
-        if (stored && !as_stored) {
+    for (int64_t i = 0; as_stored && i < n_tok;) {   /* as the CPU backend's matmul_tile_stored */
+        const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : pk->dot_tile ? (int) (n_tok - i) : n_tok - i >= 4 ? 4 : 1;
+        rm_cpu_dot_stored(pk, n, nc, w, row, 0, n_rows, x_t + (uint64_t) i * xt_stride, xt_stride,
+                          info ? info + i * info_stride : NULL, info_stride, y + i * n_rows, n_rows, 0);
+        i += nc;
+    }
+    for (int64_t r = 0; !as_stored && r < n_rows; r++) {
+        if (stored) {
             pk->unpack_stored(n, w + (uint64_t) r * row, packed);
-        } else if (!stored) {
+        } else {
             pk->pack_row(n, w + (uint64_t) r * row, packed);
         }
         for (int64_t i = 0; i < n_tok;) {
             const int nc = n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : n_tok - i >= 4 ? 4 : 1;
             float v[RM_MULTI_MAX];
-            if (as_stored) {
-                pk->dot_stored(n, nc, v, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
-                               info + i * info_stride, info_stride);
-            } else {
-                pk->dot(n, nc, v, packed, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
-                        info + i * info_stride, info_stride);
-            }
+            pk->dot(n, nc, v, packed, w + (uint64_t) r * row, x_t + (uint64_t) i * xt_stride, xt_stride,
+                    info ? info + i * info_stride : NULL, info_stride);
             for (int c = 0; c < nc; c++) {
                 y[(i + c) * n_rows + r] = v[c];
             }
@@ -500,7 +547,8 @@ static rm_status vec_dot_rows(const char * fn, rm_isa which, int32_t type, const
             rm_q8_0_act_info(xb + (uint64_t) i * xrow, n, info + i * info_stride);
         }
     }
-    const rm_packed_kernels * pk = info ? rm_cpu_packed_isa(which, type) : NULL;
+    /* the packed forms take Q8_0 activations with their info, or Q8_K ones as they are */
+    const rm_packed_kernels * pk = info || (multi && t->vec_dot_type == RM_TYPE_Q8_K) ? rm_cpu_packed_isa(which, type) : NULL;
     if (pk && !rm_packed_form_runs(pk, n, n_tok, stored)) {
         pk = NULL;
     }
@@ -569,21 +617,53 @@ rm_status rm_vec_dot_isa(const char * isa, int32_t type, const void * w, uint64_
                        __func__, t->name, (long long) n_tok, (long long) n, xt->name,
                        (unsigned long long) (xrow * (uint64_t) n_tok), (unsigned long long) x_len);
     }
-    /* batched = 2: the rows repacked first, where the set keeps such rows in a stored layout */
-    const rm_packed_kernels * spk = batched == 2 && t->vec_dot_type == RM_TYPE_Q8_0 ? rm_cpu_stored_isa(which, type, n) : NULL;
+    /* batched = 2: the rows repacked first, where the set keeps such rows in a stored layout; 3:
+     * given so */
+    const rm_packed_kernels * spk = batched >= 2 ? rm_cpu_stored_isa(which, type, n, n_rows) : NULL;
+    if (batched == 3) {
+        if (!spk) {
+            return rm_fail(RM_E_INVALID_ARG, "%s: set %s keeps no %lld rows of %lld %s weights in a stored layout",
+                           __func__, rm_isa_name(which), (long long) n_rows, (long long) n, t->name);
+        }
+        return vec_dot_rows(__func__, which, type, w, 1, row, n_rows, x_q, xrow, n_tok, n, 1, y);
+    }
     uint8_t * stored = NULL;
     if (spk && n_rows > 0) {
         if ((stored = malloc((size_t) (row * (uint64_t) n_rows))) == NULL) {
             return rm_fail(RM_E_OOM, "%s: no memory for %lld rows", __func__, (long long) n_rows);
         }
-        for (int64_t r = 0; r < n_rows; r++) {
-            spk->repack_row(n, (const uint8_t *) w + (uint64_t) r * row, stored + (uint64_t) r * row);
-        }
+        rm_cpu_repack_rows(spk, n, w, row, 0, n_rows, stored);
     }
     st = vec_dot_rows(__func__, which, type, stored ? stored : w, stored != NULL, row, n_rows, x_q, xrow, n_tok, n,
                       batched != 0, y);
     free(stored);
     return st;
+}
+
+rm_status rm_repack_rows_isa(const char * isa, int32_t type, const void * w, uint64_t w_len, int64_t n_rows, int64_t n,
+                             void * out) {
+    rm_clear_error();
+    rm_isa which;
+    rm_status st = isa_arg(__func__, isa, &which);
+    if (st != RM_OK) return st;
+    const rm_type_traits * t = rm_type_traits_get(type);
+    if (t == NULL) return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: ggml type %d is not supported by this build", __func__, (int) type);
+    if (n <= 0 || n % t->block_elems != 0 || n_rows < 0) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: n %lld (a positive multiple of %d), n_rows %lld", __func__, t->name,
+                       (long long) n, (int) t->block_elems, (long long) n_rows);
+    }
+    const uint64_t row = rm_row_bytes(type, n);
+    if (w == NULL || out == NULL || (n_rows > 0 && w_len / (uint64_t) n_rows < row)) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: type %s: %lld rows of %lld weights need %llu bytes in w and out", __func__,
+                       t->name, (long long) n_rows, (long long) n, (unsigned long long) (row * (uint64_t) n_rows));
+    }
+    const rm_packed_kernels * pk = rm_cpu_stored_isa(which, type, n, n_rows);
+    if (pk == NULL) {
+        return rm_fail(RM_E_INVALID_ARG, "%s: set %s keeps no %lld rows of %lld %s weights in a stored layout", __func__,
+                       rm_isa_name(which), (long long) n_rows, (long long) n, t->name);
+    }
+    rm_cpu_repack_rows(pk, n, w, row, 0, n_rows, out);
+    return RM_OK;
 }
 
 rm_status rm_quantize_isa(const char * isa, int32_t type, const float * x, int64_t n, void * dst, uint64_t dst_cap) {

@@ -34,6 +34,9 @@ void rm_q8_0_act_info(const void * x_q, int64_t n, float * info);   /* 2 * n / 3
 /* Tokens per group of the tile form's activations (rm_tile_kernels.put_group). */
 #define RM_TILE_TOKENS 16
 
+/* Weight rows per tile of the tile forms (rm_tile_kernels) and of the stored tiles (repack_tile). */
+#define RM_TILE_ROWS 16
+
 /* out[c] = dot(w, token c) for nc tokens (1 to 8) whose activations lie x_stride bytes apart, one
  * weight row unpacked once for all of them. x_info: rm_q8_0_act_info's floats for those tokens,
  * x_info_stride floats apart, or NULL (the kernel works without; types with other activation
@@ -70,6 +73,14 @@ typedef struct rm_packed_kernels {
     /* 1: rows that end inside a group are stored too, their last blocks as the file has them, at
      * the same offsets (the form's w may then be the stored row); 0: rows of whole groups only */
     int32_t stored_tail;
+    /* Optional, instead of repack_row and dot_stored: a layout of RM_TILE_ROWS rows to a tile (the
+     * same bytes as those rows; matrices of a whole number of tiles). repack_tile converts the
+     * RM_TILE_ROWS rows at w (row_bytes apart); dot_tile gives out[c][r] for row r of the tile and
+     * nc tokens (1 to RM_MULTI_MAX; transpose_act's rows, xt_stride bytes apart), bit for bit the
+     * one-token kernel's. The tile form reads such matrices too (rm_tile_kernels.reads_stored). */
+    void (*repack_tile)(int64_t n, const void * w, uint64_t row_bytes, void * stored);
+    void (*dot_tile)(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * stored, const void * x_t,
+                     uint64_t xt_stride);
 } rm_packed_kernels;
 
 /* Whether pk's forms take a product of n_tok tokens on rows of n weights: rows stored packed
@@ -81,7 +92,7 @@ static inline int rm_packed_form_runs(const rm_packed_kernels * pk, int64_t n, i
         return 0;
     }
     if (stored && n_tok < RM_PACK_MIN_TOKENS) {
-        return pk->dot_stored != NULL;
+        return pk->dot_stored != NULL || pk->dot_tile != NULL;
     }
     return n_tok >= RM_PACK_MIN_TOKENS && pk->dot != NULL && (stored ? pk->unpack_stored != NULL : pk->pack_row != NULL);
 }
@@ -92,7 +103,6 @@ static inline int rm_packed_form_runs(const rm_packed_kernels * pk, int64_t n, i
  * what the set below's vec_dot gives for that row and token, so prefill and decode see the same
  * numbers; the CPU backend takes no other tiles. Used for rows of n with usable(n) and from
  * min_tokens tokens on. */
-#define RM_TILE_ROWS 16
 typedef struct rm_tile_kernels {
     int32_t  min_tokens;
     int32_t  exact;
@@ -108,6 +118,9 @@ typedef struct rm_tile_kernels {
      * stored layout (rm_packed_kernels.repack_row), which the type then has. */
     void     (*matmul)(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1,
                        const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate);
+    /* 1: matmul reads rows in the stored layout too; a type whose tiles do not is never stored
+     * (rm_cpu_stored_isa) */
+    int32_t  reads_stored;
 } rm_tile_kernels;
 
 /* Decode streams each weight row from memory once. The hardware prefetchers alone keep too few
@@ -252,7 +265,9 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
 /* The packed kernels of set isa when they keep rows of n weights of type in their stored layout
  * (repack_row: rows of at least one group of eight blocks, of whole groups unless stored_tail),
  * else NULL. */
-const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n);
+/* The stored layout of `isa`'s set for matrices of n_rows rows of n weights of `type`; NULL: none
+ * (they are read as the file has them). */
+const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n, int64_t n_rows);
 /* The tile form of `isa`'s own set for a type (no fall-through); NULL: none. */
 const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);
 /* The most room one thread needs for any tile kernel of `isa` on rows of up to n (0: none). */
@@ -281,6 +296,19 @@ static inline rm_gdn_rule_fn      rm_cpu_gdn_rule(void)           { return rm_cp
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 static inline const rm_tile_kernels *   rm_cpu_tile(int32_t t)    { return rm_cpu_tile_isa(rm_isa_active(), t); }
-static inline const rm_packed_kernels * rm_cpu_stored(int32_t t, int64_t n) { return rm_cpu_stored_isa(rm_isa_active(), t, n); }
+/* Rows r0..r1 of w (row_bytes apart) into pk's stored layout at the same offsets of `stored` (r0
+ * and r1 whole tiles where pk keeps tiles). */
+void rm_cpu_repack_rows(const rm_packed_kernels * pk, int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
+                        int64_t r1, void * stored);
+/* y[c * y_stride + r] (+)= dot(stored row r, token c) for rows r0..r1 of a stored matrix and nc
+ * tokens (1 to RM_MULTI_MAX) of x_t (xt_stride bytes apart, with their x_info), row by row
+ * (dot_stored) or tile by tile (dot_tile: each tile the rows touch, whole). */
+void rm_cpu_dot_stored(const rm_packed_kernels * pk, int64_t n, int nc, const uint8_t * stored, uint64_t row_bytes,
+                       int64_t r0, int64_t r1, const uint8_t * x_t, uint64_t xt_stride, const float * x_info,
+                       int64_t x_info_stride, float * y, int64_t y_stride, int accumulate);
+
+static inline const rm_packed_kernels * rm_cpu_stored(int32_t t, int64_t n, int64_t n_rows) {
+    return rm_cpu_stored_isa(rm_isa_active(), t, n, n_rows);
+}
 
 #endif

@@ -360,7 +360,7 @@ RM_INLINE void put_sc16(uint8_t * wb, const __m512i sc[16], const __m512i bw[16]
 
 /* Q4_K / Q5_K: d and dmin, the 6-bit scales and mins (scales_k4's fields, lane by lane), the
  * nibbles of qs byte 32p + l as elements 64p + l and 64p + 32 + l, with Q5_K's fifth bits. */
-RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, const int five) {
+RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, const int five, const int stored) {
     __m512i w[4];
     side4(src, 0, w);   /* d | dmin << 16, then the 12 scale bytes as u0, u1, u2 */
     _mm512_storeu_ps(wb + KR_D, side_fp16(w[0]));
@@ -396,14 +396,18 @@ RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, c
                 lo = _mm512_ternarylogic_epi32(lo, bit_to4(qh[l4], 2 * p), b4, 0xf8);
                 hi = _mm512_ternarylogic_epi32(hi, bit_to4(qh[l4], 2 * p + 1), b4, 0xf8);
             }
-            _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * p + l4), lo);
-            _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * p + 8 + l4), hi);
+            /* the file's byte 32p + l: elements 64p + l and 64p + 32 + l; a stored row's R_p dword
+             * l4: sub-block l4's elements 8p.. and 8p + 4.. (simd_x86.h), the same bits of qh */
+            const int e_lo = stored ? 8 * l4 + 2 * p : 16 * p + l4, e_hi = stored ? e_lo + 1 : e_lo + 8;
+            _mm512_storeu_si512(wb + KR_LEV + 64 * e_lo, lo);
+            _mm512_storeu_si512(wb + KR_LEV + 64 * e_hi, hi);
         }
     }
 }
 
-static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
-static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
+static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 0); }
+static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 0); }
+static void tpack_q5_K_stored(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 1); }
 
 /* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields (levels_q6_K's, lane by lane), the
  * sixteen signed scales, d. */
@@ -479,6 +483,13 @@ static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) 
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs tpack_iq4_xs
+/* for rows in the stored layout (simd_x86.h; NULL: the type has none) */
+#define KQ_TPACK_STORED_q2_K NULL
+#define KQ_TPACK_STORED_q3_K NULL
+#define KQ_TPACK_STORED_q4_K NULL   /* kept sixteen rows interleaved instead (ks16 below) */
+#define KQ_TPACK_STORED_q5_K tpack_q5_K_stored
+#define KQ_TPACK_STORED_q6_K NULL
+#define KQ_TPACK_STORED_iq4_xs NULL
 #define KQ_UNPACK_q2_K NULL   /* every type is packed straight from storage */
 #define KQ_UNPACK_q3_K NULL
 #define KQ_UNPACK_q4_K NULL
@@ -734,6 +745,268 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     }
 }
 
+/* ---- Q4_K kept sixteen rows interleaved (the AVX-512 set's stored layout) ----------------------
+ *
+ * A CPU-only model keeps Q4_K matrices of a multiple of sixteen rows in a layout made for this
+ * tile form: each sixteen rows are one tile of the same bytes (16 * 144 per super-block), super-
+ * block b of all sixteen rows at 2304 b, as
+ *
+ *   [0, 192)      the three 32-bit words of each row's 12 scale bytes, word by word (u0 of the
+ *                 sixteen rows, u1, u2);
+ *   [192, 2240)   the levels: 64 bytes for each pair of groups (8J + q, 8J + q + 4) of sub-block J
+ *                 (q = 0..3), at 192 + 64 (4J + q): byte 4r + i holds row r's element 4 (8J + q) + i
+ *                 in its low nibble and element 4 (8J + q + 4) + i in its high one;
+ *   [2240, 2304)  the sixteen d (fp16), then the sixteen dmin.
+ *
+ * So nothing is packed per product: a 64-byte load and two masks give two groups' levels for
+ * sixteen rows, and the scales are decoded lane by lane as the room's are. The integers and the
+ * float steps are rows_tokens_kq's, so the floats are the tile form's, which are the one-token
+ * kernels' (one token is the tile form with nt = 1: no kernel reads these rows one at a time). */
+#define KS16_U 0
+#define KS16_LEV 192
+#define KS16_D 2240
+#define KS16_DMIN 2272
+/* Q6_K (16 * 210 bytes a super-block): the rows' 16 signed scales as 4 words each, word by word
+ * (at 0); then for each 16-element sub-block j, at 256 + 192 j: the levels' low 4 bits as above
+ * but paired within the sub-block, groups 4j + q and 4j + q + 2 in the q-th 64 bytes (q = 0, 1),
+ * and their high 2 bits in the third, byte 4r + i holding group 4j + k's element i of row r at bits
+ * 2k, 2k + 1; the sixteen d last (3328). Each super-block is read in the order it lies. */
+#define KS16_Q6_SC 0
+#define KS16_Q6_LEV(j, q) (256 + 192 * (j) + 64 * (q))
+#define KS16_Q6_HB(j) (256 + 192 * (j) + 128)
+#define KS16_Q6_D 3328
+
+/* Sixteen rows of Q4_K (row_bytes apart) into one tile of the layout above. */
+static void ks16_repack_q4_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+    uint8_t room[KR_BYTES] __attribute__((aligned(64)));
+    for (int64_t b = 0; b < n / RM_QK_K; b++) {
+        const uint8_t * src[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_q4_K);
+        }
+        tpack_k4(src, room, 0, 0);   /* the levels as the room holds them: group e at 64 e */
+        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_q4_K);
+        for (int J = 0; J < 8; J++) {
+            for (int q = 0; q < 4; q++) {
+                const __m512i lo = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q));
+                const __m512i hi = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q + 4));
+                _mm512_storeu_si512(o + KS16_LEV + 64 * (4 * J + q), _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)));
+            }
+        }
+        __m512i h[4];
+        side4(src, 0, h);   /* d | dmin << 16, u0, u1, u2 */
+        _mm256_storeu_si256((__m256i *) (o + KS16_D), _mm512_cvtepi32_epi16(h[0]));
+        _mm256_storeu_si256((__m256i *) (o + KS16_DMIN), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+        for (int k = 0; k < 3; k++) {
+            _mm512_storeu_si512(o + KS16_U + 64 * k, h[1 + k]);
+        }
+    }
+}
+
+/* Sixteen rows of Q6_K into one tile of the layout above. */
+static void ks16_repack_q6_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+    uint8_t room[KR_BYTES] __attribute__((aligned(64)));
+    const __m512i n4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3);
+    for (int64_t b = 0; b < n / RM_QK_K; b++) {
+        const uint8_t * src[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_q6_K);
+        }
+        tpack_q6_K(src, room);   /* the levels + 32 as the room holds them: group e at 64 e */
+        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_q6_K);
+        for (int j = 0; j < 16; j++) {
+            __m512i g[4], hb = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                g[k] = _mm512_loadu_si512(room + KR_LEV + 64 * (4 * j + k));
+                hb = _mm512_or_si512(hb, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(g[k], 4), m2), 2 * k));
+            }
+            for (int q = 0; q < 2; q++) {
+                _mm512_storeu_si512(o + KS16_Q6_LEV(j, q),
+                                    _mm512_or_si512(_mm512_and_si512(g[q], n4), _mm512_slli_epi16(_mm512_and_si512(g[q + 2], n4), 4)));
+            }
+            _mm512_storeu_si512(o + KS16_Q6_HB(j), hb);
+        }
+        __m512i sc[4];
+        side4(src, offsetof(rm_block_q6_K, scales), sc);
+        for (int k = 0; k < 4; k++) {
+            _mm512_storeu_si512(o + KS16_Q6_SC + 64 * k, sc[k]);
+        }
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            memcpy(o + KS16_Q6_D + 2 * r, src[r] + offsetof(rm_block_q6_K, d), 2);
+        }
+    }
+}
+
+/* Sub-block J's scale (mins: its min) in each row's lane, from the words u0, u1, u2 (scales_k4's
+ * fields, as tpack_k4 decodes them). */
+RM_INLINE __m512i ks16_field(const __m512i u[3], const int J, const int mins) {
+    const __m512i m6 = _mm512_set1_epi32(0x3f), m4 = _mm512_set1_epi32(0x0f), m2 = _mm512_set1_epi32(0x30);
+    if (J < 4) {
+        return _mm512_and_si512(_mm512_srli_epi32(u[mins], 8 * J), m6);
+    }
+    const int c = 8 * (J - 4) + 4 * mins;
+    return _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(u[2], c), m4),
+                                     _mm512_srli_epi32(u[mins], 8 * (J - 4) + 2), m2, 0xf8);
+}
+
+/* Levels of group 4j + k (k = 0..3) of a Q6_K tile: its low 4 bits from the pair load v (k % 2 ==
+ * q) and its high 2 bits from hb, at bits 4, 5: q + 32 in 0..63. */
+RM_INLINE __m512i ks16_q6_levels(__m512i v, __m512i hb, const int k) {
+    const __m512i n4 = _mm512_set1_epi8(0x0f), m2h = _mm512_set1_epi8(0x30);
+    const __m512i lo4 = k < 2 ? _mm512_and_si512(v, n4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
+    const __m512i h = k < 2 ? _mm512_slli_epi16(hb, 4 - 2 * k) : k == 2 ? hb : _mm512_srli_epi16(hb, 2);
+    return _mm512_ternarylogic_epi32(lo4, h, m2h, 0xf8);
+}
+
+/* nt tokens (x[t]: their Q8_K rows) against one tile of Q4_K (six = 0) or Q6_K (six = 1): out[t][row],
+ * rows_tokens_kq's integers and float steps. */
+RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_K * const x[KR_TOKENS], const int nt,
+                           float out[KR_TOKENS][RM_TILE_ROWS], const int six) {
+    const size_t tb = RM_TILE_ROWS * (six ? sizeof(rm_block_q6_K) : sizeof(rm_block_q4_K));
+    __m512 acc[KR_TOKENS][8];   /* [token][super-block mod 8]: 16 rows */
+    for (int t = 0; t < nt; t++) {
+        for (int l = 0; l < 8; l++) {
+            acc[t][l] = _mm512_setzero_ps();
+        }
+    }
+    const __m512i n4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nsb; b++) {
+        const uint8_t * sb = tile + (uint64_t) b * tb;
+        const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U);   /* u0, u1, u2; or the scales' words */
+        const __m512i u[4] = {_mm512_loadu_si512(hdr), _mm512_loadu_si512(hdr + 64), _mm512_loadu_si512(hdr + 128),
+                              six ? _mm512_loadu_si512(hdr + 192) : _mm512_setzero_si512()};
+        __m512i S[KR_TOKENS], D[KR_TOKENS];
+        for (int t = 0; t < nt; t++) {
+            S[t] = _mm512_setzero_si512();
+        }
+        const int nj = six ? 16 : 8;   /* sub-blocks: of 16 elements (Q6_K), of 32 (Q4_K) */
+#pragma GCC unroll 16
+        for (int j = 0; j < nj; j++) {
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_setzero_si512();
+            }
+            if (six) {
+                const __m512i hb = _mm512_loadu_si512(sb + KS16_Q6_HB(j));
+                for (int q = 0; q < 2; q++) {
+                    const __m512i v = _mm512_loadu_si512(sb + KS16_Q6_LEV(j, q));
+                    const __m512i lo = ks16_q6_levels(v, hb, q), hi = ks16_q6_levels(v, hb, q + 2);
+                    for (int t = 0; t < nt; t++) {
+                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 4 * j + q));
+                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 4 * j + q + 2));
+                    }
+                }
+            } else {
+                for (int q = 0; q < 4; q++) {
+                    const __m512i v = _mm512_loadu_si512(sb + KS16_LEV + 64 * (4 * j + q));
+                    const __m512i lo = _mm512_and_si512(v, n4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
+                    for (int t = 0; t < nt; t++) {
+                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
+                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
+                    }
+                }
+            }
+            /* Q6_K: signed byte j % 4 of word j / 4 */
+            const __m512i sc = six ? _mm512_srai_epi32(_mm512_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24) : ks16_field(u, j, 0);
+            for (int t = 0; t < nt; t++) {
+                S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(D[t], sc));
+            }
+        }
+        for (int t = 0; t < nt; t++) {   /* the bsums' weights (the mins, or Q6_K's scales) against the bsums, pair by pair */
+            D[t] = _mm512_setzero_si512();
+        }
+        for (int p = 0; p < 8; p++) {
+            __m512i bw;
+            if (six) {   /* (sc 2p, sc 2p + 1) */
+                const __m512i w = u[p / 2];
+                bw = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(w, 24 - 16 * (p % 2)), 24),
+                                                      _mm512_set1_epi32(0xffff)),
+                                     _mm512_slli_epi32(_mm512_srai_epi32(_mm512_slli_epi32(w, 16 - 16 * (p % 2)), 24), 16));
+            } else {   /* (min p, min p) */
+                const __m512i mn = ks16_field(u, p, 1);
+                bw = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));
+            }
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_dpwssd_epi32(D[t], bw, _mm512_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p)));
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (six ? KS16_Q6_D : KS16_D))));
+        const __m512 dm = six ? dw : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + KS16_DMIN)));
+        const int l = (int) (b % 8);
+        for (int t = 0; t < nt; t++) {
+            const __m512 dx = _mm512_set1_ps(x[t][b].d);
+            if (six) {   /* the offset 32: S - 32 sum(sc bsums) */
+                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_slli_epi32(D[t], 5));
+                acc[t][l] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(sv), acc[t][l]);
+            } else {
+                acc[t][l] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(S[t]), acc[t][l]);
+                acc[t][l] = _mm512_fnmadd_ps(_mm512_mul_ps(dx, dm), _mm512_cvtepi32_ps(D[t]), acc[t][l]);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        _mm512_storeu_ps(out[t], sum8_ps512(acc[t]));
+    }
+}
+
+/* nc tokens (1 to KR_TOKENS; their Q8_K rows xt_stride bytes apart) against one tile:
+ * out[c][row] (rm_packed_kernels.dot_tile). */
+RM_INLINE void ks16_dot(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,
+                        uint64_t xt_stride, const int six) {
+    const rm_block_q8_K * x[KR_TOKENS];
+    for (int t = 0; t < KR_TOKENS; t++) {
+        x[t] = (const rm_block_q8_K *) ((const uint8_t *) x_t + (uint64_t) (t < nc ? t : 0) * xt_stride);
+    }
+    const int64_t nsb = n / RM_QK_K;
+    switch (nc) {   /* a copy per count, the token loops unrolled */
+    case 8: ks16_tokens(nsb, tile, x, 8, out, six); break;
+    case 7: ks16_tokens(nsb, tile, x, 7, out, six); break;
+    case 6: ks16_tokens(nsb, tile, x, 6, out, six); break;
+    case 5: ks16_tokens(nsb, tile, x, 5, out, six); break;
+    case 4: ks16_tokens(nsb, tile, x, 4, out, six); break;
+    case 3: ks16_tokens(nsb, tile, x, 3, out, six); break;
+    case 2: ks16_tokens(nsb, tile, x, 2, out, six); break;
+    default: ks16_tokens(nsb, tile, x, 1, out, six); break;
+    }
+}
+
+/* The tile form on a stored matrix: rows r0..r1 (within one tile or across two, when a caller's
+ * chunks are not whole tiles) against every token of x_t (Q8_K rows side by side). */
+RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                           int32_t n_tok, float * y, int64_t y_stride, int accumulate, const int six) {
+    const uint64_t xrow = (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K);
+    for (int64_t k0 = r0 / RM_TILE_ROWS * RM_TILE_ROWS; k0 < r1; k0 += RM_TILE_ROWS) {
+        const int64_t a = r0 > k0 ? r0 : k0, e = r1 < k0 + RM_TILE_ROWS ? r1 : k0 + RM_TILE_ROWS;
+        const __mmask16 rows = (__mmask16) (((1u << (e - k0)) - 1) & ~((1u << (a - k0)) - 1));
+        for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS) {
+            const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
+            float out[KR_TOKENS][RM_TILE_ROWS];
+            ks16_dot(n, nt, out, (const uint8_t *) w + (uint64_t) k0 * row_bytes, (const uint8_t *) x_t + (uint64_t) i0 * xrow,
+                     xrow, six);
+            for (int t = 0; t < nt; t++) {
+                float * yt = y + (int64_t) (i0 + t) * y_stride + k0;
+                __m512 v = _mm512_loadu_ps(out[t]);
+                if (accumulate) {
+                    v = _mm512_add_ps(_mm512_maskz_loadu_ps(rows, yt), v);
+                }
+                _mm512_mask_storeu_ps(yt, rows, v);
+            }
+        }
+    }
+}
+
+#define RM_KS16_KERNELS(t, six)                                                                                      \
+    static void ks16_dot_##t(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,     \
+                             uint64_t xt_stride) {                                                                  \
+        ks16_dot(n, nc, out, tile, x_t, xt_stride, six);                                                            \
+    }                                                                                                                \
+    static void ks16_matmul_##t(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1,              \
+                                const void * x_t, int32_t n_tok, float * y, int64_t y_stride, int accumulate) {     \
+        ks16_matmul(n, w, row_bytes, r0, r1, x_t, n_tok, y, y_stride, accumulate, six);                             \
+    }
+
+RM_KS16_KERNELS(q4_K, 0)
+RM_KS16_KERNELS(q6_K, 1)
+
 #else   /* the AVX2 set */
 
 /* Q4_K, Q5_K and Q6_K packed straight from the stored blocks, as in the AVX-512 set, eight rows
@@ -769,12 +1042,7 @@ RM_INLINE __m256 side8_fp16(__m256i v) {
     return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
-/* Bit b of every byte of v moved to bit 4 (as bit_to4 in the AVX-512 set). */
-RM_INLINE __m256i bit_to4_256(__m256i v, const int b) {
-    return b < 4 ? _mm256_slli_epi16(v, 4 - b) : b > 4 ? _mm256_srli_epi16(v, b - 4) : v;
-}
-
-RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb, const int five) {
+RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb, const int five, const int stored) {
     const __m256i m6 = _mm256_set1_epi32(0x3f), m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(0x30);
     const __m256i n4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
     for (int h = 0; h < 2; h++) {
@@ -813,15 +1081,18 @@ RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb,
                     lo = _mm256_or_si256(lo, _mm256_and_si256(bit_to4_256(qh[j], 2 * p), b4));
                     hi = _mm256_or_si256(hi, _mm256_and_si256(bit_to4_256(qh[j], 2 * p + 1), b4));
                 }
-                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (16 * p + j) + 32 * h), lo);
-                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (16 * p + 8 + j) + 32 * h), hi);
+                const int e_lo = stored ? 8 * j + 2 * p : 16 * p + j, e_hi = stored ? e_lo + 1 : e_lo + 8;   /* as above */
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * e_lo + 32 * h), lo);
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * e_hi + 32 * h), hi);
             }
         }
     }
 }
 
-static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
-static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
+static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 0); }
+static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 0); }
+static void tpack_q4_K_stored(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 1); }
+static void tpack_q5_K_stored(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 1); }
 
 /* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields, the sixteen signed scales as (sc, sc)
  * pairs, the bsums' weights (sc 2p, sc 2p + 1), d. */
@@ -908,6 +1179,13 @@ static void tpack_iq4_xs(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs tpack_iq4_xs
+/* for rows in the stored layout (simd_x86.h; NULL: the type has none) */
+#define KQ_TPACK_STORED_q2_K NULL
+#define KQ_TPACK_STORED_q3_K NULL
+#define KQ_TPACK_STORED_q4_K tpack_q4_K_stored
+#define KQ_TPACK_STORED_q5_K tpack_q5_K_stored
+#define KQ_TPACK_STORED_q6_K NULL
+#define KQ_TPACK_STORED_iq4_xs NULL
 #define KQ_UNPACK_q2_K unpack_q2_K   /* unpacked row by row, then transposed */
 #define KQ_UNPACK_q3_K unpack_q3_K
 #define KQ_UNPACK_q4_K NULL
@@ -1265,6 +1543,24 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
 
 #endif
 
+/* The tile form on matrices kept sixteen rows to a tile (ks16_*; ks16_none: the type has none). */
+static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                      int32_t n_tok, float * y, int64_t y_stride, int accumulate) {
+    (void) n, (void) w, (void) row_bytes, (void) r0, (void) r1, (void) x_t, (void) n_tok, (void) y, (void) y_stride;
+    (void) accumulate;
+}
+#ifdef RM_KQ_GROUPED
+#define KQ_MATMUL16_q4_K ks16_matmul_q4_K
+#define KQ_MATMUL16_q6_K ks16_matmul_q6_K
+#else
+#define KQ_MATMUL16_q4_K ks16_none
+#define KQ_MATMUL16_q6_K ks16_none
+#endif
+#define KQ_MATMUL16_q2_K ks16_none
+#define KQ_MATMUL16_q3_K ks16_none
+#define KQ_MATMUL16_q5_K ks16_none
+#define KQ_MATMUL16_iq4_xs ks16_none
+
 #define RM_ROWS_32(t, kind, min_tokens)                                                                            \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
@@ -1272,17 +1568,21 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
         matmul_rows_32(n, w, stored, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, kind);          \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_##t, act_bytes_rows_32, put_group_rows_32, \
-                                             room_bytes_rows_32, matmul_rows_##t};
+                                             room_bytes_rows_32, matmul_rows_##t, 1};
 
 #define RM_ROWS_KQ(t, block, sixteen, off_mul, min_tokens)                                                         \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
                                 int accumulate) {                                                                  \
-        (void) stored;   /* the K-quants are never stored repacked */                                              \
+        if (stored && KQ_MATMUL16_##t != ks16_none) {   /* rows kept sixteen to a tile */                          \
+            KQ_MATMUL16_##t(n, w, row_bytes, r0, r1, x_t, n_tok, y, y_stride, accumulate);                          \
+            return;                                                                                                \
+        }                                                                                                          \
         matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, KQ_UNPACK_##t,          \
-                       KQ_TPACK_##t, sizeof(block), sixteen, off_mul);                                             \
+                       stored ? KQ_TPACK_STORED_##t : KQ_TPACK_##t, sizeof(block), sixteen, off_mul);              \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_kq, act_bytes_rows_kq, put_group_rows_kq,  \
-                                             room_bytes_rows_kq, matmul_rows_##t};
+                                             room_bytes_rows_kq, matmul_rows_##t,                                  \
+                                             KQ_TPACK_STORED_##t != NULL || KQ_MATMUL16_##t != ks16_none};
 
 #endif

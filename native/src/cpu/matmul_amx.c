@@ -676,16 +676,16 @@ RM_TILE_MATMUL_KQ(matmul_q3_K, KQ_Q3_K)
  * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS win from 8 (1.05 to 1.2x; 1.4 to
  * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12), Q2_K and
  * Q3_K from 8 (1.12 to 1.15x and 1.02 to 1.19x at 8; 1.58 and 1.44x at 10, 2.3x at 16). */
-static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q8_0};
-static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q4_0};
-static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K};
-static const rm_tile_kernels tile_q5_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q5_K};
-static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q6_K};
-static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq4_xs};
-static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq2_xxs};
-static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq3_xxs};
-static const rm_tile_kernels tile_q2_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q2_K};
-static const rm_tile_kernels tile_q3_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q3_K};
+static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q8_0, 0};
+static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q4_0, 1};
+static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K, 0};
+static const rm_tile_kernels tile_q5_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q5_K, 0};
+static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q6_K, 0};
+static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq4_xs, 0};
+static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq2_xxs, 0};
+static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq3_xxs, 0};
+static const rm_tile_kernels tile_q2_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q2_K, 0};
+static const rm_tile_kernels tile_q3_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q3_K, 0};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

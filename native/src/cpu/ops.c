@@ -222,13 +222,21 @@ static void matmul_tile_stored(const mm_task * t, int64_t r0, int64_t r1) {
     const rm_matmul_args * a = t->a;
     const int64_t n_in = a->w->ne[0];
     const uint64_t rb = a->w->row_bytes;
+    if (t->pk->dot_tile) {   /* tiles of rows: all the tokens at once (a chunk's rows are whole tiles) */
+        for (int32_t i = 0; i < a->n_tok; i += RM_MULTI_MAX) {
+            const int nc = a->n_tok - i < RM_MULTI_MAX ? a->n_tok - i : RM_MULTI_MAX;
+            rm_cpu_dot_stored(t->pk, n_in, nc, t->stored, rb, r0, r1, t->xt + (uint64_t) i * t->xt_stride, t->xt_stride,
+                              NULL, 0, a->y + (int64_t) i * a->y_stride, a->y_stride, a->accumulate);
+        }
+        return;
+    }
     for (int32_t i = 0; i < a->n_tok;) {
         const int nc = a->n_tok - i >= RM_MULTI_MAX ? RM_MULTI_MAX : a->n_tok - i >= 4 ? 4 : 1;
         for (int64_t r = r0; r < r1; r++) {
             float v[RM_MULTI_MAX];
             if (t->burst) rm_prefetch_row_ahead(t->stored + (uint64_t) r * rb, rb);
             t->pk->dot_stored(n_in, nc, v, t->stored + (uint64_t) r * rb, t->xt + (uint64_t) i * t->xt_stride,
-                              t->xt_stride, t->x_info + i * t->x_info_stride, t->x_info_stride);
+                              t->xt_stride, t->x_info ? t->x_info + i * t->x_info_stride : NULL, t->x_info_stride);
             for (int c = 0; c < nc; c++) {
                 store(a, i + c, r, v[c]);
             }
@@ -362,7 +370,8 @@ static void mm_set_acts(mm_task * t, uint8_t * xq, float * info) {
  * are or unpacked, or enough tokens to pay for packing them. */
 static int wants_packed(const mm_task * t) {
     const rm_packed_kernels * pk = rm_cpu_packed(t->a->w->type);
-    return pk && t->x_info && rm_packed_form_runs(pk, t->a->w->ne[0], t->a->n_tok, t->stored != NULL);
+    const int acts = t->x_info || rm_type_traits_get(t->a->w->type)->vec_dot_type == RM_TYPE_Q8_K;   /* the forms' needs */
+    return pk && acts && rm_packed_form_runs(pk, t->a->w->ne[0], t->a->n_tok, t->stored != NULL);
 }
 
 /* The tile form's kernels for t, when they give the one-token kernels' floats (a token's numbers
@@ -394,6 +403,11 @@ static void mm_set_packed(mm_task * t, const cpu_ctx * c, uint8_t * xt) {
     if (!t->stored || t->a->n_tok >= MM_PACK_MIN_TOKENS) {   /* tiles packed per product */
         const int64_t rows = (int64_t) (MM_PACK_BYTES / t->pk->packed_bytes(t->a->w->ne[0]));
         t->tile_rows = clamp_rows(rows, 1, t->chunk_rows);
+    } else if (t->pk->dot_tile) {   /* rows stored in tiles: chunks of whole ones */
+        const int64_t n_rows = t->a->w->ne[1];
+        t->chunk_rows = (t->chunk_rows + RM_TILE_ROWS - 1) / RM_TILE_ROWS * RM_TILE_ROWS;
+        t->tile_rows = t->chunk_rows;
+        t->n_chunks = (n_rows + t->chunk_rows - 1) / t->chunk_rows;
     }
 }
 
@@ -512,10 +526,18 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
             const rm_tile_kernels * tk = o->tk ? tile_for(t, 1) : NULL;
             if (tk && tk->put_group == o->tk->put_group) {   /* the same layout */
                 mm_set_tile(t, c, tk, o->xt);
-            } else if (o->xt && !o->tk && wants_packed(t)) {
-                mm_set_packed(t, c, o->xt);
+                return 1;
             }
-            return 1;
+            if (o->xt && !o->tk && wants_packed(t) && rm_cpu_packed(a->w->type)->transpose_act == o->pk->transpose_act) {
+                mm_set_packed(t, c, o->xt);
+                return 1;
+            }
+            if (!t->stored) {   /* the plain quantized rows serve it */
+                return 1;
+            }
+            /* rows kept in the stored layout need their own transposed copy (nothing else reads
+             * them): quantized again below */
+            mm_set_acts(t, NULL, NULL);
         }
     }
     const uint64_t bytes = act_row_bytes(a->w->type, a->w->ne[0]) * (uint64_t) a->n_tok;

@@ -16,18 +16,15 @@ typedef struct repack_job {
     int64_t           rows;
 } repack_job;
 
-#define REPACK_ROWS 64
+#define REPACK_ROWS 64   /* a multiple of RM_TILE_ROWS: chunks of whole tiles */
 
 static void repack_fn(void * p, int ith, int nth) {
     const repack_job * job = p;
-    const rm_packed_kernels * pk = rm_cpu_packed(job->w->type);
+    const rm_packed_kernels * pk = rm_cpu_stored(job->w->type, job->w->ne[0], job->w->ne[1]);
     const int64_t n_chunks = (job->rows + REPACK_ROWS - 1) / REPACK_ROWS;
-    for (int64_t k = ith; k < n_chunks; k += nth) {
+    for (int64_t k = ith; k < n_chunks; k += nth) {   /* chunks of whole tiles: the matrices' rows are */
         const int64_t r1 = (k + 1) * REPACK_ROWS < job->rows ? (k + 1) * REPACK_ROWS : job->rows;
-        for (int64_t r = k * REPACK_ROWS; r < r1; r++) {
-            pk->repack_row(job->w->ne[0], job->w->data + (uint64_t) r * job->w->row_bytes,
-                           job->out + (uint64_t) r * job->w->row_bytes);
-        }
+        rm_cpu_repack_rows(pk, job->w->ne[0], job->w->data, job->w->row_bytes, k * REPACK_ROWS, r1, job->out);
     }
 }
 
@@ -35,7 +32,7 @@ static int wanted(const rm_weight * w) {
     if (!w->data || w->ne[1] <= 1) {
         return 0;
     }
-    return rm_cpu_stored(w->type, w->ne[0]) != NULL;
+    return rm_cpu_stored(w->type, w->ne[0], w->ne[1]) != NULL;   /* rows of one matrix (an expert's) */
 }
 
 /* Lists w (its whole data: all experts of a 3-D tensor) when it is wanted and not listed yet

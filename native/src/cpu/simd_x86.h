@@ -11,6 +11,7 @@
 
 #include "iq_grids.h"
 #include "iq_grid_x86.h"
+#include "transpose_x86.h"
 
 #include "dispatch.h"
 #include <math.h>
@@ -467,9 +468,10 @@ RM_INLINE void kq_sum_init(const int grouped, kq_sum * q) {
     q->acc = _mm256_setzero_ps();
 }
 
-/* A group starts: its places cleared (each with a constant index, so none of them needs memory). */
+/* A group starts: its places cleared (each with a constant index, so none of them needs memory;
+ * paired: s[4] too, which only a group of odd count reads after setting it). */
 RM_INLINE void kq_sum_begin(const int grouped, kq_sum * q) {
-    for (int j = 0; j < (grouped == KQ_PAIRED ? 4 : 8); j++) {
+    for (int j = 0; j < (grouped == KQ_PAIRED ? 5 : 8); j++) {
         q->s[j] = q->m[j] = _mm256_setzero_si256();
     }
     q->f = q->g = _mm256_setzero_ps();
@@ -855,6 +857,191 @@ RM_INLINE void dot_q5_K_multi(int64_t n, float * out, const void * w, const void
 RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void * x_q, uint64_t x_stride, const int nc) {
     kq_dot(n, out, w, sizeof(rm_block_q6_K), x_q, x_stride, nc, KQ_GROUPED, 0, kq_step_q6_K);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The stored layout of Q4_K and Q5_K (repack.h: rows converted once at load, in both sets). A
+ * super-block keeps the file's size and its fields' places (d, dmin, the scales; Q5_K's qh); only
+ * the level bits are reordered, so that a 32-element sub-block's elements lie in one dword lane:
+ *
+ *   qs: 32-byte register R_m (m = 0..3) holds in dword k sub-block k's elements 8m .. 8m + 3 in
+ *       its low nibbles and 8m + 4 .. 8m + 7 in its high ones, so T_2m = R_m & 15 and
+ *       T_2m+1 = R_m >> 4 & 15 hold in lane k sub-block k's elements 4j .. 4j + 3 (j = 2m, 2m + 1);
+ *   qh (Q5_K): byte 4k + b, bit j: the fifth bit of sub-block k's element 4j + b (T_j's).
+ *
+ * The tokens' Q8_K rows are transposed the same way once per product (kq_transpose_act: A_j lane k
+ * holds the super-block's elements 32k + 4j .. + 3; d and bsums stay). Then vpdpbusd(T_j, A_j)
+ * adds sub-block k's products into lane k: eight of them leave each sub-block's integer dot in a
+ * lane of its own, one vpmulld weighs the lanes by the eight scales (the AVX2 set: the products
+ * summed in int16, at most 8 * 2 * 15 * 128 = 30720 for Q4_K and 4 * 2 * 31 * 128 = 31744 for
+ * Q5_K, then one vpmaddwd), and no scale is broadcast and nothing is added across lanes before
+ * kq_sum. The lanes' sum is the exact S of the file layout's kernels, M is theirs, and the float
+ * steps are kq_sum's: the same floats bit for bit. The tile form reads such rows as they are
+ * (kq_rows_x86.h).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bit b of every byte of v moved to bit 4 (16-bit shifts: b <= 7 brings no other byte's bit). */
+RM_INLINE __m256i bit_to4_256(__m256i v, const int b) {
+    return b < 4 ? _mm256_slli_epi16(v, 4 - b) : b > 4 ? _mm256_srli_epi16(v, b - 4) : v;
+}
+
+/* T_0..T_7 of a stored Q4_K / Q5_K super-block (levels 0..15, or 0..31 with Q5_K's fifth bits). */
+RM_INLINE void kq_stored_levels_k4(const uint8_t * qs, const uint8_t * qh, const int five, __m256i T[8]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int m = 0; m < 4; m++) {
+        const __m256i r = _mm256_loadu_si256((const __m256i *) (qs + 32 * m));
+        T[2 * m] = _mm256_and_si256(r, m4);
+        T[2 * m + 1] = _mm256_and_si256(_mm256_srli_epi16(r, 4), m4);
+    }
+    if (five) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *) qh), b4 = _mm256_set1_epi8(0x10);
+        for (int j = 0; j < 8; j++) {
+#ifdef RM_KQ_GROUPED
+            T[j] = _mm256_ternarylogic_epi32(T[j], bit_to4_256(h, j), b4, 0xf8);   /* T | (h' & b4) */
+#else
+            T[j] = _mm256_or_si256(T[j], _mm256_and_si256(bit_to4_256(h, j), b4));
+#endif
+        }
+    }
+}
+
+/* The eight sub-blocks' scaled integer dots of T against a token's transposed activations y, one
+ * per lane. sc: the scales as int32 lanes (AVX-512) or as (sc, sc) int16 pairs (AVX2); run: how
+ * many of the T_j's pair products add up in int16 without overflow (AVX2). */
+RM_INLINE __m256i kq_stored_dot(const __m256i T[8], const int8_t * y, __m256i sc, const int run) {
+#ifdef RM_KQ_GROUPED
+    (void) run;
+    __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();   /* two chains */
+    for (int j = 0; j < 8; j += 2) {
+        d0 = _mm256_dpbusd_epi32(d0, T[j], _mm256_loadu_si256((const __m256i *) (y + 32 * j)));
+        d1 = _mm256_dpbusd_epi32(d1, T[j + 1], _mm256_loadu_si256((const __m256i *) (y + 32 * j + 32)));
+    }
+    return _mm256_mullo_epi32(_mm256_add_epi32(d0, d1), sc);
+#else
+    __m256i s = _mm256_setzero_si256();
+    for (int j0 = 0; j0 < 8; j0 += run) {
+        __m256i p = _mm256_maddubs_epi16(T[j0], _mm256_loadu_si256((const __m256i *) (y + 32 * j0)));
+        for (int j = j0 + 1; j < j0 + run; j++) {
+            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(T[j], _mm256_loadu_si256((const __m256i *) (y + 32 * j))));
+        }
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, sc));
+    }
+    return s;
+#endif
+}
+
+/* kq_step_k4 on a stored super-block: the same S and M integers and f, g. */
+RM_INLINE void kq_step_k4_stored(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r,
+                                 const int five) {
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const rm_block_q4_K * b = (const rm_block_q4_K *) ((const uint8_t *) w + (size_t) i * bsize);
+    const uint8_t * qs = (const uint8_t *) b + (five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs));
+    __m256i T[8];
+    kq_stored_levels_k4(qs, five ? ((const rm_block_q5_K *) b)->qh : NULL, five, T);
+    const __m128i sm = scales_k4(b->scales);    /* 8 scales, then 8 mins */
+    const __m256i sc32 = _mm256_cvtepu8_epi32(sm);
+#ifdef RM_KQ_GROUPED
+    const __m256i sc = sc32;
+#else
+    const __m256i sc = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
+#endif
+    const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+    const float dw = fp16(b->d), dmw = fp16(b->dmin);
+    for (int c = 0; c < nc; c++) {
+        r[c].s = kq_stored_dot(T, a[c]->qs, sc, five ? 4 : 8);
+        r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
+        r[c].f = a[c]->d * dw;
+        r[c].g = a[c]->d * dmw;
+    }
+}
+
+RM_INLINE void kq_step_q4_K_stored(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    kq_step_k4_stored(w, i, a, nc, r, 0);
+}
+
+RM_INLINE void kq_step_q5_K_stored(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
+    kq_step_k4_stored(w, i, a, nc, r, 1);
+}
+
+/* A row of Q4_K / Q5_K into the stored layout (the same bytes per super-block). */
+RM_INLINE void kq_repack_row_k4(int64_t n, const void * w, void * stored, const int five) {
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const size_t qs_at = five ? offsetof(rm_block_q5_K, qs) : offsetof(rm_block_q4_K, qs);
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        const uint8_t * src = (const uint8_t *) w + (size_t) i * bsize;
+        uint8_t * dst = (uint8_t *) stored + (size_t) i * bsize;
+        memcpy(dst, src, qs_at);   /* d, dmin, scales (and qh, rewritten below) */
+        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *) ((const rm_block_q5_K *) src)->qh) : _mm256_setzero_si256();
+        __m256i L[8];   /* L[k]: sub-block k's levels (elements 32k .. 32k + 31) */
+        for (int p = 0; p < 4; p++) {
+            levels_k4(src + qs_at, qh, p, five, &L[2 * p], &L[2 * p + 1]);
+        }
+        transpose8_epi32(L);   /* L[j] lane k: sub-block k's elements 4j .. 4j + 3 */
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        for (int m = 0; m < 4; m++) {
+            const __m256i lo = _mm256_and_si256(L[2 * m], m4), hi = _mm256_and_si256(L[2 * m + 1], m4);
+            _mm256_storeu_si256((__m256i *) (dst + qs_at + 32 * m), _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+        }
+        if (five) {
+            __m256i h = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {   /* bit 4 of each level to bit j */
+                const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(L[j], 4), _mm256_set1_epi8(1));
+                h = _mm256_or_si256(h, _mm256_slli_epi16(bit, j));
+            }
+            _mm256_storeu_si256((__m256i *) (dst + offsetof(rm_block_q5_K, qh)), h);
+        }
+    }
+}
+
+/* The tokens' activations for the stored layout: Q8_K rows with each super-block's 256 levels
+ * transposed as 8 x 8 dwords (A_j := dword j of the eight 32-element sub-blocks); d and bsums as
+ * they are. */
+static uint64_t kq_act_bytes(int64_t n) { return (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K); }
+
+static void kq_transpose_act(int64_t n, const void * x_q, void * x_t) {
+    const rm_block_q8_K * x = x_q;
+    rm_block_q8_K * y = x_t;
+    for (int64_t i = 0; i < n / RM_QK_K; i++) {
+        __m256i r[8];
+        for (int k = 0; k < 8; k++) {
+            r[k] = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * k));
+        }
+        transpose8_epi32(r);
+        for (int j = 0; j < 8; j++) {
+            _mm256_storeu_si256((__m256i *) (y[i].qs + 32 * j), r[j]);
+        }
+        y[i].d = x[i].d;
+        memcpy(y[i].bsums, x[i].bsums, sizeof(x[i].bsums));
+    }
+}
+
+/* The stored form's dot (rm_packed_kernels.dot_stored) for nc tokens (1, 4 or 8, x_t's rows
+ * xt_stride bytes apart): two tokens a pass, each with kq_dot's steps, so each is the one-token
+ * kernel's floats. */
+RM_INLINE void dot_stored_k4(int64_t n, int nc, float * out, const void * stored, const void * x_t, uint64_t xt_stride,
+                             const int five) {
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const kq_step_fn step = five ? kq_step_q5_K_stored : kq_step_q4_K_stored;
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) {
+        kq_dot(n, out + c, stored, bsize, (const uint8_t *) x_t + (uint64_t) c * xt_stride, xt_stride, 2, KQ_GROUPED, 1, step);
+    }
+    if (c < nc) {
+        kq_dot(n, out + c, stored, bsize, (const uint8_t *) x_t + (uint64_t) c * xt_stride, xt_stride, 1, KQ_GROUPED, 1, step);
+    }
+}
+
+#define RM_KQ_STORED_KERNELS(t, five)                                                                              \
+    static void repack_row_##t(int64_t n, const void * w, void * stored) { kq_repack_row_k4(n, w, stored, five); } \
+    static void dot_stored_##t(int64_t n, int nc, float * out, const void * stored, const void * x_t,              \
+                               uint64_t xt_stride, const float * x_info, int64_t x_info_stride) {                  \
+        (void) x_info;                                                                                             \
+        (void) x_info_stride;                                                                                      \
+        dot_stored_k4(n, nc, out, stored, x_t, xt_stride, five);                                                   \
+    }                                                                                                              \
+    /* the stored form alone: no packed prefill form (the tiles take many tokens) */                              \
+    static const rm_packed_kernels packed_##t = {NULL, kq_act_bytes, NULL, kq_transpose_act, NULL,              \
+                                                 repack_row_##t, NULL, dot_stored_##t, 0, NULL, NULL};
 
 /* ---------------------------------------------------------------------------------------------
  * The prefill form of the K-quants: each super-block unpacked once, for every token of the call

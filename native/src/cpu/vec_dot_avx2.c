@@ -407,9 +407,9 @@ RM_STORED_KERNELS(mxfp4, 1, sizeof(rm_block_mxfp4), 1)
 /* the stored form alone (no packed prefill form: packed_bytes, pack_row, dot, unpack_stored);
  * stored_tail: Q4_0's rows of whole groups only, as in the AVX-512 set (its AMX tiles read them) */
 static const rm_packed_kernels packed_q4_0 = {NULL, grouped_act_bytes, NULL, grouped_transpose_act, NULL,
-                                              repack_row_q4_0, NULL, dot_stored_q4_0, 0};
+                                              repack_row_q4_0, NULL, dot_stored_q4_0, 0, NULL, NULL};
 static const rm_packed_kernels packed_mxfp4 = {NULL, grouped_act_bytes, NULL, grouped_transpose_act, NULL,
-                                               repack_row_mxfp4, NULL, dot_stored_mxfp4, 1};
+                                               repack_row_mxfp4, NULL, dot_stored_mxfp4, 1, NULL, NULL};
 
 /* The K-quants' tile form (kq_rows_x86.h), from this many tokens on (tools/bench_kernels.py). */
 RM_ROWS_KQ(q2_K, rm_block_q2_K, 1, 0, 6)
@@ -423,6 +423,9 @@ RM_ROWS_32(q8_0, R32_Q8_0, 6)
 RM_ROWS_32(q5_0, R32_Q5_0, 6)
 RM_ROWS_32(iq4_nl, R32_IQ4_NL, 6)
 RM_ROWS_32(mxfp4, R32_MXFP4, 6)
+
+RM_KQ_STORED_KERNELS(q4_K, 0)
+RM_KQ_STORED_KERNELS(q5_K, 1)
 
 const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .vec_dot = {
@@ -476,6 +479,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .exp_sum = exp_sum_x86,
     .max_of = max_x86,
     .packed = {
+        [RM_TYPE_Q4_K] = &packed_q4_K,
+        [RM_TYPE_Q5_K] = &packed_q5_K,
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_MXFP4] = &packed_mxfp4,
     },

@@ -474,15 +474,15 @@ RM_STORED_KERNELS(mxfp4, MXFP4_LEVELS)
 
 /* stored_tail: 0 for Q4_0 (rows of whole groups only), 1 for MXFP4 */
 static const rm_packed_kernels packed_q4_0 = {packed_bytes_32, grouped_act_bytes, pack_row_q4_0, grouped_transpose_act, dot_packed_q4_0,
-                                              repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0, 0};
+                                              repack_row_q4_0, unpack_stored_q4_0, dot_stored_q4_0, 0, NULL, NULL};
 static const rm_packed_kernels packed_q8_0 = {packed_bytes_32, grouped_act_bytes, pack_row_q8_0, grouped_transpose_act, dot_packed_q8_0,
-                                              NULL, NULL, NULL, 0};
+                                              NULL, NULL, NULL, 0, NULL, NULL};
 static const rm_packed_kernels packed_q5_0 = {packed_bytes_32, grouped_act_bytes, pack_row_q5_0, grouped_transpose_act, dot_packed_q5_0,
-                                              NULL, NULL, NULL, 0};
+                                              NULL, NULL, NULL, 0, NULL, NULL};
 static const rm_packed_kernels packed_iq4_nl = {packed_bytes_32, grouped_act_bytes, pack_row_iq4_nl, grouped_transpose_act,
-                                                dot_packed_iq4_nl, NULL, NULL, NULL, 0};
+                                                dot_packed_iq4_nl, NULL, NULL, NULL, 0, NULL, NULL};
 static const rm_packed_kernels packed_mxfp4 = {packed_bytes_32, grouped_act_bytes, pack_row_mxfp4, grouped_transpose_act,
-                                               dot_packed_mxfp4, repack_row_mxfp4, unpack_stored_mxfp4, dot_stored_mxfp4, 1};
+                                               dot_packed_mxfp4, repack_row_mxfp4, unpack_stored_mxfp4, dot_stored_mxfp4, 1, NULL, NULL};
 
 /* ---- attention, 512 bits wide: rows of a multiple of 16 floats (others: simd_x86.h's) ---- */
 
@@ -705,6 +705,16 @@ RM_ROWS_32(q5_0, R32_Q5_0, 10)
 RM_ROWS_32(iq4_nl, R32_IQ4_NL, 10)
 RM_ROWS_32(mxfp4, R32_MXFP4, 10)
 
+/* Q5_K rows kept with their sub-blocks in lanes (simd_x86.h); Q4_K's and Q6_K's sixteen rows to
+ * a tile (kq_rows_x86.h), read by the tile form for every number of tokens. */
+RM_KQ_STORED_KERNELS(q5_K, 1)
+/* Q8_K rows as they are, as the tiles read them (rm_packed_kernels.transpose_act). */
+static void kq_copy_act(int64_t n, const void * x_q, void * x_t) { memcpy(x_t, x_q, (size_t) kq_act_bytes(n)); }
+static const rm_packed_kernels packed_q4_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0,
+                                              ks16_repack_q4_K, ks16_dot_q4_K};
+static const rm_packed_kernels packed_q6_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0,
+                                              ks16_repack_q6_K, ks16_dot_q6_K};
+
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
@@ -750,6 +760,9 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .exp_sum = exp_sum_x86,
     .max_of = max_x86,
     .packed = {
+        [RM_TYPE_Q4_K] = &packed_q4_K,
+        [RM_TYPE_Q6_K] = &packed_q6_K,
+        [RM_TYPE_Q5_K] = &packed_q5_K,
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,
         [RM_TYPE_Q5_0] = &packed_q5_0,

@@ -1091,8 +1091,6 @@ RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb,
 
 static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 0); }
 static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 0); }
-static void tpack_q4_K_stored(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 1); }
-static void tpack_q5_K_stored(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 1); }
 
 /* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields, the sixteen signed scales as (sc, sc)
  * pairs, the bsums' weights (sc 2p, sc 2p + 1), d. */
@@ -1182,8 +1180,8 @@ static void tpack_iq4_xs(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb
 /* for rows in the stored layout (simd_x86.h; NULL: the type has none) */
 #define KQ_TPACK_STORED_q2_K NULL
 #define KQ_TPACK_STORED_q3_K NULL
-#define KQ_TPACK_STORED_q4_K tpack_q4_K_stored
-#define KQ_TPACK_STORED_q5_K tpack_q5_K_stored
+#define KQ_TPACK_STORED_q4_K NULL   /* the AVX2 set keeps the K-quants as the file has them */
+#define KQ_TPACK_STORED_q5_K NULL
 #define KQ_TPACK_STORED_q6_K NULL
 #define KQ_TPACK_STORED_iq4_xs NULL
 #define KQ_UNPACK_q2_K unpack_q2_K   /* unpacked row by row, then transposed */

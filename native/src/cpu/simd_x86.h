@@ -859,7 +859,10 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The stored layout of Q4_K and Q5_K (repack.h: rows converted once at load, in both sets). A
+ * The stored layout of Q4_K and Q5_K rows (repack.h: converted once at load; the AVX-512 set's Q5_K,
+ * whose Q4_K is kept in tiles instead, kq_rows_x86.h). In the AVX2 set it measured faster for one
+ * and two tokens and slower for four (Q4_K 23.3 against 21.1 ps per weight and token), so that set
+ * keeps the file's rows; the code serves both sets. A
  * super-block keeps the file's size and its fields' places (d, dmin, the scales; Q5_K's qh); only
  * the level bits are reordered, so that a 32-element sub-block's elements lie in one dword lane:
  *
@@ -996,9 +999,9 @@ RM_INLINE void kq_repack_row_k4(int64_t n, const void * w, void * stored, const 
 /* The tokens' activations for the stored layout: Q8_K rows with each super-block's 256 levels
  * transposed as 8 x 8 dwords (A_j := dword j of the eight 32-element sub-blocks); d and bsums as
  * they are. */
-static uint64_t kq_act_bytes(int64_t n) { return (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K); }
+static inline uint64_t kq_act_bytes(int64_t n) { return (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K); }
 
-static void kq_transpose_act(int64_t n, const void * x_q, void * x_t) {
+static inline void kq_transpose_act(int64_t n, const void * x_q, void * x_t) {
     const rm_block_q8_K * x = x_q;
     rm_block_q8_K * y = x_t;
     for (int64_t i = 0; i < n / RM_QK_K; i++) {

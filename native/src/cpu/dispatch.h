@@ -262,11 +262,10 @@ void rm_cpu_attn_values_rows_ref(int64_t d, int64_t n, int nr, const float * s, 
 /* The prefill form of `isa`'s own kernel for a type (no fall-through: it must pair with that
  * set's vec_dot); NULL: none. */
 const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
-/* The packed kernels of set isa when they keep rows of n weights of type in their stored layout
- * (repack_row: rows of at least one group of eight blocks, of whole groups unless stored_tail),
- * else NULL. */
-/* The stored layout of `isa`'s set for matrices of n_rows rows of n weights of `type`; NULL: none
- * (they are read as the file has them). */
+/* The packed kernels of set isa when they keep matrices of n_rows rows of n weights of type in
+ * their stored layout (repack_row: rows of at least one group of eight blocks, of whole groups
+ * unless stored_tail; repack_tile: whole super-blocks, whole tiles of rows; never where the set's
+ * tiles read the file's layout only), else NULL: such matrices are read as the file has them. */
 const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n, int64_t n_rows);
 /* The tile form of `isa`'s own set for a type (no fall-through); NULL: none. */
 const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);

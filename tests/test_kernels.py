@@ -257,10 +257,10 @@ def test_kernels_stored_rows_equal_the_file_layout(name, isa):
                 assert got.tobytes() == one.tobytes(), f"{isa} {name} n={n} rows#{k} tokens={n_tok}: not one-token's"
 
 
-# The K-quants' stored layouts: the AVX-512 set keeps Q4_K and Q6_K matrices of a multiple of 16 rows
-# sixteen rows to a tile (read by the tile form for any number of tokens) and Q5_K row by row with
-# each sub-block's elements in a lane; other row counts, and the AVX2 set's K-quants, stay as the
-# file has them (the same check then holds on the file's rows).
+# The K-quants' stored layouts: both sets keep Q4_K and Q6_K matrices of a multiple of 16 rows
+# sixteen rows to a tile (read by the tile form for any number of tokens), the AVX-512 set Q5_K row
+# by row with each sub-block's elements in a lane; other row counts, and the AVX2 set's Q5_K, stay
+# as the file has them (the same check then holds on the file's rows).
 KQ_STORED_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -283,14 +283,11 @@ def test_kernels_kquant_stored_rows_equal_the_file_layout(name, isa):
 
 
 @needs_simd
-def test_kernels_repack_rows_gives_the_stored_layout_or_says_why_not():
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_kernels_repack_rows_gives_the_stored_layout_or_says_why_not(isa):
     """repack_rows converts rows the set keeps stored (another byte order, the same size; products
-    from them as from the file's rows) and refuses the rest with the reason: the AVX-512 set's
-    Q4_K tiles need whole tiles of sixteen rows, Q8_0 has no stored layout, the AVX2 set keeps its
-    K-quants as the file has them."""
-    if "avx512" not in kernels.supported_isas():
-        pytest.skip("the K-quants' stored layouts are the AVX-512 set's")
-    isa = "avx512"
+    from them as from the file's rows) and refuses the rest with the reason: Q4_K's tiles need whole
+    tiles of sixteen rows, Q8_0 has no stored layout, nor has the AVX2 set's Q5_K."""
     w = random_rows("Q4_K", 32, 512, seed=3)[1]
     stored = kernels.repack_rows("Q4_K", w, 512, isa=isa)
     assert len(stored) == len(w) and stored != w
@@ -303,9 +300,9 @@ def test_kernels_repack_rows_gives_the_stored_layout_or_says_why_not():
         kernels.repack_rows("Q4_K", random_rows("Q4_K", 19, 512, seed=6)[0], 512, isa=isa)
     with pytest.raises(InvalidArgumentError, match="keeps no 19 rows"):
         kernels.vec_dot_rows("Q4_K", random_rows("Q4_K", 19, 512, seed=6)[0], x_q, 512, isa=isa, repacked=True)
-    if "avx2" in kernels.supported_isas():
-        with pytest.raises(InvalidArgumentError, match="set avx2 keeps no"):
-            kernels.repack_rows("Q4_K", w, 512, isa="avx2")
+    if isa == "avx2":
+        with pytest.raises(InvalidArgumentError, match="set avx2 keeps no 32 rows of 512 Q5_K"):
+            kernels.repack_rows("Q5_K", random_rows("Q5_K", 32, 512, seed=7)[0], 512, isa=isa)
 
 
 # IQ types with SIMD kernels (one token and several at once)

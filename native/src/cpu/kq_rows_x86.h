@@ -40,6 +40,21 @@
 #define KR_D 5632
 #define KR_BYTES 5760    /* one super-block of RM_TILE_ROWS rows */
 #define KR_TOKENS 8      /* tokens per pass over the tile: 8 sums and 8 dots in registers */
+/* The stored tiles of Q4_K and Q6_K (both sets; see "kept sixteen rows interleaved" below): where
+ * a super-block's parts lie. */
+#define KS16_U 0
+#define KS16_LEV 192
+#define KS16_D 2240
+#define KS16_DMIN 2272
+/* Q6_K (16 * 210 bytes a super-block): the rows' 16 signed scales as 4 words each, word by word
+ * (at 0); then for each 16-element sub-block j, at 256 + 192 j: the levels' low 4 bits as above
+ * but paired within the sub-block, groups 4j + q and 4j + q + 2 in the q-th 64 bytes (q = 0, 1),
+ * and their high 2 bits in the third, byte 4r + i holding group 4j + k's element i of row r at bits
+ * 2k, 2k + 1; the sixteen d last (3328). Each super-block is read in the order it lies. */
+#define KS16_Q6_SC 0
+#define KS16_Q6_LEV(j, q) (256 + 192 * (j) + 64 * (q))
+#define KS16_Q6_HB(j) (256 + 192 * (j) + 128)
+#define KS16_Q6_D 3328
 
 typedef void (*kq_unpack_fn)(const void *, int64_t, kq_unpacked *);
 /* A super-block of sixteen rows packed straight from the stored blocks (the AVX-512 set). */
@@ -762,19 +777,6 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
  * sixteen rows, and the scales are decoded lane by lane as the room's are. The integers and the
  * float steps are rows_tokens_kq's, so the floats are the tile form's, which are the one-token
  * kernels' (one token is the tile form with nt = 1: no kernel reads these rows one at a time). */
-#define KS16_U 0
-#define KS16_LEV 192
-#define KS16_D 2240
-#define KS16_DMIN 2272
-/* Q6_K (16 * 210 bytes a super-block): the rows' 16 signed scales as 4 words each, word by word
- * (at 0); then for each 16-element sub-block j, at 256 + 192 j: the levels' low 4 bits as above
- * but paired within the sub-block, groups 4j + q and 4j + q + 2 in the q-th 64 bytes (q = 0, 1),
- * and their high 2 bits in the third, byte 4r + i holding group 4j + k's element i of row r at bits
- * 2k, 2k + 1; the sixteen d last (3328). Each super-block is read in the order it lies. */
-#define KS16_Q6_SC 0
-#define KS16_Q6_LEV(j, q) (256 + 192 * (j) + 64 * (q))
-#define KS16_Q6_HB(j) (256 + 192 * (j) + 128)
-#define KS16_Q6_D 3328
 
 /* Sixteen rows of Q4_K (row_bytes apart) into one tile of the layout above. */
 static void ks16_repack_q4_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
@@ -972,7 +974,8 @@ RM_INLINE void ks16_dot(int64_t n, int nc, float out[][RM_TILE_ROWS], const void
 /* The tile form on a stored matrix: rows r0..r1 (within one tile or across two, when a caller's
  * chunks are not whole tiles) against every token of x_t (Q8_K rows side by side). */
 RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                           int32_t n_tok, float * y, int64_t y_stride, int accumulate, const int six) {
+                           int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int six) {
+    (void) room;   /* the tiles are read as they are, eight tokens a pass */
     const uint64_t xrow = (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K);
     for (int64_t k0 = r0 / RM_TILE_ROWS * RM_TILE_ROWS; k0 < r1; k0 += RM_TILE_ROWS) {
         const int64_t a = r0 > k0 ? r0 : k0, e = r1 < k0 + RM_TILE_ROWS ? r1 : k0 + RM_TILE_ROWS;
@@ -1000,8 +1003,9 @@ RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_
         ks16_dot(n, nc, out, tile, x_t, xt_stride, six);                                                            \
     }                                                                                                                \
     static void ks16_matmul_##t(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1,              \
-                                const void * x_t, int32_t n_tok, float * y, int64_t y_stride, int accumulate) {     \
-        ks16_matmul(n, w, row_bytes, r0, r1, x_t, n_tok, y, y_stride, accumulate, six);                             \
+                                const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,          \
+                                int accumulate) {                                                                  \
+        ks16_matmul(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, six);                       \
     }
 
 RM_KS16_KERNELS(q4_K, 0)
@@ -1355,11 +1359,9 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
     }
 }
 
-RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                              int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
-                              kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int sixteen,
-                              const int off_mul) {
-    const int64_t nsb = n / RM_QK_K;
+/* Every token of x_t against the packed room of rows k0..k0 + 15 (a..e of them stored to y). */
+RM_INLINE void rows_kq_room(int64_t nsb, const void * room, const void * x_t, int32_t n_tok, int64_t k0, int64_t a, int64_t e,
+                            float * y, int64_t y_stride, int accumulate, const int sixteen, const int off_mul) {
     const uint64_t xrow = (uint64_t) nsb * sizeof(rm_block_q8_K);
     const int run = off_mul == 32 ? 2 : 4;   /* Q6_K's levels reach 63 */
     /* vpdpbusd where there is one, for the 32-element sub-blocks: one thread, rows of 2048, 32
@@ -1369,7 +1371,6 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
     /* IQ4_XS (offset 128): its levels packed signed by its tpack, the sign trick */
     const int sgn = off_mul == 128;
     const int vnni = !sixteen && !sgn && rm_cpu_avx_vnni();
-    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, tpack, bsize, off_mul == 0);
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const rm_block_q8_K * x[KR_TOKENS_AVX2];
@@ -1377,7 +1378,7 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
             x[t] = (const rm_block_q8_K *) ((const uint8_t *) x_t + (uint64_t) (i0 + (t < nt ? t : 0)) * xrow);
         }
         float out[KR_TOKENS_AVX2][RM_TILE_ROWS];
-        for (int h = 0; h < (r1 - r0 > 8 ? 2 : 1); h++) {
+        for (int h = 0; h < (e - k0 > 8 ? 2 : 1); h++) {
             switch (nt + 4 * vnni + 8 * sgn) {   /* a copy per count and form, the token loops unrolled */
             case 12: rows_tokens_kq(nsb, room, x, 4, h, out, run, 0, off_mul, 0, 1); break;
             case 11: rows_tokens_kq(nsb, room, x, 3, h, out, run, 0, off_mul, 0, 1); break;
@@ -1394,14 +1395,22 @@ RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int
             }
         }
         for (int t = 0; t < nt; t++) {
-            float * yt = y + (int64_t) (i0 + t) * y_stride + r0;
-            for (int64_t r = 0; r < r1 - r0; r++) {
-                yt[r] = accumulate ? yt[r] + out[t][r] : out[t][r];
+            float * yt = y + (int64_t) (i0 + t) * y_stride;
+            for (int64_t r = a; r < e; r++) {
+                yt[r] = accumulate ? yt[r] + out[t][r - k0] : out[t][r - k0];
             }
         }
     }
 }
 
+
+RM_INLINE void matmul_rows_kq(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                              int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate,
+                              kq_unpack_fn unpack, kq_tpack_fn tpack, const size_t bsize, const int sixteen,
+                              const int off_mul) {
+    pack_rows_kq(n, w, row_bytes, r0, r1, room, unpack, tpack, bsize, off_mul == 0);
+    rows_kq_room(n / RM_QK_K, room, x_t, n_tok, r0, r0, r1, y, y_stride, accumulate, sixteen, off_mul);
+}
 
 /* How the AVX2 set takes a 32-element block's products: int16 runs of vpmaddubsw (levels up to 31),
  * vpdpbusd (AVX-VNNI), or the sign trick on signed levels (Q8_0 and IQ4_NL without AVX-VNNI). */
@@ -1539,21 +1548,341 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     }
 }
 
+
+/* ---- Q4_K and Q6_K kept sixteen rows to a tile, the AVX2 set ----------------------------------
+ *
+ * The AVX-512 set's layout (above), read as two halves of eight rows: each 64-byte run's first 32
+ * bytes are rows 0..7, its last 32 rows 8..15, and so are the headers' runs (d and dmin: 16 bytes a
+ * half). The products go as this set's tiles take them: vpmaddubsw of eight rows' levels by a
+ * token's four activations, summed in int16 (a Q4_K sub-block's eight groups: at most 8 * 2 * 15
+ * * 128 = 30720; Q6_K's levels reach 63, two groups: 2 * 2 * 63 * 128 = 32256), one vpmaddwd by the
+ * (sc, sc) pairs; the same integers and float steps as rows_tokens_kq, so the same floats. */
+
+/* Sixteen rows of Q4_K (six = 0) or Q6_K into one tile. */
+RM_INLINE void ks16_repack(int64_t n, const void * w, uint64_t row_bytes, void * tile, const int six) {
+    uint8_t room[KR_BYTES] __attribute__((aligned(64)));
+    const size_t bsize = six ? sizeof(rm_block_q6_K) : sizeof(rm_block_q4_K);
+    const __m256i n4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < n / RM_QK_K; b++) {
+        const uint8_t * src[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * bsize;
+        }
+        if (six) {
+            tpack_q6_K(src, room);
+        } else {
+            tpack_k4(src, room, 0, 0);
+        }
+        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * bsize;
+        for (int h = 0; h < 2; h++) {
+#define KS16_LOAD(e) _mm256_loadu_si256((const __m256i *) (room + KR_LEV + 64 * (e) + 32 * h))
+#define KS16_PAIR(lo, hi) _mm256_or_si256(_mm256_and_si256((lo), n4), _mm256_slli_epi16(_mm256_and_si256((hi), n4), 4))
+            for (int j = 0; j < (six ? 16 : 8); j++) {
+                if (six) {
+                    __m256i g[4], hb = _mm256_setzero_si256();
+                    for (int k = 0; k < 4; k++) {
+                        g[k] = KS16_LOAD(4 * j + k);
+                        hb = _mm256_or_si256(hb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(g[k], 4), m2), 2 * k));
+                    }
+                    for (int q = 0; q < 2; q++) {
+                        _mm256_storeu_si256((__m256i *) (o + KS16_Q6_LEV(j, q) + 32 * h), KS16_PAIR(g[q], g[q + 2]));
+                    }
+                    _mm256_storeu_si256((__m256i *) (o + KS16_Q6_HB(j) + 32 * h), hb);
+                } else {
+                    for (int q = 0; q < 4; q++) {
+                        _mm256_storeu_si256((__m256i *) (o + KS16_LEV + 64 * (4 * j + q) + 32 * h),
+                                            KS16_PAIR(KS16_LOAD(8 * j + q), KS16_LOAD(8 * j + q + 4)));
+                    }
+                }
+            }
+#undef KS16_LOAD
+#undef KS16_PAIR
+            __m256i v[4];
+            side8x4(src + 8 * h, six ? offsetof(rm_block_q6_K, scales) : 0, v);
+            if (six) {   /* the scales' four words */
+                for (int k = 0; k < 4; k++) {
+                    _mm256_storeu_si256((__m256i *) (o + KS16_Q6_SC + 64 * k + 32 * h), v[k]);
+                }
+                continue;
+            }
+            const __m256i lo16 = _mm256_set1_epi32(0xffff);   /* d | dmin << 16, then u0, u1, u2 */
+            const __m256i d = _mm256_and_si256(v[0], lo16), dm = _mm256_srli_epi32(v[0], 16);
+            _mm_storeu_si128((__m128i *) (o + KS16_D + 16 * h), _mm_packus_epi32(_mm256_castsi256_si128(d), _mm256_extracti128_si256(d, 1)));
+            _mm_storeu_si128((__m128i *) (o + KS16_DMIN + 16 * h),
+                             _mm_packus_epi32(_mm256_castsi256_si128(dm), _mm256_extracti128_si256(dm, 1)));
+            for (int k = 0; k < 3; k++) {
+                _mm256_storeu_si256((__m256i *) (o + KS16_U + 64 * k + 32 * h), v[1 + k]);
+            }
+        }
+        if (six) {
+            for (int r = 0; r < RM_TILE_ROWS; r++) {
+                memcpy(o + KS16_Q6_D + 2 * r, src[r] + offsetof(rm_block_q6_K, d), 2);
+            }
+        }
+    }
+}
+
+static void ks16_repack_q4_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) { ks16_repack(n, w, row_bytes, tile, 0); }
+static void ks16_repack_q6_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) { ks16_repack(n, w, row_bytes, tile, 1); }
+
+/* Sub-block J's scale (mins: its min) in each of eight rows' lanes, from the words u0, u1, u2. */
+RM_INLINE __m256i ks16_field256(const __m256i u[4], const int J, const int mins) {
+    const __m256i m6 = _mm256_set1_epi32(0x3f), m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(0x30);
+    if (J < 4) {
+        return _mm256_and_si256(_mm256_srli_epi32(u[mins], 8 * J), m6);
+    }
+    const int c = 8 * (J - 4) + 4 * mins;
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u[2], c), m4),
+                           _mm256_and_si256(_mm256_srli_epi32(u[mins], 8 * (J - 4) + 2), m2));
+}
+
+/* Levels of group 4j + k of a Q6_K tile's eight rows (ks16_q6_levels). */
+RM_INLINE __m256i ks16_q6_levels256(__m256i v, __m256i hb, const int k) {
+    const __m256i n4 = _mm256_set1_epi8(0x0f), m2h = _mm256_set1_epi8(0x30);
+    const __m256i lo4 = k < 2 ? _mm256_and_si256(v, n4) : _mm256_and_si256(_mm256_srli_epi16(v, 4), n4);
+    const __m256i hi = k < 2 ? _mm256_slli_epi16(hb, 4 - 2 * k) : k == 2 ? hb : _mm256_srli_epi16(hb, 2);
+    return _mm256_or_si256(lo4, _mm256_and_si256(hi, m2h));
+}
+
+/* An int32 lane's value in both of its int16 halves, for vpmaddwd. */
+RM_INLINE __m256i ks16_pair(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16));
+}
+
+#define KS16_X(t, e) _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * (e)))
+
+/* nt tokens (1 to KR_TOKENS_AVX2) against one tile, each super-block's two halves of eight rows
+ * in turn (each line of it used whole while in L1): out[t][row]. */
+RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_K * const x[KR_TOKENS_AVX2], const int nt,
+                           float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int six) {
+    const size_t tb = RM_TILE_ROWS * (six ? sizeof(rm_block_q6_K) : sizeof(rm_block_q4_K));
+    const __m256i n4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[2][KR_TOKENS_AVX2][8];   /* [half][token][super-block mod 8]: 8 rows */
+    for (int h = 0; h < 2; h++) {
+        for (int t = 0; t < nt; t++) {
+            for (int l = 0; l < 8; l++) {
+                acc[h][t][l] = _mm256_setzero_ps();
+            }
+        }
+    }
+    for (int64_t b = 0; b < nsb; b++) {
+      for (int h = 0; h < 2; h++) {
+        const uint8_t * sb = tile + (uint64_t) b * tb;
+        const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U) + 32 * h;
+        const __m256i u[4] = {_mm256_loadu_si256((const __m256i *) hdr), _mm256_loadu_si256((const __m256i *) (hdr + 64)),
+                              _mm256_loadu_si256((const __m256i *) (hdr + 128)),
+                              six ? _mm256_loadu_si256((const __m256i *) (hdr + 192)) : _mm256_setzero_si256()};
+        __m256i S[KR_TOKENS_AVX2], P[KR_TOKENS_AVX2];
+        for (int t = 0; t < nt; t++) {
+            S[t] = _mm256_setzero_si256();
+        }
+        const int nj = six ? 16 : 8;
+#pragma GCC unroll 16
+        for (int j = 0; j < nj; j++) {
+            if (six) {
+                const __m256i hb = _mm256_loadu_si256((const __m256i *) (sb + KS16_Q6_HB(j) + 32 * h));
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *) (sb + KS16_Q6_LEV(j, 0) + 32 * h));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *) (sb + KS16_Q6_LEV(j, 1) + 32 * h));
+                const __m256i sc = ks16_pair(_mm256_srai_epi32(_mm256_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24));
+                for (int k0 = 0; k0 < 4; k0 += 2) {   /* two groups a run */
+                    const __m256i l0 = ks16_q6_levels256(v0, hb, k0), l1 = ks16_q6_levels256(v1, hb, k0 + 1);
+                    for (int t = 0; t < nt; t++) {
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(l0, KS16_X(t, 4 * j + k0)),
+                                                           _mm256_maddubs_epi16(l1, KS16_X(t, 4 * j + k0 + 1)));
+                        S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(p, sc));
+                    }
+                }
+                continue;
+            }
+            for (int t = 0; t < nt; t++) {
+                P[t] = _mm256_setzero_si256();
+            }
+            for (int q = 0; q < 4; q++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *) (sb + KS16_LEV + 64 * (4 * j + q) + 32 * h));
+                const __m256i lo = _mm256_and_si256(v, n4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), n4);
+                for (int t = 0; t < nt; t++) {
+                    P[t] = _mm256_add_epi16(P[t], _mm256_add_epi16(_mm256_maddubs_epi16(lo, KS16_X(t, 8 * j + q)),
+                                                                   _mm256_maddubs_epi16(hi, KS16_X(t, 8 * j + q + 4))));
+                }
+            }
+            const __m256i sc = ks16_pair(ks16_field256(u, j, 0));
+            for (int t = 0; t < nt; t++) {
+                S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(P[t], sc));
+            }
+        }
+        for (int t = 0; t < nt; t++) {   /* the bsums' weights against the bsums, pair by pair */
+            P[t] = _mm256_setzero_si256();
+        }
+        for (int p = 0; p < 8; p++) {
+            __m256i bw;
+            if (six) {   /* (sc 2p, sc 2p + 1) */
+                const __m256i w = u[p / 2];
+                bw = _mm256_or_si256(_mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(w, 24 - 16 * (p % 2)), 24),
+                                                      _mm256_set1_epi32(0xffff)),
+                                     _mm256_slli_epi32(_mm256_srai_epi32(_mm256_slli_epi32(w, 16 - 16 * (p % 2)), 24), 16));
+            } else {   /* (min p, min p) */
+                bw = ks16_pair(ks16_field256(u, p, 1));
+            }
+            for (int t = 0; t < nt; t++) {
+                P[t] = _mm256_add_epi32(P[t], _mm256_madd_epi16(bw, _mm256_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p))));
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (sb + (six ? KS16_Q6_D : KS16_D) + 16 * h)));
+        const __m256 dm = six ? dw : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (sb + KS16_DMIN + 16 * h)));
+        const int l = (int) (b % 8);
+        for (int t = 0; t < nt; t++) {
+            const __m256 dx = _mm256_set1_ps(x[t][b].d);
+            if (six) {   /* the offset 32: S - 32 sum(sc bsums) */
+                const __m256i sv = _mm256_sub_epi32(S[t], _mm256_slli_epi32(P[t], 5));
+                acc[h][t][l] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(sv), acc[h][t][l]);
+            } else {
+                acc[h][t][l] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dw), _mm256_cvtepi32_ps(S[t]), acc[h][t][l]);
+                acc[h][t][l] = _mm256_fnmadd_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(P[t]), acc[h][t][l]);
+            }
+        }
+    }
+    }
+    for (int h = 0; h < 2; h++) {
+        for (int t = 0; t < nt; t++) {
+            _mm256_storeu_ps(out[t] + 8 * h, sum8_ps256(acc[h][t]));
+        }
+    }
+}
+#undef KS16_X
+
+/* nc tokens (1 to RM_MULTI_MAX; their Q8_K rows xt_stride bytes apart) against one tile, four at a
+ * time: out[c][row] (rm_packed_kernels.dot_tile). */
+RM_INLINE void ks16_dot(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,
+                        uint64_t xt_stride, const int six) {
+    const int64_t nsb = n / RM_QK_K;
+    for (int c = 0; c < nc; c += KR_TOKENS_AVX2) {
+        const int nt = nc - c < KR_TOKENS_AVX2 ? nc - c : KR_TOKENS_AVX2;
+        const rm_block_q8_K * x[KR_TOKENS_AVX2];
+        for (int t = 0; t < KR_TOKENS_AVX2; t++) {
+            x[t] = (const rm_block_q8_K *) ((const uint8_t *) x_t + (uint64_t) (c + (t < nt ? t : 0)) * xt_stride);
+        }
+        float o[KR_TOKENS_AVX2][RM_TILE_ROWS];
+        switch (nt) {   /* a copy per count, the token loops unrolled */
+        case 4: ks16_tokens(nsb, tile, x, 4, o, six); break;
+        case 3: ks16_tokens(nsb, tile, x, 3, o, six); break;
+        case 2: ks16_tokens(nsb, tile, x, 2, o, six); break;
+        default: ks16_tokens(nsb, tile, x, 1, o, six); break;
+        }
+        memcpy(out[c], o, sizeof(float) * RM_TILE_ROWS * (size_t) nt);
+    }
+}
+
+/* One super-block of a stored tile into the room as tpack_k4 / tpack_q6_K leave it: the levels
+ * (two groups a 64-byte run; Q6_K's high bits put in), the scales as (sc, sc) pairs, the bsums'
+ * weights, d and dmin as floats. */
+RM_INLINE void ks16_to_room(const uint8_t * sb, uint8_t * wb, const int six) {
+    const __m256i n4 = _mm256_set1_epi8(0x0f), lo16 = _mm256_set1_epi32(0xffff);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U) + 32 * h;
+        __m256i u[4];
+        for (int k = 0; k < (six ? 4 : 3); k++) {
+            u[k] = _mm256_loadu_si256((const __m256i *) (hdr + 64 * k));
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (sb + (six ? KS16_Q6_D : KS16_D) + 16 * h)));
+        _mm256_storeu_ps((float *) (wb + KR_D + 32 * h), dw);
+        _mm256_storeu_ps((float *) (wb + KR_D + 64 + 32 * h),
+                         six ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (sb + KS16_DMIN + 16 * h))));
+        if (six) {
+            __m256i sc[16];
+            for (int j = 0; j < 16; j++) {
+                sc[j] = _mm256_srai_epi32(_mm256_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24);
+                _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * j + 32 * h), ks16_pair(sc[j]));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *) (sb + KS16_Q6_HB(j) + 32 * h));
+                for (int k = 0; k < 4; k++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *) (sb + KS16_Q6_LEV(j, k % 2) + 32 * h));
+                    _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (4 * j + k) + 32 * h), ks16_q6_levels256(v, hb, k));
+                }
+            }
+            for (int p = 0; p < 8; p++) {
+                _mm256_storeu_si256((__m256i *) (wb + KR_BW + 64 * p + 32 * h),
+                                    _mm256_or_si256(_mm256_and_si256(sc[2 * p], lo16), _mm256_slli_epi32(sc[2 * p + 1], 16)));
+            }
+            continue;
+        }
+        for (int J = 0; J < 8; J++) {
+            const __m256i sc = ks16_pair(ks16_field256(u, J, 0));
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * J) + 32 * h), sc);
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * J + 1) + 32 * h), sc);
+            _mm256_storeu_si256((__m256i *) (wb + KR_BW + 64 * J + 32 * h), ks16_pair(ks16_field256(u, J, 1)));
+            for (int q = 0; q < 4; q++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *) (sb + KS16_LEV + 64 * (4 * J + q) + 32 * h));
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * J + q) + 32 * h), _mm256_and_si256(v, n4));
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * J + q + 4) + 32 * h),
+                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), n4));
+            }
+        }
+    }
+}
+
+/* From this many tokens a stored tile is unpacked into the room once and read from there four
+ * tokens a pass (rows_kq_room), instead of its nibbles being split again for each pass. */
+#define KS16_ROOM_TOKENS 8
+
+/* The tile form on a stored matrix: rows r0..r1 (whole tiles or not) against every token of x_t. */
+RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
+                           int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int six) {
+    const uint64_t xrow = (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K);
+    const size_t tb = RM_TILE_ROWS * (six ? sizeof(rm_block_q6_K) : sizeof(rm_block_q4_K));
+    for (int64_t k0 = r0 / RM_TILE_ROWS * RM_TILE_ROWS; k0 < r1; k0 += RM_TILE_ROWS) {
+        const int64_t a = r0 > k0 ? r0 : k0, e = r1 < k0 + RM_TILE_ROWS ? r1 : k0 + RM_TILE_ROWS;
+        if (n_tok >= KS16_ROOM_TOKENS) {
+            for (int64_t b = 0; b < n / RM_QK_K; b++) {
+                ks16_to_room((const uint8_t *) w + (uint64_t) k0 * row_bytes + (uint64_t) b * tb, (uint8_t *) room + (uint64_t) b * KR_BYTES,
+                             six);
+            }
+            rows_kq_room(n / RM_QK_K, room, x_t, n_tok, k0, a, e, y, y_stride, accumulate, six, six ? 32 : 0);
+            continue;
+        }
+        for (int32_t i0 = 0; i0 < n_tok; i0 += RM_MULTI_MAX) {
+            const int nt = n_tok - i0 < RM_MULTI_MAX ? n_tok - i0 : RM_MULTI_MAX;
+            float out[RM_MULTI_MAX][RM_TILE_ROWS];
+            ks16_dot(n, nt, out, (const uint8_t *) w + (uint64_t) k0 * row_bytes, (const uint8_t *) x_t + (uint64_t) i0 * xrow,
+                     xrow, six);
+            for (int t = 0; t < nt; t++) {
+                float * yt = y + (int64_t) (i0 + t) * y_stride;
+                for (int64_t r = a; r < e; r++) {
+                    yt[r] = accumulate ? yt[r] + out[t][r - k0] : out[t][r - k0];
+                }
+            }
+        }
+    }
+}
+
+#define RM_KS16_KERNELS(t, six)                                                                                      \
+    static void ks16_dot_##t(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,     \
+                             uint64_t xt_stride) {                                                                  \
+        ks16_dot(n, nc, out, tile, x_t, xt_stride, six);                                                            \
+    }                                                                                                                \
+    static void ks16_matmul_##t(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1,              \
+                                const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,          \
+                                int accumulate) {                                                                  \
+        ks16_matmul(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, six);                       \
+    }
+
+RM_KS16_KERNELS(q4_K, 0)
+RM_KS16_KERNELS(q6_K, 1)
+
 #endif
 
 /* The tile form on matrices kept sixteen rows to a tile (ks16_*; ks16_none: the type has none). */
 static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                      int32_t n_tok, float * y, int64_t y_stride, int accumulate) {
-    (void) n, (void) w, (void) row_bytes, (void) r0, (void) r1, (void) x_t, (void) n_tok, (void) y, (void) y_stride;
-    (void) accumulate;
+                      int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate) {
+    (void) n, (void) w, (void) row_bytes, (void) r0, (void) r1, (void) x_t, (void) n_tok, (void) room, (void) y;
+    (void) y_stride, (void) accumulate;
 }
-#ifdef RM_KQ_GROUPED
 #define KQ_MATMUL16_q4_K ks16_matmul_q4_K
 #define KQ_MATMUL16_q6_K ks16_matmul_q6_K
-#else
-#define KQ_MATMUL16_q4_K ks16_none
-#define KQ_MATMUL16_q6_K ks16_none
-#endif
+/* The stored form of Q4_K and Q6_K, tiles of sixteen rows (both sets) */
+#define RM_KS16_PACKED                                                                                             \
+    static const rm_packed_kernels packed_q4_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
+                                                  ks16_repack_q4_K, ks16_dot_q4_K};                                \
+    static const rm_packed_kernels packed_q6_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
+                                                  ks16_repack_q6_K, ks16_dot_q6_K};
 #define KQ_MATMUL16_q2_K ks16_none
 #define KQ_MATMUL16_q3_K ks16_none
 #define KQ_MATMUL16_q5_K ks16_none
@@ -1573,7 +1902,7 @@ static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
                                 int accumulate) {                                                                  \
         if (stored && KQ_MATMUL16_##t != ks16_none) {   /* rows kept sixteen to a tile */                          \
-            KQ_MATMUL16_##t(n, w, row_bytes, r0, r1, x_t, n_tok, y, y_stride, accumulate);                          \
+            KQ_MATMUL16_##t(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate);                    \
             return;                                                                                                \
         }                                                                                                          \
         matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, KQ_UNPACK_##t,          \

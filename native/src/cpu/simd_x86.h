@@ -1001,6 +1001,9 @@ RM_INLINE void kq_repack_row_k4(int64_t n, const void * w, void * stored, const 
  * they are. */
 static inline uint64_t kq_act_bytes(int64_t n) { return (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K); }
 
+/* Q8_K rows as they are, as the tiles read them (rm_packed_kernels.transpose_act). */
+static inline void kq_copy_act(int64_t n, const void * x_q, void * x_t) { memcpy(x_t, x_q, (size_t) kq_act_bytes(n)); }
+
 static inline void kq_transpose_act(int64_t n, const void * x_q, void * x_t) {
     const rm_block_q8_K * x = x_q;
     rm_block_q8_K * y = x_t;

@@ -424,6 +424,8 @@ RM_ROWS_32(q5_0, R32_Q5_0, 6)
 RM_ROWS_32(iq4_nl, R32_IQ4_NL, 6)
 RM_ROWS_32(mxfp4, R32_MXFP4, 6)
 
+RM_KS16_PACKED
+
 const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .vec_dot = {
         [RM_TYPE_F32]  = vec_dot_f32,
@@ -476,6 +478,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     .exp_sum = exp_sum_x86,
     .max_of = max_x86,
     .packed = {
+        [RM_TYPE_Q4_K] = &packed_q4_K,
+        [RM_TYPE_Q6_K] = &packed_q6_K,
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_MXFP4] = &packed_mxfp4,
     },

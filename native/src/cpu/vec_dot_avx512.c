@@ -708,12 +708,7 @@ RM_ROWS_32(mxfp4, R32_MXFP4, 10)
 /* Q5_K rows kept with their sub-blocks in lanes (simd_x86.h); Q4_K's and Q6_K's sixteen rows to
  * a tile (kq_rows_x86.h), read by the tile form for every number of tokens. */
 RM_KQ_STORED_KERNELS(q5_K, 1)
-/* Q8_K rows as they are, as the tiles read them (rm_packed_kernels.transpose_act). */
-static void kq_copy_act(int64_t n, const void * x_q, void * x_t) { memcpy(x_t, x_q, (size_t) kq_act_bytes(n)); }
-static const rm_packed_kernels packed_q4_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0,
-                                              ks16_repack_q4_K, ks16_dot_q4_K};
-static const rm_packed_kernels packed_q6_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0,
-                                              ks16_repack_q6_K, ks16_dot_q6_K};
+RM_KS16_PACKED
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {

@@ -760,10 +760,11 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     }
 }
 
-/* ---- Q4_K kept sixteen rows interleaved (the AVX-512 set's stored layout) ----------------------
+/* ---- Q4_K and Q6_K kept sixteen rows interleaved (the stored layout of both sets) ----------------
  *
- * A CPU-only model keeps Q4_K matrices of a multiple of sixteen rows in a layout made for this
- * tile form: each sixteen rows are one tile of the same bytes (16 * 144 per super-block), super-
+ * A CPU-only model keeps Q4_K (and Q6_K, below) matrices of a multiple of sixteen rows in a layout
+ * made for this tile form (the AVX2 set reads it as two halves of eight rows, further down): each
+ * sixteen rows are one tile of the same bytes (16 * 144 per super-block), super-
  * block b of all sixteen rows at 2304 b, as
  *
  *   [0, 192)      the three 32-bit words of each row's 12 scale bytes, word by word (u0 of the

@@ -1,10 +1,10 @@
 /* cpu/repack.h - internal: weights kept in the CPU kernels' stored layout, made once at load.
  *
- * For types whose kernel set has a stored form (rm_cpu_stored: Q4_0 and MXFP4 in the AVX2 and
- * AVX-512 sets, Q4_K, Q5_K and Q6_K in the AVX-512 one), a CPU-only model converts every such matrix of
+ * For types whose kernel set has a stored form (rm_cpu_stored: Q4_0, MXFP4, Q4_K and Q6_K in the
+ * AVX2 and AVX-512 sets, Q5_K in the AVX-512 one), a CPU-only model converts every such matrix of
  * the layers and the output head (rows of at least one group of eight blocks, Q4_0's of whole
- * groups only; the AVX-512 set's Q4_K and Q6_K in tiles of sixteen rows, matrices of a whole
- * number of tiles, an expert's rows a matrix) into an arena of the
+ * groups only; Q4_K and Q6_K in tiles of sixteen rows, matrices of a whole number of tiles, an
+ * expert's rows a matrix) into an arena of the
  * same size, in 2 MiB pages where the kernel has transparent huge pages (decode streams it: one
  * TLB miss per 2 MiB), and the CPU backend reads those instead of the file's bytes. The file's
  * copy of those tensors is handed back after the conversion, so resident memory stays about the

@@ -859,10 +859,10 @@ RM_INLINE void dot_q6_K_multi(int64_t n, float * out, const void * w, const void
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The stored layout of Q4_K and Q5_K rows (repack.h: converted once at load; the AVX-512 set's Q5_K,
- * whose Q4_K is kept in tiles instead, kq_rows_x86.h). In the AVX2 set it measured faster for one
- * and two tokens and slower for four (Q4_K 23.3 against 21.1 ps per weight and token), so that set
- * keeps the file's rows; the code serves both sets. A
+ * The stored layout of Q4_K and Q5_K rows (repack.h: converted once at load; used for the AVX-512
+ * set's Q5_K, Q4_K being kept in tiles instead, kq_rows_x86.h). In the AVX2 set it measured faster
+ * for one and two tokens and slower for four (Q4_K 23.3 against 21.1 ps per weight and token), so
+ * that set keeps its Q5_K rows as the file has them; the code serves both sets. A
  * super-block keeps the file's size and its fields' places (d, dmin, the scales; Q5_K's qh); only
  * the level bits are reordered, so that a 32-element sub-block's elements lie in one dword lane:
  *

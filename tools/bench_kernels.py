@@ -74,6 +74,11 @@ def layouts(name: str, w: bytes, n: int, isas, stored: bool) -> dict:
     return out
 
 
+def whole_tiles(n_rows: int, stored: bool) -> int:
+    """With ``stored``, rows in whole tiles of 16 (the sets keep some types' matrices so only)."""
+    return max(16, n_rows // 16 * 16) if stored else n_rows
+
+
 def dot(name: str, rows: tuple, x_q: bytes, n: int, isa: str):
     return kernels.vec_dot_rows(name, rows[0], x_q, n, isa=isa, repacked=rows[1])
 
@@ -122,7 +127,7 @@ def main() -> None:
     for name in args.types.split(","):
         row = quants.row_bytes(name, args.n)
         for case, nbytes in [("cache", args.cache_kib << 10), ("memory", args.mem_mib << 20)]:
-            n_rows = max(1, nbytes // row)
+            n_rows = whole_tiles(max(1, nbytes // row), args.stored)
             w, x_q = make(name, args.n, n_rows)
             rows = layouts(name, w, args.n, isas, args.stored)
             gbs = {}
@@ -157,7 +162,7 @@ def prefill(args) -> None:
           f"{args.cache_kib} KiB of weights")
     print(f"{'type':6} " + " ".join(f"{isa + ' ps/w/tok':>16}" for isa in isas))
     for name in args.types.split(","):
-        n_rows = max(1, (args.cache_kib << 10) // quants.row_bytes(name, args.n))
+        n_rows = whole_tiles(max(1, (args.cache_kib << 10) // quants.row_bytes(name, args.n)), args.stored)
         w, x_q = make(name, args.n, n_rows, n_tok=args.tokens)
         rows = layouts(name, w, args.n, isas, args.stored)
         ps = {isa: 1e12 * best_call(lambda: dot(name, rows[isa], x_q, args.n, isa))
@@ -181,7 +186,7 @@ def compare(args) -> None:
     print(f"{'type':6} {'n':>6} {a + ' ps/w/tok':>16} {b + ' ps/w/tok':>16} {a + '/' + b:>12} {'max rel diff':>14}")
     for name in args.types.split(","):
         for n in (int(v) for v in args.n.split(",")):
-            n_rows = max(16, (args.cache_kib << 10) // quants.row_bytes(name, n))
+            n_rows = whole_tiles(max(16, (args.cache_kib << 10) // quants.row_bytes(name, n)), args.stored)
             w, x_q = make(name, n, n_rows, n_tok=args.tokens)
             rows = layouts(name, w, n, (a, b), args.stored)
             ya, yb = (dot(name, rows[isa], x_q, n, isa).astype(np.float64) for isa in (a, b))

@@ -1047,7 +1047,7 @@ RM_INLINE __m256 side8_fp16(__m256i v) {
     return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
-RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb, const int five, const int stored) {
+RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb, const int five) {
     const __m256i m6 = _mm256_set1_epi32(0x3f), m4 = _mm256_set1_epi32(0x0f), m2 = _mm256_set1_epi32(0x30);
     const __m256i n4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
     for (int h = 0; h < 2; h++) {
@@ -1086,16 +1086,15 @@ RM_INLINE void tpack_k4(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb,
                     lo = _mm256_or_si256(lo, _mm256_and_si256(bit_to4_256(qh[j], 2 * p), b4));
                     hi = _mm256_or_si256(hi, _mm256_and_si256(bit_to4_256(qh[j], 2 * p + 1), b4));
                 }
-                const int e_lo = stored ? 8 * j + 2 * p : 16 * p + j, e_hi = stored ? e_lo + 1 : e_lo + 8;   /* as above */
-                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * e_lo + 32 * h), lo);
-                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * e_hi + 32 * h), hi);
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (16 * p + j) + 32 * h), lo);
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (16 * p + 8 + j) + 32 * h), hi);
             }
         }
     }
 }
 
-static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 0); }
-static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 0); }
+static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
+static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
 
 /* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields, the sixteen signed scales as (sc, sc)
  * pairs, the bsums' weights (sc 2p, sc 2p + 1), d. */
@@ -1572,7 +1571,7 @@ RM_INLINE void ks16_repack(int64_t n, const void * w, uint64_t row_bytes, void *
         if (six) {
             tpack_q6_K(src, room);
         } else {
-            tpack_k4(src, room, 0, 0);
+            tpack_k4(src, room, 0);
         }
         uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * bsize;
         for (int h = 0; h < 2; h++) {
@@ -1666,8 +1665,9 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
             }
         }
     }
-    for (int64_t b = 0; b < nsb; b++) {
-      for (int h = 0; h < 2; h++) {
+    for (int64_t bh = 0; bh < 2 * nsb; bh++) {   /* super-block b = bh / 2, its half h = bh % 2 */
+        const int64_t b = bh / 2;
+        const int h = (int) (bh % 2);
         const uint8_t * sb = tile + (uint64_t) b * tb;
         const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U) + 32 * h;
         const __m256i u[4] = {_mm256_loadu_si256((const __m256i *) hdr), _mm256_loadu_si256((const __m256i *) (hdr + 64)),
@@ -1741,7 +1741,6 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                 acc[h][t][l] = _mm256_fnmadd_ps(_mm256_mul_ps(dx, dm), _mm256_cvtepi32_ps(P[t]), acc[h][t][l]);
             }
         }
-    }
     }
     for (int h = 0; h < 2; h++) {
         for (int t = 0; t < nt; t++) {

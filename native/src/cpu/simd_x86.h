@@ -765,6 +765,21 @@ RM_INLINE void kq_step_q3_K(const void * w, int64_t i, const rm_block_q8_K * con
     kq_step_offset_end(t, a, nc, sc, 2, fp16(b->d), r);
 }
 
+/* The end of a Q4_K / Q5_K step (the S lanes set): the mins, each twice as int16 (min j covers the
+ * 16-sums 2j and 2j + 1), one madd against a token's sixteen bsums giving eight min-weighted sums,
+ * and the float scales. sm: scales_k4's bytes. */
+RM_INLINE void kq_step_k4_end(const rm_block_q4_K * b, __m128i sm, const rm_block_q8_K * const * a, const int nc,
+                              kq_step * r) {
+    const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
+    const float dw = fp16(b->d), dmw = fp16(b->dmin);
+    for (int c = 0; c < nc; c++) {
+        r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
+        r[c].f = a[c]->d * dw;
+        r[c].g = a[c]->d * dmw;
+    }
+}
+
 /* Q4_K and Q5_K: the levels and scales of a super-block are unpacked once. The two types differ
  * only in where the fields lie and in Q5_K's fifth bit: qh bit 2p of byte l is the top bit of
  * element 64p + l, bit 2p + 1 that of element 64p + 32 + l. */
@@ -794,17 +809,10 @@ RM_INLINE void kq_step_k4(const void * w, int64_t i, const rm_block_q8_K * const
             t[c][KQ_CHAINS - 1] = RM_KQ_ACC(t[c][KQ_CHAINS - 1], p1, s1);
         }
     }
-    /* the mins, each twice as int16 (min j covers the 16-sums 2j and 2j + 1): one madd against
-     * a token's sixteen bsums gives eight min-weighted sums, kept in float lanes */
-    const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-    const float dw = fp16(b->d), dmw = fp16(b->dmin);
     for (int c = 0; c < nc; c++) {
         r[c].s = kq_chains_sum(t[c]);
-        r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
-        r[c].f = a[c]->d * dw;
-        r[c].g = a[c]->d * dmw;
     }
+    kq_step_k4_end(b, sm, a, nc, r);
 }
 
 RM_INLINE void kq_step_q4_K(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {
@@ -947,15 +955,10 @@ RM_INLINE void kq_step_k4_stored(const void * w, int64_t i, const rm_block_q8_K 
 #else
     const __m256i sc = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
 #endif
-    const __m128i mins8 = _mm_unpackhi_epi64(sm, sm);
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins8, mins8));
-    const float dw = fp16(b->d), dmw = fp16(b->dmin);
     for (int c = 0; c < nc; c++) {
         r[c].s = kq_stored_dot(T, a[c]->qs, sc, five ? 4 : 8);
-        r[c].m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *) a[c]->bsums), mins);
-        r[c].f = a[c]->d * dw;
-        r[c].g = a[c]->d * dmw;
     }
+    kq_step_k4_end(b, sm, a, nc, r);
 }
 
 RM_INLINE void kq_step_q4_K_stored(const void * w, int64_t i, const rm_block_q8_K * const * a, const int nc, kq_step * r) {

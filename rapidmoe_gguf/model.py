@@ -79,8 +79,8 @@ def ram_budget_bytes(ram_budget: str | int | None) -> int:
 # A hybrid model also checkpoints this many tokens before a prompt's end (Model._prompt_marks).
 CHECKPOINT_TAIL = 4
 
-# llama.cpp's KV cache types (its --cache-type-k / -v values), but iq4_nl (no quantizer here yet)
-CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+# llama.cpp's KV cache types (its --cache-type-k / -v values)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
 def cache_type(name: Any, what: str = "cache_type_k") -> str | None:
@@ -144,7 +144,7 @@ class Model:
     with that budget, and any other loads as ``use_mmap`` says. ``expert_cache`` counts hits, reads and bytes.
 
     ``cache_type_k`` / ``cache_type_v``: the KV cache's element types, llama.cpp's names: ``f32``,
-    ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``. ``f16`` halves F32's cache
+    ``f16``, ``bf16``, ``q8_0``, ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``, ``iq4_nl``. ``f16`` halves F32's cache
     (and the bytes decode reads at depth) and ``q8_0`` takes 0.27 of it, at a small cost in the
     logits (docs/QUALITY.md); a block type needs head_dim a multiple of 32. Types other than
     ``f32`` run on the CPU backend (not with a GPU budget: NeedsCPUError). Multi-head latent

@@ -21,7 +21,7 @@ GGUF_QUANTIZES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"
 K_QUANTS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 GGUF_DEQUANTIZES = ["F32"] + GGUF_QUANTIZES + K_QUANTS
 IQ_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M"]  # by id
-IQ_QUANTIZED = ["IQ2_XXS", "IQ3_XXS"]   # the IQ types with a quantizer (ours, not ggml's)
+IQ_QUANTIZED = ["IQ2_XXS", "IQ3_XXS", "IQ4_NL"]   # the IQ types with a quantizer (ours, not ggml's)
 QUANTIZABLE = [name for name, t in quants.TYPES.items() if t.can_quantize]
 
 

@@ -1,5 +1,6 @@
 """The IQ2_XXS and IQ3_XXS quantizers (native/src/format/quants_iq.c): our own codebook search, so not
-byte-identical to ggml's. What is checked instead:
+byte-identical to ggml's, and IQ4_NL's (quants_ref.c: a search over trial scales; the KV cache's
+iq4_nl). What is checked instead:
 
 - the bytes decode, with gguf-py's dequantizer (the format's oracle), to exactly what ours gives;
 - the error on N(0, 1) rows, at any magnitude, stays within budget: relative RMSE measured 0.346
@@ -124,7 +125,7 @@ def test_quants_iq_bad_importance_is_refused():
             quants.quantize("IQ3_XXS", x, importance=imp)
     with pytest.raises(InvalidArgumentError, match="type Q4_K's quantizer takes no importance"):
         quants.quantize("Q4_K", x, importance=np.ones(256, np.float32))
-    assert [n for n, t in quants.TYPES.items() if t.takes_importance] == IQ_QUANTIZED
+    assert [n for n, t in quants.TYPES.items() if t.takes_importance] == IQ_QUANTIZED + ["IQ4_NL"]
 
 
 # -- against ggml's quantizer ---------------------------------------------------------------------
@@ -188,3 +189,40 @@ def test_quants_iq_error_comparable_to_ggml_quantizer(name):
             den += float((x.astype(np.float64) ** 2 * imp).sum())
     ratio = np.sqrt(num["ours"] / num["ggml"])
     assert ratio < 1.03, f"{name}: weighted error {ratio:.3f}x ggml's"
+
+
+# -- IQ4_NL ---------------------------------------------------------------------------------------
+
+def test_quants_iq4_nl_quantize_decodes_as_gguf_and_errs_as_ggml():
+    """IQ4_NL's bytes decode, by gguf-py, to what ours gives (zeros and a block of one sign too);
+    the relative RMSE on N(0, 1) rows is 0.076 (measured; budget 0.08), an importance lowers the
+    error it weighs, and, where llama-cpp-python
+    is installed, within 1% of ggml's quantizer's on the same rows (measured 0.076 against 0.076;
+    weighted by x^2, the weight both use without an importance, 1.004x) and on the bundled model's
+    expert weights."""
+    r = np.random.default_rng(5)
+    x = r.standard_normal((8, 1024)).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, :64] = np.abs(x[1, :64])
+    x[2] *= 1e-3
+    q, got = _roundtrip("IQ4_NL", x)
+    want = gq.dequantize(np.frombuffer(q, np.uint8).reshape(x.shape[0], -1), GGMLQuantizationType.IQ4_NL)
+    assert np.array_equal(got, want)
+    assert np.all(got[0, :32] == 0)
+    assert _rel(x, got) < 0.08
+    imp = r.gamma(0.5, 1.0, 1024).astype(np.float32)   # an importance lowers the error it weighs (0.915x)
+    assert _rel(x, _roundtrip("IQ4_NL", x, importance=imp)[1], imp) < 0.95 * _rel(x, got, imp)
+    ggml_quantize_chunk = _libggml_base()
+    if ggml_quantize_chunk is None:
+        pytest.skip("llama-cpp-python's libggml-base not found (tools/bench_vs_llamacpp.py --install-only)")
+    rows = [x, np.ascontiguousarray(_bundled_experts("blk.0.ffn_up_exps.weight", 3), np.float32)]
+    for y in rows:
+        theirs = np.zeros(quants.row_bytes("IQ4_NL", y.size), np.uint8)
+        ggml_quantize_chunk(int(GGMLQuantizationType.IQ4_NL), y.ctypes.data, theirs.ctypes.data, 0, y.shape[0],
+                            y.shape[1], None)
+        ours = quants.dequantize("IQ4_NL", quants.quantize("IQ4_NL", y), y.shape)
+        ggml = quants.dequantize("IQ4_NL", theirs.tobytes(), y.shape)
+        assert _rel(y, ours) < 1.01 * _rel(y, ggml)
+        w = (y.astype(np.float64) ** 2)
+        err = {k: float(((y - v) ** 2 * w).sum()) for k, v in (("ours", ours), ("ggml", ggml))}
+        assert np.sqrt(err["ours"] / err["ggml"]) < 1.01

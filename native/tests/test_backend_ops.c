@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "cpu/dispatch.h"
 #include "device.h"
 #include "model.h"
 #include "tiny_gguf.h"
@@ -154,12 +155,15 @@ static void test_matmul_many(rm_backend * be, const rm_model * m, const char * l
  * a sink logit per head (the model's first F32 vector, attn_norm, values near 1, which every
  * backend holds), and with ring > 0 the cache laid out as a sliding layer's ring of `ring` rows,
  * position p in row p % ring, which wraps inside some tokens' windows and inside a tile. */
-static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int DV, int W, int ring,
-                                int H, int HKV, float scale) {
+static void test_attention_any(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int DV, int W, int ring,
+                               int H, int HKV, float scale, int v_in_k) {
     const int G = H / HKV, N_CTX = pos0 + n_tok;
     const rm_weight * sinks = W > 0 ? &m->layers[0].attn_norm : NULL;
     const float * sk = sinks ? (const float *) sinks->data : NULL;
     float * q = randn(n_tok * H * D, 1.0f), * k = randn(N_CTX * HKV * D, 1.0f), * v = randn(N_CTX * HKV * DV, 1.0f);
+    for (int r = 0; v_in_k && r < N_CTX * HKV; r++) {   /* the values: each key row's first DV floats */
+        memcpy(v + r * DV, k + r * D, sizeof(float) * (size_t) DV);
+    }
     const int rows = ring > 0 ? ring : N_CTX;
     float * kr = malloc(sizeof(float) * (size_t) (rows * HKV * D)), * vr = malloc(sizeof(float) * (size_t) (rows * HKV * DV));
     for (int p = 0; p < N_CTX; p++) {
@@ -171,6 +175,7 @@ static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, 
     rm_attn_args a = {qd, kd, vd, od, n_tok, pos0, H, HKV, D, W, sinks, ring};
     a.scale = scale;
     a.head_dim_v = DV == D ? 0 : DV;
+    a.v_in_k = v_in_k;
     be->ops->attention(be, &a);
     float * o = get(be, od, n_tok * H * DV);
     double * s = malloc(sizeof(double) * (size_t) N_CTX), worst = 0;
@@ -194,11 +199,35 @@ static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, 
         }
     }
     char what[96];
-    snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d/%d, window %d, ring %d, %d/%d heads%s", n_tok, pos0, D,
-             DV, W, ring, H, HKV, scale > 0.0f ? ", logits unscaled" : "");
+    snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d/%d, window %d, ring %d, %d/%d heads%s%s", n_tok, pos0, D,
+             DV, W, ring, H, HKV, scale > 0.0f ? ", logits unscaled" : "", v_in_k ? ", values in the keys" : "");
     record(be->ops->name, "attention", what, worst / 4.0, 2e-5);
     be->ops->release(be, qd), be->ops->release(be, kd), be->ops->release(be, vd), be->ops->release(be, od);
     free(q), free(k), free(v), free(o), free(kr), free(vr), free(s);
+}
+
+static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, int pos0, int D, int DV, int W, int ring,
+                                int H, int HKV, float scale) {
+    test_attention_any(be, m, n_tok, pos0, D, DV, W, ring, H, HKV, scale, 0);
+}
+
+/* The kernel set's conversions of cache rows to floats (F16, IQ4_NL) against the types' own, bit
+ * for bit: attention reads a cache through them. Rows of random floats quantized by the type. */
+static void test_dequantize_equal(void) {
+    const int32_t types[] = {RM_TYPE_F16, RM_TYPE_IQ4_NL, RM_TYPE_Q8_0, RM_TYPE_Q4_0};
+    const int64_t n = 576;   /* a latent row: 18 blocks of 32 */
+    float * x = randn(n, 3.0f), * want = malloc(sizeof(float) * n), * got = malloc(sizeof(float) * n);
+    uint8_t * row = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        const rm_type_traits * t = rm_type_traits_get(types[i]);
+        t->from_float(x, row, n);
+        t->to_float(row, want, n);
+        rm_cpu_dequantize(types[i])(row, got, n);
+        int64_t differ = 0;
+        for (int64_t j = 0; j < n; j++) differ += memcmp(&got[j], &want[j], sizeof(float)) != 0;
+        record(rm_isa_name(rm_isa_active()), "dequantize", t->name, (double) differ, 0.0);
+    }
+    free(x), free(want), free(got), free(row);
 }
 
 /* Tokens one at a time against the same tokens in one call, past two segments of 512 positions:
@@ -609,6 +638,7 @@ int main(int argc, char ** argv) {
             test_rope(cpu);
             test_route(cpu);
             test_attention_small(cpu, m);
+            test_dequantize_equal();
             for (int n_tok = 1; n_tok <= 27; n_tok += 26) {   /* CPU only: contexts past the backends' n_ctx of 64 */
                 test_attention_case(cpu, m, n_tok, 230, 128, 0, 0, 16, 2);
                 test_attention_case(cpu, m, n_tok, 230, 128, 100, 0, 16, 2);
@@ -624,7 +654,11 @@ int main(int argc, char ** argv) {
                 test_attention_case(cpu, m, n_tok, 1400, 64, 700, 0, 8, 2);
                 test_attention_case(cpu, m, n_tok, 1400, 64, 600, 650, 8, 4);
                 test_attention_full(cpu, m, n_tok, 1100, 192, 128, 0, 0, 16, 2, 0.0f);
+                /* multi-head latent attention's absorbed form: one kv head of latent rows, the
+                 * values their first floats (the keys' row stride) */
+                test_attention_any(cpu, m, n_tok, 1100, 72, 56, 0, 0, 16, 1, 0.1f, 1);
             }
+            test_attention_any(cpu, m, 1, 40, 72, 56, 0, 0, 16, 1, 0.0f, 1);   /* one segment: heads split */
             test_attention_split_equal(cpu, m, 0, 0);
             test_attention_split_equal(cpu, m, 900, 1000);
             test_gpt_oss_ops(cpu);

@@ -6,9 +6,13 @@
  *            over the cached latents, and Vb_h is applied once to the weighted latent sum.
  * Expanded:  every cached latent is up-projected into the head's keys and values first.
  *
- * A cache of another type than F32 is read as floats a block of latents at a time (absorbed: into
- * a tile the block's heads share) or a latent at a time (expanded: for each block of the
- * up-projection), so nothing of its size is ever held as floats. */
+ * Absorbed, the step is plain attention with one kv head: keys are whole latent rows, values their
+ * first kv_lora_rank floats (rm_attn_args.v_in_k), and the heads' latent queries share every row
+ * of the cache, so it runs cpu/ops.c's attention: tiles of positions converted once for all heads
+ * from the cache's type, an online softmax over segments, and at depth one token's positions split
+ * between the threads by segments. Expanded, a cache of another type than F32 is read as floats a
+ * latent at a time for each block of the up-projection, so nothing of its size is ever held as
+ * floats. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -18,17 +22,13 @@
 #include "threads.h"
 #include "types.h"
 
-/* Both forms work in tiles of about 32 KiB, so what a loop reads again and again stays in the
- * core's first-level cache instead of coming from the second level once per position: a block
+/* The expanded form works in tiles of about 32 KiB, so what a loop reads again and again stays in
+ * the core's first-level cache instead of coming from the second level once per position: a block
  * of an up-projection's rows passes over every position before the next block, and a block of
- * keys or values over a block of queries (the expanded form's tokens of one head, the absorbed
- * form's heads of one token, which share every latent). A block's partial sums are added with
- * axpy. */
+ * keys or values over a block of one head's tokens. A block's partial sums are added with axpy. */
 #define MLA_TILE_FLOATS 8192
-#define MLA_QUERIES     32   /* expanded: tokens sharing one pass over a block of keys and values */
-#define MLA_KEYS        32   /* expanded: positions in a block of keys and values */
-#define MLA_HEADS       16   /* absorbed: heads sharing one pass over a block of latents */
-#define MLA_LATENTS     16   /* absorbed: latents in a block */
+#define MLA_QUERIES     32   /* tokens sharing one pass over a block of keys and values */
+#define MLA_KEYS        32   /* positions in a block of keys and values */
 
 typedef struct mla_kernels {
     rm_attn_scores_fn scores;
@@ -43,32 +43,13 @@ typedef struct mla_kv {
     const float * v;   /* values: rows of dv floats, v_stride apart */
     int64_t       v_stride, dv;
     int32_t       block;   /* positions per block */
-    /* or, with raw set, both in latent rows of another type (row_bytes each): a block's rows are
-     * made floats in tile (block rows of k_stride floats) and read there as keys and values */
-    const uint8_t * raw;
-    uint64_t        row_bytes;
-    rm_to_float_fn  to_float;
-    float *         tile;
 } mla_kv;
 
-/* The keys and values of positions [j0, j0 + c). */
-static void kv_block(const mla_kv * kv, int32_t j0, int32_t c, const float ** k, const float ** v) {
-    if (!kv->raw) {
-        *k = kv->k + (int64_t) j0 * kv->k_stride;
-        *v = kv->v + (int64_t) j0 * kv->v_stride;
-        return;
-    }
-    for (int32_t i = 0; i < c; i++) {
-        kv->to_float(kv->raw + (uint64_t) (j0 + i) * kv->row_bytes, kv->tile + (int64_t) i * kv->k_stride, kv->k_stride);
-    }
-    *k = *v = kv->tile;
-}
-
-/* nq query rows; query r sees positions [0, m0 + r * m_step) and writes its output row. */
+/* nq query rows; query r sees positions [0, m0 + r) and writes its output row. */
 typedef struct mla_queries {
     const float * q;
     int64_t       q_stride;
-    int32_t       nq, m0, m_step;
+    int32_t       nq, m0;
     float *       out;
     int64_t       out_stride;
 } mla_queries;
@@ -77,24 +58,23 @@ typedef struct mla_queries {
  * scores (sc: nq rows, sc_stride apart), then the weighted sums (tmp: dv floats). */
 static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_queries * qs, float scale, float * sc,
                            int64_t sc_stride, float * tmp) {
-    const int32_t last = qs->m0 + (qs->nq - 1) * qs->m_step;   /* positions the last query sees */
-    const float * kb, * vb;
+    const int32_t last = qs->m0 + qs->nq - 1;   /* positions the last query sees */
     for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
-        kv_block(kv, j0, last - j0 < kv->block ? last - j0 : kv->block, &kb, &vb);
+        const float * kb = kv->k + (int64_t) j0 * kv->k_stride;
         for (int32_t r = 0; r < qs->nq; r++) {
-            const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
+            const int32_t m = qs->m0 + r, c = m - j0 < kv->block ? m - j0 : kv->block;
             if (c > 0) {
                 k->scores(kv->dk, c, qs->q + r * qs->q_stride, kb, kv->k_stride, scale, sc + r * sc_stride + j0);
             }
         }
     }
     for (int32_t r = 0; r < qs->nq; r++) {
-        rm_softmax_sink(sc + r * sc_stride, qs->m0 + r * qs->m_step, -INFINITY);   /* rm_softmax (ops.c would make a cycle) */
+        rm_softmax_sink(sc + r * sc_stride, qs->m0 + r, -INFINITY);   /* rm_softmax (ops.c would make a cycle) */
     }
     for (int32_t j0 = 0; j0 < last; j0 += kv->block) {
-        kv_block(kv, j0, last - j0 < kv->block ? last - j0 : kv->block, &kb, &vb);
+        const float * vb = kv->v + (int64_t) j0 * kv->v_stride;
         for (int32_t r = 0; r < qs->nq; r++) {
-            const int32_t m = qs->m0 + r * qs->m_step, c = m - j0 < kv->block ? m - j0 : kv->block;
+            const int32_t m = qs->m0 + r, c = m - j0 < kv->block ? m - j0 : kv->block;
             float * out = qs->out + r * qs->out_stride;
             if (c > 0) {
                 k->values(kv->dv, c, sc + r * sc_stride + j0, vb, kv->v_stride, j0 == 0 ? out : tmp, 0);
@@ -106,24 +86,17 @@ static void attend_queries(const mla_kernels * k, const mla_kv * kv, const mla_q
     }
 }
 
-/* One step's attention, split over the pool's threads by head, each thread taking the next head
- * (or block of heads) from a shared counter: a descheduled thread then holds up one, not a fixed
- * share. The score and weighted-sum loops are the CPU kernel set's attention halves
- * (rm_attn_scores_fn, rm_attn_values_fn), as plain attention uses them (cpu/ops.c).
- *
- * Expanded: the n tokens of one sequence at positions pos.., over its latents in cache.
- * Absorbed: n tokens of one position each, token i of the sequence seqs[i] (a batch of several
- * sequences decoding: each reads its own latents). */
+/* An expanded step: the n tokens of one sequence at positions pos.., over its latents in cache,
+ * split over the pool's threads by head, each thread taking the next head from a shared counter (a
+ * descheduled thread then holds up one, not a fixed share). The score and weighted-sum loops are
+ * the CPU kernel set's attention halves (rm_attn_scores_fn, rm_attn_values_fn). */
 typedef struct mla_task {
     const rm_mla_args * a;
     const float *      q;        /* n rows of n_head * head_dim */
-    const void *       cache;    /* expanded: this layer's latents, rows of kv_lora_rank + n_rot (a->type) */
-    const rm_mla_seq * seqs;     /* absorbed: n sequences of one token */
-    float *            qlat;     /* absorbed: n rows of n_head * (kv_lora_rank + n_rot) */
-    float *            olat;     /* absorbed: n rows of n_head * kv_lora_rank */
-    float *            out;      /* expanded: n rows of n_head * head_dim_v */
+    const void *       cache;    /* this layer's latents, rows of kv_lora_rank + n_rot (a->type) */
+    float *            out;      /* n rows of n_head * head_dim_v */
     float *            thread;   /* rm_mla_thread_floats floats per thread */
-    atomic_llong       next;     /* absorbed: the next (token, block of heads); expanded: head */
+    atomic_llong       next;     /* the next head */
     uint64_t           per_thread;
     int32_t            n, pos;
     float              scale;
@@ -131,39 +104,6 @@ typedef struct mla_task {
     rm_attn_values_fn  values;
     rm_axpy_fn         axpy;
 } mla_task;
-
-/* Absorbed: head h's query is [Kb_h^T q_nope | q_rope], a row as wide as a cached latent, so its
- * scores are one dot product per position over the whole latent row; the weighted sums of the
- * latents go to olat (Vb_h is applied after, for all heads at once). A thread takes a block of
- * one token's heads at a time; they read each block of latents together. */
-static void absorbed_task(void * ctx, int ith, int nth) {
-    mla_task * t = ctx;
-    const rm_mla_args * a = t->a;
-    const int64_t H = a->n_head, D = a->head_dim, R = a->n_rot, NP = D - R, C = a->kv_lora_rank, LA = C + R;
-    /* heads per block: up to MLA_HEADS, fewer when there would be under two blocks per thread */
-    const int64_t spread = ((int64_t) H * t->n + 2 * nth - 1) / (2 * nth);
-    const int64_t hb = spread < 1 ? 1 : spread > MLA_HEADS ? MLA_HEADS : spread, per = (H + hb - 1) / hb;
-    const mla_kernels k = {t->scores, t->values, t->axpy};
-    float * sc = t->thread + (uint64_t) ith * t->per_thread, * tmp = sc + (int64_t) MLA_HEADS * a->n_ctx;
-    float * tile = tmp + C;   /* a block of latents as floats, for a cache of another type */
-    const rm_to_float_fn to_float = a->type == RM_TYPE_F32 ? NULL : rm_cpu_dequantize(a->type);
-    for (;;) {
-        const int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
-        if (item >= (int64_t) t->n * per) {
-            break;
-        }
-        const int64_t i = item / per, h0 = (item % per) * hb, nh = H - h0 < hb ? H - h0 : hb;
-        for (int64_t h = h0; h < h0 + nh; h++) {
-            memcpy(t->qlat + (i * H + h) * LA + C, t->q + (i * H + h) * D + NP, sizeof(float) * (size_t) R);
-        }
-        const float * cache = to_float ? NULL : (const float *) t->seqs[i].cache;
-        const mla_kv kv = {cache, LA, LA, cache, LA, C, MLA_LATENTS, to_float ? (const uint8_t *) t->seqs[i].cache : NULL,
-                           a->row_bytes, to_float, tile};
-        const mla_queries qs = {t->qlat + (i * H + h0) * LA, LA, (int32_t) nh, t->seqs[i].pos + 1, 0,
-                                t->olat + (i * H + h0) * C, C};   /* causal: positions [0, pos] */
-        attend_queries(&k, &kv, &qs, t->scale, sc, a->n_ctx, tmp);
-    }
-}
 
 /* Head h's up-projections as floats: kb = Kb_h^T (C rows of NP), vb = Vb_h (DV rows of C). */
 static void head_weights(const rm_mla_args * a, int64_t h, int64_t C, int64_t NP, int64_t DV, float * kb, float * vb) {
@@ -250,10 +190,10 @@ static void expanded_task(void * ctx, int ith, int nth) {
         head_weights(a, h, C, NP, DV, kb, vb);
         expand_keys(&k, &lat, C, R, P, kb, NP, kexp, tmp);
         expand_values(&k, &lat, C, R, P, vb, DV, vexp);
-        const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS, NULL, 0, NULL, NULL};
+        const mla_kv kv = {kexp, D, D, vexp, DV, DV, MLA_KEYS};
         for (int32_t i0 = 0; i0 < t->n; i0 += MLA_QUERIES) {   /* causal: token i sees [0, pos + i] */
             const mla_queries qs = {t->q + ((int64_t) i0 * H + h) * D, H * D,
-                                    t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, t->pos + i0 + 1, 1,
+                                    t->n - i0 < MLA_QUERIES ? t->n - i0 : MLA_QUERIES, t->pos + i0 + 1,
                                     t->out + ((int64_t) i0 * H + h) * DV, H * DV};
             attend_queries(&k, &kv, &qs, t->scale, sc, a->n_ctx, tmp);
         }
@@ -261,21 +201,25 @@ static void expanded_task(void * ctx, int ith, int nth) {
     (void) nth;
 }
 
-static uint64_t thread_floats(int32_t head_dim, int32_t n_rot, int32_t kv_lora_rank, int32_t head_dim_v,
-                                        int32_t n_ctx) {
+/* Per thread: the expanded form's (a head's up-projections, its keys and values for every
+ * position, a block's scores and partial sums, a latent as floats), or the absorbed form's share of
+ * the attention scratch (rm_cpu_attn_scratch_floats of one thread over latent rows: its tiles and
+ * a split's partial sums), whichever is more. */
+static uint64_t thread_floats(int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t kv_lora_rank,
+                              int32_t head_dim_v, int32_t n_ctx) {
     if (kv_lora_rank <= 0) {
         return 0;
     }
     const uint64_t C = (uint64_t) kv_lora_rank, D = (uint64_t) head_dim;
     const uint64_t NP = (uint64_t) (head_dim - n_rot), DV = (uint64_t) head_dim_v;
-    const uint64_t LA = C + (uint64_t) n_rot;   /* with a cache of another type: a latent, or a block of them, as floats */
+    const uint64_t LA = C + (uint64_t) n_rot;   /* with a cache of another type: a latent as floats */
     const uint64_t expanded = C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV) + LA;
-    const uint64_t absorbed = (uint64_t) n_ctx * MLA_HEADS + C + MLA_LATENTS * LA;
+    const uint64_t absorbed = (uint64_t) rm_cpu_attn_scratch_floats(1, n_head, 1, (int32_t) LA, n_ctx);
     return expanded > absorbed ? expanded : absorbed;
 }
 
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
-    return thread_floats(hp->head_dim, hp->n_rot, hp->kv_lora_rank, hp->head_dim_v, n_ctx);
+    return thread_floats(hp->n_head, hp->head_dim, hp->n_rot, hp->kv_lora_rank, hp->head_dim_v, n_ctx);
 }
 
 /* y[h] = W_h x[h] for every head h of a 3-D weight (one matrix per head), in one dispatch. */
@@ -296,19 +240,19 @@ static void mm_heads(rm_backend * be, const rm_weight * w, const float * x, int6
 /* The step's sequences (rm_mla_args): one of several tokens (a prompt's) runs the expanded form
  * over its own latents, reading each head's up-projections once for its tokens (the expansion is
  * of that sequence's cache); runs of one token (decoding) that follow each other run the
- * absorbed form together, so each head's up-projections are read once for all of them. */
+ * absorbed form together, so each head's up-projections are read once for all of them, and then
+ * each token's attention over its own latents. */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a) {
-    const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v, C = a->kv_lora_rank, LA = C + a->n_rot;
-    const uint64_t per_thread = thread_floats(a->head_dim, a->n_rot, a->kv_lora_rank, a->head_dim_v,
-                                                        a->n_ctx);
+    const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v, C = a->kv_lora_rank, R = a->n_rot, LA = C + R;
+    const uint64_t per_thread = thread_floats(a->n_head, a->head_dim, a->n_rot, a->kv_lora_rank, a->head_dim_v,
+                                              a->n_ctx);
     for (int32_t r = 0; r < a->n_seqs;) {
         const rm_mla_seq * seq = &a->seqs_host[r];
-        mla_task t = {a, a->q + (int64_t) seq->row0 * H * D, NULL, NULL, NULL, NULL, NULL, a->thread_host, 0,
-                      per_thread, seq->n, seq->pos, a->scale, rm_cpu_attn_scores(), rm_cpu_attn_values(), rm_cpu_axpy()};
-        atomic_init(&t.next, 0);
+        const float * q = a->q + (int64_t) seq->row0 * H * D;
         if (seq->n > 1) {
-            t.cache = seq->cache;
-            t.out = a->out + (int64_t) seq->row0 * H * DV;
+            mla_task t = {a, q, seq->cache, a->out + (int64_t) seq->row0 * H * DV, a->thread_host, 0, per_thread, seq->n,
+                          seq->pos, a->scale, rm_cpu_attn_scores(), rm_cpu_attn_values(), rm_cpu_axpy()};
+            atomic_init(&t.next, 0);
             rm_pool_run(pool, expanded_task, &t);
             r++;
             continue;
@@ -317,12 +261,22 @@ void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a
         while (r + g < a->n_seqs && a->seqs_host[r + g].n == 1) {
             g++;
         }
-        t.seqs = seq, t.n = g;
-        t.qlat = a->qlat + (int64_t) seq->row0 * H * LA;
-        t.olat = a->olat + (int64_t) seq->row0 * H * C;
-        mm_heads(be, a->wk_b, t.q, D, H * D, g, t.qlat, LA, H * LA);   /* qlat[h] = Kb_h^T q_nope[h] */
-        rm_pool_run(pool, absorbed_task, &t);
-        mm_heads(be, a->wv_b, t.olat, C, H * C, g, a->out + (int64_t) seq->row0 * H * DV, DV, H * DV);   /* out[h] = Vb_h olat[h] */
+        float * qlat = a->qlat + (int64_t) seq->row0 * H * LA, * olat = a->olat + (int64_t) seq->row0 * H * C;
+        mm_heads(be, a->wk_b, q, D, H * D, g, qlat, LA, H * LA);   /* qlat[h] = [Kb_h^T q_nope[h] | q_rope[h]] */
+        for (int64_t i = 0; i < (int64_t) g * H; i++) {
+            memcpy(qlat + i * LA + C, q + i * D + (D - R), sizeof(float) * (size_t) R);
+        }
+        const int64_t scratch_floats = (int64_t) (per_thread * (uint64_t) rm_pool_size(pool));
+        for (int32_t i = 0; i < g; i++) {   /* one kv head: the latent rows; values their first C floats */
+            const rm_attn_args at = {.q = qlat + (int64_t) i * H * LA, .k_cache = (const float *) seq[i].cache,
+                                     .out = olat + (int64_t) i * H * C, .n_tok = 1, .pos0 = seq[i].pos,
+                                     .n_head = (int32_t) H, .n_head_kv = 1, .head_dim = (int32_t) LA,
+                                     .type_k = a->type, .type_v = a->type, .scratch = a->thread_host,
+                                     .scale = a->scale, .head_dim_v = (int32_t) C, .scratch_floats = scratch_floats,
+                                     .v_in_k = 1};
+            rm_cpu_attention(be, &at);
+        }
+        mm_heads(be, a->wv_b, olat, C, H * C, g, a->out + (int64_t) seq->row0 * H * DV, DV, H * DV);   /* out[h] = Vb_h olat[h] */
         r += g;
     }
 }

@@ -807,7 +807,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
     const int32_t D = a->head_dim, DV = attn_dv(a), G = a->n_head / a->n_head_kv;
     const int64_t q_stride = (int64_t) a->n_head * D, o_stride = (int64_t) a->n_head * DV;
     /* the tiles are read in place from an F32 cache, else converted into `tile` first */
-    const int typed = a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32;
+    const int typed = a->type_k != RM_TYPE_F32 || (!a->v_in_k && a->type_v != RM_TYPE_F32);
     const float scale = a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float) D);
     int32_t i0, n_i, kh0, n_kh, hg, n_h, s_lo, s_hi;   /* tokens, kv heads, query heads of each, segments */
     if (t->split) {
@@ -839,7 +839,7 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
     s_hi = (hi - 1) / ATTN_SEG < s_hi ? (hi - 1) / ATTN_SEG : s_hi;
     /* a tile row's floats: the job's kv heads' converted, or the F32 cache's whole row in place */
     const int64_t k_stride = typed ? (int64_t) n_kh * D : (int64_t) a->n_head_kv * D;
-    const int64_t v_stride = typed ? (int64_t) n_kh * DV : (int64_t) a->n_head_kv * DV;
+    const int64_t v_stride = a->v_in_k ? k_stride : typed ? (int64_t) n_kh * DV : (int64_t) a->n_head_kv * DV;
     float * const vtile = tile + (int64_t) ATTN_TILE * t->tw;
     float M[ATTN_ROWS], L[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
     uint8_t seen[ATTN_ROWS], fresh[ATTN_ROWS];   /* a segment in the row's sums; none of this segment's tiles yet */
@@ -878,12 +878,15 @@ static void attn_job(const attn_task * t, int64_t job, float * sc, float * tile,
             const int32_t n = pe - p;
             if (typed) {               /* the job's kv heads' tile, once for all their rows */
                 kv_tile_floats(a->k_cache, &t->rk, row, n, (int64_t) kh0 * D, n_kh * D, tile);
-                kv_tile_floats(a->v_cache, &t->rv, row, n, (int64_t) kh0 * DV, n_kh * DV, vtile);
+                if (!a->v_in_k) {
+                    kv_tile_floats(a->v_cache, &t->rv, row, n, (int64_t) kh0 * DV, n_kh * DV, vtile);
+                }
             }
             for (int32_t kl = 0; kl < n_kh; kl++) {
                 const float * kt = typed ? tile + (int64_t) kl * D : a->k_cache + row * k_stride + (int64_t) (kh0 + kl) * D;
-                const float * vt = typed ? vtile + (int64_t) kl * DV
-                                         : a->v_cache + row * v_stride + (int64_t) (kh0 + kl) * DV;
+                const float * vt = a->v_in_k ? kt
+                                   : typed ? vtile + (int64_t) kl * DV
+                                           : a->v_cache + row * v_stride + (int64_t) (kh0 + kl) * DV;
                 /* the rows that see positions of the tile: each scores the whole tile, the positions
                  * it does not see masked out (their exponentials are 0, and adding 0 changes no sum:
                  * a row's floats do not depend on how far the tile reaches for the other rows) */
@@ -1054,15 +1057,15 @@ static int attn_split(attn_task * t, int nth, int32_t wide) {
     return 1;
 }
 
-static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
+void rm_cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
     const int nth = rm_pool_size(c->pool);
     attn_task t = {.a = a, .c = c, .scores_rows = rm_cpu_attn_scores_rows(), .values_rows = rm_cpu_attn_values_rows(),
                    .exp_sum = rm_cpu_exp_sum(), .max_of = rm_cpu_max()};
     const int32_t DV = attn_dv(a), wide = a->head_dim > DV ? a->head_dim : DV;
-    if (a->type_k != RM_TYPE_F32 || a->type_v != RM_TYPE_F32) {
+    if (a->type_k != RM_TYPE_F32 || (!a->v_in_k && a->type_v != RM_TYPE_F32)) {
         t.rk = kv_reader_of(a->type_k, (int64_t) a->n_head_kv * a->head_dim);
-        t.rv = kv_reader_of(a->type_v, (int64_t) a->n_head_kv * DV);
+        t.rv = a->v_in_k ? t.rk : kv_reader_of(a->type_v, (int64_t) a->n_head_kv * DV);
     }
     t.tw = attn_kh_cap(wide, a->n_head_kv) * wide;
     t.thread_floats = attn_thread_floats(t.tw, wide);
@@ -1286,7 +1289,7 @@ static const rm_backend_ops CPU_OPS = {
     .status      = cpu_status,
     .matmul      = cpu_matmul,
     .matmul_many = cpu_matmul_many,
-    .attention   = cpu_attention,
+    .attention   = rm_cpu_attention,
     .rmsnorm     = cpu_rmsnorm,
     .rope        = cpu_rope,
     .add         = cpu_add,

@@ -312,6 +312,24 @@ static void f16_to_float(const void * src, float * dst, int64_t n) {
     }
 }
 
+/* IQ4_NL rows as floats (a KV cache of that type): each nibble's level by a table shuffle, made a
+ * float and times the block's scale, the reference's one multiply: its floats. */
+static void iq4_nl_to_float(const void * src, float * dst, int64_t n) {
+    const rm_block_iq4_nl * b = src;
+    const __m128i table = _mm_loadu_si128((const __m128i *) rm_iq4nl_values), m4 = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / RM_QK; ++i, dst += RM_QK) {
+        const __m256 d = _mm256_set1_ps(rm_fp16_to_fp32(b[i].d));
+        const __m128i qs = _mm_loadu_si128((const __m128i *) b[i].qs);
+        const __m128i lv[2] = {_mm_shuffle_epi8(table, _mm_and_si128(qs, m4)),                       /* elements 0..15 */
+                               _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), m4))};   /* 16..31 */
+        for (int h = 0; h < 2; h++) {
+            const __m256i a = _mm256_cvtepi8_epi32(lv[h]), c = _mm256_cvtepi8_epi32(_mm_srli_si128(lv[h], 8));
+            _mm256_storeu_ps(dst + 16 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(a)));
+            _mm256_storeu_ps(dst + 16 * h + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(c)));
+        }
+    }
+}
+
 /* ---- Q4_0 and MXFP4 rows stored in groups from load (block32_x86.h's layout) ----------------
  *
  * The one-token kernel on stored rows: a group's levels (Q4_0's nibbles, MXFP4's table levels
@@ -452,6 +470,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
     },
     .dequantize = {
         [RM_TYPE_F16] = f16_to_float,
+        [RM_TYPE_IQ4_NL] = iq4_nl_to_float,
     },
     .vec_dot_multi = {
         [RM_TYPE_Q4_0] = vec_dot_q4_0_multi,

@@ -79,6 +79,8 @@ typedef struct rm_attn_args {
     float         scale;          /* the logits are q.k times this; 0: 1 / sqrt(head_dim) */
     int32_t       head_dim_v;     /* the values' head width (MiMo's are narrower than the keys'); 0: head_dim */
     int64_t       scratch_floats;
+    int32_t       v_in_k;         /* 1: a kv head's values are the first head_dim_v floats of its keys (MLA's
+                                     latents: v_cache and type_v unused); the CPU backend only */
 } rm_attn_args;
 
 /* The host scratch the CPU attention of n_threads threads takes (rm_attn_args.scratch), in floats,

@@ -1023,8 +1023,70 @@ void rm_mxfp4_vec_dot(int64_t n, float * out, const void * w, const void * x_q) 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The IQ types: levels from codebooks (iq_grids.h, generated from gguf-py), no quantizers.
+ * The IQ types: levels from codebooks (iq_grids.h, generated from gguf-py); IQ4_NL's quantizer
+ * here, IQ2_XXS's and IQ3_XXS's in quants_iq.c.
  * ------------------------------------------------------------------------------------------- */
+
+/* The indices of IQ4_NL's levels nearest id * x[j] for a block: the count of the midpoints
+ * between adjacent levels that the value lies above (a tie goes to the lower level), a loop the
+ * compiler vectorizes over the block. */
+static void iq4nl_nearest(const float * x, float id, int q[RM_QK]) {
+    for (int j = 0; j < RM_QK; ++j) q[j] = 0;
+    for (int k = 0; k < 15; ++k) {
+        const float mid = 0.5f * (float)(rm_iq4nl_values[k] + rm_iq4nl_values[k + 1]);
+        for (int j = 0; j < RM_QK; ++j) q[j] += id * x[j] > mid;
+    }
+}
+
+/* IQ4_NL: for a block of 32, x ~ d * levels[q]. The scale is searched: each trial inverse scale
+ * maps the element of largest magnitude onto one of the levels near the table's ends, every
+ * element takes its nearest level, and the least-squares d of that choice, B / A (A = sum w q^2,
+ * B = sum w x q), scores B^2 / A, the error it removes; the best trial's d is stored (fp16) and
+ * the levels chosen again at that d. Weights w: the importance of the element's column times
+ * sqrt(mean square + x^2) with one, else x^2 (the large elements matter most to a dot product).
+ * As a KV cache type it is quantized one row at a time (IQ4NL_TRIALS trials each side). */
+#define IQ4NL_TRIALS 7
+
+void rm_iq4_nl_quantize(const float * x, void * dst, int64_t n, const float * imp) {
+    rm_block_iq4_nl * y = dst;
+    for (int64_t i = 0; i < n / RM_QK; ++i, x += RM_QK) {
+        float w[RM_QK], amax = 0.0f, max = 0.0f, ms = 0.0f;
+        for (int j = 0; j < RM_QK; ++j) ms += x[j] * x[j];
+        ms *= 2.0f / RM_QK;
+        for (int j = 0; j < RM_QK; ++j) {
+            w[j] = imp ? imp[i * RM_QK + j] * sqrtf(ms + x[j] * x[j]) : x[j] * x[j];
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = 0.0f;
+        if (amax > 1e-15f) {
+            float best = -1.0f;
+            for (int t = -IQ4NL_TRIALS; t <= IQ4NL_TRIALS; ++t) {   /* t = 0: max onto the lowest level */
+                int l[RM_QK];
+                iq4nl_nearest(x, (float)(t + rm_iq4nl_values[0]) / max, l);
+                float a = 0.0f, b = 0.0f;
+                for (int j = 0; j < RM_QK; ++j) {
+                    const float q = (float)rm_iq4nl_values[l[j]];
+                    a += w[j] * q * q;
+                    b += w[j] * q * x[j];
+                }
+                if (a > 0.0f && b * b > best * a) {
+                    best = b * b / a;
+                    d = b / a;
+                }
+            }
+        }
+        y[i].d = rm_fp32_to_fp16(d);
+        const float dh = rm_fp16_to_fp32(y[i].d), id = dh != 0.0f ? 1.0f / dh : 0.0f;
+        int q[RM_QK];
+        iq4nl_nearest(x, id, q);
+        for (int j = 0; j < RM_QK / 2; ++j) y[i].qs[j] = (uint8_t)(q[j] | (q[j + RM_QK / 2] << 4));
+    }
+}
+
+void rm_iq4_nl_from_float(const float * x, void * dst, int64_t n) { rm_iq4_nl_quantize(x, dst, n, NULL); }
 
 /* IQ4_NL: Q4_0's layout with a non-linear level table in place of q - 8. */
 void rm_iq4_nl_to_float(const void * src, float * y, int64_t n) {

@@ -43,10 +43,10 @@ static const rm_type_traits type_traits[RM_TYPE_COUNT] = {
     /* read, computed and written; the quantizer takes an importance */
     [RM_TYPE_IQ2_XXS] = { "IQ2_XXS", QK_K,  sizeof(rm_block_iq2_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ2_XXS, REF_KERNELS(iq2_xxs), rm_iq2_xxs_quantize },
     [RM_TYPE_IQ3_XXS] = { "IQ3_XXS", QK_K,  sizeof(rm_block_iq3_xxs), 1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ3_XXS, REF_KERNELS(iq3_xxs), rm_iq3_xxs_quantize },
+    [RM_TYPE_IQ4_NL]  = { "IQ4_NL",  RM_QK, sizeof(rm_block_iq4_nl),  1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_IQ4_NL, REF_KERNELS(iq4_nl), rm_iq4_nl_quantize },
     /* read and computed, not written: no quantizer */
     [RM_TYPE_IQ2_XS]  = { "IQ2_XS",  QK_K,  sizeof(rm_block_iq2_xs),  1, RM_TYPE_Q8_K, 0, DECODERS(iq2_xs)  },
     [RM_TYPE_IQ1_S]   = { "IQ1_S",   QK_K,  sizeof(rm_block_iq1_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq1_s)   },
-    [RM_TYPE_IQ4_NL]  = { "IQ4_NL",  RM_QK, sizeof(rm_block_iq4_nl),  1, RM_TYPE_Q8_0, RM_CUDA_CHUNK_IQ4_NL, DECODERS(iq4_nl)  },
     [RM_TYPE_IQ3_S]   = { "IQ3_S",   QK_K,  sizeof(rm_block_iq3_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq3_s)   },
     [RM_TYPE_IQ2_S]   = { "IQ2_S",   QK_K,  sizeof(rm_block_iq2_s),   1, RM_TYPE_Q8_K, 0, DECODERS(iq2_s)   },
     [RM_TYPE_IQ4_XS]  = { "IQ4_XS",  QK_K,  sizeof(rm_block_iq4_xs),  1, RM_TYPE_Q8_K, RM_CUDA_CHUNK_IQ4_XS, DECODERS(iq4_xs)  },

@@ -308,8 +308,9 @@ RM_DECLARE_REF_KERNELS(q6_K);
 RM_DECLARE_REF_KERNELS(q8_K);
 RM_DECLARE_REF_KERNELS(mxfp4);
 
-/* The IQ types: dequantize and dot; IQ2_XXS and IQ3_XXS also quantize (quants_iq.c: a codebook
- * search of our own, not ggml's, so not byte-identical to it, with an optional importance). */
+/* The IQ types: dequantize and dot; IQ4_NL (quants_ref.c), IQ2_XXS and IQ3_XXS (quants_iq.c: a
+ * codebook search) also quantize, by searches of our own, not ggml's, so not byte-identical to
+ * it, with an optional importance. */
 #define RM_DECLARE_REF_DECODERS(t)                                                  \
     void rm_##t##_to_float(const void * src, float * dst, int64_t n);              \
     void rm_##t##_vec_dot(int64_t n, float * out, const void * w, const void * x_q)
@@ -324,6 +325,8 @@ RM_DECLARE_REF_DECODERS(iq3_s);
 RM_DECLARE_REF_DECODERS(iq1_s);
 RM_DECLARE_REF_DECODERS(iq1_m);
 
+void rm_iq4_nl_from_float(const float * src, void * dst, int64_t n);
+void rm_iq4_nl_quantize(const float * src, void * dst, int64_t n, const float * imp);
 void rm_iq2_xxs_from_float(const float * src, void * dst, int64_t n);
 void rm_iq3_xxs_from_float(const float * src, void * dst, int64_t n);
 void rm_iq2_xxs_quantize(const float * src, void * dst, int64_t n, const float * imp);

@@ -118,7 +118,7 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * QV, n, pos, hp->n_head, sh.n_head_kv, sh.head_dim,
                        L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, p.ring,
                        o->type_k, o->type_v, o->attn_scratch, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f,
-                       sh.head_dim_v, o->attn_scratch_floats};
+                       sh.head_dim_v, o->attn_scratch_floats, 0};
     be->ops->attention(be, &aa);
 }
 

@@ -57,7 +57,7 @@ void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_
 
 uint64_t rm_kv_row_bytes(int32_t type, int64_t n) {
     static const int32_t cache_types[] = {RM_TYPE_F32, RM_TYPE_F16, RM_TYPE_BF16, RM_TYPE_Q8_0, RM_TYPE_Q4_0,
-                                          RM_TYPE_Q4_1, RM_TYPE_Q5_0, RM_TYPE_Q5_1};
+                                          RM_TYPE_Q4_1, RM_TYPE_Q5_0, RM_TYPE_Q5_1, RM_TYPE_IQ4_NL};
     for (size_t i = 0; i < sizeof(cache_types) / sizeof(cache_types[0]); i++) {
         const rm_type_traits * t = cache_types[i] == type ? rm_type_traits_get(type) : NULL;
         if (t && t->to_float && t->from_float && n % t->block_elems == 0) {
@@ -80,7 +80,7 @@ const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, i
     const char * nk = tk && tk->name ? tk->name : "?", * nv = tv && tv->name ? tv->name : "?";
     if (latent > 0) {
         snprintf(why, sizeof(why), "cache types %s/%s: multi-head latent attention's latent cache (rows of %d) takes "
-                 "one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 as its K type, with the row a multiple of its block, "
+                 "one of F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL as its K type, with the row a multiple of its block, "
                  "and any of them as V", nk, nv, (int) latent);
     } else {
         const int32_t dv = head_dim_v > 0 ? head_dim_v : head_dim;

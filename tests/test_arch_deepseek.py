@@ -166,8 +166,8 @@ def test_arch_deepseek_mla_expanded_tiles_match_transformers(tmp_path):
     """The expanded form works in tiles of 8192 floats and blocks of 32 queries and 32 positions
     (mla.c): a latent of 520 (two blocks of Kb_h^T's rows for 24 no-RoPE dims, Vb_h's 20 rows in
     blocks of 15) and an 80-token prompt (batches of 64 and 16: several query and key blocks, the
-    second batch over cached latents) against transformers and the absorbed form, whose 9 heads
-    go in blocks of 3 (two blocks per thread) over blocks of 16 latents."""
+    second batch over cached latents) against transformers and the absorbed form (plain attention
+    over the latent rows, one kv head of 9 query heads, the heads split between the threads)."""
     src = make_checkpoint(tmp_path / "hf", "deepseek_v3", kv_lora_rank=520, num_attention_heads=9, num_key_value_heads=9)
     path = tmp_path / "model.gguf"
     rm.convert(src, path, recipe="f32", progress=False)

@@ -198,7 +198,7 @@ static void test_attention_any(rm_backend * be, const rm_model * m, int n_tok, i
             }
         }
     }
-    char what[96];
+    char what[128];
     snprintf(what, sizeof(what), "%d tokens at %d, head_dim %d/%d, window %d, ring %d, %d/%d heads%s%s", n_tok, pos0, D,
              DV, W, ring, H, HKV, scale > 0.0f ? ", logits unscaled" : "", v_in_k ? ", values in the keys" : "");
     record(be->ops->name, "attention", what, worst / 4.0, 2e-5);
@@ -211,8 +211,9 @@ static void test_attention_full(rm_backend * be, const rm_model * m, int n_tok, 
     test_attention_any(be, m, n_tok, pos0, D, DV, W, ring, H, HKV, scale, 0);
 }
 
-/* The kernel set's conversions of cache rows to floats (F16, IQ4_NL) against the types' own, bit
- * for bit: attention reads a cache through them. Rows of random floats quantized by the type. */
+/* The kernel set's conversions of cache rows to floats (its own for F16 and IQ4_NL, the types'
+ * for the rest) against the types' own, bit for bit: attention reads a cache through them. Rows
+ * of random floats quantized by the type. */
 static void test_dequantize_equal(void) {
     const int32_t types[] = {RM_TYPE_F16, RM_TYPE_IQ4_NL, RM_TYPE_Q8_0, RM_TYPE_Q4_0};
     const int64_t n = 576;   /* a latent row: 18 blocks of 32 */

@@ -41,6 +41,7 @@ static double rmse_bound(int32_t type) {
         case RM_TYPE_MXFP4: return 0.13;   /* 4 bits with a power-of-two scale: measured 0.115 */
         case RM_TYPE_IQ2_XXS: return 0.36; /* a codebook of 256 per 8 weights: measured 0.347 */
         case RM_TYPE_IQ3_XXS: return 0.19; /* measured 0.179 */
+        case RM_TYPE_IQ4_NL: return 0.08;  /* 16 non-linear levels: measured 0.0764 */
         default:           return 0.01;  /* the 8-bit types */
     }
 }

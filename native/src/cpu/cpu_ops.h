@@ -6,9 +6,6 @@
 #include "backend.h"
 #include "threads.h"
 
-/* cpu/ops.c: attention (backend.h's rm_attn_args, v_in_k included), for cpu/mla.c's absorbed form. */
-void rm_cpu_attention(rm_backend * be, const rm_attn_args * a);
-
 /* cpu/mla.c: multi-head latent attention's core on the pool's threads (be: for its matmul_many). */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a);
 

@@ -8,11 +8,11 @@
  *
  * Absorbed, the step is plain attention with one kv head: keys are whole latent rows, values their
  * first kv_lora_rank floats (rm_attn_args.v_in_k), and the heads' latent queries share every row
- * of the cache, so it runs cpu/ops.c's attention: tiles of positions converted once for all heads
- * from the cache's type, an online softmax over segments, and at depth one token's positions split
- * between the threads by segments. Expanded, a cache of another type than F32 is read as floats a
- * latent at a time for each block of the up-projection, so nothing of its size is ever held as
- * floats. */
+ * of the cache, so it runs cpu/ops.c's attention (through the backend's table, as ops.c calls this
+ * file): tiles of positions converted once for all heads from the cache's type, an online softmax
+ * over segments, and at depth one token's positions split between the threads by segments.
+ * Expanded, a cache of another type than F32 is read as floats a latent at a time for each block
+ * of the up-projection, so nothing of its size is ever held as floats. */
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -201,25 +201,22 @@ static void expanded_task(void * ctx, int ith, int nth) {
     (void) nth;
 }
 
-/* Per thread: the expanded form's (a head's up-projections, its keys and values for every
- * position, a block's scores and partial sums, a latent as floats), or the absorbed form's share of
- * the attention scratch (rm_cpu_attn_scratch_floats of one thread over latent rows: its tiles and
- * a split's partial sums), whichever is more. */
-static uint64_t thread_floats(int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t kv_lora_rank,
-                              int32_t head_dim_v, int32_t n_ctx) {
+/* Per thread: the expanded form's scratch (a head's up-projections, its keys and values for every
+ * position, a block's scores and partial sums, a latent as floats). The absorbed form's attention
+ * takes the whole of it (all threads') as its scratch; where that is short of what the attention
+ * needs (small contexts), the attention takes the backend's own, for the same floats. */
+static uint64_t thread_floats(int32_t head_dim, int32_t n_rot, int32_t kv_lora_rank, int32_t head_dim_v, int32_t n_ctx) {
     if (kv_lora_rank <= 0) {
         return 0;
     }
     const uint64_t C = (uint64_t) kv_lora_rank, D = (uint64_t) head_dim;
     const uint64_t NP = (uint64_t) (head_dim - n_rot), DV = (uint64_t) head_dim_v;
     const uint64_t LA = C + (uint64_t) n_rot;   /* with a cache of another type: a latent as floats */
-    const uint64_t expanded = C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV) + LA;
-    const uint64_t absorbed = (uint64_t) rm_cpu_attn_scratch_floats(1, n_head, 1, (int32_t) LA, n_ctx);
-    return expanded > absorbed ? expanded : absorbed;
+    return C * NP + DV * C + (uint64_t) n_ctx * (D + DV + MLA_QUERIES) + (NP > DV ? NP : DV) + LA;
 }
 
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx) {
-    return thread_floats(hp->n_head, hp->head_dim, hp->n_rot, hp->kv_lora_rank, hp->head_dim_v, n_ctx);
+    return thread_floats(hp->head_dim, hp->n_rot, hp->kv_lora_rank, hp->head_dim_v, n_ctx);
 }
 
 /* y[h] = W_h x[h] for every head h of a 3-D weight (one matrix per head), in one dispatch. */
@@ -244,8 +241,7 @@ static void mm_heads(rm_backend * be, const rm_weight * w, const float * x, int6
  * each token's attention over its own latents. */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a) {
     const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v, C = a->kv_lora_rank, R = a->n_rot, LA = C + R;
-    const uint64_t per_thread = thread_floats(a->n_head, a->head_dim, a->n_rot, a->kv_lora_rank, a->head_dim_v,
-                                              a->n_ctx);
+    const uint64_t per_thread = thread_floats(a->head_dim, a->n_rot, a->kv_lora_rank, a->head_dim_v, a->n_ctx);
     for (int32_t r = 0; r < a->n_seqs;) {
         const rm_mla_seq * seq = &a->seqs_host[r];
         const float * q = a->q + (int64_t) seq->row0 * H * D;
@@ -274,7 +270,7 @@ void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a
                                      .type_k = a->type, .type_v = a->type, .scratch = a->thread_host,
                                      .scale = a->scale, .head_dim_v = (int32_t) C, .scratch_floats = scratch_floats,
                                      .v_in_k = 1};
-            rm_cpu_attention(be, &at);
+            be->ops->attention(be, &at);   /* the CPU backend's (cpu/ops.c) */
         }
         mm_heads(be, a->wv_b, olat, C, H * C, g, a->out + (int64_t) seq->row0 * H * DV, DV, H * DV);   /* out[h] = Vb_h olat[h] */
         r += g;

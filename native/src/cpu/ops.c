@@ -1057,7 +1057,7 @@ static int attn_split(attn_task * t, int nth, int32_t wide) {
     return 1;
 }
 
-void rm_cpu_attention(rm_backend * be, const rm_attn_args * a) {
+static void cpu_attention(rm_backend * be, const rm_attn_args * a) {
     cpu_ctx * c = be->ctx;
     const int nth = rm_pool_size(c->pool);
     attn_task t = {.a = a, .c = c, .scores_rows = rm_cpu_attn_scores_rows(), .values_rows = rm_cpu_attn_values_rows(),
@@ -1289,7 +1289,7 @@ static const rm_backend_ops CPU_OPS = {
     .status      = cpu_status,
     .matmul      = cpu_matmul,
     .matmul_many = cpu_matmul_many,
-    .attention   = rm_cpu_attention,
+    .attention   = cpu_attention,
     .rmsnorm     = cpu_rmsnorm,
     .rope        = cpu_rope,
     .add         = cpu_add,

@@ -49,7 +49,7 @@ class HParam:
     key: str | None
     hf: tuple[str, ...]
     kind: str  # "u32" | "f32" | "bool" | "str" | "sections" (a list of at most 4, padded to 4) |
-    #            "u32s" | "bools" (one value per layer)
+    #            "u32s" | "bools" | "f32s" (one value per layer) | "dict" (a dimension only: a mapping or None)
     default: Any = REQUIRED
     dim: str | None = None
 
@@ -507,6 +507,7 @@ FUSED = {
     "fused_down": (slice(None), True),           # down_proj[e].T
     "even": (slice(0, None, 2), False),          # gate_up_proj_bias[:, 0::2]
     "odd": (slice(1, None, 2), False),           # gate_up_proj_bias[:, 1::2]
+    "stacked": (slice(None), False),             # proj[e]: (experts, out, in), nn.Linear's orientation (Step-3.5's)
 }
 
 # The per-expert matrices that transformers' fused expert classes (Qwen3.5-MoE's, Qwen3-Next's) keep
@@ -1090,8 +1091,221 @@ GEMMA4 = ArchSpec(
     text_model=("model.language_model.", "model."),
 )
 
+# ---- Step-3.5-Flash: sliding and full layers with their own query heads, a gate per head ----------
+
+def _step35_layer_list(config: Mapping[str, Any], key: str, n: int, default: Any) -> list[Any]:
+    """A per-layer list of the config, the released form's trailing next-token-prediction entries
+    dropped; default for every layer when absent."""
+    v = config.get(key)
+    if v is None:
+        return [default] * n
+    if not isinstance(v, (list, tuple)) or len(v) < n:
+        raise FormatError(f"config.json: {key} {v!r} is not a list of at least num_hidden_layers ({n}) entries")
+    return list(v[:n])
+
+
+def _step35_rope(config: Mapping[str, Any], types: list[str], kind: str) -> tuple[float, float, Any]:
+    """(theta, partial_rotary_factor, scaling) of a layer kind, as transformers reads them: per kind in
+    rope_parameters, else the released config's per-layer lists (the first layer of the kind)."""
+    per_kind = (config.get("rope_parameters") or {}).get(kind)
+    if isinstance(per_kind, Mapping):
+        scaling = per_kind if per_kind.get("rope_type", "default") != "default" else None
+        return float(per_kind.get("rope_theta", 10000.0)), float(per_kind.get("partial_rotary_factor", 1.0)), scaling
+    i = types.index(kind)
+    n = len(types)
+    thetas = config.get("rope_theta", 10000.0)
+    theta = _step35_layer_list(config, "rope_theta", n, None)[i] if isinstance(thetas, (list, tuple)) else thetas
+    factors = config.get("partial_rotary_factors")
+    factor = _step35_layer_list(config, "partial_rotary_factors", n, 1.0)[i] if factors is not None else 1.0
+    scaling = config.get("rope_scaling") if kind == "full_attention" else None
+    return float(theta), float(factor), scaling
+
+
+def _prepare_step35(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The values llama.cpp's step35 keys hold, from the released config (the spelling llama.cpp's
+    converter reads) or transformers' own, as transformers runs the model: the per-layer lists cut
+    to the decoder's layers (the released ones also cover the next-token-prediction layers, which are
+    not converted), the sliding layers' query heads from attention_other_setting."""
+    n = config["num_hidden_layers"]
+    types = _step35_layer_list(config, "layer_types", n, "full_attention")
+    if any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise UnsupportedError(f"config.json: layer_types {types}: only full_attention and sliding_attention layers "
+                               "are supported")
+    heads = config["num_attention_heads"]
+    other = config.get("attention_other_setting") or {}
+    heads_swa = other.get("num_attention_heads") or config.get("num_sliding_attention_heads") or heads
+    kv = config.get("num_attention_groups") or config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    checks = [   # transformers builds both layer kinds with these; the released config repeats them
+        (other.get("num_attention_groups") in (None, kv), "attention_other_setting.num_attention_groups other than "
+         "num_attention_groups (transformers gives the sliding layers the full layers' kv heads)"),
+        (other.get("head_dim") in (None, head_dim), "attention_other_setting.head_dim other than head_dim"),
+        (config.get("query_pre_attn_scalar") in (None, head_dim), "query_pre_attn_scalar other than head_dim "
+         "(llama.cpp scales the logits by 1/sqrt(head_dim))"),
+        (config.get("moe_router_activation", "sigmoid") == "sigmoid",
+         f"moe_router_activation '{config.get('moe_router_activation')}'"),
+        (not config.get("attention_bias"), "attention_bias"),
+        (config.get("use_head_wise_attn_gate") in (None, True), "a gate per element instead of per head"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            raise UnsupportedError(f"config.json: Step-3.5 with {what} is not supported")
+    mlp = config.get("mlp_layer_types")
+    if mlp is None:
+        enum = config.get("moe_layers_enum")
+        if enum is not None:   # the released form: the MoE layers' indices
+            items = enum.split(",") if isinstance(enum, str) else enum
+            moe = {int(i) for i in items if str(i).strip()}
+        else:
+            moe = set(range(3, n))   # transformers' default
+        mlp = ["sparse" if i in moe else "dense" for i in range(n)]
+    mlp = list(mlp[:n])
+    n_dense = next((i for i, t in enumerate(mlp) if t != "dense"), len(mlp))
+    if any(t != "sparse" for t in mlp[n_dense:]):
+        raise UnsupportedError(f"config.json: MoE layers {mlp}: only leading dense layers are supported")
+    kinds = {}
+    for kind in ("full_attention", "sliding_attention"):
+        if kind in types:
+            kinds[kind] = _step35_rope(config, types, kind)
+    want = {"full_attention": 0.5, "sliding_attention": 1.0}
+    for kind, (_theta, factor, scaling) in kinds.items():
+        if abs(factor - want[kind]) > 1e-6:
+            raise UnsupportedError(f"config.json: Step-3.5's {kind} layers with partial_rotary_factor {factor}: "
+                                   f"llama.cpp's step35 (and this runtime) rotate {want[kind]} of each head")
+    full_scaling = kinds.get("full_attention", (None, None, None))[2]
+    llama3 = None
+    if full_scaling:   # transformers scales the full layers' RoPE only
+        kind = full_scaling.get("rope_type", full_scaling.get("type"))
+        if kind != "llama3":
+            raise UnsupportedError(f"config.json: Step-3.5 with RoPE scaling '{kind}' is not supported (llama3 is)")
+        llama3 = {k: float(full_scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                      "original_max_position_embeddings")}
+    limits = [float(v or 0.0) for v in _step35_layer_list(config, "swiglu_limits", n, 0.0)]
+    limits_sh = [float(v or 0.0) for v in _step35_layer_list(config, "swiglu_limits_shared", n, 0.0)]
+    return dict(config, _st_swa=[t == "sliding_attention" for t in types],
+                _st_heads=[heads_swa if t == "sliding_attention" else heads for t in types], _st_heads_full=heads,
+                _st_heads_swa=heads_swa, _st_kv=[kv] * n, _st_kv_full=kv, _st_head_dim=head_dim,
+                _st_experts=config.get("n_routed_experts") or config.get("moe_num_experts"),
+                _st_used=config.get("num_experts_per_tok") or config.get("moe_top_k"),
+                _st_shexp=config.get("share_expert_dim") or config.get("share_expert_dims"),
+                _st_theta=kinds.get("full_attention", (10000.0,))[0],
+                _st_theta_swa=kinds.get("sliding_attention", (10000.0,))[0],
+                _n_dense=n_dense, _st_limits=limits, _st_limits_sh=limits_sh,
+                _st_scale=float(config.get("moe_router_scaling_factor") or 1.0),
+                _st_window=config.get("sliding_window") or config.get("max_position_embeddings"),
+                _st_llama3=llama3)
+
+
+def _step35_layer_kind(config: Mapping[str, Any], bid: int) -> str:
+    types = _step35_layer_list(config, "layer_types", config["num_hidden_layers"], "full_attention")
+    return "sliding" if types[bid] == "sliding_attention" else "full"
+
+
+def _step35_tensors() -> tuple[TensorSpec, ...]:
+    """As llama.cpp's converter names them: every norm written as 1 + w (the model scales by it), the
+    stacked experts taken expert by expert, the shared expert beside them, the leading dense FFNs."""
+    p = "model.layers.{bid}."
+    a, m, s = p + "self_attn.", p + "moe.", p + "share_expert."
+    norm = dict(transform="plus_one")
+    t = [TensorSpec("blk.{bid}.attn_norm.weight", p + "input_layernorm.weight", ("n_embd",), "norm", **norm)]
+    for kind, sfx in (("full", ""), ("sliding", "_swa")):
+        t += [
+            TensorSpec("blk.{bid}.attn_q.weight", a + "q_proj.weight", ("n_embd", "n_q" + sfx), "attn", layers=kind),
+            TensorSpec("blk.{bid}.attn_k.weight", a + "k_proj.weight", ("n_embd", "n_kv" + sfx), "attn", layers=kind),
+            TensorSpec("blk.{bid}.attn_v.weight", a + "v_proj.weight", ("n_embd", "n_kv" + sfx), "attn", layers=kind),
+            TensorSpec("blk.{bid}.attn_output.weight", a + "o_proj.weight", ("n_q" + sfx, "n_embd"), "attn",
+                       layers=kind),
+            TensorSpec("blk.{bid}.attn_q_norm.weight", a + "q_norm.weight", ("head_dim" + sfx,), "norm", layers=kind,
+                       **norm),
+            TensorSpec("blk.{bid}.attn_k_norm.weight", a + "k_norm.weight", ("head_dim" + sfx,), "norm", layers=kind,
+                       **norm),
+            TensorSpec("blk.{bid}.attn_gate.weight", a + "g_proj.weight", ("n_embd", "n_head" + sfx), "attn",
+                       layers=kind),
+        ]
+    t += [
+        TensorSpec("blk.{bid}.ffn_norm.weight", p + "post_attention_layernorm.weight", ("n_embd",), "norm", **norm),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", m + "gate.weight", ("n_embd", "n_expert"), "router", layers="moe"),
+        TensorSpec("blk.{bid}.exp_probs_b.bias", m + "router_bias", ("n_expert",), "bias", optional=True,
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", m + "gate_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", transform="stacked", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", m + "up_proj.weight", ("n_embd", "n_ff_exp", "n_expert"),
+                   "expert", transform="stacked", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", m + "down_proj.weight", ("n_ff_exp", "n_embd", "n_expert"),
+                   "expert", transform="stacked", layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate_shexp.weight", s + "gate_proj.weight", ("n_embd", "n_ff_shexp"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_up_shexp.weight", s + "up_proj.weight", ("n_embd", "n_ff_shexp"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_down_shexp.weight", s + "down_proj.weight", ("n_ff_shexp", "n_embd"), "shexp",
+                   layers="moe"),
+        TensorSpec("blk.{bid}.ffn_gate.weight", p + "mlp.gate_proj.weight", ("n_embd", "n_ff"), "dense",
+                   layers="dense"),
+        TensorSpec("blk.{bid}.ffn_up.weight", p + "mlp.up_proj.weight", ("n_embd", "n_ff"), "dense", layers="dense"),
+        TensorSpec("blk.{bid}.ffn_down.weight", p + "mlp.down_proj.weight", ("n_ff", "n_embd"), "dense",
+                   layers="dense"),
+    ]
+    out_norm = dataclasses.replace(_GLOBAL_TENSORS[1], transform="plus_one")
+    # the full layers' llama3 RoPE scaling where the config has one, as llama.cpp writes it
+    rope = TensorSpec("rope_freqs.weight", "", ("n_rot_half",), "norm", transform="llama3_rope")
+    return (_GLOBAL_TENSORS[0], out_norm, _GLOBAL_TENSORS[2], rope) + tuple(t)
+
+
+STEP35 = ArchSpec(
+    name="step35",
+    hf_architectures=("Step3p5ForCausalLM",),
+    hparams=(
+        HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+        HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
+        HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+        HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+        HParam("{arch}.attention.sliding_window_pattern", ("_st_swa",), "bools", dim="swa_layers"),
+        HParam(Keys.Attention.HEAD_COUNT, ("_st_heads",), "u32s", dim="n_head_layers"),
+        HParam(None, ("_st_heads_full",), "u32", dim="n_head"),
+        HParam(None, ("_st_heads_swa",), "u32", dim="n_head_swa"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, ("_st_kv",), "u32s", dim="n_head_kv_layers"),
+        HParam(None, ("_st_kv_full",), "u32", dim="n_head_kv"),
+        HParam(None, ("_st_kv_full",), "u32", dim="n_head_kv_swa"),
+        HParam(Keys.Attention.KEY_LENGTH, ("_st_head_dim",), "u32", dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH, ("_st_head_dim",), "u32", dim="head_dim_v"),
+        HParam(None, (), "u32", default=lambda d: d["head_dim"], dim="head_dim_swa"),
+        # the sliding layers turn all of it, the full ones half (llama.cpp hard-codes the half)
+        HParam(Keys.Rope.DIMENSION_COUNT, (), "u32", default=lambda d: d["head_dim"], dim="n_rot"),
+        HParam(Keys.LLM.EXPERT_COUNT, ("_st_experts",), "u32", dim="n_expert"),
+        HParam(Keys.LLM.EXPERT_USED_COUNT, ("_st_used",), "u32", dim="n_expert_used"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        # transformers renormalises the chosen experts' weights whatever the config says
+        _norm_topk((), True),
+        HParam(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, ("_st_shexp",), "u32", dim="n_ff_shexp"),
+        HParam(Keys.LLM.FEED_FORWARD_LENGTH, ("intermediate_size",), "u32", dim="n_ff"),
+        HParam(Keys.LLM.EXPERT_GATING_FUNC, (), "u32", default=_GATING["sigmoid"], dim="gating"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("_st_scale",), "f32", default=1.0, dim="expert_weights_scale"),
+        HParam(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, ("_n_dense",), "u32", default=0, dim="n_layer_dense_lead"),
+        # the checkpoint's next-token-prediction layers are not converted
+        HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),
+        HParam(Keys.Attention.SLIDING_WINDOW, ("_st_window",), "u32", dim="n_swa"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", default=1e-5, dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("_st_theta",), "f32", default=10000.0, dim="rope_base"),
+        HParam("{arch}.rope.freq_base_swa", ("_st_theta_swa",), "f32", default=10000.0, dim="rope_base_swa"),
+        # the SwiGLU's limits per layer (0: none): the routed experts', the shared expert's and dense FFN's
+        HParam("{arch}.swiglu_clamp_exp", ("_st_limits",), "f32s", dim="ffn_limit_layers"),
+        HParam("{arch}.swiglu_clamp_shexp", ("_st_limits_sh",), "f32s", dim="ffn_limit_sh_layers"),
+        HParam(None, (), "u32", default=lambda d: d["n_head_swa"] * d["head_dim"], dim="n_q_swa"),
+        HParam(None, (), "u32", default=lambda d: d["n_head_kv_swa"] * d["head_dim"], dim="n_kv_swa"),
+        HParam(None, (), "u32", default=lambda d: d["head_dim"] // 2, dim="n_rot_half"),
+        HParam(None, (), "u32", default=lambda d: d["head_dim"] // 2, dim="rope_rot_full"),
+        HParam(None, ("_st_llama3",), "dict", default=None, dim="rope_llama3"),
+    ),
+    tensors=_step35_tensors(),
+    prepare_config=_prepare_step35,
+    layer_kind=_step35_layer_kind,
+    sliding_window=True,
+    rope_scaling=("llama3",),
+    drop_hf_layers_from="n_layer",
+)
+
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
-                                                  DEEPSEEK2, GPT_OSS, MINIMAX_M2, MIMO2, GEMMA4)}
+                                                  DEEPSEEK2, GPT_OSS, MINIMAX_M2, MIMO2, GEMMA4, STEP35)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
@@ -1130,11 +1344,15 @@ def _config_get(config: Mapping[str, Any], path: str) -> Any:
 
 
 def _coerce(value: Any, kind: str, where: str) -> Any:
+    if kind == "dict":   # a dimension only (never written): a mapping of the config's, or None
+        if value is not None and not isinstance(value, Mapping):
+            raise FormatError(f"{where}: {value!r} is not a mapping")
+        return value
     if kind == "str":
         if not isinstance(value, str):
             raise FormatError(f"{where}: {value!r} is not a string")
         return value
-    if kind in ("u32s", "bools"):   # one value per layer
+    if kind in ("u32s", "bools", "f32s"):   # one value per layer
         if not isinstance(value, (list, tuple)) or not value:
             raise FormatError(f"{where}: {value!r} is not a list of per-layer values")
         return [_coerce(v, kind[:-1], where) for v in value]

@@ -62,6 +62,15 @@ carries the released config's keys, which llama.cpp's converter reads, and a mod
 transformers does not know, so that the converter reads config.json itself (through transformers'
 own class it meets RoPE keys it does not read).
 
+``--arch step35`` writes a Step-3.5-Flash checkpoint in the released layout (each layer's experts
+stacked in one tensor per projection, the released config's keys and a model_type transformers does
+not know, as llama.cpp's converter reads them) with Step-3.5-Flash's per-layer shapes (hidden 4096,
+expert and shared-expert FFN 1280, top-8 by sigmoid scores with a selection bias; 8 KV heads of
+128, full layers with 64 query heads and RoPE on half of each, sliding layers with 96 and a window
+of 512; a sigmoid gate per query head), 2 layers, a sliding one then a full one, both MoE, and 144
+experts rather than 288 so that the checkpoint and llama.cpp's f16 file fit this machine's disk
+together (4.9 B parameters, 9.8 GB bf16; a decoded token reads the same experts' bytes).
+
 ``--arch qwen35moe`` writes a Qwen3_5MoeForCausalLM with Qwen3.5-35B-A3B's per-layer shapes instead
 (hidden 2048, 256 experts, top-8, expert and shared-expert FFN 512; gated attention with 16 query
 and 2 KV heads of dim 256, RoPE on a quarter of each head; Gated DeltaNet with 16 key and 32
@@ -104,7 +113,7 @@ FORMATS = {
     "mxfp4-q8": ("mxfp4-q8", {}),
 }
 # --arch -> the formats written by default
-DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0", "mimo2": "q8_0"}
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0", "mimo2": "q8_0", "step35": "q8_0"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
@@ -116,6 +125,7 @@ SHAPES = {
     "gemma4": dict(experts=128, experts_used=8, hidden=2816, expert_ff=704, heads=16, kv_heads=8, head_dim=256),
     "minimax-m2": dict(experts=256, experts_used=8, hidden=3072, expert_ff=1536, heads=48, kv_heads=8, head_dim=128),
     "mimo2": dict(experts=128, experts_used=8, hidden=4096, expert_ff=2048, heads=64, kv_heads=4, head_dim=192),
+    "step35": dict(experts=144, experts_used=8, hidden=4096, expert_ff=1280, heads=64, kv_heads=8, head_dim=128),
 }
 # Gemma-4-26B-A4B's full-attention layers and dense FFN
 GEMMA4_FULL = dict(global_head_dim=512, num_global_key_value_heads=2, intermediate_size=2112, sliding_window=1024)
@@ -307,6 +317,53 @@ def tensor_list_mimo2(a) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+STEP35_HEADS_SWA, STEP35_WINDOW = 96, 512
+
+
+def hf_config_step35(a) -> dict:
+    """The released config's keys (what llama.cpp's converter reads), a sliding layer then a full one."""
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(a.layers)]
+    return dict(
+        architectures=["Step3p5ForCausalLM"], model_type="step3p5_bench", vocab_size=a.vocab, hidden_size=a.hidden,
+        intermediate_size=11264, num_hidden_layers=a.layers, num_attention_heads=a.heads,
+        num_attention_groups=a.kv_heads, head_dim=a.head_dim,
+        attention_other_setting={"attention_type": "sliding_attention", "num_attention_heads": STEP35_HEADS_SWA,
+                                 "num_attention_groups": a.kv_heads, "head_dim": a.head_dim},
+        layer_types=types, sliding_window=STEP35_WINDOW,
+        partial_rotary_factors=[0.5 if t == "full_attention" else 1.0 for t in types],
+        rope_theta=[5000000.0 if t == "full_attention" else 10000.0 for t in types], rope_scaling=None,
+        max_position_embeddings=262144, rms_norm_eps=1e-5, moe_layers_enum=",".join(str(i) for i in range(a.layers)),
+        moe_num_experts=a.experts, moe_top_k=a.experts_used, moe_intermediate_size=a.expert_ff,
+        share_expert_dim=a.expert_ff, moe_router_activation="sigmoid", moe_router_scaling_factor=3.0,
+        norm_expert_weight=True, use_moe_router_bias=True, use_head_wise_attn_gate=True, use_qk_norm=True,
+        swiglu_limits=[0.0] * a.layers, swiglu_limits_shared=[0.0] * a.layers, num_nextn_predict_layers=0,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, torch_dtype="bfloat16")
+
+
+def tensor_list_step35(a) -> list[tuple[str, tuple[int, ...]]]:
+    """Step-3.5's tensors as released: q/k/v/o and the head gate (of the layer kind's heads), q/k norms,
+    the experts stacked per projection, the router's selection bias, the shared expert."""
+    types = hf_config_step35(a)["layer_types"]
+    kv = a.kv_heads * a.head_dim
+    t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
+    for b in range(a.layers):
+        heads = STEP35_HEADS_SWA if types[b] == "sliding_attention" else a.heads
+        p, s, m, x = (f"model.layers.{b}.{k}" for k in ("", "self_attn.", "moe.", "share_expert."))
+        t += [(p + "input_layernorm.weight", (a.hidden,)), (s + "q_proj.weight", (heads * a.head_dim, a.hidden)),
+              (s + "k_proj.weight", (kv, a.hidden)), (s + "v_proj.weight", (kv, a.hidden)),
+              (s + "o_proj.weight", (a.hidden, heads * a.head_dim)), (s + "g_proj.weight", (heads, a.hidden)),
+              (s + "q_norm.weight", (a.head_dim,)), (s + "k_norm.weight", (a.head_dim,)),
+              (p + "post_attention_layernorm.weight", (a.hidden,)), (m + "gate.weight", (a.experts, a.hidden)),
+              (m + "router_bias", (a.experts,)),
+              (m + "gate_proj.weight", (a.experts, a.expert_ff, a.hidden)),
+              (m + "up_proj.weight", (a.experts, a.expert_ff, a.hidden)),
+              (m + "down_proj.weight", (a.experts, a.hidden, a.expert_ff)),
+              (x + "gate_proj.weight", (a.expert_ff, a.hidden)), (x + "up_proj.weight", (a.expert_ff, a.hidden)),
+              (x + "down_proj.weight", (a.hidden, a.expert_ff))]
+    t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
 def hf_config(a) -> dict:
     """config.json, through transformers' own Qwen3MoeConfig (or GptOssConfig) so that every field
     is spelled as it spells it."""
@@ -333,6 +390,8 @@ def hf_config(a) -> dict:
         return hf_config_minimax(a)
     if a.arch == "mimo2":
         return hf_config_mimo2(a)
+    if a.arch == "step35":
+        return hf_config_step35(a)
     if a.arch == "deepseek2":
         return deepseek_config(a)
     cfg = Qwen3MoeConfig(
@@ -415,6 +474,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return tensor_list_minimax(a)
     if a.arch == "mimo2":
         return tensor_list_mimo2(a)
+    if a.arch == "step35":
+        return tensor_list_step35(a)
     q, kv = a.heads * a.head_dim, a.kv_heads * a.head_dim
     t = [("model.embed_tokens.weight", (a.vocab, a.hidden))]
     for b in range(a.layers):
@@ -467,18 +528,18 @@ def bf16_bytes(x: np.ndarray) -> bytes:
 
 
 def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> bytes:
-    """Norm weights 1 (0 for the Qwen3.5 norms that scale by 1 + w), selection biases 0, every other
+    """Norm weights 1 (0 for the Qwen3.5 and Step-3.5 norms that scale by 1 + w), selection biases 0, every other
     weight N(0, 0.02)."""
     if name.endswith("norm.weight") and _one_plus_w(name):
         return bf16_bytes(np.zeros(shape, np.float32))
     if name.endswith(("norm.weight", "router.scale", "per_expert_scale", "layer_scalar")):
         return bf16_bytes(np.ones(shape, np.float32))
-    if name.endswith("e_score_correction_bias"):
+    if name.endswith(("e_score_correction_bias", "router_bias")):
         return bf16_bytes(np.zeros(shape, np.float32))
     return bf16_bytes(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
 
 
-_PLUS_ONE_NORMS = False   # set by main for --arch qwen35moe
+_PLUS_ONE_NORMS = False   # set by main for --arch qwen35moe and step35
 
 
 def _one_plus_w(name: str) -> bool:
@@ -592,8 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", choices=sorted(SHAPES), default="qwen3moe",
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
                          "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
-                         "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's; mimo2: MiMo-V2-Flash's")
-    ap.add_argument("--layers", type=int, default=None, help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2: 2)")
+                         "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's; mimo2: MiMo-V2-Flash's; "
+                         "step35: Step-3.5-Flash's")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2, step35: 2)")
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--experts-used", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=None)
@@ -622,9 +685,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.layers is None:
-        a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2}.get(a.arch, 4)
+        a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2, "step35": 2}.get(a.arch, 4)
     global _PLUS_ONE_NORMS
-    _PLUS_ONE_NORMS = a.arch == "qwen35moe"
+    _PLUS_ONE_NORMS = a.arch in ("qwen35moe", "step35")
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")
     formats = [f for f in (default_formats if a.formats is None else a.formats).split(",") if f]
     unknown = [f for f in formats if f not in FORMATS]

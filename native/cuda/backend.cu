@@ -259,9 +259,9 @@ static void cu_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, const
     if (!c->err) rm_cuda_check(c, rm_cu_copy_rows(c->st, dst, dst_stride, src, src_stride, width, n_rows), "copy rows");
 }
 
-static void cu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
+static void cu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n, int64_t width) {
     cuda_be * c = ctx_of(be);
-    if (!c->err) rm_cuda_check(c, rm_cu_mul_sigmoid(c->st, y, gate, n), "output gate");
+    if (!c->err) rm_cuda_check(c, rm_cu_mul_sigmoid(c->st, y, gate, n, width), "output gate");
 }
 
 /* ---- small ops ---------------------------------------------------------------------------- */

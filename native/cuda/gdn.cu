@@ -234,17 +234,17 @@ cudaError_t rm_cu_copy_rows(cudaStream_t st, float * dst, int64_t dst_stride, co
     return cudaGetLastError();
 }
 
-__global__ void k_mul_sigmoid(float * __restrict__ y, const float * __restrict__ gate, int64_t n) {
+__global__ void k_mul_sigmoid(float * __restrict__ y, const float * __restrict__ gate, int64_t n, int64_t width) {
     const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        y[i] /= 1.0f + expf(-gate[i]);
+        y[i] /= 1.0f + expf(-gate[i / width]);
     }
 }
 
-cudaError_t rm_cu_mul_sigmoid(cudaStream_t st, float * y, const float * gate, int64_t n) {
-    if (n <= 0) {
+cudaError_t rm_cu_mul_sigmoid(cudaStream_t st, float * y, const float * gate, int64_t n, int64_t width) {
+    if (n <= 0 || width <= 0) {
         return cudaSuccess;
     }
-    k_mul_sigmoid<<<rm_cu_blocks(n, 256), 256, 0, st>>>(y, gate, n);
+    k_mul_sigmoid<<<rm_cu_blocks(n * width, 256), 256, 0, st>>>(y, gate, n * width, width);
     return cudaGetLastError();
 }

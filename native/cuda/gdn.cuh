@@ -23,6 +23,7 @@ cudaError_t rm_cu_copy_rows(cudaStream_t st, float * dst, int64_t dst_stride, co
                             int64_t width, int64_t n_rows);
 
 /* y[i] /= 1 + exp(-gate[i]) */
-cudaError_t rm_cu_mul_sigmoid(cudaStream_t st, float * y, const float * gate, int64_t n);
+/* y[i] /= 1 + exp(-gate[i / width]), i < n * width */
+cudaError_t rm_cu_mul_sigmoid(cudaStream_t st, float * y, const float * gate, int64_t n, int64_t width);
 
 #endif

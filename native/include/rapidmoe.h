@@ -302,7 +302,9 @@ enum {
                                          with its own norms (Gemma 4) */
     RM_LAYER_V_NORM       = 0x200000, /* values RMS-normed without a weight; a layer without attn_v takes its
                                          values from the key projection (Gemma 4) */
-    RM_LAYER_RUNS         = 0x3F7FFF  /* the bits the forward pass runs today */
+    RM_LAYER_HEAD_GATE    = 0x400000, /* the attention output times a sigmoid gate per head, projected from the
+                                         layer's input (attn_gate: Step-3.5) */
+    RM_LAYER_RUNS         = 0x7F7FFF  /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -461,6 +463,7 @@ typedef struct rm_model_info {
     int32_t n_head_kv_swa;          /* the sliding layers' kv heads and head width where they differ from
                                      * the others' (Gemma 4); else n_head_kv and head_dim */
     int32_t head_dim_swa;
+    int32_t n_head_swa;             /* the sliding layers' query heads (Step-3.5); else n_head */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -634,6 +637,7 @@ typedef struct rm_size_params {
     int32_t  type_k, type_v;      /* the KV cache's element types (rm_session_params'; 0: F32) */
     int32_t  n_head_kv_swa;       /* the sliding layers' kv heads and head width (Gemma 4); 0: n_head_kv */
     int32_t  head_dim_swa;        /* and head_dim */
+    int32_t  n_head_swa;          /* the sliding layers' query heads (Step-3.5); 0: n_head */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

@@ -491,9 +491,9 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
     for (int64_t r = 0; r < nr; r++)
         for (int64_t c = 0; c < 3; c++) e = fmax(e, fabs(rh[r * 3 + c] - x[N + r * 14 + c]));
     record(be->ops->name, "copy_rows", "strided rows", e, 0.0);
-    /* mul_sigmoid: y /= 1 + exp(-gate) */
+    /* mul_sigmoid: y /= 1 + exp(-gate), a gate per element and a gate per row of 8 */
     be->ops->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
-    be->ops->mul_sigmoid(be, yd, xd + N, (R - 1) * N);
+    be->ops->mul_sigmoid(be, yd, xd + N, (R - 1) * N, 1);
     float * ym = get(be, yd, R * N);
     e = 0;
     for (int64_t i = 0; i < (R - 1) * N; i++) {
@@ -502,6 +502,16 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
     }
     for (int64_t i = (R - 1) * N; i < R * N; i++) e = fmax(e, ym[i] == y0[i] ? 0.0 : 1.0);   /* past n: untouched */
     record(be->ops->name, "mul_sigmoid", "4 rows", e, 1e-6);
+    be->ops->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
+    be->ops->mul_sigmoid(be, yd, xd + N, (R - 1) * N / 8, 8);
+    ym = get(be, yd, R * N);
+    e = 0;
+    for (int64_t i = 0; i < (R - 1) * N / 8 * 8; i++) {
+        const double v = y0[i] / (1.0 + exp(-(double) x[N + i / 8]));
+        e = fmax(e, fabs(ym[i] - v) / (fabs(v) + 1e-3));
+    }
+    for (int64_t i = (R - 1) * N / 8 * 8; i < R * N; i++) e = fmax(e, ym[i] == y0[i] ? 0.0 : 1.0);
+    record(be->ops->name, "mul_sigmoid", "a gate per row of 8", e, 1e-6);
     be->ops->release(be, xd), be->ops->release(be, yd), be->ops->release(be, gd), be->ops->release(be, gdv);
     be->ops->release(be, rd);
     free(x), free(y0), free(g), free(y), free(gh), free(yc), free(xz), free(rh), free(ym);

@@ -139,9 +139,28 @@ def _proportional_rope(d: dict) -> np.ndarray:
     return np.array([1.0] * turning + [1e30] * (d["n_rot"] // 2 - turning), dtype=np.float32)
 
 
-# Tensors a checkpoint does not hold, made from the hyperparameters (TensorSpec with hf "").
-GENERATED: dict[str, Callable[[dict], np.ndarray]] = {
+def _llama3_rope(d: dict) -> np.ndarray | None:
+    """Llama 3's RoPE scaling (transformers' "llama3" over the rotary dims of Step-3.5's full layers) as
+    llama.cpp writes it: a frequency divisor per pair (1 for the fast ones, the factor for the slow
+    ones, between them smoothly), padded with 1 to n_rot_half entries; None without the scaling."""
+    s = d.get("rope_llama3")
+    if not s:
+        return None
+    rot = d["rope_rot_full"]
+    inv = d["rope_base"] ** (-np.arange(0, rot, 2, dtype=np.float64) / rot)
+    wavelen = 2 * np.pi / inv
+    factor, low, high, orig = s["factor"], s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+    smooth = np.clip((orig / wavelen - low) / (high - low), 0.0, 1.0)
+    div = 1.0 / ((1.0 - smooth) / factor + smooth)
+    div = np.where(wavelen < orig / high, 1.0, np.where(wavelen > orig / low, factor, div))
+    return np.concatenate([div, np.ones(d["n_rot_half"] - len(div))]).astype(np.float32)
+
+
+# Tensors a checkpoint does not hold, made from the hyperparameters (TensorSpec with hf ""); a maker
+# that returns None writes none.
+GENERATED: dict[str, Callable[[dict], np.ndarray | None]] = {
     "proportional_rope": _proportional_rope,
+    "llama3_rope": _llama3_rope,
 }
 
 _HF_SHAPE: dict[str, Callable[[tuple[int, ...], dict], tuple[int, ...]]] = {
@@ -213,6 +232,8 @@ class HFSource(Source):
             ne = self.hp.shape(t.ne)
             if not t.hf:   # made from the dims (GENERATED), not read
                 made = GENERATED[t.transform](dims)
+                if made is None:
+                    continue
                 out.append(SourceTensor(name, ne, _role(t.role, ne), lambda _e=None, w=made: w))
                 continue
             if t.per_expert:
@@ -333,6 +354,8 @@ class HFSource(Source):
         interleaved along out, or their (experts, out) biases."""
         if t.transform == "fused_down":
             return (ne[2], ne[0], ne[1])
+        if t.transform == "stacked":
+            return (ne[2], ne[1], ne[0])
         if t.transform in ("fused_gate", "fused_up"):
             return (ne[2], ne[0], 2 * ne[1])
         return (ne[1], 2 * ne[0])
@@ -381,7 +404,7 @@ class HFSource(Source):
         for key, (value, kind) in self.hp.kv.items():
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
              "str": writer.add_string, "sections": writer.add_array, "u32s": writer.add_array,
-             "bools": writer.add_array}[kind](key, value)
+             "bools": writer.add_array, "f32s": writer.add_array}[kind](key, value)
         names = self.config.get("architectures") or []
         kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())),
                                   pre_tokenizer_name=self.pre_tokenizer,

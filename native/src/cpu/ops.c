@@ -1272,9 +1272,12 @@ static void cpu_rope_div(rm_backend * be, float * x, int32_t n_tok, int32_t n_he
     }
 }
 
-static void cpu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        y[i] /= 1.0f + expf(-gate[i]);
+static void cpu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n, int64_t width) {
+    for (int64_t r = 0; r < n; r++) {
+        const float d = 1.0f + expf(-gate[r]);
+        for (int64_t j = 0; j < width; j++) {
+            y[r * width + j] /= d;
+        }
     }
 }
 

@@ -245,7 +245,8 @@ typedef struct rm_backend_ops {
     /* rope with YaRN (rm_rope_yarn), in place on n_tok rows of n_head*head_dim at positions pos0.. */
     void (*rope_yarn)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                       int32_t pos0, const rm_rope_yarn * y, int neox);
-    /* the clamped SwiGLU (RM_SWIGLU_OAI_*) over n floats: g = f(g, u) */
+    /* a clamped SwiGLU over n floats, g = f(g, u) (rm_swiglu_clamp_ref): gpt-oss's (alpha > 0,
+     * RM_SWIGLU_OAI_*) or the limited one (alpha 0: Step-3.5's) */
     void (*swiglu_clamp)(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit);
     /* dst[j] = src[rows[j]], j < n (rows of width floats) */
     void (*gather_rows)(rm_backend * be, float * dst, const float * src, const int32_t * rows_host, int32_t n,
@@ -268,8 +269,9 @@ typedef struct rm_backend_ops {
     /* dst row r (width floats) = src row r, for n_rows rows dst_stride and src_stride floats apart */
     void (*copy_rows)(rm_backend * be, float * dst, int64_t dst_stride, const float * src, int64_t src_stride,
                       int64_t width, int64_t n_rows);
-    /* y[i] = y[i] / (1 + exp(-gate[i])), i < n: an output gate */
-    void (*mul_sigmoid)(rm_backend * be, float * y, const float * gate, int64_t n);
+    /* y[i] = y[i] / (1 + exp(-gate[i / width])), i < n * width: an output gate, one per element (width
+     * 1) or one per row of width floats (Step-3.5's, a head's) */
+    void (*mul_sigmoid)(rm_backend * be, float * y, const float * gate, int64_t n, int64_t width);
     /* g = gelu(g) * u, GELU's tanh form (rm_gelu), over n_rows rows of width floats, g's rows g_stride
      * and u's u_stride floats apart (u may be the second half of g's rows) */
     void (*geglu)(rm_backend * be, float * g, int64_t g_stride, const float * u, int64_t u_stride, int64_t width,
@@ -323,6 +325,8 @@ void rm_softmax(float * x, int64_t n);
 void rm_rope_yarn_of(const rm_hparams * hp, rm_rope_yarn * out);
 void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, const rm_rope_yarn * y,
                       int neox);
+/* alpha > 0, gpt-oss's: g' = min(g, limit), u' = clamp(u, -limit, limit), g = g' sigmoid(alpha g') (u' + 1);
+ * alpha 0, the limited SwiGLU (Step-3.5's): g = min(silu(g), limit) clamp(u, -limit, limit) */
 void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, float limit);
 /* softmax of n scores joined by a sink logit that takes a share but is not returned */
 void rm_softmax_sink(float * x, int64_t n, float sink);
@@ -340,13 +344,15 @@ static inline void rm_expert_bias(rm_backend * be, const rm_weight * b, int32_t 
     be->ops->add_bias(be, y, &row, c, b->ne[0]);
 }
 
-/* The experts' activation g = act(g, u) over n floats: gpt-oss's clamped SwiGLU or Gemma 4's GELU
- * where the layer has it. */
+/* The experts' activation g = act(g, u) over n floats: gpt-oss's clamped SwiGLU, Gemma 4's GELU or
+ * Step-3.5's limited SwiGLU where the layer has it. */
 static inline void rm_expert_act(rm_backend * be, const rm_layer * L, float * g, const float * u, int64_t n) {
     if (L->kind & RM_LAYER_GELU) {
         be->ops->geglu(be, g, n, u, n, n, 1);
     } else if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
         be->ops->swiglu_clamp(be, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
+    } else if (L->ffn_limit > 0.0f) {
+        be->ops->swiglu_clamp(be, g, u, n, 0.0f, L->ffn_limit);
     } else {
         be->ops->swiglu(be, g, u, n);
     }

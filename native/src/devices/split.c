@@ -155,7 +155,9 @@ void rm_split_host_first(const rm_split_host * h, const rm_moe_args * a, const r
 
 void rm_split_host_second(const rm_split_host * h, const rm_moe_args * a, const rm_split_plan * p) {
     const int64_t E = a->n_embd, F = a->n_ff;
-    if (a->L->kind & RM_LAYER_SWIGLU_CLAMP) {   /* g_B and u_B came down with their biases */
+    /* the clamped forms: base and residual summed (gpt-oss's g_B and u_B came down with their
+     * biases), then the layer's activation */
+    if ((a->L->kind & RM_LAYER_SWIGLU_CLAMP) || a->L->ffn_limit > 0.0f) {
         for (int64_t j = 0; j < (int64_t) p->n_fix * F; j++) {
             h->hf[j] = h->gf[j] + h->gs[j];
             h->us[j] += h->uf[j];
@@ -321,6 +323,8 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
     } else if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
         RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT,
                                 "split: swiglu"));
+    } else if (L->ffn_limit > 0.0f) {
+        RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, 0.0f, L->ffn_limit, "split: swiglu"));
     } else {
         RM_STEP(d->swiglu(be, sp->gc, sp->uc, (int64_t) S * F, "split: swiglu"));
     }

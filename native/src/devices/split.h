@@ -167,7 +167,7 @@ typedef struct rm_split_device_ops {
     int (*swiglu)(rm_backend * be, float * g_d, const float * u_d, int64_t n, const char * what);
     /* g = gelu(g) * u over n floats (Gemma 4's experts, rm_gelu) */
     int (*geglu)(rm_backend * be, float * g_d, const float * u_d, int64_t n, const char * what);
-    /* gpt-oss's clamped form of swiglu (rm_swiglu_clamp_ref) */
+    /* the clamped forms of swiglu (rm_swiglu_clamp_ref): gpt-oss's, Step-3.5's limited one */
     int (*swiglu_clamp)(rm_backend * be, float * g_d, const float * u_d, int64_t n, float alpha, float limit,
                         const char * what);
     /* y[row] += row `mat` of the per-expert bias b (ne = {width, n_expert}) for each row of each

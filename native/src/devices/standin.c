@@ -277,9 +277,9 @@ static void sb_copy_rows(rm_backend * be, float * dst, int64_t dst_stride, const
     if (!c->err) c->dev->ops->copy_rows(c->dev, dst, dst_stride, src, src_stride, width, n_rows);
 }
 
-static void sb_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n) {
+static void sb_mul_sigmoid(rm_backend * be, float * y, const float * gate, int64_t n, int64_t width) {
     sb_ctx * c = ctx_of(be);
-    if (!c->err) c->dev->ops->mul_sigmoid(c->dev, y, gate, n);
+    if (!c->err) c->dev->ops->mul_sigmoid(c->dev, y, gate, n, width);
 }
 
 static void sb_rmsnorm(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows, int64_t n,

@@ -92,8 +92,8 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     rm_backend * be = s->be;
     rm_session * o = run->s;   /* whose cache */
     const rm_attn_shape sh = rm_attn_shape_of(hp, L->kind);
-    const int64_t Q = (int64_t) hp->n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
-    const int64_t QV = (int64_t) hp->n_head * sh.head_dim_v, KVV = (int64_t) sh.n_head_kv * sh.head_dim_v;
+    const int64_t Q = (int64_t) sh.n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
+    const int64_t QV = (int64_t) sh.n_head * sh.head_dim_v, KVV = (int64_t) sh.n_head_kv * sh.head_dim_v;
     const int32_t n = run->n, pos = run->pos;
     float * q = s->q + (int64_t) run->row0 * Q, * k = s->k + (int64_t) run->row0 * KV;
     const float * v = s->v + (int64_t) run->row0 * KVV;
@@ -101,13 +101,13 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     if (hp->rope_yarn_factor > 0.0f) {   /* the rows that read rope.scaling.factor run YaRN */
         rm_rope_yarn y;
         rm_rope_yarn_of(hp, &y);
-        be->ops->rope_yarn(be, q, n, hp->n_head, sh.head_dim, sh.n_rot, pos, &y, neox);
+        be->ops->rope_yarn(be, q, n, sh.n_head, sh.head_dim, sh.n_rot, pos, &y, neox);
         be->ops->rope_yarn(be, k, n, sh.n_head_kv, sh.head_dim, sh.n_rot, pos, &y, neox);
     } else if (m->rope_freqs.data && !(L->kind & RM_LAYER_ATTN_SLIDING)) {   /* Gemma 4's full layers */
-        be->ops->rope_div(be, q, n, hp->n_head, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox, &m->rope_freqs);
+        be->ops->rope_div(be, q, n, sh.n_head, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox, &m->rope_freqs);
         be->ops->rope_div(be, k, n, sh.n_head_kv, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox, &m->rope_freqs);
     } else {
-        be->ops->rope(be, q, n, hp->n_head, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox);
+        be->ops->rope(be, q, n, sh.n_head, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox);
         be->ops->rope(be, k, n, sh.n_head_kv, sh.head_dim, sh.n_rot, pos, sh.rope_base, neox);
     }
     const rm_kv_place p = rm_attention_kv_place(o, il);
@@ -115,7 +115,7 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     void * vc = (uint8_t *) o->v_cache + p.v_off;
     cache_append(s, kc, o->type_k, p.k_row, k, n, KV, p.ring, pos);
     cache_append(s, vc, o->type_v, p.v_row, v, n, KVV, p.ring, pos);
-    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * QV, n, pos, hp->n_head, sh.n_head_kv, sh.head_dim,
+    rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * QV, n, pos, sh.n_head, sh.n_head_kv, sh.head_dim,
                        L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, p.ring,
                        o->type_k, o->type_v, o->attn_scratch, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f,
                        sh.head_dim_v, o->attn_scratch_floats, 0};
@@ -128,8 +128,8 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     const rm_layer * L = &m->layers[il];
     rm_backend * be = s->be;
     const rm_attn_shape sh = rm_attn_shape_of(hp, L->kind);
-    const int64_t E = hp->n_embd, Q = (int64_t) hp->n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
-    const int64_t QV = (int64_t) hp->n_head * sh.head_dim_v, KVV = (int64_t) sh.n_head_kv * sh.head_dim_v;
+    const int64_t E = hp->n_embd, Q = (int64_t) sh.n_head * sh.head_dim, KV = (int64_t) sh.n_head_kv * sh.head_dim;
+    const int64_t QV = (int64_t) sh.n_head * sh.head_dim_v, KVV = (int64_t) sh.n_head_kv * sh.head_dim_v;
     const int gated = (L->kind & RM_LAYER_ATTN_GATE) != 0;   /* wq gives q and its output gate */
     const int v_from_k = !L->wv.data;                         /* Gemma 4's full layers: V is K's projection */
     float * qy = gated ? s->hy->qg : s->q;
@@ -151,7 +151,7 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     if (L->bk.data) be->ops->add_bias(be, s->k, &L->bk, n, KV);
     if (L->bv.data) be->ops->add_bias(be, s->v, &L->bv, n, KVV);
     if (m->arch->qk_norm != RM_QK_NORM_NONE && L->q_norm.data) {   /* GLM-4.5's are optional */
-        qk_norm(s, s->q, &L->q_norm, n, hp->n_head, sh.head_dim);
+        qk_norm(s, s->q, &L->q_norm, n, sh.n_head, sh.head_dim);
         qk_norm(s, s->k, &L->k_norm, n, sh.n_head_kv, sh.head_dim);
     }
     if (L->kind & RM_LAYER_V_NORM) {   /* per head, without a weight */
@@ -165,6 +165,10 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
         attention_run(s, il, &s->runs[r]);
     }
     if (gated) rm_attn_gate_apply(s, n);
+    if (L->kind & RM_LAYER_HEAD_GATE) {   /* each head's output times sigmoid(its gate of xn); k is free now */
+        matmul(s, &L->attn_gate, s->xn, E, n, s->k, sh.n_head, 0);
+        be->ops->mul_sigmoid(be, s->attn, s->k, (int64_t) n * sh.n_head, sh.head_dim_v);
+    }
     rm_prof_mark(s, RM_PROF_ATTN);
     if (L->kind & RM_LAYER_POST_NORM) {   /* x += norm(Wo attn): xn is free once q, k and v are projected */
         matmul(s, &L->wo, s->attn, QV, n, s->xn, E, 0);

@@ -9,11 +9,12 @@
  * own session's KV cache. */
 void rm_attention_block(rm_session * s, int il, int32_t n);
 
-/* A layer's attention shape: its kv heads, key and value head widths, rotary dims and RoPE base
- * (a sliding layer may have its own, Gemma 4's). */
+/* A layer's attention shape: its query and kv heads, key and value head widths, rotary dims and
+ * RoPE base (a sliding layer may have its own: Gemma 4's, Step-3.5's). */
 typedef struct rm_attn_shape {
     int32_t n_head_kv, head_dim, head_dim_v, n_rot;
     float   rope_base;
+    int32_t n_head;
 } rm_attn_shape;
 
 static inline rm_attn_shape rm_attn_shape_of(const rm_hparams * hp, uint32_t kind) {
@@ -21,7 +22,8 @@ static inline rm_attn_shape rm_attn_shape_of(const rm_hparams * hp, uint32_t kin
     const int32_t dv = hp->head_dim_v > 0 ? hp->head_dim_v : hp->head_dim;
     return (rm_attn_shape) {slides ? hp->n_head_kv_swa : hp->n_head_kv, slides ? hp->head_dim_swa : hp->head_dim,
                             slides ? rm_head_dim_v_swa(hp->head_dim, dv, hp->head_dim_swa) : dv,
-                            slides ? hp->n_rot_swa : hp->n_rot, slides ? hp->rope_base_swa : hp->rope_base};
+                            slides ? hp->n_rot_swa : hp->n_rot, slides ? hp->rope_base_swa : hp->rope_base,
+                            slides && hp->n_head_swa > 0 ? hp->n_head_swa : hp->n_head};
 }
 
 /* Where layer il's cache lies in session s's K and V buffers. A sliding-window layer keeps only

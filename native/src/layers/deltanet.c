@@ -191,7 +191,7 @@ void rm_attn_gate_split(rm_session * s, int32_t n) {
 }
 
 void rm_attn_gate_apply(rm_session * s, int32_t n) {
-    s->be->ops->mul_sigmoid(s->be, s->attn, s->hy->gate, (int64_t) n * s->m->hp.n_head * s->m->hp.head_dim);
+    s->be->ops->mul_sigmoid(s->be, s->attn, s->hy->gate, (int64_t) n * s->m->hp.n_head * s->m->hp.head_dim, 1);
 }
 
 /* ---- Gated DeltaNet ------------------------------------------------------------------------- */

@@ -236,9 +236,10 @@ static void experts_batched(rm_session * s, int il, int32_t n) {
     }
 }
 
-/* A gated FFN on xn (SwiGLU, or GELU in a layer of RM_LAYER_GELU), its down projection added into
- * y (or written, accumulate 0): the ungated shared experts (into the MoE output), the leading dense
- * layers (into the residual stream), Gemma 4's FFN beside the experts. */
+/* A gated FFN on xn (SwiGLU, limited where the layer says (ffn_limit_sh), or GELU in a layer of
+ * RM_LAYER_GELU), its down projection added into y (or written, accumulate 0): the ungated shared
+ * experts (into the MoE output), the leading dense layers (into the residual stream), Gemma 4's FFN
+ * beside the experts. */
 static void dense_ffn(rm_session * s, const rm_layer * L, const rm_weight * gate, const rm_weight * up,
                       const rm_weight * down, int32_t n, float * y, int accumulate) {
     rm_backend * be = s->be;
@@ -252,6 +253,8 @@ static void dense_ffn(rm_session * s, const rm_layer * L, const rm_weight * gate
     }
     if (L->kind & RM_LAYER_GELU) {
         be->ops->geglu(be, s->eg, F, s->eu, F, F, n);
+    } else if (L->ffn_limit_sh > 0.0f) {
+        be->ops->swiglu_clamp(be, s->eg, s->eu, (int64_t) n * F, 0.0f, L->ffn_limit_sh);
     } else {
         be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * F);
     }

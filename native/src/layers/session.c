@@ -128,7 +128,9 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->n_ctx = params->n_ctx > 0 ? params->n_ctx : hp->n_ctx_train;
     s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;
-    const size_t Q = (size_t) hp->n_head * hp->head_dim;
+    const int32_t n_head_widest = hp->n_head > hp->n_head_swa ? hp->n_head : hp->n_head_swa;
+    const size_t Q_swa = (size_t) hp->n_head_swa * (size_t) hp->head_dim_swa;
+    const size_t Q = (size_t) hp->n_head * hp->head_dim > Q_swa ? (size_t) hp->n_head * hp->head_dim : Q_swa;
     const size_t F = (size_t) (hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
     const size_t X = (size_t) hp->n_expert, K = (size_t) hp->n_expert_used, NL = (size_t) hp->n_layer;
     int failed = 0;
@@ -136,7 +138,8 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->kv_at = xalloc(sizeof(rm_kv_place) * NL, &failed);
     if (hp->kv_lora_rank == 0) {   /* MLA's layers have their own op (and scratch: mla_host) */
         const int32_t n_kv = hp->n_head_kv > hp->n_head_kv_swa ? hp->n_head_kv : hp->n_head_kv_swa;
-        s->attn_scratch_floats = rm_cpu_attn_scratch_floats(rm_pool_size(m->pool), hp->n_head, n_kv, hd_widest, s->n_ctx);
+        s->attn_scratch_floats = rm_cpu_attn_scratch_floats(rm_pool_size(m->pool), n_head_widest, n_kv, hd_widest,
+                                                            s->n_ctx);
         s->attn_scratch = xalloc(sizeof(float) * (size_t) s->attn_scratch_floats, &failed);
     }
     if (hp->kv_lora_rank > 0) {

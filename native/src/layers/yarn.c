@@ -53,6 +53,14 @@ void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot
 }
 
 void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, float limit) {
+    if (alpha == 0.0f) {   /* the limited SwiGLU */
+        for (int64_t j = 0; j < n; j++) {
+            const float s = g[j] / (1.0f + expf(-g[j]));
+            const float y = u[j] < -limit ? -limit : u[j] > limit ? limit : u[j];
+            g[j] = (s < limit ? s : limit) * y;
+        }
+        return;
+    }
     for (int64_t j = 0; j < n; j++) {
         const float x = g[j] < limit ? g[j] : limit;
         const float y = u[j] < -limit ? -limit : u[j] > limit ? limit : u[j];

@@ -216,6 +216,35 @@ static const rm_hparam_row HP_MIMO2[] = {
     FLOAT("rope.freq_base_swa",    rope_base_swa, K(10000.0f)),
 };
 
+/* Step-3.5: sliding layers (a per-layer list) with their own query heads (head_count per layer);
+ * the full layers rotate half of each head, the sliding ones all of it (RM_ARCH_FULL_ROT_HALF),
+ * each kind with its own base; sigmoid routing with a selection bias and a scale, an ungated shared
+ * expert, leading dense layers. transformers always renormalises the chosen experts' weights,
+ * llama.cpp only where expert_weights_norm says so: the default follows transformers. */
+static const rm_hparam_row HP_STEP35[] = {
+    INT("embedding_length",        n_embd,        REQUIRED,          K(1), K(1 << 20)),
+    INT("block_count",             n_layer,       REQUIRED,          K(1), K(4096)),
+    INT_SWA("attention.head_count", n_head,       n_head_swa, REQUIRED, K(1), K(4096)),
+    INT_SWA("attention.head_count_kv", n_head_kv, n_head_kv_swa, V(n_head), K(1), K(4096)),
+    INT("attention.key_length",    head_dim,      DIV(n_embd, n_head), K(1), K(1 << 16)),
+    INT("rope.dimension_count",    n_rot,         V(head_dim),       K(2), V(head_dim)),
+    HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED,   K(1), K(1 << 20)),
+    INT("feed_forward_length",     n_ff,          REQUIRED,          K(1), K(1 << 20)),
+    {"expert_gating_func", "gating", HPOFF(gating), RM_HPARAM_INT, K(RM_GATING_SIGMOID), K(0), K(16), K(1), K(2),
+     "softmax (1) or sigmoid (2)", 0, NULL},
+    FLOAT("expert_weights_scale",  expert_weights_scale, K(1.0f)),
+    INT("leading_dense_block_count", n_layer_dense_lead, K(0),       K(0), V(n_layer)),
+    INT("nextn_predict_layers",    n_layer_nextn, K(0),              K(0), V(n_layer)),
+    INT("attention.sliding_window", n_swa,        REQUIRED,          K(1), K(1 << 24)),
+    FLOAT("attention.layer_norm_rms_epsilon", rms_eps, K(1e-5f)),
+    FLOAT("rope.freq_base",        rope_base,     K(10000.0f)),
+    /* llama.cpp's default where the converter writes none (a config with one rope_theta) */
+    FLOAT("rope.freq_base_swa",    rope_base_swa, K(10000.0f)),
+    {"attention.value_length", "head_dim_v", HPOFF(head_dim_v), RM_HPARAM_INT, V(head_dim), ANY, ANY,
+     V(head_dim), V(head_dim), "value_length == key_length", 0, NULL},
+};
+
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
 
 #define LOFF(f) ((uint16_t) offsetof(rm_layer, f))
@@ -446,6 +475,41 @@ static const rm_tensor_row MIMO2_LAYER[] = {
 };
 #undef OPT
 
+/* Step-3.5: per-head q/k norms and a sigmoid gate per query head, each layer kind with its own
+ * query heads; DeepSeek's FFN rows (routed experts with a selection bias, an ungated shared expert,
+ * the leading dense layers' FFN). */
+#define OPT RM_TENSOR_OPTIONAL
+#define HGATE RM_LAYER_HEAD_GATE
+static const rm_tensor_row STEP35_LAYER[] = {
+    T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,    1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, FULL, 0, NE(EMBD, Q, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, FULL, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, FULL, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, FULL, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_gate.weight",   attn_gate, REQ, FULL | HGATE, 0, NE(EMBD, HEADS, ONE)),
+    T("blk.%d.attn_q.weight",      wq,        REQ, SWA,  0, NE(EMBD, Q_SWA, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, SWA,  0, NE(EMBD, KV_SWA, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, SWA,  0, NE(EMBD, KV_SWA, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, SWA,  0, NE(Q_SWA, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, SWA,  1, NE(HEAD_SWA, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, SWA,  1, NE(HEAD_SWA, ONE, ONE)),
+    T("blk.%d.attn_gate.weight",   attn_gate, REQ, SWA | HGATE, 0, NE(EMBD, HEADS_SWA, ONE)),
+    DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
+};
+#undef HGATE
+#undef OPT
+/* Step-3.5: the leading dense layers, and the layers its list marks slide */
+static const rm_kind_rule STEP35_RULES[] = {
+    {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
+    {RM_RULE_LISTED, 0, RM_LAYER_ATTN_FULL, RM_LAYER_ATTN_SLIDING},
+};
+/* The SwiGLU's limits per layer: the routed experts' and the shared expert's and dense FFN's */
+static const rm_layer_float_row STEP35_FLOATS[] = {
+    {"swiglu_clamp_exp", "ffn_limit", LOFF(ffn_limit)},
+    {"swiglu_clamp_shexp", "ffn_limit_sh", LOFF(ffn_limit_sh)},
+};
 /* MiMo: the leading dense layers, and the layers its list marks slide */
 static const rm_kind_rule MIMO2_RULES[] = {
     {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE, RM_LAYER_FFN_DENSE},
@@ -475,56 +539,62 @@ static const rm_kind_rule HYBRID_RULES[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
     /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
      * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
      * the key heads by llama.cpp's converter. */
     {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0},
     /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
     {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
-     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0},
+     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0, NULL, 0},
     /* DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash: MLA with interleaved RoPE on the rotary part,
      * softmax (V2) or sigmoid (V3) routing, ungated shared experts, leading dense layers. */
     {"deepseek2", "DeepSeek-V2/V3", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_DIRECT | RM_LAYER_FFN_MOE,
-     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0},
+     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0, NULL, 0},
     /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
-     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0},
+     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0, NULL, 0},
     /* MiniMax-M2: partial NEOX RoPE, q/k norms over the whole projection, sigmoid routing with a
      * selection bias, no shared expert. */
     {"minimax-m2", "MiniMax-M2", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0},
+     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
     /* MiMo-V2-Flash: sliding layers with sinks and twice the kv heads, values narrower than the keys
      * and scaled, partial NEOX RoPE with a base per layer kind, sigmoid routing with a selection bias,
      * a leading dense layer. */
     {"mimo2", "MiMo-V2-Flash", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
      ROWS(HP_MIMO2), ROWS(MIMO2_LAYER), ROWS(MIMO2_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_DENSE_BY_ROUTER},
+     RM_ARCH_DENSE_BY_ROUTER, NULL, 0},
     /* Gemma 4 (26B-A4B): sliding and full layers of two shapes, sandwich norms, a GELU FFN beside
      * the experts, proportional RoPE on the full layers (rope_freqs), unscaled attention logits,
      * scaled embeddings, soft-capped logits. */
     {"gemma4", "Gemma 4", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_FFN_DENSE | RM_LAYER_GELU | RM_LAYER_POST_NORM | RM_LAYER_V_NORM,
      ROWS(HP_GEMMA4), ROWS(GEMMA4_LAYER), ROWS(GEMMA4_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED},
+     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED, NULL, 0},
+    /* Step-3.5-Flash: sliding and full layers with their own query heads, a sigmoid gate per head,
+     * per-head q/k norms, partial NEOX RoPE on the full layers, sigmoid routing with a selection
+     * bias and a scale, an ungated shared expert, SwiGLU limits per layer, leading dense layers. */
+    {"step35", "Step-3.5-Flash", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE | RM_LAYER_HEAD_GATE,
+     ROWS(HP_STEP35), ROWS(STEP35_LAYER), ROWS(STEP35_RULES), NULL, "attention.sliding_window_pattern",
+     RM_ARCH_DENSE_BY_ROUTER | RM_ARCH_FULL_ROT_HALF, ROWS(STEP35_FLOATS)},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -591,7 +661,7 @@ void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap) {
     static const struct { uint32_t bit; const char * words; } NAMES[] = {
         {RM_LAYER_ATTN_SLIDING, "sliding-window attention"}, {RM_LAYER_ATTN_LINEAR, "linear attention"},
         {RM_LAYER_ATTN_MLA, "multi-head latent attention"}, {RM_LAYER_FFN_DENSE, "dense FFN"},
-        {RM_LAYER_SINKS, "attention sinks"},
+        {RM_LAYER_SINKS, "attention sinks"}, {RM_LAYER_HEAD_GATE, "a gate per attention head"},
     };
     size_t at = 0;
     buf[0] = '\0';
@@ -640,13 +710,14 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_SSM_BA: return 2 * (int64_t) hp->ssm_n_v;
     case RM_DIM_SSM_KERNEL: return hp->ssm_d_conv;
     case RM_DIM_SSM_HEAD_V: return hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0;
-    case RM_DIM_Q_SWA: return (int64_t) hp->n_head * hp->head_dim_swa;
+    case RM_DIM_Q_SWA: return (int64_t) hp->n_head_swa * hp->head_dim_swa;
     case RM_DIM_KV_SWA: return (int64_t) hp->n_head_kv_swa * hp->head_dim_swa;
     case RM_DIM_HEAD_SWA: return hp->head_dim_swa;
     case RM_DIM_FF_EXP2: return 2 * (int64_t) hp->n_ff_exp;
     case RM_DIM_ROT_HALF: return hp->n_rot / 2;
     case RM_DIM_KV_V: return (int64_t) hp->n_head_kv * hp->head_dim_v;
     case RM_DIM_KV_V_SWA: return (int64_t) hp->n_head_kv_swa * rm_head_dim_v_swa(hp->head_dim, hp->head_dim_v, hp->head_dim_swa);
+    case RM_DIM_HEADS_SWA: return hp->n_head_swa;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -657,7 +728,7 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "1", "any", "n_embd", "n_q", "n_kv", "head_dim", "n_ff_exp", "n_ff_shexp", "n_expert",
     "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
     "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
-    "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa",
+    "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa", "n_head_swa",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }

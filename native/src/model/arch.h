@@ -77,6 +77,7 @@ typedef enum rm_dim {
     RM_DIM_ROT_HALF,              /* n_rot / 2: a RoPE frequency per pair of dims */
     RM_DIM_KV_V,                  /* n_head_kv * head_dim_v: the value projection's rows */
     RM_DIM_KV_V_SWA,              /* n_head_kv_swa * a sliding layer's value head width (rm_head_dim_v_swa) */
+    RM_DIM_HEADS_SWA,             /* n_head_swa */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -118,6 +119,14 @@ typedef enum rm_rule_form {
     RM_RULE_LISTED      = 3       /* the layers the file's per-layer list marks (rm_hparams.layer_swa) */
 } rm_rule_form;
 
+/* A float per layer, into an rm_layer field: the key (after "{arch}.") holds one for every layer
+ * or an array of block_count; absent, 0 in every layer. Each must be finite and >= 0. */
+typedef struct rm_layer_float_row {
+    const char * key;
+    const char * field;           /* the rm_layer field's name */
+    uint16_t     off;             /* offsetof(rm_layer, field): a float */
+} rm_layer_float_row;
+
 typedef struct rm_kind_rule {
     uint8_t  form;                /* rm_rule_form */
     uint16_t n_off;
@@ -144,14 +153,18 @@ typedef struct rm_arch {
      * (rm_hparams.layer_swa); NULL: none */
     const char *           swa_layers_key;
     uint32_t               flags;         /* rm_arch_flag */
+    const rm_layer_float_row * layer_floats;   /* per-layer floats the forward pass reads */
+    int32_t                n_layer_floats;
 } rm_arch;
 
 /* What an architecture does that no key says (llama.cpp hard-codes it). */
 typedef enum rm_arch_flag {
     RM_ARCH_EMBD_SCALE = 1,       /* the token embeddings times sqrt(n_embd) (Gemma) */
     RM_ARCH_KQ_UNSCALED = 2,      /* attention logits are q.k, not q.k / sqrt(head_dim) (Gemma 4) */
-    RM_ARCH_DENSE_BY_ROUTER = 4   /* without leading_dense_block_count, the leading layers without a router
+    RM_ARCH_DENSE_BY_ROUTER = 4,  /* without leading_dense_block_count, the leading layers without a router
                                      (ffn_gate_inp) are the dense ones (llama.cpp's mimo2 writes no count) */
+    RM_ARCH_FULL_ROT_HALF = 8     /* the full-attention layers rotate half of rope.dimension_count, the
+                                     sliding ones all of it (llama.cpp's step35) */
 } rm_arch_flag;
 
 /* NULL when the architecture is not supported. */

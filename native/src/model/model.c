@@ -275,17 +275,26 @@ static rm_status read_rope_scaling(const loader * ld, rm_hparams * hp) {
  * and the checks that tie the expert groups and MLA's head split together. */
 static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
     /* the sliding layers' shape is the others' where no row reads it */
+    hp->n_head_swa = hp->n_head_swa > 0 ? hp->n_head_swa : hp->n_head;
     hp->n_head_kv_swa = hp->n_head_kv_swa > 0 ? hp->n_head_kv_swa : hp->n_head_kv;
     hp->head_dim_swa = hp->head_dim_swa > 0 ? hp->head_dim_swa : hp->head_dim;
+    if (ld->arch->flags & RM_ARCH_FULL_ROT_HALF) {   /* llama.cpp's step35: the full layers turn half */
+        hp->n_rot_swa = hp->n_rot;
+        hp->n_rot = hp->n_rot / 2;
+        if (hp->n_rot % 2 != 0) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: rope.dimension_count %d: the full layers' half of it must be even",
+                           ld->fn, ld->path, hp->n_rot_swa);
+        }
+    }
     hp->n_rot_swa = hp->n_rot_swa > 0 ? hp->n_rot_swa : hp->n_rot;
     hp->rope_base_swa = hp->rope_base_swa > 0.0f ? hp->rope_base_swa : hp->rope_base;
     hp->head_dim_v = hp->head_dim_v > 0 ? hp->head_dim_v : hp->head_dim;
     if (hp->final_softcap >= 1e30f) {
         hp->final_softcap = 0.0f;   /* the row's default: the file sets no cap */
     }
-    if (hp->n_head % hp->n_head_kv_swa != 0 || hp->n_rot_swa % 2 != 0) {
-        return rm_fail(RM_E_FORMAT, "%s: %s: the sliding layers' head_count_kv %d must divide head_count %d and their "
-                       "rope.dimension_count_swa %d be even", ld->fn, ld->path, hp->n_head_kv_swa, hp->n_head,
+    if (hp->n_head_swa % hp->n_head_kv_swa != 0 || hp->n_rot_swa % 2 != 0) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: the sliding layers' head_count_kv %d must divide their head_count %d and "
+                       "their rope.dimension_count_swa %d be even", ld->fn, ld->path, hp->n_head_kv_swa, hp->n_head_swa,
                        hp->n_rot_swa);
     }
     if (hp->n_expert_shared > 0) {
@@ -414,6 +423,40 @@ static rm_status check_layer_kinds(const loader * ld, const rm_hparams * hp) {
             rm_layer_kind_unsupported(k, what, sizeof(what));
             return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: layer %d has %s, which the forward pass does not run "
                            "yet", ld->fn, ld->path, il, what);
+        }
+    }
+    return RM_OK;
+}
+
+/* The arch's per-layer floats (rm_layer_float_row) into every layer: one value for all, an array
+ * of at least block_count floats, or none (0). */
+static rm_status read_layer_floats(rm_model * m, const loader * ld) {
+    for (int32_t r = 0; r < ld->arch->n_layer_floats; r++) {
+        const rm_layer_float_row * row = &ld->arch->layer_floats[r];
+        char key[128];
+        snprintf(key, sizeof(key), "%s.%s", ld->arch->name, row->key);
+        const int64_t ik = rm_gguf_find_kv(ld->g, key);
+        if (ik < 0) {
+            continue;
+        }
+        float one = 0.0f;
+        rm_gguf_arr arr = {0};
+        if (rm_gguf_kv_type(ld->g, ik) == RM_GGUF_ARRAY) {
+            if (rm_gguf_get_arr(ld->g, key, RM_GGUF_FLOAT32, &arr) != RM_OK || arr.n < (uint64_t) m->hp.n_layer) {
+                return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a float or an array of at least %d floats", ld->fn,
+                               ld->path, key, m->hp.n_layer);
+            }
+        } else if (rm_gguf_get_f32(ld->g, key, &one) != RM_OK) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a float or an array of floats", ld->fn, ld->path, key);
+        }
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            float v = one;
+            if (arr.data) memcpy(&v, (const char *) arr.data + 4 * (size_t) il, sizeof(v));
+            if (!isfinite(v) || v < 0.0f) {
+                return rm_fail(RM_E_FORMAT, "%s: %s: '%s' gives layer %d %g: it must be finite and not negative",
+                               ld->fn, ld->path, key, il, (double) v);
+            }
+            memcpy((char *) &m->layers[il] + row->off, &v, sizeof(v));
         }
     }
     return RM_OK;
@@ -550,6 +593,7 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->n_layer_swa = sp.n_layer_swa;
     in->n_head_kv_swa = hp->n_head_kv_swa;
     in->head_dim_swa = hp->head_dim_swa;
+    in->n_head_swa = hp->n_head_swa;
 }
 
 static void fill_info(rm_model * m) {
@@ -831,10 +875,13 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
             return st;
         }
     }
-    if ((st = check_float_types(m, path)) != RM_OK || (st = check_expert_pairs(m, path, params)) != RM_OK) {
+    if ((st = check_float_types(m, path)) != RM_OK || (st = check_expert_pairs(m, path, params)) != RM_OK ||
+        (st = read_layer_floats(m, &ld)) != RM_OK) {
         return st;
     }
-    if ((st = bind(m->base, path, "rope_freqs.weight", 0, m->hp.n_rot / 2, 1, 1, &m->rope_freqs)) != RM_OK) {
+    /* step35's frequencies cover the sliding layers' rotary dims; its full layers read the first half */
+    const int32_t n_freqs = (m->arch->flags & RM_ARCH_FULL_ROT_HALF) ? m->hp.n_rot_swa / 2 : m->hp.n_rot / 2;
+    if ((st = bind(m->base, path, "rope_freqs.weight", 0, n_freqs, 1, 1, &m->rope_freqs)) != RM_OK) {
         return st;
     }
     if (m->rope_freqs.data && m->rope_freqs.type != RM_TYPE_F32) {

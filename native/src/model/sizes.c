@@ -32,7 +32,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .ssm_conv_dim = 2 * hp->ssm_n_k * hp->ssm_d_state + hp->ssm_d_inner, .ssm_n_v = hp->ssm_n_v,
         .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
         .n_swa = hp->n_swa, .n_layer_swa = hp->n_layer_swa,
-        .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa,
+        .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa, .n_head_swa = hp->n_head_swa,
     };
 }
 
@@ -93,12 +93,19 @@ const char * rm_kv_types_why(int32_t type_k, int32_t type_v, int32_t head_dim, i
 
 void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_COUNT]) {
     const uint64_t f = sizeof(float), B = (uint64_t) p->n_batch, E = (uint64_t) p->n_embd;
-    const uint64_t Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
+    /* the query rows of a step: the wider layer kind's (Step-3.5's sliding layers have more heads) */
+    const uint64_t NH_SWA = (uint64_t) (p->n_head_swa > 0 ? p->n_head_swa : p->n_head);
+    const uint64_t Q_SWA = NH_SWA * (uint64_t) (p->head_dim_swa > 0 ? p->head_dim_swa : p->head_dim);
+    const uint64_t Q_FULL = (uint64_t) p->n_head * (uint64_t) p->head_dim;
+    const uint64_t Q = Q_SWA > Q_FULL ? Q_SWA : Q_FULL;
     const uint64_t KV_SCRATCH = (uint64_t) (p->n_head_kv_swa > 0 ? p->n_head_kv_swa : p->n_head_kv) *
                                 (uint64_t) (p->head_dim_swa > 0 ? p->head_dim_swa : p->head_dim);
     const uint64_t KV = (uint64_t) p->n_head_kv * (uint64_t) p->head_dim;
     /* the k and v rows of a step: the widest layer's */
-    const uint64_t KV_STEP = KV_SCRATCH > KV ? KV_SCRATCH : KV;
+    uint64_t KV_STEP = KV_SCRATCH > KV ? KV_SCRATCH : KV;
+    /* the k rows also hold a head-gated layer's gates (one per query head) once the keys are cached */
+    const uint64_t NH = NH_SWA > (uint64_t) p->n_head ? NH_SWA : (uint64_t) p->n_head;
+    KV_STEP = KV_STEP > NH ? KV_STEP : NH;
     uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
     F = (uint64_t) p->n_ff > F ? (uint64_t) p->n_ff : F;   /* leading dense layers use the same gate/up buffers */
     /* MLA caches one latent (kv_lora_rank + n_rot) per position in the K cache and no V */
@@ -106,6 +113,7 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     const int32_t DV = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
     const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : (uint64_t) p->n_head_kv * (uint64_t) DV;
     uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
+    ATT = ATT > Q ? ATT : Q;
     ATT = ATT > E ? ATT : E;   /* also the dense FFN's output beside the experts (Gemma 4's) */
     /* linear-attention layers keep a recurrent state instead (rm_recurrent_buf_bytes) */
     const uint64_t cached = (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx;

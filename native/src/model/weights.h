@@ -71,6 +71,11 @@ typedef struct rm_layer {
     rm_weight gate_up_exps;              /* ne = {n_embd, 2*n_ff_exp, n_expert}: gate rows, then up rows (llama.cpp's
                                             fused form; gate_exps and up_exps absent) */
     rm_weight out_scale;                 /* ne = {1}: the layer's output times this */
+    /* Step-3.5: a sigmoid gate per query head on the attention output (RM_LAYER_HEAD_GATE) */
+    rm_weight attn_gate;                 /* ne = {n_embd, n_head} (the layer kind's heads) */
+    /* the SwiGLU's limit (Step-3.5): silu(gate) at most it, up within [-it, it]; 0: none. The
+     * routed experts' and the others' (shared expert, dense FFN), from the arch's layer floats */
+    float     ffn_limit, ffn_limit_sh;
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -111,6 +116,7 @@ typedef struct rm_hparams {
     int32_t n_layer_swa;                 /* layers with a sliding window (when n_swa > 0), counted by the loader */
     /* sliding layers of another shape (Gemma 4); the loader sets them to the others' where the file is silent */
     int32_t n_head_kv_swa, head_dim_swa, n_rot_swa;
+    int32_t n_head_swa;                  /* their query heads (Step-3.5's differ) */
     float   rope_base_swa;
     float   final_softcap;               /* logits = c * tanh(logits / c); 0: none */
     int32_t n_embd_per_layer;            /* per-layer input embeddings (Gemma 4's small models): not run */

@@ -283,3 +283,27 @@ def test_step35_swiglu_limits_as_the_loader_reads_them(step35, tmp_path):
     shutil.copy(path, p)
     rewrite_with_kv(str(p), {"step35.swiglu_clamp_shexp": 0.0, "step35.swiglu_clamp_exp": 0.0})
     assert _rel(_run(p, ids), ref) > 1e-2   # no limits: the logits move past the budget
+
+
+def test_step35_llama3_rope_scaling(tmp_path):
+    """The released config's llama3 RoPE scaling (transformers scales the full layers only) becomes
+    rope_freqs, frequency divisors over the full layers' rotary pairs, as llama.cpp's converter
+    writes it; our file gives transformers' logits past the original context. (llama.cpp's
+    converter stops on this config here: loading its tokenizer through transformers 5.23 with the
+    unknown model_type it needs and a rope_scaling key raises AttributeError
+    'max_position_embeddings'.)"""
+    scaling = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    ref = make_tiny_step35(tmp_path / "hf", rope_scaling=scaling)
+    ids = np.random.default_rng(6).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
+    want = ref(ids)
+    ours = tmp_path / "ours.gguf"
+    rm.convert(tmp_path / "hf", ours, recipe="f32", progress=False)
+    import gguf
+
+    div = next(np.asarray(t.data) for t in gguf.GGUFReader(str(ours)).tensors if t.name == "rope_freqs.weight")
+    # the fastest pair between the bounds (smoothed), the slower ones divided by the factor, the padding 1
+    assert div.shape == (8,) and 1.0 < div[0] < 4.0 and np.all(div[1:4] == 4.0) and np.all(div[4:] == 1.0), div
+    assert _rel(_run(ours, ids), want) < 1e-4
+    without = make_tiny_step35(tmp_path / "plain", rope_scaling=None)
+    assert _rel(without(ids), want) > 1e-2   # the scaling moves transformers' logits

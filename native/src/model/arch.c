@@ -478,7 +478,6 @@ static const rm_tensor_row MIMO2_LAYER[] = {
 /* Step-3.5: per-head q/k norms and a sigmoid gate per query head, each layer kind with its own
  * query heads; DeepSeek's FFN rows (routed experts with a selection bias, an ungated shared expert,
  * the leading dense layers' FFN). */
-#define OPT RM_TENSOR_OPTIONAL
 #define HGATE RM_LAYER_HEAD_GATE
 static const rm_tensor_row STEP35_LAYER[] = {
     T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,    1, NE(EMBD, ONE, ONE)),
@@ -499,7 +498,6 @@ static const rm_tensor_row STEP35_LAYER[] = {
     DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
 };
 #undef HGATE
-#undef OPT
 /* Step-3.5: the leading dense layers, and the layers its list marks slide */
 static const rm_kind_rule STEP35_RULES[] = {
     {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},

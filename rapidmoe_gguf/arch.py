@@ -72,8 +72,8 @@ class TensorSpec:
     optional: bool = False          # may be absent from the checkpoint (tied lm_head, biases)
     transform: str | None = None    # "permute_q" | "permute_k" | "flatten", one of FUSED, or a name in sources.TRANSFORMS
     #                                 (with hf "", a name in sources.GENERATED: a tensor made from the dims)
-    # only in some layers: "dense" | "moe" | "q_lora" | "q_direct", or with ArchSpec.layer_kind
-    # the kind it gives: "full" | "linear" (the hybrids) | "sliding" (Gemma 4)
+    # only in some layers: "dense" | "moe" | "q_lora" | "q_direct" | "indexed" (sparse attention's own
+    # indexer), or with ArchSpec.layer_kind the kind it gives: "full" | "linear" (the hybrids) | "sliding"
     layers: str | None = None
 
     @property
@@ -497,6 +497,66 @@ DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
     extra_kv=_deepseek_yarn,
 )
 
+def _glm_dsa_indexer_types(config: Mapping[str, Any]) -> list[bool]:
+    """Per layer, whether it runs its own indexer (transformers' indexer_types, or the pattern or
+    the frequency and offset it derives them from); a layer that does not takes the previous one's."""
+    n = int(config.get("num_hidden_layers") or 0)
+    types = config.get("indexer_types")
+    if types is None and (pattern := config.get("index_topk_pattern")) is not None:
+        types = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else list(pattern)
+    if types is None:
+        freq = max(int(config.get("index_topk_freq", 1) or 1), 1)
+        offset = int(config.get("index_skip_topk_offset", 2))
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    types = list(types)[:n]
+    if len(types) < n or any(t not in ("full", "shared") for t in types):
+        raise FormatError(f"config.json: indexer_types {types!r} must name 'full' or 'shared' for each of {n} layers")
+    if types and types[0] != "full":
+        raise FormatError("config.json: indexer_types: layer 0 must run its own indexer ('full')")
+    return [t == "full" for t in types]
+
+
+def _prepare_glm_dsa(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not config.get("q_lora_rank"):
+        raise UnsupportedError("config.json: GLM-5 without q_lora_rank is not supported (the indexer reads the q "
+                               "low rank)")
+    out = dict(_prepare_deepseek2(config))
+    out["_indexer_types"] = _glm_dsa_indexer_types(config)
+    return out
+
+
+def _glm_dsa_tensors() -> tuple[TensorSpec, ...]:
+    a = "model.layers.{bid}.self_attn.indexer."
+    on = dict(layers="indexed")
+    mla = tuple(t for t in _mla_attention() if t.layers != "q_direct")   # the q low rank is required
+    return _GLOBAL_TENSORS + mla + (
+        TensorSpec("blk.{bid}.indexer.attn_q_b.weight", a + "wq_b.weight", ("q_lora_rank", "n_index_q"), "attn", **on),
+        TensorSpec("blk.{bid}.indexer.attn_k.weight", a + "wk.weight", ("n_embd", "index_head_dim"), "attn", **on),
+        TensorSpec("blk.{bid}.indexer.k_norm.weight", a + "k_norm.weight", ("index_head_dim",), "norm", **on),
+        TensorSpec("blk.{bid}.indexer.k_norm.bias", a + "k_norm.bias", ("index_head_dim",), "bias", **on),
+        TensorSpec("blk.{bid}.indexer.proj.weight", a + "weights_proj.weight", ("n_embd", "index_n_head"), "attn", **on),
+    ) + _deepseek_ffn("blk.{bid}.ffn_norm.weight")
+
+
+GLM_DSA = ArchSpec(  # GLM-5: DeepSeek-V3's MLA with DeepSeek sparse attention
+    name="glm-dsa",
+    hf_architectures=("GlmMoeDsaForCausalLM",),
+    hparams=DEEPSEEK2.hparams + (
+        HParam("{arch}.attention.indexer.head_count", ("index_n_heads",), "u32", dim="index_n_head"),
+        HParam("{arch}.attention.indexer.key_length", ("index_head_dim",), "u32", dim="index_head_dim"),
+        HParam("{arch}.attention.indexer.top_k", ("index_topk",), "u32", dim="index_top_k"),
+        HParam("{arch}.attention.indexer.types", ("_indexer_types",), "bools", dim="indexer_layers"),
+        HParam(None, (), "u32", default=lambda d: d["index_n_head"] * d["index_head_dim"], dim="n_index_q"),
+    ),
+    tensors=_glm_dsa_tensors(),
+    output_from_embd=True,
+    hf_rope_interleaved=True,
+    prepare_config=_prepare_glm_dsa,
+    drop_hf_layers_from="n_layer",
+    rope_scaling=("yarn",),
+    extra_kv=_deepseek_yarn,
+)
+
 # gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,
 # gate and up interleaved along the last (gate at even, up at odd indices) and every matrix
 # transposed against nn.Linear's (in, out): a TensorSpec with one of these transforms takes expert
@@ -598,7 +658,8 @@ GPT_OSS = ArchSpec(
 
 
 # The pre-tokenizer name llama.cpp gives a family whose split regex another name shares.
-PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",)}
+PREFERRED_PRE = {"Glm4MoeForCausalLM": ("glm4",), "Glm4MoeLiteForCausalLM": ("glm4",),
+                 "GlmMoeDsaForCausalLM": ("glm4",)}
 # ---- Qwen3.5-MoE and Qwen3-Next: Gated DeltaNet and gated attention ---------------------------
 
 def _layer_types(config: Mapping[str, Any]) -> list[str]:
@@ -1305,11 +1366,12 @@ STEP35 = ArchSpec(
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
-                                                  DEEPSEEK2, GPT_OSS, MINIMAX_M2, MIMO2, GEMMA4, STEP35)}
+                                                  DEEPSEEK2, GLM_DSA, GPT_OSS, MINIMAX_M2, MIMO2, GEMMA4,
+                                                  STEP35)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
-                       for a in ("Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM")}
+                       for a in ("Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM")}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1398,7 +1460,7 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
         config = spec.prepare_config(config)
     kv: dict[str, tuple[Any, str]] = {}
     dims: dict[str, Any] = {}
-    if spec.name == "deepseek2":   # key_length_mla comes from the two parts of a head
+    if spec.name in ("deepseek2", "glm-dsa"):   # key_length_mla comes from the two parts of a head
         dims["n_nope"] = _coerce(config.get("qk_nope_head_dim"), "u32", f"{where}: qk_nope_head_dim")
     for h in spec.hparams:
         key = h.key.format(arch=spec.name) if h.key else None

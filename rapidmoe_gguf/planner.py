@@ -114,6 +114,8 @@ class ModelSizes:
     n_head_kv_swa: int = 0           # their kv heads and head width where they differ (Gemma 4); 0: the others'
     head_dim_swa: int = 0
     n_head_swa: int = 0              # their query heads where they differ (Step-3.5); 0: n_head
+    index_head_dim: int = 0          # sparse attention (GLM-5): the indexer's key, cached beside each latent
+    index_n_head: int = 0            # and its query heads
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -149,7 +151,7 @@ class ModelSizes:
         sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
                                     "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v",
                                     *_LINEAR_SIZES, "n_swa", "n_layer_swa", "n_head_kv_swa", "head_dim_swa",
-                                    "n_head_swa")}
+                                    "n_head_swa", "index_head_dim", "index_n_head")}
         sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
@@ -264,7 +266,8 @@ def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bo
     p.struct_size = ffi.sizeof("rm_size_params")
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
               "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v", "n_swa",
-              "n_layer_swa", "n_head_kv_swa", "head_dim_swa", "n_head_swa") + _LINEAR_SIZES:
+              "n_layer_swa", "n_head_kv_swa", "head_dim_swa", "n_head_swa", "index_head_dim",
+              "index_n_head") + _LINEAR_SIZES:
         setattr(p, k, getattr(s, k))
     p.n_ctx, p.n_batch = n_ctx, n_batch
     if upload_residuals and s.expert_residual.size:

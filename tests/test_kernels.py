@@ -287,8 +287,13 @@ def test_kernels_kquant_stored_rows_equal_the_file_layout(name, isa):
 def test_kernels_repack_rows_gives_the_stored_layout_or_says_why_not(isa):
     """repack_rows converts rows the set keeps stored (another byte order, the same size; products
     from them as from the file's rows) and refuses the rest with the reason: Q4_K's tiles need whole
-    tiles of sixteen rows, Q8_0 has no stored layout, nor has the AVX2 set's Q5_K."""
+    tiles of sixteen rows, Q8_0 has no stored layout, nor has the AVX2 set's Q5_K, nor any K-quant
+    of the AMX set (its tiles read the file's layout)."""
     w = random_rows("Q4_K", 32, 512, seed=3)[1]
+    if isa == "amx":
+        with pytest.raises(InvalidArgumentError, match="set amx keeps no 32 rows of 512 Q4_K weights in a stored"):
+            kernels.repack_rows("Q4_K", w, 512, isa=isa)
+        return
     stored = kernels.repack_rows("Q4_K", w, 512, isa=isa)
     assert len(stored) == len(w) and stored != w
     _, x_q = activations("Q4_K", 512, seed=4, n_tok=3)

@@ -304,7 +304,10 @@ enum {
                                          values from the key projection (Gemma 4) */
     RM_LAYER_HEAD_GATE    = 0x400000, /* the attention output times a sigmoid gate per head, projected from the
                                          layer's input (attn_gate: Step-3.5) */
-    RM_LAYER_RUNS         = 0x7F7FFF  /* the bits the forward pass runs today */
+    RM_LAYER_DSA_INDEX    = 0x800000, /* MLA over the positions a lightning indexer of the layer's own picks, its
+                                         top_k best by the indexer's scores (DeepSeek sparse attention: GLM-5) */
+    RM_LAYER_DSA_SHARED   = 0x1000000,/* MLA over the positions the previous indexed layer picked (GLM-5.2) */
+    RM_LAYER_RUNS         = 0x1FF7FFF /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -464,6 +467,9 @@ typedef struct rm_model_info {
                                      * the others' (Gemma 4); else n_head_kv and head_dim */
     int32_t head_dim_swa;
     int32_t n_head_swa;             /* the sliding layers' query heads (Step-3.5); else n_head */
+    int32_t index_head_dim;         /* DeepSeek sparse attention: the indexer's key width (cached beside each
+                                     * latent); 0 without */
+    int32_t index_n_head, index_top_k;  /* its query heads, and the positions each token attends to */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -638,6 +644,9 @@ typedef struct rm_size_params {
     int32_t  n_head_kv_swa;       /* the sliding layers' kv heads and head width (Gemma 4); 0: n_head_kv */
     int32_t  head_dim_swa;        /* and head_dim */
     int32_t  n_head_swa;          /* the sliding layers' query heads (Step-3.5); 0: n_head */
+    int32_t  index_head_dim;      /* DeepSeek sparse attention: each latent row also holds the indexer's
+                                   * key of this width; 0 without */
+    int32_t  index_n_head;        /* and the indexer's query heads */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

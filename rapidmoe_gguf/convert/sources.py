@@ -314,6 +314,8 @@ class HFSource(Source):
         "linear", "sliding") from the config; dense or moe FFN, q_lora or q_direct query."""
         if self.arch.layer_kind is not None and wanted in ("full", "sliding", "linear"):
             return self.arch.layer_kind(self.config, bid)
+        if wanted in ("indexed", "shared"):   # sparse attention: a layer with its own indexer, or not
+            return "indexed" if self.hp.dims["indexer_layers"][bid] else "shared"
         return _layer_kind(wanted, bid, self.hp.dims)
 
     def _dropped_layer(self, hf_name: str) -> bool:

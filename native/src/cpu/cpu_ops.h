@@ -9,6 +9,11 @@
 /* cpu/mla.c: multi-head latent attention's core on the pool's threads (be: for its matmul_many). */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a);
 
+/* cpu/dsa.c: sparse attention's pick of positions on the pool's threads, and a LayerNorm. */
+void rm_cpu_dsa_select(rm_pool * pool, const rm_dsa_args * a);
+void rm_cpu_layernorm(float * y, const float * x, const float * w, const float * b, int64_t n_rows, int64_t n,
+                      float eps);
+
 /* cpu/deltanet.c: the middle of a Gated DeltaNet layer on the pool's threads. */
 void rm_cpu_gdn(rm_pool * pool, const rm_gdn_args * a);
 

@@ -128,7 +128,7 @@ typedef struct mla_latents {
 
 static const float * latent(const mla_latents * l, int32_t j, int64_t LA) {
     if (!l->to_float) {
-        return (const float *) l->cache + (int64_t) j * LA;
+        return (const float *) ((const uint8_t *) l->cache + (uint64_t) j * l->row_bytes);
     }
     l->to_float((const uint8_t *) l->cache + (uint64_t) j * l->row_bytes, l->row, LA);
     return l->row;
@@ -234,22 +234,83 @@ static void mm_heads(rm_backend * be, const rm_weight * w, const float * x, int6
     }
 }
 
+/* The absorbed attention of the token of q row `row` at position pos over the latents in cache:
+ * its latent queries (qlat) against the rows, into olat. With sparse attention, the rows it attends
+ * to (its top_k picked ones, or all it sees) are first gathered into gather_host, in ascending
+ * position, since a cached row also holds the indexer's key. */
+static void absorbed_token(rm_backend * be, const rm_mla_args * a, int32_t row, const void * cache, int32_t pos,
+                           int64_t scratch_floats) {
+    const int64_t H = a->n_head, C = a->kv_lora_rank, LA = C + a->n_rot;
+    const void * rows = cache;
+    int32_t n = pos + 1;
+    if (a->top_k > 0) {
+        const int32_t * sel = n > a->top_k ? a->sel_host + (int64_t) row * a->top_k : NULL;
+        n = sel ? a->top_k : n;
+        uint8_t * g = (uint8_t *) a->gather_host;
+        for (int32_t j = 0; j < n; j++) {
+            memcpy(g + (uint64_t) j * a->lat_bytes, (const uint8_t *) cache + (uint64_t) (sel ? sel[j] : j) * a->row_bytes,
+                   (size_t) a->lat_bytes);
+        }
+        rows = g;
+    }
+    const rm_attn_args at = {.q = a->qlat + (int64_t) row * H * LA, .k_cache = (const float *) rows,
+                             .out = a->olat + (int64_t) row * H * C, .n_tok = 1, .pos0 = n - 1,
+                             .n_head = (int32_t) H, .n_head_kv = 1, .head_dim = (int32_t) LA,
+                             .type_k = a->type, .type_v = a->type, .scratch = a->thread_host,
+                             .scale = a->scale, .head_dim_v = (int32_t) C, .scratch_floats = scratch_floats,
+                             .v_in_k = 1};   /* one kv head: the latent rows; values their first C floats */
+    be->ops->attention(be, &at);   /* the CPU backend's (cpu/ops.c) */
+}
+
+/* The absorbed form for g tokens of consecutive q rows from row0, token i over cache[i] at pos[i]
+ * (or, with one cache, consecutive positions from pos[0]): each head's up-projections read once for
+ * all of them. */
+static void absorbed(rm_backend * be, const rm_mla_args * a, int32_t row0, int32_t g, const rm_mla_seq * seqs,
+                     int64_t scratch_floats) {
+    const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v, C = a->kv_lora_rank, R = a->n_rot, LA = C + R;
+    const float * q = a->q + (int64_t) row0 * H * D;
+    float * qlat = a->qlat + (int64_t) row0 * H * LA, * olat = a->olat + (int64_t) row0 * H * C;
+    mm_heads(be, a->wk_b, q, D, H * D, g, qlat, LA, H * LA);   /* qlat[h] = [Kb_h^T q_nope[h] | q_rope[h]] */
+    for (int64_t i = 0; i < (int64_t) g * H; i++) {
+        memcpy(qlat + i * LA + C, q + i * D + (D - R), sizeof(float) * (size_t) R);
+    }
+    for (int32_t i = 0; i < g; i++) {
+        absorbed_token(be, a, row0 + i, seqs[i].cache, seqs[i].pos, scratch_floats);
+    }
+    mm_heads(be, a->wv_b, olat, C, H * C, g, a->out + (int64_t) row0 * H * DV, DV, H * DV);   /* out[h] = Vb_h olat[h] */
+}
+
 /* The step's sequences (rm_mla_args): one of several tokens (a prompt's) runs the expanded form
  * over its own latents, reading each head's up-projections once for its tokens (the expansion is
  * of that sequence's cache); runs of one token (decoding) that follow each other run the
  * absorbed form together, so each head's up-projections are read once for all of them, and then
- * each token's attention over its own latents. */
+ * each token's attention over its own latents. With sparse attention, a prompt's tokens that see
+ * more than top_k positions run the absorbed form over their picked ones. */
 void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a) {
-    const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v, C = a->kv_lora_rank, R = a->n_rot, LA = C + R;
+    const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v;
     const uint64_t per_thread = thread_floats(a->head_dim, a->n_rot, a->kv_lora_rank, a->head_dim_v, a->n_ctx);
+    const int64_t scratch_floats = (int64_t) (per_thread * (uint64_t) rm_pool_size(pool));
     for (int32_t r = 0; r < a->n_seqs;) {
         const rm_mla_seq * seq = &a->seqs_host[r];
         const float * q = a->q + (int64_t) seq->row0 * H * D;
         if (seq->n > 1) {
-            mla_task t = {a, q, seq->cache, a->out + (int64_t) seq->row0 * H * DV, a->thread_host, 0, per_thread, seq->n,
-                          seq->pos, a->scale, rm_cpu_attn_scores(), rm_cpu_attn_values(), rm_cpu_axpy()};
-            atomic_init(&t.next, 0);
-            rm_pool_run(pool, expanded_task, &t);
+            /* the tokens that see all they see (without sparse attention, every one) run expanded */
+            const int32_t dense = a->top_k <= 0 ? seq->n
+                                  : a->top_k - seq->pos <= 0 ? 0 : a->top_k - seq->pos < seq->n ? a->top_k - seq->pos : seq->n;
+            if (dense > 0) {
+                mla_task t = {a, q, seq->cache, a->out + (int64_t) seq->row0 * H * DV, a->thread_host, 0, per_thread,
+                              dense, seq->pos, a->scale, rm_cpu_attn_scores(), rm_cpu_attn_values(), rm_cpu_axpy()};
+                atomic_init(&t.next, 0);
+                rm_pool_run(pool, expanded_task, &t);
+            }
+            for (int32_t i0 = dense; i0 < seq->n; i0 += 64) {   /* the rest over their picked positions */
+                rm_mla_seq tail[64];
+                const int32_t g = seq->n - i0 < 64 ? seq->n - i0 : 64;
+                for (int32_t i = 0; i < g; i++) {
+                    tail[i] = (rm_mla_seq) {seq->cache, seq->row0 + i0 + i, 1, seq->pos + i0 + i};
+                }
+                absorbed(be, a, seq->row0 + i0, g, tail, scratch_floats);
+            }
             r++;
             continue;
         }
@@ -257,22 +318,7 @@ void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a
         while (r + g < a->n_seqs && a->seqs_host[r + g].n == 1) {
             g++;
         }
-        float * qlat = a->qlat + (int64_t) seq->row0 * H * LA, * olat = a->olat + (int64_t) seq->row0 * H * C;
-        mm_heads(be, a->wk_b, q, D, H * D, g, qlat, LA, H * LA);   /* qlat[h] = [Kb_h^T q_nope[h] | q_rope[h]] */
-        for (int64_t i = 0; i < (int64_t) g * H; i++) {
-            memcpy(qlat + i * LA + C, q + i * D + (D - R), sizeof(float) * (size_t) R);
-        }
-        const int64_t scratch_floats = (int64_t) (per_thread * (uint64_t) rm_pool_size(pool));
-        for (int32_t i = 0; i < g; i++) {   /* one kv head: the latent rows; values their first C floats */
-            const rm_attn_args at = {.q = qlat + (int64_t) i * H * LA, .k_cache = (const float *) seq[i].cache,
-                                     .out = olat + (int64_t) i * H * C, .n_tok = 1, .pos0 = seq[i].pos,
-                                     .n_head = (int32_t) H, .n_head_kv = 1, .head_dim = (int32_t) LA,
-                                     .type_k = a->type, .type_v = a->type, .scratch = a->thread_host,
-                                     .scale = a->scale, .head_dim_v = (int32_t) C, .scratch_floats = scratch_floats,
-                                     .v_in_k = 1};
-            be->ops->attention(be, &at);   /* the CPU backend's (cpu/ops.c) */
-        }
-        mm_heads(be, a->wv_b, olat, C, H * C, g, a->out + (int64_t) seq->row0 * H * DV, DV, H * DV);   /* out[h] = Vb_h olat[h] */
+        absorbed(be, a, seq->row0, g, seq, scratch_floats);
         r += g;
     }
 }

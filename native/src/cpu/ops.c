@@ -1230,6 +1230,15 @@ static void cpu_mla_attention(rm_backend * be, const rm_mla_args * a) {
     rm_cpu_mla_attention(be, ((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_dsa_select(rm_backend * be, const rm_dsa_args * a) {
+    rm_cpu_dsa_select(((cpu_ctx *) be->ctx)->pool, a);
+}
+
+static void cpu_layernorm(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
+                          int64_t n_rows, int64_t n, float eps) {
+    rm_cpu_layernorm(y, x, (const float *) w->data, (const float *) b->data, n_rows, n, eps);
+}
+
 static void cpu_route_gated(rm_backend * be, const float * logits, const rm_weight * bias, const rm_gating_params * g,
                             int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
     for (int32_t i = 0; i < n_tok; i++) {
@@ -1306,6 +1315,8 @@ static const rm_backend_ops CPU_OPS = {
     .route       = cpu_route,
     .route_gated = cpu_route_gated,
     .mla_attention = cpu_mla_attention,
+    .dsa_select  = cpu_dsa_select,
+    .layernorm   = cpu_layernorm,
     .gdn         = cpu_gdn,
     .copy_rows   = cpu_copy_rows,
     .mul_sigmoid = cpu_mul_sigmoid,

@@ -118,8 +118,33 @@ typedef struct rm_mla_args {
     float *           thread_host;/* the CPU's scratch: rm_mla_thread_floats per thread of its pool */
     int32_t           type;       /* the latents' type: RM_TYPE_F32 (every backend), or another cache type
                                      (the CPU's, rows of rm_kv_row_bytes: read a block of rows at a time as floats) */
-    uint64_t          row_bytes;  /* bytes of one cached latent row */
+    uint64_t          row_bytes;  /* bytes of one cached latent row (with sparse attention, the indexer's key too) */
+    /* DeepSeek sparse attention: a token that sees more than top_k positions attends to the top_k of
+     * its row of sel_host (rm_dsa_args) only; 0: every token to all it sees. The CPU reads each
+     * token's positions' latents (lat_bytes of a row) into gather_host (rm_dsa_gather_floats) first. */
+    int32_t           top_k;
+    const int32_t *   sel_host;   /* rows of top_k, one per token row of q */
+    uint64_t          lat_bytes;  /* bytes of a row's latent (kv_lora_rank + n_rot) */
+    float *           gather_host;
 } rm_mla_args;
+
+/* DeepSeek sparse attention's lightning indexer: for each token of the step's sequences that sees
+ * more than top_k positions, the top_k positions j with the best score sum_h w_h relu(q_h . k_j)
+ * (k_j: the indexer's key cached in position j's row; ties to the earlier position), ascending, into
+ * its row of sel_host. Rows of tokens that see at most top_k positions are left as they are. */
+typedef struct rm_dsa_args {
+    const float *      q;         /* rows of n_head * head_dim: the indexer's queries, RoPE applied */
+    const float *      w;         /* rows of n_head: the heads' weights (scaled as the model wants) */
+    const rm_mla_seq * seqs_host; /* the step's sequences: their caches, rows and positions */
+    int32_t            n_seqs;
+    int32_t            n_head, head_dim, top_k;
+    int32_t            type;      /* the cache's type */
+    uint64_t           row_bytes; /* bytes of a cached row */
+    uint64_t           key_off;   /* bytes into a row where the indexer's key starts (a block boundary) */
+    int32_t            n_ctx;
+    int32_t *          sel_host;  /* out: rows of top_k, one per token row */
+    float *            scratch_host;   /* rm_dsa_host_floats less rm_dsa_gather_floats */
+} rm_dsa_args;
 
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
@@ -174,6 +199,12 @@ typedef struct rm_gdn_args {
  * up-projections as floats, its expanded keys and values, the scores of a block of queries, and a
  * block's partial sum; 0 without MLA. */
 uint64_t rm_mla_thread_floats(const rm_hparams * hp, int32_t n_ctx);
+
+/* Floats of the CPU's sparse attention scratch (cpu/dsa.c): first the gathered latents of one token
+ * (rm_dsa_gather_floats: min(index_top_k, n_ctx) latents as F32, the widest rows), then the
+ * indexer's scores and each thread's keys; 0 without sparse attention. */
+uint64_t rm_dsa_host_floats(const rm_hparams * hp, int32_t n_ctx, int32_t n_threads);
+uint64_t rm_dsa_gather_floats(const rm_hparams * hp, int32_t n_ctx);
 
 /* RoPE with YaRN's context extension (rm_rope_yarn_of, yarn.c): frequency i blends the
  * interpolated (inv_freq * freq_scale) and the original one (inv_freq) by a ramp over the dims
@@ -264,6 +295,13 @@ typedef struct rm_backend_ops {
                         int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out_host);
     /* Multi-head latent attention's core (rm_mla_args). */
     void (*mla_attention)(rm_backend * be, const rm_mla_args * a);
+    /* DeepSeek sparse attention's pick of positions (rm_dsa_args); NULL: the backend runs no sparse
+     * attention (a session of such a model is refused). */
+    void (*dsa_select)(rm_backend * be, const rm_dsa_args * a);
+    /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n_rows rows of n (y may be x); w and b F32,
+     * ne = {n}; NULL: the backend has none (only sparse attention's indexer uses it). */
+    void (*layernorm)(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
+                      int64_t n_rows, int64_t n, float eps);
     /* The middle of a Gated DeltaNet layer (rm_gdn_args). */
     void (*gdn)(rm_backend * be, const rm_gdn_args * a);
     /* dst row r (width floats) = src row r, for n_rows rows dst_stride and src_stride floats apart */

@@ -32,7 +32,7 @@ static void * xalloc(size_t n, int * failed) {
 }
 
 static void session_free_buffers(rm_session * s) {
-    void * host[] = {s->embd, s->kv_at, s->mla_host, s->attn_scratch, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
+    void * host[] = {s->embd, s->kv_at, s->mla_host, s->dsa_host, s->dsa_sel, s->attn_scratch, s->routes, s->exp_n, s->exp_pairs, s->rows, s->scale, s->cal_host,
                      s->xv, s->exp_n_all, s->pred, s->pred_experts, s->xc_res_us, s->xc_layer_us, s->stat_active, s->stat_residual, s->last_routes, s->cal_delta, s->cal_n, s->route_log,
                      s->imp_in, s->imp_ff, s->imp_n, s->imp_host};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
@@ -101,10 +101,18 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     for (int shape = 0; shape < 2; shape++) {   /* both layer shapes' head widths (Gemma 4's differ) */
         const int32_t hd = shape ? hp->head_dim_swa : hp->head_dim, hdv = shape ? hd_v_swa : hd_v;
         const int32_t latent = hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot : 0;
-        if (!rm_kv_types_ok(params->type_k, params->type_v, hd, hdv, latent)) {
-            return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
-                           rm_kv_types_why(params->type_k, params->type_v, hd, hdv, latent));
+        const int32_t row = (int32_t) rm_mla_row(hp);   /* with sparse attention, the indexer's key after it */
+        for (int w = 0; w < 2; w++) {
+            const int32_t lw = w ? row : latent;
+            if (!rm_kv_types_ok(params->type_k, params->type_v, hd, hdv, lw)) {
+                return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s",
+                               rm_kv_types_why(params->type_k, params->type_v, hd, hdv, lw));
+            }
         }
+    }
+    if (hp->index_head_dim > 0 && m->device != &rm_device_cpu) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: sparse attention (its lightning indexer) runs on the CPU "
+                       "backend only, and this model runs on %s", m->device->name);
     }
     if ((params->type_k != RM_TYPE_F32 || params->type_v != RM_TYPE_F32) && m->device != &rm_device_cpu) {
         return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: KV cache types other than F32 run on the CPU backend only, "
@@ -123,7 +131,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     const int64_t v_w = (int64_t) hp->n_head_kv * hd_v, v_w_swa = (int64_t) hp->n_head_kv_swa * hd_v_swa;
     int32_t hd_widest = hp->head_dim > hp->head_dim_swa ? hp->head_dim : hp->head_dim_swa;
     hd_widest = hd_v > hd_widest ? hd_v : hd_v_swa > hd_widest ? hd_v_swa : hd_widest;
-    s->k_row_bytes = rm_kv_row_bytes(s->type_k, hp->kv_lora_rank > 0 ? hp->kv_lora_rank + hp->n_rot : kv_widest);
+    s->k_row_bytes = rm_kv_row_bytes(s->type_k, hp->kv_lora_rank > 0 ? rm_mla_row(hp) : kv_widest);
     s->v_row_bytes = rm_kv_row_bytes(s->type_v, v_w > v_w_swa ? v_w : v_w_swa);
     s->n_ctx = params->n_ctx > 0 ? params->n_ctx : hp->n_ctx_train;
     s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
@@ -144,6 +152,11 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     }
     if (hp->kv_lora_rank > 0) {
         s->mla_host = xalloc(sizeof(float) * (size_t) rm_pool_size(m->pool) * rm_mla_thread_floats(hp, s->n_ctx), &failed);
+    }
+    if (hp->kv_lora_rank > 0 && hp->index_head_dim > 0) {   /* sparse attention: the picked positions */
+        const int32_t keep = hp->index_top_k < s->n_ctx ? hp->index_top_k : s->n_ctx;
+        s->dsa_host = xalloc(sizeof(float) * (size_t) rm_dsa_host_floats(hp, s->n_ctx, rm_pool_size(m->pool)), &failed);
+        s->dsa_sel = xalloc(sizeof(int32_t) * B * (size_t) keep, &failed);
     }
     s->routes = xalloc(sizeof(rm_route) * B * K, &failed);
     s->exp_n = xalloc(sizeof(int32_t) * X, &failed);

@@ -53,6 +53,8 @@ struct rm_session {
     float *    embd;              /* embedded tokens before upload, rows of n_embd */
     struct rm_kv_place * kv_at;   /* n_layer: where each layer's cache lies (rm_attention_kv_layout) */
     float *    mla_host;          /* MLA's per-thread scratch (rm_mla_thread_floats each); NULL without MLA */
+    float *    dsa_host;          /* sparse attention's scratch (rm_dsa_host_floats); NULL without it */
+    int32_t *  dsa_sel;           /* n_batch rows of min(index_top_k, n_ctx): each token's picked positions */
     rm_route * routes;            /* rows of n_expert_used */
     int32_t *  exp_n;             /* n_expert */
     int32_t *  exp_pairs;         /* n_expert rows of n_batch * n_expert_used */

@@ -121,6 +121,28 @@ static const rm_hparam_row HP_DEEPSEEK2[] = {
     FLOAT("rope.freq_base",                   rope_base, K(10000.0f)),
 };
 
+/* GLM-5: DeepSeek-V3's MLA (with the q low rank) and routing, sigmoid by default, and DeepSeek
+ * sparse attention: a lightning indexer of head_count heads of key_length picks top_k positions. */
+static const rm_hparam_row HP_GLM_DSA[] = {
+    INT("embedding_length",         n_embd,       REQUIRED, K(1), K(1 << 20)),
+    INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),
+    INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
+    {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1),
+     "MLA shares one latent between all heads", 0, NULL},
+    INT("attention.key_length_mla", head_dim,     REQUIRED, K(2), K(1 << 16)),
+    INT("attention.value_length_mla", head_dim_v, REQUIRED, K(1), K(1 << 16)),
+    INT("rope.dimension_count",     n_rot,        REQUIRED, K(2), V(head_dim)),
+    {"attention.q_lora_rank", "q_lora_rank", HPOFF(q_lora_rank), RM_HPARAM_INT, REQUIRED, K(1), K(1 << 16), ANY, ANY,
+     "the indexer's queries come from the q low rank", 0, NULL},
+    INT("attention.kv_lora_rank",   kv_lora_rank, REQUIRED, K(1), K(1 << 16)),
+    INT("attention.indexer.head_count", index_n_head,   REQUIRED, K(1), K(4096)),
+    INT("attention.indexer.key_length", index_head_dim, REQUIRED, V(n_rot), K(1 << 16)),
+    INT("attention.indexer.top_k",      index_top_k,    REQUIRED, K(1), K(1 << 24)),
+    HP_DEEPSEEK_MOE(RM_GATING_SIGMOID),
+    FLOAT("attention.layer_norm_rms_epsilon", rms_eps,   K(1e-6f)),
+    FLOAT("rope.freq_base",                   rope_base, K(10000.0f)),
+};
+
 /* Qwen3.5-MoE and Qwen3-Next: the experts and gated shared expert of qwen2moe, always renormalised
  * (llama.cpp hard-codes it), and llama.cpp's ssm.* keys for the Gated DeltaNet layers. */
 #define HP_SSM                                                                                        \
@@ -340,6 +362,28 @@ static const rm_tensor_row DEEPSEEK2_LAYER[] = {
     DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
 };
 
+/* GLM-5: DeepSeek's MLA layers, and in the layers that run their own indexer its four products
+ * and its key's LayerNorm (llama.cpp's names). */
+#define IDX RM_LAYER_DSA_INDEX
+static const rm_tensor_row GLM_DSA_LAYER[] = {
+    T("blk.%d.attn_norm.weight",      attn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_q_a.weight",       wq_a,      REQ, MLA, 0, NE(EMBD, Q_LORA, ONE)),
+    T("blk.%d.attn_q_a_norm.weight",  q_a_norm,  REQ, MLA, 1, NE(Q_LORA, ONE, ONE)),
+    T("blk.%d.attn_q_b.weight",       wq_b,      REQ, MLA, 0, NE(Q_LORA, Q, ONE)),
+    T("blk.%d.attn_kv_a_mqa.weight",  wkv_a,     REQ, MLA, 0, NE(EMBD, KV_A, ONE)),
+    T("blk.%d.attn_kv_a_norm.weight", kv_a_norm, REQ, MLA, 1, NE(KV_LORA, ONE, ONE)),
+    T("blk.%d.attn_k_b.weight",       wk_b,      REQ, MLA, 0, NE(NOPE, KV_LORA, HEADS)),
+    T("blk.%d.attn_v_b.weight",       wv_b,      REQ, MLA, 0, NE(KV_LORA, HEAD_V, HEADS)),
+    T("blk.%d.attn_output.weight",    wo,        REQ, MLA, 0, NE(V, EMBD, ONE)),
+    T("blk.%d.indexer.attn_q_b.weight", idx_wq_b,     REQ, MLA | IDX, 0, NE(Q_LORA, IDX_Q, ONE)),
+    T("blk.%d.indexer.attn_k.weight",   idx_wk,       REQ, MLA | IDX, 0, NE(EMBD, IDX_HEAD, ONE)),
+    T("blk.%d.indexer.k_norm.weight",   idx_k_norm,   REQ, MLA | IDX, 1, NE(IDX_HEAD, ONE, ONE)),
+    T("blk.%d.indexer.k_norm.bias",     idx_k_norm_b, REQ, MLA | IDX, 1, NE(IDX_HEAD, ONE, ONE)),
+    T("blk.%d.indexer.proj.weight",     idx_proj,     REQ, MLA | IDX, 0, NE(EMBD, IDX_HEADS, ONE)),
+    DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
+};
+#undef IDX
+
 #define HPOFF_RULE(f) ((uint16_t) offsetof(rm_hparams, f))
 
 /* The first leading_dense_block_count layers have a dense FFN and no experts. */
@@ -349,6 +393,13 @@ static const rm_kind_rule GLM4MOE_RULES[] = {
 static const rm_kind_rule DEEPSEEK2_RULES[] = {
     {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
     {RM_RULE_ALL_IF_SET, HPOFF_RULE(q_lora_rank), RM_LAYER_MLA_Q_DIRECT, RM_LAYER_MLA_Q_LORA},
+};
+
+/* GLM-5: the leading dense layers, and the layers its indexer list marks 0 take the previous
+ * indexed layer's positions */
+static const rm_kind_rule GLM_DSA_RULES[] = {
+    {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
+    {RM_RULE_NOT_INDEXED, 0, RM_LAYER_DSA_INDEX, RM_LAYER_DSA_SHARED},
 };
 
 /* MiniMax-M2: q/k RMSNorm over the whole projection, routed experts with a selection bias. */
@@ -537,62 +588,67 @@ static const rm_kind_rule HYBRID_RULES[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
     /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
      * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
      * the key heads by llama.cpp's converter. */
     {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL},
     /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
     {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
-     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0, NULL, 0},
+     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0, NULL, 0, NULL},
     /* DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash: MLA with interleaved RoPE on the rotary part,
      * softmax (V2) or sigmoid (V3) routing, ungated shared experts, leading dense layers. */
     {"deepseek2", "DeepSeek-V2/V3", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_DIRECT | RM_LAYER_FFN_MOE,
-     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0, NULL, 0},
+     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0, NULL, 0, NULL},
+    /* GLM-5: DeepSeek-V3's MLA and routing (sigmoid), each token attending to the top_k positions a
+     * lightning indexer picks (every layer its own, or GLM-5.2's layers sharing the last one's). */
+    {"glm-dsa", "GLM-5", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
+     RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_LORA | RM_LAYER_FFN_MOE | RM_LAYER_DSA_INDEX,
+     ROWS(HP_GLM_DSA), ROWS(GLM_DSA_LAYER), ROWS(GLM_DSA_RULES), NULL, NULL, 0, NULL, 0, "attention.indexer.types"},
     /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
-     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0, NULL, 0},
+     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0, NULL, 0, NULL},
     /* MiniMax-M2: partial NEOX RoPE, q/k norms over the whole projection, sigmoid routing with a
      * selection bias, no shared expert. */
     {"minimax-m2", "MiniMax-M2", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0},
+     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
     /* MiMo-V2-Flash: sliding layers with sinks and twice the kv heads, values narrower than the keys
      * and scaled, partial NEOX RoPE with a base per layer kind, sigmoid routing with a selection bias,
      * a leading dense layer. */
     {"mimo2", "MiMo-V2-Flash", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
      ROWS(HP_MIMO2), ROWS(MIMO2_LAYER), ROWS(MIMO2_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_DENSE_BY_ROUTER, NULL, 0},
+     RM_ARCH_DENSE_BY_ROUTER, NULL, 0, NULL},
     /* Gemma 4 (26B-A4B): sliding and full layers of two shapes, sandwich norms, a GELU FFN beside
      * the experts, proportional RoPE on the full layers (rope_freqs), unscaled attention logits,
      * scaled embeddings, soft-capped logits. */
     {"gemma4", "Gemma 4", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_FFN_DENSE | RM_LAYER_GELU | RM_LAYER_POST_NORM | RM_LAYER_V_NORM,
      ROWS(HP_GEMMA4), ROWS(GEMMA4_LAYER), ROWS(GEMMA4_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED, NULL, 0},
+     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED, NULL, 0, NULL},
     /* Step-3.5-Flash: sliding and full layers with their own query heads, a sigmoid gate per head,
      * per-head q/k norms, partial NEOX RoPE on the full layers, sigmoid routing with a selection
      * bias and a scale, an ungated shared expert, SwiGLU limits per layer, leading dense layers. */
     {"step35", "Step-3.5-Flash", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE | RM_LAYER_HEAD_GATE,
      ROWS(HP_STEP35), ROWS(STEP35_LAYER), ROWS(STEP35_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_DENSE_BY_ROUTER | RM_ARCH_FULL_ROT_HALF, ROWS(STEP35_FLOATS)},
+     RM_ARCH_DENSE_BY_ROUTER | RM_ARCH_FULL_ROT_HALF, ROWS(STEP35_FLOATS), NULL},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -641,6 +697,7 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
         const int picked = rule->form == RM_RULE_FIRST_N      ? il < n
                            : rule->form == RM_RULE_ALL_IF_SET ? n > 0
                            : rule->form == RM_RULE_LISTED     ? rm_hp_slides(hp, il)
+                           : rule->form == RM_RULE_NOT_INDEXED ? hp->layer_indexer && !hp->layer_indexer[il]
                                                               : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
@@ -660,6 +717,7 @@ void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap) {
         {RM_LAYER_ATTN_SLIDING, "sliding-window attention"}, {RM_LAYER_ATTN_LINEAR, "linear attention"},
         {RM_LAYER_ATTN_MLA, "multi-head latent attention"}, {RM_LAYER_FFN_DENSE, "dense FFN"},
         {RM_LAYER_SINKS, "attention sinks"}, {RM_LAYER_HEAD_GATE, "a gate per attention head"},
+        {RM_LAYER_DSA_INDEX, "sparse attention"}, {RM_LAYER_DSA_SHARED, "shared sparse attention"},
     };
     size_t at = 0;
     buf[0] = '\0';
@@ -716,6 +774,9 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_KV_V: return (int64_t) hp->n_head_kv * hp->head_dim_v;
     case RM_DIM_KV_V_SWA: return (int64_t) hp->n_head_kv_swa * rm_head_dim_v_swa(hp->head_dim, hp->head_dim_v, hp->head_dim_swa);
     case RM_DIM_HEADS_SWA: return hp->n_head_swa;
+    case RM_DIM_IDX_HEAD: return hp->index_head_dim;
+    case RM_DIM_IDX_HEADS: return hp->index_n_head;
+    case RM_DIM_IDX_Q: return (int64_t) hp->index_n_head * hp->index_head_dim;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -727,6 +788,7 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
     "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
     "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa", "n_head_swa",
+    "index_head_dim", "index_n_head", "n_index_q",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }

@@ -78,6 +78,9 @@ typedef enum rm_dim {
     RM_DIM_KV_V,                  /* n_head_kv * head_dim_v: the value projection's rows */
     RM_DIM_KV_V_SWA,              /* n_head_kv_swa * a sliding layer's value head width (rm_head_dim_v_swa) */
     RM_DIM_HEADS_SWA,             /* n_head_swa */
+    RM_DIM_IDX_HEAD,              /* index_head_dim: the sparse attention indexer's head width */
+    RM_DIM_IDX_HEADS,             /* index_n_head */
+    RM_DIM_IDX_Q,                 /* index_n_head * index_head_dim */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -116,7 +119,8 @@ typedef enum rm_rule_form {
     RM_RULE_FIRST_N     = 0,      /* layers il < n (leading dense layers) */
     RM_RULE_NOT_EVERY_N = 1,      /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
     RM_RULE_ALL_IF_SET  = 2,      /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
-    RM_RULE_LISTED      = 3       /* the layers the file's per-layer list marks (rm_hparams.layer_swa) */
+    RM_RULE_LISTED      = 3,      /* the layers the file's per-layer list marks (rm_hparams.layer_swa) */
+    RM_RULE_NOT_INDEXED = 4       /* the layers the file's indexer list marks 0 (rm_hparams.layer_indexer) */
 } rm_rule_form;
 
 /* A float per layer, into an rm_layer field: the key (after "{arch}.") holds one for every layer
@@ -155,6 +159,9 @@ typedef struct rm_arch {
     uint32_t               flags;         /* rm_arch_flag */
     const rm_layer_float_row * layer_floats;   /* per-layer floats the forward pass reads */
     int32_t                n_layer_floats;
+    /* an array key of per-layer bools, 1 for a layer that runs its own sparse-attention indexer,
+     * that RM_RULE_NOT_INDEXED rules read (rm_hparams.layer_indexer); NULL: none */
+    const char *           indexer_layers_key;
 } rm_arch;
 
 /* What an architecture does that no key says (llama.cpp hard-codes it). */

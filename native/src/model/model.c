@@ -73,6 +73,30 @@ static int read_layer_swa(const loader * ld, rm_hparams * hp) {
     return 1;
 }
 
+/* The arch's per-layer list of the layers that run their own sparse-attention indexer
+ * (rm_arch.indexer_layers_key, bools) into hp->layer_indexer, once block_count is known: 1 read (or
+ * none to read: every layer runs its own, as llama.cpp reads a GLM-5 file without the list), 0 on a
+ * damaged list (error set). */
+static int read_layer_indexer(const loader * ld, rm_hparams * hp) {
+    if (hp->layer_indexer || !ld->arch->indexer_layers_key) {
+        return 1;
+    }
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, ld->arch->indexer_layers_key);
+    rm_gguf_arr arr;
+    const rm_status st = rm_gguf_get_arr(ld->g, key, RM_GGUF_BOOL, &arr);
+    if (st == RM_GGUF_MISSING) {
+        return 1;
+    }
+    const int32_t n = hp->n_layer - hp->n_layer_nextn;   /* the prediction layers may have no entry */
+    if (st != RM_OK || n <= 0 || arr.n < (uint64_t) n) {
+        rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be an array of bools, one per layer (%d)", ld->fn, ld->path, key, n);
+        return 0;
+    }
+    hp->layer_indexer = arr.data;
+    return 1;
+}
+
 /* A row's key given as a per-layer array (Gemma 4's head_count_kv): every sliding layer's value
  * into the row's off_swa field, every other layer's into its field; each kind must have one value.
  * 1 read, 0 not an array, -1 unusable (error set). */
@@ -327,6 +351,16 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
         return rm_fail(RM_E_FORMAT, "%s: %s: %d of %d expert groups hold fewer than expert_used_count %d experts",
                        ld->fn, ld->path, hp->n_group_used, hp->n_group, hp->n_expert_used);
     }
+    if (hp->index_head_dim > 0) {   /* DeepSeek sparse attention */
+        if (hp->layer_indexer && !hp->layer_indexer[0]) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: attention.indexer.types makes layer 0 take the positions of an "
+                           "earlier indexed layer, and there is none", ld->fn, ld->path);
+        }
+        if (hp->index_head_dim < hp->n_rot) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: the indexer's key_length %d is shorter than rope.dimension_count %d",
+                           ld->fn, ld->path, hp->index_head_dim, hp->n_rot);
+        }
+    }
     if (hp->kv_lora_rank > 0 && hp->q_lora_rank > hp->n_head * hp->kv_lora_rank) {
         return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: q_lora_rank %d above head_count * kv_lora_rank %d is not supported",
                        ld->fn, ld->path, hp->q_lora_rank, hp->n_head * hp->kv_lora_rank);
@@ -393,7 +427,7 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
             return st;
         }
     }
-    if (!read_layer_swa(ld, hp)) {
+    if (!read_layer_swa(ld, hp) || !read_layer_indexer(ld, hp)) {
         return RM_E_FORMAT;
     }
     if (hp->n_head % hp->n_head_kv != 0) {
@@ -594,6 +628,9 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->n_head_kv_swa = hp->n_head_kv_swa;
     in->head_dim_swa = hp->head_dim_swa;
     in->n_head_swa = hp->n_head_swa;
+    in->index_head_dim = hp->index_head_dim;
+    in->index_n_head = hp->index_n_head;
+    in->index_top_k = hp->index_top_k;
 }
 
 static void fill_info(rm_model * m) {

@@ -33,6 +33,8 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
         .n_swa = hp->n_swa, .n_layer_swa = hp->n_layer_swa,
         .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa, .n_head_swa = hp->n_head_swa,
+        .index_head_dim = hp->kv_lora_rank > 0 ? hp->index_head_dim : 0,
+        .index_n_head = hp->kv_lora_rank > 0 ? hp->index_n_head : 0,
     };
 }
 
@@ -108,8 +110,10 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
     KV_STEP = KV_STEP > NH ? KV_STEP : NH;
     uint64_t F = (uint64_t) (p->n_ff_exp > p->n_ff_shexp ? p->n_ff_exp : p->n_ff_shexp);
     F = (uint64_t) p->n_ff > F ? (uint64_t) p->n_ff : F;   /* leading dense layers use the same gate/up buffers */
-    /* MLA caches one latent (kv_lora_rank + n_rot) per position in the K cache and no V */
-    const uint64_t K_ROW = p->kv_lora_rank > 0 ? (uint64_t) p->kv_lora_rank + (uint64_t) p->n_rot : KV;
+    /* MLA caches one latent (kv_lora_rank + n_rot, and the sparse attention indexer's key) per position
+     * in the K cache and no V */
+    const uint64_t K_ROW = p->kv_lora_rank > 0 ? (uint64_t) p->kv_lora_rank + (uint64_t) p->n_rot +
+                                                     (uint64_t) p->index_head_dim : KV;
     const int32_t DV = p->head_dim_v > 0 ? p->head_dim_v : p->head_dim;
     const uint64_t V_ROW = p->kv_lora_rank > 0 ? 0 : (uint64_t) p->n_head_kv * (uint64_t) DV;
     uint64_t ATT = p->head_dim_v > p->head_dim ? (uint64_t) p->n_head * (uint64_t) p->head_dim_v : Q;
@@ -185,10 +189,16 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
         if (need[i].v <= 0) return rm_fail(RM_E_INVALID_ARG, "%s: %s is %d, must be > 0", __func__, need[i].name, (int) need[i].v);
     }
     if (p->n_ff_shexp < 0) return rm_fail(RM_E_INVALID_ARG, "%s: n_ff_shexp is %d, must be >= 0", __func__, (int) p->n_ff_shexp);
+    if (p->index_head_dim < 0) return rm_fail(RM_E_INVALID_ARG, "%s: index_head_dim is %d, must be >= 0", __func__,
+                                              (int) p->index_head_dim);
+    /* the latent, and with sparse attention the whole row (the indexer's key starts on a block) */
     const int32_t latent = p->kv_lora_rank > 0 ? p->kv_lora_rank + p->n_rot : 0;
-    if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, p->head_dim_v, latent)) {
-        return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: %s", __func__, rm_kv_types_why(p->type_k, p->type_v, p->head_dim,
-                                                                                 p->head_dim_v, latent));
+    for (int32_t w = latent; ; w += p->index_head_dim) {
+        if (!rm_kv_types_ok(p->type_k, p->type_v, p->head_dim, p->head_dim_v, w)) {
+            return rm_fail(RM_E_UNSUPPORTED_TYPE, "%s: %s", __func__, rm_kv_types_why(p->type_k, p->type_v, p->head_dim,
+                                                                                     p->head_dim_v, w));
+        }
+        if (w != latent || latent == 0 || p->index_head_dim == 0) break;
     }
     rm_size_params q = *p;
     q.n_batch = rm_session_batch(p->n_ctx, p->n_batch);

@@ -50,6 +50,13 @@ typedef struct rm_layer {
     rm_weight kv_a_norm;                 /* ne = {kv_lora_rank} */
     rm_weight wk_b;                      /* ne = {nope, kv_lora_rank, n_head}: per head, k's up-projection transposed */
     rm_weight wv_b;                      /* ne = {kv_lora_rank, head_dim_v, n_head} */
+    /* DeepSeek sparse attention's lightning indexer (RM_LAYER_DSA_INDEX): index_n_head query heads of
+     * index_head_dim from the q low rank, one key from the layer's input, LayerNorm'd; RoPE on the
+     * first n_rot dims of each (interleaved pairs) */
+    rm_weight idx_wq_b;                  /* ne = {q_lora_rank, index_n_head*index_head_dim} */
+    rm_weight idx_wk;                    /* ne = {n_embd, index_head_dim} */
+    rm_weight idx_k_norm, idx_k_norm_b;  /* ne = {index_head_dim}: the key's LayerNorm */
+    rm_weight idx_proj;                  /* ne = {n_embd, index_n_head}: each head's weight per token */
     /* linear attention (Gated DeltaNet): conv_dim = 2*n_k*d_state + n_v*head_v, d_inner = n_v*head_v */
     rm_weight wqkv;                      /* ne = {n_embd, conv_dim}: q, k (n_k heads of d_state), v (n_v heads) */
     rm_weight wz;                        /* ne = {n_embd, d_inner}: the output gate z */
@@ -125,7 +132,18 @@ typedef struct rm_hparams {
                                             the mapped file; rm_hp_slides reads it); NULL without one */
     int32_t layer_swa_bytes;             /* its entries' width: 1 (bools, Gemma 4's) or 4 (int32s, MiMo's) */
     float   v_scale;                     /* the values times this (attention.value_scale, MiMo's); 0 read as 1 */
+    /* DeepSeek sparse attention (GLM-5): the indexer's heads and key width, the positions kept */
+    int32_t index_n_head, index_head_dim, index_top_k;
+    const uint8_t * layer_indexer;       /* per layer, 1 where it runs its own indexer, 0 where it takes the
+                                            previous one's positions: the arch's indexer_layers_key list (bools,
+                                            in the mapped file); NULL: every layer runs its own */
 } rm_hparams;
+
+/* The floats of one MLA cache row: the latent and the shared rotary key, then with DeepSeek
+ * sparse attention the indexer's key. */
+static inline int64_t rm_mla_row(const rm_hparams * hp) {
+    return hp->kv_lora_rank > 0 ? (int64_t) hp->kv_lora_rank + hp->n_rot + hp->index_head_dim : 0;
+}
 
 /* A sliding layer's value head width: its key heads' (Gemma 4's own width), unless value_length
  * makes the values narrower than the keys, then that width in both shapes (MiMo's). */

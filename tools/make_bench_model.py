@@ -36,6 +36,13 @@ multi-head latent attention (q_lora_rank 768, kv_lora_rank 512, 128 + 64 rotary 
 value dim 128), one leading dense layer (FFN 10944), then 64 routed experts of FFN 1408, top-6
 with sigmoid scores, and 2 shared experts. The MLA options: --q-lora, --kv-lora, --nope, --rope, --v-dim.
 
+``--arch glm-dsa`` writes a GlmMoeDsaForCausalLM with GLM-5's per-layer shapes (hidden 6144, 64
+heads of latent attention with q_lora_rank 2048, kv_lora_rank 512, 192 + 64 query/key dims, value
+dim 256; a lightning indexer of 32 heads of 128 keeping 2048 positions; top-8 of the routed experts
+of FFN 2048 by sigmoid scores, one shared expert; a leading dense layer of FFN 12288) and 3 layers,
+the dense one then two MoE ones of 64 experts rather than 256, so that the checkpoint and llama.cpp's
+f16 file fit this machine's disk together (a decoded token reads the same experts' bytes).
+
 ``--arch gemma4`` writes a Gemma4ForCausalLM with Gemma-4-26B-A4B's per-layer shapes instead (hidden
 2816, 128 experts, top-8, expert FFN 704 beside a dense GELU FFN of 2112; sliding layers with 16
 query and 8 KV heads of 256 and a window of 1024, full layers with 16 query heads and 2 KV heads
@@ -113,20 +120,26 @@ FORMATS = {
     "mxfp4-q8": ("mxfp4-q8", {}),
 }
 # --arch -> the formats written by default
-DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0", "mimo2": "q8_0", "step35": "q8_0"}
+DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0", "mimo2": "q8_0", "step35": "q8_0",
+                   "glm-dsa": "q8_0"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
 SHAPES = {
     "qwen3moe": dict(experts=128, experts_used=8, hidden=2048, expert_ff=768, heads=32, kv_heads=4, head_dim=128),
     "qwen35moe": dict(experts=256, experts_used=8, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
-    "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128),
+    "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128,
+                      shared=2, dense_ff=10944, q_lora=768, kv_lora=512, nope=128, rope=64, v_dim=128),
     "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
     "gemma4": dict(experts=128, experts_used=8, hidden=2816, expert_ff=704, heads=16, kv_heads=8, head_dim=256),
     "minimax-m2": dict(experts=256, experts_used=8, hidden=3072, expert_ff=1536, heads=48, kv_heads=8, head_dim=128),
     "mimo2": dict(experts=128, experts_used=8, hidden=4096, expert_ff=2048, heads=64, kv_heads=4, head_dim=192),
     "step35": dict(experts=144, experts_used=8, hidden=4096, expert_ff=1280, heads=64, kv_heads=8, head_dim=128),
+    "glm-dsa": dict(experts=64, experts_used=8, hidden=6144, expert_ff=2048, heads=64, kv_heads=64, head_dim=256,
+                    shared=1, dense_ff=12288, q_lora=2048, kv_lora=512, nope=192, rope=64, v_dim=256),
 }
+# GLM-5's lightning indexer: heads, key width, positions kept
+GLM_DSA_INDEXER = dict(index_n_heads=32, index_head_dim=128, index_topk=2048)
 # Gemma-4-26B-A4B's full-attention layers and dense FFN
 GEMMA4_FULL = dict(global_head_dim=512, num_global_key_value_heads=2, intermediate_size=2112, sliding_window=1024)
 
@@ -392,7 +405,7 @@ def hf_config(a) -> dict:
         return hf_config_mimo2(a)
     if a.arch == "step35":
         return hf_config_step35(a)
-    if a.arch == "deepseek2":
+    if a.arch in ("deepseek2", "glm-dsa"):
         return deepseek_config(a)
     cfg = Qwen3MoeConfig(
         vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=6144, moe_intermediate_size=a.expert_ff,
@@ -408,22 +421,24 @@ def hf_config(a) -> dict:
 
 
 def deepseek_config(a) -> dict:
-    """config.json of the deepseek2 bench model, through transformers' DeepseekV3Config, plus the
-    fields llama.cpp's converter reads that transformers does not save."""
-    from transformers import DeepseekV3Config
+    """config.json of the deepseek2 (or glm-dsa) bench model, through transformers' DeepseekV3Config
+    (GlmMoeDsaConfig), plus the fields llama.cpp's converter reads that transformers does not save."""
+    from transformers import DeepseekV3Config, GlmMoeDsaConfig
 
-    cfg = DeepseekV3Config(
+    glm = a.arch == "glm-dsa"
+    extra = dict(GLM_DSA_INDEXER, max_position_embeddings=202752) if glm else dict(max_position_embeddings=32768)
+    cfg = (GlmMoeDsaConfig if glm else DeepseekV3Config)(
         vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.dense_ff, moe_intermediate_size=a.expert_ff,
         num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.heads,
         n_routed_experts=a.experts, num_experts_per_tok=a.experts_used, n_shared_experts=a.shared,
         n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
         q_lora_rank=a.q_lora, kv_lora_rank=a.kv_lora, qk_nope_head_dim=a.nope, qk_rope_head_dim=a.rope,
-        v_head_dim=a.v_dim, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e4,
-        tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, torch_dtype="bfloat16",
+        v_head_dim=a.v_dim, rms_norm_eps=1e-6, rope_theta=1e4,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, torch_dtype="bfloat16", **extra,
     )
     d = cfg.to_dict()
-    d.update(architectures=["DeepseekV3ForCausalLM"], scoring_func="sigmoid", topk_method="noaux_tc",
-             first_k_dense_replace=1)
+    d.update(architectures=["GlmMoeDsaForCausalLM" if glm else "DeepseekV3ForCausalLM"], scoring_func="sigmoid",
+             topk_method="noaux_tc", first_k_dense_replace=1)
     return d
 
 
@@ -442,6 +457,12 @@ def deepseek_tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
               (s + "kv_b_proj.weight", (a.heads * (a.nope + a.v_dim), a.kv_lora)),
               (s + "o_proj.weight", (a.hidden, a.heads * a.v_dim)),
               (p + "post_attention_layernorm.weight", (a.hidden,))]
+        if a.arch == "glm-dsa":   # the lightning indexer
+            i, ix = s + "indexer.", GLM_DSA_INDEXER
+            t += [(i + "wq_b.weight", (ix["index_n_heads"] * ix["index_head_dim"], a.q_lora)),
+                  (i + "wk.weight", (ix["index_head_dim"], a.hidden)),
+                  (i + "k_norm.weight", (ix["index_head_dim"],)), (i + "k_norm.bias", (ix["index_head_dim"],)),
+                  (i + "weights_proj.weight", (ix["index_n_heads"], a.hidden))]
         m = p + "mlp."
         if b == 0:
             t += [(m + "gate_proj.weight", (a.dense_ff, a.hidden)), (m + "up_proj.weight", (a.dense_ff, a.hidden)),
@@ -462,7 +483,7 @@ def deepseek_tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
 
 def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor of the checkpoint, with its shape, in the original per-expert layout."""
-    if a.arch == "deepseek2":
+    if a.arch in ("deepseek2", "glm-dsa"):
         return deepseek_tensor_list(a)
     if a.arch == "qwen35moe":
         return tensor_list_qwen35(a)
@@ -654,9 +675,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
                          "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
                          "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's; mimo2: MiMo-V2-Flash's; "
-                         "step35: Step-3.5-Flash's")
+                         "step35: Step-3.5-Flash's; glm-dsa: GLM-5's")
     ap.add_argument("--layers", type=int, default=None,
-                    help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2, step35: 2)")
+                    help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2, step35: 2; glm-dsa: 3)")
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--experts-used", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=None)
@@ -664,13 +685,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=None)
     ap.add_argument("--kv-heads", type=int, default=None)
     ap.add_argument("--head-dim", type=int, default=None)
-    ap.add_argument("--shared", type=int, default=2, help="deepseek2: shared experts")
-    ap.add_argument("--dense-ff", type=int, default=10944, help="deepseek2: the leading dense layer's FFN")
-    ap.add_argument("--q-lora", type=int, default=768)
-    ap.add_argument("--kv-lora", type=int, default=512)
-    ap.add_argument("--nope", type=int, default=128)
-    ap.add_argument("--rope", type=int, default=64)
-    ap.add_argument("--v-dim", type=int, default=128)
+    ap.add_argument("--shared", type=int, default=None, help="deepseek2 (2), glm-dsa (1): shared experts")
+    ap.add_argument("--dense-ff", type=int, default=None,
+                    help="deepseek2 (10944), glm-dsa (12288): the leading dense layer's FFN")
+    ap.add_argument("--q-lora", type=int, default=None)
+    ap.add_argument("--kv-lora", type=int, default=None)
+    ap.add_argument("--nope", type=int, default=None)
+    ap.add_argument("--rope", type=int, default=None)
+    ap.add_argument("--v-dim", type=int, default=None)
     ap.add_argument("--vocab", type=int, default=32000, help="config vocab_size (the model's rows)")
     ap.add_argument("--tokenizer-size", type=int, default=8000, help="tokens the BPE learns (<= --vocab)")
     ap.add_argument("--formats", default=None, help=f"comma-separated: {', '.join(FORMATS)}; "
@@ -685,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.layers is None:
-        a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2, "step35": 2}.get(a.arch, 4)
+        a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2, "step35": 2, "glm-dsa": 3}.get(a.arch, 4)
     global _PLUS_ONE_NORMS
     _PLUS_ONE_NORMS = a.arch in ("qwen35moe", "step35")
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")

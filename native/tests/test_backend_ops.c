@@ -25,6 +25,7 @@
 #include "device.h"
 #include "model.h"
 #include "tiny_gguf.h"
+#include "types.h"
 #include "expect.h"
 
 static char json[1 << 15];
@@ -586,6 +587,80 @@ static void test_route(rm_backend * be) {
     record(be->ops->name, "route", "weights", e, 1e-5);
 }
 
+/* Sparse attention's ops (NULL where a backend runs none): a LayerNorm with a bias, and the pick
+ * of each token's top_k positions by sum_h w_h relu(q_h . k_j) over keys cached after a latent of
+ * LAT floats, in F32 rows and in F16 ones (read as floats), for two sequences: one of 5 tokens at
+ * positions 295.. and one of a token at position 9 (which sees no more than top_k: its row is left
+ * as it was). Random floats have no ties: the picked sets must be the reference's exactly. */
+static void test_dsa_ops(rm_backend * be) {
+    if (!be->ops->dsa_select || !be->ops->layernorm) return;
+    enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
+    float * x = randn(R * N, 1.5f), * wv = randn(N, 1.0f), * bv = randn(N, 0.5f);
+    rm_weight w = {RM_TYPE_F32, {N, 1, 1, 1}, (const uint8_t *) wv, sizeof(float) * N};
+    rm_weight b = {RM_TYPE_F32, {N, 1, 1, 1}, (const uint8_t *) bv, sizeof(float) * N};
+    float * xd = put(be, x, R * N), * yd = put(be, x, R * N);
+    be->ops->layernorm(be, yd, xd, &w, &b, R, N, 1e-6f);
+    float * y = get(be, yd, R * N);
+    double e = 0;
+    for (int r = 0; r < R; r++) {
+        double mean = 0, var = 0;
+        for (int j = 0; j < N; j++) mean += x[r * N + j] / (double) N;
+        for (int j = 0; j < N; j++) var += (x[r * N + j] - mean) * (x[r * N + j] - mean) / (double) N;
+        for (int j = 0; j < N; j++) {
+            const double ref = (x[r * N + j] - mean) / sqrt(var + 1e-6) * wv[j] + bv[j];
+            e = fmax(e, fabs(y[r * N + j] - ref) / (fabs(ref) + 1e-3));
+        }
+    }
+    record(be->ops->name, "layernorm", "3 rows with a bias", e, 1e-5);
+    free(y);
+    for (int f16 = 0; f16 < 2; f16++) {
+        const int32_t type = f16 ? RM_TYPE_F16 : RM_TYPE_F32;
+        const rm_type_traits * tt = rm_type_traits_get(type);
+        const uint64_t row_bytes = (uint64_t) (W / tt->block_elems) * tt->block_bytes;
+        float * rows = randn((int64_t) CTX * W, 1.0f), * keys = malloc(sizeof(float) * CTX * DI);
+        uint8_t * cache = malloc(row_bytes * CTX);
+        for (int j = 0; j < CTX; j++) {
+            tt->from_float(rows + (int64_t) j * W, cache + (uint64_t) j * row_bytes, W);
+            tt->to_float(cache + (uint64_t) j * row_bytes + row_bytes / W * LAT, keys + (int64_t) j * DI, DI);
+        }
+        float * q = randn(T * HI * DI, 1.0f), * wh = randn(T * HI, 1.0f);
+        float * qd = put(be, q, T * HI * DI), * whd = put(be, wh, T * HI);
+        int32_t sel[T * K];
+        for (int i = 0; i < T * K; i++) sel[i] = -7;
+        const rm_mla_seq seqs[2] = {{cache, 0, 5, 295}, {cache, 5, 1, 9}};
+        float * scratch = malloc(sizeof(float) * (2 * CTX + 64 * 64 * (DI + 1)));
+        const rm_dsa_args a = {qd, whd, seqs, 2, HI, DI, K, type, row_bytes, row_bytes / W * LAT, CTX, sel, scratch};
+        be->ops->dsa_select(be, &a);
+        int wrong = 0;
+        for (int t = 0; t < 5; t++) {
+            const int n = 295 + t + 1;
+            double sc[CTX];
+            for (int j = 0; j < n; j++) {
+                sc[j] = 0;
+                for (int h = 0; h < HI; h++) {
+                    double d = 0;
+                    for (int c = 0; c < DI; c++) d += (double) q[(t * HI + h) * DI + c] * keys[j * DI + c];
+                    sc[j] += wh[t * HI + h] * (d > 0 ? d : 0);
+                }
+            }
+            for (int m = 0; m < K; m++) {   /* each picked one beats every position left out, in ascending order */
+                const int32_t pj = sel[t * K + m];
+                wrong += pj < 0 || pj >= n || (m > 0 && pj <= sel[t * K + m - 1]);
+                if (pj < 0 || pj >= n) continue;
+                int better = 0;
+                for (int j = 0; j < n; j++) better += sc[j] > sc[pj];
+                wrong += better >= K;
+            }
+        }
+        for (int m = 0; m < K; m++) wrong += sel[5 * K + m] != -7;
+        record(be->ops->name, "dsa_select", f16 ? "F16 rows" : "F32 rows", (double) wrong, 0.0);
+        free(rows), free(keys), free(cache), free(scratch), free(q), free(wh);
+        be->ops->release(be, qd), be->ops->release(be, whd);
+    }
+    free(x), free(wv), free(bv);
+    be->ops->release(be, xd), be->ops->release(be, yd);
+}
+
 /* ---- per backend ---------------------------------------------------------------------------- */
 
 static void test_backend(rm_backend * be, const rm_model * m, int32_t type, int half_on_host) {
@@ -674,6 +749,7 @@ int main(int argc, char ** argv) {
             test_attention_split_equal(cpu, m, 900, 1000);
             test_gpt_oss_ops(cpu);
             test_gemma4_ops(cpu, m);
+            test_dsa_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

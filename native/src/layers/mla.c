@@ -54,6 +54,13 @@ static void mm(rm_session * s, const rm_weight * w, int64_t mat, const float * x
     s->be->ops->matmul(s->be, &a);
 }
 
+/* Bytes of the first n elements of a cache row of type (a whole number of its blocks: the latent
+ * and the indexer's key each start on one, as the session checks). */
+static uint64_t row_prefix_bytes(int32_t type, int64_t n) {
+    const rm_type_traits * t = rm_type_traits_get(type);
+    return (uint64_t) (n / t->block_elems) * t->block_bytes;
+}
+
 /* Layer il's latents in session o's cache: n_ctx rows of kv_lora_rank + n_rot, k_row_bytes each
  * (F32, or the session's type_k). */
 static uint8_t * layer_cache(const rm_session * o, int il) {
@@ -77,7 +84,7 @@ static void attend(rm_session * s, int il, float * scratch, const mla_layout * l
         const rm_mla_args a = {&L->wk_b, &L->wv_b, s->q, scratch + l->qlat, scratch + l->olat, s->attn, seqs, c,
                                hp->n_head, hp->head_dim, hp->n_rot, hp->kv_lora_rank, hp->head_dim_v, s->n_ctx, scale,
                                s->mla_host, s->type_k, s->k_row_bytes, keep, s->dsa_sel,
-                               rm_kv_row_bytes(s->type_k, (int64_t) hp->kv_lora_rank + hp->n_rot), s->dsa_host};
+                               row_prefix_bytes(s->type_k, (int64_t) hp->kv_lora_rank + hp->n_rot), s->dsa_host};
         s->be->ops->mla_attention(s->be, &a);
     }
 }
@@ -96,7 +103,7 @@ static void pick(rm_session * s, int il, const mla_layout * l) {
         }
         const int64_t latent = (int64_t) hp->kv_lora_rank + hp->n_rot;
         const rm_dsa_args a = {s->mla + l->iq, s->mla + l->iw, seqs, c, hp->index_n_head, hp->index_head_dim, keep,
-                               s->type_k, s->k_row_bytes, rm_kv_row_bytes(s->type_k, latent), s->n_ctx, s->dsa_sel,
+                               s->type_k, s->k_row_bytes, row_prefix_bytes(s->type_k, latent), s->n_ctx, s->dsa_sel,
                                s->dsa_host + rm_dsa_gather_floats(hp, s->n_ctx)};
         s->be->ops->dsa_select(s->be, &a);
     }
@@ -111,6 +118,10 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
     const int64_t C = hp->kv_lora_rank, LA = C + R, QL = hp->q_lora_rank;
     const int64_t HI = hp->index_n_head, DI = hp->index_head_dim, LW = rm_mla_row(hp);   /* DI: 0 without sparse attention */
     const int indexed = (L->kind & RM_LAYER_DSA_INDEX) != 0;
+    int pick_any = 0;   /* a token of the step sees more than top_k positions: the indexer's queries are needed */
+    for (int32_t r = 0; r < s->n_runs && indexed; r++) {
+        pick_any |= s->runs[r].pos + s->runs[r].n > hp->index_top_k;
+    }
     const mla_layout l = layout_of(s->n_batch, H, R, C, HI, DI);
     float * scratch = s->mla, * lat = scratch + l.lat;
     const int neox = m->arch->rope == RM_ROPE_NEOX;
@@ -121,7 +132,7 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
         mm(s, &L->wq_a, 0, s->xn, E, n, qa, QL, 0);
         be->ops->rmsnorm(be, qa, qa, &L->q_a_norm, n, QL, hp->rms_eps);
         mm(s, &L->wq_b, 0, qa, QL, n, s->q, H * D, 0);
-        if (indexed) {   /* the indexer's queries from the same low rank, its heads' weights from the input */
+        if (pick_any) {   /* the indexer's queries from the same low rank, its heads' weights from the input */
             mm(s, &L->idx_wq_b, 0, qa, QL, n, scratch + l.iq, HI * DI, 0);
             mm(s, &L->idx_proj, 0, s->xn, E, n, scratch + l.iw, HI, 0);
             be->ops->scale(be, scratch + l.iw, n * HI, 1.0f / sqrtf((float) (HI * DI)));
@@ -159,15 +170,19 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
         if (hp->rope_yarn_factor > 0.0f) {
             be->ops->rope_yarn(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, &y, neox);
             be->ops->rope_yarn(be, lr + C, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, &y, neox);
-            if (indexed) {
+            if (pick_any) {
                 be->ops->rope_yarn(be, iq, run->n, (int32_t) HI, (int32_t) DI, (int32_t) R, run->pos, &y, neox);
+            }
+            if (indexed) {
                 be->ops->rope_yarn(be, lr + LA, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, &y, neox);
             }
         } else {
             be->ops->rope(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, hp->rope_base, neox);
             be->ops->rope(be, lr + C, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, hp->rope_base, neox);
-            if (indexed) {
+            if (pick_any) {
                 be->ops->rope(be, iq, run->n, (int32_t) HI, (int32_t) DI, (int32_t) R, run->pos, hp->rope_base, neox);
+            }
+            if (indexed) {
                 be->ops->rope(be, lr + LA, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, hp->rope_base, neox);
             }
         }
@@ -181,7 +196,7 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
             }
         }
     }
-    if (indexed) {
+    if (pick_any) {
         pick(s, il, &l);
     }
     const float scale = hp->kq_scale > 0.0f ? hp->kq_scale : 1.0f / sqrtf((float) D);

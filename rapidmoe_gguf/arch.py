@@ -497,6 +497,7 @@ DEEPSEEK2 = ArchSpec(  # DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash
     extra_kv=_deepseek_yarn,
 )
 
+
 def _glm_dsa_indexer_types(config: Mapping[str, Any]) -> list[bool]:
     """Per layer, whether it runs its own indexer (transformers' indexer_types, or the pattern or
     the frequency and offset it derives them from); a layer that does not takes the previous one's."""
@@ -538,23 +539,20 @@ def _glm_dsa_tensors() -> tuple[TensorSpec, ...]:
     ) + _deepseek_ffn("blk.{bid}.ffn_norm.weight")
 
 
-GLM_DSA = ArchSpec(  # GLM-5: DeepSeek-V3's MLA with DeepSeek sparse attention
+GLM_DSA = dataclasses.replace(  # GLM-5: DeepSeek-V3's MLA with DeepSeek sparse attention
+    DEEPSEEK2,
     name="glm-dsa",
     hf_architectures=("GlmMoeDsaForCausalLM",),
     hparams=DEEPSEEK2.hparams + (
-        HParam("{arch}.attention.indexer.head_count", ("index_n_heads",), "u32", dim="index_n_head"),
-        HParam("{arch}.attention.indexer.key_length", ("index_head_dim",), "u32", dim="index_head_dim"),
-        HParam("{arch}.attention.indexer.top_k", ("index_topk",), "u32", dim="index_top_k"),
+        HParam(Keys.Attention.Indexer.HEAD_COUNT, ("index_n_heads",), "u32", dim="index_n_head"),
+        HParam(Keys.Attention.Indexer.KEY_LENGTH, ("index_head_dim",), "u32", dim="index_head_dim"),
+        HParam(Keys.Attention.Indexer.TOP_K, ("index_topk",), "u32", dim="index_top_k"),
+        # per layer, whether it runs its own indexer (llama.cpp's key; gguf-py 0.19 has no name for it)
         HParam("{arch}.attention.indexer.types", ("_indexer_types",), "bools", dim="indexer_layers"),
         HParam(None, (), "u32", default=lambda d: d["index_n_head"] * d["index_head_dim"], dim="n_index_q"),
     ),
     tensors=_glm_dsa_tensors(),
-    output_from_embd=True,
-    hf_rope_interleaved=True,
     prepare_config=_prepare_glm_dsa,
-    drop_hf_layers_from="n_layer",
-    rope_scaling=("yarn",),
-    extra_kv=_deepseek_yarn,
 )
 
 # gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,

@@ -20,6 +20,7 @@ import pytest
 import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
 from conftest import VOCAB as TINY_VOCAB, make_tiny_tokenizer, state_round_trip
+from test_arch_deepseek import _kl, _rel, reference_logits
 
 GLM_TOKENS = ["[gMASK]", "<|user|>", "<|observation|>"]
 VOCAB = TINY_VOCAB + len(GLM_TOKENS)
@@ -82,15 +83,6 @@ def make_checkpoint(out, name: str, seed: int = 0, **overrides):
     return out
 
 
-def reference_logits(hf_dir, ids):
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float().numpy()
-
-
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     cache = {}
@@ -114,10 +106,6 @@ def _ours(path, ids, n_batch, **kw):
         first = m.eval_logits(ids[:N_PROMPT])
         rest = [m.eval([t]) for t in ids[N_PROMPT:]]
     return np.concatenate([first, np.stack(rest)])
-
-
-def _rel(ours, ref):
-    return np.abs(ours - ref).max(-1) / np.abs(ref).max(-1)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -153,14 +141,6 @@ def test_arch_glm_dsa_indexer_types_written_and_read(converted):
     assert list(md["glm-dsa.attention.indexer.types"]) == [True, False, True, False]
     assert "blk.2.indexer.proj.weight" in names and "blk.1.indexer.proj.weight" not in names
     assert (hp["index_top_k"], hp["index_n_head"], hp["index_head_dim"]) == (12, 16, 16)
-
-
-def _kl(ref, ours):
-    p = np.exp(ref - ref.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    lq = ours - ours.max(-1, keepdims=True)
-    lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
-    return (p * (np.log(p) - lq)).sum(-1)
 
 
 @pytest.mark.parametrize("cache", ["f16", "q8_0"])
@@ -257,3 +237,32 @@ def test_arch_glm_dsa_our_file_runs_in_llama_cpp(converted, tmp_path):
     """Our converter's file loads in llama.cpp and gives transformers' logits past top_k."""
     _, path, ids, ref = converted("glm5_wide_shared")
     assert _rel(llamacpp.logits(path, ids, tmp_path), ref).max() <= 1e-4
+
+
+def test_arch_glm_dsa_resplit_pair(converted, tmp_path):
+    """A RESplit pair of the routed experts (from the f32 file): with every residual nearer the f32
+    file than its base alone, past top_k too."""
+    _, path, ids, _ = converted("glm5_blocks")
+    pair = tmp_path / "pair.gguf"
+    rm.convert(path, pair, recipe="q4_0-q4_0", progress=False)
+    exact = _ours(path, ids, 64)
+    mean_rel = lambda a: _rel(a, exact).mean()   # noqa: E731
+    assert mean_rel(_ours(pair, ids, 64, residual_policy="all")) < 0.5 * mean_rel(_ours(pair, ids, 64,
+                                                                                            residual_policy="none"))
+
+
+@pytest.mark.parametrize("extra, exc, msg", [
+    (dict(indexer_types=["shared", "full", "full"]), rm.FormatError, "layer 0 must run its own indexer"),
+    (dict(indexer_types=["full", "sparse", "full"]), rm.FormatError, "must name 'full' or 'shared'"),
+    (dict(q_lora_rank=None), rm.errors.UnsupportedError, "without q_lora_rank"),
+])
+def test_arch_glm_dsa_converter_refuses_what_it_cannot_express(converted, tmp_path, extra, exc, msg):
+    import shutil
+
+    src, _, _, _ = converted("glm5")
+    shutil.copytree(src, tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(dict(cfg, **extra)))
+    with pytest.raises(exc, match=msg):
+        rm.convert(tmp_path / "hf", tmp_path / "m.gguf", recipe="f32", progress=False)
+    assert not (tmp_path / "m.gguf").exists()

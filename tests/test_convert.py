@@ -273,7 +273,7 @@ def test_convert_layout_matches_llama_cpp(arch, tiny_hf, tmp_path):
 # (src/models/gemma4.cpp; test_arch_gemma4 runs llama.cpp on such a file).
 ALSO_READ = {"gemma4": {"blk.{bid}.ffn_gate_exps", "blk.{bid}.ffn_up_exps"}}
 # Keys llama.cpp 0.3.36 reads (src/llama-arch.cpp) that the gguf-py release on PyPI does not list yet.
-ALSO_KEYS = {"{arch}.attention.value_scale"}
+ALSO_KEYS = {"{arch}.attention.value_scale", "{arch}.attention.indexer.types"}
 
 
 def test_convert_names_and_keys_are_gguf_py_names():
@@ -288,8 +288,9 @@ def test_convert_names_and_keys_are_gguf_py_names():
             base = t.gguf if t.gguf in known else t.gguf.rsplit(".", 1)[0]   # "blk.{bid}.ssm_a" has no suffix
             assert base in known, (spec.name, t.gguf)
             assert len(t.gguf.format(bid=999)) + len(".residual") < 64
-        all_keys = {v for cls in vars(gguf.Keys).values() if isinstance(cls, type)
-                    for v in vars(cls).values() if isinstance(v, str)} | ALSO_KEYS
+        classes = [c for c in vars(gguf.Keys).values() if isinstance(c, type)]
+        classes += [n for c in classes for n in vars(c).values() if isinstance(n, type)]   # Attention.Indexer
+        all_keys = {v for cls in classes for v in vars(cls).values() if isinstance(v, str)} | ALSO_KEYS
         for h in spec.hparams:
             # our own keys (rapidmoe.*) carry what GGUF has no key for, e.g. YaRN's truncate
             assert h.key is None or h.key in all_keys or h.key.startswith("rapidmoe.rope."), h.key

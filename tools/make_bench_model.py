@@ -138,6 +138,8 @@ SHAPES = {
     "glm-dsa": dict(experts=64, experts_used=8, hidden=6144, expert_ff=2048, heads=64, kv_heads=64, head_dim=256,
                     shared=1, dense_ff=12288, q_lora=2048, kv_lora=512, nope=192, rope=64, v_dim=256),
 }
+# the special tokens llama.cpp's GLM vocabulary code looks up
+GLM_TOKENS = ("[gMASK]", "<|user|>", "<|observation|>")
 # GLM-5's lightning indexer: heads, key width, positions kept
 GLM_DSA_INDEXER = dict(index_n_heads=32, index_head_dim=128, index_topk=2048)
 # Gemma-4-26B-A4B's full-attention layers and dense FFN
@@ -585,7 +587,9 @@ def corpus(max_bytes: int = 8 << 20):
             return
 
 
-def write_tokenizer(out: str, n_tokens: int) -> int:
+def write_tokenizer(out: str, n_tokens: int, extra_special: tuple[str, ...] = ()) -> int:
+    """A byte-level BPE of Qwen2's split trained on a local corpus; extra_special: special tokens a
+    family's converter looks up (GLM's [gMASK], <|user|>, <|observation|> for llama.cpp's)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -595,7 +599,7 @@ def write_tokenizer(out: str, n_tokens: int) -> int:
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    trainer = trainers.BpeTrainer(vocab_size=n_tokens, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=n_tokens, special_tokens=SPECIAL_TOKENS + list(extra_special),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(), trainer=trainer)
     tok.save(os.path.join(out, "tokenizer.json"))
@@ -732,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.arch == "gemma4":   # as many tokens as rows: llama.cpp's gemma4 converter does not pad
             n_tok = write_gemma_tokenizer(hf, a.vocab)
         else:
-            n_tok = write_tokenizer(hf, a.tokenizer_size)
+            n_tok = write_tokenizer(hf, a.tokenizer_size, GLM_TOKENS if a.arch == "glm-dsa" else ())
         print(f"  tokenizer: {n_tok} tokens (vocab padded to {a.vocab})", file=sys.stderr)
         write_shards(hf, tensors, int(a.shard_gb * 1e9), a.seed, bench_bf16)
     if a.check:

@@ -262,9 +262,8 @@ static void absorbed_token(rm_backend * be, const rm_mla_args * a, int32_t row, 
     be->ops->attention(be, &at);   /* the CPU backend's (cpu/ops.c) */
 }
 
-/* The absorbed form for g tokens of consecutive q rows from row0, token i over cache[i] at pos[i]
- * (or, with one cache, consecutive positions from pos[0]): each head's up-projections read once for
- * all of them. */
+/* The absorbed form for g tokens of consecutive q rows from row0, token i over seqs[i]'s cache at
+ * seqs[i].pos: each head's up-projections read once for all of them. */
 static void absorbed(rm_backend * be, const rm_mla_args * a, int32_t row0, int32_t g, const rm_mla_seq * seqs,
                      int64_t scratch_floats) {
     const int64_t H = a->n_head, D = a->head_dim, DV = a->head_dim_v, C = a->kv_lora_rank, R = a->n_rot, LA = C + R;

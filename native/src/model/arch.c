@@ -347,34 +347,33 @@ static const rm_tensor_row GLM4MOE_LAYER[] = {
 
 #define MLA RM_LAYER_ATTN_MLA
 
-/* DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash: multi-head latent attention (mla.c). */
+/* Multi-head latent attention (mla.c): the q low rank's rows, then the latent's and the output's. */
+#define MLA_Q_LORA_ROWS                                                                                  \
+    T("blk.%d.attn_norm.weight",      attn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),                           \
+    T("blk.%d.attn_q_a.weight",       wq_a,      REQ, MLA | RM_LAYER_MLA_Q_LORA, 0, NE(EMBD, Q_LORA, ONE)), \
+    T("blk.%d.attn_q_a_norm.weight",  q_a_norm,  REQ, MLA | RM_LAYER_MLA_Q_LORA, 1, NE(Q_LORA, ONE, ONE)), \
+    T("blk.%d.attn_q_b.weight",       wq_b,      REQ, MLA | RM_LAYER_MLA_Q_LORA, 0, NE(Q_LORA, Q, ONE))
+#define MLA_KV_ROWS                                                                                      \
+    T("blk.%d.attn_kv_a_mqa.weight",  wkv_a,     REQ, MLA, 0, NE(EMBD, KV_A, ONE)),                        \
+    T("blk.%d.attn_kv_a_norm.weight", kv_a_norm, REQ, MLA, 1, NE(KV_LORA, ONE, ONE)),                      \
+    T("blk.%d.attn_k_b.weight",       wk_b,      REQ, MLA, 0, NE(NOPE, KV_LORA, HEADS)),                   \
+    T("blk.%d.attn_v_b.weight",       wv_b,      REQ, MLA, 0, NE(KV_LORA, HEAD_V, HEADS)),                 \
+    T("blk.%d.attn_output.weight",    wo,        REQ, MLA, 0, NE(V, EMBD, ONE))
+
+/* DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash: the query through the low rank or one projection. */
 static const rm_tensor_row DEEPSEEK2_LAYER[] = {
-    T("blk.%d.attn_norm.weight",      attn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.attn_q_a.weight",       wq_a,      REQ, MLA | RM_LAYER_MLA_Q_LORA, 0, NE(EMBD, Q_LORA, ONE)),
-    T("blk.%d.attn_q_a_norm.weight",  q_a_norm,  REQ, MLA | RM_LAYER_MLA_Q_LORA, 1, NE(Q_LORA, ONE, ONE)),
-    T("blk.%d.attn_q_b.weight",       wq_b,      REQ, MLA | RM_LAYER_MLA_Q_LORA, 0, NE(Q_LORA, Q, ONE)),
+    MLA_Q_LORA_ROWS,
     T("blk.%d.attn_q.weight",         wq,        REQ, MLA | RM_LAYER_MLA_Q_DIRECT, 0, NE(EMBD, Q, ONE)),
-    T("blk.%d.attn_kv_a_mqa.weight",  wkv_a,     REQ, MLA, 0, NE(EMBD, KV_A, ONE)),
-    T("blk.%d.attn_kv_a_norm.weight", kv_a_norm, REQ, MLA, 1, NE(KV_LORA, ONE, ONE)),
-    T("blk.%d.attn_k_b.weight",       wk_b,      REQ, MLA, 0, NE(NOPE, KV_LORA, HEADS)),
-    T("blk.%d.attn_v_b.weight",       wv_b,      REQ, MLA, 0, NE(KV_LORA, HEAD_V, HEADS)),
-    T("blk.%d.attn_output.weight",    wo,        REQ, MLA, 0, NE(V, EMBD, ONE)),
+    MLA_KV_ROWS,
     DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
 };
 
-/* GLM-5: DeepSeek's MLA layers, and in the layers that run their own indexer its four products
- * and its key's LayerNorm (llama.cpp's names). */
+/* GLM-5: DeepSeek's MLA layers (the q low rank always), and in the layers that run their own
+ * indexer its four products and its key's LayerNorm (llama.cpp's names). */
 #define IDX RM_LAYER_DSA_INDEX
 static const rm_tensor_row GLM_DSA_LAYER[] = {
-    T("blk.%d.attn_norm.weight",      attn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.attn_q_a.weight",       wq_a,      REQ, MLA, 0, NE(EMBD, Q_LORA, ONE)),
-    T("blk.%d.attn_q_a_norm.weight",  q_a_norm,  REQ, MLA, 1, NE(Q_LORA, ONE, ONE)),
-    T("blk.%d.attn_q_b.weight",       wq_b,      REQ, MLA, 0, NE(Q_LORA, Q, ONE)),
-    T("blk.%d.attn_kv_a_mqa.weight",  wkv_a,     REQ, MLA, 0, NE(EMBD, KV_A, ONE)),
-    T("blk.%d.attn_kv_a_norm.weight", kv_a_norm, REQ, MLA, 1, NE(KV_LORA, ONE, ONE)),
-    T("blk.%d.attn_k_b.weight",       wk_b,      REQ, MLA, 0, NE(NOPE, KV_LORA, HEADS)),
-    T("blk.%d.attn_v_b.weight",       wv_b,      REQ, MLA, 0, NE(KV_LORA, HEAD_V, HEADS)),
-    T("blk.%d.attn_output.weight",    wo,        REQ, MLA, 0, NE(V, EMBD, ONE)),
+    MLA_Q_LORA_ROWS,
+    MLA_KV_ROWS,
     T("blk.%d.indexer.attn_q_b.weight", idx_wq_b,     REQ, MLA | IDX, 0, NE(Q_LORA, IDX_Q, ONE)),
     T("blk.%d.indexer.attn_k.weight",   idx_wk,       REQ, MLA | IDX, 0, NE(EMBD, IDX_HEAD, ONE)),
     T("blk.%d.indexer.k_norm.weight",   idx_k_norm,   REQ, MLA | IDX, 1, NE(IDX_HEAD, ONE, ONE)),

@@ -4,7 +4,7 @@ converter reads them dequantized block by block, weight times its block's scale 
 
 Oracles: torch's float8_e4m3fn / float8_e5m2 for the 256 values of each format; transformers
 loading the same FP8 checkpoint (on a machine without a GPU it dequantizes it: Fp8Dequantize) for
-the logits, within 1e-4 relative, of tiny MiMo-V2-Flash, MiniMax-M2 and DeepSeek-V3 checkpoints
+the logits, within 1e-4 relative, of tiny MiMo-V2-Flash, MiniMax-M2, DeepSeek-V3 and GLM-5 checkpoints
 made FP8 here (every projection but the router's, blocks of 8 x 16 or 4 x 4, scales from each
 block's largest value).
 """
@@ -22,6 +22,7 @@ from conftest import VOCAB
 from conftest import logit_rel as _rel
 from rapidmoe_gguf.convert import safetensors_io as st
 from test_arch_deepseek import make_checkpoint
+from test_arch_glm_dsa import make_checkpoint as make_glm5
 from test_arch_minimax_m2 import make_tiny_minimax
 from test_arch_mimo2 import make_tiny_mimo
 
@@ -29,8 +30,9 @@ BLOCK = (8, 16)
 
 
 def make_fp8(hf_dir, out_dir, block=BLOCK, fmt: str = "e4m3"):
-    """hf_dir's checkpoint with each 2-D projection weight (*_proj, Mixtral-style w1/w2/w3) as FP8
-    of per-block scales, the rest as it is; config.json with transformers' quantization_config."""
+    """hf_dir's checkpoint with each 2-D projection weight (*_proj, Mixtral-style w1/w2/w3, GLM-5's
+    indexer's wq_b and wk) as FP8 of per-block scales, the rest as it is; config.json with
+    transformers' quantization_config."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -38,7 +40,8 @@ def make_fp8(hf_dir, out_dir, block=BLOCK, fmt: str = "e4m3"):
     top = 448.0 if fmt == "e4m3" else 57344.0
     out = {}
     for k, t in load_file(str(hf_dir / "model.safetensors")).items():
-        if t.ndim == 2 and k.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
+        if t.ndim == 2 and k.endswith(("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight", ".wq_b.weight",
+                                       ".wk.weight")):
             r, c = t.shape
             blocks = t.float().reshape(r // block[0], block[0], c // block[1], block[1])
             s = blocks.abs().amax(dim=(1, 3)) / top
@@ -85,13 +88,16 @@ def test_blocks_that_overhang_the_weight():
         st.dequantize_blocks(w, s, None, "t")
 
 
-@pytest.mark.parametrize("family, block", [("mimo2", BLOCK), ("minimax-m2", BLOCK), ("deepseek_v3", (4, 4))])
+@pytest.mark.parametrize("family, block", [("mimo2", BLOCK), ("minimax-m2", BLOCK), ("deepseek_v3", (4, 4)),
+                                           ("glm5", (4, 4))])
 def test_fp8_checkpoint_matches_transformers(tmp_path, family, block):
     import torch
     import transformers
 
     if family == "deepseek_v3":   # its MLA projections, a leading dense layer, shared experts
         make_checkpoint(tmp_path / "hf", family)
+    elif family == "glm5":   # and GLM-5's indexer projections (wq_b, wk, weights_proj), 40 tokens past top_k 8
+        make_glm5(tmp_path / "hf", family)
     else:
         (make_tiny_mimo if family == "mimo2" else make_tiny_minimax)(tmp_path / "hf")
     fp8 = make_fp8(tmp_path / "hf", tmp_path / "fp8", block)

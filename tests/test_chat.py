@@ -200,11 +200,12 @@ def test_chat_cli_keeps_history_resets_and_leaves_on_eof(model, monkeypatch, cap
 
 @pytest.mark.parametrize("name", ["LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja", "poolside-Laguna-XS.2.jinja",
                                   "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-S-2.1.jinja",
-                                  "google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja"])
+                                  "google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja",
+                                  "StepFun3.5-Flash.jinja"])
 def test_chat_generation_blocks_render_as_transformers(name):
-    """Templates with transformers' {% generation %} blocks (LFM2.5, Laguna), and Gemma 4's, parse
-    and render a conversation with a tool call, its result and tools offered as transformers
-    renders it."""
+    """Templates with transformers' {% generation %} blocks (LFM2.5, Laguna), Gemma 4's and
+    Step-3.5-Flash's parse and render a conversation with a tool call, its result and tools
+    offered as transformers renders it."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     import llamacpp_oracle as llamacpp

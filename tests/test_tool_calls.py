@@ -34,7 +34,7 @@ CALLS = [("get_weather", {"city": "Paris", "days": 2}), ("add", {"a": 1.5, "b": 
 TEMPLATES = {
     "hermes": ["Qwen-Qwen3-0.6B.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja",
                "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"],
-    "qwen3-coder": ["Qwen3-Coder.jinja", "Qwen3.5-4B.jinja"],
+    "qwen3-coder": ["Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja"],
     "glm-4.5": ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja"],
     "minimax-m2": ["MiniMax-M2.jinja"],
     "deepseek": ["deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"],

@@ -555,6 +555,23 @@ GLM_DSA = dataclasses.replace(  # GLM-5: DeepSeek-V3's MLA with DeepSeek sparse 
     prepare_config=_prepare_glm_dsa,
 )
 
+
+
+def _prepare_deepseek32(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not config.get("q_lora_rank"):
+        raise UnsupportedError("config.json: DeepSeek-V3.2 without q_lora_rank is not supported (the indexer reads "
+                               "the q low rank)")
+    return _prepare_deepseek2(config)
+
+
+DEEPSEEK32 = dataclasses.replace(  # DeepSeek-V3.2: GLM-5's sparse attention, every layer its own indexer
+    GLM_DSA,
+    name="deepseek32",
+    hf_architectures=("DeepseekV32ForCausalLM",),
+    hparams=tuple(h for h in GLM_DSA.hparams if h.dim != "indexer_layers"),
+    prepare_config=_prepare_deepseek32,
+)
+
 # gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,
 # gate and up interleaved along the last (gate at even, up at odd indices) and every matrix
 # transposed against nn.Linear's (in, out): a TensorSpec with one of these transforms takes expert
@@ -1364,8 +1381,8 @@ STEP35 = ArchSpec(
 )
 
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
-                                                  DEEPSEEK2, GLM_DSA, GPT_OSS, MINIMAX_M2, MIMO2, GEMMA4,
-                                                  STEP35)}
+                                                  DEEPSEEK2, GLM_DSA, DEEPSEEK32, GPT_OSS, MINIMAX_M2, MIMO2,
+                                                  GEMMA4, STEP35)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}
@@ -1458,7 +1475,7 @@ def resolve_hparams(spec: ArchSpec, config: Mapping[str, Any], where: str = "con
         config = spec.prepare_config(config)
     kv: dict[str, tuple[Any, str]] = {}
     dims: dict[str, Any] = {}
-    if spec.name in ("deepseek2", "glm-dsa"):   # key_length_mla comes from the two parts of a head
+    if spec.name in ("deepseek2", "glm-dsa", "deepseek32"):   # key_length_mla comes from the two parts of a head
         dims["n_nope"] = _coerce(config.get("qk_nope_head_dim"), "u32", f"{where}: qk_nope_head_dim")
     for h in spec.hparams:
         key = h.key.format(arch=spec.name) if h.key else None

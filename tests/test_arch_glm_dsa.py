@@ -1,5 +1,6 @@
-"""GLM-5 (llama.cpp's glm-dsa: DeepSeek-V3's latent attention with DeepSeek sparse attention)
-against transformers' GlmMoeDsaForCausalLM, on tiny random checkpoints made here.
+"""GLM-5 (llama.cpp's glm-dsa: DeepSeek-V3's latent attention with DeepSeek sparse attention) and
+DeepSeek-V3.2 (deepseek32: the same, the indexer's RoPE in NEOX halves) against transformers'
+GlmMoeDsaForCausalLM and DeepseekV32ForCausalLM, on tiny random checkpoints made here.
 
 Each token that sees more than index_topk positions attends to the index_topk positions its
 layer's lightning indexer scores best (sum over the indexer's heads of weight * relu(q . k)); the
@@ -43,7 +44,11 @@ CONFIGS = {
     "glm5_wide": dict(_BASE, index_topk=8, index_head_dim=64),
     "glm5_wide_shared": dict(_BASE, index_topk=12, index_head_dim=64, num_hidden_layers=4,
                              indexer_types=["full", "shared", "full", "shared"]),
+    # DeepSeek-V3.2 (llama.cpp's deepseek32): the same sparse attention, the indexer's RoPE in NEOX halves
+    "deepseek_v32": dict(_BASE, index_topk=8, index_head_dim=64),
 }
+# the transformers class of each (GlmMoeDsa where not named)
+CLASSES = {"deepseek_v32": "DeepseekV32"}
 
 
 def make_checkpoint(out, name: str, seed: int = 0, **overrides):
@@ -54,9 +59,10 @@ def make_checkpoint(out, name: str, seed: int = 0, **overrides):
                      num_key_value_heads=3, max_position_embeddings=256, rms_norm_eps=1e-6,
                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0),
               **CONFIGS[name], **overrides}
-    config = transformers.GlmMoeDsaConfig(**fields)
+    prefix = CLASSES.get(name, "GlmMoeDsa")
+    config = getattr(transformers, prefix + "Config")(**fields)
     torch.manual_seed(seed)
-    model = transformers.GlmMoeDsaForCausalLM(config).eval()
+    model = getattr(transformers, prefix + "ForCausalLM")(config).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -221,7 +227,9 @@ def test_arch_glm_dsa_damaged_files_refused(converted, tmp_path, bad, msg):
 @pytest.mark.parametrize("name", ["glm5_wide", "glm5_wide_shared"])
 def test_arch_glm_dsa_llama_cpp_file_matches_transformers(converted, tmp_path, name):
     """llama.cpp's converter's file: our logits against transformers (past top_k) and against
-    llama.cpp's own on it."""
+    llama.cpp's own on it. (Its DeepSeek-V3.2 converter stops unless transformers' tokenizer says
+    add_bos_token, which transformers 5.23 never does for a checkpoint with a tokenizer.json: it
+    drops the key from tokenizer_config.json.)"""
     src, _, ids, ref = converted(name)
     path = tmp_path / "llamacpp.gguf"
     llamacpp.convert(src, path, "glm4")
@@ -233,9 +241,10 @@ def test_arch_glm_dsa_llama_cpp_file_matches_transformers(converted, tmp_path, n
 
 
 @llamacpp.needs
-def test_arch_glm_dsa_our_file_runs_in_llama_cpp(converted, tmp_path):
+@pytest.mark.parametrize("name", ["glm5_wide_shared", "deepseek_v32"])
+def test_arch_glm_dsa_our_file_runs_in_llama_cpp(converted, tmp_path, name):
     """Our converter's file loads in llama.cpp and gives transformers' logits past top_k."""
-    _, path, ids, ref = converted("glm5_wide_shared")
+    _, path, ids, ref = converted(name)
     assert _rel(llamacpp.logits(path, ids, tmp_path), ref).max() <= 1e-4
 
 

@@ -4,9 +4,9 @@ converter reads them dequantized block by block, weight times its block's scale 
 
 Oracles: torch's float8_e4m3fn / float8_e5m2 for the 256 values of each format; transformers
 loading the same FP8 checkpoint (on a machine without a GPU it dequantizes it: Fp8Dequantize) for
-the logits, within 1e-4 relative, of tiny MiMo-V2-Flash, MiniMax-M2, DeepSeek-V3 and GLM-5 checkpoints
-made FP8 here (every projection but the router's, blocks of 8 x 16 or 4 x 4, scales from each
-block's largest value).
+the logits, within 1e-4 relative, of tiny MiMo-V2-Flash, MiniMax-M2, DeepSeek-V3, GLM-5 and
+DeepSeek-V3.2 checkpoints made FP8 here (every projection but the router's, blocks of 8 x 16 or
+4 x 4, scales from each block's largest value).
 """
 
 from __future__ import annotations
@@ -89,14 +89,14 @@ def test_blocks_that_overhang_the_weight():
 
 
 @pytest.mark.parametrize("family, block", [("mimo2", BLOCK), ("minimax-m2", BLOCK), ("deepseek_v3", (4, 4)),
-                                           ("glm5", (4, 4))])
+                                           ("glm5", (4, 4)), ("deepseek_v32", (4, 4))])
 def test_fp8_checkpoint_matches_transformers(tmp_path, family, block):
     import torch
     import transformers
 
     if family == "deepseek_v3":   # its MLA projections, a leading dense layer, shared experts
         make_checkpoint(tmp_path / "hf", family)
-    elif family == "glm5":   # and GLM-5's indexer projections (wq_b, wk, weights_proj), 40 tokens past top_k 8
+    elif family in ("glm5", "deepseek_v32"):   # and the sparse attention indexer's projections, 40 tokens past top_k 8
         make_glm5(tmp_path / "hf", family)
     else:
         (make_tiny_mimo if family == "mimo2" else make_tiny_minimax)(tmp_path / "hf")

@@ -315,7 +315,7 @@ class HFSource(Source):
         if self.arch.layer_kind is not None and wanted in ("full", "sliding", "linear"):
             return self.arch.layer_kind(self.config, bid)
         if wanted in ("indexed", "shared"):   # sparse attention: a layer with its own indexer, or not
-            return "indexed" if self.hp.dims["indexer_layers"][bid] else "shared"
+            return "indexed" if self.hp.dims.get("indexer_layers", [True] * (bid + 1))[bid] else "shared"
         return _layer_kind(wanted, bid, self.hp.dims)
 
     def _dropped_layer(self, hf_name: str) -> bool:

@@ -125,6 +125,7 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
     const mla_layout l = layout_of(s->n_batch, H, R, C, HI, DI);
     float * scratch = s->mla, * lat = scratch + l.lat;
     const int neox = m->arch->rope == RM_ROPE_NEOX;
+    const int idx_neox = (m->arch->flags & RM_ARCH_DSA_ROPE_NEOX) ? 1 : neox;   /* the indexer's RoPE */
 
     be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
     if (L->kind & RM_LAYER_MLA_Q_LORA) {
@@ -171,19 +172,19 @@ void rm_mla_block(rm_session * s, int il, int32_t n) {
             be->ops->rope_yarn(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, &y, neox);
             be->ops->rope_yarn(be, lr + C, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, &y, neox);
             if (pick_any) {
-                be->ops->rope_yarn(be, iq, run->n, (int32_t) HI, (int32_t) DI, (int32_t) R, run->pos, &y, neox);
+                be->ops->rope_yarn(be, iq, run->n, (int32_t) HI, (int32_t) DI, (int32_t) R, run->pos, &y, idx_neox);
             }
             if (indexed) {
-                be->ops->rope_yarn(be, lr + LA, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, &y, neox);
+                be->ops->rope_yarn(be, lr + LA, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, &y, idx_neox);
             }
         } else {
             be->ops->rope(be, q, run->n, (int32_t) H, (int32_t) D, (int32_t) R, run->pos, hp->rope_base, neox);
             be->ops->rope(be, lr + C, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, hp->rope_base, neox);
             if (pick_any) {
-                be->ops->rope(be, iq, run->n, (int32_t) HI, (int32_t) DI, (int32_t) R, run->pos, hp->rope_base, neox);
+                be->ops->rope(be, iq, run->n, (int32_t) HI, (int32_t) DI, (int32_t) R, run->pos, hp->rope_base, idx_neox);
             }
             if (indexed) {
-                be->ops->rope(be, lr + LA, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, hp->rope_base, neox);
+                be->ops->rope(be, lr + LA, run->n, 1, (int32_t) LW, (int32_t) R, run->pos, hp->rope_base, idx_neox);
             }
         }
         uint8_t * dst = layer_cache(run->s, il) + (uint64_t) run->pos * run->s->k_row_bytes;

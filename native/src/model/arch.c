@@ -121,9 +121,10 @@ static const rm_hparam_row HP_DEEPSEEK2[] = {
     FLOAT("rope.freq_base",                   rope_base, K(10000.0f)),
 };
 
-/* GLM-5: DeepSeek-V3's MLA (with the q low rank) and routing, sigmoid by default, and DeepSeek
- * sparse attention: a lightning indexer of head_count heads of key_length picks top_k positions. */
-static const rm_hparam_row HP_GLM_DSA[] = {
+/* GLM-5 and DeepSeek-V3.2: DeepSeek-V3's MLA (with the q low rank) and routing, sigmoid by default,
+ * and DeepSeek sparse attention: a lightning indexer of head_count heads of key_length picks top_k
+ * positions. */
+static const rm_hparam_row HP_DSA[] = {
     INT("embedding_length",         n_embd,       REQUIRED, K(1), K(1 << 20)),
     INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),
     INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
@@ -368,10 +369,10 @@ static const rm_tensor_row DEEPSEEK2_LAYER[] = {
     DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
 };
 
-/* GLM-5: DeepSeek's MLA layers (the q low rank always), and in the layers that run their own
- * indexer its four products and its key's LayerNorm (llama.cpp's names). */
+/* GLM-5, DeepSeek-V3.2: DeepSeek's MLA layers (the q low rank always), and in the layers that run
+ * their own indexer its four products and its key's LayerNorm (llama.cpp's names). */
 #define IDX RM_LAYER_DSA_INDEX
-static const rm_tensor_row GLM_DSA_LAYER[] = {
+static const rm_tensor_row DSA_LAYER[] = {
     MLA_Q_LORA_ROWS,
     MLA_KV_ROWS,
     T("blk.%d.indexer.attn_q_b.weight", idx_wq_b,     REQ, MLA | IDX, 0, NE(Q_LORA, IDX_Q, ONE)),
@@ -394,9 +395,9 @@ static const rm_kind_rule DEEPSEEK2_RULES[] = {
     {RM_RULE_ALL_IF_SET, HPOFF_RULE(q_lora_rank), RM_LAYER_MLA_Q_DIRECT, RM_LAYER_MLA_Q_LORA},
 };
 
-/* GLM-5: the leading dense layers, and the layers its indexer list marks 0 take the previous
- * indexed layer's positions */
-static const rm_kind_rule GLM_DSA_RULES[] = {
+/* GLM-5, DeepSeek-V3.2: the leading dense layers, and the layers an indexer list marks 0 (GLM-5.2's)
+ * take the previous indexed layer's positions */
+static const rm_kind_rule DSA_RULES[] = {
     {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE | RM_LAYER_SHEXP, RM_LAYER_FFN_DENSE},
     {RM_RULE_NOT_INDEXED, 0, RM_LAYER_DSA_INDEX, RM_LAYER_DSA_SHARED},
 };
@@ -620,7 +621,11 @@ static const rm_arch ARCHS[] = {
      * lightning indexer picks (every layer its own, or GLM-5.2's layers sharing the last one's). */
     {"glm-dsa", "GLM-5", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_LORA | RM_LAYER_FFN_MOE | RM_LAYER_DSA_INDEX,
-     ROWS(HP_GLM_DSA), ROWS(GLM_DSA_LAYER), ROWS(GLM_DSA_RULES), NULL, NULL, 0, NULL, 0, "attention.indexer.types"},
+     ROWS(HP_DSA), ROWS(DSA_LAYER), ROWS(DSA_RULES), NULL, NULL, 0, NULL, 0, "attention.indexer.types"},
+    /* DeepSeek-V3.2: GLM-5's sparse attention, every layer its own indexer, whose RoPE turns NEOX halves. */
+    {"deepseek32", "DeepSeek-V3.2", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
+     RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_LORA | RM_LAYER_FFN_MOE | RM_LAYER_DSA_INDEX,
+     ROWS(HP_DSA), ROWS(DSA_LAYER), ROWS(DSA_RULES), NULL, NULL, RM_ARCH_DSA_ROPE_NEOX, NULL, 0, NULL},
     /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,

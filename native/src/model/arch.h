@@ -170,8 +170,10 @@ typedef enum rm_arch_flag {
     RM_ARCH_KQ_UNSCALED = 2,      /* attention logits are q.k, not q.k / sqrt(head_dim) (Gemma 4) */
     RM_ARCH_DENSE_BY_ROUTER = 4,  /* without leading_dense_block_count, the leading layers without a router
                                      (ffn_gate_inp) are the dense ones (llama.cpp's mimo2 writes no count) */
-    RM_ARCH_FULL_ROT_HALF = 8     /* the full-attention layers rotate half of rope.dimension_count, the
+    RM_ARCH_FULL_ROT_HALF = 8,    /* the full-attention layers rotate half of rope.dimension_count, the
                                      sliding ones all of it (llama.cpp's step35) */
+    RM_ARCH_DSA_ROPE_NEOX = 16    /* the sparse attention indexer's RoPE in NEOX halves while the latent
+                                     attention's turns interleaved pairs (llama.cpp's deepseek32) */
 } rm_arch_flag;
 
 /* NULL when the architecture is not supported. */

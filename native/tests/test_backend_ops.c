@@ -503,6 +503,7 @@ static void test_rows_and_adds(rm_backend * be, const rm_model * m) {
     }
     for (int64_t i = (R - 1) * N; i < R * N; i++) e = fmax(e, ym[i] == y0[i] ? 0.0 : 1.0);   /* past n: untouched */
     record(be->ops->name, "mul_sigmoid", "4 rows", e, 1e-6);
+    free(ym);
     be->ops->upload(be, yd, y0, sizeof(float) * (uint64_t) (R * N));
     be->ops->mul_sigmoid(be, yd, xd + N, (R - 1) * N / 8, 8);
     ym = get(be, yd, R * N);

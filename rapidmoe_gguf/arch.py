@@ -517,13 +517,17 @@ def _glm_dsa_indexer_types(config: Mapping[str, Any]) -> list[bool]:
     return [t == "full" for t in types]
 
 
-def _prepare_glm_dsa(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def _prepare_dsa(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    """DeepSeek-V3's routing keys (_prepare_deepseek2) for a family with sparse attention, whose
+    indexer reads the q low rank."""
     if not config.get("q_lora_rank"):
-        raise UnsupportedError("config.json: GLM-5 without q_lora_rank is not supported (the indexer reads the q "
-                               "low rank)")
-    out = dict(_prepare_deepseek2(config))
-    out["_indexer_types"] = _glm_dsa_indexer_types(config)
-    return out
+        raise UnsupportedError(f"config.json: {family} without q_lora_rank is not supported (the indexer reads the "
+                               "q low rank)")
+    return dict(_prepare_deepseek2(config))
+
+
+def _prepare_glm_dsa(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    return dict(_prepare_dsa(config, "GLM-5"), _indexer_types=_glm_dsa_indexer_types(config))
 
 
 def _glm_dsa_tensors() -> tuple[TensorSpec, ...]:
@@ -555,21 +559,12 @@ GLM_DSA = dataclasses.replace(  # GLM-5: DeepSeek-V3's MLA with DeepSeek sparse 
     prepare_config=_prepare_glm_dsa,
 )
 
-
-
-def _prepare_deepseek32(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    if not config.get("q_lora_rank"):
-        raise UnsupportedError("config.json: DeepSeek-V3.2 without q_lora_rank is not supported (the indexer reads "
-                               "the q low rank)")
-    return _prepare_deepseek2(config)
-
-
 DEEPSEEK32 = dataclasses.replace(  # DeepSeek-V3.2: GLM-5's sparse attention, every layer its own indexer
     GLM_DSA,
     name="deepseek32",
     hf_architectures=("DeepseekV32ForCausalLM",),
     hparams=tuple(h for h in GLM_DSA.hparams if h.dim != "indexer_layers"),
-    prepare_config=_prepare_deepseek32,
+    prepare_config=lambda config: _prepare_dsa(config, "DeepSeek-V3.2"),
 )
 
 # gpt-oss stores each layer's experts as one tensor per projection, experts along dimension 0,

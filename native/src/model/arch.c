@@ -102,14 +102,18 @@ static const rm_hparam_row HP_GLM4MOE[] = {
     HP_ATTENTION, HP_DEEPSEEK_MOE(RM_GATING_SIGMOID), HP_TAIL,
 };
 
+/* MLA's leading rows: the model's width and depth, its query heads, and one kv head (the latent) */
+#define HP_MLA_HEADS                                                                                  \
+    INT("embedding_length",         n_embd,       REQUIRED, K(1), K(1 << 20)),                       \
+    INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),                          \
+    INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),                          \
+    {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1), \
+     "MLA shares one latent between all heads", 0, NULL}
+
 /* MLA: one latent of kv_lora_rank (+ the shared rotary key) per position; llama.cpp writes the
  * latent's sizes under key_length/value_length and the per-head sizes under the _mla keys. */
 static const rm_hparam_row HP_DEEPSEEK2[] = {
-    INT("embedding_length",         n_embd,       REQUIRED, K(1), K(1 << 20)),
-    INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),
-    INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
-    {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1),
-     "MLA shares one latent between all heads", 0, NULL},
+    HP_MLA_HEADS,
     {"attention.key_length_mla", "head_dim", HPOFF(head_dim), RM_HPARAM_INT, REQUIRED, K(2), K(1 << 16), ANY, ANY,
      "files made before llama.cpp split attn_kv_b into attn_k_b and attn_v_b lack it: convert the model again", 0, NULL},
     INT("attention.value_length_mla", head_dim_v, REQUIRED, K(1), K(1 << 16)),
@@ -125,11 +129,7 @@ static const rm_hparam_row HP_DEEPSEEK2[] = {
  * and DeepSeek sparse attention: a lightning indexer of head_count heads of key_length picks top_k
  * positions. */
 static const rm_hparam_row HP_DSA[] = {
-    INT("embedding_length",         n_embd,       REQUIRED, K(1), K(1 << 20)),
-    INT("block_count",              n_layer,      REQUIRED, K(1), K(4096)),
-    INT("attention.head_count",     n_head,       REQUIRED, K(1), K(4096)),
-    {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), V(n_head), K(1), K(1),
-     "MLA shares one latent between all heads", 0, NULL},
+    HP_MLA_HEADS,
     INT("attention.key_length_mla", head_dim,     REQUIRED, K(2), K(1 << 16)),
     INT("attention.value_length_mla", head_dim_v, REQUIRED, K(1), K(1 << 16)),
     INT("rope.dimension_count",     n_rot,        REQUIRED, K(2), V(head_dim)),

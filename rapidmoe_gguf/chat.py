@@ -5,7 +5,10 @@ The template (``tokenizer.chat_template`` in the GGUF, copied from the checkpoin
 tokenizer_config.json) is rendered the way transformers' ``apply_chat_template`` renders it: a
 sandboxed, immutable Jinja environment with ``trim_blocks`` and ``lstrip_blocks``, the
 ``loopcontrols`` extension, a ``tojson`` that leaves non-ASCII and HTML characters alone, and the
-globals ``raise_exception`` and ``strftime_now``. Templates come from model files, so they are
+globals ``raise_exception`` and ``strftime_now``; beyond transformers, a ``from_json`` filter (the
+value a JSON string holds, ``json.loads``), which DeepSeek-V3.2's and V4's templates apply to a tool
+call's arguments when they come as a JSON string (``render_chat`` gives these templates objects,
+but ``render`` passes the messages as they are). Templates come from model files, so they are
 untrusted code: the sandbox refuses attribute access to Python internals, and a render has limits
 (``render``'s ``max_chars`` and ``timeout``): no string or list the template builds, and not its
 output, may be longer than ``max_chars``; ``range`` gives at most 100,000 numbers; no argument of
@@ -225,8 +228,12 @@ def _compile(template: str):
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
+    def from_json(text):
+        return json.loads(text)
+
     env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _Generation])
     env.filters["tojson"] = env._bounded_filter("tojson", tojson)
+    env.filters["from_json"] = env._bounded_filter("from_json", from_json)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     try:

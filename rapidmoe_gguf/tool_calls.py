@@ -14,6 +14,10 @@ the template's text, as llama.cpp's common/chat.cpp does:
                   ...``` too)
     minimax-m2    <minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter>...</invoke>
                   ...</minimax:tool_call>
+    deepseek-v3.2 DeepSeek-V3.2's DSML: <｜DSML｜function_calls><｜DSML｜invoke name="NAME">
+                  <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>...</｜DSML｜invoke>
+                  ...</｜DSML｜function_calls>
+    deepseek-v4   DeepSeek-V4's DSML: the same, in a <｜DSML｜tool_calls> ... </｜DSML｜tool_calls> block
     glm-4.5       GLM-4.5 to 4.7: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>
     qwen3-coder   Qwen3-Coder, Qwen3.5: <tool_call><function=NAME><parameter=K>V</parameter>...</function>
                   </tool_call>
@@ -24,7 +28,9 @@ the template's text, as llama.cpp's common/chat.cpp does:
                   reply that is only {"tool_calls": [{"name": NAME, "arguments": {...}}]}
 
 The XML formats' values are text: a value is the string itself when the tool's parameter schema
-says "string", else the JSON value it spells (a number, an object), else the string.
+says "string", else the JSON value it spells (a number, an object), else the string. DSML's values
+say what they are: string="true", the text itself; string="false", JSON (a value that is not JSON
+makes the call malformed).
 
 Prompt side (``ToolUse.prompt``): a known format's template gets ``tools=`` as transformers'
 apply_chat_template passes it, and writes the listing itself; where it does not (DeepSeek-V3.1's
@@ -193,6 +199,41 @@ def _read_minimax(block: str, params: Params) -> list[Call] | None:
     return _sequence(_inner(block, "<minimax:tool_call>", "</minimax:tool_call>"), _MINIMAX_INVOKE, read)
 
 
+_DSML_INVOKE = re.compile(r'\s*<｜DSML｜invoke name="([^"]+)">(.*?)</｜DSML｜invoke>', re.S)
+_DSML_PARAMETER = re.compile(r'\s*<｜DSML｜parameter name="([^"]+)" string="(true|false)">(.*?)</｜DSML｜parameter>',
+                             re.S)
+
+
+def _dsml_arguments(body: str) -> dict | None:
+    """An invoke's parameters, making up all of body but whitespace: a string="true" value is its
+    text as it is, a string="false" one the JSON it holds; None if anything else is there, or a
+    string="false" value is not JSON."""
+    args, pos = {}, 0
+    while m := _DSML_PARAMETER.match(body, pos):
+        raw = m.group(3)
+        value = raw if m.group(2) == "true" else _json(raw)
+        if value is None and raw.strip() != "null":
+            return None
+        args[m.group(1).strip()] = value
+        pos = m.end()
+    return args if not body[pos:].strip() else None
+
+
+def _dsml_reader(section: str) -> Callable[[str, Params], list[Call] | None]:
+    """The reader of DSML blocks named ``section`` (V3.2's function_calls, V4's tool_calls): the
+    invokes one after another, each a call."""
+    start, end = f"<｜DSML｜{section}>", f"</｜DSML｜{section}>"
+
+    def read_dsml(block: str, params: Params) -> list[Call] | None:
+        def read(m: re.Match) -> Call | None:
+            args = _dsml_arguments(m.group(2))
+            return None if args is None else (m.group(1).strip(), args)
+
+        return _sequence(_inner(block, start, end), _DSML_INVOKE, read)
+
+    return read_dsml
+
+
 _DEEPSEEK_CALL = re.compile(r"\s*<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.S)
 _DEEPSEEK_R1_ARGS = re.compile(r"([^\n]+)\n```(?:json)?\n(.*)\n```\s*", re.S)
 
@@ -334,6 +375,13 @@ GLM = Format("glm-4.5", ("<tool_call>",), "</tool_call>", _read_glm,
 MINIMAX_M2 = Format("minimax-m2", ("<minimax:tool_call>",), "</minimax:tool_call>", _read_minimax,
                     '<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="PARAMETER">VALUE</parameter>\n'
                     "</invoke>\n</minimax:tool_call>")
+DEEPSEEK_V32 = Format("deepseek-v3.2", ("<｜DSML｜function_calls>",), "</｜DSML｜function_calls>",
+                      _dsml_reader("function_calls"),
+                      '<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="PARAMETER" '
+                      'string="true|false">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')
+DEEPSEEK_V4 = Format("deepseek-v4", ("<｜DSML｜tool_calls>",), "</｜DSML｜tool_calls>", _dsml_reader("tool_calls"),
+                     '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="PARAMETER" '
+                     'string="true|false">VALUE</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
 DEEPSEEK = Format("deepseek", ("<｜tool▁calls▁begin｜>",), "<｜tool▁calls▁end｜>", _read_deepseek,
                   '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{"PARAMETER": VALUE}'
                   "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
@@ -348,7 +396,8 @@ GEMMA4 = Format("gemma4", ("<|tool_call>",), "<tool_call|>", _read_gemma4,
 GENERIC = Format("generic", ("{", "```"), "", _read_generic,
                  '{"tool_calls": [{"name": "NAME", "arguments": {"PARAMETER": VALUE}}]}')
 
-FORMATS = {f.name: f for f in (HARMONY, KIMI_K2, DEEPSEEK, MINIMAX_M2, GLM, QWEN3_CODER, HERMES, GEMMA4, GENERIC)}
+FORMATS = {f.name: f for f in (HARMONY, KIMI_K2, DEEPSEEK_V32, DEEPSEEK_V4, DEEPSEEK, MINIMAX_M2, GLM, QWEN3_CODER,
+                               HERMES, GEMMA4, GENERIC)}
 
 
 def detect(template: str | None) -> Format:
@@ -361,6 +410,11 @@ def detect(template: str | None) -> Format:
         return KIMI_K2
     if "<|tool_call>call:" in t:
         return GEMMA4
+    if "｜DSML｜" in t:                 # the templates build the markers from this piece: '<' + dsml_token + ...
+        if "function_calls>" in t:
+            return DEEPSEEK_V32
+        if "tool_calls>" in t:
+            return DEEPSEEK_V4
     if "<｜tool▁calls▁begin｜>" in t and "<｜tool▁sep｜>" in t:
         return DEEPSEEK
     if "<minimax:tool_call>" in t:

@@ -20,7 +20,8 @@ model's vocabulary (the markers are, in the models' own files: ``<tool_call>`` i
 - "none": no grammar.
 
 The XML formats' values follow ``tool_calls._xml_value``: a string parameter's value is text up
-to the closing tag, any other is JSON of its schema. Every generated form is one the readers in
+to the closing tag, any other is JSON of its schema (in DSML, DeepSeek-V3.2's and V4's, with the
+string attribute that says which: "true" for text, "false" for JSON). Every generated form is one the readers in
 rapidmoe_gguf.tool_calls read back (``tests/test_tool_grammar.py`` feeds the formats' round-trip
 texts, written by the models' real templates, through these grammars).
 """
@@ -140,9 +141,10 @@ class _Builder:
 
     def xml_params(self, i: int, tool: dict, head: str, sep: str, end: str, tail: str, newlines: bool = False) -> str:
         """A rule for the parameters of tool i in an XML format: each ``head`` KEY ``sep`` VALUE
-        ``end``, then ``tail`` (KEY in head: "KEY"), in the schema's order, the optional ones
-        optional. A string's VALUE is any text up to ``end`` (a lazy terminal; at most its
-        maxLength characters, or one of its enum), any other JSON.
+        ``end``, then ``tail`` (KEY in head: "KEY"; STRING in head: "true" where VALUE is text,
+        "false" where it is JSON, as DSML's string attribute says), in the schema's order, the
+        optional ones optional. A string's VALUE is any text up to ``end`` (a lazy terminal; at
+        most its maxLength characters, or one of its enum), any other JSON.
         ``newlines``: a newline may come before each pair and between KEY and VALUE (GLM-4.5 and
         4.6 write them, 4.7 does not)."""
         items, required = _parameters(tool)
@@ -150,8 +152,10 @@ class _Builder:
         for k, (key, schema) in enumerate(items):
             name = f"p_{i}_{k}"
             nl = ['"\\n"?'] if newlines else []
-            opening = " ".join(nl + [_q(head.replace("KEY", key))] + nl + ([_q(sep)] if sep else []))
             choices = _string_choices(schema)
+            text = "true" if choices is not None or _string_only(schema) else "false"
+            opening = " ".join(nl + [_q(head.replace("STRING", text).replace("KEY", key))] + nl +
+                               ([_q(sep)] if sep else []))
             if choices is not None:
                 self.rule(f"{name}: {opening} ({' | '.join(map(_q, choices))}) {_q(end + tail)}")
             elif _string_only(schema):
@@ -269,6 +273,15 @@ class _Builder:
                                     '"</invoke>\\n"')
             self.rule(f'after: "\\n" fn{more} {p("</minimax:tool_call>")}')
             return "after", "<minimax:tool_call>", True
+        if f in (tc.DEEPSEEK_V32, tc.DEEPSEEK_V4):
+            invoke = lambda t: '<｜DSML｜invoke name="' + t["function"]["name"] + '">\n'  # noqa: E731
+            parameter = '<｜DSML｜parameter name="KEY" string="STRING">'
+            # a blank line may close an invoke: V4's template writes one in a call without arguments
+            self.calls(lambda i, t: f'{_q(invoke(t))} '
+                                    f'{self.xml_params(i, t, parameter, "", "</｜DSML｜parameter>", chr(10))} '
+                                    '"\\n"? "</｜DSML｜invoke>\\n"')
+            self.rule(f'after: "\\n" fn{more} {p(f.end)}')
+            return "after", f.starts[0], True
         if f is tc.DEEPSEEK:
             self.calls(lambda i, t: f'{p("<｜tool▁call▁begin｜>")} {_q(t["function"]["name"])} {p("<｜tool▁sep｜>")} '
                                     f'{self.args(i, t)} {p("<｜tool▁call▁end｜>")}')

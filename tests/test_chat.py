@@ -3,6 +3,7 @@ llama-cpp-python's shapes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,66 @@ def test_chat_generation_blocks_render_as_transformers(name):
         want = want[0][0] if isinstance(want, tuple) else want[0] if isinstance(want, list) else want
         got = chat.render(template, messages, True, bos_token="<s>", eos_token="</s>", **kw)
         assert got == want
+
+
+# DeepSeek-V3.2's and V4's templates, as their text writes a conversation with tools: the tools
+# as JSON lines in the system prompt, the assistant's call as a DSML block, the tool's result.
+DSML_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                                 "parameters": {"type": "object", "properties": {
+                                                     "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+DSML_CALL = ('<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Zürich'
+             '</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
+             "</｜DSML｜invoke>\n")
+DSML_TEMPLATES = {
+    # V3.2: the block is function_calls; results follow the assistant's turn, then the next
+    # assistant turn opens with a closed think block
+    "deepseek-ai-DeepSeek-V3.2.jinja": (
+        "\n\nHere are the functions available in JSONSchema format:\n<functions>\n{tools}</functions>\n",
+        "<｜User｜>Weather in Zürich?<｜Assistant｜></think>Checking.\n\n<｜DSML｜function_calls>\n" + DSML_CALL +
+        "</｜DSML｜function_calls><｜end▁of▁sentence｜>\n\n<function_results>\n<result>21 degrees</result>\n"
+        "</function_results>\n\n</think>It is 21 degrees.<｜end▁of▁sentence｜><｜User｜>Thanks",
+        ("<｜Assistant｜><think></think>", "<｜Assistant｜><think>"), False),
+    # V4: the block is tool_calls; results are a user turn of <tool_result>s; thinking with tools
+    # keeps the earlier turns' think blocks
+    "deepseek-ai-DeepSeek-V4.jinja": (
+        "### Available Tool Schemas\n\n{tools}\nYou MUST strictly follow the above defined tool name and parameter "
+        "schemas to invoke tool calls.\n",
+        "<｜User｜>Weather in Zürich?<｜Assistant｜></think>Checking.\n\n<｜DSML｜tool_calls>\n" + DSML_CALL +
+        "</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>21 degrees</tool_result>"
+        "<｜Assistant｜></think>It is 21 degrees.<｜end▁of▁sentence｜><｜User｜>Thanks",
+        ("<｜Assistant｜></think>", "<｜Assistant｜><think>"), True),
+}
+DSML_TEMPLATES["deepseek-ai-DeepSeek-V4-Flash-0731.jinja"] = DSML_TEMPLATES["deepseek-ai-DeepSeek-V4.jinja"]
+
+
+@pytest.mark.parametrize("name", DSML_TEMPLATES)
+def test_chat_deepseek_dsml_templates_render_tools_calls_and_results(name):
+    """The templates render (their from_json filter given) a conversation with tools offered, an
+    assistant turn with a call (its arguments a JSON string or an object, alike) and the call's
+    result, as the templates' text says; thinking opens the generation prompt's think block."""
+    import llamacpp_oracle as llamacpp
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    path = Path(llamacpp.src()) / "models" / "templates" / name
+    assert path.is_file(), f"{path}: llama.cpp ships no such template"
+    template = path.read_text(encoding="utf-8")
+    tools_part, turns, (prompt, thinking_prompt), keeps_thinking = DSML_TEMPLATES[name]
+    thinking_turns = turns.replace("<｜Assistant｜></think>", "<｜Assistant｜><think></think>") if keeps_thinking else turns
+    listing = tools_part.format(tools=json.dumps(DSML_TOOLS[0]["function"], ensure_ascii=False) + "\n")
+
+    def messages(arguments):
+        call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Zürich?"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "21 degrees"},
+                {"role": "assistant", "content": "It is 21 degrees."}, {"role": "user", "content": "Thanks"}]
+
+    for arguments in ('{"city": "Zürich", "days": 2}', {"city": "Zürich", "days": 2}):
+        got = chat.render(template, messages(arguments), True, bos_token="<s>", tools=DSML_TOOLS)
+        assert got.startswith("<s>Be brief.\n\n## Tools\n\n")
+        assert got.endswith(listing + turns + prompt), got[-1200:]
+        thinking = chat.render(template, messages(arguments), True, bos_token="<s>", tools=DSML_TOOLS, thinking=True)
+        assert thinking.endswith(thinking_turns + thinking_prompt), thinking[-800:]
+    with pytest.raises(rm.InvalidArgumentError, match="chat template"):
+        chat.render(template, messages('{"city": '), True, tools=DSML_TOOLS)    # arguments that are no JSON

@@ -37,6 +37,8 @@ TEMPLATES = {
     "qwen3-coder": ["Qwen3-Coder.jinja", "Qwen3.5-4B.jinja", "StepFun3.5-Flash.jinja"],
     "glm-4.5": ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja"],
     "minimax-m2": ["MiniMax-M2.jinja"],
+    "deepseek-v3.2": ["deepseek-ai-DeepSeek-V3.2.jinja"],
+    "deepseek-v4": ["deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja"],
     "deepseek": ["deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"],
     "kimi-k2": ["moonshotai-Kimi-K2.jinja"],
     "harmony": ["openai-gpt-oss-120b.jinja"],
@@ -59,6 +61,18 @@ REPLIES = {
                   '</parameter>\n<parameter name="days">2</parameter>\n</invoke>\n<invoke name="add">\n'
                   '<parameter name="a">1.5</parameter>\n<parameter name="b">2</parameter>\n</invoke>\n'
                   "</minimax:tool_call>",
+    "deepseek-v3.2": 'Let me check.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+                     '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+                     '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+                     '<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1.5</｜DSML｜parameter>\n'
+                     '<｜DSML｜parameter name="b" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+                     "</｜DSML｜function_calls>",
+    "deepseek-v4": 'Let me check.<｜DSML｜tool_calls><｜DSML｜invoke name="get_weather">'
+                   '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter> '
+                   '<｜DSML｜parameter name="days" string="false"> 2 </｜DSML｜parameter></｜DSML｜invoke>\n'
+                   '<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1.5</｜DSML｜parameter>\n'
+                   '<｜DSML｜parameter name="b" string="false">2</｜DSML｜parameter>\n\n</｜DSML｜invoke>\n'
+                   "</｜DSML｜tool_calls>\n",
     "deepseek": "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                 '{"city": "Paris", "days": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n'
                 '```json\n{"a": 1.5, "b": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
@@ -87,6 +101,32 @@ MALFORMED = {
     "glm-4.5": ["<tool_call>add<arg_key>a</arg_key>1</tool_call>", "<tool_call>two words<arg_key>a</arg_key>"
                 "<arg_value>1</arg_value></tool_call>"],
     "minimax-m2": ['<minimax:tool_call>\n<invoke name="add">\n<parameter name="a">1</invoke>\n</minimax:tool_call>'],
+    "deepseek-v3.2": [
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1.5'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>",                                    # a parameter not closed
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">one'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",                # string="false", not JSON
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">NaN'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a">1.5</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>",                                    # no string attribute
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="yes">1.5'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\nstray text<｜DSML｜parameter name="a" string="false">'
+        "1.5</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n</｜DSML｜invoke>\nstray text\n</｜DSML｜function_calls>',
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="rm_rf">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+        "<｜DSML｜function_calls>\n</｜DSML｜function_calls>",                               # no call in the block
+        '<｜DSML｜function_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1.5'
+        "</｜DSML｜parameter>\n",                                                          # the reply ended in the invoke
+    ],
+    "deepseek-v4": [
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">[1, 2'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name=add>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="add">\n<｜DSML｜parameter name="a" string="false">1'
+        "</｜DSML｜parameter>\n</｜DSML｜tool_calls>",                                      # the invoke not closed
+    ],
     "deepseek": ["<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{1: 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"],
     "kimi-k2": ["<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0<|tool_call_argument_begin|>[1]"
                 "<|tool_call_end|><|tool_calls_section_end|>"],
@@ -203,7 +243,8 @@ def test_tool_calls_malformed_come_back_as_text(fmt, text):
         assert message == {"role": "assistant", "content": want}, pieces
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "glm-4.5", "minimax-m2", "deepseek", "kimi-k2", "gemma4"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3-coder", "glm-4.5", "minimax-m2", "deepseek-v3.2", "deepseek-v4",
+                                 "deepseek", "kimi-k2", "gemma4"])
 def test_tool_calls_text_like_a_marker_is_held_then_given(fmt):
     """Text that begins like a call marker but is not one comes out whole, in order."""
     marker = tc.FORMATS[fmt].starts[0]
@@ -211,6 +252,63 @@ def test_tool_calls_text_like_a_marker_is_held_then_given(fmt):
     for seed in range(10):
         deltas, message = _read(_use(fmt), _splits(text, seed))
         assert message == {"role": "assistant", "content": text}
+
+
+def test_tool_calls_dsml_only_in_deepseek_v32_and_v4_templates():
+    """Of all the templates llama.cpp ships, DeepSeek-V3.2's and V4's alone are read as DSML, each
+    with its block's name."""
+    found = {p.name: tc.detect(p.read_text(encoding="utf-8")).name for p in _templates().glob("*.jinja")}
+    dsml = {name: fmt for name, fmt in found.items() if fmt in ("deepseek-v3.2", "deepseek-v4")}
+    assert dsml == {"deepseek-ai-DeepSeek-V3.2.jinja": "deepseek-v3.2", "deepseek-ai-DeepSeek-V4.jinja": "deepseek-v4",
+                    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "deepseek-v4"}
+    assert tc.detect("{{ '<｜DSML｜function_calls>' }}") is tc.DEEPSEEK_V32
+    assert tc.detect("{{ '<｜DSML｜tool_calls>' }}") is tc.DEEPSEEK_V4
+    assert tc.detect("{{ '｜DSML｜' }}") is tc.GENERIC          # the piece alone names no block
+
+
+@pytest.mark.parametrize("fmt", ["deepseek-v3.2", "deepseek-v4"])
+def test_tool_calls_dsml_split_anywhere(fmt):
+    """The reply cut in two at every place (inside each marker too), and given a character at a
+    time: the same message as the whole reply."""
+    reply = REPLIES[fmt]
+    _, whole = _read(_use(fmt), [reply])
+    assert _calls(whole) == CALLS and whole["content"] == "Let me check."
+    for cut in range(1, len(reply)):
+        assert _read(_use(fmt), [reply[:cut], reply[cut:]])[1] == whole, cut
+    assert _read(_use(fmt), list(reply))[1] == whole
+
+
+def test_tool_calls_dsml_values_follow_the_string_attribute():
+    """string="true": the text as it is, whatever it looks like; string="false": the JSON it holds,
+    nested values and null included. Several invokes in one block are several calls."""
+    def param(key, string, value):
+        return f'<｜DSML｜parameter name="{key}" string="{string}">{value}</｜DSML｜parameter>\n'
+
+    reply = ("<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n" + param("city", "true", "42") +
+             param("days", "false", "3") + param("extra", "false", '{"k": [1, null, {"s": "a</b"}], "t": true}') +
+             param("note", "true", ' {"a": 1} < x & y\n') + param("none", "false", "null") +
+             param("quoted", "false", '"Zürich"') + param("empty", "true", "") +
+             '</｜DSML｜invoke>\n<｜DSML｜invoke name="add">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>')
+    want = {"city": "42", "days": 3, "extra": {"k": [1, None, {"s": "a</b"}], "t": True},
+            "note": ' {"a": 1} < x & y\n', "none": None, "quoted": "Zürich", "empty": ""}
+    _, message = _read(_use("deepseek-v3.2"), [reply])
+    assert _calls(message) == [("get_weather", want), ("add", {})] and message["content"] is None
+    _, v4 = _read(_use("deepseek-v4"), [reply.replace("function_calls>", "tool_calls>")])
+    assert _calls(v4) == _calls(message)
+    _, other = _read(_use("deepseek-v4"), [reply])       # V3.2's block is no V4 call
+    assert other == {"role": "assistant", "content": reply}
+
+
+def test_tool_calls_dsml_after_thinking():
+    """A DeepSeek reply in thinking mode: the thinking, then a call block; without parallel calls a
+    block of two is text."""
+    reply = "The user wants the weather.</think>\n\n" + REPLIES["deepseek-v3.2"][len("Let me check.\n\n"):]
+    r = chat.Reply(None, False, _use("deepseek-v3.2"), thinking=True)
+    message = chat.fold_message(r.feed(reply) + r.flush())
+    assert message["reasoning_content"] == "The user wants the weather."
+    assert message["content"] is None and _calls(message) == CALLS
+    _, single = _read(_use("deepseek-v3.2", parallel=False), [REPLIES["deepseek-v3.2"]])
+    assert single == {"role": "assistant", "content": REPLIES["deepseek-v3.2"]}
 
 
 def test_tool_calls_marker_in_prose_does_not_hide_a_call():

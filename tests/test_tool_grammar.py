@@ -25,7 +25,8 @@ jsonschema = pytest.importorskip("jsonschema")
 MARKERS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<minimax:tool_call>", "</minimax:tool_call>",
            "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
            "<｜tool▁sep｜>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-           "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_call>", "<tool_call|>", '<|"|>']
+           "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_call>", "<tool_call|>", '<|"|>',
+           "<｜DSML｜function_calls>", "</｜DSML｜function_calls>", "<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>"]
 HARMONY = ["<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|constrain|>", "<|call|>", "<|return|>"]
 USER_DEFINED, CONTROL = 4, 3
 VOCABS = ("text", "user-defined", "control")
@@ -135,6 +136,18 @@ BAD = {
                 "<tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>",
                 "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
                 "<arg_value>two</arg_value></tool_call>"],
+    "deepseek-v3.2": ['<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_wether">\n<｜DSML｜parameter name="city" '
+                      'string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+                      '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="days" '
+                      'string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>',
+                      '<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+                      'string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">two'
+                      "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"],
+    "deepseek-v4": ['<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+                    'string="false">"Paris"</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+                    '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+                    'string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="true">2'
+                    "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"],
     "deepseek": ['<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_wether<｜tool▁sep｜>{"city": "Paris"}'
                  "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
                  '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"days": 2}'

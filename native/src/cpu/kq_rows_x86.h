@@ -40,8 +40,8 @@
 #define KR_D 5632
 #define KR_BYTES 5760    /* one super-block of RM_TILE_ROWS rows */
 #define KR_TOKENS 8      /* tokens per pass over the tile: 8 sums and 8 dots in registers */
-/* The stored tiles of Q4_K and Q6_K (both sets; see "kept sixteen rows interleaved" below): where
- * a super-block's parts lie. */
+/* The stored tiles of Q4_K and Q6_K (both sets) and Q5_K (the AVX-512 set; see "kept sixteen rows
+ * interleaved" below): where a super-block's parts lie. */
 #define KS16_U 0
 #define KS16_LEV 192
 #define KS16_D 2240
@@ -55,6 +55,18 @@
 #define KS16_Q6_LEV(j, q) (256 + 192 * (j) + 64 * (q))
 #define KS16_Q6_HB(j) (256 + 192 * (j) + 128)
 #define KS16_Q6_D 3328
+/* Q5_K (16 * 176 bytes, the AVX-512 set): Q4_K's scale words (at 0); then for each 32-element
+ * sub-block J, at 192 + 320 J, Q4_K's four runs of 64 bytes of its low 4 bits, and a fifth run
+ * holding the fifth bits of its eight groups, byte 4r + i holding group 8J + k's element i of row r
+ * at bit k; the sixteen d, then the sixteen dmin, last (2752). */
+#define KS16_Q5_LEV(J, q) (192 + 320 * (J) + 64 * (q))
+#define KS16_Q5_HB(J) (192 + 320 * (J) + 256)
+#define KS16_Q5_D 2752
+#define KS16_Q5_DMIN 2784
+/* Which type a stored tile holds (ks16_tokens' kind). */
+#define KS16_Q4 0
+#define KS16_Q6 1
+#define KS16_Q5 2
 
 typedef void (*kq_unpack_fn)(const void *, int64_t, kq_unpacked *);
 /* A super-block of sixteen rows packed straight from the stored blocks (the AVX-512 set). */
@@ -375,7 +387,7 @@ RM_INLINE void put_sc16(uint8_t * wb, const __m512i sc[16], const __m512i bw[16]
 
 /* Q4_K / Q5_K: d and dmin, the 6-bit scales and mins (scales_k4's fields, lane by lane), the
  * nibbles of qs byte 32p + l as elements 64p + l and 64p + 32 + l, with Q5_K's fifth bits. */
-RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, const int five, const int stored) {
+RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, const int five) {
     __m512i w[4];
     side4(src, 0, w);   /* d | dmin << 16, then the 12 scale bytes as u0, u1, u2 */
     _mm512_storeu_ps(wb + KR_D, side_fp16(w[0]));
@@ -411,18 +423,15 @@ RM_INLINE void tpack_k4(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb, c
                 lo = _mm512_ternarylogic_epi32(lo, bit_to4(qh[l4], 2 * p), b4, 0xf8);
                 hi = _mm512_ternarylogic_epi32(hi, bit_to4(qh[l4], 2 * p + 1), b4, 0xf8);
             }
-            /* the file's byte 32p + l: elements 64p + l and 64p + 32 + l; a stored row's R_p dword
-             * l4: sub-block l4's elements 8p.. and 8p + 4.. (simd_x86.h), the same bits of qh */
-            const int e_lo = stored ? 8 * l4 + 2 * p : 16 * p + l4, e_hi = stored ? e_lo + 1 : e_lo + 8;
-            _mm512_storeu_si512(wb + KR_LEV + 64 * e_lo, lo);
-            _mm512_storeu_si512(wb + KR_LEV + 64 * e_hi, hi);
+            /* the file's byte 32p + l: elements 64p + l (group 16p + l4) and 64p + 32 + l */
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * p + l4), lo);
+            _mm512_storeu_si512(wb + KR_LEV + 64 * (16 * p + l4 + 8), hi);
         }
     }
 }
 
-static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0, 0); }
-static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 0); }
-static void tpack_q5_K_stored(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1, 1); }
+static void tpack_q4_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 0); }
+static void tpack_q5_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_k4(src, wb, 1); }
 
 /* Q6_K: levels + 32 from ql's nibbles and qh's 2-bit fields (levels_q6_K's, lane by lane), the
  * sixteen signed scales, d. */
@@ -498,13 +507,6 @@ static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) 
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs tpack_iq4_xs
-/* for rows in the stored layout (simd_x86.h; NULL: the type has none) */
-#define KQ_TPACK_STORED_q2_K NULL
-#define KQ_TPACK_STORED_q3_K NULL
-#define KQ_TPACK_STORED_q4_K NULL   /* kept sixteen rows interleaved instead (ks16 below) */
-#define KQ_TPACK_STORED_q5_K tpack_q5_K_stored
-#define KQ_TPACK_STORED_q6_K NULL
-#define KQ_TPACK_STORED_iq4_xs NULL
 #define KQ_UNPACK_q2_K NULL   /* every type is packed straight from storage */
 #define KQ_UNPACK_q3_K NULL
 #define KQ_UNPACK_q4_K NULL
@@ -760,12 +762,13 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
     }
 }
 
-/* ---- Q4_K and Q6_K kept sixteen rows interleaved (the stored layout of both sets) ----------------
+/* ---- Q4_K, Q5_K and Q6_K kept sixteen rows interleaved (the stored layout) ------------------------
  *
- * A CPU-only model keeps Q4_K (and Q6_K, below) matrices of a multiple of sixteen rows in a layout
- * made for this tile form (the AVX2 set reads it as two halves of eight rows, further down): each
- * sixteen rows are one tile of the same bytes (16 * 144 per super-block), super-
- * block b of all sixteen rows at 2304 b, as
+ * A CPU-only model keeps Q4_K matrices of a multiple of sixteen rows (and Q6_K's, and in the
+ * AVX-512 set Q5_K's: their layouts at the top of this file) in a layout made for this tile form
+ * (the AVX2 set reads it as two halves of eight rows, further down): each sixteen rows are one
+ * tile of the same bytes (16 * 144 per super-block), super-block b of all sixteen rows at 2304 b,
+ * as
  *
  *   [0, 192)      the three 32-bit words of each row's 12 scale bytes, word by word (u0 of the
  *                 sixteen rows, u1, u2);
@@ -787,7 +790,7 @@ static void ks16_repack_q4_K(int64_t n, const void * w, uint64_t row_bytes, void
         for (int r = 0; r < RM_TILE_ROWS; r++) {
             src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_q4_K);
         }
-        tpack_k4(src, room, 0, 0);   /* the levels as the room holds them: group e at 64 e */
+        tpack_k4(src, room, 0);   /* the levels as the room holds them: group e at 64 e */
         uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_q4_K);
         for (int J = 0; J < 8; J++) {
             for (int q = 0; q < 4; q++) {
@@ -840,6 +843,41 @@ static void ks16_repack_q6_K(int64_t n, const void * w, uint64_t row_bytes, void
     }
 }
 
+/* Sixteen rows of Q5_K into one tile of the layout above. */
+static void ks16_repack_q5_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+    uint8_t room[KR_BYTES] __attribute__((aligned(64)));
+    const __m512i n4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < n / RM_QK_K; b++) {
+        const uint8_t * src[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_q5_K);
+        }
+        tpack_k4(src, room, 1);   /* the levels (0..31) as the room holds them: group e at 64 e */
+        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_q5_K);
+        for (int J = 0; J < 8; J++) {
+            __m512i hb = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k++) {
+                const __m512i g = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + k));
+                hb = _mm512_or_si512(hb, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(g, 4), one), k));
+            }
+            for (int q = 0; q < 4; q++) {
+                const __m512i lo = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q));
+                const __m512i hi = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q + 4));
+                _mm512_storeu_si512(o + KS16_Q5_LEV(J, q),
+                                    _mm512_or_si512(_mm512_and_si512(lo, n4), _mm512_slli_epi16(_mm512_and_si512(hi, n4), 4)));
+            }
+            _mm512_storeu_si512(o + KS16_Q5_HB(J), hb);
+        }
+        __m512i h[4];
+        side4(src, 0, h);   /* d | dmin << 16, u0, u1, u2 */
+        _mm256_storeu_si256((__m256i *) (o + KS16_Q5_D), _mm512_cvtepi32_epi16(h[0]));
+        _mm256_storeu_si256((__m256i *) (o + KS16_Q5_DMIN), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+        for (int k = 0; k < 3; k++) {
+            _mm512_storeu_si512(o + KS16_U + 64 * k, h[1 + k]);
+        }
+    }
+}
+
 /* Sub-block J's scale (mins: its min) in each row's lane, from the words u0, u1, u2 (scales_k4's
  * fields, as tpack_k4 decodes them). */
 RM_INLINE __m512i ks16_field(const __m512i u[3], const int J, const int mins) {
@@ -861,18 +899,19 @@ RM_INLINE __m512i ks16_q6_levels(__m512i v, __m512i hb, const int k) {
     return _mm512_ternarylogic_epi32(lo4, h, m2h, 0xf8);
 }
 
-/* nt tokens (x[t]: their Q8_K rows) against one tile of Q4_K (six = 0) or Q6_K (six = 1): out[t][row],
+/* nt tokens (x[t]: their Q8_K rows) against one tile of Q4_K, Q6_K or Q5_K (kind KS16_*): out[t][row],
  * rows_tokens_kq's integers and float steps. */
 RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_K * const x[KR_TOKENS], const int nt,
-                           float out[KR_TOKENS][RM_TILE_ROWS], const int six) {
-    const size_t tb = RM_TILE_ROWS * (six ? sizeof(rm_block_q6_K) : sizeof(rm_block_q4_K));
+                           float out[KR_TOKENS][RM_TILE_ROWS], const int kind) {
+    const int six = kind == KS16_Q6, five = kind == KS16_Q5;
+    const size_t tb = RM_TILE_ROWS * (six ? sizeof(rm_block_q6_K) : five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K));
     __m512 acc[KR_TOKENS][8];   /* [token][super-block mod 8]: 16 rows */
     for (int t = 0; t < nt; t++) {
         for (int l = 0; l < 8; l++) {
             acc[t][l] = _mm512_setzero_ps();
         }
     }
-    const __m512i n4 = _mm512_set1_epi8(0x0f);
+    const __m512i n4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t * sb = tile + (uint64_t) b * tb;
         const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U);   /* u0, u1, u2; or the scales' words */
@@ -896,6 +935,18 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                     for (int t = 0; t < nt; t++) {
                         D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 4 * j + q));
                         D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 4 * j + q + 2));
+                    }
+                }
+            } else if (five) {   /* Q4_K's levels, each with its fifth bit */
+                const __m512i hb = _mm512_loadu_si512(sb + KS16_Q5_HB(j));
+                for (int q = 0; q < 4; q++) {
+                    const __m512i v = _mm512_loadu_si512(sb + KS16_Q5_LEV(j, q));
+                    const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, n4), bit_to4(hb, q), b4, 0xf8);
+                    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), n4),
+                                                                 bit_to4(hb, q + 4), b4, 0xf8);
+                    for (int t = 0; t < nt; t++) {
+                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
+                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
                     }
                 }
             } else {
@@ -932,8 +983,8 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                 D[t] = _mm512_dpwssd_epi32(D[t], bw, _mm512_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p)));
             }
         }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (six ? KS16_Q6_D : KS16_D))));
-        const __m512 dm = six ? dw : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + KS16_DMIN)));
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (six ? KS16_Q6_D : five ? KS16_Q5_D : KS16_D))));
+        const __m512 dm = six ? dw : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (five ? KS16_Q5_DMIN : KS16_DMIN))));
         const int l = (int) (b % 8);
         for (int t = 0; t < nt; t++) {
             const __m512 dx = _mm512_set1_ps(x[t][b].d);
@@ -954,28 +1005,28 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
 /* nc tokens (1 to KR_TOKENS; their Q8_K rows xt_stride bytes apart) against one tile:
  * out[c][row] (rm_packed_kernels.dot_tile). */
 RM_INLINE void ks16_dot(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,
-                        uint64_t xt_stride, const int six) {
+                        uint64_t xt_stride, const int kind) {
     const rm_block_q8_K * x[KR_TOKENS];
     for (int t = 0; t < KR_TOKENS; t++) {
         x[t] = (const rm_block_q8_K *) ((const uint8_t *) x_t + (uint64_t) (t < nc ? t : 0) * xt_stride);
     }
     const int64_t nsb = n / RM_QK_K;
     switch (nc) {   /* a copy per count, the token loops unrolled */
-    case 8: ks16_tokens(nsb, tile, x, 8, out, six); break;
-    case 7: ks16_tokens(nsb, tile, x, 7, out, six); break;
-    case 6: ks16_tokens(nsb, tile, x, 6, out, six); break;
-    case 5: ks16_tokens(nsb, tile, x, 5, out, six); break;
-    case 4: ks16_tokens(nsb, tile, x, 4, out, six); break;
-    case 3: ks16_tokens(nsb, tile, x, 3, out, six); break;
-    case 2: ks16_tokens(nsb, tile, x, 2, out, six); break;
-    default: ks16_tokens(nsb, tile, x, 1, out, six); break;
+    case 8: ks16_tokens(nsb, tile, x, 8, out, kind); break;
+    case 7: ks16_tokens(nsb, tile, x, 7, out, kind); break;
+    case 6: ks16_tokens(nsb, tile, x, 6, out, kind); break;
+    case 5: ks16_tokens(nsb, tile, x, 5, out, kind); break;
+    case 4: ks16_tokens(nsb, tile, x, 4, out, kind); break;
+    case 3: ks16_tokens(nsb, tile, x, 3, out, kind); break;
+    case 2: ks16_tokens(nsb, tile, x, 2, out, kind); break;
+    default: ks16_tokens(nsb, tile, x, 1, out, kind); break;
     }
 }
 
 /* The tile form on a stored matrix: rows r0..r1 (within one tile or across two, when a caller's
  * chunks are not whole tiles) against every token of x_t (Q8_K rows side by side). */
 RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1, const void * x_t,
-                           int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int six) {
+                           int32_t n_tok, void * room, float * y, int64_t y_stride, int accumulate, const int kind) {
     (void) room;   /* the tiles are read as they are, eight tokens a pass */
     const uint64_t xrow = (uint64_t) (n / RM_QK_K) * sizeof(rm_block_q8_K);
     for (int64_t k0 = r0 / RM_TILE_ROWS * RM_TILE_ROWS; k0 < r1; k0 += RM_TILE_ROWS) {
@@ -985,7 +1036,7 @@ RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_
             const int nt = n_tok - i0 < KR_TOKENS ? n_tok - i0 : KR_TOKENS;
             float out[KR_TOKENS][RM_TILE_ROWS];
             ks16_dot(n, nt, out, (const uint8_t *) w + (uint64_t) k0 * row_bytes, (const uint8_t *) x_t + (uint64_t) i0 * xrow,
-                     xrow, six);
+                     xrow, kind);
             for (int t = 0; t < nt; t++) {
                 float * yt = y + (int64_t) (i0 + t) * y_stride + k0;
                 __m512 v = _mm512_loadu_ps(out[t]);
@@ -998,19 +1049,20 @@ RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_
     }
 }
 
-#define RM_KS16_KERNELS(t, six)                                                                                      \
-    static void ks16_dot_##t(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,     \
-                             uint64_t xt_stride) {                                                                  \
-        ks16_dot(n, nc, out, tile, x_t, xt_stride, six);                                                            \
+#define RM_KS16_KERNELS(t, kind)                                                                                     \
+    static void ks16_dot_##t(int64_t n, int nc, float out[][RM_TILE_ROWS], const void * tile, const void * x_t,      \
+                             uint64_t xt_stride) {                                                                   \
+        ks16_dot(n, nc, out, tile, x_t, xt_stride, kind);                                                            \
     }                                                                                                                \
-    static void ks16_matmul_##t(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1,              \
-                                const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,          \
-                                int accumulate) {                                                                  \
-        ks16_matmul(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, six);                       \
+    static void ks16_matmul_##t(int64_t n, const void * w, uint64_t row_bytes, int64_t r0, int64_t r1,               \
+                                const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,           \
+                                int accumulate) {                                                                    \
+        ks16_matmul(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, kind);                       \
     }
 
-RM_KS16_KERNELS(q4_K, 0)
-RM_KS16_KERNELS(q6_K, 1)
+RM_KS16_KERNELS(q4_K, KS16_Q4)
+RM_KS16_KERNELS(q6_K, KS16_Q6)
+RM_KS16_KERNELS(q5_K, KS16_Q5)
 
 #else   /* the AVX2 set */
 
@@ -1181,13 +1233,6 @@ static void tpack_iq4_xs(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb
 #define KQ_TPACK_q5_K tpack_q5_K
 #define KQ_TPACK_q6_K tpack_q6_K
 #define KQ_TPACK_iq4_xs tpack_iq4_xs
-/* for rows in the stored layout (simd_x86.h; NULL: the type has none) */
-#define KQ_TPACK_STORED_q2_K NULL
-#define KQ_TPACK_STORED_q3_K NULL
-#define KQ_TPACK_STORED_q4_K NULL   /* the AVX2 set keeps the K-quants as the file has them */
-#define KQ_TPACK_STORED_q5_K NULL
-#define KQ_TPACK_STORED_q6_K NULL
-#define KQ_TPACK_STORED_iq4_xs NULL
 #define KQ_UNPACK_q2_K unpack_q2_K   /* unpacked row by row, then transposed */
 #define KQ_UNPACK_q3_K unpack_q3_K
 #define KQ_UNPACK_q4_K NULL
@@ -1877,15 +1922,22 @@ static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
 }
 #define KQ_MATMUL16_q4_K ks16_matmul_q4_K
 #define KQ_MATMUL16_q6_K ks16_matmul_q6_K
-/* The stored form of Q4_K and Q6_K, tiles of sixteen rows (both sets) */
+/* The stored form of Q4_K and Q6_K, tiles of sixteen rows (both sets; Q5_K: RM_KS16_PACKED_Q5) */
 #define RM_KS16_PACKED                                                                                             \
     static const rm_packed_kernels packed_q4_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
                                                   ks16_repack_q4_K, ks16_dot_q4_K};                                \
     static const rm_packed_kernels packed_q6_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
                                                   ks16_repack_q6_K, ks16_dot_q6_K};
+#ifdef RM_KQ_GROUPED   /* Q5_K too (the AVX2 set keeps it as the file has it) */
+#define KQ_MATMUL16_q5_K ks16_matmul_q5_K
+#define RM_KS16_PACKED_Q5                                                                                          \
+    static const rm_packed_kernels packed_q5_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
+                                                  ks16_repack_q5_K, ks16_dot_q5_K};
+#else
+#define KQ_MATMUL16_q5_K ks16_none
+#endif
 #define KQ_MATMUL16_q2_K ks16_none
 #define KQ_MATMUL16_q3_K ks16_none
-#define KQ_MATMUL16_q5_K ks16_none
 #define KQ_MATMUL16_iq4_xs ks16_none
 
 #define RM_ROWS_32(t, kind, min_tokens)                                                                            \
@@ -1901,15 +1953,14 @@ static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \
                                 const void * x_t, int32_t n_tok, void * room, float * y, int64_t y_stride,         \
                                 int accumulate) {                                                                  \
-        if (stored && KQ_MATMUL16_##t != ks16_none) {   /* rows kept sixteen to a tile */                          \
+        if (stored) {   /* rows kept sixteen to a tile (the only stored layout of the K-quants) */                 \
             KQ_MATMUL16_##t(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate);                    \
             return;                                                                                                \
         }                                                                                                          \
         matmul_rows_kq(n, w, row_bytes, r0, r1, x_t, n_tok, room, y, y_stride, accumulate, KQ_UNPACK_##t,          \
-                       stored ? KQ_TPACK_STORED_##t : KQ_TPACK_##t, sizeof(block), sixteen, off_mul);              \
+                       KQ_TPACK_##t, sizeof(block), sixteen, off_mul);                                             \
     }                                                                                                              \
     static const rm_tile_kernels rows_##t = {min_tokens, 1, usable_rows_kq, act_bytes_rows_kq, put_group_rows_kq,  \
-                                             room_bytes_rows_kq, matmul_rows_##t,                                  \
-                                             KQ_TPACK_STORED_##t != NULL || KQ_MATMUL16_##t != ks16_none};
+                                             room_bytes_rows_kq, matmul_rows_##t, KQ_MATMUL16_##t != ks16_none};
 
 #endif

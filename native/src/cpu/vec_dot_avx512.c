@@ -707,8 +707,8 @@ RM_ROWS_32(mxfp4, R32_MXFP4, 10)
 
 /* Q5_K rows kept with their sub-blocks in lanes (simd_x86.h); Q4_K's and Q6_K's sixteen rows to
  * a tile (kq_rows_x86.h), read by the tile form for every number of tokens. */
-RM_KQ_STORED_KERNELS(q5_K, 1)
 RM_KS16_PACKED
+RM_KS16_PACKED_Q5
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {

@@ -258,10 +258,10 @@ def test_kernels_stored_rows_equal_the_file_layout(name, isa):
 
 
 # The K-quants' stored layouts: both sets keep Q4_K and Q6_K matrices of a multiple of 16 rows
-# sixteen rows to a tile (read by the tile form for any number of tokens), the AVX-512 set Q5_K row
-# by row with each sub-block's elements in a lane; other row counts, and the AVX2 set's Q5_K, stay
-# as the file has them (the same check then holds on the file's rows).
-KQ_STORED_TYPES = ["Q4_K", "Q5_K", "Q6_K"]
+# sixteen rows to a tile (read by the tile form for any number of tokens), the AVX-512 set Q5_K and
+# IQ4_XS too; other row counts, and the AVX2 set's Q5_K and IQ4_XS, stay as the file has them (the
+# same check then holds on the file's rows).
+KQ_STORED_TYPES = ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 
 
 @needs_simd
@@ -273,7 +273,9 @@ def test_kernels_kquant_stored_rows_equal_the_file_layout(name, isa):
     eight, whole tiles of rows and not."""
     for n, n_rows, n_toks in [(2048, 32, (1, 2, 3, 4, 5, 6, 8, 9, 17)), (768, 16, (1, 4, 7, 16)), (256, 48, (1, 8)),
                               (512, 19, (1, 6))]:
-        for k, w in enumerate(random_rows(name, n_rows, n, seed=n)):
+        rows = (random_rows(name, n_rows, n, seed=n) if name != "IQ4_XS"   # no quantizer: every index and scale
+                else [random_iq_blocks(name, n_rows * n // 256, seed=n).tobytes()])
+        for k, w in enumerate(rows):
             for n_tok in n_toks:
                 _, x_q = activations(name, n, seed=n + n_tok, n_tok=n_tok)
                 one = kernels.vec_dot_rows(name, w, x_q, n, isa=isa, batched=False)

@@ -63,10 +63,17 @@
 #define KS16_Q5_HB(J) (192 + 320 * (J) + 256)
 #define KS16_Q5_D 2752
 #define KS16_Q5_DMIN 2784
+/* IQ4_XS (16 * 136 bytes, the AVX-512 set): the rows' words d | scales_h << 16 (at 0), their
+ * scales_l (64), then Q4_K's runs of level pairs (at 128 + 64 (4J + q)), holding the table's
+ * indices: each run is a dword transpose of the rows' qs bytes 16J + 4q.. as they are. */
+#define KS16_IQ4_DH 0
+#define KS16_IQ4_SL 64
+#define KS16_IQ4_LEV(J, q) (128 + 64 * (4 * (J) + (q)))
 /* Which type a stored tile holds (ks16_tokens' kind). */
 #define KS16_Q4 0
 #define KS16_Q6 1
 #define KS16_Q5 2
+#define KS16_IQ4 3
 
 typedef void (*kq_unpack_fn)(const void *, int64_t, kq_unpacked *);
 /* A super-block of sixteen rows packed straight from the stored blocks (the AVX-512 set). */
@@ -878,6 +885,36 @@ static void ks16_repack_q5_K(int64_t n, const void * w, uint64_t row_bytes, void
     }
 }
 
+/* Sixteen rows of IQ4_XS into one tile of the layout above. */
+static void ks16_repack_iq4_xs(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+    for (int64_t b = 0; b < n / RM_QK_K; b++) {
+        const uint8_t * src[RM_TILE_ROWS];
+        for (int r = 0; r < RM_TILE_ROWS; r++) {
+            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_iq4_xs);
+        }
+        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_iq4_xs);
+        __m512i h[4];
+        side4(src, 0, h);   /* d | scales_h << 16, scales_l */
+        _mm512_storeu_si512(o + KS16_IQ4_DH, h[0]);
+        _mm512_storeu_si512(o + KS16_IQ4_SL, h[1]);
+        for (int s = 0; s < 2; s++) {
+            __m512i t[16];
+            side16(src, offsetof(rm_block_iq4_xs, qs) + 64 * s, t);
+            for (int j = 0; j < 16; j++) {   /* qs bytes 64s + 4j..: sub-block 4s + j / 4's groups j % 4 and 4 + j % 4 */
+                _mm512_storeu_si512(o + KS16_IQ4_LEV(4 * s + j / 4, j % 4), t[j]);
+            }
+        }
+    }
+}
+
+/* IQ4_XS's sub-block J scale less 32 in each row's lane, from the words dh (d | scales_h << 16) and
+ * sl (scales_l), as tpack_iq4_xs decodes it. */
+RM_INLINE __m512i ks16_iq4_scale(__m512i dh, __m512i sl, const int J) {
+    return _mm512_sub_epi32(_mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * J), _mm512_set1_epi32(0x0f)),
+                                                      _mm512_srli_epi32(dh, 16 + 2 * J - 4), _mm512_set1_epi32(0x30), 0xf8),
+                            _mm512_set1_epi32(32));
+}
+
 /* Sub-block J's scale (mins: its min) in each row's lane, from the words u0, u1, u2 (scales_k4's
  * fields, as tpack_k4 decodes them). */
 RM_INLINE __m512i ks16_field(const __m512i u[3], const int J, const int mins) {
@@ -899,12 +936,15 @@ RM_INLINE __m512i ks16_q6_levels(__m512i v, __m512i hb, const int k) {
     return _mm512_ternarylogic_epi32(lo4, h, m2h, 0xf8);
 }
 
-/* nt tokens (x[t]: their Q8_K rows) against one tile of Q4_K, Q6_K or Q5_K (kind KS16_*): out[t][row],
- * rows_tokens_kq's integers and float steps. */
+/* nt tokens (x[t]: their Q8_K rows) against one tile of Q4_K, Q6_K, Q5_K or IQ4_XS (kind KS16_*):
+ * out[t][row], rows_tokens_kq's integers and float steps. */
 RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_K * const x[KR_TOKENS], const int nt,
                            float out[KR_TOKENS][RM_TILE_ROWS], const int kind) {
-    const int six = kind == KS16_Q6, five = kind == KS16_Q5;
-    const size_t tb = RM_TILE_ROWS * (six ? sizeof(rm_block_q6_K) : five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K));
+    const int six = kind == KS16_Q6, five = kind == KS16_Q5, iq4 = kind == KS16_IQ4;
+    const size_t tb = RM_TILE_ROWS * (six    ? sizeof(rm_block_q6_K)
+                                      : five ? sizeof(rm_block_q5_K)
+                                      : iq4  ? sizeof(rm_block_iq4_xs)
+                                             : sizeof(rm_block_q4_K));
     __m512 acc[KR_TOKENS][8];   /* [token][super-block mod 8]: 16 rows */
     for (int t = 0; t < nt; t++) {
         for (int l = 0; l < 8; l++) {
@@ -912,10 +952,15 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
         }
     }
     const __m512i n4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    const __m512i table = iq4 ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *) rm_iq4nl_values),
+                                                                     _mm_set1_epi8((char) 0x80)))
+                              : _mm512_setzero_si512();   /* IQ4_XS's levels + 128 */
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t * sb = tile + (uint64_t) b * tb;
-        const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U);   /* u0, u1, u2; or the scales' words */
-        const __m512i u[4] = {_mm512_loadu_si512(hdr), _mm512_loadu_si512(hdr + 64), _mm512_loadu_si512(hdr + 128),
+        /* u0, u1, u2; the scales' words (Q6_K); dh and sl (IQ4_XS) */
+        const uint8_t * hdr = sb + (six ? KS16_Q6_SC : KS16_U);
+        const __m512i u[4] = {_mm512_loadu_si512(hdr), _mm512_loadu_si512(hdr + 64),
+                              iq4 ? _mm512_setzero_si512() : _mm512_loadu_si512(hdr + 128),
                               six ? _mm512_loadu_si512(hdr + 192) : _mm512_setzero_si512()};
         __m512i S[KR_TOKENS], D[KR_TOKENS];
         for (int t = 0; t < nt; t++) {
@@ -935,6 +980,16 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                     for (int t = 0; t < nt; t++) {
                         D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 4 * j + q));
                         D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 4 * j + q + 2));
+                    }
+                }
+            } else if (iq4) {   /* the table's levels + 128 for Q4_K's nibbles */
+                for (int q = 0; q < 4; q++) {
+                    const __m512i v = _mm512_loadu_si512(sb + KS16_IQ4_LEV(j, q));
+                    const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, n4));
+                    const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), n4));
+                    for (int t = 0; t < nt; t++) {
+                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
+                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
                     }
                 }
             } else if (five) {   /* Q4_K's levels, each with its fifth bit */
@@ -960,12 +1015,14 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                 }
             }
             /* Q6_K: signed byte j % 4 of word j / 4 */
-            const __m512i sc = six ? _mm512_srai_epi32(_mm512_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24) : ks16_field(u, j, 0);
+            const __m512i sc = six   ? _mm512_srai_epi32(_mm512_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24)
+                               : iq4 ? ks16_iq4_scale(u[0], u[1], j)
+                                     : ks16_field(u, j, 0);
             for (int t = 0; t < nt; t++) {
                 S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(D[t], sc));
             }
         }
-        for (int t = 0; t < nt; t++) {   /* the bsums' weights (the mins, or Q6_K's scales) against the bsums, pair by pair */
+        for (int t = 0; t < nt; t++) {   /* the bsums' weights (the mins, or the scales) against the bsums, pair by pair */
             D[t] = _mm512_setzero_si512();
         }
         for (int p = 0; p < 8; p++) {
@@ -975,6 +1032,9 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                 bw = _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi32(_mm512_slli_epi32(w, 24 - 16 * (p % 2)), 24),
                                                       _mm512_set1_epi32(0xffff)),
                                      _mm512_slli_epi32(_mm512_srai_epi32(_mm512_slli_epi32(w, 16 - 16 * (p % 2)), 24), 16));
+            } else if (iq4) {   /* (sc p, sc p) */
+                const __m512i sc = ks16_iq4_scale(u[0], u[1], p);
+                bw = _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(sc, 16));
             } else {   /* (min p, min p) */
                 const __m512i mn = ks16_field(u, p, 1);
                 bw = _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16));
@@ -983,13 +1043,14 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                 D[t] = _mm512_dpwssd_epi32(D[t], bw, _mm512_set1_epi32(*(const int32_t *) (x[t][b].bsums + 2 * p)));
             }
         }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (six ? KS16_Q6_D : five ? KS16_Q5_D : KS16_D))));
-        const __m512 dm = six ? dw : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (five ? KS16_Q5_DMIN : KS16_DMIN))));
+        const __m512 dw = iq4 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(u[0]))
+                              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (six ? KS16_Q6_D : five ? KS16_Q5_D : KS16_D))));
+        const __m512 dm = six || iq4 ? dw : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (sb + (five ? KS16_Q5_DMIN : KS16_DMIN))));
         const int l = (int) (b % 8);
         for (int t = 0; t < nt; t++) {
             const __m512 dx = _mm512_set1_ps(x[t][b].d);
-            if (six) {   /* the offset 32: S - 32 sum(sc bsums) */
-                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_slli_epi32(D[t], 5));
+            if (six || iq4) {   /* the offset 32 (128): S - 32 (128) sum(sc bsums) */
+                const __m512i sv = _mm512_sub_epi32(S[t], _mm512_slli_epi32(D[t], iq4 ? 7 : 5));
                 acc[t][l] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(sv), acc[t][l]);
             } else {
                 acc[t][l] = _mm512_fmadd_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(S[t]), acc[t][l]);
@@ -1063,6 +1124,7 @@ RM_INLINE void ks16_matmul(int64_t n, const void * w, uint64_t row_bytes, int64_
 RM_KS16_KERNELS(q4_K, KS16_Q4)
 RM_KS16_KERNELS(q6_K, KS16_Q6)
 RM_KS16_KERNELS(q5_K, KS16_Q5)
+RM_KS16_KERNELS(iq4_xs, KS16_IQ4)
 
 #else   /* the AVX2 set */
 
@@ -1922,23 +1984,26 @@ static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
 }
 #define KQ_MATMUL16_q4_K ks16_matmul_q4_K
 #define KQ_MATMUL16_q6_K ks16_matmul_q6_K
-/* The stored form of Q4_K and Q6_K, tiles of sixteen rows (both sets; Q5_K: RM_KS16_PACKED_Q5) */
+/* The stored form of Q4_K and Q6_K, tiles of sixteen rows (both sets; Q5_K and IQ4_XS: RM_KS16_PACKED_AVX512) */
 #define RM_KS16_PACKED                                                                                             \
     static const rm_packed_kernels packed_q4_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
                                                   ks16_repack_q4_K, ks16_dot_q4_K};                                \
     static const rm_packed_kernels packed_q6_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
                                                   ks16_repack_q6_K, ks16_dot_q6_K};
-#ifdef RM_KQ_GROUPED   /* Q5_K too (the AVX2 set keeps it as the file has it) */
+#ifdef RM_KQ_GROUPED   /* Q5_K and IQ4_XS too (the AVX2 set keeps them as the file has them) */
 #define KQ_MATMUL16_q5_K ks16_matmul_q5_K
-#define RM_KS16_PACKED_Q5                                                                                          \
-    static const rm_packed_kernels packed_q5_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0, \
-                                                  ks16_repack_q5_K, ks16_dot_q5_K};
+#define KQ_MATMUL16_iq4_xs ks16_matmul_iq4_xs
+#define RM_KS16_PACKED_AVX512                                                                                          \
+    static const rm_packed_kernels packed_q5_K = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0,     \
+                                                  ks16_repack_q5_K, ks16_dot_q5_K};                                    \
+    static const rm_packed_kernels packed_iq4_xs = {NULL, kq_act_bytes, NULL, kq_copy_act, NULL, NULL, NULL, NULL, 0,   \
+                                                    ks16_repack_iq4_xs, ks16_dot_iq4_xs};
 #else
 #define KQ_MATMUL16_q5_K ks16_none
+#define KQ_MATMUL16_iq4_xs ks16_none
 #endif
 #define KQ_MATMUL16_q2_K ks16_none
 #define KQ_MATMUL16_q3_K ks16_none
-#define KQ_MATMUL16_iq4_xs ks16_none
 
 #define RM_ROWS_32(t, kind, min_tokens)                                                                            \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \

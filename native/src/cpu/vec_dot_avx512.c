@@ -705,10 +705,10 @@ RM_ROWS_32(q5_0, R32_Q5_0, 10)
 RM_ROWS_32(iq4_nl, R32_IQ4_NL, 10)
 RM_ROWS_32(mxfp4, R32_MXFP4, 10)
 
-/* Q5_K rows kept with their sub-blocks in lanes (simd_x86.h); Q4_K's and Q6_K's sixteen rows to
- * a tile (kq_rows_x86.h), read by the tile form for every number of tokens. */
+/* Q4_K, Q5_K, Q6_K and IQ4_XS kept sixteen rows to a tile (kq_rows_x86.h), read by the tile form
+ * for every number of tokens. */
 RM_KS16_PACKED
-RM_KS16_PACKED_Q5
+RM_KS16_PACKED_AVX512
 
 const rm_cpu_kernels rm_cpu_kernels_avx512 = {
     .vec_dot = {
@@ -758,6 +758,7 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q4_K] = &packed_q4_K,
         [RM_TYPE_Q6_K] = &packed_q6_K,
         [RM_TYPE_Q5_K] = &packed_q5_K,
+        [RM_TYPE_IQ4_XS] = &packed_iq4_xs,
         [RM_TYPE_Q4_0] = &packed_q4_0,
         [RM_TYPE_Q8_0] = &packed_q8_0,
         [RM_TYPE_Q5_0] = &packed_q5_0,

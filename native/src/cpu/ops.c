@@ -106,6 +106,8 @@ typedef struct cpu_ctx {
     uint64_t  xt_many_cap;
     float *   x_info_many;
     int64_t   x_info_many_cap;
+    int32_t * scatter;            /* scatter_add's sources by destination row */
+    int64_t   scatter_cap;        /* int32s */
 } cpu_ctx;
 
 typedef struct mm_task {
@@ -1287,27 +1289,63 @@ static void cpu_gather_rows(rm_backend * be, float * dst, const float * src, con
     run_spans(be, &o, n, width);
 }
 
-/* Column blocks lo..hi (SCATTER_COLS columns each: a kilobyte of each row) of every source row added
- * into its destination row. Several sources may share a destination, so the threads split the
- * columns, and each destination element still takes its sources in order j. */
-#define SCATTER_COLS 256
-
+/* Destination rows lo..hi of scatter_add, each with its sources (o->rows: the first source of row
+ * i at o->rows[i], the next rows' first after its last; then o->n destinations on, the sources' j
+ * in increasing order), so each element takes its sources in order j, as one pass over j does. */
 static void scatter_span(const span_op * o, int64_t lo, int64_t hi) {
-    const int64_t c0 = lo * SCATTER_COLS, c1 = hi * SCATTER_COLS < o->width ? hi * SCATTER_COLS : o->width;
-    for (int64_t j = 0; j < o->n; j++) {
-        float * d = o->y + (int64_t) o->rows[j] * o->width;
-        const float * v = o->x + j * o->width;
-        const float sc = o->u[j];
-        for (int64_t c = c0; c < c1; c++) {
-            d[c] += sc * v[c];
+    const int32_t * first = o->rows, * src = o->rows + o->n + 1;
+    for (int64_t i = lo; i < hi; i++) {
+        float * d = o->y + i * o->width;
+        for (int32_t k = first[i]; k < first[i + 1]; k++) {
+            const float * v = o->x + (int64_t) src[k] * o->width;
+            const float sc = o->u[src[k]];
+            for (int64_t c = 0; c < o->width; c++) {
+                d[c] += sc * v[c];
+            }
         }
     }
 }
 
 static void cpu_scatter_add(rm_backend * be, float * dst, const float * src, const int32_t * rows,
                             const float * scale, int32_t n, int64_t width) {
-    const span_op o = {.fn = scatter_span, .y = dst, .x = src, .rows = rows, .u = scale, .n = n, .width = width};
-    run_spans(be, &o, (width + SCATTER_COLS - 1) / SCATTER_COLS, (int64_t) n * SCATTER_COLS);
+    cpu_ctx * c = be->ctx;
+    int32_t n_dst = 0;
+    for (int32_t j = 0; j < n; j++) {
+        n_dst = rows[j] + 1 > n_dst ? rows[j] + 1 : n_dst;
+    }
+    const int64_t need = (int64_t) n_dst + 1 + n;
+    if ((int64_t) n * width >= 2 * SPAN_FLOATS && c->scatter_cap < need) {
+        free(c->scatter);
+        c->scatter = malloc(sizeof(int32_t) * (size_t) need);
+        c->scatter_cap = c->scatter ? need : 0;
+    }
+    if ((int64_t) n * width < 2 * SPAN_FLOATS || !c->scatter) {   /* one pass over the sources */
+        for (int32_t j = 0; j < n; j++) {
+            float * d = dst + (int64_t) rows[j] * width;
+            const float * v = src + j * width;
+            for (int64_t k = 0; k < width; k++) {
+                d[k] += scale[j] * v[k];
+            }
+        }
+        return;
+    }
+    int32_t * first = c->scatter, * by_dst = c->scatter + n_dst + 1;   /* a counting sort of j by rows[j] */
+    memset(first, 0, sizeof(int32_t) * (size_t) (n_dst + 1));
+    for (int32_t j = 0; j < n; j++) {
+        first[rows[j] + 1]++;
+    }
+    for (int32_t i = 0; i < n_dst; i++) {
+        first[i + 1] += first[i];
+    }
+    for (int32_t j = 0; j < n; j++) {   /* first[i] walks row i's places, then is put back */
+        by_dst[first[rows[j]]++] = j;
+    }
+    for (int32_t i = n_dst; i > 0; i--) {
+        first[i] = first[i - 1];
+    }
+    first[0] = 0;
+    const span_op o = {.fn = scatter_span, .y = dst, .x = src, .rows = first, .u = scale, .n = n_dst, .width = width};
+    run_spans(be, &o, n_dst, width * (n / (n_dst > 0 ? n_dst : 1) + 1));
 }
 
 static void cpu_route(rm_backend * be, const float * logits, int32_t n_tok, int32_t n_expert, int32_t k, int norm,
@@ -1333,6 +1371,7 @@ static void cpu_free(rm_backend * be) {
     free(c->many);
     free(c->xq_many);
     free(c->x_info_many);
+    free(c->scatter);
     free(c->xt);
     free(c->xt_many);
     free(c->pack);
@@ -1498,11 +1537,21 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     return be;
 }
 
+/* The sum of squares in eight partial sums (element i in sum i mod 8, which a compiler keeps in
+ * one vector register) added in a fixed order: one chain of n dependent adds took a 2048-wide row
+ * about as long as the rest of the norm. */
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        ss += (double) x[i] * x[i];
+    double part[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; k++) {
+            part[k] += (double) x[i + k] * x[i + k];
+        }
     }
+    for (int k = 0; i < n; i++, k++) {
+        part[k] += (double) x[i] * x[i];
+    }
+    const double ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
     const float scale = 1.0f / sqrtf((float) (ss / (double) n) + eps);
     for (int64_t i = 0; i < n; i++) {
         y[i] = w ? x[i] * scale * w[i] : x[i] * scale;

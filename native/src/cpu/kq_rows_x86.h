@@ -992,13 +992,15 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                         D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
                     }
                 }
-            } else if (five) {   /* Q4_K's levels, each with its fifth bit */
+            } else if (five) {   /* Q4_K's levels, 16 added where the fifth bit is set (a byte mask: no shift) */
                 const __m512i hb = _mm512_loadu_si512(sb + KS16_Q5_HB(j));
                 for (int q = 0; q < 4; q++) {
                     const __m512i v = _mm512_loadu_si512(sb + KS16_Q5_LEV(j, q));
-                    const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(v, n4), bit_to4(hb, q), b4, 0xf8);
-                    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), n4),
-                                                                 bit_to4(hb, q + 4), b4, 0xf8);
+                    const __mmask64 flo = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char) (1 << q)));
+                    const __mmask64 fhi = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char) (1 << (q + 4))));
+                    const __m512i lo4 = _mm512_and_si512(v, n4), hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
+                    const __m512i lo = _mm512_mask_add_epi8(lo4, flo, lo4, b4);
+                    const __m512i hi = _mm512_mask_add_epi8(hi4, fhi, hi4, b4);
                     for (int t = 0; t < nt; t++) {
                         D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
                         D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));

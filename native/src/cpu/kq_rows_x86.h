@@ -789,31 +789,51 @@ RM_INLINE void matmul_rows_32(int64_t n, const void * w, int stored, uint64_t ro
  * float steps are rows_tokens_kq's, so the floats are the tile form's, which are the one-token
  * kernels' (one token is the tile form with nt = 1: no kernel reads these rows one at a time). */
 
-/* Sixteen rows of Q4_K (row_bytes apart) into one tile of the layout above. */
-static void ks16_repack_q4_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+/* Sixteen rows of Q4_K (five: Q5_K; row_bytes apart) into one tile of the layouts above. */
+static void ks16_repack_k4(int64_t n, const void * w, uint64_t row_bytes, void * tile, const int five) {
     uint8_t room[KR_BYTES] __attribute__((aligned(64)));
+    const size_t bsize = five ? sizeof(rm_block_q5_K) : sizeof(rm_block_q4_K);
+    const __m512i n4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
     for (int64_t b = 0; b < n / RM_QK_K; b++) {
         const uint8_t * src[RM_TILE_ROWS];
         for (int r = 0; r < RM_TILE_ROWS; r++) {
-            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_q4_K);
+            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * bsize;
         }
-        tpack_k4(src, room, 0);   /* the levels as the room holds them: group e at 64 e */
-        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_q4_K);
+        tpack_k4(src, room, five);   /* the levels (0..15, 0..31) as the room holds them: group e at 64 e */
+        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * bsize;
         for (int J = 0; J < 8; J++) {
+            if (five) {   /* bit k: group 8J + k's fifth bit */
+                __m512i hb = _mm512_setzero_si512();
+                for (int k = 0; k < 8; k++) {
+                    const __m512i g = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + k));
+                    hb = _mm512_or_si512(hb, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(g, 4), one), k));
+                }
+                _mm512_storeu_si512(o + KS16_Q5_HB(J), hb);
+            }
             for (int q = 0; q < 4; q++) {
                 const __m512i lo = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q));
                 const __m512i hi = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q + 4));
-                _mm512_storeu_si512(o + KS16_LEV + 64 * (4 * J + q), _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)));
+                _mm512_storeu_si512(o + (five ? KS16_Q5_LEV(J, q) : KS16_LEV + 64 * (4 * J + q)),
+                                    _mm512_or_si512(_mm512_and_si512(lo, n4), _mm512_slli_epi16(_mm512_and_si512(hi, n4), 4)));
             }
         }
         __m512i h[4];
         side4(src, 0, h);   /* d | dmin << 16, u0, u1, u2 */
-        _mm256_storeu_si256((__m256i *) (o + KS16_D), _mm512_cvtepi32_epi16(h[0]));
-        _mm256_storeu_si256((__m256i *) (o + KS16_DMIN), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+        _mm256_storeu_si256((__m256i *) (o + (five ? KS16_Q5_D : KS16_D)), _mm512_cvtepi32_epi16(h[0]));
+        _mm256_storeu_si256((__m256i *) (o + (five ? KS16_Q5_DMIN : KS16_DMIN)),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
         for (int k = 0; k < 3; k++) {
             _mm512_storeu_si512(o + KS16_U + 64 * k, h[1 + k]);
         }
     }
+}
+
+static void ks16_repack_q4_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+    ks16_repack_k4(n, w, row_bytes, tile, 0);
+}
+
+static void ks16_repack_q5_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
+    ks16_repack_k4(n, w, row_bytes, tile, 1);
 }
 
 /* Sixteen rows of Q6_K into one tile of the layout above. */
@@ -846,41 +866,6 @@ static void ks16_repack_q6_K(int64_t n, const void * w, uint64_t row_bytes, void
         }
         for (int r = 0; r < RM_TILE_ROWS; r++) {
             memcpy(o + KS16_Q6_D + 2 * r, src[r] + offsetof(rm_block_q6_K, d), 2);
-        }
-    }
-}
-
-/* Sixteen rows of Q5_K into one tile of the layout above. */
-static void ks16_repack_q5_K(int64_t n, const void * w, uint64_t row_bytes, void * tile) {
-    uint8_t room[KR_BYTES] __attribute__((aligned(64)));
-    const __m512i n4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
-    for (int64_t b = 0; b < n / RM_QK_K; b++) {
-        const uint8_t * src[RM_TILE_ROWS];
-        for (int r = 0; r < RM_TILE_ROWS; r++) {
-            src[r] = (const uint8_t *) w + (uint64_t) r * row_bytes + (uint64_t) b * sizeof(rm_block_q5_K);
-        }
-        tpack_k4(src, room, 1);   /* the levels (0..31) as the room holds them: group e at 64 e */
-        uint8_t * o = (uint8_t *) tile + (uint64_t) b * RM_TILE_ROWS * sizeof(rm_block_q5_K);
-        for (int J = 0; J < 8; J++) {
-            __m512i hb = _mm512_setzero_si512();
-            for (int k = 0; k < 8; k++) {
-                const __m512i g = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + k));
-                hb = _mm512_or_si512(hb, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(g, 4), one), k));
-            }
-            for (int q = 0; q < 4; q++) {
-                const __m512i lo = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q));
-                const __m512i hi = _mm512_loadu_si512(room + KR_LEV + 64 * (8 * J + q + 4));
-                _mm512_storeu_si512(o + KS16_Q5_LEV(J, q),
-                                    _mm512_or_si512(_mm512_and_si512(lo, n4), _mm512_slli_epi16(_mm512_and_si512(hi, n4), 4)));
-            }
-            _mm512_storeu_si512(o + KS16_Q5_HB(J), hb);
-        }
-        __m512i h[4];
-        side4(src, 0, h);   /* d | dmin << 16, u0, u1, u2 */
-        _mm256_storeu_si256((__m256i *) (o + KS16_Q5_D), _mm512_cvtepi32_epi16(h[0]));
-        _mm256_storeu_si256((__m256i *) (o + KS16_Q5_DMIN), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
-        for (int k = 0; k < 3; k++) {
-            _mm512_storeu_si512(o + KS16_U + 64 * k, h[1 + k]);
         }
     }
 }

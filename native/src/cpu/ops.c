@@ -1126,9 +1126,10 @@ static rm_status cpu_status(rm_backend * be) { return RM_OK; }
 
 /* A prefill's small ops run on every thread: each op's items (rows, tokens or elements) are dealt
  * in chunks of about SPAN_FLOATS floats from a shared counter, so that a step of many tokens does
- * not leave the other threads waiting on the caller (these ops were a fifth of a 512-token
- * prefill's time, on one thread of two). Every item is computed as before, whatever thread takes
- * it: the same floats. An op of one chunk (a decode step) runs on the caller alone. */
+ * not leave the other threads waiting on the caller (run by one thread of two, these ops took 11%
+ * of a 512-token prefill's samples while the other waited). Every item is computed as before,
+ * whatever thread takes it: the same floats. An op of one chunk (a decode step) runs on the
+ * caller alone. */
 #define SPAN_FLOATS 16384
 
 typedef struct span_op span_op;
@@ -1136,7 +1137,7 @@ typedef void (*span_fn)(const span_op * o, int64_t lo, int64_t hi);
 struct span_op {                  /* an op's operands; each span_fn reads those it names */
     span_fn fn;
     float * y;
-    const float * x, * u, * v;
+    const float * x, * u;
     const int32_t * rows;
     const rm_rope_yarn * yarn;
     int64_t n, width, ys, xs;      /* ys, xs: row strides where rows are not width apart */

@@ -475,6 +475,14 @@ static void tpack_q6_K(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) {
     }
 }
 
+/* IQ4_XS's sub-block J scale less 32 in each row's lane (the packed tiles' and the stored ones'), from
+ * the words dh (d | scales_h << 16) and sl (scales_l): nibble J of sl under 2-bit field J of scales_h. */
+RM_INLINE __m512i iq4_scale(__m512i dh, __m512i sl, const int J) {
+    return _mm512_sub_epi32(_mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * J), _mm512_set1_epi32(0x0f)),
+                                                      _mm512_srli_epi32(dh, 16 + 2 * J - 4), _mm512_set1_epi32(0x30), 0xf8),
+                            _mm512_set1_epi32(32));
+}
+
 /* IQ4_XS: the table's levels plus 128 for the nibbles of qs bytes 16j + l (elements 32j + l and
  * 32j + 16 + l), the scales (6 bits from scales_l and scales_h) less 32 as the offset's weights
  * too, d. */
@@ -484,10 +492,7 @@ static void tpack_iq4_xs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) 
     _mm512_storeu_ps(wb + KR_D, side_fp16(w[0]));
     _mm512_storeu_ps(wb + KR_D + 64, _mm512_setzero_ps());
     for (int k = 0; k < 8; k++) {
-        const __m512i sc = _mm512_sub_epi32(
-            _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(w[1], 4 * k), _mm512_set1_epi32(0x0f)),
-                                      _mm512_srli_epi32(w[0], 16 + 2 * k - 4), _mm512_set1_epi32(0x30), 0xf8),
-            _mm512_set1_epi32(32));
+        const __m512i sc = iq4_scale(w[0], w[1], k);
         put_sc32(wb, k, sc);
         _mm512_storeu_si512(wb + KR_BW + 64 * k, _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xffff)),
                                                                 _mm512_slli_epi32(sc, 16)));
@@ -892,14 +897,6 @@ static void ks16_repack_iq4_xs(int64_t n, const void * w, uint64_t row_bytes, vo
     }
 }
 
-/* IQ4_XS's sub-block J scale less 32 in each row's lane, from the words dh (d | scales_h << 16) and
- * sl (scales_l), as tpack_iq4_xs decodes it. */
-RM_INLINE __m512i ks16_iq4_scale(__m512i dh, __m512i sl, const int J) {
-    return _mm512_sub_epi32(_mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * J), _mm512_set1_epi32(0x0f)),
-                                                      _mm512_srli_epi32(dh, 16 + 2 * J - 4), _mm512_set1_epi32(0x30), 0xf8),
-                            _mm512_set1_epi32(32));
-}
-
 /* Sub-block J's scale (mins: its min) in each row's lane, from the words u0, u1, u2 (scales_k4's
  * fields, as tpack_k4 decodes them). */
 RM_INLINE __m512i ks16_field(const __m512i u[3], const int J, const int mins) {
@@ -1003,7 +1000,7 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
             }
             /* Q6_K: signed byte j % 4 of word j / 4 */
             const __m512i sc = six   ? _mm512_srai_epi32(_mm512_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24)
-                               : iq4 ? ks16_iq4_scale(u[0], u[1], j)
+                               : iq4 ? iq4_scale(u[0], u[1], j)
                                      : ks16_field(u, j, 0);
             for (int t = 0; t < nt; t++) {
                 S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(D[t], sc));
@@ -1020,7 +1017,7 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
                                                       _mm512_set1_epi32(0xffff)),
                                      _mm512_slli_epi32(_mm512_srai_epi32(_mm512_slli_epi32(w, 16 - 16 * (p % 2)), 24), 16));
             } else if (iq4) {   /* (sc p, sc p) */
-                const __m512i sc = ks16_iq4_scale(u[0], u[1], p);
+                const __m512i sc = iq4_scale(u[0], u[1], p);
                 bw = _mm512_or_si512(_mm512_and_si512(sc, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(sc, 16));
             } else {   /* (min p, min p) */
                 const __m512i mn = ks16_field(u, p, 1);

@@ -179,13 +179,22 @@ def test_llamacpp_files_iq2_xxs_with_imatrix_runs_in_both_engines(tmp_path):
     """llama.cpp's IQ2_XXS file (IQ2_XXS experts and attention, Q4_K attn_v, Q2_K embeddings, Q5_K
     output) made through the importance matrix: the same bytes in any output folder, and our
     logits on it against llama.cpp's. Every token uses all 4 experts, so that the two engines'
-    float sums cannot pick different experts at near ties. Measured: worst position 4.1e-7 of its
-    largest logit (the IQ2_XXS grids and Q8_K activations are the same in both)."""
+    float sums cannot pick different experts at near ties.
+
+    Both engines round each activation to an int8 of Q8_K at the same scale, and their float sums
+    agree to ~3e-7, so a value within that of a half step rounds up in one and down in the other:
+    on one file made on a Xeon, position 33's attention output held 14.500004 steps, llama.cpp
+    took 14 and we took 15 (a float64 sum with Q8_K rounding takes 15; with that one int8 as 14
+    it matches llama.cpp to 2e-7), which moved that position's logits by 1.7e-2. With two layers
+    the step reached every later position through layer 1's keys; with one, it stays at its own
+    position, so all but 2 positions must agree to 1e-4 and every one to 5e-2 (a wrong grid,
+    sign or scale moves every position by far more). Measured on the Xeon with one layer: 47 of
+    48 positions to 3.7e-7, position 33 at 1.4e-2; the IQ2_XXS grids are the same in both."""
     import gguf
 
     import rapidmoe_gguf as rm
 
-    hf = make_tiny_hf(tmp_path / "hf", "qwen3_moe", num_experts_per_tok=4)
+    hf = make_tiny_hf(tmp_path / "hf", "qwen3_moe", num_experts_per_tok=4, num_hidden_layers=1)
     tools = os.path.dirname(llamacpp.tools())
     args = ["--types", "IQ2_XXS", "--llama-tools", tools, "--threads", "2"]
     assert files.main([str(hf), str(tmp_path / "a"), *args]) == 0
@@ -197,12 +206,12 @@ def test_llamacpp_files_iq2_xxs_with_imatrix_runs_in_both_engines(tmp_path):
 
     mat = gguf.GGUFReader(str(tmp_path / "a" / "llamacpp-imatrix.gguf"))
     assert mat.fields["imatrix.datasets"].contents() == ["llamacpp-imatrix.txt"]
-    assert "blk.1.ffn_down_exps.weight.in_sum2" in {t.name for t in mat.tensors}
+    assert "blk.0.ffn_down_exps.weight.in_sum2" in {t.name for t in mat.tensors}
     path = tmp_path / "a" / "llamacpp-iq2_xxs.gguf"
     r = gguf.GGUFReader(str(path))
     assert r.fields["quantize.imatrix.file"].contents() == "llamacpp-imatrix.gguf"
     types = {t.name: t.tensor_type.name for t in r.tensors}
-    assert all(types[f"blk.{i}.ffn_{w}_exps.weight"] == "IQ2_XXS" for i in (0, 1) for w in ("gate", "up", "down"))
+    assert all(types[f"blk.0.ffn_{w}_exps.weight"] == "IQ2_XXS" for w in ("gate", "up", "down"))
 
     ids = np.random.default_rng(3).integers(3, VOCAB, 48).tolist()
     with rm.Model(path, n_ctx=64, n_threads=2) as m:
@@ -210,4 +219,5 @@ def test_llamacpp_files_iq2_xxs_with_imatrix_runs_in_both_engines(tmp_path):
     theirs = llamacpp.logits(path, ids, tmp_path, n_ctx=64)
     assert np.all(np.isfinite(ours))
     rel = np.abs(ours - theirs).max(-1) / np.abs(theirs).max(-1)
-    assert rel.max() <= 1e-4, f"worst position {rel.argmax()}: {rel.max():.2e}"
+    off = np.flatnonzero(rel > 1e-4)
+    assert len(off) <= 2 and rel.max() <= 5e-2, f"positions {off.tolist()}: {rel[off]}"

@@ -175,9 +175,11 @@ def test_kernels_amx_tiles_match_reference(name):
 
 # The tile form without AMX (kq_rows_x86.h: sixteen rows side by side in the registers; in the
 # AVX-512 set with VNNI and in the AVX2 set, whose Q8_0, IQ4_NL and IQ4_XS take the sign trick
-# without AVX-VNNI), from six tokens on: the set's floats bit for bit as well.
+# without AVX-VNNI, and IQ2_XXS and IQ3_XXS with it too), from six tokens on (IQ2_XXS and IQ3_XXS
+# from two): the set's floats bit for bit as well.
 ROWS_CASES = [(isa, name) for isa in ("avx2", "avx512") if isa in kernels.supported_isas()
-              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q8_0", "Q5_0", "IQ4_NL", "MXFP4", "IQ4_XS"]]
+              for name in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q8_0", "Q5_0", "IQ4_NL", "MXFP4", "IQ4_XS",
+                                                                            "IQ2_XXS", "IQ3_XXS"]]
 BLOCK32_TYPES = {"Q4_0", "Q8_0", "Q5_0", "IQ4_NL", "MXFP4"}
 
 
@@ -187,15 +189,18 @@ def test_kernels_row_tiles_equal_single_tokens(isa, name):
     """Many tokens through a set's tile form against the scalar reference (TOL) and each token
     alone through the one-token kernel, bit for bit: a partial tile of rows (and one of at most
     eight, half a tile in the AVX2 set), partial passes of tokens (8 or 4 at a time) and one past
-    them, the fewest tokens it takes (6; 10 for the 32-element types but Q8_0 in the AVX-512 set),
-    rows of 1, 2, 3 and 9 super-blocks (a partial and a whole group of the float steps' eight
-    lanes, and one past it); for the 32-element types also rows that end inside a group of eight
-    blocks (90, 11 and 7 blocks) or hold none whole (3). In the AVX2 set without AVX-VNNI, Q8_0 and
-    IQ4_NL (whose levels would overflow vpmaddubsw's pairs with an offset) take the sign trick, as
-    IQ4_XS does there with or without it: the same check."""
+    them, the fewest tokens it takes (6; 2 for IQ2_XXS and IQ3_XXS; 10 for the 32-element types
+    but Q8_0 in the AVX-512 set), rows of 1, 2, 3 and 9 super-blocks (a partial and a whole group
+    of the float steps' eight lanes, and one past it); for the 32-element types also rows that end
+    inside a group of eight blocks (90, 11 and 7 blocks) or hold none whole (3). In the AVX2 set
+    without AVX-VNNI, Q8_0 and IQ4_NL (whose levels would overflow vpmaddubsw's pairs with an
+    offset) take the sign trick, as IQ4_XS, IQ2_XXS and IQ3_XXS do there with or without it: the
+    same check."""
     sizes = [(2048, 40, 37), (256, 16, 8), (768, 33, 17), (2304, 5, 9), (512, 17, 16), (768, 18, 6), (1024, 7, 11)]
     if name in BLOCK32_TYPES:
         sizes += [(2880, 20, 13), (352, 9, 11), (224, 17, 16), (96, 3, 10)]
+    if name in ("IQ2_XXS", "IQ3_XXS"):   # from 2 tokens on
+        sizes += [(768, 18, 2), (512, 9, 3)]
     for n, n_rows, n_tok in sizes:
         for w, x_q, got in tiled_against_reference(name, isa, n, n_rows, n_tok):
             step = len(x_q) // n_tok

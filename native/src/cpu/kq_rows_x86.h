@@ -316,6 +316,74 @@ RM_INLINE void pack_rows_stored(int64_t nsb, const uint8_t * w, uint64_t row_byt
     }
 }
 
+/* ---- IQ2_XXS and IQ3_XXS: codebook levels decoded row by row ----------------------------------
+ *
+ * Their levels are codebook entries picked by index bytes, so they are decoded per row (8 or 4
+ * bytes a load, iq_grid_x86.h) and then turned on their side by dword transposes, eight rows at a
+ * time. The levels are signed (IQ2_XXS up to 43, IQ3_XXS up to 62): the AVX-512 set keeps them
+ * plus 128 (the sign bit flipped) with the scales as the offset's weights, as IQ4_XS; the AVX2 set
+ * keeps them signed for the sign trick. A sub-block of 32 has one multiplier 2s + 1 (in both
+ * 16-element places); d is kept times the type's step (a power of two: d_x (d_w step) is the
+ * one-token kernels' (d_x d_w) step, the same float). */
+RM_INLINE void tpack_iq_grid(const uint8_t * const src16[RM_TILE_ROWS], uint8_t * wb, const int kind) {
+    const float step = kind == IQ_GRID_2XXS ? 0.125f : 0.25f;
+    for (int rh = 0; rh < 2; rh++) {   /* rows 8 rh .. 8 rh + 7 */
+        __m256i lev[8][8], mul[8];     /* [sub-block][row]; [row] 2s + 1 of its sub-blocks, int16 pairs */
+        float * d = (float *) (wb + KR_D) + 8 * rh;
+        for (int r = 0; r < 8; r++) {
+            const uint8_t * blk = src16[8 * rh + r];
+            rm_fp16 h;
+            memcpy(&h, blk, sizeof(h));
+            d[r] = fp16(h) * step;
+            d[RM_TILE_ROWS + r] = 0.0f;
+            const uint8_t * qs = blk + sizeof(rm_fp16);
+#ifdef RM_KQ_GROUPED
+            uint32_t signs[8];
+            iq_grid_words(iq_grid_ss(qs, kind), signs, (uint32_t *) &mul[r]);
+            for (int j = 0; j < 8; j++) {   /* the negative levels negated, then 128 added */
+                const __m256i mag = iq_grid_mag(qs, j, kind);
+                lev[j][r] = _mm256_xor_si256(_mm256_mask_sub_epi8(mag, (__mmask32) signs[j], _mm256_setzero_si256(), mag),
+                                             _mm256_set1_epi8((char) 0x80));
+            }
+#else
+            uint32_t m[8];
+            for (int j = 0; j < 8; j++) {
+                __m256i sgn;
+                int mj;
+                const __m256i mag = iq_grid_sub(qs, j, &sgn, &mj, kind);
+                lev[j][r] = _mm256_sign_epi8(mag, sgn);
+                m[j] = (uint32_t) mj * 0x10001u;
+            }
+            mul[r] = _mm256_loadu_si256((const __m256i *) m);
+#endif
+        }
+        for (int j = 0; j < 8; j++) {   /* dword i of sub-block j: elements 32 j + 4 i.., group 8 j + i */
+            transpose8_epi32(lev[j]);
+            for (int i = 0; i < 8; i++) {
+                _mm256_storeu_si256((__m256i *) (wb + KR_LEV + 64 * (8 * j + i) + 32 * rh), lev[j][i]);
+            }
+        }
+        transpose8_epi32(mul);   /* mul[j] lane r: row r's sub-block j */
+        for (int j = 0; j < 8; j++) {
+#ifdef RM_KQ_GROUPED
+            const __m256i sc = _mm256_and_si256(mul[j], _mm256_set1_epi32(0xffff));   /* int32 */
+            _mm256_storeu_si256((__m256i *) (wb + KR_BW + 64 * j + 32 * rh), mul[j]);
+#else
+            const __m256i sc = mul[j];   /* the (sc, sc) pairs of vpmaddwd */
+#endif
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * j) + 32 * rh), sc);
+            _mm256_storeu_si256((__m256i *) (wb + KR_SC + 64 * (2 * j + 1) + 32 * rh), sc);
+        }
+    }
+}
+
+static void tpack_iq2_xxs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_iq_grid(src, wb, IQ_GRID_2XXS); }
+static void tpack_iq3_xxs(const uint8_t * const src[RM_TILE_ROWS], uint8_t * wb) { tpack_iq_grid(src, wb, IQ_GRID_3XXS); }
+#define KQ_TPACK_iq2_xxs tpack_iq2_xxs
+#define KQ_TPACK_iq3_xxs tpack_iq3_xxs
+#define KQ_UNPACK_iq2_xxs NULL
+#define KQ_UNPACK_iq3_xxs NULL
+
 #ifdef RM_KQ_GROUPED   /* the AVX-512 set */
 
 /* ---- packing a super-block of sixteen rows straight from the stored blocks ---------------------
@@ -1988,6 +2056,8 @@ static void ks16_none(int64_t n, const void * w, uint64_t row_bytes, int64_t r0,
 #endif
 #define KQ_MATMUL16_q2_K ks16_none
 #define KQ_MATMUL16_q3_K ks16_none
+#define KQ_MATMUL16_iq2_xxs ks16_none
+#define KQ_MATMUL16_iq3_xxs ks16_none
 
 #define RM_ROWS_32(t, kind, min_tokens)                                                                            \
     static void matmul_rows_##t(int64_t n, const void * w, int stored, uint64_t row_bytes, int64_t r0, int64_t r1, \

@@ -436,6 +436,8 @@ RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 6)
 RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 6)
 RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 6)
 RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 6)
+RM_ROWS_KQ(iq2_xxs, rm_block_iq2_xxs, 0, 128, 2)
+RM_ROWS_KQ(iq3_xxs, rm_block_iq3_xxs, 0, 128, 2)
 RM_ROWS_32(q4_0, R32_Q4_0, 6)
 RM_ROWS_32(q8_0, R32_Q8_0, 6)
 RM_ROWS_32(q5_0, R32_Q5_0, 6)
@@ -509,6 +511,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx2 = {
         [RM_TYPE_Q5_K] = &rows_q5_K,
         [RM_TYPE_Q6_K] = &rows_q6_K,
         [RM_TYPE_IQ4_XS] = &rows_iq4_xs,
+        [RM_TYPE_IQ2_XXS] = &rows_iq2_xxs,
+        [RM_TYPE_IQ3_XXS] = &rows_iq3_xxs,
         [RM_TYPE_Q4_0] = &rows_q4_0,
         [RM_TYPE_Q8_0] = &rows_q8_0,
         [RM_TYPE_Q5_0] = &rows_q5_0,

@@ -695,6 +695,13 @@ RM_ROWS_KQ(q4_K, rm_block_q4_K, 0, 0, 6)
 RM_ROWS_KQ(q5_K, rm_block_q5_K, 0, 0, 6)
 RM_ROWS_KQ(q6_K, rm_block_q6_K, 1, 32, 6)
 RM_ROWS_KQ(iq4_xs, rm_block_iq4_xs, 0, 128, 6)
+/* IQ2_XXS and IQ3_XXS from two tokens on: their codebook decoded once per row and tile of tokens
+ * (one thread, rows of 2048 and 768, ps per weight and token against the one-row form, AVX-512 /
+ * AVX2 sets on a Xeon): IQ2_XXS 53 / 81 against 67 / 102 at 2, 27 / 47 against 26 / 42 at 4,
+ * 9.6 / 20 against 21 / 35 at 32; IQ3_XXS 35 / 58 against 43 / 58 at 4, 10.5 / 21.6 against 30 /
+ * 48 at 32. */
+RM_ROWS_KQ(iq2_xxs, rm_block_iq2_xxs, 0, 128, 2)
+RM_ROWS_KQ(iq3_xxs, rm_block_iq3_xxs, 0, 128, 2)
 /* Q4_0 and Q8_0 (one thread, ps per weight and token, against the packed form below, which takes
  * eight tokens and more, and the multi-token kernel under eight): Q8_0 from 6 (17.6 against 22.0
  * at 6, 14.4 against 15.0 at 8, 7.1 against 16.1 at 32); Q4_0, whose packed form is quicker at 8
@@ -772,6 +779,8 @@ const rm_cpu_kernels rm_cpu_kernels_avx512 = {
         [RM_TYPE_Q5_K] = &rows_q5_K,
         [RM_TYPE_Q6_K] = &rows_q6_K,
         [RM_TYPE_IQ4_XS] = &rows_iq4_xs,
+        [RM_TYPE_IQ2_XXS] = &rows_iq2_xxs,
+        [RM_TYPE_IQ3_XXS] = &rows_iq3_xxs,
         [RM_TYPE_Q4_0] = &rows_q4_0,
         [RM_TYPE_Q8_0] = &rows_q8_0,
         [RM_TYPE_Q5_0] = &rows_q5_0,

@@ -1425,8 +1425,10 @@ RM_INLINE __m256i dpbusd_vex(__m256i acc, __m256i u8, __m256i s8) {
  * packed tile: out[t][8h + row]. With vnni, a sub-block's products go into int32 lanes four at a
  * time (vpdpbusd) and are scaled by one vpmulld, as in the AVX-512 set; without, run groups of
  * four products are summed in int16 pairs (vpmaddubsw; their sums stay within int16: 4 groups for
- * levels up to 31, 2 for Q6_K's up to 63) before one vpmaddwd by the scales' pairs. sixteen,
- * off_mul: as in the AVX-512 set. */
+ * levels up to 31, 2 for Q6_K's up to 63) before one vpmaddwd by the scales' pairs. sgn: signed
+ * levels, each group's products taken on their magnitudes with the activations' signs moved onto
+ * them (into int32 lanes with vnni, else int16 pairs each scaled at once). sixteen, off_mul: as
+ * in the AVX-512 set. */
 #define KR_TOKENS_AVX2 4
 RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_q8_K * const x[KR_TOKENS_AVX2],
                               const int nt, const int h, float out[KR_TOKENS_AVX2][RM_TILE_ROWS], const int run,
@@ -1445,6 +1447,25 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
         }
         for (int j = 0; j < 16; j += 2 - sixteen) {   /* sub-blocks of 16 (or 32) elements */
             const __m256i sc = _mm256_loadu_si256((const __m256i *) (wb + KR_SC + 64 * j));
+            if (sgn && vnni) {   /* signed levels, vpdpbusd on their magnitudes and the signed activations */
+                for (int t = 0; t < nt; t++) {
+                    P[t] = _mm256_setzero_si256();
+                }
+#pragma GCC unroll 8
+                for (int e = 4 * j; e < 4 * j + 8; e++) {
+                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
+                    const __m256i alv = _mm256_sign_epi8(lv, lv);
+                    for (int t = 0; t < nt; t++) {
+                        const __m256i bx = _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e));
+                        P[t] = dpbusd_vex(P[t], alv, _mm256_sign_epi8(bx, lv));
+                    }
+                }
+                const __m256i sc32 = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);   /* one of the pair */
+                for (int t = 0; t < nt; t++) {
+                    S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(P[t], sc32));
+                }
+                continue;
+            }
             if (sgn) {   /* signed levels: each group's pairs (at most 2 x 127 x 127) times the scales at once */
 #pragma GCC unroll 8
                 for (int e = 4 * j; e < 4 * j + 8; e++) {
@@ -1527,9 +1548,11 @@ RM_INLINE void rows_kq_room(int64_t nsb, const void * room, const void * x_t, in
      * tokens, ps per weight and token with and without (RAPIDMOE_AVX_VNNI=0): Q4_K 12.1 / 14.3,
      * Q5_K 12.0 / 14.0; for the 16-element ones a vpmulld per 16 products costs what it saves:
      * Q2_K 13.7-14.3 / 14.8-15.0, Q3_K 13.7 / 13.7-14.0, Q6_K 13.5 / 12.9-13.1 */
-    /* IQ4_XS (offset 128): its levels packed signed by its tpack, the sign trick */
+    /* IQ4_XS, IQ2_XXS and IQ3_XXS (offset 128): their levels packed signed by their tpack, the sign
+     * trick, with vpdpbusd where there is one (one thread, rows of 2048, 32 tokens, ps per weight
+     * and token with and without: IQ4_XS 14.6 / 18.5, IQ2_XXS 16.8 / 20.7, IQ3_XXS 18.1 / 21.9) */
     const int sgn = off_mul == 128;
-    const int vnni = !sixteen && !sgn && rm_cpu_avx_vnni();
+    const int vnni = !sixteen && rm_cpu_avx_vnni();
     for (int32_t i0 = 0; i0 < n_tok; i0 += KR_TOKENS_AVX2) {
         const int nt = n_tok - i0 < KR_TOKENS_AVX2 ? n_tok - i0 : KR_TOKENS_AVX2;
         const rm_block_q8_K * x[KR_TOKENS_AVX2];
@@ -1539,6 +1562,10 @@ RM_INLINE void rows_kq_room(int64_t nsb, const void * room, const void * x_t, in
         float out[KR_TOKENS_AVX2][RM_TILE_ROWS];
         for (int h = 0; h < (e - k0 > 8 ? 2 : 1); h++) {
             switch (nt + 4 * vnni + 8 * sgn) {   /* a copy per count and form, the token loops unrolled */
+            case 16: rows_tokens_kq(nsb, room, x, 4, h, out, run, 0, off_mul, 1, 1); break;
+            case 15: rows_tokens_kq(nsb, room, x, 3, h, out, run, 0, off_mul, 1, 1); break;
+            case 14: rows_tokens_kq(nsb, room, x, 2, h, out, run, 0, off_mul, 1, 1); break;
+            case 13: rows_tokens_kq(nsb, room, x, 1, h, out, run, 0, off_mul, 1, 1); break;
             case 12: rows_tokens_kq(nsb, room, x, 4, h, out, run, 0, off_mul, 0, 1); break;
             case 11: rows_tokens_kq(nsb, room, x, 3, h, out, run, 0, off_mul, 0, 1); break;
             case 10: rows_tokens_kq(nsb, room, x, 2, h, out, run, 0, off_mul, 0, 1); break;

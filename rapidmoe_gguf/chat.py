@@ -545,6 +545,31 @@ def template_kwargs(kwargs: Mapping | None) -> dict:
     return dict(kwargs)
 
 
+# The reasoning efforts a request may name: OpenAI's, and DeepSeek-V4's template's "max".
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+def effort_variables(reasoning_effort: str | None, variables: Mapping) -> dict:
+    """Template variables with a request's ``reasoning_effort``, as llama-server gives them: a
+    level of REASONING_EFFORTS becomes the template's ``reasoning_effort`` (over one given in
+    ``chat_template_kwargs``); "none" turns thinking off (``enable_thinking``, which Qwen3's and
+    GLM's templates read, and ``thinking``, DeepSeek-V3.1's and V4's, false) and gives the template
+    no effort; no field leaves the variables as they are. Templates read the levels they
+    know (gpt-oss's low to high, DeepSeek-V4's "max") and ignore the rest."""
+    out = dict(variables)
+    if reasoning_effort is None:
+        return out
+    if not isinstance(reasoning_effort, str) or reasoning_effort not in REASONING_EFFORTS:
+        raise InvalidArgumentError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                                   f"got {str(reasoning_effort)[:40]!r}")
+    if reasoning_effort == "none":
+        out.pop("reasoning_effort", None)
+        out["enable_thinking"] = out["thinking"] = False
+    else:
+        out["reasoning_effort"] = reasoning_effort
+    return out
+
+
 def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True, *,
                 max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT,
                 tools: tool_calls.ToolUse | None = None, **variables) -> list[int]:
@@ -583,13 +608,11 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
     its ``logprobs`` cover every generated token, the channels' headers and a hidden analysis
     included (they go with the next chunk shown). With ``tools`` the reply's calls come as the
     message's ``tool_calls`` (see rapidmoe_gguf.tool_calls)."""
-    if reasoning_effort not in (None, "low", "medium", "high"):
-        raise InvalidArgumentError(f"reasoning_effort must be low, medium or high, got {reasoning_effort!r}")
+    variables = effort_variables(reasoning_effort, template_kwargs(chat_template_kwargs))
     n_top = chat_top_logprobs(logprobs, top_logprobs)
     bias = LogitBias.check(logit_bias, llm.n_vocab)
     use = tool_calls.tool_use(llm.tokenizer.chat_template, tools, tool_choice, parallel_tool_calls)
-    prompt = chat_prompt(llm, messages, tools=use,
-                         **{**template_kwargs(chat_template_kwargs), "reasoning_effort": reasoning_effort})
+    prompt = chat_prompt(llm, messages, tools=use, **variables)
     harmony = is_harmony(llm.tokenizer)
     constrained = response_grammar(llm.tokenizer, response_format, harmony, use,
                                    thinking_mode(llm.tokenizer, prompt), grammar)

@@ -438,8 +438,9 @@ def _chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", "-s", help="a system message that starts the conversation")
     p.add_argument("--n-predict", "-n", type=int, default=None,
                    help="most tokens per reply (default: up to the end of the context)")
-    p.add_argument("--reasoning-effort", choices=("low", "medium", "high"),
-                   help="gpt-oss: the reasoning effort its chat template writes (default: the template's own)")
+    p.add_argument("--reasoning-effort", choices=("none", "minimal", "low", "medium", "high", "xhigh", "max"),
+                   help="the reasoning effort the chat template writes (gpt-oss: low to high; DeepSeek-V4: max; "
+                        "none: thinking off; default: the template's own)")
     p.add_argument("--show-reasoning", action="store_true",
                    help="gpt-oss: also print the analysis channel (the model's reasoning), dimmed")
     _sampling_args(p)

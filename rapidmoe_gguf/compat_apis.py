@@ -500,7 +500,7 @@ def responses_body(body: Any) -> dict:
         raise _unsupported("text.format", f"{_shown_type(text_format)} is not supported: give text, json_object "
                            "or json_schema")
     effort = body.get("reasoning", {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
-    if effort in ("low", "medium", "high"):
+    if effort is not None:   # checked with the chat request's
         chat["reasoning_effort"] = effort
     return chat
 

@@ -304,14 +304,16 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
         except InvalidArgumentError as exc:     # its message starts with the field at fault
             raise ApiError(400, str(exc), param=re.match(r"\w+", str(exc)).group()) from exc
         try:
-            if f["reasoning_effort"] not in (None, "low", "medium", "high"):
-                raise ApiError(400, "reasoning_effort must be low, medium or high", param="reasoning_effort")
             try:
                 variables = chat.template_kwargs(f["chat_template_kwargs"])
             except InvalidArgumentError as exc:
                 raise ApiError(400, str(exc), param="chat_template_kwargs") from exc
+            try:
+                variables = chat.effort_variables(f["reasoning_effort"], variables)
+            except InvalidArgumentError as exc:
+                raise ApiError(400, str(exc), param="reasoning_effort") from exc
             ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout, tools=tools,
-                                   **{**variables, "reasoning_effort": f["reasoning_effort"]})
+                                   **variables)
         except RapidMoEError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
     else:

@@ -468,7 +468,7 @@ def test_arch_gpt_oss_chat_prompt_through_the_model(harmony):
         reply = m.create_chat_completion(MESSAGES, max_tokens=4, temperature=0, reasoning_effort="low")
         assert reply["choices"][0]["message"]["role"] == "assistant"
         with pytest.raises(rm.InvalidArgumentError, match="reasoning_effort"):
-            m.create_chat_completion(MESSAGES, max_tokens=1, reasoning_effort="max")
+            m.create_chat_completion(MESSAGES, max_tokens=1, reasoning_effort="extreme")
 
 
 REPLY = ("<|channel|>analysis<|message|>The user asks 2+2. Easy.<|end|>"
@@ -520,8 +520,13 @@ def test_arch_gpt_oss_server_request_takes_reasoning_effort(harmony):
         req = srv.parse_request("chat", body, m, {"m"})
         assert req.harmony and req.show_reasoning
         assert "Reasoning: high" in m.tokenizer.decode(req.prompt_ids)
-        with pytest.raises(srv.ApiError, match="reasoning_effort must be low, medium or high"):
-            srv.parse_request("chat", dict(body, reasoning_effort="max"), m, {"m"})
+        with pytest.raises(srv.ApiError, match="reasoning_effort must be one of none, minimal, low") as e:
+            srv.parse_request("chat", dict(body, reasoning_effort="extreme"), m, {"m"})
+        assert e.value.param == "reasoning_effort"
+        # a level in chat_template_kwargs stays where the request's field is absent, as in llama-server
+        kept = srv.parse_request("chat", {"messages": MESSAGES, "max_tokens": 2,
+                                          "chat_template_kwargs": {"reasoning_effort": "low"}}, m, {"m"})
+        assert "Reasoning: low" in m.tokenizer.decode(kept.prompt_ids)
         chunks = list(req.chunks(m, "m"))
         assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 

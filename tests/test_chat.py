@@ -293,3 +293,33 @@ def test_chat_deepseek_dsml_templates_render_tools_calls_and_results(name):
         assert thinking.endswith(thinking_turns + thinking_prompt), thinking[-800:]
     with pytest.raises(rm.InvalidArgumentError, match="chat template"):
         chat.render(template, messages('{"city": '), True, tools=DSML_TOOLS)    # arguments that are no JSON
+
+
+@pytest.mark.parametrize("name", ["deepseek-ai-DeepSeek-V4.jinja", "deepseek-ai-DeepSeek-V4-Flash-0731.jinja"])
+def test_chat_reasoning_effort_reaches_the_template_as_llama_server_gives_it(name):
+    """A request's reasoning_effort becomes the template's variable (V4's templates write their
+    "max" text when thinking), over one in chat_template_kwargs, which stays where the field is
+    absent; "none" turns thinking off; a level no API names is refused by name."""
+    import llamacpp_oracle as llamacpp
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    template = (Path(llamacpp.src()) / "models" / "templates" / name).read_text(encoding="utf-8")
+    messages = [{"role": "user", "content": "Hi"}]
+    marker = "Reasoning Effort: "
+
+    def rendered(effort, kwargs):
+        return chat.render(template, messages, True, bos_token="<s>", **chat.effort_variables(effort, kwargs))
+
+    plain = rendered(None, {"thinking": True})
+    assert marker not in plain and plain.endswith("<｜Assistant｜><think>")
+    assert marker in rendered("max", {"thinking": True})
+    assert marker in rendered(None, {"thinking": True, "reasoning_effort": "max"})
+    assert marker not in rendered("medium", {"thinking": True, "reasoning_effort": "max"})
+    assert marker not in rendered("max", {})          # the template writes it only when thinking
+    off = chat.effort_variables("none", {"reasoning_effort": "max", "thinking": True})
+    assert off == {"thinking": False, "enable_thinking": False}
+    assert rendered("none", {"thinking": True}).endswith("<｜Assistant｜></think>")
+    for bad in ("extreme", "", 3):
+        with pytest.raises(rm.InvalidArgumentError, match="reasoning_effort must be one of"):
+            chat.effort_variables(bad, {})

@@ -709,11 +709,14 @@ class Thinking:
     to </think>) is reasoning, the rest content, as llama.cpp's server splits them
     (reasoning_format "auto"/"deepseek"). Whitespace just inside the tags and just after the block
     is dropped. Text that may be the start of a tag is held back until it is known not to be one;
-    a reply that ends while thinking leaves all of it as reasoning."""
+    a reply that ends while thinking leaves all of it as reasoning. ``ends``: texts that also end
+    the thinking where they open, and begin the content (a tool-call block, for the formats of
+    tool_calls.ENDS_THINKING)."""
 
-    def __init__(self, inside: bool):
+    def __init__(self, inside: bool, ends: Sequence[str] = ()):
         self.state = "thinking" if inside else "start"
         self.close = THINK_CLOSE  # the opened block's closing tag
+        self.ends = tuple(ends)
         self._held = ""
         self._lead = True         # skipping the whitespace that opens the reasoning or the content
 
@@ -739,12 +742,19 @@ class Thinking:
                         break
                     self._lead = False
                 at = self._held.find(self.close)
+                cut = min((i for i in map(self._held.find, self.ends) if i >= 0), default=-1)
+                if cut >= 0 and (at < 0 or cut < at):      # a block that ends the thinking and stays
+                    if self._held[:cut].rstrip():
+                        out.append(("reasoning", self._held[:cut].rstrip()))
+                    self._held, self.state, self._lead = self._held[cut:], "content", False
+                    continue
                 if at >= 0:
                     if self._held[:at].rstrip():
                         out.append(("reasoning", self._held[:at].rstrip()))
                     self._held, self.state, self._lead = self._held[at + len(self.close):], "content", True
                     continue
-                keep = _partial_suffix(self._held, self.close)      # a tag's start, and whitespace before it
+                # a tag's start, and whitespace before it
+                keep = max(_partial_suffix(self._held, tag) for tag in (self.close, *self.ends))
                 keep = len(self._held) - len(self._held[:len(self._held) - keep].rstrip())
                 if keep < len(self._held):
                     out.append(("reasoning", self._held[:len(self._held) - keep]))
@@ -794,7 +804,8 @@ class Reply:
         if isinstance(calls, tool_calls.HarmonyCalls) and channels is None:
             channels = HarmonyChannels()       # the template's format is harmony's: its calls are messages
         self.channels, self.show_reasoning, self.calls = channels, show_reasoning, calls
-        self.thinking = Thinking(thinking) if thinking is not None and channels is None else None
+        ends = tools.format.starts if calls is not None and tools.format.name in tool_calls.ENDS_THINKING else ()
+        self.thinking = Thinking(thinking, ends) if thinking is not None and channels is None else None
 
     @property
     def n_calls(self) -> int:

@@ -396,6 +396,10 @@ GEMMA4 = Format("gemma4", ("<|tool_call>",), "<tool_call|>", _read_gemma4,
 GENERIC = Format("generic", ("{", "```"), "", _read_generic,
                  '{"tool_calls": [{"name": "NAME", "arguments": {"PARAMETER": VALUE}}]}')
 
+# The formats whose call block also ends a thinking block it opens in (llama.cpp's DeepSeek-V3.2
+# and V4 parsers end the reasoning at </think> or at the block, whichever comes first)
+ENDS_THINKING = ("deepseek-v3.2", "deepseek-v4")
+
 FORMATS = {f.name: f for f in (HARMONY, KIMI_K2, DEEPSEEK_V32, DEEPSEEK_V4, DEEPSEEK, MINIMAX_M2, GLM, QWEN3_CODER,
                                HERMES, GEMMA4, GENERIC)}
 

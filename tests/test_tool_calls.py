@@ -311,6 +311,27 @@ def test_tool_calls_dsml_after_thinking():
     assert single == {"role": "assistant", "content": REPLIES["deepseek-v3.2"]}
 
 
+def test_tool_calls_dsml_block_ends_the_thinking_it_opens_in():
+    """As llama.cpp's DeepSeek parsers read it: a call block that opens before </think> ends the
+    thinking there (the block is read as calls, never left in reasoning_content), at every split
+    of a streamed reply, in both DSML formats; other formats' markers stay in the reasoning, and
+    without tools the block is reasoning."""
+    block = REPLIES["deepseek-v3.2"][len("Let me check.\n\n"):]
+    reply = "The user wants the weather.\n\n" + block
+    for fmt, text in (("deepseek-v3.2", reply), ("deepseek-v4", reply.replace("function_calls>", "tool_calls>"))):
+        for seed in range(12):
+            r = chat.Reply(None, False, _use(fmt), thinking=True)
+            message = chat.fold_message([d for piece in _splits(text, seed) for d in r.feed(piece)] + r.flush())
+            assert message["reasoning_content"] == "The user wants the weather.", (fmt, seed)
+            assert message["content"] is None and _calls(message) == CALLS, (fmt, seed)
+    hermes = "I could write <tool_call> here.</think>Done."
+    r = chat.Reply(None, False, _use("hermes"), thinking=True)
+    message = chat.fold_message(r.feed(hermes) + r.flush())
+    assert message["reasoning_content"] == "I could write <tool_call> here." and message["content"] == "Done."
+    r = chat.Reply(None, False, None, thinking=True)
+    assert chat.fold_message(r.feed(reply) + r.flush())["reasoning_content"] == reply.rstrip()
+
+
 def test_tool_calls_marker_in_prose_does_not_hide_a_call():
     prose = "<think>I will write <tool_call> tags.</think>\n"
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1.5, "b": 2}}\n</tool_call>'

@@ -387,13 +387,16 @@ def render_chat(template: str, messages: Sequence[dict], add_generation_prompt: 
                 tools: tool_calls.ToolUse | None = None, **options) -> str:
     """``render``, with a request's tools given to the template as it is to get them (see
     tool_calls.ToolUse.prompt), and the arguments of the messages' tool calls in the form the
-    template takes (tool_calls.template_arguments). ``options``: render's."""
+    template takes (tool_calls.template_arguments); DeepSeek-V4's tool results in the order of
+    their calls (tool_calls.results_in_call_order). ``options``: render's."""
     messages = _plain_messages(messages)
     if tools is not None or any(m.get("tool_calls") for m in messages):
         caps = template_tools(template)
         if tools is not None:
             messages, options["tools"] = tools.prompt(messages, caps.renders_tools)
         messages = tool_calls.template_arguments(messages, caps.object_arguments)
+        if tool_calls.detect(template) is tool_calls.DEEPSEEK_V4:
+            messages = tool_calls.results_in_call_order(messages)
     return render(template, messages, add_generation_prompt, **options)
 
 

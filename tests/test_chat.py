@@ -323,3 +323,24 @@ def test_chat_reasoning_effort_reaches_the_template_as_llama_server_gives_it(nam
     for bad in ("extreme", "", 3):
         with pytest.raises(rm.InvalidArgumentError, match="reasoning_effort must be one of"):
             chat.effort_variables(bad, {})
+
+
+@pytest.mark.parametrize("name", list(DSML_TEMPLATES))
+def test_chat_deepseek_v4_writes_tool_results_in_call_order(name):
+    """Two calls answered in the other order: V4's templates get the results in the calls' order
+    (its reference encoding's, as llama.cpp renders them); V3.2's, as the conversation has them."""
+    import llamacpp_oracle as llamacpp
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    template = (Path(llamacpp.src()) / "models" / "templates" / name).read_text(encoding="utf-8")
+    calls = [{"id": f"c{k}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+             for k, city in ((1, "Bern"), (2, "Genf"))]
+    messages = [{"role": "user", "content": "Weather in Bern and Genf?"},
+                {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "c2", "content": "Genf: 19"},
+                {"role": "tool", "tool_call_id": "c1", "content": "Bern: 17"}]
+    got = chat.render_chat(template, messages, True, bos_token="<s>")
+    first, second = ("Bern: 17", "Genf: 19") if "V4" in name else ("Genf: 19", "Bern: 17")
+    assert 0 <= got.index(first) < got.index(second), got[-400:]
+    assert [m["tool_call_id"] for m in messages[2:]] == ["c2", "c1"]   # the request's messages as they were

@@ -536,3 +536,23 @@ def test_tool_calls_server_with_openai_client(client):
     assert e.value.body["param"] == "tool_choice"
     r = httpx.post(url + "/v1/completions", json={"prompt": "x", "tools": TOOLS})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_tool_calls_results_in_call_order():
+    """Each run of results after a turn with calls follows those calls' order; a result no call
+    names goes first; user turns in the run and other runs stay where they are; a turn whose calls
+    have no ids orders nothing."""
+    def call(i):
+        return {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def res(i):
+        return {"role": "tool", "tool_call_id": i, "content": i}
+
+    msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "tool_calls": [call("a"), call("b"), call("c")]},
+            res("c"), {"role": "user", "content": "v"}, res("x"), res("a"), res("b"),
+            {"role": "assistant", "content": "ok"}, res("b"), res("a"),
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}, res("b"), res("a")]
+    got = tc.results_in_call_order(msgs)
+    assert [m.get("tool_call_id") or m.get("content") for m in got] == \
+        ["u", None, "x", "v", "a", "b", "c", "ok", "a", "b", None, "b", "a"]
+    assert [m.get("tool_call_id") for m in msgs[2:7]] == ["c", None, "x", "a", "b"]   # not changed in place

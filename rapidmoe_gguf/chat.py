@@ -573,6 +573,21 @@ def effort_variables(reasoning_effort: str | None, variables: Mapping) -> dict:
     return out
 
 
+def format_variables(template: str | None, response_format: Any, variables: Mapping) -> dict:
+    """Template variables with a request's ``response_format`` for DeepSeek-V4's template, which
+    writes the schema into its system prompt as ``response_format`` (llama.cpp gives it the
+    schema so); other templates' variables as they are. Raises InvalidArgumentError for a
+    response_format that asks for no schema it knows."""
+    out = dict(variables)
+    if tool_calls.detect(template) is tool_calls.DEEPSEEK_V4:
+        from . import grammar
+
+        schema = grammar.schema_of(response_format)
+        if schema is not None:
+            out["response_format"] = schema
+    return out
+
+
 def chat_prompt(model, messages: Sequence[dict], add_generation_prompt: bool = True, *,
                 max_chars: int = MAX_TEMPLATE_CHARS, timeout: float = TEMPLATE_TIMEOUT,
                 tools: tool_calls.ToolUse | None = None, **variables) -> list[int]:
@@ -612,6 +627,7 @@ def create_chat_completion(llm, messages: Sequence[dict], max_tokens: int | None
     included (they go with the next chunk shown). With ``tools`` the reply's calls come as the
     message's ``tool_calls`` (see rapidmoe_gguf.tool_calls)."""
     variables = effort_variables(reasoning_effort, template_kwargs(chat_template_kwargs))
+    variables = format_variables(llm.tokenizer.chat_template, response_format, variables)
     n_top = chat_top_logprobs(logprobs, top_logprobs)
     bias = LogitBias.check(logit_bias, llm.n_vocab)
     use = tool_calls.tool_use(llm.tokenizer.chat_template, tools, tool_choice, parallel_tool_calls)

@@ -294,6 +294,11 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
     except InvalidArgumentError as exc:
         raise ApiError(400, str(exc), param="logit_bias") from exc
 
+    response_format = f["response_format"]
+    if f["json_schema"] is not None:
+        if response_format is not None:
+            raise ApiError(400, "json_schema and response_format cannot both be given", param="json_schema")
+        response_format = {"type": "json_object", "schema": f["json_schema"]}
     tools = None
     if kind == "chat":
         param = "messages"
@@ -312,6 +317,11 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
                 variables = chat.effort_variables(f["reasoning_effort"], variables)
             except InvalidArgumentError as exc:
                 raise ApiError(400, str(exc), param="reasoning_effort") from exc
+            try:
+                variables = chat.format_variables(model.tokenizer.chat_template, response_format, variables)
+            except InvalidArgumentError as exc:
+                raise ApiError(400, str(exc), param="json_schema" if f["json_schema"] is not None
+                               else "response_format") from exc
             ids = chat.chat_prompt(model, f["messages"], max_chars=max_chars, timeout=template_timeout, tools=tools,
                                    **variables)
         except RapidMoEError as exc:
@@ -336,11 +346,6 @@ def parse_request(kind: str, body: Any, model: Model, names: set[str] | None,
             if kind == "chat" else None
     except InvalidArgumentError as exc:
         raise ApiError(400, str(exc), param="reasoning_format") from exc
-    response_format = f["response_format"]
-    if f["json_schema"] is not None:
-        if response_format is not None:
-            raise ApiError(400, "json_schema and response_format cannot both be given", param="json_schema")
-        response_format = {"type": "json_object", "schema": f["json_schema"]}
     try:
         if kind == "chat":
             constrained = chat.response_grammar(model.tokenizer, response_format, harmony, tools,

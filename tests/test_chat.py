@@ -344,3 +344,34 @@ def test_chat_deepseek_v4_writes_tool_results_in_call_order(name):
     first, second = ("Bern: 17", "Genf: 19") if "V4" in name else ("Genf: 19", "Bern: 17")
     assert 0 <= got.index(first) < got.index(second), got[-400:]
     assert [m["tool_call_id"] for m in messages[2:]] == ["c2", "c1"]   # the request's messages as they were
+
+
+@pytest.mark.parametrize("name", list(DSML_TEMPLATES))
+def test_chat_deepseek_v4_template_gets_the_response_format(name):
+    """A request's JSON schema reaches V4's templates, which write it into the system prompt (as
+    llama.cpp gives it them); V3.2's, which read none, get nothing; plain text adds nothing; a
+    response_format of no known kind is refused by name. The server's request does the same."""
+    import llamacpp_oracle as llamacpp
+
+    from rapidmoe_gguf import server as srv
+    from rapidmoe_gguf.bundled import bundled_model_path
+
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's source, which ships the templates, is not at hand (LLAMA_CPP_SRC)")
+    template = (Path(llamacpp.src()) / "models" / "templates" / name).read_text(encoding="utf-8")
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    v4 = "V4" in name
+    variables = chat.format_variables(template, fmt, {"thinking": False})
+    assert variables == ({"thinking": False, "response_format": schema} if v4 else {"thinking": False})
+    got = chat.render(template, messages, True, bos_token="<s>", **variables)
+    assert ("## Response Format:" in got and json.dumps(schema) in got) == v4
+    assert chat.format_variables(template, {"type": "text"}, {}) == {}
+    if v4:
+        with pytest.raises(rm.InvalidArgumentError, match="response_format"):
+            chat.format_variables(template, {"type": "yaml"}, {})
+    with rm.Model(bundled_model_path(), n_ctx=512, n_threads=1) as m:
+        m.tokenizer.chat_template = template
+        req = srv.parse_request("chat", {"messages": messages, "max_tokens": 4, "response_format": fmt}, m, {"m"})
+        assert ("## Response Format:" in m.tokenizer.decode(req.prompt_ids)) == v4

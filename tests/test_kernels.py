@@ -161,9 +161,11 @@ def test_kernels_amx_tiles_match_reference(name):
     """Many tokens through the AMX tiles, against the scalar reference (TOL), and against the
     AVX-512 set and each token alone through its one-token kernel, bit for bit. Sizes cover a
     partial tile of rows and of tokens, one token past a tile, a single group, and (K-quants) rows
-    of 2, 3 and 8 super-blocks, a partial and a whole group of the float steps' eight lanes."""
+    of 2, 3 and 8 super-blocks, a partial and a whole group of the float steps' eight lanes; and
+    fewer tokens than the tiles take (6 and 3), where the AVX-512 set's tiles serve from their own
+    least number of tokens (rm_cpu_tile_below)."""
     for n, n_rows, n_tok in [(2048, 40, 37), (256, 16, 16), (768, 33, 17), (4096, 5, 64), (1024, 20, 12),
-                             (512, 17, 16), (768, 18, 8)]:
+                             (512, 17, 16), (768, 18, 8), (512, 19, 6), (768, 17, 3)]:
         for w, x_q, got in tiled_against_reference(name, "amx", n, n_rows, n_tok):
             avx512 = kernels.vec_dot_rows(name, w, x_q, n, isa="avx512")
             assert got.tobytes() == avx512.tobytes(), f"{name} n={n}: not the AVX-512 floats"

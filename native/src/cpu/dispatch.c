@@ -324,11 +324,31 @@ const rm_tile_kernels * rm_cpu_tile_isa(rm_isa isa, int32_t type) {
     return k && type >= 0 && type < RM_TYPE_COUNT ? k->tile[type] : NULL;
 }
 
+const rm_tile_kernels * rm_cpu_tile_below_isa(rm_isa isa, int32_t type) {
+    if (type < 0 || type >= RM_TYPE_COUNT) return NULL;
+    const rm_vec_dot_fn dot = rm_cpu_vec_dot_isa(isa, type);
+    for (int i = (int) isa - 1; i > RM_ISA_SCALAR; i--) {
+        if (rm_cpu_vec_dot_isa((rm_isa) i, type) != dot) return NULL;   /* its tiles give other floats */
+        const rm_cpu_kernels * k = kernels_of((rm_isa) i);
+        if (k && k->tile[type]) return k->tile[type];
+    }
+    return NULL;
+}
+
+const rm_tile_kernels * rm_cpu_tile_for_isa(rm_isa isa, int32_t type, int64_t n_tok) {
+    const rm_tile_kernels * own = rm_cpu_tile_isa(isa, type);
+    if (own && n_tok >= own->min_tokens) return own;
+    const rm_tile_kernels * below = rm_cpu_tile_below_isa(isa, type);
+    return below && n_tok >= below->min_tokens ? below : NULL;
+}
+
 uint64_t rm_cpu_tile_room_isa(rm_isa isa, int64_t n) {
     uint64_t most = 0;
     for (int32_t type = 0; type < RM_TYPE_COUNT; type++) {
-        const rm_tile_kernels * tk = rm_cpu_tile_isa(isa, type);
-        if (tk && tk->room_bytes(n) > most) most = tk->room_bytes(n);
+        const rm_tile_kernels * tk[2] = {rm_cpu_tile_isa(isa, type), rm_cpu_tile_below_isa(isa, type)};
+        for (int k = 0; k < 2; k++) {
+            if (tk[k] && tk[k]->room_bytes(n) > most) most = tk[k]->room_bytes(n);
+        }
     }
     return most;
 }
@@ -527,8 +547,8 @@ static rm_status vec_dot_rows(const char * fn, rm_isa which, int32_t type, const
                               float * y) {
     const rm_type_traits * t = rm_type_traits_get(type);
     rm_status st;
-    const rm_tile_kernels * tk = batched ? rm_cpu_tile_isa(which, type) : NULL;
-    if (tk && n_tok >= tk->min_tokens && n_tok <= INT32_MAX && tk->usable(n)) {
+    const rm_tile_kernels * tk = batched ? rm_cpu_tile_for_isa(which, type, n_tok) : NULL;
+    if (tk && n_tok <= INT32_MAX && tk->usable(n)) {
         return tile_matmul(fn, tk, n, w, stored, row, n_rows, x_q, xrow, n_tok, y);
     }
     /* as the CPU backend's matmul_tile: eight, four, then the rest at a time where there is a kernel for it,

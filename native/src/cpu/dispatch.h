@@ -269,7 +269,16 @@ const rm_packed_kernels * rm_cpu_packed_isa(rm_isa isa, int32_t type);
 const rm_packed_kernels * rm_cpu_stored_isa(rm_isa isa, int32_t type, int64_t n, int64_t n_rows);
 /* The tile form of `isa`'s own set for a type (no fall-through); NULL: none. */
 const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);
-/* The most room one thread needs for any tile kernel of `isa` on rows of up to n (0: none). */
+/* The tile form of the nearest set below `isa` that has one for a type, where `isa` runs that
+ * set's one-token kernel for it (so its tiles give `isa`'s floats: the AMX set's are the AVX-512
+ * set's); NULL: none. */
+const rm_tile_kernels *   rm_cpu_tile_below_isa(rm_isa isa, int32_t type);
+/* The tile form for a product of n_tok tokens: `isa`'s own from its min_tokens on, else the one
+ * below from its min_tokens (the AMX set's IQ2_XXS tiles from 8 tokens, the AVX-512 set's from
+ * 2); NULL: the one-token kernels. */
+const rm_tile_kernels *   rm_cpu_tile_for_isa(rm_isa isa, int32_t type, int64_t n_tok);
+/* The most room one thread needs for any tile kernel `isa` runs (its own and those below) on
+ * rows of up to n (0: none). */
 uint64_t                  rm_cpu_tile_room_isa(rm_isa isa, int64_t n);
 /* Whether the one-token kernels `isa` runs for a type prefetch ahead themselves. */
 int                       rm_cpu_streams_isa(rm_isa isa, int32_t type);
@@ -295,6 +304,10 @@ static inline rm_gdn_rule_fn      rm_cpu_gdn_rule(void)           { return rm_cp
 static inline rm_gdn_conv_fn      rm_cpu_gdn_conv(void)           { return rm_cpu_gdn_conv_isa(rm_isa_active()); }
 static inline const rm_packed_kernels * rm_cpu_packed(int32_t t)  { return rm_cpu_packed_isa(rm_isa_active(), t); }
 static inline const rm_tile_kernels *   rm_cpu_tile(int32_t t)    { return rm_cpu_tile_isa(rm_isa_active(), t); }
+static inline const rm_tile_kernels *   rm_cpu_tile_below(int32_t t) { return rm_cpu_tile_below_isa(rm_isa_active(), t); }
+static inline const rm_tile_kernels *   rm_cpu_tile_for(int32_t t, int64_t n_tok) {
+    return rm_cpu_tile_for_isa(rm_isa_active(), t, n_tok);
+}
 /* Rows r0..r1 of w (row_bytes apart) into pk's stored layout at the same offsets of `stored` (r0
  * and r1 whole tiles where pk keeps tiles). */
 void rm_cpu_repack_rows(const rm_packed_kernels * pk, int64_t n, const void * w, uint64_t row_bytes, int64_t r0,

@@ -377,11 +377,18 @@ static int wants_packed(const mm_task * t) {
 }
 
 /* The tile form's kernels for t, when they give the one-token kernels' floats (a token's numbers
- * must not depend on its batch), its rows suit them and it has enough tokens (any number where the
- * activations are laid out already: `shared`); NULL: none. */
-static const rm_tile_kernels * tile_for(const mm_task * t, int shared) {
-    const rm_tile_kernels * tk = rm_cpu_tile(t->a->w->type);
-    return tk && tk->exact && t->xq && tk->usable(t->a->w->ne[0]) && (shared || t->a->n_tok >= tk->min_tokens) ? tk : NULL;
+ * must not depend on its batch), its rows suit them and it has enough tokens (rm_cpu_tile_for); or,
+ * with `like` (the tiles another product laid out the same activations for), the set's tiles of
+ * like's layout for any number of tokens; NULL: none. */
+static const rm_tile_kernels * tile_for(const mm_task * t, const rm_tile_kernels * like) {
+    const int32_t type = t->a->w->type;
+    const rm_tile_kernels * tk = rm_cpu_tile_for(type, t->a->n_tok);
+    if (like) {
+        tk = rm_cpu_tile(type);
+        tk = tk && tk->put_group == like->put_group ? tk : rm_cpu_tile_below(type);
+        tk = tk && tk->put_group == like->put_group ? tk : NULL;
+    }
+    return tk && tk->exact && t->xq && tk->usable(t->a->w->ne[0]) ? tk : NULL;
 }
 
 /* t in the tile form on activations laid out at xt: chunks of whole tiles of rows. */
@@ -422,7 +429,7 @@ static void cpu_matmul(rm_backend * be, const rm_matmul_args * a) {
     if (t.xq == c->xq) {
         RM_ASSERT(t.xq_stride * (uint64_t) a->n_tok <= c->xq_cap);
         RM_ASSERT(t.x_info_stride * a->n_tok <= c->x_info_cap);
-        const rm_tile_kernels * tk = tile_for(&t, 0);
+        const rm_tile_kernels * tk = tile_for(&t, NULL);
         if (tk && tk->act_bytes(a->w->ne[0], a->n_tok) <= c->xt_cap) {
             mm_set_tile(&t, c, tk, c->xt);
         } else if (wants_packed(&t) && rm_cpu_packed(a->w->type)->act_bytes(a->w->ne[0]) * (uint64_t) a->n_tok <= c->xt_cap) {
@@ -525,8 +532,8 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
         if (o->a->x == a->x && o->a->x_stride == a->x_stride && o->a->n_tok >= a->n_tok && o->a->w->ne[0] == a->w->ne[0] &&
             rm_type_traits_get(o->a->w->type)->vec_dot_type == vt && (o->x_info != NULL) == (act_info_floats(a->w->type, a->w->ne[0]) > 0)) {
             mm_set_acts(t, (uint8_t *) o->xq, (float *) o->x_info);
-            const rm_tile_kernels * tk = o->tk ? tile_for(t, 1) : NULL;
-            if (tk && tk->put_group == o->tk->put_group) {   /* the same layout */
+            const rm_tile_kernels * tk = o->tk ? tile_for(t, o->tk) : NULL;
+            if (tk) {   /* the same layout */
                 mm_set_tile(t, c, tk, o->xt);
                 return 1;
             }
@@ -550,7 +557,7 @@ static int acts_for(cpu_ctx * c, many_task * m, mm_task * t, many_room * used) {
     mm_set_acts(t, c->xq_many + used->xq, c->x_info_many + used->info);
     used->xq += (bytes + 63) / 64 * 64;
     used->info += floats;
-    const rm_tile_kernels * tk = tile_for(t, 0);
+    const rm_tile_kernels * tk = tile_for(t, NULL);
     if (tk && used->xt + tk->act_bytes(a->w->ne[0], a->n_tok) <= c->xt_many_cap) {
         mm_set_tile(t, c, tk, c->xt_many + used->xt);
         used->xt += (tk->act_bytes(a->w->ne[0], a->n_tok) + 63) / 64 * 64;

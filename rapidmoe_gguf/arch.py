@@ -834,7 +834,7 @@ def _hc(kind: str, hf: str, inject: bool = True) -> tuple[TensorSpec, ...]:
     """A hyper-connection: its grouped norm (1 + w per stream), the gate's low-rank pair and the
     streams' weights (absent in the output's mixer)."""
     t = (
-        TensorSpec(f"{kind}_norm.weight", hf + "hc_norm.weight", ("n_embd", "hc_count"), "f32", transform="hc_norm"),
+        TensorSpec(f"{kind}_norm.weight", hf + "hc_norm.weight", ("n_hc_embd",), "norm", transform="plus_one"),
         TensorSpec(f"{kind}_down.weight", hf + "input_mix_weight_down.weight", ("n_hc_embd", "hc_low_rank"), "attn"),
         TensorSpec(f"{kind}_up.weight", hf + "input_mix_weight_up.weight", ("hc_low_rank", "n_hc_embd"), "attn"),
     )

@@ -6,8 +6,13 @@ with the stream's own weight, and the output's norm a last such mixer.
 Tiny random checkpoints made at test time: 3 Gated DeltaNet layers (2 key heads, 4 value heads),
 3 residual streams of a low rank of 8, every norm's gamma away from 1.
 
-Oracle and budget: transformers (f32), our logits within 1e-4 relative (max |diff| / max |logit| per
-position) over a 40-token prefill and 6 decode steps.
+Oracles and budgets:
+- transformers (f32): our logits within 1e-4 relative (max |diff| / max |logit| per position) over a
+  40-token prefill and 6 decode steps (measured 1.6e-6 and 2.0e-6);
+- llama.cpp's converter on the same checkpoint (when its source is at hand): its file runs in our
+  engine within 1e-5 relative of our own file's logits (measured 1.9e-6 from transformers), so both
+  converters write the same layout. llama.cpp's engine itself stops on a file without attention
+  layers (GGML_ASSERT(buffer) in ggml-backend.cpp, llama-cpp-python 0.3.36), so it is no oracle here.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 import pytest
 
 import rapidmoe_gguf as rm
+import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer
 from conftest import logit_rel as _rel
 
@@ -36,7 +42,10 @@ def make_tiny_qwen4exp(out_dir, seed: int = 0, **overrides):
                num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0,
                eos_token_id=2, pad_token_id=0, hc_count=3, hc_lowrank=8,
-               layer_types=["linear_attention"] * 3)
+               layer_types=["linear_attention"] * 3,
+               # the QSA keys llama.cpp's converter and loader require, unused without indexed layers
+               indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=8,
+               indexer_compress_ratio=4)
     cfg.update(overrides)
     torch.manual_seed(seed)
     model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**cfg)).eval()
@@ -88,3 +97,16 @@ def test_qwen4exp_hyper_connections_match_transformers(qwen4exp):
     print("rel", _rel(first, ref[:N_PROMPT]), _rel(rest, ref[N_PROMPT:]))
     assert _rel(first, ref[:N_PROMPT]) < 1e-4
     assert _rel(rest, ref[N_PROMPT:]) < 1e-4
+
+
+def test_qwen4exp_llama_cpp_file_runs_as_ours(qwen4exp, tmp_path):
+    hf, path, ids, ref = qwen4exp
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's converter is not at hand (LLAMA_CPP_SRC)")
+    theirs = llamacpp.convert(hf, tmp_path / "llamacpp.gguf", "qwen35")
+    with rm.Model(theirs, n_ctx=64, n_threads=2) as m, rm.Model(path, n_ctx=64, n_threads=2) as ours:
+        assert m.info["arch"] == "qwen4exp"
+        a = m.eval_logits(ids[:N_PROMPT])
+        b = ours.eval_logits(ids[:N_PROMPT])
+    assert _rel(a, b) < 1e-5
+    assert _rel(a, ref[:N_PROMPT]) < 1e-4

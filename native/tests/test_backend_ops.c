@@ -600,7 +600,7 @@ static void test_hc_ops(rm_backend * be) {
     enum { N = 40, HC = 3, T = 5 };
     float * x = randn(T * HC * N, 1.5f), * wv = randn(HC * N, 1.0f), * g = randn(T * HC * N, 2.0f);
     float * b = randn(T * N, 1.0f), * inj = randn(T * HC, 3.0f);
-    rm_weight w = {RM_TYPE_F32, {N, HC, 1, 1}, (const uint8_t *) wv, sizeof(float) * N};
+    rm_weight w = {RM_TYPE_F32, {HC * N, 1, 1, 1}, (const uint8_t *) wv, sizeof(float) * HC * N};
     float * xd = put(be, x, T * HC * N), * yd = put(be, x, T * HC * N);
     be->ops->rmsnorm_groups(be, yd, xd, &w, T * HC, N, HC, 1e-6f);
     float * y = get(be, yd, T * HC * N);

@@ -128,8 +128,6 @@ TRANSFORMS: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {
     "tiled_cols": lambda w, d: _tiled(w, d, d["ssm_head_v"], axis=1),
     "k_b": lambda w, d: _split_kv_b(w, d, "k_b"),
     "v_b": lambda w, d: _split_kv_b(w, d, "v_b"),
-    # qwen4exp's grouped norms: one (1 + w) gamma of n_embd per residual stream
-    "hc_norm": lambda w, d: w.reshape(d["hc_count"], d["n_embd"]) + np.float32(1.0),
 }
 
 # The HF shape a transform reads, where it is not the output's (ne reversed).
@@ -167,7 +165,6 @@ GENERATED: dict[str, Callable[[dict], np.ndarray | None]] = {
 
 _HF_SHAPE: dict[str, Callable[[tuple[int, ...], dict], tuple[int, ...]]] = {
     "conv": lambda ne, d: (ne[1], 1, ne[0]),
-    "hc_norm": lambda ne, d: (ne[0] * ne[1],),
     "conv_tiled": lambda ne, d: (ne[1], 1, ne[0]),
     "qkvz_qkv": lambda ne, d: (d["ssm_conv_dim"] + d["ssm_d_inner"], ne[0]),
     "qkvz_z": lambda ne, d: (d["ssm_conv_dim"] + d["ssm_d_inner"], ne[0]),

@@ -322,7 +322,7 @@ typedef struct rm_backend_ops {
                      int32_t pos0, float base, int neox, const rm_weight * freq_div);
     /* Hyper-connections (qwen4exp; layers/hyper.c composes them with matmuls). NULL: the backend has
      * none (the CPU's and the stand-in's only). rmsnorm_groups: y = x / rms(x) * w_g over n_rows rows of
-     * n, row r scaled by w's row g = r % n_groups (F32, ne = {n, n_groups}) (y may be x) */
+     * n, row r scaled by the n floats of w from (r % n_groups) * n on (F32, n * n_groups of them) (y may be x) */
     void (*rmsnorm_groups)(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
                            int64_t n, int64_t n_groups, float eps);
     /* x[i] = silu(f x[i]), i < n */

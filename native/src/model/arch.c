@@ -474,7 +474,7 @@ static const rm_tensor_row HYBRID_LAYER[] = {
 /* qwen4exp: the Qwen3.5 hybrid's layers (beta and alpha apart, value heads tiled) without norms: two
  * hyper-connections per layer take their place, before the token mixer and before the FFN. */
 #define HC_ROWS(kind)                                                                                 \
-    T("blk.%d.hc_" #kind "_norm.weight",   hc_##kind.norm,   REQ, 0, 1, NE(EMBD, HC, ONE)),          \
+    T("blk.%d.hc_" #kind "_norm.weight",   hc_##kind.norm,   REQ, 0, 1, NE(HC_EMBD, ONE, ONE)),      \
     T("blk.%d.hc_" #kind "_down.weight",   hc_##kind.down,   REQ, 0, 0, NE(HC_EMBD, HC_RANK, ONE)),  \
     T("blk.%d.hc_" #kind "_up.weight",     hc_##kind.up,     REQ, 0, 0, NE(HC_RANK, HC_EMBD, ONE)),  \
     T("blk.%d.hc_" #kind "_inject.weight", hc_##kind.inject, REQ, 0, 0, NE(HC_EMBD, HC, ONE))

@@ -901,7 +901,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     m->hp.n_vocab = (int32_t) m->tok_embd.ne[1];
     const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0;   /* its mixer in place of output_norm */
     const int64_t HW = (int64_t) m->hp.hc_count * m->hp.n_embd;
-    if (hyper && ((st = bind(m->base, path, "output_hc_norm.weight", 1, m->hp.n_embd, m->hp.hc_count, 1,
+    if (hyper && ((st = bind(m->base, path, "output_hc_norm.weight", 1, HW, 1, 1,
                              &m->hc_head.norm)) != RM_OK ||
                   (st = bind(m->base, path, "output_hc_down.weight", 1, HW, m->hp.hc_low_rank, 1,
                              &m->hc_head.down)) != RM_OK ||

@@ -23,7 +23,7 @@ static inline const uint8_t * rm_weight_matrix(const rm_weight * w, int64_t i) {
  * n_embd; the block's input is their mean, each stream RMS-normed (norm) and gated by
  * sigmoid(up silu(down xn / hc)); the block's output joins stream c times 2 sigmoid(inject_c xn / hc). */
 typedef struct rm_hc {
-    rm_weight norm;                      /* ne = {n_embd, hc_count}: a gamma per stream (1 + w) */
+    rm_weight norm;                      /* ne = {hc_count*n_embd}: a gamma per stream (1 + w), as llama.cpp writes it */
     rm_weight down;                      /* ne = {hc_count*n_embd, hc_low_rank} */
     rm_weight up;                        /* ne = {hc_low_rank, hc_count*n_embd} */
     rm_weight inject;                    /* ne = {hc_count*n_embd, hc_count}; absent in the output's mixer */

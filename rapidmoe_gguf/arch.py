@@ -824,6 +824,9 @@ def _check_qwen4exp(config: Mapping[str, Any]) -> None:
     if config.get("ple_layer_ids"):
         raise UnsupportedError(f"config.json: per-layer n-gram embeddings (ple_layer_ids "
                                f"{list(config['ple_layer_ids'])}) are not supported yet")
+    gate = config.get("output_gate_type") or config.get("hidden_act") or "silu"
+    if gate != "silu":
+        raise UnsupportedError(f"config.json: the linear layers' output gate {gate!r} is not supported (silu is)")
     types = _layer_types(config)
     if any(t != "linear_attention" for t in types):
         raise UnsupportedError("config.json: qwen4exp's QSA sparse attention layers are not supported yet "

@@ -816,6 +816,62 @@ QWEN3NEXT = ArchSpec(
 )
 
 
+# ---- qwen4exp (Qwen3.8-Flash-Next): Qwen3.5-MoE's layers with hyper-connections -------------
+
+def _check_qwen4exp(config: Mapping[str, Any]) -> None:
+    _check_hybrid({**config, "layer_types": [t.replace("indexed_attention", "full_attention")
+                                             for t in _layer_types(config)]})
+    if config.get("ple_layer_ids"):
+        raise UnsupportedError(f"config.json: per-layer n-gram embeddings (ple_layer_ids "
+                               f"{list(config['ple_layer_ids'])}) are not supported yet")
+    gate = config.get("output_gate_type") or config.get("hidden_act") or "silu"
+    if gate != "silu":
+        raise UnsupportedError(f"config.json: the linear layers' output gate {gate!r} is not supported (silu is)")
+    types = _layer_types(config)
+    if any(t != "linear_attention" for t in types):
+        raise UnsupportedError("config.json: qwen4exp's QSA sparse attention layers are not supported yet "
+                               f"(layer_types {types})")
+
+
+def _hc(kind: str, hf: str, inject: bool = True) -> tuple[TensorSpec, ...]:
+    """A hyper-connection: its grouped norm (1 + w per stream), the gate's low-rank pair and the
+    streams' weights (absent in the output's mixer)."""
+    t = (
+        TensorSpec(f"{kind}_norm.weight", hf + "hc_norm.weight", ("n_hc_embd",), "norm", transform="plus_one"),
+        TensorSpec(f"{kind}_down.weight", hf + "input_mix_weight_down.weight", ("n_hc_embd", "hc_low_rank"), "attn"),
+        TensorSpec(f"{kind}_up.weight", hf + "input_mix_weight_up.weight", ("hc_low_rank", "n_hc_embd"), "attn"),
+    )
+    if inject:
+        t += (TensorSpec(f"{kind}_inject.weight", hf + "block_inject_weight.weight", ("n_hc_embd", "hc_count"),
+                         "attn"),)
+    return t
+
+
+def _qwen4exp_tensors() -> tuple[TensorSpec, ...]:
+    p = "model.layers.{bid}."
+    hybrid = [t for t in _hybrid_tensors(qwen35=True) if t.gguf not in (
+        "output_norm.weight", "blk.{bid}.attn_norm.weight", "blk.{bid}.post_attention_norm.weight")]
+    head = _hc("output_hc", "model.hyper_connection_mixer.", inject=False)
+    attn, ffn = _hc("blk.{bid}.hc_attn", p + "attn_hyper_connection."), _hc("blk.{bid}.hc_ffn", p + "mlp_hyper_connection.")
+    return tuple(hybrid[:2]) + head + attn + tuple(hybrid[2:]) + ffn
+
+
+QWEN4EXP = ArchSpec(
+    name="qwen4exp",
+    hf_architectures=("Qwen4ExpForCausalLM",),
+    hparams=_qwen35_hparams() + (
+        HParam("{arch}.hyper_connection.count", ("hc_count",), "u32", default=4, dim="hc_count"),
+        HParam("{arch}.hyper_connection.low_rank", ("hc_lowrank",), "u32", default=320, dim="hc_low_rank"),
+        HParam(None, (), "u32", default=lambda d: d["hc_count"] * d["n_embd"], dim="n_hc_embd"),
+    ),
+    tensors=_qwen4exp_tensors(),
+    output_from_embd=True,
+    check_config=_check_qwen4exp,
+    layer_kind=_hybrid_layer_kind,
+    skipped=_MTP,
+)
+
+
 # ---- MiniMax-M2: full-width q/k norms, partial RoPE, sigmoid routing with a selection bias ----
 
 def _check_minimax_m2(config: Mapping[str, Any]) -> None:
@@ -1375,7 +1431,7 @@ STEP35 = ArchSpec(
     drop_hf_layers_from="n_layer",
 )
 
-ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, GLM4MOE,
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, QWEN4EXP, GLM4MOE,
                                                   DEEPSEEK2, GLM_DSA, DEEPSEEK32, GPT_OSS, MINIMAX_M2, MIMO2,
                                                   GEMMA4, STEP35)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next

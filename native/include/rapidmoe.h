@@ -307,6 +307,7 @@ enum {
     RM_LAYER_DSA_INDEX    = 0x800000, /* MLA over the positions a lightning indexer of the layer's own picks, its
                                          top_k best by the indexer's scores (DeepSeek sparse attention: GLM-5) */
     RM_LAYER_DSA_SHARED   = 0x1000000,/* MLA over the positions the previous indexed layer picked (GLM-5.2) */
+    RM_LAYER_QSA_INDEX    = 0x2000000,/* gated attention over the key blocks a QSA indexer picks (qwen4exp) */
     RM_LAYER_RUNS         = 0x1FF7FFF /* the bits the forward pass runs today */
 };
 
@@ -470,6 +471,7 @@ typedef struct rm_model_info {
     int32_t index_head_dim;         /* DeepSeek sparse attention: the indexer's key width (cached beside each
                                      * latent); 0 without */
     int32_t index_n_head, index_top_k;  /* its query heads, and the positions each token attends to */
+    int32_t hc_count, hc_low_rank;  /* hyper-connections (qwen4exp): residual streams and their gates' rank; 0 without */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -647,6 +649,8 @@ typedef struct rm_size_params {
     int32_t  index_head_dim;      /* DeepSeek sparse attention: each latent row also holds the indexer's
                                    * key of this width; 0 without */
     int32_t  index_n_head;        /* and the indexer's query heads */
+    int32_t  hc_count;            /* hyper-connections (qwen4exp): the residual streams; 0 without */
+    int32_t  hc_low_rank;         /* and their gates' rank */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

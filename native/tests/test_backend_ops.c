@@ -593,6 +593,74 @@ static void test_route(rm_backend * be) {
  * LAT floats, in F32 rows and in F16 ones (read as floats), for two sequences: one of 5 tokens at
  * positions 295.. and one of a token at position 9 (which sees no more than top_k: its row is left
  * as it was). Random floats have no ties: the picked sets must be the reference's exactly. */
+/* The hyper-connections' ops (qwen4exp) against double sums: a grouped RMSNorm (3 streams of 40, a
+ * gamma per stream), silu(x / 3), the streams' gated mean and the weighted add of a block's output. */
+static void test_hc_ops(rm_backend * be) {
+    if (!be->ops->rmsnorm_groups) return;
+    enum { N = 40, HC = 3, T = 5 };
+    float * x = randn(T * HC * N, 1.5f), * wv = randn(HC * N, 1.0f), * g = randn(T * HC * N, 2.0f);
+    float * b = randn(T * N, 1.0f), * inj = randn(T * HC, 3.0f);
+    rm_weight w = {RM_TYPE_F32, {HC * N, 1, 1, 1}, (const uint8_t *) wv, sizeof(float) * HC * N};
+    float * xd = put(be, x, T * HC * N), * yd = put(be, x, T * HC * N);
+    be->ops->rmsnorm_groups(be, yd, xd, &w, T * HC, N, HC, 1e-6f);
+    float * y = get(be, yd, T * HC * N);
+    double e = 0;
+    for (int r = 0; r < T * HC; r++) {
+        double ss = 0;
+        for (int j = 0; j < N; j++) ss += (double) x[r * N + j] * x[r * N + j];
+        for (int j = 0; j < N; j++) {
+            const double ref = x[r * N + j] / sqrt(ss / N + 1e-6) * wv[(r % HC) * N + j];
+            e = fmax(e, fabs(y[r * N + j] - ref) / (fabs(ref) + 1e-3));
+        }
+    }
+    record(be->ops->name, "rmsnorm_groups", "5 tokens of 3 streams", e, 1e-5);
+    be->ops->upload(be, yd, x, sizeof(float) * T * HC * N);
+    be->ops->silu(be, yd, T * HC * N, 1.0f / HC);
+    free(y);
+    y = get(be, yd, T * HC * N);
+    e = 0;
+    for (int i = 0; i < T * HC * N; i++) {
+        const double v = x[i] / (double) HC, ref = v / (1.0 + exp(-v));
+        e = fmax(e, fabs(y[i] - ref) / (fabs(ref) + 1e-3));
+    }
+    record(be->ops->name, "silu", "scaled by 1/3", e, 1e-6);
+    float * gd = put(be, g, T * HC * N), * md = be->ops->alloc(be, sizeof(float) * T * N);
+    be->ops->hc_mix(be, md, xd, gd, T, HC, N);
+    float * mh = get(be, md, T * N);
+    e = 0;
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < N; j++) {
+            double ref = 0;
+            for (int c = 0; c < HC; c++) {
+                const int i = (t * HC + c) * N + j;
+                ref += x[i] / (1.0 + exp(-(double) g[i])) / HC;
+            }
+            e = fmax(e, fabs(mh[t * N + j] - ref) / (fabs(ref) + 1e-3));
+        }
+    }
+    record(be->ops->name, "hc_mix", "5 tokens of 3 streams", e, 1e-5);
+    float * bd = put(be, b, T * N), * id = put(be, inj, T * HC);
+    be->ops->upload(be, yd, x, sizeof(float) * T * HC * N);
+    be->ops->hc_add(be, yd, bd, id, T, HC, N);
+    free(y);
+    y = get(be, yd, T * HC * N);
+    e = 0;
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < HC; c++) {
+            const double wt = 2.0 / (1.0 + exp(-(double) inj[t * HC + c] / HC));
+            for (int j = 0; j < N; j++) {
+                const int i = (t * HC + c) * N + j;
+                const double ref = x[i] + wt * b[t * N + j];   /* relative to the terms: they may cancel */
+                e = fmax(e, fabs(y[i] - ref) / (fabs(x[i]) + fabs(wt * b[t * N + j]) + 1e-3));
+            }
+        }
+    }
+    record(be->ops->name, "hc_add", "5 tokens of 3 streams", e, 1e-6);
+    be->ops->release(be, xd), be->ops->release(be, yd), be->ops->release(be, gd), be->ops->release(be, md);
+    be->ops->release(be, bd), be->ops->release(be, id);
+    free(x), free(wv), free(g), free(b), free(inj), free(y), free(mh);
+}
+
 static void test_dsa_ops(rm_backend * be) {
     if (!be->ops->dsa_select || !be->ops->layernorm) return;
     enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
@@ -751,6 +819,7 @@ int main(int argc, char ** argv) {
             test_gpt_oss_ops(cpu);
             test_gemma4_ops(cpu, m);
             test_dsa_ops(cpu);
+            test_hc_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

@@ -1466,6 +1466,75 @@ static void cpu_mul_sigmoid(rm_backend * be, float * y, const float * gate, int6
     run_spans(be, &o, n, width);
 }
 
+/* ---- hyper-connections ---------------------------------------------------------------------- */
+
+static void rmsnorm_groups_span(const span_op * o, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) {
+        rm_rmsnorm(o->y + i * o->width, o->x + i * o->width, o->u + (i % o->n) * o->width, o->width, o->f);
+    }
+}
+
+static void cpu_rmsnorm_groups(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
+                               int64_t n, int64_t n_groups, float eps) {
+    const span_op o = {.fn = rmsnorm_groups_span, .y = y, .x = x, .u = (const float *) w->data, .width = n,
+                       .n = n_groups, .f = eps};
+    run_spans(be, &o, n_rows, n);
+}
+
+static void silu_span(const span_op * o, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) {
+        const float v = o->f * o->y[i];
+        o->y[i] = v / (1.0f + expf(-v));
+    }
+}
+
+static void cpu_silu(rm_backend * be, float * x, int64_t n, float f) {
+    const span_op o = {.fn = silu_span, .y = x, .f = f};
+    run_spans(be, &o, n, 1);
+}
+
+/* token t: o->n streams of o->width floats */
+static void hc_mix_span(const span_op * o, int64_t lo, int64_t hi) {
+    const int64_t hc = o->n, n = o->width;
+    for (int64_t t = lo; t < hi; t++) {
+        float * y = o->y + t * n;
+        const float * x = o->x + t * hc * n, * g = o->u + t * hc * n;
+        for (int64_t j = 0; j < n; j++) {
+            float sum = 0.0f;
+            for (int64_t c = 0; c < hc; c++) {
+                sum += x[c * n + j] / (1.0f + expf(-g[c * n + j]));
+            }
+            y[j] = sum / (float) hc;
+        }
+    }
+}
+
+static void cpu_hc_mix(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_tok, int64_t hc,
+                       int64_t n) {
+    const span_op o = {.fn = hc_mix_span, .y = y, .x = x, .u = gate, .n = hc, .width = n};
+    run_spans(be, &o, n_tok, hc * n);
+}
+
+static void hc_add_span(const span_op * o, int64_t lo, int64_t hi) {
+    const int64_t hc = o->n, n = o->width;
+    for (int64_t t = lo; t < hi; t++) {
+        const float * b = o->x + t * n;
+        for (int64_t c = 0; c < hc; c++) {
+            const float w = 2.0f / (1.0f + expf(-o->u[t * hc + c] / (float) hc));
+            float * h = o->y + (t * hc + c) * n;
+            for (int64_t j = 0; j < n; j++) {
+                h[j] += w * b[j];
+            }
+        }
+    }
+}
+
+static void cpu_hc_add(rm_backend * be, float * h, const float * b, const float * inj, int64_t n_tok, int64_t hc,
+                       int64_t n) {
+    const span_op o = {.fn = hc_add_span, .y = h, .x = b, .u = inj, .n = hc, .width = n};
+    run_spans(be, &o, n_tok, hc * n);
+}
+
 static const rm_backend_ops CPU_OPS = {
     .name        = "cpu",
     .alloc       = cpu_alloc,
@@ -1499,6 +1568,10 @@ static const rm_backend_ops CPU_OPS = {
     .geglu       = cpu_geglu,
     .scale       = cpu_scale,
     .rope_div    = cpu_rope_div,
+    .rmsnorm_groups = cpu_rmsnorm_groups,
+    .silu        = cpu_silu,
+    .hc_mix      = cpu_hc_mix,
+    .hc_add      = cpu_hc_add,
     .free        = cpu_free,
 };
 

@@ -320,6 +320,21 @@ typedef struct rm_backend_ops {
      * freq_div[i] (F32, ne = {n_rot / 2}; llama.cpp's rope_freqs, 1e30 for a pair that does not turn) */
     void (*rope_div)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                      int32_t pos0, float base, int neox, const rm_weight * freq_div);
+    /* Hyper-connections (qwen4exp; layers/hyper.c composes them with matmuls). NULL: the backend has
+     * none (the CPU's and the stand-in's only). rmsnorm_groups: y = x / rms(x) * w_g over n_rows rows of
+     * n, row r scaled by the n floats of w from (r % n_groups) * n on (F32, n * n_groups of them) (y may be x) */
+    void (*rmsnorm_groups)(rm_backend * be, float * y, const float * x, const rm_weight * w, int64_t n_rows,
+                           int64_t n, int64_t n_groups, float eps);
+    /* x[i] = silu(f x[i]), i < n */
+    void (*silu)(rm_backend * be, float * x, int64_t n, float f);
+    /* the streams' gated mean: y[t] = (1/hc) sum_c sigmoid(gate[t][c]) x[t][c], for n_tok tokens of hc
+     * rows of n (x and gate rows of hc * n floats, y rows of n) */
+    void (*hc_mix)(rm_backend * be, float * y, const float * x, const float * gate, int64_t n_tok, int64_t hc,
+                   int64_t n);
+    /* a block's output into the streams: h[t][c] += 2 sigmoid(inj[t][c] / hc) b[t] (h rows of hc * n,
+     * b rows of n, inj rows of hc) */
+    void (*hc_add)(rm_backend * be, float * h, const float * b, const float * inj, int64_t n_tok, int64_t hc,
+                   int64_t n);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 

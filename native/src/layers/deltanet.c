@@ -256,7 +256,9 @@ void rm_deltanet_block(rm_session * s, int il, int32_t n) {
     rm_hybrid * h = s->hy;
     const gdn_layer g = layer_of(s, il);
     const int64_t E = hp->n_embd;
-    be->ops->rmsnorm(be, s->xn, s->x, &g.L->attn_norm, n, E, hp->rms_eps);
+    if (!(m->arch->flags & RM_ARCH_HYPER)) {   /* else the hyper-connections gave xn */
+        be->ops->rmsnorm(be, s->xn, s->x, &g.L->attn_norm, n, E, hp->rms_eps);
+    }
     project(s, &g, n);
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     rm_gdn_seq seqs[64];   /* a step's sequences, 64 at a time (a token's floats do not depend on which go with it) */

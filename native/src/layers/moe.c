@@ -396,7 +396,9 @@ static void experts_streamed(rm_session * s, int il, int32_t n) {
 static void prefetch_next(rm_session * s, int il, int32_t n) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
+    /* the hyper-connections' next input is not a norm of x: no prediction */
     if (!s->xv || !rm_xcache_predicts(m->xcache) || il + 1 >= hp->n_layer || s->xc_status != RM_OK ||
+        (m->arch->flags & RM_ARCH_HYPER) ||
         !(m->layers[il + 1].kind & RM_LAYER_FFN_MOE)) {
         return;
     }
@@ -499,7 +501,9 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         sandwich_block(s, il, n);
         return;
     }
-    be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    if (!(m->arch->flags & RM_ARCH_HYPER)) {   /* else the hyper-connections gave xn */
+        be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
+    }
     if (!(L->kind & RM_LAYER_FFN_MOE)) {   /* a leading dense layer: no experts */
         dense_ffn(s, L, &L->ffn_gate, &L->ffn_up, &L->ffn_down, n, s->x, 1);
         rm_prof_mark(s, RM_PROF_SHARED);

@@ -15,6 +15,7 @@
 #include "attention.h"
 #include "deltanet.h"
 #include "device.h"
+#include "hyper.h"
 #include "mla.h"
 #include "moe.h"
 #include "policy.h"
@@ -64,6 +65,7 @@ static int alloc_backend_buffers(rm_session * s) {
         [RM_SESSION_BUF_EU] = &s->eu,           [RM_SESSION_BUF_ED] = &s->ed,
         [RM_SESSION_BUF_ECAL] = &s->ecal,       [RM_SESSION_BUF_SHGATE] = &s->shgate,
         [RM_SESSION_BUF_LOGITS] = &s->logits,   [RM_SESSION_BUF_MLA] = &s->mla,
+        [RM_SESSION_BUF_HC] = &s->hc,
     };
     rm_size_params sp = rm_size_params_of(&s->m->hp, s->n_ctx, s->n_batch, 0);
     sp.type_k = s->type_k;
@@ -71,8 +73,8 @@ static int alloc_backend_buffers(rm_session * s) {
     uint64_t bytes[RM_SESSION_BUF_COUNT];
     rm_session_buf_bytes(&sp, bytes);
     for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) {
-        if (bytes[i] == 0 && i == RM_SESSION_BUF_MLA) {
-            continue;   /* no MLA: nothing to allocate */
+        if (bytes[i] == 0 && (i == RM_SESSION_BUF_MLA || i == RM_SESSION_BUF_HC)) {
+            continue;   /* no MLA, no hyper-connections: nothing to allocate */
         }
         *bufs[i] = s->be->ops->alloc(s->be, bytes[i]);
         if (!*bufs[i]) {
@@ -109,6 +111,10 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
                                rm_kv_types_why(params->type_k, params->type_v, hd, hdv, lw));
             }
         }
+    }
+    if ((m->arch->flags & RM_ARCH_HYPER) && m->device != &rm_device_cpu) {
+        return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: hyper-connections (%s) run on the CPU backend only, and "
+                       "this model runs on %s", m->arch->name, m->device->name);
     }
     if (hp->index_head_dim > 0 && m->device != &rm_device_cpu) {
         return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: sparse attention (its lightning indexer) runs on the CPU "
@@ -567,11 +573,14 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     s->runs = runs, s->n_runs = n_runs;
     s->xc_status = RM_OK;
     rm_prof_begin(s, n);
+    const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0;
     embed(s, tokens, n);
+    if (hyper) rm_hc_begin(s, n);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
         const double t0 = s->xv ? rm_now_us() : 0.0;
         if (s->xv) s->xc_res_us[il] = 0.0f;
+        if (hyper) rm_hc_mix_in(s, &m->layers[il].hc_attn, n);
         if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
             rm_mla_block(s, il, n);
         } else if (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) {
@@ -579,11 +588,20 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
         } else {
             rm_attention_block(s, il, n);
         }
+        if (hyper) {
+            rm_hc_add_out(s, n);
+            rm_hc_mix_in(s, &m->layers[il].hc_ffn, n);
+        }
         rm_moe_block(s, il, n);
+        if (hyper) rm_hc_add_out(s, n);
         if (s->xv) s->xc_layer_us[il] = (float) (rm_now_us() - t0) - s->xc_res_us[il];
     }
     if (out && n_out > 0) {
-        s->be->ops->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
+        if (hyper) {
+            rm_hc_mix_in(s, &m->hc_head, n);   /* the output's mixer is its norm */
+        } else {
+            s->be->ops->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
+        }
         logits_out(s, n - n_out, out_rows, n_out, out);
         rm_prof_mark(s, RM_PROF_OUTPUT);
     }

@@ -48,6 +48,7 @@ struct rm_session {
     float * shgate;               /* shared-expert gate logits, n_batch */
     float * logits;               /* RM_LOGIT_ROWS rows of n_vocab */
     float * mla;                  /* multi-head latent attention's scratch (mla.c); NULL without MLA */
+    float * hc;                   /* hyper-connections' streams and scratch (hyper.c); NULL without them */
 
     /* host memory */
     float *    embd;              /* embedded tokens before upload, rows of n_embd */

@@ -162,6 +162,15 @@ static const rm_hparam_row HP_QWEN_HYBRID[] = {
     INT("nextn_predict_layers", n_layer_nextn, K(0), K(0), V(n_layer)),
 };
 
+/* qwen4exp (Qwen3.8-Flash-Next): the Qwen3.5 hybrid's keys and its hyper-connections' streams and rank. */
+static const rm_hparam_row HP_QWEN4EXP[] = {
+    HP_ATTENTION, HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("expert_shared_feed_forward_length", n_ff_shexp, REQUIRED, K(1), K(1 << 20)),
+    HP_TAIL, HP_SSM,
+    INT("hyper_connection.count",    hc_count,    REQUIRED, K(2), K(64)),
+    INT("hyper_connection.low_rank", hc_low_rank, REQUIRED, K(1), K(1 << 16)),
+};
+
 /* Gemma 4: sliding layers (attention.sliding_window_pattern, a per-layer list) with their own head
  * width, kv heads, rotary dims and base; the others' kv heads may be fewer (head_count_kv per layer);
  * logit soft-capping. Per-layer input embeddings and shared KV layers (the small dense models) are
@@ -462,6 +471,38 @@ static const rm_tensor_row HYBRID_LAYER[] = {
     EXPERT_RESIDUALS,
 };
 
+/* qwen4exp: the Qwen3.5 hybrid's layers (beta and alpha apart, value heads tiled) without norms: two
+ * hyper-connections per layer take their place, before the token mixer and before the FFN. */
+#define HC_ROWS(kind)                                                                                 \
+    T("blk.%d.hc_" #kind "_norm.weight",   hc_##kind.norm,   REQ, 0, 1, NE(HC_EMBD, ONE, ONE)),      \
+    T("blk.%d.hc_" #kind "_down.weight",   hc_##kind.down,   REQ, 0, 0, NE(HC_EMBD, HC_RANK, ONE)),  \
+    T("blk.%d.hc_" #kind "_up.weight",     hc_##kind.up,     REQ, 0, 0, NE(HC_RANK, HC_EMBD, ONE)),  \
+    T("blk.%d.hc_" #kind "_inject.weight", hc_##kind.inject, REQ, 0, 0, NE(HC_EMBD, HC, ONE))
+static const rm_tensor_row QWEN4EXP_LAYER[] = {
+    HC_ROWS(attn),
+    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),
+    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
+    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),
+    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE)),
+    T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
+    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),
+    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
+    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),
+    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
+    HC_ROWS(ffn),
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    ROUTED_EXPERTS,
+    SHARED_EXPERT,
+    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
+    EXPERT_RESIDUALS,
+};
+
 /* Gemma 4: per-head q/k norms (q's and k's of each layer's head width), values normed without a
  * weight and, where attn_v is absent, taken from the key projection; sandwich norms around attention
  * and FFN; a GELU FFN beside the routed experts, each with its own norms; the router's input norm;
@@ -580,6 +621,13 @@ static const rm_kind_rule HYBRID_RULES[] = {
     {RM_RULE_NOT_EVERY_N, HPOFF(full_attn_interval), RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_GATE, RM_LAYER_ATTN_LINEAR},
 };
 
+/* qwen4exp: Gated DeltaNet layers, every full_attention_interval-th one gated attention over the key
+ * blocks its QSA indexer picks */
+static const rm_kind_rule QWEN4EXP_RULES[] = {
+    {RM_RULE_EVERY_N, HPOFF(full_attn_interval), RM_LAYER_ATTN_LINEAR,
+     RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_GATE | RM_LAYER_QSA_INDEX},
+};
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ROWS(x) x, COUNT(x)
@@ -608,6 +656,12 @@ static const rm_arch ARCHS[] = {
     {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
      ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL},
+    /* qwen4exp (Qwen3.8-Flash-Next): Qwen3.5-MoE's layers with hyper-connections in place of every norm,
+     * QSA sparse attention on the full layers. */
+    {"qwen4exp", "Qwen3.8-Flash-Next", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
+     RM_LAYER_ATTN_LINEAR | RM_LAYER_FFN_MOE | RM_LAYER_SSM_V_TILED,
+     ROWS(HP_QWEN4EXP), ROWS(QWEN4EXP_LAYER), ROWS(QWEN4EXP_RULES), "attention.recurrent_layers", NULL, RM_ARCH_HYPER,
+     NULL, 0, NULL},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
@@ -702,6 +756,7 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
                            : rule->form == RM_RULE_ALL_IF_SET ? n > 0
                            : rule->form == RM_RULE_LISTED     ? rm_hp_slides(hp, il)
                            : rule->form == RM_RULE_NOT_INDEXED ? hp->layer_indexer && !hp->layer_indexer[il]
+                           : rule->form == RM_RULE_EVERY_N    ? n > 0 && il % n == n - 1
                                                               : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
@@ -722,6 +777,7 @@ void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap) {
         {RM_LAYER_ATTN_MLA, "multi-head latent attention"}, {RM_LAYER_FFN_DENSE, "dense FFN"},
         {RM_LAYER_SINKS, "attention sinks"}, {RM_LAYER_HEAD_GATE, "a gate per attention head"},
         {RM_LAYER_DSA_INDEX, "sparse attention"}, {RM_LAYER_DSA_SHARED, "shared sparse attention"},
+        {RM_LAYER_QSA_INDEX, "QSA sparse attention"},
     };
     size_t at = 0;
     buf[0] = '\0';
@@ -781,6 +837,9 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_IDX_HEAD: return hp->index_head_dim;
     case RM_DIM_IDX_HEADS: return hp->index_n_head;
     case RM_DIM_IDX_Q: return (int64_t) hp->index_n_head * hp->index_head_dim;
+    case RM_DIM_HC: return hp->hc_count;
+    case RM_DIM_HC_EMBD: return (int64_t) hp->hc_count * hp->n_embd;
+    case RM_DIM_HC_RANK: return hp->hc_low_rank;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -792,7 +851,7 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "n_ff", "q_lora_rank", "kv_lora_rank", "n_kv_a", "n_nope", "head_dim_v", "n_v", "n_head",
     "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
     "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa", "n_head_swa",
-    "index_head_dim", "index_n_head", "n_index_q",
+    "index_head_dim", "index_n_head", "n_index_q", "hc_count", "n_hc_embd", "hc_low_rank",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }

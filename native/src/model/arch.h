@@ -81,6 +81,9 @@ typedef enum rm_dim {
     RM_DIM_IDX_HEAD,              /* index_head_dim: the sparse attention indexer's head width */
     RM_DIM_IDX_HEADS,             /* index_n_head */
     RM_DIM_IDX_Q,                 /* index_n_head * index_head_dim */
+    RM_DIM_HC,                    /* hc_count: the hyper-connections' residual streams */
+    RM_DIM_HC_EMBD,               /* hc_count * n_embd: all streams of a token */
+    RM_DIM_HC_RANK,               /* hc_low_rank */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -120,7 +123,9 @@ typedef enum rm_rule_form {
     RM_RULE_NOT_EVERY_N = 1,      /* n > 1: layers with il % n != n - 1 (all but every n-th: SWA or linear patterns) */
     RM_RULE_ALL_IF_SET  = 2,      /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
     RM_RULE_LISTED      = 3,      /* the layers the file's per-layer list marks (rm_hparams.layer_swa) */
-    RM_RULE_NOT_INDEXED = 4       /* the layers the file's indexer list marks 0 (rm_hparams.layer_indexer) */
+    RM_RULE_NOT_INDEXED = 4,      /* the layers the file's indexer list marks 0 (rm_hparams.layer_indexer) */
+    RM_RULE_EVERY_N     = 5       /* n > 0: layers with il % n == n - 1 (every n-th: a hybrid's full layers
+                                     where its plain layer is the linear one) */
 } rm_rule_form;
 
 /* A float per layer, into an rm_layer field: the key (after "{arch}.") holds one for every layer
@@ -172,8 +177,10 @@ typedef enum rm_arch_flag {
                                      (ffn_gate_inp) are the dense ones (llama.cpp's mimo2 writes no count) */
     RM_ARCH_FULL_ROT_HALF = 8,    /* the full-attention layers rotate half of rope.dimension_count, the
                                      sliding ones all of it (llama.cpp's step35) */
-    RM_ARCH_DSA_ROPE_NEOX = 16    /* the sparse attention indexer's RoPE in NEOX halves while the latent
+    RM_ARCH_DSA_ROPE_NEOX = 16,   /* the sparse attention indexer's RoPE in NEOX halves while the latent
                                      attention's turns interleaved pairs (llama.cpp's deepseek32) */
+    RM_ARCH_HYPER = 32            /* hyper-connections (rm_hc) in place of the layers' and the output's norms
+                                     (llama.cpp's qwen4exp) */
 } rm_arch_flag;
 
 /* NULL when the architecture is not supported. */

@@ -562,7 +562,7 @@ static rm_status check_float_types(rm_model * m, const char * path) {
             }
         }
     }
-    if (m->output_norm.type != RM_TYPE_F32) {
+    if (m->output_norm.data && m->output_norm.type != RM_TYPE_F32) {
         return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: output_norm.weight must be F32", path);
     }
     return RM_OK;
@@ -630,6 +630,8 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->n_head_swa = hp->n_head_swa;
     in->index_head_dim = hp->index_head_dim;
     in->index_n_head = hp->index_n_head;
+    in->hc_count = hp->hc_count;
+    in->hc_low_rank = hp->hc_low_rank;
     in->index_top_k = hp->index_top_k;
 }
 
@@ -656,7 +658,8 @@ static void fill_info(rm_model * m) {
             }
         }
     }
-    in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output);
+    in->dense_bytes += weight_bytes(&m->output_norm) + weight_bytes(&m->output) + weight_bytes(&m->hc_head.norm) +
+                       weight_bytes(&m->hc_head.down) + weight_bytes(&m->hc_head.up);
 }
 
 /* ---- the sidecar belongs to this base ------------------------------------------------------ */
@@ -896,7 +899,20 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         return st;
     }
     m->hp.n_vocab = (int32_t) m->tok_embd.ne[1];
-    if ((st = bind(m->base, path, "output_norm.weight", 1, m->hp.n_embd, 1, 1, &m->output_norm)) != RM_OK ||
+    const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0;   /* its mixer in place of output_norm */
+    const int64_t HW = (int64_t) m->hp.hc_count * m->hp.n_embd;
+    if (hyper && ((st = bind(m->base, path, "output_hc_norm.weight", 1, HW, 1, 1,
+                             &m->hc_head.norm)) != RM_OK ||
+                  (st = bind(m->base, path, "output_hc_down.weight", 1, HW, m->hp.hc_low_rank, 1,
+                             &m->hc_head.down)) != RM_OK ||
+                  (st = bind(m->base, path, "output_hc_up.weight", 1, m->hp.hc_low_rank, HW, 1,
+                             &m->hc_head.up)) != RM_OK)) {
+        return st;
+    }
+    if (hyper && m->hc_head.norm.type != RM_TYPE_F32) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: output_hc_norm.weight must be F32", path);
+    }
+    if ((st = bind(m->base, path, "output_norm.weight", !hyper, m->hp.n_embd, 1, 1, &m->output_norm)) != RM_OK ||
         (st = bind(m->base, path, "output.weight", 0, m->hp.n_embd, m->hp.n_vocab, 1, &m->output)) != RM_OK) {
         return st;
     }

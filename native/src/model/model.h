@@ -17,6 +17,7 @@ struct rm_model {
     rm_weight       tok_embd;            /* ne = {n_embd, n_vocab} */
     rm_weight       output_norm;         /* ne = {n_embd} */
     rm_weight       output;              /* ne = {n_embd, n_vocab}; tok_embd when tied */
+    rm_hc           hc_head;             /* RM_ARCH_HYPER: the streams' final mixer, in place of output_norm */
     rm_weight       rope_freqs;          /* ne = {n_rot / 2}: the full-attention layers' RoPE frequencies divided
                                             by these (Gemma 4's proportional RoPE); absent: none */
     rm_layer *      layers;

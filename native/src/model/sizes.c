@@ -35,6 +35,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa, .n_head_swa = hp->n_head_swa,
         .index_head_dim = hp->kv_lora_rank > 0 ? hp->index_head_dim : 0,
         .index_n_head = hp->kv_lora_rank > 0 ? hp->index_n_head : 0,
+        .hc_count = hp->hc_count, .hc_low_rank = hp->hc_low_rank,
     };
 }
 
@@ -147,6 +148,8 @@ void rm_session_buf_bytes(const rm_size_params * p, uint64_t out[RM_SESSION_BUF_
         [RM_SESSION_BUF_ECAL] = f * B * E,    [RM_SESSION_BUF_SHGATE] = f * B,
         [RM_SESSION_BUF_LOGITS] = f * L * (uint64_t) p->n_vocab,
         [RM_SESSION_BUF_MLA] = f * rm_mla_scratch_floats(p),
+        /* hyper-connections (hyper.c): the streams, their norms and gates, the gates' low rank, the weights */
+        [RM_SESSION_BUF_HC] = f * B * (3 * (uint64_t) p->hc_count * E + (uint64_t) p->hc_low_rank + (uint64_t) p->hc_count),
     };
     for (int i = 0; i < RM_SESSION_BUF_COUNT; i++) out[i] = sizes[i];
 }

@@ -19,6 +19,16 @@ static inline const uint8_t * rm_weight_matrix(const rm_weight * w, int64_t i) {
     return w->data + (uint64_t) i * (uint64_t) w->ne[1] * w->row_bytes;
 }
 
+/* One hyper-connection (qwen4exp's gated residual): the model keeps hc_count residual streams of
+ * n_embd; the block's input is their mean, each stream RMS-normed (norm) and gated by
+ * sigmoid(up silu(down xn / hc)); the block's output joins stream c times 2 sigmoid(inject_c xn / hc). */
+typedef struct rm_hc {
+    rm_weight norm;                      /* ne = {hc_count*n_embd}: a gamma per stream (1 + w), as llama.cpp writes it */
+    rm_weight down;                      /* ne = {hc_count*n_embd, hc_low_rank} */
+    rm_weight up;                        /* ne = {hc_low_rank, hc_count*n_embd} */
+    rm_weight inject;                    /* ne = {hc_count*n_embd, hc_count}; absent in the output's mixer */
+} rm_hc;
+
 typedef struct rm_layer {
     uint32_t  kind;                      /* RM_LAYER_* bits (rapidmoe.h): what this layer is */
     rm_weight attn_norm;                 /* ne = {n_embd} */
@@ -83,6 +93,7 @@ typedef struct rm_layer {
     /* the SwiGLU's limit (Step-3.5): silu(gate) at most it, up within [-it, it]; 0: none. The
      * routed experts' and the others' (shared expert, dense FFN), from the arch's layer floats */
     float     ffn_limit, ffn_limit_sh;
+    rm_hc     hc_attn, hc_ffn;             /* RM_ARCH_HYPER: before the token mixer, before the FFN */
 } rm_layer;
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
@@ -134,6 +145,7 @@ typedef struct rm_hparams {
     float   v_scale;                     /* the values times this (attention.value_scale, MiMo's); 0 read as 1 */
     /* DeepSeek sparse attention (GLM-5): the indexer's heads and key width, the positions kept */
     int32_t index_n_head, index_head_dim, index_top_k;
+    int32_t hc_count, hc_low_rank;      /* hyper-connections (RM_ARCH_HYPER): residual streams, the gate's rank */
     const uint8_t * layer_indexer;       /* per layer, 1 where it runs its own indexer, 0 where it takes the
                                             previous one's positions: the arch's indexer_layers_key list (bools,
                                             in the mapped file); NULL: every layer runs its own */

@@ -1447,7 +1447,7 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
         }
         for (int j = 0; j < 16; j += 2 - sixteen) {   /* sub-blocks of 16 (or 32) elements */
             const __m256i sc = _mm256_loadu_si256((const __m256i *) (wb + KR_SC + 64 * j));
-            if (sgn && vnni) {   /* signed levels, vpdpbusd on their magnitudes and the signed activations */
+            if (sgn) {   /* signed levels: their magnitudes against the activations with their signs */
                 for (int t = 0; t < nt; t++) {
                     P[t] = _mm256_setzero_si256();
                 }
@@ -1456,25 +1456,17 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
                     const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
                     const __m256i alv = _mm256_sign_epi8(lv, lv);
                     for (int t = 0; t < nt; t++) {
-                        const __m256i bx = _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e));
-                        P[t] = dpbusd_vex(P[t], alv, _mm256_sign_epi8(bx, lv));
+                        const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e)), lv);
+                        if (vnni) {   /* into int32 lanes, scaled once below */
+                            P[t] = dpbusd_vex(P[t], alv, sx);
+                        } else {      /* each group's pairs (at most 2 x 127 x 127) times the scales at once */
+                            S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(_mm256_maddubs_epi16(alv, sx), sc));
+                        }
                     }
                 }
                 const __m256i sc32 = _mm256_srai_epi32(_mm256_slli_epi32(sc, 16), 16);   /* one of the pair */
-                for (int t = 0; t < nt; t++) {
+                for (int t = 0; t < nt && vnni; t++) {
                     S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(P[t], sc32));
-                }
-                continue;
-            }
-            if (sgn) {   /* signed levels: each group's pairs (at most 2 x 127 x 127) times the scales at once */
-#pragma GCC unroll 8
-                for (int e = 4 * j; e < 4 * j + 8; e++) {
-                    const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
-                    const __m256i alv = _mm256_sign_epi8(lv, lv);
-                    for (int t = 0; t < nt; t++) {
-                        const __m256i bx = _mm256_set1_epi32(*(const int32_t *) (x[t][b].qs + 4 * e));
-                        S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(_mm256_maddubs_epi16(alv, _mm256_sign_epi8(bx, lv)), sc));
-                    }
                 }
                 continue;
             }

@@ -390,7 +390,7 @@ def render_chat(template: str, messages: Sequence[dict], add_generation_prompt: 
     template takes (tool_calls.template_arguments); DeepSeek-V4's tool results in the order of
     their calls (tool_calls.results_in_call_order). ``options``: render's."""
     messages = _plain_messages(messages)
-    if tools is not None or any(m.get("tool_calls") for m in messages):
+    if isinstance(template, str) and (tools is not None or any(m.get("tool_calls") for m in messages)):
         caps = template_tools(template)
         if tools is not None:
             messages, options["tools"] = tools.prompt(messages, caps.renders_tools)

@@ -406,8 +406,9 @@ FORMATS = {f.name: f for f in (HARMONY, KIMI_K2, DEEPSEEK_V32, DEEPSEEK_V4, DEEP
 
 def detect(template: str | None) -> Format:
     """The tool-call format a chat template's text shows (GENERIC when it shows none we read).
-    The order matters: GLM's and Qwen3-Coder's templates have Hermes' <tool_call> too."""
-    t = template or ""
+    The order matters: GLM's and Qwen3-Coder's templates have Hermes' <tool_call> too. A template
+    that is no text shows none (rendering it says why)."""
+    t = template if isinstance(template, str) else ""
     if "<|channel|>" in t:
         return HARMONY
     if "<|tool_calls_section_begin|>" in t:

@@ -375,3 +375,15 @@ def test_chat_deepseek_v4_template_gets_the_response_format(name):
         m.tokenizer.chat_template = template
         req = srv.parse_request("chat", {"messages": messages, "max_tokens": 4, "response_format": fmt}, m, {"m"})
         assert ("## Response Format:" in m.tokenizer.decode(req.prompt_ids)) == v4
+
+
+def test_chat_template_that_is_no_text_is_refused_by_name_with_tools_and_formats():
+    """A template that is no string (a hostile file's metadata) is refused as such, not with a
+    TypeError, where the messages carry tool calls or the request a response_format."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "x"}]
+    for template in (5, None, ["{{ 1 }}"]):
+        with pytest.raises(rm.UnsupportedError, match="not a string"):
+            chat.render_chat(template, messages)
+        assert chat.format_variables(template, {"type": "json_object"}, {}) == {}

@@ -279,25 +279,55 @@ ALSO_KEYS = {"{arch}.attention.value_scale", "{arch}.attention.indexer.types"}
 ALSO_ARCHS = {"deepseek32": "glm-dsa"}
 
 
+def _vendored_gguf_constants():
+    """gguf-py's constants as llama.cpp 0.3.36's source ships them (a module of enums alone), or
+    None where that source is not at hand."""
+    import importlib.util
+
+    import llamacpp_oracle as llamacpp
+
+    if llamacpp.src() is None:
+        return None
+    spec = importlib.util.spec_from_file_location("vendored_gguf_constants",
+                                                  os.path.join(llamacpp.src(), "gguf-py", "gguf", "constants.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_convert_names_and_keys_are_gguf_py_names():
-    """Every tensor name and key in the ArchSpec table is one gguf-py knows for that arch."""
+    """Every tensor name and key in the ArchSpec table is one gguf-py knows for that arch: the
+    release on PyPI, or for an architecture it does not list yet (qwen4exp) the gguf-py that
+    llama.cpp 0.3.36's source ships; where that source is not at hand such architectures are
+    skipped, by name, after the others are checked."""
     from rapidmoe_gguf.arch import ARCHS
 
+    vendored, unchecked = None, []
     for spec in ARCHS.values():
         known_as = ALSO_ARCHS.get(spec.name, spec.name)
-        arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == known_as)
-        known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch_enum]} | ALSO_READ.get(spec.name, set())
-        assert known & ALSO_READ.get(spec.name, set()) <= set(gguf.TENSOR_NAMES.values())
+        names = gguf
+        if known_as not in gguf.MODEL_ARCH_NAMES.values():
+            vendored = vendored or _vendored_gguf_constants()
+            if vendored is None:
+                unchecked.append(spec.name)
+                continue
+            names = vendored
+        arch_enum = next(k for k, v in names.MODEL_ARCH_NAMES.items() if v == known_as)
+        known = {names.TENSOR_NAMES[t] for t in names.MODEL_TENSORS[arch_enum]} | ALSO_READ.get(spec.name, set())
+        assert known & ALSO_READ.get(spec.name, set()) <= set(names.TENSOR_NAMES.values())
         for t in spec.tensors:
             base = t.gguf if t.gguf in known else t.gguf.rsplit(".", 1)[0]   # "blk.{bid}.ssm_a" has no suffix
             assert base in known, (spec.name, t.gguf)
             assert len(t.gguf.format(bid=999)) + len(".residual") < 64
-        classes = [c for c in vars(gguf.Keys).values() if isinstance(c, type)]
+        classes = [c for c in vars(names.Keys).values() if isinstance(c, type)]
         classes += [n for c in classes for n in vars(c).values() if isinstance(n, type)]   # Attention.Indexer
         all_keys = {v for cls in classes for v in vars(cls).values() if isinstance(v, str)} | ALSO_KEYS
         for h in spec.hparams:
             # our own keys (rapidmoe.*) carry what GGUF has no key for, e.g. YaRN's truncate
-            assert h.key is None or h.key in all_keys or h.key.startswith("rapidmoe.rope."), h.key
+            assert h.key is None or h.key in all_keys or h.key.startswith("rapidmoe.rope."), (spec.name, h.key)
+    if unchecked:
+        pytest.skip(f"{', '.join(unchecked)}: gguf-py {getattr(gguf, '__version__', '')} does not list them and "
+                    "llama.cpp's source (LLAMA_CPP_SRC), whose gguf-py does, is not at hand")
 
 
 # ---------------------------------------------------------------------------------------------

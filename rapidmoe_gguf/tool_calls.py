@@ -657,11 +657,11 @@ def template_arguments(messages: list[dict], as_objects: bool) -> list[dict]:
 
 
 def results_in_call_order(messages: list[dict]) -> list[dict]:
-    """The messages with each run of tool results (between one assistant turn with calls and the
-    next assistant turn; user turns among them stay where they are) in the order of that turn's
-    calls, matched by tool_call_id: DeepSeek-V4's template writes the run as one user turn, and
-    its reference encoding orders the results so (as llama.cpp renders it). A result whose id no
-    call has goes first; results of the same place keep their order."""
+    """The messages with each run of tool results (the tool and user turns between two others;
+    the user turns stay where they are) in the order of the calls of the last assistant turn with
+    calls, matched by tool_call_id: DeepSeek-V4's template writes the run as one user turn, and its
+    reference encoding orders the results so (as llama.cpp renders it). A result whose id no call
+    has goes first; results of the same place keep their order."""
     out = list(messages)
     order: dict[str, int] = {}
     i = 0
@@ -669,7 +669,7 @@ def results_in_call_order(messages: list[dict]) -> list[dict]:
         m = out[i]
         if m.get("role") == "assistant":
             if m.get("tool_calls"):
-                order = {c.get("id"): k for k, c in enumerate(m["tool_calls"]) if c.get("id")}
+                order = {c["id"]: k for k, c in enumerate(m["tool_calls"]) if isinstance(c.get("id"), str)}
             i += 1
             continue
         if m.get("role") not in ("user", "tool"):
@@ -680,7 +680,11 @@ def results_in_call_order(messages: list[dict]) -> list[dict]:
             end += 1
         places = [k for k in range(i, end) if out[k].get("role") == "tool"]
         if len(places) > 1 and order:
-            ranked = sorted((out[k] for k in places), key=lambda r: order.get(r.get("tool_call_id"), 0))
+            def rank(r: dict) -> int:
+                key = r.get("tool_call_id")
+                return order.get(key, 0) if isinstance(key, str) else 0
+
+            ranked = sorted((out[k] for k in places), key=rank)
             for k, r in zip(places, ranked):
                 out[k] = r
         i = end

@@ -556,3 +556,5 @@ def test_tool_calls_results_in_call_order():
     assert [m.get("tool_call_id") or m.get("content") for m in got] == \
         ["u", None, "x", "v", "a", "b", "c", "ok", "a", "b", None, "b", "a"]
     assert [m.get("tool_call_id") for m in msgs[2:7]] == ["c", None, "x", "a", "b"]   # not changed in place
+    odd = [msgs[1], {"role": "tool", "tool_call_id": ["b"], "content": "?"}, res("b"), res("a")]   # an id no string
+    assert [m["content"] for m in tc.results_in_call_order(odd)[1:]] == ["?", "a", "b"]

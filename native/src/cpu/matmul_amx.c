@@ -671,21 +671,26 @@ RM_TILE_MATMUL_KQ(matmul_iq3_xxs, KQ_IQ3_XXS)
 RM_TILE_MATMUL_KQ(matmul_q2_K, KQ_Q2_K)
 RM_TILE_MATMUL_KQ(matmul_q3_K, KQ_Q3_K)
 
-/* The fewest tokens that pay, measured against the AVX-512 prefill form (tools/bench_kernels.py
+/* The fewest tokens that pay. Against the AVX-512 one-row prefill form (tools/bench_kernels.py
  * --compare avx512,amx, rows of 2048): Q8_0/Q4_0 break even at 12 tokens and win from 16; with the
- * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS win from 8 (1.05 to 1.2x; 1.4 to
- * 2.5x at 10), Q5_K and Q6_K from 10 (1.07 and 1.15x; 0.77 and 0.9x at 8; 1.45x at 12), Q2_K and
- * Q3_K from 8 (1.12 to 1.15x and 1.02 to 1.19x at 8; 1.58 and 1.44x at 10, 2.3x at 16). */
+ * scales folded into the levels, Q4_K, IQ4_XS, IQ2_XXS and IQ3_XXS won from 8, Q5_K and Q6_K from
+ * 10, Q2_K and Q3_K from 8. Fewer tokens now go to the AVX-512 set's tiles (rm_cpu_tile_below),
+ * which beat these up to about 32 tokens (ps per weight and token, AVX-512 tile against AMX, a Xeon
+ * VM): Q4_K 18.1 / 32.1 at 8, 10.3 / 12.8 at 24, 9.2 / 7.7 at 32; IQ3_XXS 21.5 / 31.1 at 8, 10.0 /
+ * 10.7 at 24; Q5_K 8.6 / 11.0, IQ4_XS 8.4 / 8.8 at 24; IQ2_XXS and Q2_K even to 1.1-1.4x in AMX's
+ * favour at 16; Q6_K even from 8 on. A 512-token prefill with these (AMX set): the Q4_K_M file 797,
+ * 802 -> 817, 832 tok/s, Q5_K_M 811, 795 -> 818, 817, Q3_K_M 890, 883 -> 891, 903, the IQ2_XXS
+ * mix 867, 882 -> 899, 868. */
 static const rm_tile_kernels tile_q8_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q8_0, 0};
 static const rm_tile_kernels tile_q4_0 = {16, 1, usable_32, act_bytes_32, put_group_32, room_bytes_32, matmul_q4_0, 1};
-static const rm_tile_kernels tile_q4_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K, 0};
-static const rm_tile_kernels tile_q5_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q5_K, 0};
+static const rm_tile_kernels tile_q4_K = {32, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q4_K, 0};
+static const rm_tile_kernels tile_q5_K = {32, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q5_K, 0};
 static const rm_tile_kernels tile_q6_K = {10, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q6_K, 0};
-static const rm_tile_kernels tile_iq4_xs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq4_xs, 0};
-static const rm_tile_kernels tile_iq2_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq2_xxs, 0};
-static const rm_tile_kernels tile_iq3_xxs = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq3_xxs, 0};
-static const rm_tile_kernels tile_q2_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q2_K, 0};
-static const rm_tile_kernels tile_q3_K = {8, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q3_K, 0};
+static const rm_tile_kernels tile_iq4_xs = {32, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq4_xs, 0};
+static const rm_tile_kernels tile_iq2_xxs = {16, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq2_xxs, 0};
+static const rm_tile_kernels tile_iq3_xxs = {32, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_iq3_xxs, 0};
+static const rm_tile_kernels tile_q2_K = {16, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q2_K, 0};
+static const rm_tile_kernels tile_q3_K = {32, 1, usable_kq, act_bytes_kq, put_group_kq, room_bytes_kq, matmul_q3_K, 0};
 
 const rm_cpu_kernels rm_cpu_kernels_amx = {
     .tile = {

@@ -146,9 +146,9 @@ def tiled_against_reference(name, isa, n, n_rows, n_tok):
         yield w, x_q, got
 
 
-# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0, 10 for Q5_K/Q6_K, 8 for the
-# other K-quants and IQ types; Q8_0/Q4_0 rows of whole groups of eight blocks, K-quant rows of whole
-# super-blocks).
+# The AMX set's tile form (prefill, from 16 tokens on for Q8_0/Q4_0/Q2_K/IQ2_XXS, 10 for Q6_K, 32
+# for the other K-quants and IQ types, the AVX-512 set's tiles below; Q8_0/Q4_0 rows of whole groups
+# of eight blocks, K-quant rows of whole super-blocks).
 # Every tile gives the AVX-512 set's floats bit for bit: the same integers, then the same float
 # steps (for the K-quants and IQ4_XS, simd_x86.h's kq_sum).
 AMX_TYPES = ["Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ3_XXS"]

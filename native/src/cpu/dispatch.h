@@ -274,7 +274,7 @@ const rm_tile_kernels *   rm_cpu_tile_isa(rm_isa isa, int32_t type);
  * set's); NULL: none. */
 const rm_tile_kernels *   rm_cpu_tile_below_isa(rm_isa isa, int32_t type);
 /* The tile form for a product of n_tok tokens: `isa`'s own from its min_tokens on, else the one
- * below from its min_tokens (the AMX set's IQ2_XXS tiles from 8 tokens, the AVX-512 set's from
+ * below from its min_tokens (the AMX set's IQ2_XXS tiles from 16 tokens, the AVX-512 set's from
  * 2); NULL: the one-token kernels. */
 const rm_tile_kernels *   rm_cpu_tile_for_isa(rm_isa isa, int32_t type, int64_t n_tok);
 /* The most room one thread needs for any tile kernel `isa` runs (its own and those below) on

@@ -442,33 +442,43 @@ static const rm_tensor_row GPT_OSS_LAYER[] = {
 
 #define LIN RM_LAYER_ATTN_LINEAR
 
+/* The hybrid's rows that qwen4exp shares: gated full attention and the Gated DeltaNet's input
+ * projections; the DeltaNet's convolution, decay, norm and output; the routed and gated shared
+ * experts. */
+#define HYBRID_ATTN_ROWS                                                                            \
+    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),   \
+    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),       \
+    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),       \
+    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),        \
+    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),\
+    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),\
+    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),                \
+    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE))
+#define HYBRID_SSM_ROWS                                                                             \
+    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),         \
+    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),                   \
+    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),                   \
+    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),               \
+    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE))
+#define HYBRID_MOE_ROWS                                                                             \
+    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),     \
+    ROUTED_EXPERTS,                                                                                 \
+    SHARED_EXPERT,                                                                                  \
+    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),\
+    EXPERT_RESIDUALS
+
 /* The Qwen3.5/Qwen3-Next hybrid: gated full attention (q and its gate in one projection, per-head
  * q/k norm) on every n-th layer, Gated DeltaNet on the others; the FFN norm is llama.cpp's
  * post_attention_norm; routed experts and a gated shared expert in every layer. */
 static const rm_tensor_row HYBRID_LAYER[] = {
     T("blk.%d.attn_norm.weight",   attn_norm, REQ, 0,        1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),
-    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),
-    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
-    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
-    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),
-    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE)),
+    HYBRID_ATTN_ROWS,
     T("blk.%d.ssm_ba.weight",      ssm_ba,    REQ, LIN | RM_LAYER_SSM_BA, 0, NE(EMBD, SSM_BA, ONE)),
     T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
     T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN | RM_LAYER_SSM_V_TILED, 0, NE(EMBD, SSM_NV, ONE)),
-    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),
-    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
-    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
-    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),
-    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
+    HYBRID_SSM_ROWS,
     T("blk.%d.post_attention_norm.weight", ffn_norm, REQ, 0, 1, NE(EMBD, ONE, ONE)),
-    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
-    ROUTED_EXPERTS,
-    SHARED_EXPERT,
-    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
-    EXPERT_RESIDUALS,
+    HYBRID_MOE_ROWS,
 };
 
 /* qwen4exp: the Qwen3.5 hybrid's layers (beta and alpha apart, value heads tiled) without norms: two
@@ -480,27 +490,12 @@ static const rm_tensor_row HYBRID_LAYER[] = {
     T("blk.%d.hc_" #kind "_inject.weight", hc_##kind.inject, REQ, 0, 0, NE(HC_EMBD, HC, ONE))
 static const rm_tensor_row QWEN4EXP_LAYER[] = {
     HC_ROWS(attn),
-    T("blk.%d.attn_q.weight",      wq,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, Q_GATE, ONE)),
-    T("blk.%d.attn_k.weight",      wk,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_v.weight",      wv,        REQ, RM_LAYER_ATTN_FULL, 0, NE(EMBD, KV, ONE)),
-    T("blk.%d.attn_output.weight", wo,        REQ, RM_LAYER_ATTN_FULL, 0, NE(Q, EMBD, ONE)),
-    T("blk.%d.attn_q_norm.weight", q_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
-    T("blk.%d.attn_k_norm.weight", k_norm,    REQ, RM_LAYER_ATTN_FULL | RM_LAYER_QK_NORM_HEAD, 1, NE(HEAD, ONE, ONE)),
-    T("blk.%d.attn_qkv.weight",    wqkv,      REQ, LIN, 0, NE(EMBD, SSM_CONV, ONE)),
-    T("blk.%d.attn_gate.weight",   wz,        REQ, LIN, 0, NE(EMBD, SSM_INNER, ONE)),
+    HYBRID_ATTN_ROWS,
     T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
     T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
-    T("blk.%d.ssm_conv1d.weight",  ssm_conv1d, REQ, LIN, 0, NE(SSM_KERNEL, SSM_CONV, ONE)),
-    T("blk.%d.ssm_dt.bias",        ssm_dt,    REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
-    T("blk.%d.ssm_a",              ssm_a,     REQ, LIN, 1, NE(SSM_NV, ONE, ONE)),
-    T("blk.%d.ssm_norm.weight",    ssm_norm,  REQ, LIN, 1, NE(SSM_HEAD_V, ONE, ONE)),
-    T("blk.%d.ssm_out.weight",     ssm_out,   REQ, LIN, 0, NE(SSM_INNER, EMBD, ONE)),
+    HYBRID_SSM_ROWS,
     HC_ROWS(ffn),
-    T("blk.%d.ffn_gate_inp.weight", router,   REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
-    ROUTED_EXPERTS,
-    SHARED_EXPERT,
-    T("blk.%d.ffn_gate_inp_shexp.weight", gate_inp_shexp, REQ, RM_LAYER_SHEXP, 1, NE(EMBD, ONE, ONE)),
-    EXPERT_RESIDUALS,
+    HYBRID_MOE_ROWS,
 };
 
 /* Gemma 4: per-head q/k norms (q's and k's of each layer's head width), values normed without a

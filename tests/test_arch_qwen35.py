@@ -37,6 +37,33 @@ KINDS = {"qwen3_next": "qwen3next", "qwen3_5_moe": "qwen35moe"}
 N_PROMPT, N_DECODE = 100, 12
 
 
+def init_hybrid_weights(model, seed: int, norm_std: float = 0.1, stds: tuple[tuple[str, float], ...] = ()) -> None:
+    """A Gated DeltaNet hybrid's weights drawn in place: decay rates exp(A_log) in [0.5, 3.5), the
+    gated norm's scale near 1, the other norms' 1 + w with w of norm_std; stds: (part of a name,
+    std) for further weights; the rest 0.05, the output head 0.1."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            std = next((v for part, v in stds if part in name), None)
+            if name.endswith("A_log"):
+                p.copy_(torch.log(0.5 + 3.0 * torch.rand(p.shape, generator=g)))
+            elif name.endswith("dt_bias"):
+                p.copy_(0.5 * noise)
+            elif "conv1d" in name:
+                p.copy_(0.3 * noise)
+            elif name.endswith("linear_attn.norm.weight"):   # the gated norm scales by w
+                p.copy_(1.0 + 0.1 * noise)
+            elif p.ndim == 1 and "norm" in name:            # the others by 1 + w
+                p.copy_(norm_std * noise)
+            elif std is not None:
+                p.copy_(std * noise)
+            else:
+                p.copy_((0.1 if name.startswith("lm_head") else 0.05) * noise)
+
+
 def make_tiny_hybrid(out_dir, model_type: str, seed: int = 0, router_std: float = 0.05, **overrides):
     """A tiny random checkpoint of Qwen3NextForCausalLM or Qwen3_5MoeForCausalLM (f32).
     router_std: the routers' scale; wide routing margins keep rounding from flipping a token's
@@ -57,24 +84,7 @@ def make_tiny_hybrid(out_dir, model_type: str, seed: int = 0, router_std: float 
     cfg.update(overrides)
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**cfg)).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith("A_log"):          # decay rates exp(A_log) in [0.5, 3.5)
-                p.copy_(torch.log(0.5 + 3.0 * torch.rand(p.shape, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(0.5 * noise)
-            elif "conv1d" in name:
-                p.copy_(0.3 * noise)
-            elif name.endswith("linear_attn.norm.weight"):   # the gated norm scales by w
-                p.copy_(1.0 + 0.1 * noise)
-            elif p.ndim == 1 and "norm" in name:            # the others by 1 + w
-                p.copy_(0.1 * noise)
-            elif name.endswith("mlp.gate.weight"):
-                p.copy_(router_std * noise)
-            else:
-                p.copy_((0.1 if name.startswith("lm_head") else 0.05) * noise)
+    init_hybrid_weights(model, seed, stds=(("mlp.gate.weight", router_std),))
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     make_tiny_tokenizer(out_dir)

@@ -26,6 +26,7 @@ import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer
 from conftest import logit_rel as _rel
+from test_arch_qwen35 import init_hybrid_weights
 
 N_PROMPT, N_DECODE = 40, 6
 
@@ -33,7 +34,6 @@ N_PROMPT, N_DECODE = 40, 6
 def make_tiny_qwen4exp(out_dir, seed: int = 0, **overrides):
     """A tiny random Qwen4ExpForCausalLM checkpoint (f32)."""
     import torch
-    import transformers
     from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
     cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -49,24 +49,8 @@ def make_tiny_qwen4exp(out_dir, seed: int = 0, **overrides):
     cfg.update(overrides)
     torch.manual_seed(seed)
     model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**cfg)).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith("A_log"):          # decay rates exp(A_log) in [0.5, 3.5)
-                p.copy_(torch.log(0.5 + 3.0 * torch.rand(p.shape, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(0.5 * noise)
-            elif "conv1d" in name:
-                p.copy_(0.3 * noise)
-            elif name.endswith("linear_attn.norm.weight"):   # the gated norm scales by w
-                p.copy_(1.0 + 0.1 * noise)
-            elif p.ndim == 1 and "norm" in name:            # the others by 1 + w
-                p.copy_(0.2 * noise)
-            elif "input_mix_weight" in name or "block_inject" in name:   # gates away from 1/2
-                p.copy_(0.3 * noise)
-            else:
-                p.copy_((0.1 if name.startswith("lm_head") else 0.05) * noise)
+    # every norm's gamma well away from 1; the hyper-connections' gates away from 1/2
+    init_hybrid_weights(model, seed, norm_std=0.2, stds=(("input_mix_weight", 0.3), ("block_inject", 0.3)))
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     make_tiny_tokenizer(out_dir)

@@ -986,6 +986,69 @@ RM_INLINE __m512i ks16_q6_levels(__m512i v, __m512i hb, const int k) {
     return _mm512_ternarylogic_epi32(lo4, h, m2h, 0xf8);
 }
 
+/* Sub-block j of super-block b (its levels at sb, the header words u) against the nt tokens: its
+ * dot D weighted by its scale into S (ks16_tokens). */
+RM_INLINE void ks16_sub(const int j, const uint8_t * sb, int64_t b, const __m512i u[4], const __m512i table,
+                        const rm_block_q8_K * const x[KR_TOKENS], const int nt, __m512i S[KR_TOKENS], const int kind) {
+    const int six = kind == KS16_Q6, five = kind == KS16_Q5, iq4 = kind == KS16_IQ4;
+    const __m512i n4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
+    __m512i D[KR_TOKENS];
+    for (int t = 0; t < nt; t++) {
+        D[t] = _mm512_setzero_si512();
+    }
+    if (six) {
+        const __m512i hb = _mm512_loadu_si512(sb + KS16_Q6_HB(j));
+        for (int q = 0; q < 2; q++) {
+            const __m512i v = _mm512_loadu_si512(sb + KS16_Q6_LEV(j, q));
+            const __m512i lo = ks16_q6_levels(v, hb, q), hi = ks16_q6_levels(v, hb, q + 2);
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 4 * j + q));
+                D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 4 * j + q + 2));
+            }
+        }
+    } else if (iq4) {   /* the table's levels + 128 for Q4_K's nibbles */
+        for (int q = 0; q < 4; q++) {
+            const __m512i v = _mm512_loadu_si512(sb + KS16_IQ4_LEV(j, q));
+            const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, n4));
+            const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), n4));
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
+                D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
+            }
+        }
+    } else if (five) {   /* Q4_K's levels, 16 added where the fifth bit is set (a byte mask: no shift) */
+        const __m512i hb = _mm512_loadu_si512(sb + KS16_Q5_HB(j));
+        for (int q = 0; q < 4; q++) {
+            const __m512i v = _mm512_loadu_si512(sb + KS16_Q5_LEV(j, q));
+            const __mmask64 flo = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char) (1 << q)));
+            const __mmask64 fhi = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char) (1 << (q + 4))));
+            const __m512i lo4 = _mm512_and_si512(v, n4), hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
+            const __m512i lo = _mm512_mask_add_epi8(lo4, flo, lo4, b4);
+            const __m512i hi = _mm512_mask_add_epi8(hi4, fhi, hi4, b4);
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
+                D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
+            }
+        }
+    } else {
+        for (int q = 0; q < 4; q++) {
+            const __m512i v = _mm512_loadu_si512(sb + KS16_LEV + 64 * (4 * j + q));
+            const __m512i lo = _mm512_and_si512(v, n4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
+            for (int t = 0; t < nt; t++) {
+                D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
+                D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
+            }
+        }
+    }
+    /* Q6_K: signed byte j % 4 of word j / 4 */
+    const __m512i sc = six   ? _mm512_srai_epi32(_mm512_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24)
+                       : iq4 ? iq4_scale(u[0], u[1], j)
+                             : ks16_field(u, j, 0);
+    for (int t = 0; t < nt; t++) {
+        S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(D[t], sc));
+    }
+}
+
 /* nt tokens (x[t]: their Q8_K rows) against one tile of Q4_K, Q6_K, Q5_K or IQ4_XS (kind KS16_*):
  * out[t][row], rows_tokens_kq's integers and float steps. */
 RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_K * const x[KR_TOKENS], const int nt,
@@ -1001,7 +1064,6 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
             acc[t][l] = _mm512_setzero_ps();
         }
     }
-    const __m512i n4 = _mm512_set1_epi8(0x0f), b4 = _mm512_set1_epi8(0x10);
     const __m512i table = iq4 ? _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128((const __m128i *) rm_iq4nl_values),
                                                                      _mm_set1_epi8((char) 0x80)))
                               : _mm512_setzero_si512();   /* IQ4_XS's levels + 128 */
@@ -1017,61 +1079,24 @@ RM_INLINE void ks16_tokens(int64_t nsb, const uint8_t * tile, const rm_block_q8_
             S[t] = _mm512_setzero_si512();
         }
         const int nj = six ? 16 : 8;   /* sub-blocks: of 16 elements (Q6_K), of 32 (Q4_K) */
+        /* Unrolled whole, the tokens' sums spilled: from three tokens on, Q6_K's sixteen sub-blocks
+         * go eight at a time and the others' eight two at a time (32 tokens, ps a weight: Q6_K 8.7 ->
+         * 8.0, Q4_K 6.6 -> 6.3, Q5_K 7.8 -> 7.5, IQ4_XS 6.9 -> 6.6). One or two tokens (decode) keep
+         * them whole: Q6_K's decode ran 11% slower in halves. */
+        if (six && nt > 2) {
+#pragma GCC unroll 8
+            for (int j = 0; j < nj; j++) {
+                ks16_sub(j, sb, b, u, table, x, nt, S, kind);
+            }
+        } else if (nt > 2) {
+#pragma GCC unroll 2
+            for (int j = 0; j < nj; j++) {
+                ks16_sub(j, sb, b, u, table, x, nt, S, kind);
+            }
+        } else {
 #pragma GCC unroll 16
-        for (int j = 0; j < nj; j++) {
-            for (int t = 0; t < nt; t++) {
-                D[t] = _mm512_setzero_si512();
-            }
-            if (six) {
-                const __m512i hb = _mm512_loadu_si512(sb + KS16_Q6_HB(j));
-                for (int q = 0; q < 2; q++) {
-                    const __m512i v = _mm512_loadu_si512(sb + KS16_Q6_LEV(j, q));
-                    const __m512i lo = ks16_q6_levels(v, hb, q), hi = ks16_q6_levels(v, hb, q + 2);
-                    for (int t = 0; t < nt; t++) {
-                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 4 * j + q));
-                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 4 * j + q + 2));
-                    }
-                }
-            } else if (iq4) {   /* the table's levels + 128 for Q4_K's nibbles */
-                for (int q = 0; q < 4; q++) {
-                    const __m512i v = _mm512_loadu_si512(sb + KS16_IQ4_LEV(j, q));
-                    const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(v, n4));
-                    const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(v, 4), n4));
-                    for (int t = 0; t < nt; t++) {
-                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
-                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
-                    }
-                }
-            } else if (five) {   /* Q4_K's levels, 16 added where the fifth bit is set (a byte mask: no shift) */
-                const __m512i hb = _mm512_loadu_si512(sb + KS16_Q5_HB(j));
-                for (int q = 0; q < 4; q++) {
-                    const __m512i v = _mm512_loadu_si512(sb + KS16_Q5_LEV(j, q));
-                    const __mmask64 flo = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char) (1 << q)));
-                    const __mmask64 fhi = _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char) (1 << (q + 4))));
-                    const __m512i lo4 = _mm512_and_si512(v, n4), hi4 = _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
-                    const __m512i lo = _mm512_mask_add_epi8(lo4, flo, lo4, b4);
-                    const __m512i hi = _mm512_mask_add_epi8(hi4, fhi, hi4, b4);
-                    for (int t = 0; t < nt; t++) {
-                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
-                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
-                    }
-                }
-            } else {
-                for (int q = 0; q < 4; q++) {
-                    const __m512i v = _mm512_loadu_si512(sb + KS16_LEV + 64 * (4 * j + q));
-                    const __m512i lo = _mm512_and_si512(v, n4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), n4);
-                    for (int t = 0; t < nt; t++) {
-                        D[t] = _mm512_dpbusd_epi32(D[t], lo, KR_X4(x[t] + b, 8 * j + q));
-                        D[t] = _mm512_dpbusd_epi32(D[t], hi, KR_X4(x[t] + b, 8 * j + q + 4));
-                    }
-                }
-            }
-            /* Q6_K: signed byte j % 4 of word j / 4 */
-            const __m512i sc = six   ? _mm512_srai_epi32(_mm512_slli_epi32(u[j / 4], 24 - 8 * (j % 4)), 24)
-                               : iq4 ? iq4_scale(u[0], u[1], j)
-                                     : ks16_field(u, j, 0);
-            for (int t = 0; t < nt; t++) {
-                S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(D[t], sc));
+            for (int j = 0; j < nj; j++) {
+                ks16_sub(j, sb, b, u, table, x, nt, S, kind);
             }
         }
         for (int t = 0; t < nt; t++) {   /* the bsums' weights (the mins, or the scales) against the bsums, pair by pair */
@@ -1487,9 +1512,9 @@ RM_INLINE void rows_tokens_kq(int64_t nsb, const uint8_t * room, const rm_block_
                 }
                 continue;
             }
-#pragma GCC unroll 4
+#pragma GCC unroll 2
             for (int e0 = 4 * j; e0 < 4 * j + 8 - 4 * sixteen; e0 += run) {
-#pragma GCC unroll 4
+#pragma GCC unroll 2
                 for (int e = e0; e < e0 + run; e++) {
                     const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + KR_LEV + 64 * e));
                     for (int t = 0; t < nt; t++) {
@@ -1644,7 +1669,7 @@ RM_INLINE void rows_tokens_32(int64_t nb, const uint8_t * room, const uint8_t * 
             } else {   /* levels up to 31: four groups' pairs in int16 (at most 8 x 31 x 128), then int32 lanes */
 #pragma GCC unroll 2
                 for (int j0 = 0; j0 < 8; j0 += 4) {
-#pragma GCC unroll 4
+#pragma GCC unroll 2
                     for (int j = j0; j < j0 + 4; j++) {
                         const __m256i lv = _mm256_loadu_si256((const __m256i *) (wb + 64 * (8 * k + j)));
                         for (int t = 0; t < nt; t++) {

@@ -308,7 +308,7 @@ enum {
                                          top_k best by the indexer's scores (DeepSeek sparse attention: GLM-5) */
     RM_LAYER_DSA_SHARED   = 0x1000000,/* MLA over the positions the previous indexed layer picked (GLM-5.2) */
     RM_LAYER_QSA_INDEX    = 0x2000000,/* gated attention over the key blocks a QSA indexer picks (qwen4exp) */
-    RM_LAYER_RUNS         = 0x1FF7FFF /* the bits the forward pass runs today */
+    RM_LAYER_RUNS         = 0x3FF7FFF /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {

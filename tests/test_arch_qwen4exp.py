@@ -240,6 +240,36 @@ def test_qwen4exp_qsa_rope_whole_head_by_default(tmp_path):
         assert _rel(m.eval_logits(ids), ref) < 1e-4
 
 
+def test_qwen4exp_qsa_sequences_in_one_batch(qwen4exp_qsa):
+    """Two sessions past the budget in one evaluation (eval_batch), a chunk of 3 tokens and a single
+    token: each picks from its own indexer keys, within 1e-4 relative of transformers."""
+    hf, path, ids, ref, seen = qwen4exp_qsa
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        other = m.fork_session()
+        m.eval(ids[:30])
+        other.eval(ids[:20])
+        a, b = rm.eval_batch([(m, ids[30:33]), (other, ids[20:21])], all_logits=True)
+    assert _rel(a, ref[30:33]) < 1e-4
+    assert _rel(b, ref[20:21]) < 1e-4
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(indexer_kv_heads=2), rm.UnsupportedError, "2 key heads"),
+    (dict(indexer_budget=None), rm.FormatError, "indexer_budget"),
+])
+def test_qwen4exp_qsa_config_refused_by_name(qwen4exp_qsa, tmp_path, change, error, words):
+    """A QSA config the runtime cannot run, or that lacks the indexer's sizes, is refused by name."""
+    import json
+    import shutil
+
+    hf = shutil.copytree(qwen4exp_qsa[0], tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config.update(change)
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=words):
+        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+
+
 def test_qwen4exp_qsa_state_round_trip(qwen4exp_qsa, tmp_path):
     """A saved state holds the QSA layers' indexer keys: a session loaded from it picks the blocks
     the one that saved it picks, bit for bit."""

@@ -270,6 +270,23 @@ def test_qwen4exp_qsa_config_refused_by_name(qwen4exp_qsa, tmp_path, change, err
         rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
 
 
+@pytest.mark.parametrize("kv, words", [
+    ({"qwen4exp.attention.compress_ratios": [0.0, 2.5, 0.0, 4.0]}, "layer 1 is a QSA layer, and attention.compress_ratios gives it 2.5"),
+    ({"qwen4exp.attention.indexer.head_count": 0}, "layer 1 is a QSA layer, and the indexer's keys give head_count 0"),
+])
+def test_qwen4exp_qsa_file_refused_by_name(qwen4exp_qsa, tmp_path, kv, words):
+    """A file whose QSA layers have blocks of no whole length, or an indexer without heads, is
+    refused by name at load."""
+    import shutil
+
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    path = shutil.copy(qwen4exp_qsa[1], tmp_path / "m.gguf")
+    rewrite_with_kv(str(path), kv)
+    with pytest.raises(rm.FormatError, match=words):
+        rm.Model(path, n_ctx=64, n_threads=2)
+
+
 def test_qwen4exp_qsa_state_round_trip(qwen4exp_qsa, tmp_path):
     """A saved state holds the QSA layers' indexer keys: a session loaded from it picks the blocks
     the one that saved it picks, bit for bit."""

@@ -463,7 +463,7 @@ static rm_status check_layer_kinds(const loader * ld, const rm_hparams * hp) {
 }
 
 /* The arch's per-layer floats (rm_layer_float_row) into every layer: one value for all, an array
- * of at least block_count floats, or none (0). */
+ * of at least block_count floats or 32-bit integers (llama.cpp's compress_ratios), or none (0). */
 static rm_status read_layer_floats(rm_model * m, const loader * ld) {
     for (int32_t r = 0; r < ld->arch->n_layer_floats; r++) {
         const rm_layer_float_row * row = &ld->arch->layer_floats[r];
@@ -475,7 +475,7 @@ static rm_status read_layer_floats(rm_model * m, const loader * ld) {
         }
         float one = 0.0f;
         rm_gguf_arr arr = {0};
-        if (rm_gguf_kv_type(ld->g, ik) == RM_GGUF_ARRAY) {   /* floats, or 32-bit integers (compress_ratios) */
+        if (rm_gguf_kv_type(ld->g, ik) == RM_GGUF_ARRAY) {
             if (rm_gguf_get_arr(ld->g, key, -1, &arr) != RM_OK || arr.n < (uint64_t) m->hp.n_layer ||
                 (arr.type != RM_GGUF_FLOAT32 && arr.type != RM_GGUF_INT32 && arr.type != RM_GGUF_UINT32)) {
                 return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a float or an array of at least %d floats or "

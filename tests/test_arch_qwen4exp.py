@@ -287,6 +287,14 @@ def test_qwen4exp_qsa_file_refused_by_name(qwen4exp_qsa, tmp_path, kv, words):
         rm.Model(path, n_ctx=64, n_threads=2)
 
 
+def test_qwen4exp_qsa_kv_cache_bytes_count_the_indexer_keys(qwen4exp_qsa):
+    """The KV cache's bytes (rm_session_sizes, as the planner reads them) count each QSA layer's
+    indexer keys beside its K and V: 2 layers of 64 positions of K and V (2 kv heads of 32) and of a
+    key of 32, all F32."""
+    with rm.Model(qwen4exp_qsa[1], n_ctx=64, n_threads=2) as m:
+        assert m.kv_cache_bytes == 2 * 64 * (2 * 2 * 32 + 32) * 4
+
+
 def test_qwen4exp_qsa_state_round_trip(qwen4exp_qsa, tmp_path):
     """A saved state holds the QSA layers' indexer keys: a session loaded from it picks the blocks
     the one that saved it picks, bit for bit."""

@@ -827,10 +827,20 @@ def _check_qwen4exp(config: Mapping[str, Any]) -> None:
     gate = config.get("output_gate_type") or config.get("hidden_act") or "silu"
     if gate != "silu":
         raise UnsupportedError(f"config.json: the linear layers' output gate {gate!r} is not supported (silu is)")
-    types = _layer_types(config)
-    if any(t != "linear_attention" for t in types):
-        raise UnsupportedError("config.json: qwen4exp's QSA sparse attention layers are not supported yet "
-                               f"(layer_types {types})")
+    if any(t != "linear_attention" for t in _layer_types(config)):
+        keys = ("indexer_n_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio")
+        bad = [k for k in keys if not isinstance(config.get(k), int) or config[k] <= 0]
+        if bad:
+            raise FormatError(f"config.json: the QSA layers need {', '.join(bad)} (a positive integer each)")
+        if config.get("indexer_kv_heads", 1) != 1:
+            raise UnsupportedError(f"config.json: a QSA indexer of {config['indexer_kv_heads']} key heads is not "
+                                   "supported (transformers' has one)")
+
+
+def _prepare_qwen4exp(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Each layer's QSA block length (0 in the linear layers), as llama.cpp writes them."""
+    ratio = config.get("indexer_compress_ratio") or 0
+    return dict(config, _compress_ratios=[0 if t == "linear_attention" else ratio for t in _layer_types(config)])
 
 
 def _hc(kind: str, hf: str, inject: bool = True) -> tuple[TensorSpec, ...]:
@@ -853,20 +863,40 @@ def _qwen4exp_tensors() -> tuple[TensorSpec, ...]:
         "output_norm.weight", "blk.{bid}.attn_norm.weight", "blk.{bid}.post_attention_norm.weight")]
     head = _hc("output_hc", "model.hyper_connection_mixer.", inject=False)
     attn, ffn = _hc("blk.{bid}.hc_attn", p + "attn_hyper_connection."), _hc("blk.{bid}.hc_ffn", p + "mlp_hyper_connection.")
-    return tuple(hybrid[:2]) + head + attn + tuple(hybrid[2:]) + ffn
+    i, full = p + "self_attn.indexer.", dict(layers="full")
+    qsa = (   # the indexer's one projection split into its queries and its key, as llama.cpp's converter does
+        TensorSpec("blk.{bid}.indexer.q_proj.weight", i + "index_qk_proj.weight", ("n_embd", "n_index_q"), "attn",
+                   transform="qsa_q", **full),
+        TensorSpec("blk.{bid}.indexer.k_proj.weight", i + "index_qk_proj.weight", ("n_embd", "index_head_dim"),
+                   "attn", transform="qsa_k", **full),
+        TensorSpec("blk.{bid}.indexer.q_norm.weight", i + "q_layernorm.weight", ("index_head_dim",), "norm",
+                   transform="plus_one", **full),
+        TensorSpec("blk.{bid}.indexer.k_norm.weight", i + "k_layernorm.weight", ("index_head_dim",), "norm",
+                   transform="plus_one", **full),
+    )
+    return tuple(hybrid[:2]) + head + attn + tuple(hybrid[2:8]) + qsa + tuple(hybrid[8:]) + ffn
 
 
 QWEN4EXP = ArchSpec(
     name="qwen4exp",
     hf_architectures=("Qwen4ExpForCausalLM",),
-    hparams=_qwen35_hparams() + (
+    # transformers' Qwen4ExpTextConfig rotates the whole head when rope_parameters give no partial factor
+    hparams=tuple(dataclasses.replace(h, default=1.0) if h.dim == "partial_rotary_factor" else h
+                  for h in _qwen35_hparams()) + (
         HParam("{arch}.hyper_connection.count", ("hc_count",), "u32", default=4, dim="hc_count"),
         HParam("{arch}.hyper_connection.low_rank", ("hc_lowrank",), "u32", default=320, dim="hc_low_rank"),
         HParam(None, (), "u32", default=lambda d: d["hc_count"] * d["n_embd"], dim="n_hc_embd"),
+        # QSA's indexer (0 without indexed layers: an all-linear config may leave them out)
+        HParam(Keys.Attention.Indexer.HEAD_COUNT, ("indexer_n_heads",), "u32", default=0, dim="index_n_head"),
+        HParam(Keys.Attention.Indexer.KEY_LENGTH, ("indexer_head_dim",), "u32", default=0, dim="index_head_dim"),
+        HParam(Keys.Attention.Indexer.TOP_K, ("indexer_budget",), "u32", default=0, dim="index_top_k"),
+        HParam("{arch}.attention.compress_ratios", ("_compress_ratios",), "u32s", dim="compress_ratios"),
+        HParam(None, (), "u32", default=lambda d: d["index_n_head"] * d["index_head_dim"], dim="n_index_q"),
     ),
     tensors=_qwen4exp_tensors(),
     output_from_embd=True,
     check_config=_check_qwen4exp,
+    prepare_config=_prepare_qwen4exp,
     layer_kind=_hybrid_layer_kind,
     skipped=_MTP,
 )

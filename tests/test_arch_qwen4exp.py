@@ -4,7 +4,8 @@ residual is hc_count streams, each block's input their gated mean, its output ad
 with the stream's own weight, and the output's norm a last such mixer.
 
 Tiny random checkpoints made at test time: 3 Gated DeltaNet layers (2 key heads, 4 value heads),
-3 residual streams of a low rank of 8, every norm's gamma away from 1.
+3 residual streams of a low rank of 8, every norm's gamma away from 1; and one of 4 layers, Gated
+DeltaNet and QSA attention alternating (see test_qwen4exp_qsa_matches_transformers).
 
 Oracles and budgets:
 - transformers (f32): our logits within 1e-4 relative (max |diff| / max |logit| per position) over a
@@ -26,6 +27,7 @@ import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer
 from conftest import logit_rel as _rel
+from conftest import state_round_trip
 from test_arch_qwen35 import init_hybrid_weights
 
 N_PROMPT, N_DECODE = 40, 6
@@ -94,3 +96,232 @@ def test_qwen4exp_llama_cpp_file_runs_as_ours(qwen4exp, tmp_path):
         b = ours.eval_logits(ids[:N_PROMPT])
     assert _rel(a, b) < 1e-5
     assert _rel(a, ref[:N_PROMPT]) < 1e-4
+
+
+# ---- QSA attention -------------------------------------------------------------------------------
+
+QSA_BUDGET, QSA_RATIO = 8, 4
+
+
+def make_tiny_qwen4exp_qsa(out_dir, seed: int = 0, **overrides):
+    """4 layers, a QSA layer after each Gated DeltaNet layer: an indexer of 4 heads of 32 keeping
+    QSA_BUDGET // QSA_RATIO blocks of QSA_RATIO positions and the tail. The indexer's projection is
+    drawn wide, so that its scores' gaps stand well above rounding."""
+    import json
+
+    import torch
+    from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+               linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+               num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+               max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0,
+               eos_token_id=2, pad_token_id=0, hc_count=3, hc_lowrank=8,
+               layer_types=["linear_attention", "indexed_attention"] * 2,
+               rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+               indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=32, indexer_budget=QSA_BUDGET,
+               indexer_compress_ratio=QSA_RATIO)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**cfg)).eval()
+    init_hybrid_weights(model, seed, norm_std=0.2, stds=(("input_mix_weight", 0.3), ("block_inject", 0.3),
+                                                          ("index_qk_proj", 0.5), ("self_attn.q_proj", 0.15),
+                                                          ("self_attn.k_proj", 0.15)))
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    make_tiny_tokenizer(out_dir)
+    # transformers keeps the pattern in layer_types alone; the real checkpoint's config also says it
+    # as full_attention_interval and names its QSA layers full_attention
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["full_attention_interval"] = 2
+    config["layer_types"] = ["linear_attention", "full_attention"] * 2
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return model
+
+
+def _qsa_reference(model, ids):
+    """transformers' logits (use_cache=False), and per QSA layer what its indexer did for each token:
+    the positions kept, and the gap between the last block kept and the best block dropped (the
+    scores recomputed from the indexer's own inputs, in float64)."""
+    import torch
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import apply_rotary_pos_emb
+
+    seen = []
+
+    def hook(mod, args, out):
+        hidden, (cos, sin) = args[0], args[1]
+        n_q = mod.index_n_heads * mod.index_head_dim
+        qk = mod.index_qk_proj(hidden)[0]
+        q = mod.q_layernorm(qk[:, :n_q].reshape(len(ids), -1, mod.index_head_dim))
+        q = apply_rotary_pos_emb(q, cos=cos[0], sin=sin[0], unsqueeze_dim=1).double()
+        raw, r = qk[:, n_q:], mod.compress_ratio
+        gaps = []
+        for p in range(len(ids)):
+            nb = (p + 1) // r
+            if nb <= mod.block_topk:
+                continue
+            keys = mod.k_layernorm(raw[: nb * r].reshape(nb, r, -1).mean(1))
+            starts = torch.arange(nb) * r
+            keys = apply_rotary_pos_emb(keys[:, None], cos=cos[0, starts], sin=sin[0, starts])[:, 0].double()
+            scores = torch.relu(q[p] @ keys.T).sum(0) / mod.index_head_dim ** 0.5
+            best = scores.sort(descending=True).values
+            gaps.append(float(best[mod.block_topk - 1] - best[mod.block_topk]))
+        causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+        seen.append(((out[0, 0] & causal).sum(-1).numpy(), np.array(gaps)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if type(m).__name__ == "Qwen4ExpTextQSAIndexer"]
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, seen
+
+
+@pytest.fixture(scope="module")
+def qwen4exp_qsa(tmp_path_factory):
+    """(checkpoint dir, our f32 file, token ids, transformers' logits, what its indexers did)."""
+    d = tmp_path_factory.mktemp("qwen4exp_qsa")
+    model = make_tiny_qwen4exp_qsa(d / "hf", seed=2)   # a draw whose picks have no near ties
+    out = d / "model.gguf"
+    rm.convert(d / "hf", out, recipe="f32", progress=False)
+    ids = np.random.default_rng(13).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
+    ref, seen = _qsa_reference(model, ids)
+    return d / "hf", out, ids, ref, seen
+
+
+def test_qwen4exp_qsa_matches_transformers(qwen4exp_qsa):
+    """QSA attention against transformers (f32): logits within 1e-4 relative over a 40-token prefill
+    and 6 decode steps, one token per call, at a context of 46 positions, well past the indexer's
+    budget of 8 (2 blocks of 4, and the tail): from position 11 on, a token keeps at most 11 of the
+    positions it sees. transformers keeps whole blocks and the tail; llama.cpp's graph keeps
+    budget + ratio - 1 positions however the tail falls, which differs; we follow transformers. The
+    drawn checkpoint's picks have no near ties (the gap at the boundary is checked), so the result
+    does not hang on how either side breaks them. Measured: 1.4e-6 (prefill), 1.9e-6 (decode), 1.9e-6
+    (every token a step of its own)."""
+    hf, path, ids, ref, seen = qwen4exp_qsa
+    assert len(seen) == 2
+    for kept, gaps in seen:
+        late = np.arange(len(ids)) >= 2 * QSA_BUDGET
+        assert (kept[late] < np.arange(len(ids))[late] + 1).all()   # blocks were dropped
+        assert (kept <= QSA_BUDGET + QSA_RATIO - 1).all()
+        assert gaps.min() > 1e-3, gaps.min()
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=64) as m:
+        assert m.info["arch"] == "qwen4exp"
+        first = m.eval_logits(ids[:N_PROMPT])
+        rest = np.stack([m.eval([t]) for t in ids[N_PROMPT:]])
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=64) as m:   # every token a step of its own
+        single = np.stack([m.eval([t]) for t in ids])
+    print("rel", _rel(first, ref[:N_PROMPT]), _rel(rest, ref[N_PROMPT:]), _rel(single, ref))
+    assert _rel(first, ref[:N_PROMPT]) < 1e-4
+    assert _rel(rest, ref[N_PROMPT:]) < 1e-4
+    assert _rel(single, ref) < 1e-4
+
+
+def test_qwen4exp_qsa_rope_whole_head_by_default(tmp_path):
+    """transformers' Qwen4ExpTextConfig rotates the whole head when rope_parameters name no
+    partial_rotary_factor (Qwen3.5's default is a quarter), and so does our converter's file: logits
+    within 1e-4 relative of transformers' until the first token that drops a block."""
+    import torch
+
+    model = make_tiny_qwen4exp_qsa(tmp_path / "hf", seed=2, rope_parameters=dict(rope_type="default",
+                                                                                   rope_theta=10000.0))
+    rm.convert(tmp_path / "hf", tmp_path / "m.gguf", recipe="f32", progress=False)
+    dense = (QSA_BUDGET // QSA_RATIO + 1) * QSA_RATIO - 1
+    ids = np.random.default_rng(13).integers(3, VOCAB, dense).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+    with rm.Model(tmp_path / "m.gguf", n_ctx=64, n_threads=2) as m:
+        assert _rel(m.eval_logits(ids), ref) < 1e-4
+
+
+def test_qwen4exp_qsa_sequences_in_one_batch(qwen4exp_qsa):
+    """Two sessions past the budget in one evaluation (eval_batch), a chunk of 3 tokens and a single
+    token: each picks from its own indexer keys, within 1e-4 relative of transformers."""
+    hf, path, ids, ref, seen = qwen4exp_qsa
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        other = m.fork_session()
+        m.eval(ids[:30])
+        other.eval(ids[:20])
+        a, b = rm.eval_batch([(m, ids[30:33]), (other, ids[20:21])], all_logits=True)
+    assert _rel(a, ref[30:33]) < 1e-4
+    assert _rel(b, ref[20:21]) < 1e-4
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(indexer_kv_heads=2), rm.UnsupportedError, "2 key heads"),
+    (dict(indexer_budget=None), rm.FormatError, "indexer_budget"),
+])
+def test_qwen4exp_qsa_config_refused_by_name(qwen4exp_qsa, tmp_path, change, error, words):
+    """A QSA config the runtime cannot run, or that lacks the indexer's sizes, is refused by name."""
+    import json
+    import shutil
+
+    hf = shutil.copytree(qwen4exp_qsa[0], tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config.update(change)
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=words):
+        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+
+
+@pytest.mark.parametrize("kv, words", [
+    ({"qwen4exp.attention.compress_ratios": [0.0, 2.5, 0.0, 4.0]}, "layer 1 is a QSA layer, and attention.compress_ratios gives it 2.5"),
+    ({"qwen4exp.attention.indexer.head_count": 0}, "layer 1 is a QSA layer, and the indexer's keys give head_count 0"),
+])
+def test_qwen4exp_qsa_file_refused_by_name(qwen4exp_qsa, tmp_path, kv, words):
+    """A file whose QSA layers have blocks of no whole length, or an indexer without heads, is
+    refused by name at load."""
+    import shutil
+
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    path = shutil.copy(qwen4exp_qsa[1], tmp_path / "m.gguf")
+    rewrite_with_kv(str(path), kv)
+    with pytest.raises(rm.FormatError, match=words):
+        rm.Model(path, n_ctx=64, n_threads=2)
+
+
+def test_qwen4exp_qsa_kv_cache_bytes_count_the_indexer_keys(qwen4exp_qsa):
+    """The KV cache's bytes (rm_session_sizes, as the planner reads them) count each QSA layer's
+    indexer keys beside its K and V: 2 layers of 64 positions of K and V (2 kv heads of 32) and of a
+    key of 32, all F32."""
+    with rm.Model(qwen4exp_qsa[1], n_ctx=64, n_threads=2) as m:
+        assert m.kv_cache_bytes == 2 * 64 * (2 * 2 * 32 + 32) * 4
+
+
+def test_qwen4exp_qsa_state_round_trip(qwen4exp_qsa, tmp_path):
+    """A saved state holds the QSA layers' indexer keys: a session loaded from it picks the blocks
+    the one that saved it picks, bit for bit."""
+    hf, path, ids, ref, seen = qwen4exp_qsa
+    want, got, _ = state_round_trip(path, ids[:N_PROMPT], ids[N_PROMPT:], tmp_path / "s.state", n_ctx=64)
+    assert np.array_equal(want, got)
+    assert _rel(got, ref[N_PROMPT:]) < 1e-4
+
+
+def test_qwen4exp_qsa_llama_cpp_file_runs_as_llama_cpp(qwen4exp_qsa, tmp_path):
+    """llama.cpp's converter on the QSA checkpoint (its indexer's projection split into q_proj and
+    k_proj, as ours): llama.cpp 0.3.36's converter writes each layer's compress ratio from the config's
+    layer types as transformers loads them (indexed_attention) and so writes 0 for every layer, which
+    llama.cpp's graph runs as dense attention; we read the file alike. So our engine on its file
+    gives our own file's logits (and transformers') until the first token that drops a block
+    (position 11), within 1e-5 and 1e-4 relative (measured 4.4e-7 and 1.7e-6). llama.cpp's engine
+    (llama-cpp-python 0.3.36) on that file is off transformers from the first token (2.0 relative),
+    so it is no oracle here."""
+    hf, path, ids, ref, seen = qwen4exp_qsa
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's converter is not at hand (LLAMA_CPP_SRC)")
+    theirs = llamacpp.convert(hf, tmp_path / "llamacpp.gguf", "qwen35")
+    with rm.Model(theirs, n_ctx=64, n_threads=2) as m, rm.Model(path, n_ctx=64, n_threads=2) as ours:
+        assert m.info["arch"] == "qwen4exp"
+        a = m.eval_logits(ids)
+        b = ours.eval_logits(ids)
+    dense = (QSA_BUDGET // QSA_RATIO + 1) * QSA_RATIO - 1   # the first token that drops a block
+    print("rel", _rel(a[:dense], b[:dense]), _rel(a[:dense], ref[:dense]), _rel(a, ref))
+    assert _rel(a[:dense], b[:dense]) < 1e-5
+    assert _rel(a[:dense], ref[:dense]) < 1e-4

@@ -308,7 +308,7 @@ enum {
                                          top_k best by the indexer's scores (DeepSeek sparse attention: GLM-5) */
     RM_LAYER_DSA_SHARED   = 0x1000000,/* MLA over the positions the previous indexed layer picked (GLM-5.2) */
     RM_LAYER_QSA_INDEX    = 0x2000000,/* gated attention over the key blocks a QSA indexer picks (qwen4exp) */
-    RM_LAYER_RUNS         = 0x1FF7FFF /* the bits the forward pass runs today */
+    RM_LAYER_RUNS         = 0x3FF7FFF /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -647,7 +647,8 @@ typedef struct rm_size_params {
     int32_t  head_dim_swa;        /* and head_dim */
     int32_t  n_head_swa;          /* the sliding layers' query heads (Step-3.5); 0: n_head */
     int32_t  index_head_dim;      /* DeepSeek sparse attention: each latent row also holds the indexer's
-                                   * key of this width; 0 without */
+                                   * key of this width; QSA (qwen4exp, kv_lora_rank 0): each attention layer
+                                   * caches the indexer's key (F32) per position; 0 without */
     int32_t  index_n_head;        /* and the indexer's query heads */
     int32_t  hc_count;            /* hyper-connections (qwen4exp): the residual streams; 0 without */
     int32_t  hc_low_rank;         /* and their gates' rank */

@@ -8,7 +8,8 @@
  *   attention 2e-5 of max |v| (also with a sliding window and sinks, and unscaled on heads of 512);
  *             rmsnorm (also without a weight), adds, swiglu, swiglu_clamp, geglu, rows 1e-5; scale
  *             exact; rope, rope_yarn and rope_div 2e-3 at position ~1000 (each computes the angle in
- *             float, as llama.cpp does); route: the same experts, weights within 1e-5
+ *             float, as llama.cpp does); route: the same experts, weights within 1e-5; dsa_select and
+ *             qsa_select: the picks of the reference, ascending
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -730,6 +731,70 @@ static void test_dsa_ops(rm_backend * be) {
     be->ops->release(be, xd), be->ops->release(be, yd);
 }
 
+/* QSA's pick against a double-precision reference: each token's blocks' keys (the mean of their raw
+ * keys, RMS-normed, RoPE'd NEOX on the first ROT dims at the block's first position) and scores
+ * sum_h relu(q_h . K_b) / sqrt(DI); every picked block must beat all but fewer than K of the others,
+ * in ascending order, and the rows of tokens that keep every block stay untouched. */
+static void test_qsa_ops(rm_backend * be) {
+    if (!be->ops->qsa_select) return;
+    enum { HI = 3, DI = 16, ROT = 8, RATIO = 4, K = 2, CTX = 120, T = 7, POS0 = 6 };
+    float * keys = randn(CTX * DI, 1.0f), * q = randn(T * HI * DI, 1.0f), * nw = randn(DI, 0.3f);
+    for (int c = 0; c < DI; c++) nw[c] += 1.0f;
+    rm_weight w = {RM_TYPE_F32, {DI, 1, 1, 1}, (const uint8_t *) nw, sizeof(float) * DI};
+    float * kd = put(be, keys, CTX * DI), * qd = put(be, q, T * HI * DI);
+    int32_t sel[T * K];
+    for (int i = 0; i < T * K; i++) sel[i] = -7;
+    float * scratch = malloc(sizeof(float) * rm_qsa_host_floats(DI, RATIO, CTX, 2));
+    for (int step = 0; step < 2; step++) {   /* a prefill from POS0, then one token far on */
+        const int32_t pos0 = step ? 101 : POS0, n_tok = step ? 1 : T;
+        for (int i = 0; i < T * K; i++) sel[i] = -7;
+        const rm_qsa_args a = {qd, kd, &w, n_tok, pos0, HI, DI, ROT, RATIO, K, 1e-6f, 10000.0f, 1, sel, scratch};
+        be->ops->qsa_select(be, &a);
+        int wrong = 0;
+        for (int t = 0; t < n_tok; t++) {
+            const int nb = (pos0 + t + 1) / RATIO;
+            if (nb <= K) {   /* keeps every block: its row untouched */
+                for (int m = 0; m < K; m++) wrong += sel[t * K + m] != -7;
+                continue;
+            }
+            double sc[CTX];
+            for (int b = 0; b < nb; b++) {
+                double kb[DI], ss = 0;
+                for (int c = 0; c < DI; c++) {
+                    kb[c] = 0;
+                    for (int j = 0; j < RATIO; j++) kb[c] += keys[(b * RATIO + j) * DI + c] / (double) RATIO;
+                    ss += kb[c] * kb[c] / DI;
+                }
+                for (int c = 0; c < DI; c++) kb[c] = kb[c] / sqrt(ss + 1e-6) * nw[c];
+                for (int i = 0; i < ROT / 2; i++) {
+                    const double ang = (double) b * RATIO * pow(10000.0, -2.0 * i / ROT);
+                    const double x0 = kb[i], x1 = kb[i + ROT / 2];
+                    kb[i] = x0 * cos(ang) - x1 * sin(ang);
+                    kb[i + ROT / 2] = x0 * sin(ang) + x1 * cos(ang);
+                }
+                sc[b] = 0;
+                for (int h = 0; h < HI; h++) {
+                    double d = 0;
+                    for (int c = 0; c < DI; c++) d += (double) q[(t * HI + h) * DI + c] * kb[c];
+                    sc[b] += d > 0 ? d : 0;
+                }
+                sc[b] /= sqrt((double) DI);
+            }
+            for (int m = 0; m < K; m++) {
+                const int32_t pb = sel[t * K + m];
+                wrong += pb < 0 || pb >= nb || (m > 0 && pb <= sel[t * K + m - 1]);
+                if (pb < 0 || pb >= nb) continue;
+                int better = 0;
+                for (int b = 0; b < nb; b++) better += sc[b] > sc[pb] + 1e-9;
+                wrong += better >= K;
+            }
+        }
+        record(be->ops->name, "qsa_select", step ? "a token at 101" : "7 tokens from 6", (double) wrong, 0.0);
+    }
+    free(keys), free(q), free(nw), free(scratch);
+    be->ops->release(be, kd), be->ops->release(be, qd);
+}
+
 /* ---- per backend ---------------------------------------------------------------------------- */
 
 static void test_backend(rm_backend * be, const rm_model * m, int32_t type, int half_on_host) {
@@ -819,6 +884,7 @@ int main(int argc, char ** argv) {
             test_gpt_oss_ops(cpu);
             test_gemma4_ops(cpu, m);
             test_dsa_ops(cpu);
+            test_qsa_ops(cpu);
             test_hc_ops(cpu);
         }
         cpu->ops->free(cpu);

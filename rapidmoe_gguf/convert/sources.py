@@ -128,6 +128,9 @@ TRANSFORMS: dict[str, Callable[[np.ndarray, dict], np.ndarray]] = {
     "tiled_cols": lambda w, d: _tiled(w, d, d["ssm_head_v"], axis=1),
     "k_b": lambda w, d: _split_kv_b(w, d, "k_b"),
     "v_b": lambda w, d: _split_kv_b(w, d, "v_b"),
+    # QSA's index_qk_proj: the indexer's query heads' rows, then its key's (llama.cpp splits them)
+    "qsa_q": lambda w, d: np.ascontiguousarray(w[:d["n_index_q"]]),
+    "qsa_k": lambda w, d: np.ascontiguousarray(w[d["n_index_q"]:]),
 }
 
 # The HF shape a transform reads, where it is not the output's (ne reversed).
@@ -171,6 +174,8 @@ _HF_SHAPE: dict[str, Callable[[tuple[int, ...], dict], tuple[int, ...]]] = {
     # both halves of MLA's kv_b_proj
     "k_b": lambda ne, d: (d["n_head"] * (d["n_nope"] + d["head_dim_v"]), d["kv_lora_rank"]),
     "v_b": lambda ne, d: (d["n_head"] * (d["n_nope"] + d["head_dim_v"]), d["kv_lora_rank"]),
+    "qsa_q": lambda ne, d: (d["n_index_q"] + d["index_head_dim"], ne[0]),
+    "qsa_k": lambda ne, d: (d["n_index_q"] + d["index_head_dim"], ne[0]),
 }
 
 

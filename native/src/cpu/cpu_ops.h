@@ -11,8 +11,13 @@ void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a
 
 /* cpu/dsa.c: sparse attention's pick of positions on the pool's threads, and a LayerNorm. */
 void rm_cpu_dsa_select(rm_pool * pool, const rm_dsa_args * a);
+/* The k-th largest of v[0..n) (1 <= k <= n), v reordered. */
+float rm_cpu_kth_largest(float * v, int32_t n, int32_t k);
 void rm_cpu_layernorm(float * y, const float * x, const float * w, const float * b, int64_t n_rows, int64_t n,
                       float eps);
+
+/* cpu/qsa.c: QSA's pick of key blocks on the pool's threads. */
+void rm_cpu_qsa_select(rm_pool * pool, const rm_qsa_args * a);
 
 /* cpu/deltanet.c: the middle of a Gated DeltaNet layer on the pool's threads. */
 void rm_cpu_gdn(rm_pool * pool, const rm_gdn_args * a);

@@ -84,8 +84,7 @@ static void score_task(void * ctx, int ith, int nth) {
     (void) nth;
 }
 
-/* The k-th largest of v[0..n) (1 <= k <= n), v reordered. */
-static float kth_largest(float * v, int32_t n, int32_t k) {
+float rm_cpu_kth_largest(float * v, int32_t n, int32_t k) {
     int32_t lo = 0, hi = n - 1;
     const int32_t want = k - 1;
     while (lo < hi) {
@@ -129,7 +128,7 @@ void rm_cpu_dsa_select(rm_pool * pool, const rm_dsa_args * a) {
             atomic_init(&t.next, 0);
             rm_pool_run(pool, score_task, &t);
             memcpy(copy, scores, sizeof(float) * (size_t) n);
-            const float kth = kth_largest(copy, n, K);
+            const float kth = rm_cpu_kth_largest(copy, n, K);
             int32_t above = 0;
             for (int32_t j = 0; j < n; j++) {
                 above += scores[j] > kth;

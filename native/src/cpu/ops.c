@@ -1396,6 +1396,10 @@ static void cpu_dsa_select(rm_backend * be, const rm_dsa_args * a) {
     rm_cpu_dsa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_qsa_select(rm_backend * be, const rm_qsa_args * a) {
+    rm_cpu_qsa_select(((cpu_ctx *) be->ctx)->pool, a);
+}
+
 static void cpu_layernorm(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
                           int64_t n_rows, int64_t n, float eps) {
     rm_cpu_layernorm(y, x, (const float *) w->data, (const float *) b->data, n_rows, n, eps);
@@ -1561,6 +1565,7 @@ static const rm_backend_ops CPU_OPS = {
     .route_gated = cpu_route_gated,
     .mla_attention = cpu_mla_attention,
     .dsa_select  = cpu_dsa_select,
+    .qsa_select  = cpu_qsa_select,
     .layernorm   = cpu_layernorm,
     .gdn         = cpu_gdn,
     .copy_rows   = cpu_copy_rows,
@@ -1616,48 +1621,6 @@ rm_backend * rm_backend_cpu_new(rm_pool * pool, int32_t n_batch, int64_t max_in,
     snprintf(be->stats.backend, sizeof(be->stats.backend), "cpu");
     be->stats.auto_budget = -1.0f;
     return be;
-}
-
-/* The sum of squares in eight partial sums (element i in sum i mod 8, which a compiler keeps in
- * one vector register) added in a fixed order: one chain of n dependent adds took a 2048-wide row
- * about as long as the rest of the norm. */
-void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps) {
-    double part[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        for (int k = 0; k < 8; k++) {
-            part[k] += (double) x[i + k] * x[i + k];
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        part[k] += (double) x[i] * x[i];
-    }
-    const double ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-    const float scale = 1.0f / sqrtf((float) (ss / (double) n) + eps);
-    for (int64_t i = 0; i < n; i++) {
-        y[i] = w ? x[i] * scale * w[i] : x[i] * scale;
-    }
-}
-
-void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox) {
-    rm_rope_div(x, n_head, head_dim, n_rot, pos, base, neox, NULL);
-}
-
-void rm_rope_div(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox,
-                 const float * div) {
-    const int32_t half = n_rot / 2;
-    for (int32_t i = 0; i < half; i++) {
-        const float inv_freq = 1.0f / powf(base, (float) (2 * i) / (float) n_rot) / (div ? div[i] : 1.0f);
-        const float angle = (float) pos * inv_freq;
-        const float c = cosf(angle), s = sinf(angle);
-        for (int32_t h = 0; h < n_head; h++) {
-            float * v = x + (int64_t) h * head_dim;
-            const int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-        }
-    }
 }
 
 void rm_softmax(float * x, int64_t n) { rm_softmax_sink(x, n, -INFINITY); }   /* no sink: exp(-inf) adds 0 */

@@ -146,6 +146,30 @@ typedef struct rm_dsa_args {
     float *            scratch_host;   /* rm_dsa_host_floats less rm_dsa_gather_floats */
 } rm_dsa_args;
 
+/* QSA's indexer (qwen4exp): which blocks of `ratio` consecutive positions each token's attention
+ * keeps. A token at position p sees the nb = (p + 1) / ratio complete blocks b < nb (the positions
+ * after them, its tail, it always keeps). Block b's key is K_b = rope(rmsnorm(mean of the raw keys
+ * of its positions) * k_norm) at its first position b * ratio; its score for the token is
+ * sum_h relu(q_h . K_b) / sqrt(head_dim). A token with nb > top_k keeps its top_k best blocks (ties:
+ * the earlier), ascending, in its row of sel_host; rows of tokens with nb <= top_k (every block
+ * kept) are left as they are. */
+typedef struct rm_qsa_args {
+    const float *     q;          /* n_tok rows of n_head * head_dim: the queries, normed and RoPE'd */
+    const float *     keys;       /* the sequence's raw keys (before their norm), position j in row j of head_dim */
+    const rm_weight * k_norm;     /* F32, ne = {head_dim} */
+    int32_t           n_tok, pos0;/* the tokens are at positions pos0 .. pos0 + n_tok - 1 */
+    int32_t           n_head, head_dim, n_rot;
+    int32_t           ratio, top_k;
+    float             eps, rope_base;
+    int32_t           neox;
+    int32_t *         sel_host;   /* out: n_tok rows of top_k block indices */
+    float *           scratch_host;   /* rm_qsa_host_floats */
+} rm_qsa_args;
+
+/* Floats of the CPU's QSA scratch (cpu/qsa.c) for blocks of at least ratio positions over n_ctx:
+ * the blocks' keys, and per thread each block's score and a copy the selection reorders. */
+uint64_t rm_qsa_host_floats(int32_t head_dim, int32_t ratio, int32_t n_ctx, int32_t n_threads);
+
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
  * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
@@ -298,6 +322,9 @@ typedef struct rm_backend_ops {
     /* DeepSeek sparse attention's pick of positions (rm_dsa_args); NULL: the backend runs no sparse
      * attention (a session of such a model is refused). */
     void (*dsa_select)(rm_backend * be, const rm_dsa_args * a);
+    /* QSA's pick of key blocks (rm_qsa_args); NULL: the backend runs no QSA attention (a session of
+     * such a model is refused). */
+    void (*qsa_select)(rm_backend * be, const rm_qsa_args * a);
     /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n_rows rows of n (y may be x); w and b F32,
      * ne = {n}; NULL: the backend has none (only sparse attention's indexer uses it). */
     void (*layernorm)(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,

@@ -6,6 +6,7 @@
 
 #include "deltanet.h"
 #include "profile.h"
+#include "qsa.h"
 #include "types.h"
 
 static void matmul(rm_session * s, const rm_weight * w, const float * x, int64_t x_stride, int32_t n,
@@ -119,7 +120,11 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
                        L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, p.ring,
                        o->type_k, o->type_v, o->attn_scratch, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f,
                        sh.head_dim_v, o->attn_scratch_floats, 0};
-    be->ops->attention(be, &aa);
+    if (rm_qsa_on(L)) {
+        rm_qsa_attention(s, il, run, &aa);
+    } else {
+        be->ops->attention(be, &aa);
+    }
 }
 
 void rm_attention_block(rm_session * s, int il, int32_t n) {
@@ -134,7 +139,10 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
     const int v_from_k = !L->wv.data;                         /* Gemma 4's full layers: V is K's projection */
     float * qy = gated ? s->hy->qg : s->q;
     const int64_t QY = gated ? 2 * Q : Q;
-    be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
+    if (!(m->arch->flags & RM_ARCH_HYPER)) {   /* else the hyper-connections gave xn */
+        be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
+    }
+    if (rm_qsa_on(L)) rm_qsa_project(s, il, n);
     if (be->ops->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
         const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, qy, QY, 0}, NULL, 0},
                                    {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},

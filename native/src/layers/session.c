@@ -20,6 +20,7 @@
 #include "moe.h"
 #include "policy.h"
 #include "profile.h"
+#include "qsa.h"
 #include "status.h"
 #include "types.h"
 #include "xcache.h"
@@ -40,6 +41,7 @@ static void session_free_buffers(rm_session * s) {
         free(host[i]);
     }
     rm_policy_state_free(&s->policy);
+    if (s->be) rm_qsa_free(s);
     rm_hybrid_free(s->hy);
     if (s->be) {
         float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
@@ -116,7 +118,13 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: hyper-connections (%s) run on the CPU backend only, and "
                        "this model runs on %s", m->arch->name, m->device->name);
     }
-    if (hp->index_head_dim > 0 && m->device != &rm_device_cpu) {
+    for (int il = 0; il < hp->n_layer && m->device != &rm_device_cpu; il++) {
+        if (m->layers[il].kind & RM_LAYER_QSA_INDEX) {
+            return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: QSA sparse attention (layer %d's indexer) runs on the CPU "
+                           "backend only, and this model runs on %s", il, m->device->name);
+        }
+    }
+    if (hp->index_head_dim > 0 && hp->kv_lora_rank > 0 && m->device != &rm_device_cpu) {
         return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: sparse attention (its lightning indexer) runs on the CPU "
                        "backend only, and this model runs on %s", m->device->name);
     }
@@ -201,7 +209,8 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     max_in = (size_t) hp->ssm_d_inner > max_in ? (size_t) hp->ssm_d_inner : max_in;   /* ssm_out's input */
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
-    if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK) {
+    if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK ||
+        !rm_qsa_new(s)) {
         const int32_t n_ctx = s->n_ctx;
         st = s->be ? s->be->ops->status(s->be) : st;
         char msg[512];
@@ -282,8 +291,9 @@ rm_status rm_session_checkpoint(rm_session * s) {
 /* ---- the state as bytes ------------------------------------------------------------------------
  * A header, each layer's cached rows and ring (two int32), then per layer the K rows and the V rows
  * of positions 0 .. n_past - 1 as the cache holds them (a ring's rows where it wrapped; MLA has no
- * V rows), then a hybrid's conv and delta-rule states, then the residual policy's controllers at
- * positions 0 .. n_past (a model with a sidecar: the residual choices that follow depend on them). */
+ * V rows) and a QSA layer's indexer keys, then a hybrid's conv and delta-rule states, then the
+ * residual policy's controllers at positions 0 .. n_past (a model with a sidecar: the residual
+ * choices that follow depend on them). */
 #define STATE_MAGIC 0x54534d52u   /* "RMST" */
 #define STATE_VERSION 1
 
@@ -321,7 +331,7 @@ static uint64_t state_bytes_of(const rm_session * s, const state_head * h, const
     for (int il = 0; il < h->n_layer; il++) {
         const rm_kv_place p = rm_attention_kv_place(s, il);
         const uint64_t n = (uint64_t) (h->n_past < rows[il] ? h->n_past : rows[il]);
-        total += n * (p.k_row + (h->v_row_bytes ? p.v_row : 0));
+        total += n * (p.k_row + (h->v_row_bytes ? p.v_row : 0) + rm_qsa_key_bytes(s, il));
     }
     return total;
 }
@@ -375,6 +385,10 @@ rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap) 
         if (h.v_row_bytes) {
             s->be->ops->download(s->be, at, (const uint8_t *) s->v_cache + p.v_off, n * p.v_row);
             at += n * p.v_row;
+        }
+        if (rm_qsa_key_bytes(s, il)) {   /* QSA's indexer keys */
+            s->be->ops->download(s->be, at, rm_qsa_keys_of(s, il), n * rm_qsa_key_bytes(s, il));
+            at += n * rm_qsa_key_bytes(s, il);
         }
     }
     if (s->hy) {
@@ -473,6 +487,10 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
             if (h.v_row_bytes) {
                 s->be->ops->upload(s->be, (uint8_t *) s->v_cache + p.v_off, at, n * p.v_row);
                 at += n * p.v_row;
+            }
+            if (rm_qsa_key_bytes(s, il)) {
+                s->be->ops->upload(s->be, rm_qsa_keys_of(s, il), at, n * rm_qsa_key_bytes(s, il));
+                at += n * rm_qsa_key_bytes(s, il);
             }
         }
         if (s->hy) {

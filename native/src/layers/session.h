@@ -80,6 +80,7 @@ struct rm_session {
     rm_policy_state policy;       /* which slots get their residual (policy.c) */
 
     struct rm_hybrid * hy;        /* hybrid models: recurrent states and scratch (deltanet.h); else NULL */
+    struct rm_qsa *    qsa;       /* QSA sparse attention's indexer keys and scratch (qsa.h); else NULL */
 
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;

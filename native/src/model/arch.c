@@ -169,6 +169,11 @@ static const rm_hparam_row HP_QWEN4EXP[] = {
     HP_TAIL, HP_SSM,
     INT("hyper_connection.count",    hc_count,    REQUIRED, K(2), K(64)),
     INT("hyper_connection.low_rank", hc_low_rank, REQUIRED, K(1), K(1 << 16)),
+    /* QSA's indexer: its query heads and their width, and the positions a token keeps (its budget);
+     * 0 where the file has no indexed layers (model.c checks them where it has) */
+    INT("attention.indexer.head_count", index_n_head,   K(0), K(0), K(4096)),
+    INT("attention.indexer.key_length", index_head_dim, K(0), K(0), K(1 << 16)),
+    INT("attention.indexer.top_k",      index_top_k,    K(0), K(0), K(1 << 24)),
 };
 
 /* Gemma 4: sliding layers (attention.sliding_window_pattern, a per-layer list) with their own head
@@ -488,15 +493,21 @@ static const rm_tensor_row HYBRID_LAYER[] = {
     T("blk.%d.hc_" #kind "_down.weight",   hc_##kind.down,   REQ, 0, 0, NE(HC_EMBD, HC_RANK, ONE)),  \
     T("blk.%d.hc_" #kind "_up.weight",     hc_##kind.up,     REQ, 0, 0, NE(HC_RANK, HC_EMBD, ONE)),  \
     T("blk.%d.hc_" #kind "_inject.weight", hc_##kind.inject, REQ, 0, 0, NE(HC_EMBD, HC, ONE))
+#define QSA (RM_LAYER_ATTN_FULL | RM_LAYER_QSA_INDEX)
 static const rm_tensor_row QWEN4EXP_LAYER[] = {
     HC_ROWS(attn),
     HYBRID_ATTN_ROWS,
+    T("blk.%d.indexer.q_proj.weight", qsa_wq,     REQ, QSA, 0, NE(EMBD, IDX_Q, ONE)),
+    T("blk.%d.indexer.k_proj.weight", qsa_wk,     REQ, QSA, 0, NE(EMBD, IDX_HEAD, ONE)),
+    T("blk.%d.indexer.q_norm.weight", qsa_q_norm, REQ, QSA, 1, NE(IDX_HEAD, ONE, ONE)),
+    T("blk.%d.indexer.k_norm.weight", qsa_k_norm, REQ, QSA, 1, NE(IDX_HEAD, ONE, ONE)),
     T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
     T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
     HYBRID_SSM_ROWS,
     HC_ROWS(ffn),
     HYBRID_MOE_ROWS,
 };
+#undef QSA
 
 /* Gemma 4: per-head q/k norms (q's and k's of each layer's head width), values normed without a
  * weight and, where attn_v is absent, taken from the key projection; sandwich norms around attention
@@ -595,6 +606,10 @@ static const rm_layer_float_row STEP35_FLOATS[] = {
     {"swiglu_clamp_exp", "ffn_limit", LOFF(ffn_limit)},
     {"swiglu_clamp_shexp", "ffn_limit_sh", LOFF(ffn_limit_sh)},
 };
+/* qwen4exp: the positions of each indexed layer's key blocks (0 in the linear layers) */
+static const rm_layer_float_row QWEN4EXP_FLOATS[] = {
+    {"attention.compress_ratios", "qsa_ratio", LOFF(qsa_ratio)},
+};
 /* MiMo: the leading dense layers, and the layers its list marks slide */
 static const rm_kind_rule MIMO2_RULES[] = {
     {RM_RULE_FIRST_N, HPOFF_RULE(n_layer_dense_lead), RM_LAYER_FFN_MOE, RM_LAYER_FFN_DENSE},
@@ -656,7 +671,7 @@ static const rm_arch ARCHS[] = {
     {"qwen4exp", "Qwen3.8-Flash-Next", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      RM_LAYER_ATTN_LINEAR | RM_LAYER_FFN_MOE | RM_LAYER_SSM_V_TILED,
      ROWS(HP_QWEN4EXP), ROWS(QWEN4EXP_LAYER), ROWS(QWEN4EXP_RULES), "attention.recurrent_layers", NULL, RM_ARCH_HYPER,
-     NULL, 0, NULL},
+     ROWS(QWEN4EXP_FLOATS), NULL},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,

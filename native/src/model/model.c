@@ -463,7 +463,7 @@ static rm_status check_layer_kinds(const loader * ld, const rm_hparams * hp) {
 }
 
 /* The arch's per-layer floats (rm_layer_float_row) into every layer: one value for all, an array
- * of at least block_count floats, or none (0). */
+ * of at least block_count floats or 32-bit integers (llama.cpp's compress_ratios), or none (0). */
 static rm_status read_layer_floats(rm_model * m, const loader * ld) {
     for (int32_t r = 0; r < ld->arch->n_layer_floats; r++) {
         const rm_layer_float_row * row = &ld->arch->layer_floats[r];
@@ -476,21 +476,54 @@ static rm_status read_layer_floats(rm_model * m, const loader * ld) {
         float one = 0.0f;
         rm_gguf_arr arr = {0};
         if (rm_gguf_kv_type(ld->g, ik) == RM_GGUF_ARRAY) {
-            if (rm_gguf_get_arr(ld->g, key, RM_GGUF_FLOAT32, &arr) != RM_OK || arr.n < (uint64_t) m->hp.n_layer) {
-                return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a float or an array of at least %d floats", ld->fn,
-                               ld->path, key, m->hp.n_layer);
+            if (rm_gguf_get_arr(ld->g, key, -1, &arr) != RM_OK || arr.n < (uint64_t) m->hp.n_layer ||
+                (arr.type != RM_GGUF_FLOAT32 && arr.type != RM_GGUF_INT32 && arr.type != RM_GGUF_UINT32)) {
+                return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a float or an array of at least %d floats or "
+                               "32-bit integers", ld->fn, ld->path, key, m->hp.n_layer);
             }
         } else if (rm_gguf_get_f32(ld->g, key, &one) != RM_OK) {
             return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be a float or an array of floats", ld->fn, ld->path, key);
         }
         for (int il = 0; il < m->hp.n_layer; il++) {
             float v = one;
-            if (arr.data) memcpy(&v, (const char *) arr.data + 4 * (size_t) il, sizeof(v));
+            if (arr.data) {
+                const char * at = (const char *) arr.data + 4 * (size_t) il;
+                int32_t i32;
+                uint32_t u32;
+                if (arr.type == RM_GGUF_FLOAT32) memcpy(&v, at, sizeof(v));
+                if (arr.type == RM_GGUF_INT32) memcpy(&i32, at, sizeof(i32)), v = (float) i32;
+                if (arr.type == RM_GGUF_UINT32) memcpy(&u32, at, sizeof(u32)), v = (float) u32;
+            }
             if (!isfinite(v) || v < 0.0f) {
                 return rm_fail(RM_E_FORMAT, "%s: %s: '%s' gives layer %d %g: it must be finite and not negative",
                                ld->fn, ld->path, key, il, (double) v);
             }
             memcpy((char *) &m->layers[il] + row->off, &v, sizeof(v));
+        }
+    }
+    return RM_OK;
+}
+
+/* QSA's layers (qwen4exp): blocks of a whole number of positions, 0 for none (dense attention, as
+ * llama.cpp reads it); with blocks, an indexer of at least one head as wide as the rotary dims. */
+static rm_status check_qsa(const rm_model * m, const char * path) {
+    const rm_hparams * hp = &m->hp;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const rm_layer * L = &m->layers[il];
+        if (!(L->kind & RM_LAYER_QSA_INDEX)) {
+            continue;
+        }
+        const float r = L->qsa_ratio;
+        if (!(r >= 0.0f) || r != floorf(r) || r > (float) (1 << 24)) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: layer %d is a QSA layer, and attention.compress_ratios "
+                           "gives it %g: its key blocks need a whole number of positions (0: none, dense attention)",
+                           path, il, (double) r);
+        }
+        if (r > 0.0f && (hp->index_n_head <= 0 || hp->index_head_dim < hp->n_rot || hp->index_top_k <= 0)) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: layer %d is a QSA layer, and the indexer's keys give "
+                           "head_count %d, key_length %d (rope.dimension_count %d) and top_k %d: each must be "
+                           "positive, key_length at least the rotary dims", path, il, hp->index_n_head,
+                           hp->index_head_dim, hp->n_rot, hp->index_top_k);
         }
     }
     return RM_OK;
@@ -930,6 +963,9 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
     }
     if ((st = check_float_types(m, path)) != RM_OK || (st = check_expert_pairs(m, path, params)) != RM_OK ||
         (st = read_layer_floats(m, &ld)) != RM_OK) {
+        return st;
+    }
+    if ((st = check_qsa(m, path)) != RM_OK) {
         return st;
     }
     /* step35's frequencies cover the sliding layers' rotary dims; its full layers read the first half */

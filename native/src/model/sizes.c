@@ -33,8 +33,7 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .ssm_d_state = hp->ssm_d_state, .ssm_head_v = hp->ssm_n_v > 0 ? hp->ssm_d_inner / hp->ssm_n_v : 0,
         .n_swa = hp->n_swa, .n_layer_swa = hp->n_layer_swa,
         .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa, .n_head_swa = hp->n_head_swa,
-        .index_head_dim = hp->kv_lora_rank > 0 ? hp->index_head_dim : 0,
-        .index_n_head = hp->kv_lora_rank > 0 ? hp->index_n_head : 0,
+        .index_head_dim = hp->index_head_dim, .index_n_head = hp->index_n_head,
         .hc_count = hp->hc_count, .hc_low_rank = hp->hc_low_rank,
     };
 }
@@ -210,6 +209,10 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
     rm_split_buf_bytes(&q, d);
     *out = (rm_session_sizes){.struct_size = sizeof(rm_session_sizes)};
     out->kv_cache = s[RM_SESSION_BUF_K_CACHE] + s[RM_SESSION_BUF_V_CACHE];
+    if (p->kv_lora_rank == 0 && p->index_head_dim > 0) {   /* QSA (qwen4exp): each attention layer's indexer keys */
+        out->kv_cache += sizeof(float) * (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx *
+                         (uint64_t) p->index_head_dim;
+    }
     for (int i = RM_SESSION_BUF_V_CACHE + 1; i < RM_SESSION_BUF_COUNT; i++) out->activations += s[i];
     for (int i = RM_SPLIT_BUF_ROUTES; i <= RM_SPLIT_BUF_SCALE; i++) out->split_routing += d[i];
     for (int i = RM_SPLIT_BUF_SCALE + 1; i < RM_SPLIT_BUF_COUNT; i++) out->split_scratch += d[i];

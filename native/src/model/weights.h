@@ -67,6 +67,11 @@ typedef struct rm_layer {
     rm_weight idx_wk;                    /* ne = {n_embd, index_head_dim} */
     rm_weight idx_k_norm, idx_k_norm_b;  /* ne = {index_head_dim}: the key's LayerNorm */
     rm_weight idx_proj;                  /* ne = {n_embd, index_n_head}: each head's weight per token */
+    /* QSA's indexer (RM_LAYER_QSA_INDEX, qwen4exp): index_n_head query heads and one raw key of
+     * index_head_dim from the layer's input, per-head RMSNorms; RoPE on the first n_rot dims (NEOX) */
+    rm_weight qsa_wq;                    /* ne = {n_embd, index_n_head*index_head_dim} */
+    rm_weight qsa_wk;                    /* ne = {n_embd, index_head_dim} */
+    rm_weight qsa_q_norm, qsa_k_norm;    /* ne = {index_head_dim} */
     /* linear attention (Gated DeltaNet): conv_dim = 2*n_k*d_state + n_v*head_v, d_inner = n_v*head_v */
     rm_weight wqkv;                      /* ne = {n_embd, conv_dim}: q, k (n_k heads of d_state), v (n_v heads) */
     rm_weight wz;                        /* ne = {n_embd, d_inner}: the output gate z */
@@ -93,6 +98,8 @@ typedef struct rm_layer {
     /* the SwiGLU's limit (Step-3.5): silu(gate) at most it, up within [-it, it]; 0: none. The
      * routed experts' and the others' (shared expert, dense FFN), from the arch's layer floats */
     float     ffn_limit, ffn_limit_sh;
+    /* QSA: the positions of a key block (attention.compress_ratios' entry, a whole number); 0: none */
+    float     qsa_ratio;
     rm_hc     hc_attn, hc_ffn;             /* RM_ARCH_HYPER: before the token mixer, before the FFN */
 } rm_layer;
 

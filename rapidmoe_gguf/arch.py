@@ -818,15 +818,25 @@ QWEN3NEXT = ArchSpec(
 
 # ---- qwen4exp (Qwen3.8-Flash-Next): Qwen3.5-MoE's layers with hyper-connections -------------
 
+# The Gated DeltaNet's gated norm: rmsnorm(o) * w * act(z), act transformers' output_gate_type (or
+# hidden_act). Written under a key of our own, rapidmoe.ssm.output_gate_func (GGUF has none).
+_SSM_GATE = {"silu": 1, "sigmoid": 2}
+
+
+def _qwen4exp_gate(config: Mapping[str, Any]) -> str:
+    return config.get("output_gate_type") or config.get("hidden_act") or "silu"
+
+
 def _check_qwen4exp(config: Mapping[str, Any]) -> None:
     _check_hybrid({**config, "layer_types": [t.replace("indexed_attention", "full_attention")
                                              for t in _layer_types(config)]})
     if config.get("ple_layer_ids"):
         raise UnsupportedError(f"config.json: per-layer n-gram embeddings (ple_layer_ids "
                                f"{list(config['ple_layer_ids'])}) are not supported yet")
-    gate = config.get("output_gate_type") or config.get("hidden_act") or "silu"
-    if gate != "silu":
-        raise UnsupportedError(f"config.json: the linear layers' output gate {gate!r} is not supported (silu is)")
+    gate = _qwen4exp_gate(config)
+    if gate not in _SSM_GATE:
+        raise UnsupportedError(f"config.json: the linear layers' output gate {gate!r} is not supported "
+                               f"({' or '.join(_SSM_GATE)})")
     if any(t != "linear_attention" for t in _layer_types(config)):
         keys = ("indexer_n_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio")
         bad = [k for k in keys if not isinstance(config.get(k), int) or config[k] <= 0]
@@ -838,9 +848,11 @@ def _check_qwen4exp(config: Mapping[str, Any]) -> None:
 
 
 def _prepare_qwen4exp(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """Each layer's QSA block length (0 in the linear layers), as llama.cpp writes them."""
+    """Each layer's QSA block length (0 in the linear layers), as llama.cpp writes them, and the
+    linear layers' output gate as the loader reads it."""
     ratio = config.get("indexer_compress_ratio") or 0
-    return dict(config, _compress_ratios=[0 if t == "linear_attention" else ratio for t in _layer_types(config)])
+    return dict(config, _compress_ratios=[0 if t == "linear_attention" else ratio for t in _layer_types(config)],
+                _ssm_gate=_SSM_GATE[_qwen4exp_gate(config)])
 
 
 def _hc(kind: str, hf: str, inject: bool = True) -> tuple[TensorSpec, ...]:
@@ -886,6 +898,7 @@ QWEN4EXP = ArchSpec(
         HParam("{arch}.hyper_connection.count", ("hc_count",), "u32", default=4, dim="hc_count"),
         HParam("{arch}.hyper_connection.low_rank", ("hc_lowrank",), "u32", default=320, dim="hc_low_rank"),
         HParam(None, (), "u32", default=lambda d: d["hc_count"] * d["n_embd"], dim="n_hc_embd"),
+        HParam("rapidmoe.ssm.output_gate_func", ("_ssm_gate",), "u32", default=_SSM_GATE["silu"], dim="ssm_gate"),
         # QSA's indexer (0 without indexed layers: an all-linear config may leave them out)
         HParam(Keys.Attention.Indexer.HEAD_COUNT, ("indexer_n_heads",), "u32", default=0, dim="index_n_head"),
         HParam(Keys.Attention.Indexer.KEY_LENGTH, ("indexer_head_dim",), "u32", default=0, dim="index_head_dim"),

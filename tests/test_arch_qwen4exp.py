@@ -4,12 +4,14 @@ residual is hc_count streams, each block's input their gated mean, its output ad
 with the stream's own weight, and the output's norm a last such mixer.
 
 Tiny random checkpoints made at test time: 3 Gated DeltaNet layers (2 key heads, 4 value heads),
-3 residual streams of a low rank of 8, every norm's gamma away from 1; and one of 4 layers, Gated
+3 residual streams of a low rank of 8, every norm's gamma away from 1; the same with
+output_gate_type sigmoid (the gated norm's gate, silu by default); and one of 4 layers, Gated
 DeltaNet and QSA attention alternating (see test_qwen4exp_qsa_matches_transformers).
 
 Oracles and budgets:
 - transformers (f32): our logits within 1e-4 relative (max |diff| / max |logit| per position) over a
-  40-token prefill and 6 decode steps (measured 1.6e-6 and 2.0e-6);
+  40-token prefill and 6 decode steps (measured 1.6e-6 and 2.0e-6; with the sigmoid gate 2.3e-6
+  and 2.3e-6);
 - llama.cpp's converter on the same checkpoint (when its source is at hand): its file runs in our
   engine within 1e-5 relative of our own file's logits (measured 1.9e-6 from transformers), so both
   converters write the same layout. llama.cpp's engine itself stops on a file without attention
@@ -96,6 +98,81 @@ def test_qwen4exp_llama_cpp_file_runs_as_ours(qwen4exp, tmp_path):
         b = ours.eval_logits(ids[:N_PROMPT])
     assert _rel(a, b) < 1e-5
     assert _rel(a, ref[:N_PROMPT]) < 1e-4
+
+
+# ---- the sigmoid output gate ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen4exp_sigmoid(tmp_path_factory):
+    """The tiny checkpoint with output_gate_type sigmoid: the Gated DeltaNet's gated norm
+    rmsnorm(o) * w * sigmoid(z). (checkpoint dir, our f32 file, token ids, transformers' logits)."""
+    import torch
+
+    d = tmp_path_factory.mktemp("qwen4exp_sigmoid")
+    model = make_tiny_qwen4exp(d / "hf", seed=1, output_gate_type="sigmoid")
+    out = d / "model.gguf"
+    rm.convert(d / "hf", out, recipe="f32", progress=False)
+    ids = np.random.default_rng(8).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
+    return d / "hf", out, ids, ref
+
+
+def test_qwen4exp_sigmoid_gate_matches_transformers(qwen4exp_sigmoid, tmp_path):
+    """The converter writes rapidmoe.ssm.output_gate_func 2 and the layers gate by sigmoid: prefill and
+    decode within 1e-4 relative of transformers. The same file read as silu is far off, so the
+    key is what the logits follow."""
+    import shutil
+
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    hf, path, ids, ref = qwen4exp_sigmoid
+    with rm.open_gguf(path) as g:
+        assert g.metadata["rapidmoe.ssm.output_gate_func"] == 2
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=64) as m:
+        first = m.eval_logits(ids[:N_PROMPT])
+        rest = np.stack([m.eval([t]) for t in ids[N_PROMPT:]])
+    print("rel", _rel(first, ref[:N_PROMPT]), _rel(rest, ref[N_PROMPT:]))
+    assert _rel(first, ref[:N_PROMPT]) < 1e-4
+    assert _rel(rest, ref[N_PROMPT:]) < 1e-4
+    silu = shutil.copy(path, tmp_path / "silu.gguf")
+    rewrite_with_kv(str(silu), {"rapidmoe.ssm.output_gate_func": 1})
+    with rm.Model(silu, n_ctx=64, n_threads=2) as m:
+        wrong = m.eval_logits(ids[:N_PROMPT])
+    print("as silu", _rel(wrong, ref[:N_PROMPT]))
+    assert _rel(wrong, ref[:N_PROMPT]) > 1e-2
+
+
+def test_qwen4exp_silu_gate_written(qwen4exp):
+    """A checkpoint without output_gate_type gates by hidden_act (silu): the file says 1."""
+    with rm.open_gguf(qwen4exp[1]) as g:
+        assert g.metadata["rapidmoe.ssm.output_gate_func"] == 1
+
+
+@pytest.mark.parametrize("value, error", [(3, rm.UnsupportedError), (17, rm.FormatError)])
+def test_qwen4exp_bad_gate_file_refused_by_name(qwen4exp_sigmoid, tmp_path, value, error):
+    """A file whose output gate is neither silu (1) nor sigmoid (2) is refused at load, by the key's name."""
+    import shutil
+
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    path = shutil.copy(qwen4exp_sigmoid[1], tmp_path / "m.gguf")
+    rewrite_with_kv(str(path), {"rapidmoe.ssm.output_gate_func": value})
+    with pytest.raises(error, match="output_gate_func"):
+        rm.Model(path, n_ctx=64, n_threads=2)
+
+
+def test_qwen4exp_bad_gate_config_refused_by_name(qwen4exp_sigmoid, tmp_path):
+    """An output gate the layers do not run (neither silu nor sigmoid) is refused by name at conversion."""
+    import json
+    import shutil
+
+    hf = shutil.copytree(qwen4exp_sigmoid[0], tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config["output_gate_type"] = "gelu"
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(rm.UnsupportedError, match="output gate 'gelu'"):
+        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
 
 
 # ---- QSA attention -------------------------------------------------------------------------------

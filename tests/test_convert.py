@@ -323,8 +323,10 @@ def test_convert_names_and_keys_are_gguf_py_names():
         classes += [n for c in classes for n in vars(c).values() if isinstance(n, type)]   # Attention.Indexer
         all_keys = {v for cls in classes for v in vars(cls).values() if isinstance(v, str)} | ALSO_KEYS
         for h in spec.hparams:
-            # our own keys (rapidmoe.*) carry what GGUF has no key for, e.g. YaRN's truncate
-            assert h.key is None or h.key in all_keys or h.key.startswith("rapidmoe.rope."), (spec.name, h.key)
+            # our own keys (rapidmoe.*) carry what GGUF has no key for: YaRN's truncate, the Gated
+            # DeltaNet's output gate
+            assert h.key is None or h.key in all_keys or h.key.startswith(("rapidmoe.rope.", "rapidmoe.ssm.")), \
+                (spec.name, h.key)
     if unchecked:
         pytest.skip(f"{', '.join(unchecked)}: gguf-py {getattr(gguf, '__version__', '')} does not list them and "
                     "llama.cpp's source (LLAMA_CPP_SRC), whose gguf-py does, is not at hand")

@@ -159,9 +159,10 @@ __global__ void k_gdn_rule(const float * __restrict__ conv_out, const float * __
     }
 }
 
-/* y <- rmsnorm(y) * w * silu(z), a block per (token, value head) row of d_v. */
+/* y <- rmsnorm(y) * w * act(z) (sigmoid when `sigmoid`, else silu), a block per (token, value head)
+ * row of d_v. */
 __global__ void k_gdn_gated_norm(float * __restrict__ y, const float * __restrict__ z, const float * __restrict__ w,
-                                 int32_t dv, float eps) {
+                                 int32_t dv, float eps, int32_t sigmoid) {
     __shared__ float part[32];
     float * yr = y + (int64_t) blockIdx.x * dv;
     const float * zr = z + (int64_t) blockIdx.x * dv;
@@ -184,7 +185,8 @@ __global__ void k_gdn_gated_norm(float * __restrict__ y, const float * __restric
     __syncthreads();
     const float f = rsqrtf(part[0] / (float) dv + eps);
     for (int32_t i = threadIdx.x; i < dv; i += blockDim.x) {
-        yr[i] = yr[i] * f * w[i] * rm_cu_silu(zr[i]);
+        const float gate = sigmoid ? 1.0f / (1.0f + expf(-zr[i])) : rm_cu_silu(zr[i]);
+        yr[i] = yr[i] * f * w[i] * gate;
     }
 }
 
@@ -213,7 +215,8 @@ cudaError_t rm_cu_gdn(cudaStream_t st, const rm_gdn_args * a, const rm_gdn_seq *
                                                                          a->n_k, a->n_v, a->d_k, a->d_v, a->tiled,
                                                                          rm_gdn_state_floats(a->d_k, a->d_v));
     const int nthreads = a->d_v < 256 ? (a->d_v + RM_WARP - 1) / RM_WARP * RM_WARP : 256;
-    k_gdn_gated_norm<<<(unsigned) (nt * a->n_v), nthreads, 0, st>>>(a->core, a->z, norm, a->d_v, a->eps);
+    k_gdn_gated_norm<<<(unsigned) (nt * a->n_v), nthreads, 0, st>>>(a->core, a->z, norm, a->d_v, a->eps,
+                                                                    a->gate_sigmoid);
     return cudaGetLastError();
 }
 

@@ -226,23 +226,25 @@ static void test_conv(void) {
     free(w);
 }
 
-static void test_gated_norm(void) {
+/* The gated norm with either gate, silu (sigmoid 0) or sigmoid, against the formula in doubles. */
+static void test_gated_norm(int sigmoid) {
     enum { R = 3, N = 16 };
     float * y = randn(R * N, 1.0f), * z = randn(R * N, 1.0f), * w = randn(N, 1.0f);
     float y0[R * N];
     memcpy(y0, y, sizeof(y0));
-    rm_gdn_gated_norm(y, z, w, R, N, 1e-6f);
+    rm_gdn_gated_norm(y, z, w, R, N, 1e-6f, sigmoid);
     double e = 0.0;
     for (int r = 0; r < R; r++) {
         double ss = 0.0;
         for (int i = 0; i < N; i++) ss += (double) y0[r * N + i] * y0[r * N + i];
         const double f = 1.0 / sqrt(ss / N + 1e-6);
         for (int i = 0; i < N; i++) {
-            const double zz = z[r * N + i], want = y0[r * N + i] * f * w[i] * zz / (1.0 + exp(-zz));
+            const double zz = z[r * N + i], gate = (sigmoid ? 1.0 : zz) / (1.0 + exp(-zz));
+            const double want = y0[r * N + i] * f * w[i] * gate;
             e = fmax(e, fabs(y[r * N + i] - want) / (fabs(want) + 1e-3));
         }
     }
-    EXPECT(e <= 1e-5, "gated norm: %.3g", e);
+    EXPECT(e <= 1e-5, "gated norm (%s): %.3g", sigmoid ? "sigmoid" : "silu", e);
     free(y);
     free(z);
     free(w);
@@ -329,7 +331,8 @@ int main(void) {
     test_rule_pieces(rm_gdn_rule, "scalar", 0, 3 * RM_GDN_CHUNK + 11, 16, 24);
     test_rule_pieces(rm_gdn_rule, "scalar", 40, 200, 12, 8);
     test_conv();
-    test_gated_norm();
+    test_gated_norm(0);
+    test_gated_norm(1);
     test_isas();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

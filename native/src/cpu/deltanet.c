@@ -76,7 +76,8 @@ static void heads_run(void * ctx, int ith, int nth) {
     }
     for (int32_t t = 0; t < a->n_tok && lo < hi; t++) {
         const int64_t at = t * di + lo * dv;
-        rm_gdn_gated_norm(a->core + at, a->z + at, (const float *) a->norm->data, hi - lo, dv, a->eps);
+        rm_gdn_gated_norm(a->core + at, a->z + at, (const float *) a->norm->data, hi - lo, dv, a->eps,
+                          a->gate_sigmoid);
     }
 }
 

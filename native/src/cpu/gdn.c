@@ -101,7 +101,8 @@ void rm_gdn_rule(const rm_gdn_head * h, int32_t pos, float * state, float * scra
     gdn_rule_plain(h, pos, state, scratch);
 }
 
-void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_rows, int64_t n, float eps) {
+void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_rows, int64_t n, float eps,
+                       int sigmoid) {
     for (int64_t r = 0; r < n_rows; r++) {
         float * v = y + r * n;
         const float * zr = z + r * n;
@@ -111,7 +112,8 @@ void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_ro
         }
         const float f = 1.0f / sqrtf((float) (ss / (double) n) + eps);
         for (int64_t i = 0; i < n; i++) {
-            v[i] = v[i] * f * w[i] * silu(zr[i]);
+            const float gate = sigmoid ? 1.0f / (1.0f + expf(-zr[i])) : silu(zr[i]);
+            v[i] = v[i] * f * w[i] * gate;
         }
     }
 }

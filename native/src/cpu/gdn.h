@@ -64,7 +64,9 @@ typedef struct rm_gdn_head {
  * rm_gdn_chunk_scratch(d_k, d_v) floats. */
 void    rm_gdn_rule(const rm_gdn_head * h, int32_t pos, float * state, float * scratch);
 
-/* y <- rmsnorm(y) * w * silu(z) over n_rows rows of n (the value heads' outputs). */
-void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_rows, int64_t n, float eps);
+/* y <- rmsnorm(y) * w * act(z) over n_rows rows of n (the value heads' outputs), act sigmoid when
+ * `sigmoid` is nonzero, else silu. */
+void rm_gdn_gated_norm(float * y, const float * z, const float * w, int64_t n_rows, int64_t n, float eps,
+                       int sigmoid);
 
 #endif

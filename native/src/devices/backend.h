@@ -197,7 +197,8 @@ typedef struct rm_gdn_seq {
  * + dt_bias)), the causal conv over each sequence's conv state (SiLU after), unit q and k per key
  * head (q scaled by 1/sqrt(d_k)), the gated delta rule of each value head over each sequence's
  * state, in chunks aligned to positions (cpu/gdn.h: a token's floats do not depend on how its
- * sequence was cut into steps), and the gated RMSNorm: core = rmsnorm(o) * norm * silu(z). */
+ * sequence was cut into steps), and the gated RMSNorm: core = rmsnorm(o) * norm * silu(z), or
+ * * sigmoid(z) with gate_sigmoid (qwen4exp's output_gate_type sigmoid). */
 typedef struct rm_gdn_args {
     const rm_weight * conv1d;     /* ssm_conv1d: conv_dim rows of d_conv taps (F32 or F16) */
     const rm_weight * a;          /* ssm_a: n_v floats, -exp(A_log) */
@@ -217,6 +218,7 @@ typedef struct rm_gdn_args {
     int32_t           fused_ba;   /* ba holds, per key head, its n_v / n_k b's then its a's; else all b's, then all a's */
     int32_t           tiled;      /* value head v reads key head v % n_k, else v / (n_v / n_k) */
     float             eps;        /* the gated norm's */
+    int32_t           gate_sigmoid; /* the gated norm's gate: sigmoid(z), else silu(z) */
 } rm_gdn_args;
 
 /* Floats of the CPU's MLA scratch per thread (rm_mla_args.thread_host; cpu/mla.c): a head's

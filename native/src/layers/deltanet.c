@@ -275,7 +275,8 @@ void rm_deltanet_block(rm_session * s, int il, int32_t n) {
                                h->z + lo * g.di, h->ba + lo * 2 * NV, h->conv_out + lo * g.cd, h->g + lo * NV,
                                h->beta + lo * NV, h->core + lo * g.di, h->conv_w, h->chunk, seqs, c, hi - lo,
                                (int32_t) g.nk, (int32_t) g.nv, (int32_t) g.dk, (int32_t) g.dv, hp->ssm_d_conv,
-                               (g.L->kind & RM_LAYER_SSM_BA) != 0, g.tiled, hp->rms_eps};
+                               (g.L->kind & RM_LAYER_SSM_BA) != 0, g.tiled, hp->rms_eps,
+                               hp->ssm_gate == RM_SSM_GATE_SIGMOID};
         be->ops->gdn(be, &a);
     }
     rm_prof_mark(s, RM_PROF_ATTN);

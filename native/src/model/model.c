@@ -444,6 +444,19 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
         return rm_fail(RM_E_FORMAT, "%s: %s: key 'rapidmoe.rope.yarn_truncate' is not a bool", ld->fn, ld->path);
     }
     hp->yarn_truncate = truncate;
+    /* our key: the Gated DeltaNet's output gate (transformers' output_gate_type), which GGUF has no
+     * key for; a file without it runs silu, transformers' default */
+    uint32_t gate = RM_SSM_GATE_SILU;
+    const rm_status gst = rm_gguf_get_u32(ld->g, "rapidmoe.ssm.output_gate_func", &gate);
+    if ((gst != RM_OK && gst != RM_GGUF_MISSING) || gate > 16) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: key 'rapidmoe.ssm.output_gate_func' is not a u32 of at most 16",
+                       ld->fn, ld->path);
+    }
+    if (gate != RM_SSM_GATE_SILU && gate != RM_SSM_GATE_SIGMOID) {
+        return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: key 'rapidmoe.ssm.output_gate_func' is %u: the layers run "
+                       "silu (1) or sigmoid (2)", ld->fn, ld->path, gate);
+    }
+    hp->ssm_gate = (int32_t) gate;
     const rm_status derived = derive_hparams(ld, hp);
     return derived != RM_OK ? derived : linear_hparams(ld, hp);
 }

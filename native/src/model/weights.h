@@ -153,10 +153,18 @@ typedef struct rm_hparams {
     /* DeepSeek sparse attention (GLM-5): the indexer's heads and key width, the positions kept */
     int32_t index_n_head, index_head_dim, index_top_k;
     int32_t hc_count, hc_low_rank;      /* hyper-connections (RM_ARCH_HYPER): residual streams, the gate's rank */
+    int32_t ssm_gate;                    /* the Gated DeltaNet's gated norm: rm_ssm_gate */
     const uint8_t * layer_indexer;       /* per layer, 1 where it runs its own indexer, 0 where it takes the
                                             previous one's positions: the arch's indexer_layers_key list (bools,
                                             in the mapped file); NULL: every layer runs its own */
 } rm_hparams;
+
+/* The activation of a Gated DeltaNet layer's output gate in its gated norm (the key
+ * rapidmoe.ssm.output_gate_func, the project's own: GGUF has none). */
+typedef enum rm_ssm_gate {
+    RM_SSM_GATE_SILU    = 1,     /* silu(z) (Qwen3-Next, Qwen3.5) */
+    RM_SSM_GATE_SIGMOID = 2      /* sigmoid(z) (qwen4exp's output_gate_type sigmoid) */
+} rm_ssm_gate;
 
 /* The floats of one MLA cache row: the latent and the shared rotary key, then with DeepSeek
  * sparse attention the indexer's key. */

@@ -13,6 +13,9 @@ void rm_cpu_mla_attention(rm_backend * be, rm_pool * pool, const rm_mla_args * a
 void rm_cpu_dsa_select(rm_pool * pool, const rm_dsa_args * a);
 /* The k-th largest of v[0..n) (1 <= k <= n), v reordered. */
 float rm_cpu_kth_largest(float * v, int32_t n, int32_t k);
+/* The indices of the k largest of scores[0..n) (1 <= k <= n) into out, in increasing order, the
+ * earlier of equal scores first; copy: room for n floats. */
+void rm_cpu_top_k(const float * scores, float * copy, int32_t n, int32_t k, int32_t * out);
 void rm_cpu_layernorm(float * y, const float * x, const float * w, const float * b, int64_t n_rows, int64_t n,
                       float eps);
 

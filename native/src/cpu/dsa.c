@@ -112,6 +112,21 @@ float rm_cpu_kth_largest(float * v, int32_t n, int32_t k) {
     return v[want];
 }
 
+void rm_cpu_top_k(const float * scores, float * copy, int32_t n, int32_t k, int32_t * out) {
+    memcpy(copy, scores, sizeof(float) * (size_t) n);
+    const float kth = rm_cpu_kth_largest(copy, n, k);
+    int32_t above = 0;
+    for (int32_t j = 0; j < n; j++) {
+        above += scores[j] > kth;
+    }
+    int32_t ties = k - above, m = 0;
+    for (int32_t j = 0; j < n && m < k; j++) {
+        if (scores[j] > kth || (scores[j] == kth && ties-- > 0)) {
+            out[m++] = j;
+        }
+    }
+}
+
 void rm_cpu_dsa_select(rm_pool * pool, const rm_dsa_args * a) {
     const int32_t K = a->top_k;
     float * scores = a->scratch_host, * copy = scores + a->n_ctx, * thread = copy + a->n_ctx;
@@ -127,19 +142,7 @@ void rm_cpu_dsa_select(rm_pool * pool, const rm_dsa_args * a) {
                           scores, thread, n, 0, to_float, rm_cpu_attn_scores()};
             atomic_init(&t.next, 0);
             rm_pool_run(pool, score_task, &t);
-            memcpy(copy, scores, sizeof(float) * (size_t) n);
-            const float kth = rm_cpu_kth_largest(copy, n, K);
-            int32_t above = 0;
-            for (int32_t j = 0; j < n; j++) {
-                above += scores[j] > kth;
-            }
-            int32_t ties = K - above, m = 0;
-            int32_t * out = a->sel_host + (int64_t) row * K;
-            for (int32_t j = 0; j < n && m < K; j++) {
-                if (scores[j] > kth || (scores[j] == kth && ties-- > 0)) {
-                    out[m++] = j;
-                }
-            }
+            rm_cpu_top_k(scores, copy, n, K, a->sel_host + (int64_t) row * K);
         }
     }
 }

@@ -6,7 +6,6 @@
  * scoring its blocks and keeping the top_k best. Every float of a token's pick is computed in one
  * order whatever the step holds, so a token picks alike in a prefill and in a decode. */
 #include <math.h>
-#include <string.h>
 
 #include "cpu_ops.h"
 
@@ -67,21 +66,8 @@ static void pick_task(void * ctx, int ith, int nth) {
             }
             scores[b] = sum * inv;
         }
-        int32_t * out = a->sel_host + (int64_t) i * K;
-        if (K == 0) {
-            continue;
-        }
-        memcpy(copy, scores, sizeof(float) * (size_t) nb);
-        const float kth = rm_cpu_kth_largest(copy, nb, K);
-        int32_t above = 0;
-        for (int32_t b = 0; b < nb; b++) {
-            above += scores[b] > kth;
-        }
-        int32_t ties = K - above, m = 0;
-        for (int32_t b = 0; b < nb && m < K; b++) {
-            if (scores[b] > kth || (scores[b] == kth && ties-- > 0)) {
-                out[m++] = b;
-            }
+        if (K > 0) {
+            rm_cpu_top_k(scores, copy, nb, K, a->sel_host + (int64_t) i * K);
         }
     }
 }

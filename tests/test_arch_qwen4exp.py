@@ -61,19 +61,25 @@ def make_tiny_qwen4exp(out_dir, seed: int = 0, **overrides):
     return model
 
 
-@pytest.fixture(scope="module")
-def qwen4exp(tmp_path_factory):
-    """(checkpoint dir, our f32 file, token ids, transformers' logits)."""
+def converted_tiny(tmp_path_factory, name, ids_seed, **kw):
+    """A tiny checkpoint (make_tiny_qwen4exp's keywords) converted to f32: (checkpoint dir, our
+    file, token ids, transformers' logits)."""
     import torch
 
-    d = tmp_path_factory.mktemp("qwen4exp")
-    model = make_tiny_qwen4exp(d / "hf")
+    d = tmp_path_factory.mktemp(name)
+    model = make_tiny_qwen4exp(d / "hf", **kw)
     out = d / "model.gguf"
     rm.convert(d / "hf", out, recipe="f32", progress=False)
-    ids = np.random.default_rng(7).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
+    ids = np.random.default_rng(ids_seed).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
     with torch.no_grad():
         ref = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
     return d / "hf", out, ids, ref
+
+
+@pytest.fixture(scope="module")
+def qwen4exp(tmp_path_factory):
+    """(checkpoint dir, our f32 file, token ids, transformers' logits)."""
+    return converted_tiny(tmp_path_factory, "qwen4exp", 7)
 
 
 def test_qwen4exp_hyper_connections_match_transformers(qwen4exp):
@@ -106,16 +112,7 @@ def test_qwen4exp_llama_cpp_file_runs_as_ours(qwen4exp, tmp_path):
 def qwen4exp_sigmoid(tmp_path_factory):
     """The tiny checkpoint with output_gate_type sigmoid: the Gated DeltaNet's gated norm
     rmsnorm(o) * w * sigmoid(z). (checkpoint dir, our f32 file, token ids, transformers' logits)."""
-    import torch
-
-    d = tmp_path_factory.mktemp("qwen4exp_sigmoid")
-    model = make_tiny_qwen4exp(d / "hf", seed=1, output_gate_type="sigmoid")
-    out = d / "model.gguf"
-    rm.convert(d / "hf", out, recipe="f32", progress=False)
-    ids = np.random.default_rng(8).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
-    with torch.no_grad():
-        ref = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
-    return d / "hf", out, ids, ref
+    return converted_tiny(tmp_path_factory, "qwen4exp_sigmoid", 8, seed=1, output_gate_type="sigmoid")
 
 
 def test_qwen4exp_sigmoid_gate_matches_transformers(qwen4exp_sigmoid, tmp_path):

@@ -35,13 +35,16 @@ void rm_rope_div(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int
     for (int32_t i = 0; i < half; i++) {
         const float inv_freq = 1.0f / powf(base, (float) (2 * i) / (float) n_rot) / (div ? div[i] : 1.0f);
         const float angle = (float) pos * inv_freq;
-        const float c = cosf(angle), s = sinf(angle);
-        for (int32_t h = 0; h < n_head; h++) {
-            float * v = x + (int64_t) h * head_dim;
-            const int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-        }
+        rm_rope_turn(x, n_head, head_dim, n_rot, i, cosf(angle), sinf(angle), neox);
+    }
+}
+
+void rm_rope_turn(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t i, float c, float s, int neox) {
+    const int32_t a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+    for (int32_t h = 0; h < n_head; h++) {
+        float * v = x + (int64_t) h * head_dim;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
     }
 }

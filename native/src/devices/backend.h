@@ -395,6 +395,9 @@ void rm_backend_cpu_use_repacked(rm_backend * be, const struct rm_dev_weights * 
 void rm_rmsnorm(float * y, const float * x, const float * w, int64_t n, float eps);
 void rm_rope(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox);
 /* rm_rope with pair i's frequency divided by div[i] (NULL: 1) */
+/* Pair i of every one of n_head heads (head_dim apart) turned by the angle whose cosine and sine
+ * are c and s: elements (i, i + n_rot / 2) with neox, else (2i, 2i + 1). RoPE's and YaRN's step. */
+void rm_rope_turn(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t i, float c, float s, int neox);
 void rm_rope_div(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, float base, int neox,
                  const float * div);
 /* GELU, tanh form (transformers' gelu_pytorch_tanh) */

@@ -41,14 +41,7 @@ void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot
         const float keep = 1.0f - (r < 0.0f ? 0.0f : r > 1.0f ? 1.0f : r);   /* 1: the original frequency */
         const float inv_freq = inv_extrap * y->freq_scale * (1.0f - keep) + inv_extrap * keep;
         const float angle = (float) pos * inv_freq;
-        const float c = cosf(angle) * y->mscale, s = sinf(angle) * y->mscale;
-        for (int32_t h = 0; h < n_head; h++) {
-            float * v = x + (int64_t) h * head_dim;
-            const int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-            const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
-        }
+        rm_rope_turn(x, n_head, head_dim, n_rot, i, cosf(angle) * y->mscale, sinf(angle) * y->mscale, neox);
     }
 }
 

@@ -399,3 +399,40 @@ def test_qwen4exp_qsa_llama_cpp_file_runs_as_llama_cpp(qwen4exp_qsa, tmp_path):
     print("rel", _rel(a[:dense], b[:dense]), _rel(a[:dense], ref[:dense]), _rel(a, ref))
     assert _rel(a[:dense], b[:dense]) < 1e-5
     assert _rel(a[:dense], ref[:dense]) < 1e-4
+
+
+def test_qwen4exp_bench_model_loads_in_transformers_and_runs(tmp_path):
+    """tools/make_bench_model.py --arch qwen4exp, at toy sizes: every tensor it writes is one
+    transformers' Qwen4ExpForCausalLM loads (none missing, none unused), its config names the QSA
+    layer full_attention as the released one does, and our converter's f32 file of it keeps the
+    QSA layer (compress ratio 4) and runs within 1e-4 relative of transformers (measured 3.3e-7)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import gguf
+    import torch
+    from transformers.models.qwen4_exp import Qwen4ExpForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import make_bench_model
+
+    assert make_bench_model.main([str(tmp_path), "--arch", "qwen4exp", "--experts", "12", "--hidden", "256",
+                                  "--heads", "4", "--kv-heads", "1", "--head-dim", "64", "--vocab", "1000",
+                                  "--tokenizer-size", "600", "--formats", ""]) == 0
+    hf = tmp_path / "hf"
+    cfg = json.loads((hf / "config.json").read_text())
+    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] and cfg["num_experts_per_tok"] == 10
+    model, info = Qwen4ExpForCausalLM.from_pretrained(hf, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    path = tmp_path / "bench-f32.gguf"
+    rm.convert(hf, path, recipe="f32", progress=False)
+    ratios = gguf.GGUFReader(str(path)).fields["qwen4exp.attention.compress_ratios"]
+    assert [float(ratios.parts[i][0]) for i in ratios.data] == [0, 0, 0, 4]
+    ids = [5, 17, 300, 42, 7, 99, 123, 8]
+    with torch.no_grad():
+        ref = model.eval()(torch.tensor([ids])).logits[0].numpy()
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        got = m.eval_logits(ids)
+    print("rel", _rel(got, ref))
+    assert _rel(got, ref) < 1e-4

@@ -85,6 +85,15 @@ value heads of dim 128 and a 4-tap conv; every 4th layer full attention): with 4
 Gated DeltaNet layers and one gated-attention layer. llama.cpp's converter makes its qwen35moe
 files (tools/make_llamacpp_files.py HF_DIR OUT --pre qwen35; it needs --no-mtp for a checkpoint
 without an MTP block, which that tool passes for this architecture).
+
+``--arch qwen4exp`` writes a Qwen4ExpForCausalLM (Qwen3.8-Flash-Next) with its per-layer shapes: those
+of Qwen3.5 above (Gated DeltaNet and gated attention, expert and shared-expert FFN 512) with top-10
+experts, the residual as 4 hyper-connection streams (low rank 320) in place of every norm, and QSA
+sparse attention on every 4th layer (an indexer of 16 heads of 128 keeping 2048 positions in blocks
+of 4; sizes of our choosing, about 1% of a layer's bytes), without the n-gram embeddings (PLE) and
+the MTP block; 4 layers, 128 experts rather than 512 (a decoded token reads the same experts'
+bytes). Its config names the QSA layers full_attention, as the released one does, so that llama.cpp's
+converter writes their compress ratio (tools/make_llamacpp_files.py HF_DIR OUT --pre qwen35).
 """
 
 from __future__ import annotations
@@ -128,6 +137,7 @@ DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_
 SHAPES = {
     "qwen3moe": dict(experts=128, experts_used=8, hidden=2048, expert_ff=768, heads=32, kv_heads=4, head_dim=128),
     "qwen35moe": dict(experts=256, experts_used=8, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
+    "qwen4exp": dict(experts=128, experts_used=10, hidden=2048, expert_ff=512, heads=16, kv_heads=2, head_dim=256),
     "deepseek2": dict(experts=64, experts_used=6, hidden=2048, expert_ff=1408, heads=16, kv_heads=4, head_dim=128,
                       shared=2, dense_ff=10944, q_lora=768, kv_lora=512, nope=128, rope=64, v_dim=128),
     "gpt-oss": dict(experts=32, experts_used=4, hidden=2880, expert_ff=2880, heads=64, kv_heads=8, head_dim=64),
@@ -253,6 +263,63 @@ def tensor_list_qwen35(a) -> list[tuple[str, tuple[int, ...]]]:
                   (e + "up_proj.weight", (a.expert_ff, a.hidden)),
                   (e + "down_proj.weight", (a.hidden, a.expert_ff))]
     t += [("model.norm.weight", (a.hidden,)), ("lm_head.weight", (a.vocab, a.hidden))]
+    return t
+
+
+# Qwen3.8-Flash-Next's hyper-connections and QSA indexer (the indexer's sizes are our choice: no
+# released config was at hand; its projection is 1% of a layer's bytes read per token)
+QWEN4EXP_EXTRA = dict(hc_count=4, hc_lowrank=320, indexer_n_heads=16, indexer_kv_heads=1, indexer_head_dim=128,
+                      indexer_budget=2048, indexer_compress_ratio=4)
+
+
+def hf_config_qwen4exp(a) -> dict:
+    """As the released checkpoint's config says it: the QSA layers named full_attention, the
+    pattern also as full_attention_interval (transformers' own config keeps neither)."""
+    from transformers.models.qwen4_exp import Qwen4ExpTextConfig
+
+    n = a.layers
+    cfg = Qwen4ExpTextConfig(
+        vocab_size=a.vocab, hidden_size=a.hidden, num_hidden_layers=n, num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads, head_dim=a.head_dim, num_experts=a.experts,
+        num_experts_per_tok=a.experts_used, moe_intermediate_size=a.expert_ff, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0,
+        layer_types=["indexed_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+        **QWEN35_LINEAR, **QWEN4EXP_EXTRA,
+    )
+    d = cfg.to_dict()
+    d["architectures"] = ["Qwen4ExpForCausalLM"]
+    d["full_attention_interval"] = 4
+    d["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in d["layer_types"]]
+    d["torch_dtype"] = "bfloat16"
+    return d
+
+
+def tensor_list_qwen4exp(a) -> list[tuple[str, tuple[int, ...]]]:
+    """Qwen3.5-MoE's tensors, each layer's two norms and the final one replaced by hyper-connections
+    over hc_count streams, each QSA layer with its indexer."""
+    X = QWEN4EXP_EXTRA
+    hc, r, wide = X["hc_count"], X["hc_lowrank"], X["hc_count"] * a.hidden
+
+    def hyper(p: str, inject: bool = True) -> list[tuple[str, tuple[int, ...]]]:
+        t = [(p + "hc_norm.weight", (wide,)), (p + "input_mix_weight_down.weight", (r, wide)),
+             (p + "input_mix_weight_up.weight", (wide, r))]
+        return t + ([(p + "block_inject_weight.weight", (hc, wide))] if inject else [])
+
+    t = []
+    for name, shape in tensor_list_qwen35(a):
+        if name == "model.norm.weight":
+            t += hyper("model.hyper_connection_mixer.", inject=False)
+        elif name.endswith("input_layernorm.weight"):
+            t += hyper(name.replace("input_layernorm.weight", "attn_hyper_connection."))
+        elif name.endswith("post_attention_layernorm.weight"):
+            t += hyper(name.replace("post_attention_layernorm.weight", "mlp_hyper_connection."))
+        else:
+            t.append((name, shape))
+            if name.endswith("self_attn.k_norm.weight"):
+                ix, d = name.replace("k_norm.weight", "indexer."), X["indexer_head_dim"]
+                t += [(ix + "index_qk_proj.weight", ((X["indexer_n_heads"] + X["indexer_kv_heads"]) * d, a.hidden)),
+                      (ix + "q_layernorm.weight", (d,)), (ix + "k_layernorm.weight", (d,))]
     return t
 
 
@@ -399,6 +466,8 @@ def hf_config(a) -> dict:
 
     if a.arch == "qwen35moe":
         return hf_config_qwen35(a)
+    if a.arch == "qwen4exp":
+        return hf_config_qwen4exp(a)
     if a.arch == "gemma4":
         return hf_config_gemma4(a)
     if a.arch == "minimax-m2":
@@ -489,6 +558,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return deepseek_tensor_list(a)
     if a.arch == "qwen35moe":
         return tensor_list_qwen35(a)
+    if a.arch == "qwen4exp":
+        return tensor_list_qwen4exp(a)
     if a.arch == "gpt-oss":
         return gpt_oss_tensor_list(a)
     if a.arch == "gemma4":
@@ -562,7 +633,7 @@ def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> b
     return bf16_bytes(rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
 
 
-_PLUS_ONE_NORMS = False   # set by main for --arch qwen35moe and step35
+_PLUS_ONE_NORMS = False   # set by main for --arch qwen35moe, qwen4exp and step35
 
 
 def _one_plus_w(name: str) -> bool:
@@ -679,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
                          "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
                          "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's; mimo2: MiMo-V2-Flash's; "
-                         "step35: Step-3.5-Flash's; glm-dsa: GLM-5's")
+                         "step35: Step-3.5-Flash's; glm-dsa: GLM-5's; qwen4exp: Qwen3.8-Flash-Next's")
     ap.add_argument("--layers", type=int, default=None,
                     help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2, step35: 2; glm-dsa: 3)")
     ap.add_argument("--experts", type=int, default=None)
@@ -713,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.layers is None:
         a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2, "step35": 2, "glm-dsa": 3}.get(a.arch, 4)
     global _PLUS_ONE_NORMS
-    _PLUS_ONE_NORMS = a.arch in ("qwen35moe", "step35")
+    _PLUS_ONE_NORMS = a.arch in ("qwen35moe", "qwen4exp", "step35")
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")
     formats = [f for f in (default_formats if a.formats is None else a.formats).split(",") if f]
     unknown = [f for f in formats if f not in FORMATS]

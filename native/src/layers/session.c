@@ -207,6 +207,8 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         max_in = mla_in[i] > max_in ? mla_in[i] : max_in;
     }
     max_in = (size_t) hp->ssm_d_inner > max_in ? (size_t) hp->ssm_d_inner : max_in;   /* ssm_out's input */
+    const size_t widest = (size_t) rm_model_widest_row(m);   /* the hyper-connections' hc_count * n_embd, ... */
+    max_in = widest > max_in ? widest : max_in;
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK ||

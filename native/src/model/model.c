@@ -569,6 +569,22 @@ static rm_status load_layer(rm_model * m, int il, const char * path, const char 
     return RM_OK;
 }
 
+int64_t rm_model_widest_row(const rm_model * m) {
+    int64_t widest = m->output.ne[0];
+    const rm_weight * head[] = {&m->hc_head.down, &m->hc_head.up};
+    for (size_t i = 0; i < sizeof(head) / sizeof(head[0]); i++) {
+        widest = head[i]->data && head[i]->ne[0] > widest ? head[i]->ne[0] : widest;
+    }
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+            const rm_weight * w = layer_field(&m->layers[il], &m->arch->tensors[i]);
+            widest = rm_layer_kind_has(m->layers[il].kind, m->arch->tensors[i].when) && w->data && w->ne[0] > widest
+                         ? w->ne[0] : widest;
+        }
+    }
+    return widest;
+}
+
 /* The optional rows of one group (rm_tensor_group) come together in each layer: the forward pass
  * uses them together, and one alone (a renamed or dropped tensor) would be read where it is not. */
 static rm_status check_groups(const rm_model * m, int il, const char * path) {

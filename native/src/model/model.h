@@ -32,4 +32,8 @@ struct rm_model {
     uint64_t        resident_bytes;
 };
 
+/* The widest row of any matrix the model's products read (ne[0]): the backends size their quantized
+ * activations by it. */
+int64_t rm_model_widest_row(const rm_model * m);
+
 #endif

@@ -73,7 +73,7 @@ class TensorSpec:
     transform: str | None = None    # "permute_q" | "permute_k" | "flatten", one of FUSED, or a name in sources.TRANSFORMS
     #                                 (with hf "", a name in sources.GENERATED: a tensor made from the dims)
     # only in some layers: "dense" | "moe" | "q_lora" | "q_direct" | "indexed" (sparse attention's own
-    # indexer), or with ArchSpec.layer_kind the kind it gives: "full" | "linear" (the hybrids) | "sliding"
+    # indexer) | "ple" (the layers config.json's ple_layer_ids lists), or with ArchSpec.layer_kind the kind it gives: "full" | "linear" (the hybrids) | "sliding"
     layers: str | None = None
 
     @property
@@ -108,6 +108,9 @@ class ArchSpec:
     extra_kv: Callable[[Mapping[str, Any]], dict[str, tuple[Any, str]]] | None = None  # keys written only sometimes
     layer_kind: Callable[[Mapping[str, Any], int], str] | None = None  # "full" | "linear" | "sliding" per layer
     skipped: tuple[tuple[str, str], ...] = ()  # HF tensor name prefixes not converted (logged), with what they hold
+    # tensors made of several checkpoint tensors, with the keys that describe them: a name in
+    # sources.EXTRA_PLANS (qwen4exp's "ple": the n-gram table and its hash constants)
+    extra_plan: str | None = None
     # a multimodal checkpoint (config.json with a text_config): the prefix its text model's tensors
     # have, and the text-only model's prefix they are read under
     text_model: tuple[str, str] | None = None
@@ -830,9 +833,7 @@ def _qwen4exp_gate(config: Mapping[str, Any]) -> str:
 def _check_qwen4exp(config: Mapping[str, Any]) -> None:
     _check_hybrid({**config, "layer_types": [t.replace("indexed_attention", "full_attention")
                                              for t in _layer_types(config)]})
-    if config.get("ple_layer_ids"):
-        raise UnsupportedError(f"config.json: per-layer n-gram embeddings (ple_layer_ids "
-                               f"{list(config['ple_layer_ids'])}) are not supported yet")
+    _check_ple(config)
     gate = _qwen4exp_gate(config)
     if gate not in _SSM_GATE:
         raise UnsupportedError(f"config.json: the linear layers' output gate {gate!r} is not supported "
@@ -845,6 +846,43 @@ def _check_qwen4exp(config: Mapping[str, Any]) -> None:
         if config.get("indexer_kv_heads", 1) != 1:
             raise UnsupportedError(f"config.json: a QSA indexer of {config['indexer_kv_heads']} key heads is not "
                                    "supported (transformers' has one)")
+
+
+# PLE's limits in the loader (weights.h: RM_PLE_MAX_NGRAM, _HEADS, _KERNEL)
+_PLE_MAX_NGRAM, _PLE_MAX_HEADS, _PLE_MAX_KERNEL = 8, 256, 16
+
+
+def ple_eos(config: Mapping[str, Any]) -> int | None:
+    """The token that cuts PLE's n-grams: transformers' eos_token_id, the first of a list (llama.cpp's
+    converter takes the last)."""
+    eos = config.get("eos_token_id")
+    return (eos[0] if eos else None) if isinstance(eos, list) else eos
+
+
+def _check_ple(config: Mapping[str, Any]) -> None:
+    """PLE layers (ple_layer_ids, 1-based) on linear layers, with an eos token and n-gram heads that
+    divide ple_embed_dim, within the loader's limits."""
+    ids = config.get("ple_layer_ids") or []
+    if not ids:
+        return
+    types, n = _layer_types(config), config["num_hidden_layers"]
+    bad = [i for i in ids if not isinstance(i, int) or not 1 <= i <= n or types[i - 1] != "linear_attention"]
+    if bad:
+        raise FormatError(f"config.json: ple_layer_ids {bad} name no linear-attention layer (1-based ids of "
+                          "linear_attention layers)")
+    if ple_eos(config) is None:
+        raise FormatError("config.json: PLE layers (ple_layer_ids) need eos_token_id: their n-grams end at it")
+    ngram, per = config.get("ngram_size", 3), config.get("heads_per_ngram", 8)
+    kernel = config.get("ple_conv_kernel_size", 4)
+    if not 2 <= ngram <= _PLE_MAX_NGRAM or not 1 <= (ngram - 1) * per <= _PLE_MAX_HEADS or \
+            not 1 <= kernel <= _PLE_MAX_KERNEL:
+        raise UnsupportedError(f"config.json: PLE with ngram_size {ngram}, heads_per_ngram {per} and "
+                               f"ple_conv_kernel_size {kernel}: the runtime runs n-grams of 2 to {_PLE_MAX_NGRAM}, "
+                               f"at most {_PLE_MAX_HEADS} heads and kernels of at most {_PLE_MAX_KERNEL}")
+    dim = config.get("ple_embed_dim") or config["hidden_size"]
+    if dim % ((ngram - 1) * per):
+        raise FormatError(f"config.json: ple_embed_dim {dim} is not a multiple of the n-gram heads "
+                          f"({(ngram - 1) * per})")
 
 
 def _prepare_qwen4exp(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -886,7 +924,20 @@ def _qwen4exp_tensors() -> tuple[TensorSpec, ...]:
         TensorSpec("blk.{bid}.indexer.k_norm.weight", i + "k_layernorm.weight", ("index_head_dim",), "norm",
                    transform="plus_one", **full),
     )
-    return tuple(hybrid[:2]) + head + attn + tuple(hybrid[2:8]) + qsa + tuple(hybrid[8:]) + ffn
+    e, ple = p + "ple.", dict(layers="ple")
+    ple_rows = (   # llama.cpp's names; the n-gram table and hash constants: sources.EXTRA_PLANS["ple"]
+        TensorSpec("blk.{bid}.ple_key.weight", e + "key_proj.weight", ("n_ple_embd", "n_hc_embd"), "attn", **ple),
+        TensorSpec("blk.{bid}.ple_value.weight", e + "value_proj.weight", ("n_ple_embd", "n_embd"), "attn", **ple),
+        TensorSpec("blk.{bid}.ple_norm_key.weight", e + "norm_key.weight", ("n_hc_embd",), "norm",
+                   transform="plus_one", **ple),
+        TensorSpec("blk.{bid}.ple_norm_query.weight", e + "norm_query.weight", ("n_hc_embd",), "norm",
+                   transform="plus_one", **ple),
+        TensorSpec("blk.{bid}.ple_norm_conv.weight", e + "norm_conv.weight", ("n_hc_embd",), "norm",
+                   transform="plus_one", **ple),
+        TensorSpec("blk.{bid}.ple_conv1d.weight", e + "conv1d.weight", ("ple_conv_kernel", "n_hc_embd"), "f32",
+                   transform="conv", **ple),
+    )
+    return tuple(hybrid[:2]) + head + attn + tuple(hybrid[2:8]) + qsa + tuple(hybrid[8:]) + ple_rows + ffn
 
 
 QWEN4EXP = ArchSpec(
@@ -905,8 +956,12 @@ QWEN4EXP = ArchSpec(
         HParam(Keys.Attention.Indexer.TOP_K, ("indexer_budget",), "u32", default=0, dim="index_top_k"),
         HParam("{arch}.attention.compress_ratios", ("_compress_ratios",), "u32s", dim="compress_ratios"),
         HParam(None, (), "u32", default=lambda d: d["index_n_head"] * d["index_head_dim"], dim="n_index_q"),
+        # PLE's sizes (its keys are written with its table: sources.EXTRA_PLANS["ple"])
+        HParam(None, ("ple_embed_dim",), "u32", default=lambda d: d["n_embd"], dim="n_ple_embd"),
+        HParam(None, ("ple_conv_kernel_size",), "u32", default=4, dim="ple_conv_kernel"),
     ),
     tensors=_qwen4exp_tensors(),
+    extra_plan="ple",
     output_from_embd=True,
     check_config=_check_qwen4exp,
     prepare_config=_prepare_qwen4exp,

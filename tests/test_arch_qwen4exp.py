@@ -6,7 +6,9 @@ with the stream's own weight, and the output's norm a last such mixer.
 Tiny random checkpoints made at test time: 3 Gated DeltaNet layers (2 key heads, 4 value heads),
 3 residual streams of a low rank of 8, every norm's gamma away from 1; the same with
 output_gate_type sigmoid (the gated norm's gate, silu by default); and one of 4 layers, Gated
-DeltaNet and QSA attention alternating (see test_qwen4exp_qsa_matches_transformers).
+DeltaNet and QSA attention alternating (see test_qwen4exp_qsa_matches_transformers); and ones with PLE
+(per-layer n-gram embeddings) on two of the 3 layers, or on one (what llama.cpp's converter takes),
+with eos tokens inside the prompt that cut the n-grams (see test_qwen4exp_ple_matches_transformers).
 
 Oracles and budgets:
 - transformers (f32): our logits within 1e-4 relative (max |diff| / max |logit| per position) over a
@@ -61,9 +63,9 @@ def make_tiny_qwen4exp(out_dir, seed: int = 0, **overrides):
     return model
 
 
-def converted_tiny(tmp_path_factory, name, ids_seed, **kw):
+def converted_tiny(tmp_path_factory, name, ids_seed, eos_at=(), **kw):
     """A tiny checkpoint (make_tiny_qwen4exp's keywords) converted to f32: (checkpoint dir, our
-    file, token ids, transformers' logits)."""
+    file, token ids (the eos token, 2, at the positions eos_at), transformers' logits)."""
     import torch
 
     d = tmp_path_factory.mktemp(name)
@@ -71,6 +73,8 @@ def converted_tiny(tmp_path_factory, name, ids_seed, **kw):
     out = d / "model.gguf"
     rm.convert(d / "hf", out, recipe="f32", progress=False)
     ids = np.random.default_rng(ids_seed).integers(3, VOCAB, N_PROMPT + N_DECODE).tolist()
+    for p in eos_at:
+        ids[p] = 2
     with torch.no_grad():
         ref = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
     return d / "hf", out, ids, ref
@@ -459,3 +463,248 @@ def test_qwen4exp_bench_model_loads_in_transformers_and_runs(tmp_path):
         got = m.eval_logits(ids)
     print("rel", _rel(got, ref))
     assert _rel(got, ref) < 1e-4
+
+
+# ---- PLE: per-layer n-gram embeddings -----------------------------------------------------------
+
+# small n-gram heads (prime vocabularies from 97 on, the table in 2 shards as transformers saves it),
+# a dilated conv of 3 taps (dilation 3: a state of 6 positions), eos tokens inside the prompt (where
+# the n-grams are cut) and in the decoded tail
+PLE = dict(ple_conv_kernel_size=3, ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=97,
+           make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2)
+PLE_EOS = (5, 6, 17, 30, 31, 42)
+
+
+@pytest.fixture(scope="module")
+def qwen4exp_ple(tmp_path_factory):
+    """PLE on layers 1 and 3 of 3 (transformers' 1-based ple_layer_ids): (checkpoint dir, our f32
+    file, token ids, transformers' logits)."""
+    return converted_tiny(tmp_path_factory, "qwen4exp_ple", 9, eos_at=PLE_EOS, seed=3, ple_layer_ids=[1, 3], **PLE)
+
+
+def _eval_steps(path, ids, steps):
+    """ids fed in calls of the given sizes (cycled): our logits at the last position of each call,
+    and those positions."""
+    out, ends, at, i = [], [], 0, 0
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=64) as m:
+        while at < len(ids):
+            k = min(steps[i % len(steps)], len(ids) - at)
+            out.append(m.eval(ids[at:at + k]))
+            at, i = at + k, i + 1
+            ends.append(at - 1)
+    return np.stack(out), ends
+
+
+def test_qwen4exp_ple_matches_transformers(qwen4exp_ple):
+    """Two PLE layers against transformers (f32), the prompt holding eos tokens that cut the
+    n-grams: logits within 1e-4 relative over a 40-token prefill and 6 decode steps, with every
+    token a step of its own, in calls of 7, 3 and 11 tokens, and as one prefill in steps of 5 (the
+    n-gram history and the conv's state cross the steps). The n-gram keys (the hash constants, the eos token) are what the logits
+    follow: the file read with another eos token, or with one layer's multipliers changed, is far
+    off (1.3 and 1.7 relative). Measured 6.1e-7 (prefill), 4.2e-7 (decode), 6.1e-7 (every token a step),
+    4.0e-7 (calls of 7, 3 and 11), 6.1e-7 (steps of 5)."""
+    import shutil
+
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    hf, path, ids, ref = qwen4exp_ple
+    with rm.open_gguf(path) as g:
+        assert list(g.metadata["qwen4exp.ple.layers"]) == [0, 2]
+        assert g.metadata["qwen4exp.ple.eos_token_id"] == 2
+        mult = np.asarray(g.metadata["qwen4exp.ple.layer_multipliers"], dtype=np.uint64)
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=64) as m:
+        first = m.eval_logits(ids[:N_PROMPT])
+        rest = np.stack([m.eval([t]) for t in ids[N_PROMPT:]])
+    single, _ = _eval_steps(path, ids, [1])
+    chunks, ends = _eval_steps(path, ids, [7, 3, 11])
+    with rm.Model(path, n_ctx=64, n_threads=2, n_batch=5) as m:   # a prefill in steps of 5
+        steps5 = m.eval_logits(ids)
+    print("rel", _rel(first, ref[:N_PROMPT]), _rel(rest, ref[N_PROMPT:]), _rel(single, ref),
+          _rel(chunks, ref[ends]), _rel(steps5, ref))
+    assert _rel(first, ref[:N_PROMPT]) < 1e-4
+    assert _rel(rest, ref[N_PROMPT:]) < 1e-4
+    assert _rel(single, ref) < 1e-4
+    assert _rel(chunks, ref[ends]) < 1e-4
+    assert _rel(steps5, ref) < 1e-4
+    for name, kv in (("eos", {"qwen4exp.ple.eos_token_id": 3}),
+                     ("mult", {"qwen4exp.ple.layer_multipliers": mult + np.uint64(2)})):
+        other = shutil.copy(path, hf.parent / f"{name}.gguf")
+        rewrite_with_kv(str(other), kv)
+        with rm.Model(other, n_ctx=64, n_threads=2) as m:
+            wrong = m.eval_logits(ids[:N_PROMPT])
+        print(name, _rel(wrong, ref[:N_PROMPT]))
+        assert _rel(wrong, ref[:N_PROMPT]) > 1e-3
+
+
+def test_qwen4exp_ple_sequences_in_one_batch(qwen4exp_ple):
+    """Two sessions in one evaluation (eval_batch), a chunk of 3 tokens and a single token, each on
+    its own n-gram history and conv state: within 1e-4 relative of transformers."""
+    hf, path, ids, ref = qwen4exp_ple
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        other = m.fork_session()
+        m.eval(ids[:30])
+        other.eval(ids[:18])
+        a, b = rm.eval_batch([(m, ids[30:33]), (other, ids[18:19])], all_logits=True)
+    assert _rel(a, ref[30:33]) < 1e-4
+    assert _rel(b, ref[18:19]) < 1e-4
+
+
+def test_qwen4exp_ple_state_round_trip_and_reset(qwen4exp_ple, tmp_path):
+    """A saved state holds the n-gram history and the PLE conv states: a session loaded from it
+    continues bit for bit; a reset session starts over as a fresh one (its history emptied)."""
+    hf, path, ids, ref = qwen4exp_ple
+    want, got, _ = state_round_trip(path, ids[:N_PROMPT], ids[N_PROMPT:], tmp_path / "s.state", n_ctx=64)
+    assert np.array_equal(want, got)
+    assert _rel(got, ref[N_PROMPT:]) < 1e-4
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        m.eval(ids[10:25])
+        m.reset()
+        again = m.eval_logits(ids[:N_PROMPT])
+    assert _rel(again, ref[:N_PROMPT]) < 1e-4
+
+
+def test_qwen4exp_ple_state_counted_in_session_sizes():
+    """rm_session_sizes' recurrent state counts PLE's: per PLE layer (kernel - 1) * ngram positions of
+    hc_count * n_embd floats, and the ngram - 1 tokens, in the state and each of its 4 checkpoints."""
+    from rapidmoe_gguf._native import ffi, lib
+
+    def recurrent(**ple):
+        p = ffi.new("rm_size_params *")
+        p.struct_size = ffi.sizeof("rm_size_params")
+        for k, v in dict(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_expert=4, n_expert_used=2,
+                         n_ff_exp=32, n_vocab=128, n_ctx=64, n_batch=8, n_layer_linear=3, ssm_d_conv=4,
+                         ssm_conv_dim=96, ssm_n_v=4, ssm_d_state=16, ssm_head_v=16, hc_count=3, hc_low_rank=8,
+                         **ple).items():
+            setattr(p, k, v)
+        out = ffi.new("rm_session_sizes *")
+        out.struct_size = ffi.sizeof("rm_session_sizes")
+        assert lib.rm_session_sizes_get(p, out) == 0
+        return out.recurrent_state
+
+    plain = recurrent()
+    with_ple = recurrent(n_layer_ple=2, ple_ngram=3, ple_conv_kernel=3, ple_embd=64)
+    assert with_ple - plain == 5 * 4 * (2 * 2 * 3 * 3 * 64 + 2)
+
+
+@pytest.fixture(scope="module")
+def qwen4exp_ple_one(tmp_path_factory):
+    """PLE on layer 2 only, as llama.cpp supports it: (checkpoint dir, our f32 file, token ids,
+    transformers' logits)."""
+    return converted_tiny(tmp_path_factory, "qwen4exp_ple_one", 10, eos_at=PLE_EOS, seed=4, ple_layer_ids=[2],
+                          **PLE)
+
+
+def test_qwen4exp_ple_llama_cpp_file_matches_transformers(qwen4exp_ple_one, tmp_path):
+    """llama.cpp's converter on a one-PLE-layer checkpoint: its file (the same keys and tensor names
+    as ours, which the test checks) runs in our engine within 1e-4 relative of transformers over a
+    prefill and decode steps, and within 1e-5 of our own file. Measured 6.6e-7 (prefill) and 4.7e-7
+    (decode) from transformers, 2.2e-7 from ours."""
+    hf, path, ids, ref = qwen4exp_ple_one
+    if llamacpp.src() is None:
+        pytest.skip("llama.cpp's converter is not at hand (LLAMA_CPP_SRC)")
+    theirs = llamacpp.convert(hf, tmp_path / "llamacpp.gguf", "qwen35")
+    with rm.open_gguf(theirs) as g, rm.open_gguf(path) as o:
+        keys = {k for k in g.metadata if ".ple." in k or k.endswith("per_layer_input")}
+        assert len(keys) == 9 and keys <= set(o.metadata)
+        for k in keys:
+            assert list(np.atleast_1d(g.metadata[k])) == list(np.atleast_1d(o.metadata[k])), k
+        assert {t for t in g.tensors if "ple" in t or "per_layer" in t} == \
+            {t for t in o.tensors if "ple" in t or "per_layer" in t}
+    with rm.Model(theirs, n_ctx=64, n_threads=2, n_batch=64) as m, rm.Model(path, n_ctx=64, n_threads=2) as ours:
+        assert m.info["arch"] == "qwen4exp"
+        a = m.eval_logits(ids[:N_PROMPT])
+        rest = np.stack([m.eval([t]) for t in ids[N_PROMPT:]])
+        b = ours.eval_logits(ids[:N_PROMPT])
+    print("rel", _rel(a, ref[:N_PROMPT]), _rel(rest, ref[N_PROMPT:]), _rel(a, b))
+    assert _rel(a, ref[:N_PROMPT]) < 1e-4
+    assert _rel(rest, ref[N_PROMPT:]) < 1e-4
+    assert _rel(a, b) < 1e-5
+
+
+def test_qwen4exp_ple_bf16_checkpoint(tmp_path):
+    """A bf16 checkpoint with PLE layers (its hash constants int64 beside bf16 weights): our f32 file
+    within 1e-4 relative of transformers on the same bf16 weights in f32 (measured 4.9e-7)."""
+    import torch
+
+    model = make_tiny_qwen4exp(tmp_path / "hf", seed=3, ple_layer_ids=[1, 3], **PLE).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "hf")
+    rm.convert(tmp_path / "hf", tmp_path / "m.gguf", recipe="f32", progress=False)
+    ids = np.random.default_rng(9).integers(3, VOCAB, N_PROMPT).tolist()
+    for p in PLE_EOS[:-1]:
+        ids[p] = 2
+    with torch.no_grad():
+        ref = model.float()(torch.tensor([ids]), use_cache=False).logits[0].numpy()
+    with rm.Model(tmp_path / "m.gguf", n_ctx=64, n_threads=2) as m:
+        assert _rel(m.eval_logits(ids), ref) < 1e-4
+
+
+def _copy_without(src, dst, key=None, tensor=None):
+    """src written to dst without one key or one tensor."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", key):
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
+        w.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    for t in r.tensors:
+        if t.name != tensor:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("drop, kv, words", [
+    (dict(key="qwen4exp.ple.ngram_size"), {}, "'qwen4exp.ple.ngram_size' is missing"),
+    (dict(key="qwen4exp.ple.head_offsets"), {}, "'qwen4exp.ple.head_offsets' is missing"),
+    (dict(key="qwen4exp.ple.layers"), {}, "'per_layer_token_embd.weight' is present but the file has no ple.layers"),
+    (dict(tensor="blk.2.ple_conv1d.weight"), {}, "tensor 'blk.2.ple_conv1d.weight' is missing"),
+    (dict(tensor="per_layer_token_embd.weight"), {}, "tensor 'per_layer_token_embd.weight' is missing"),
+    ({}, {"qwen4exp.ple.layers": [2, 0]}, "lists layer 0 after 2"),
+    ({}, {"qwen4exp.ple.layer_multipliers": np.array([3, 5], dtype=np.uint64)},
+     "'qwen4exp.ple.layer_multipliers' is not such an array"),
+    ({}, {"qwen4exp.ple.head_vocab_sizes": np.array([97, 101, 103, 10**6] * 2, dtype=np.uint64)},
+     "past per_layer_token_embd.weight's"),
+    ({}, {"qwen4exp.ple.ngram_size": 4}, "'qwen4exp.ple.layer_multipliers' is not such an array"),
+    ({}, {"qwen4exp.embedding_length_per_layer_input": 8}, "tensor 'blk.0.ple_key.weight' has ne"),
+])
+def test_qwen4exp_ple_file_refused_by_name(qwen4exp_ple, tmp_path, drop, kv, words):
+    """A file whose PLE keys or tensors are missing or do not fit together is refused at load, by
+    the key's or the tensor's name."""
+    import shutil
+
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    path = qwen4exp_ple[1]
+    if drop:
+        path = _copy_without(path, tmp_path / "m.gguf", **drop)
+    else:
+        path = shutil.copy(path, tmp_path / "m.gguf")
+        rewrite_with_kv(str(path), kv)
+    with pytest.raises(rm.FormatError, match=words):
+        rm.Model(path, n_ctx=64, n_threads=2)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(ple_layer_ids=[2], layer_types=["linear_attention", "full_attention", "linear_attention"],
+          full_attention_interval=2), rm.FormatError, r"ple_layer_ids \[2\] name no linear-attention layer"),
+    (dict(eos_token_id=None), rm.FormatError, "need eos_token_id"),
+    (dict(ngram_size=12), rm.UnsupportedError, "ngram_size 12"),
+])
+def test_qwen4exp_ple_config_refused_by_name(qwen4exp_ple, tmp_path, change, error, words):
+    """A PLE config the runtime cannot run, or that lacks what PLE needs, is refused by name at
+    conversion."""
+    import json
+    import shutil
+
+    hf = shutil.copytree(qwen4exp_ple[0], tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config.update(change)
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=words):
+        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)

@@ -308,7 +308,9 @@ enum {
                                          top_k best by the indexer's scores (DeepSeek sparse attention: GLM-5) */
     RM_LAYER_DSA_SHARED   = 0x1000000,/* MLA over the positions the previous indexed layer picked (GLM-5.2) */
     RM_LAYER_QSA_INDEX    = 0x2000000,/* gated attention over the key blocks a QSA indexer picks (qwen4exp) */
-    RM_LAYER_RUNS         = 0x3FF7FFF /* the bits the forward pass runs today */
+    RM_LAYER_PLE          = 0x4000000,/* hashed n-gram embeddings gated into the residual streams before the
+                                         token mixer (qwen4exp's PLE, on the layers ple.layers lists) */
+    RM_LAYER_RUNS         = 0x7FF7FFF /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {
@@ -652,6 +654,11 @@ typedef struct rm_size_params {
     int32_t  index_n_head;        /* and the indexer's query heads */
     int32_t  hc_count;            /* hyper-connections (qwen4exp): the residual streams; 0 without */
     int32_t  hc_low_rank;         /* and their gates' rank */
+    int32_t  n_layer_ple;         /* PLE layers (qwen4exp): each keeps (ple_conv_kernel - 1) * ple_ngram positions
+                                   * of hc_count * n_embd floats for its dilated conv, and the session the last
+                                   * ple_ngram - 1 tokens; 0 without */
+    int32_t  ple_ngram, ple_conv_kernel;
+    int32_t  ple_embd;            /* the n-gram embedding's width (all its heads) */
 } rm_size_params;
 
 typedef struct rm_session_sizes {
@@ -661,7 +668,7 @@ typedef struct rm_session_sizes {
     uint64_t split_routing;       /* a device session only: each slot's route, token row and weight */
     uint64_t split_scratch;       /* a device session only: the CPU/GPU split's buffers and tables */
     uint64_t split_stage;         /* a device session only: prefill residual copies (0 without) */
-    uint64_t recurrent_state;     /* linear-attention layers: conv and delta-rule states, their scratch and
+    uint64_t recurrent_state;     /* linear-attention layers: conv (with PLE's, qwen4exp) and delta-rule states, their scratch and
                                    * checkpoint copies (rm_session_checkpoint) (host) */
 } rm_session_sizes;
 

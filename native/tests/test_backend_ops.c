@@ -9,7 +9,8 @@
  *             rmsnorm (also without a weight), adds, swiglu, swiglu_clamp, geglu, rows 1e-5; scale
  *             exact; rope, rope_yarn and rope_div 2e-3 at position ~1000 (each computes the angle in
  *             float, as llama.cpp does); route: the same experts, weights within 1e-5; dsa_select and
- *             qsa_select: the picks of the reference, ascending
+ *             qsa_select: the picks of the reference, ascending; ple_gate 1e-5 of the value, ple_conv
+ *             1e-5 of the terms, its states exact, a sequence cut into steps bit for bit as one
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -662,6 +663,82 @@ static void test_hc_ops(rm_backend * be) {
     free(x), free(wv), free(g), free(b), free(inj), free(y), free(mh);
 }
 
+/* PLE's gate and dilated conv (qwen4exp) against doubles: 3 streams of 24 over 6 tokens; the conv
+ * over two sequences (one with a state of earlier rows, one starting empty), its new states, and the
+ * first sequence cut into steps of 2 and 4 rows giving the same floats. */
+static void test_ple_ops(rm_backend * be) {
+    if (!be->ops->ple_gate) return;
+    enum { N = 24, HC = 3, T = 6, W = HC * N, K = 4, D = 3, S = (K - 1) * D };
+    float * key = randn(T * W, 1.0f), * query = randn(T * W, 1.0f), * value = randn(T * N, 1.0f);
+    for (int i = 0; i < T * W; i += 7) query[i] *= 0.01f;   /* some gates near 0, where the root is steep */
+    float * kd = put(be, key, T * W), * qd = put(be, query, T * W), * vd = put(be, value, T * N);
+    float * od = be->ops->alloc(be, sizeof(float) * T * W);
+    be->ops->ple_gate(be, od, kd, qd, vd, T, HC, N);
+    float * o = get(be, od, T * W);
+    double e = 0;
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < HC; c++) {
+            double dot = 0;
+            for (int j = 0; j < N; j++) dot += (double) key[(t * HC + c) * N + j] * query[(t * HC + c) * N + j];
+            const double g = dot / sqrt((double) N), r = (g > 0) - (g < 0), mag = sqrt(fmax(fabs(g), 1e-6));
+            const double gate = 1.0 / (1.0 + exp(-r * mag));
+            for (int j = 0; j < N; j++) {
+                const double ref = gate * value[t * N + j];
+                e = fmax(e, fabs(o[(t * HC + c) * N + j] - ref) / (fabs(value[t * N + j]) + 1e-3));
+            }
+        }
+    }
+    record(be->ops->name, "ple_gate", "6 tokens of 3 streams", e, 1e-5);
+
+    float * taps = randn(K * W, 0.5f), * x = randn(T * W, 1.0f), * out0 = randn(T * W, 1.0f);
+    float * state_a = randn(S * W, 1.0f);
+    rm_weight w = {RM_TYPE_F32, {K, W, 1, 1}, (const uint8_t *) taps, sizeof(float) * K};
+    const int na = 4, nb = T - na;   /* rows 0..3 sequence a, 4..5 sequence b */
+    float * xd = put(be, x, T * W), * yd = put(be, out0, T * W);
+    float * sa = put(be, state_a, S * W), * sb = be->ops->alloc(be, sizeof(float) * S * W);
+    const rm_ple_conv_seq seqs[2] = {{sa, 0, na}, {sb, na, nb}};
+    const rm_ple_conv_args a = {&w, xd, yd, seqs, 2, W, K, D};
+    be->ops->ple_conv(be, &a);
+    float * y = get(be, yd, T * W), * ga = get(be, sa, S * W), * gb = get(be, sb, S * W);
+    double es = 0;
+    e = 0;
+    for (int q = 0; q < 2; q++) {
+        const int row0 = q ? na : 0, n = q ? nb : na;
+        for (int c = 0; c < W; c++) {
+            double hist[S + T];   /* the sequence's rows of channel c, the state's first */
+            for (int i = 0; i < S; i++) hist[i] = q ? 0.0 : state_a[i * W + c];
+            for (int t = 0; t < n; t++) hist[S + t] = x[(row0 + t) * W + c];
+            for (int t = 0; t < n; t++) {
+                double sum = 0;
+                for (int j = 0; j < K; j++) sum += (double) taps[c * K + j] * hist[S + t - (K - 1 - j) * D];
+                const double ref = out0[(row0 + t) * W + c] + sum / (1.0 + exp(-sum));
+                e = fmax(e, fabs(y[(row0 + t) * W + c] - ref) / (fabs(out0[(row0 + t) * W + c]) + fabs(sum) + 1e-3));
+            }
+            for (int i = 0; i < S; i++) {
+                es = fmax(es, fabs((q ? gb : ga)[i * W + c] - hist[n + i]));
+            }
+        }
+    }
+    record(be->ops->name, "ple_conv", "2 sequences, one with a state", e, 1e-5);
+    record(be->ops->name, "ple_conv", "the states after", es, 0.0);
+    /* sequence a again, in steps of 1 and 3 rows: the same floats as in one step */
+    be->ops->upload(be, sa, state_a, sizeof(float) * S * W);
+    be->ops->upload(be, yd, out0, sizeof(float) * T * W);
+    const rm_ple_conv_seq first = {sa, 0, 1}, rest = {sa, 1, na - 1};
+    const rm_ple_conv_args a1 = {&w, xd, yd, &first, 1, W, K, D}, a2 = {&w, xd, yd, &rest, 1, W, K, D};
+    be->ops->ple_conv(be, &a1);
+    be->ops->ple_conv(be, &a2);
+    float * y2 = get(be, yd, T * W), * ga2 = get(be, sa, S * W);
+    double diff = 0;
+    for (int i = 0; i < na * W; i++) diff = fmax(diff, fabs(y2[i] - y[i]));
+    for (int i = 0; i < S * W; i++) diff = fmax(diff, fabs(ga2[i] - ga[i]));
+    record(be->ops->name, "ple_conv", "steps of 1 and 3 rows as one of 4", diff, 0.0);
+    void * dev[] = {kd, qd, vd, od, xd, yd, sa, sb};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) be->ops->release(be, dev[i]);
+    void * host[] = {key, query, value, o, taps, x, out0, state_a, y, ga, gb, y2, ga2};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) free(host[i]);
+}
+
 static void test_dsa_ops(rm_backend * be) {
     if (!be->ops->dsa_select || !be->ops->layernorm) return;
     enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
@@ -886,6 +963,7 @@ int main(int argc, char ** argv) {
             test_dsa_ops(cpu);
             test_qsa_ops(cpu);
             test_hc_ops(cpu);
+            test_ple_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

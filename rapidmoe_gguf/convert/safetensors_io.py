@@ -118,6 +118,15 @@ class SafetensorsFile:
         self._drop_pages(begin, begin + n * _DTYPES[e.dtype])
         return out.reshape(shape)
 
+    def read_ints(self, name: str) -> list[int]:
+        """An integer tensor (I64, I32, U64, U32: hash constants) as exact Python ints, flattened."""
+        e = self.entry(name)
+        kinds = {"I64": "<i8", "I32": "<i4", "U64": "<u8", "U32": "<u4"}
+        if e.dtype not in kinds:
+            raise FormatError(f"{self.path}: tensor '{name}' has dtype {e.dtype}, expected an integer type")
+        begin, n, _ = self._slab(e, None)
+        return [int(x) for x in np.frombuffer(self._map, dtype=kinds[e.dtype], count=n, offset=begin)]
+
     def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
         """A U8 tensor (MXFP4 blocks and scales) as a new uint8 array, or its slab ``index``."""
         e = self.entry(name)
@@ -339,6 +348,9 @@ class SafetensorsCheckpoint:
 
     def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
         return self._file(name).read_u8(self._stored.get(name, name), index)
+
+    def read_ints(self, name: str) -> list[int]:
+        return self._file(name).read_ints(self._stored.get(name, name))
 
     def _file(self, name: str) -> SafetensorsFile:
         try:

@@ -20,7 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 
 from .. import resplit
 from ..arch import (FUSED, PREFERRED_PRE, SPECIAL_TOKEN_TEXTS, STACKED_EXPERTS, ArchSpec, ResolvedHParams, arch_for_gguf, arch_for_hf,
-                    resolve_hparams)
+                    ple_eos, resolve_hparams)
 from ..errors import FormatError, InvalidArgumentError, RapidMoEError, UnsupportedError
 from ..gguf_file import open_gguf
 from ..gguf_header import read_header
@@ -281,6 +281,8 @@ class HFSource(Source):
             self._check_shape(hn, want, tuple(reversed(t.ne)))
             used.add(hn)
             out.append(SourceTensor(name, ne, _role(t.role, ne), self._reader(hn, t.transform, ne)))
+        if spec.extra_plan is not None:
+            out += EXTRA_PLANS[spec.extra_plan](self, used)
         for prefix, what in spec.skipped:
             skipped = [n for n in self.ckpt.names if n.startswith(prefix)]
             if skipped:
@@ -319,6 +321,8 @@ class HFSource(Source):
         "linear", "sliding") from the config; dense or moe FFN, q_lora or q_direct query."""
         if self.arch.layer_kind is not None and wanted in ("full", "sliding", "linear"):
             return self.arch.layer_kind(self.config, bid)
+        if wanted == "ple":   # qwen4exp: a layer with PLE (ple_layer_ids, 1-based)
+            return "ple" if bid + 1 in (self.config.get("ple_layer_ids") or []) else "none"
         if wanted in ("indexed", "shared"):   # sparse attention: a layer with its own indexer, or not
             return "indexed" if self.hp.dims.get("indexer_layers", [True] * (bid + 1))[bid] else "shared"
         return _layer_kind(wanted, bid, self.hp.dims)
@@ -411,7 +415,10 @@ class HFSource(Source):
         for key, (value, kind) in self.hp.kv.items():
             {"u32": writer.add_uint32, "f32": writer.add_float32, "bool": writer.add_bool,
              "str": writer.add_string, "sections": writer.add_array, "u32s": writer.add_array,
-             "bools": writer.add_array, "f32s": writer.add_array}[kind](key, value)
+             "bools": writer.add_array, "f32s": writer.add_array,
+             "i32s": lambda k, v: writer.add_key_value(k, v, GGUFValueType.ARRAY, GGUFValueType.INT32),
+             "u64s": lambda k, v: writer.add_key_value(k, v, GGUFValueType.ARRAY, GGUFValueType.UINT64),
+             }[kind](key, value)
         names = self.config.get("architectures") or []
         kv = tokenizer_kv_from_hf(self.directory, tuple(p for a in names for p in PREFERRED_PRE.get(a, ())),
                                   pre_tokenizer_name=self.pre_tokenizer,
@@ -424,6 +431,82 @@ class HFSource(Source):
 
     def close(self) -> None:
         self.ckpt.close()
+
+
+def _ple_plan(src: HFSource, used: set[str]) -> list[SourceTensor]:
+    """qwen4exp's PLE: every PLE layer's n-gram table (its shards ngram_embedding.shard_<i>, in index
+    order, or one ngram_embedding) stacked into per_layer_token_embd, layer after layer in
+    ple_layer_ids' order, and the keys llama.cpp's converter writes for one layer: ple.layers (0-based),
+    the n-gram sizes, the eos token, embedding_length_per_layer_input (a head's row), and the hash
+    constants read exactly from the checkpoint (ple.layer_multipliers, head_offsets, head_vocab_sizes:
+    u64s). With several layers each array holds the layers' entries one layer after another, and a
+    layer's head offsets count from the start of the stacked table (its own offsets plus the rows of
+    the layers before it). No PLE layers: no keys and no table, as llama.cpp's converter."""
+    cfg, dims = src.config, src.hp.dims
+    ids = sorted(cfg.get("ple_layer_ids") or [])
+    if not ids:
+        return []
+    ngram, per = cfg.get("ngram_size", 3), cfg.get("heads_per_ngram", 8)
+    heads, width = (ngram - 1) * per, dims["n_ple_embd"]
+    row_dim = width // heads
+    mult: list[int] = []
+    offsets: list[int] = []
+    vocab: list[int] = []
+    parts: list[str] = []
+    rows = 0
+    for i in ids:
+        pre = f"model.layers.{i - 1}.ple.ple_embedding."
+        consts = []
+        for name, n in (("layer_multipliers", ngram), ("ngram_heads_offsets", heads),
+                        ("ngram_heads_vocab_sizes", heads)):
+            if pre + name not in src.ckpt:
+                raise FormatError(f"{src.directory}: checkpoint has no tensor '{pre + name}' (PLE's hash constants)")
+            v = src.ckpt.read_ints(pre + name)
+            if len(v) != n:
+                raise FormatError(f"{src.directory}: '{pre + name}' has {len(v)} entries, expected {n}")
+            used.add(pre + name)
+            consts.append(v)
+        shard = re.compile(re.escape(pre) + r"ngram_embedding\.shard_(\d+)\.weight$")
+        shards = sorted((int(m.group(1)), n) for n in src.ckpt.names if (m := shard.match(n)))
+        names = [n for _, n in shards] or [pre + "ngram_embedding.weight"]
+        if shards and [k for k, _ in shards] != list(range(cfg.get("split_ngram_parts", 512))):
+            raise FormatError(f"{src.directory}: {len(shards)} n-gram table shards under '{pre}', expected "
+                              f"split_ngram_parts ({cfg.get('split_ngram_parts', 512)}) numbered from 0")
+        n_rows = 0
+        for n in names:
+            if n not in src.ckpt:
+                raise FormatError(f"{src.directory}: checkpoint has no tensor '{n}' (layer {i}'s n-gram table)")
+            shape = src.ckpt.entry(n).shape
+            if len(shape) != 2 or shape[1] != row_dim:
+                raise FormatError(f"{src.directory}: '{n}' has shape {list(shape)}, expected rows of {row_dim} "
+                                  f"(ple_embed_dim {width} / {heads} heads)")
+            n_rows += shape[0]
+        ends = [o + v for o, v in zip(consts[1], consts[2])]
+        if max(ends) > n_rows:
+            raise FormatError(f"{src.directory}: layer {i}'s n-gram heads reach row {max(ends)} of a table of {n_rows}")
+        mult += consts[0]
+        offsets += [o + rows for o in consts[1]]
+        vocab += consts[2]
+        parts += names
+        used.update(names)
+        rows += n_rows
+    kv = src.hp.kv
+    arch = src.arch.name
+    for key, value, kind in (
+            ("ple.layers", [i - 1 for i in ids], "i32s"), ("ple.ngram_size", ngram, "u32"),
+            ("ple.heads_per_ngram", per, "u32"), ("ple.conv_kernel", dims["ple_conv_kernel"], "u32"),
+            ("ple.eos_token_id", ple_eos(cfg), "u32"), ("embedding_length_per_layer_input", row_dim, "u32"),
+            ("ple.layer_multipliers", mult, "u64s"), ("ple.head_offsets", offsets, "u64s"),
+            ("ple.head_vocab_sizes", vocab, "u64s")):
+        kv[f"{arch}.{key}"] = (value, kind)
+
+    def read(_e: int | None = None) -> np.ndarray:
+        return np.concatenate([src.ckpt.read_f32(n) for n in parts])
+    return [SourceTensor("per_layer_token_embd.weight", (row_dim, rows), "matrix", read)]
+
+
+# ArchSpec.extra_plan: tensors made of several checkpoint tensors, and their keys
+EXTRA_PLANS: dict[str, Callable[[HFSource, set[str]], list[SourceTensor]]] = {"ple": _ple_plan}
 
 
 def _layer_kind(wanted: str, bid: int, dims: dict) -> str:

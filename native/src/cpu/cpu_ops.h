@@ -22,6 +22,11 @@ void rm_cpu_layernorm(float * y, const float * x, const float * w, const float *
 /* cpu/qsa.c: QSA's pick of key blocks on the pool's threads. */
 void rm_cpu_qsa_select(rm_pool * pool, const rm_qsa_args * a);
 
+/* cpu/ple.c: PLE's gate and its dilated conv on the pool's threads. */
+void rm_cpu_ple_gate(rm_pool * pool, float * out, const float * key, const float * query, const float * value,
+                     int64_t n_tok, int64_t hc, int64_t n);
+void rm_cpu_ple_conv(rm_pool * pool, const rm_ple_conv_args * a);
+
 /* cpu/deltanet.c: the middle of a Gated DeltaNet layer on the pool's threads. */
 void rm_cpu_gdn(rm_pool * pool, const rm_gdn_args * a);
 

@@ -1400,6 +1400,15 @@ static void cpu_qsa_select(rm_backend * be, const rm_qsa_args * a) {
     rm_cpu_qsa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_ple_gate(rm_backend * be, float * out, const float * key, const float * query, const float * value,
+                         int64_t n_tok, int64_t hc, int64_t n) {
+    rm_cpu_ple_gate(((cpu_ctx *) be->ctx)->pool, out, key, query, value, n_tok, hc, n);
+}
+
+static void cpu_ple_conv(rm_backend * be, const rm_ple_conv_args * a) {
+    rm_cpu_ple_conv(((cpu_ctx *) be->ctx)->pool, a);
+}
+
 static void cpu_layernorm(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
                           int64_t n_rows, int64_t n, float eps) {
     rm_cpu_layernorm(y, x, (const float *) w->data, (const float *) b->data, n_rows, n, eps);
@@ -1577,6 +1586,8 @@ static const rm_backend_ops CPU_OPS = {
     .silu        = cpu_silu,
     .hc_mix      = cpu_hc_mix,
     .hc_add      = cpu_hc_add,
+    .ple_gate    = cpu_ple_gate,
+    .ple_conv    = cpu_ple_conv,
     .free        = cpu_free,
 };
 

@@ -170,6 +170,27 @@ typedef struct rm_qsa_args {
  * the blocks' keys, and per thread each block's score and a copy the selection reorders. */
 uint64_t rm_qsa_host_floats(int32_t head_dim, int32_t ratio, int32_t n_ctx, int32_t n_threads);
 
+/* One sequence's part of a step of PLE's conv (rm_ple_conv_args). */
+typedef struct rm_ple_conv_seq {
+    float * state;                /* its conv state of this layer: (kernel - 1) * dilation rows of width, oldest
+                                     first (zeros: none yet) */
+    int32_t row0, n;              /* its rows of the step */
+} rm_ple_conv_seq;
+
+/* PLE's dilated causal depthwise conv (qwen4exp; layers/ple.c): for each sequence's rows t,
+ * out[t] += silu(sum_j w[j] x[t - (kernel - 1 - j) * dilation]) per channel, the positions before
+ * the step read from the sequence's state, which then holds its last (kernel - 1) * dilation rows
+ * of x. A token's floats do not depend on how its sequence was cut into steps. */
+typedef struct rm_ple_conv_args {
+    const rm_weight * conv1d;     /* F32, ne = {kernel, width}: channel c's taps, oldest first */
+    const float *     x;          /* n_tok rows of width */
+    float *           out;        /* n_tok rows of width */
+    const rm_ple_conv_seq * seqs_host;
+    int32_t           n_seqs;
+    int64_t           width;
+    int32_t           kernel, dilation;
+} rm_ple_conv_args;
+
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
  * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
@@ -364,6 +385,14 @@ typedef struct rm_backend_ops {
      * b rows of n, inj rows of hc) */
     void (*hc_add)(rm_backend * be, float * h, const float * b, const float * inj, int64_t n_tok, int64_t hc,
                    int64_t n);
+    /* PLE (qwen4exp; layers/ple.c composes them with matmuls and rmsnorm_groups). NULL: the backend has
+     * none (the CPU's only). ple_gate: per token and stream c of hc (rows of n), g = (key_c . query_c) /
+     * sqrt(n), out_c = sigmoid(sign(g) sqrt(max(|g|, 1e-6))) value (key, query and out rows of hc * n,
+     * value rows of n) */
+    void (*ple_gate)(rm_backend * be, float * out, const float * key, const float * query, const float * value,
+                     int64_t n_tok, int64_t hc, int64_t n);
+    /* PLE's dilated conv (rm_ple_conv_args) */
+    void (*ple_conv)(rm_backend * be, const rm_ple_conv_args * a);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 

@@ -24,6 +24,10 @@ static hc_bufs bufs_of(const rm_session * s) {
     return b;
 }
 
+float * rm_hc_streams(const rm_session * s) {
+    return bufs_of(s).h;
+}
+
 void rm_hc_begin(rm_session * s, int32_t n) {
     const rm_hparams * hp = &s->m->hp;
     const int64_t E = hp->n_embd, W = (int64_t) hp->hc_count * E;

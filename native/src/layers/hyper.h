@@ -13,6 +13,8 @@
 void rm_hc_begin(rm_session * s, int32_t n);
 /* s->xn = the streams mixed by w; with w->inject, the streams' weights for rm_hc_add_out; s->x = 0. */
 void rm_hc_mix_in(rm_session * s, const rm_hc * w, int32_t n);
+/* The step's streams: rows of hc_count * n_embd (PLE adds to them: ple.h). */
+float * rm_hc_streams(const rm_session * s);
 /* The block's output in s->x into the streams, by the weights of the last rm_hc_mix_in. */
 void rm_hc_add_out(rm_session * s, int32_t n);
 

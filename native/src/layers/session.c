@@ -20,6 +20,7 @@
 #include "moe.h"
 #include "policy.h"
 #include "profile.h"
+#include "ple.h"
 #include "qsa.h"
 #include "status.h"
 #include "types.h"
@@ -42,6 +43,7 @@ static void session_free_buffers(rm_session * s) {
     }
     rm_policy_state_free(&s->policy);
     if (s->be) rm_qsa_free(s);
+    if (s->be) rm_ple_free(s);
     rm_hybrid_free(s->hy);
     if (s->be) {
         float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
@@ -212,7 +214,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK ||
-        !rm_qsa_new(s)) {
+        !rm_qsa_new(s) || !rm_ple_new(s)) {
         const int32_t n_ctx = s->n_ctx;
         st = s->be ? s->be->ops->status(s->be) : st;
         char msg[512];
@@ -596,10 +598,12 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0;
     embed(s, tokens, n);
     if (hyper) rm_hc_begin(s, n);
+    if (s->ple) rm_ple_begin(s, tokens);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
         const double t0 = s->xv ? rm_now_us() : 0.0;
         if (s->xv) s->xc_res_us[il] = 0.0f;
+        if (m->layers[il].kind & RM_LAYER_PLE) rm_ple_block(s, il, n);   /* into the streams, before their mix */
         if (hyper) rm_hc_mix_in(s, &m->layers[il].hc_attn, n);
         if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
             rm_mla_block(s, il, n);

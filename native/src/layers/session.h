@@ -81,6 +81,7 @@ struct rm_session {
 
     struct rm_hybrid * hy;        /* hybrid models: recurrent states and scratch (deltanet.h); else NULL */
     struct rm_qsa *    qsa;       /* QSA sparse attention's indexer keys and scratch (qsa.h); else NULL */
+    struct rm_ple *    ple;       /* PLE's scratch (ple.h; its state is in hy's conv state); else NULL */
 
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;

@@ -504,6 +504,13 @@ static const rm_tensor_row QWEN4EXP_LAYER[] = {
     T("blk.%d.ssm_beta.weight",    ssm_beta,  REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
     T("blk.%d.ssm_alpha.weight",   ssm_alpha, REQ, LIN, 0, NE(EMBD, SSM_NV, ONE)),
     HYBRID_SSM_ROWS,
+    /* PLE (llama.cpp's names); the n-gram table itself, per_layer_token_embd, is the model's (model.c) */
+    T("blk.%d.ple_key.weight",        ple_key,        REQ, RM_LAYER_PLE, 0, NE(PLE_EMBD, HC_EMBD, ONE)),
+    T("blk.%d.ple_value.weight",      ple_value,      REQ, RM_LAYER_PLE, 0, NE(PLE_EMBD, EMBD, ONE)),
+    T("blk.%d.ple_norm_key.weight",   ple_norm_key,   REQ, RM_LAYER_PLE, 1, NE(HC_EMBD, ONE, ONE)),
+    T("blk.%d.ple_norm_query.weight", ple_norm_query, REQ, RM_LAYER_PLE, 1, NE(HC_EMBD, ONE, ONE)),
+    T("blk.%d.ple_norm_conv.weight",  ple_norm_conv,  REQ, RM_LAYER_PLE, 1, NE(HC_EMBD, ONE, ONE)),
+    T("blk.%d.ple_conv1d.weight",     ple_conv1d,     REQ, RM_LAYER_PLE, 1, NE(PLE_KERNEL, HC_EMBD, ONE)),
     HC_ROWS(ffn),
     HYBRID_MOE_ROWS,
 };
@@ -636,6 +643,7 @@ static const rm_kind_rule HYBRID_RULES[] = {
 static const rm_kind_rule QWEN4EXP_RULES[] = {
     {RM_RULE_EVERY_N, HPOFF(full_attn_interval), RM_LAYER_ATTN_LINEAR,
      RM_LAYER_ATTN_FULL | RM_LAYER_ATTN_GATE | RM_LAYER_QSA_INDEX},
+    {RM_RULE_PLE, 0, 0, RM_LAYER_PLE},   /* and PLE before the token mixer of the layers ple.layers lists */
 };
 
 /* ---- the table ------------------------------------------------------------------------------ */
@@ -757,6 +765,17 @@ static uint32_t plain_kind(const rm_arch * a) {
     return k;
 }
 
+int32_t rm_hp_ple_index(const rm_hparams * hp, int32_t il) {
+    for (int32_t i = 0; hp->ple_layers && i < hp->n_ple; i++) {
+        int32_t v;
+        memcpy(&v, (const char *) hp->ple_layers + 4 * (size_t) i, sizeof(v));
+        if (v == il) {
+            return i;
+        }
+    }
+    return -1;
+}
+
 uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il) {
     uint32_t k = plain_kind(a);
     for (int32_t r = 0; r < a->n_rules; r++) {
@@ -767,6 +786,7 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
                            : rule->form == RM_RULE_LISTED     ? rm_hp_slides(hp, il)
                            : rule->form == RM_RULE_NOT_INDEXED ? hp->layer_indexer && !hp->layer_indexer[il]
                            : rule->form == RM_RULE_EVERY_N    ? n > 0 && il % n == n - 1
+                           : rule->form == RM_RULE_PLE        ? rm_hp_ple_index(hp, il) >= 0
                                                               : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
@@ -787,7 +807,7 @@ void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap) {
         {RM_LAYER_ATTN_MLA, "multi-head latent attention"}, {RM_LAYER_FFN_DENSE, "dense FFN"},
         {RM_LAYER_SINKS, "attention sinks"}, {RM_LAYER_HEAD_GATE, "a gate per attention head"},
         {RM_LAYER_DSA_INDEX, "sparse attention"}, {RM_LAYER_DSA_SHARED, "shared sparse attention"},
-        {RM_LAYER_QSA_INDEX, "QSA sparse attention"},
+        {RM_LAYER_QSA_INDEX, "QSA sparse attention"}, {RM_LAYER_PLE, "PLE n-gram embeddings"},
     };
     size_t at = 0;
     buf[0] = '\0';
@@ -850,6 +870,8 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_HC: return hp->hc_count;
     case RM_DIM_HC_EMBD: return (int64_t) hp->hc_count * hp->n_embd;
     case RM_DIM_HC_RANK: return hp->hc_low_rank;
+    case RM_DIM_PLE_EMBD: return (int64_t) hp->n_ple_head * hp->n_embd_per_layer;
+    case RM_DIM_PLE_KERNEL: return hp->ple_conv_kernel;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -862,6 +884,7 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "n_q_gate", "ssm_conv_dim", "ssm_d_inner", "ssm_n_v", "ssm_n_ba", "ssm_d_conv", "ssm_head_v",
     "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa", "n_head_swa",
     "index_head_dim", "index_n_head", "n_index_q", "hc_count", "n_hc_embd", "hc_low_rank",
+    "n_ple_embd", "ple_conv_kernel",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }

@@ -84,6 +84,8 @@ typedef enum rm_dim {
     RM_DIM_HC,                    /* hc_count: the hyper-connections' residual streams */
     RM_DIM_HC_EMBD,               /* hc_count * n_embd: all streams of a token */
     RM_DIM_HC_RANK,               /* hc_low_rank */
+    RM_DIM_PLE_EMBD,              /* n_ple_head * n_embd_per_layer: a token's n-gram embedding (PLE) */
+    RM_DIM_PLE_KERNEL,            /* ple_conv_kernel */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -124,8 +126,9 @@ typedef enum rm_rule_form {
     RM_RULE_ALL_IF_SET  = 2,      /* n > 0: every layer (a feature the hyperparameters switch on, e.g. q_lora_rank) */
     RM_RULE_LISTED      = 3,      /* the layers the file's per-layer list marks (rm_hparams.layer_swa) */
     RM_RULE_NOT_INDEXED = 4,      /* the layers the file's indexer list marks 0 (rm_hparams.layer_indexer) */
-    RM_RULE_EVERY_N     = 5       /* n > 0: layers with il % n == n - 1 (every n-th: a hybrid's full layers
+    RM_RULE_EVERY_N     = 5,      /* n > 0: layers with il % n == n - 1 (every n-th: a hybrid's full layers
                                      where its plain layer is the linear one) */
+    RM_RULE_PLE         = 6       /* the layers the file's ple.layers lists (rm_hparams.ple_layers) */
 } rm_rule_form;
 
 /* A float per layer, into an rm_layer field: the key (after "{arch}.") holds one for every layer
@@ -182,6 +185,9 @@ typedef enum rm_arch_flag {
     RM_ARCH_HYPER = 32            /* hyper-connections (rm_hc) in place of the layers' and the output's norms
                                      (llama.cpp's qwen4exp) */
 } rm_arch_flag;
+
+/* Whether layer il is one of the file's PLE layers, and its place among them (-1: none). */
+int32_t rm_hp_ple_index(const rm_hparams * hp, int32_t il);
 
 /* NULL when the architecture is not supported. */
 const rm_arch * rm_arch_find(const char * name, size_t len);

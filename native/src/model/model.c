@@ -419,6 +419,88 @@ static rm_status linear_hparams(const loader * ld, rm_hparams * hp) {
     return RM_OK;
 }
 
+
+/* PLE's keys (qwen4exp; llama.cpp's ple.* and embedding_length_per_layer_input), where the file has
+ * ple.layers: the layers (ascending, each in range), the n-gram sizes, the eos token, and per PLE
+ * layer its hash constants (u64 arrays, layer after layer). A key missing or inconsistent is refused
+ * by its name; RM_OK without ple.layers (no PLE layer). */
+static rm_status read_ple(const loader * ld, rm_hparams * hp) {
+    char key[128];
+    snprintf(key, sizeof(key), "%s.ple.layers", ld->arch->name);
+    rm_gguf_arr arr;
+    rm_status st = rm_gguf_get_arr(ld->g, key, -1, &arr);
+    if (st == RM_GGUF_MISSING) {
+        return RM_OK;
+    }
+    if (st != RM_OK || (arr.type != RM_GGUF_INT32 && arr.type != RM_GGUF_UINT32) || arr.n == 0 ||
+        arr.n > (uint64_t) hp->n_layer) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be an array of 1 to block_count (%d) 32-bit layer ids",
+                       ld->fn, ld->path, key, hp->n_layer);
+    }
+    hp->ple_layers = arr.data;
+    hp->n_ple = (int32_t) arr.n;
+    for (int32_t i = 0, prev = -1; i < hp->n_ple; i++) {
+        int32_t il;
+        memcpy(&il, (const char *) arr.data + 4 * (size_t) i, sizeof(il));
+        if (il <= prev || il >= hp->n_layer) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: '%s' lists layer %d after %d: the ids must ascend, each below "
+                           "block_count (%d)", ld->fn, ld->path, key, il, prev, hp->n_layer);
+        }
+        prev = il;
+    }
+    static const struct { const char * name; int32_t lo, hi; size_t off; } ints[] = {
+        {"ple.ngram_size", 2, RM_PLE_MAX_NGRAM, offsetof(rm_hparams, ple_ngram)},
+        {"ple.heads_per_ngram", 1, RM_PLE_MAX_HEADS, offsetof(rm_hparams, ple_heads_per_ngram)},
+        {"ple.conv_kernel", 1, RM_PLE_MAX_KERNEL, offsetof(rm_hparams, ple_conv_kernel)},
+        {"ple.eos_token_id", 0, INT32_MAX, offsetof(rm_hparams, ple_eos)},
+        {"embedding_length_per_layer_input", 1, 1 << 16, offsetof(rm_hparams, n_embd_per_layer)},
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        int64_t v;
+        const int got = get_int(ld, ints[i].name, &v);
+        if (got <= 0 || v < ints[i].lo || v > ints[i].hi) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: the file has PLE layers (ple.layers), and '%s.%s' is %s: it must be an "
+                           "integer in [%d, %d]", ld->fn, ld->path, ld->arch->name, ints[i].name,
+                           got == 0 ? "missing" : "not such an integer", ints[i].lo, ints[i].hi);
+        }
+        const int32_t v32 = (int32_t) v;
+        memcpy((char *) hp + ints[i].off, &v32, sizeof(v32));
+    }
+    hp->n_ple_head = (hp->ple_ngram - 1) * hp->ple_heads_per_ngram;
+    if (hp->n_ple_head > RM_PLE_MAX_HEADS) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: PLE's (ngram_size - 1) * heads_per_ngram is %d, more than %d", ld->fn,
+                       ld->path, hp->n_ple_head, RM_PLE_MAX_HEADS);
+    }
+    const struct { const char * name; int32_t per_layer; const uint8_t ** out; } arrays[] = {
+        {"ple.layer_multipliers", hp->ple_ngram, &hp->ple_mult},
+        {"ple.head_offsets", hp->n_ple_head, &hp->ple_head_off},
+        {"ple.head_vocab_sizes", hp->n_ple_head, &hp->ple_head_vocab},
+    };
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) {
+        snprintf(key, sizeof(key), "%s.%s", ld->arch->name, arrays[i].name);
+        const uint64_t want = (uint64_t) arrays[i].per_layer * (uint64_t) hp->n_ple;
+        st = rm_gguf_get_arr(ld->g, key, -1, &arr);
+        if (st != RM_OK || (arr.type != RM_GGUF_UINT64 && arr.type != RM_GGUF_INT64) || arr.n != want) {
+            return rm_fail(RM_E_FORMAT, "%s: %s: the file has %d PLE layer(s), and '%s' is %s: it must be an array of "
+                           "%llu 64-bit integers (%d per PLE layer)", ld->fn, ld->path, hp->n_ple, key,
+                           st == RM_GGUF_MISSING ? "missing" : "not such an array", (unsigned long long) want,
+                           arrays[i].per_layer);
+        }
+        *arrays[i].out = arr.data;
+        for (uint64_t j = 0; j < arr.n; j++) {
+            uint64_t v;
+            memcpy(&v, (const uint8_t *) arr.data + 8 * j, sizeof(v));
+            const int bad = i == 0 ? v == 0 || v > (uint64_t) INT64_MAX
+                                   : i == 2 ? v == 0 || v > (uint64_t) INT32_MAX : v > (uint64_t) INT32_MAX;
+            if (bad) {
+                return rm_fail(RM_E_FORMAT, "%s: %s: '%s' entry %llu is %llu: out of range", ld->fn, ld->path, key,
+                               (unsigned long long) j, (unsigned long long) v);
+            }
+        }
+    }
+    return RM_OK;
+}
+
 /* The rows in the table's order, then the checks that tie several values together. */
 static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     for (int32_t i = 0; i < ld->arch->n_hparams; i++) {
@@ -429,6 +511,10 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     }
     if (!read_layer_swa(ld, hp) || !read_layer_indexer(ld, hp)) {
         return RM_E_FORMAT;
+    }
+    const rm_status pst = read_ple(ld, hp);
+    if (pst != RM_OK) {
+        return pst;
     }
     if (hp->n_head % hp->n_head_kv != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: head_count %d is not a multiple of head_count_kv %d",
@@ -537,6 +623,48 @@ static rm_status check_qsa(const rm_model * m, const char * path) {
                            "head_count %d, key_length %d (rope.dimension_count %d) and top_k %d: each must be "
                            "positive, key_length at least the rotary dims", path, il, hp->index_n_head,
                            hp->index_head_dim, hp->n_rot, hp->index_top_k);
+        }
+    }
+    return RM_OK;
+}
+
+/* PLE (qwen4exp): each listed layer a linear one (its conv's state lives beside the DeltaNet's), its
+ * conv taps F32, and the n-gram table (per_layer_token_embd) holding every head's rows. */
+static rm_status load_ple(rm_model * m, const char * path) {
+    const rm_hparams * hp = &m->hp;
+    for (int il = 0; il < hp->n_layer; il++) {
+        rm_layer * L = &m->layers[il];
+        L->ple_index = rm_hp_ple_index(hp, il);
+        if (L->ple_index >= 0 && !(L->kind & RM_LAYER_ATTN_LINEAR)) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: ple.layers lists layer %d, which is not a linear-attention "
+                           "layer (PLE runs on those only, as transformers and llama.cpp have it)", path, il);
+        }
+    }
+    if (hp->n_ple == 0) {
+        rm_status st = bind(m->base, path, "per_layer_token_embd.weight", 0, 0, 0, 1, &m->ple_embd);
+        if (st == RM_OK && m->ple_embd.data) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: tensor 'per_layer_token_embd.weight' is present but the file "
+                           "has no ple.layers: its PLE keys are missing", path);
+        }
+        return st;
+    }
+    rm_status st = bind(m->base, path, "per_layer_token_embd.weight", 1, hp->n_embd_per_layer, 0, 1, &m->ple_embd);
+    if (st != RM_OK) {
+        return st;
+    }
+    if (!rm_type_traits_get(m->ple_embd.type)->to_float) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: tensor 'per_layer_token_embd.weight' has a type "
+                       "whose rows cannot be read as floats", path);
+    }
+    for (int32_t h = 0; h < hp->n_ple * hp->n_ple_head; h++) {
+        uint64_t off, vocab;
+        memcpy(&off, hp->ple_head_off + 8 * (size_t) h, sizeof(off));
+        memcpy(&vocab, hp->ple_head_vocab + 8 * (size_t) h, sizeof(vocab));
+        if (off + vocab > (uint64_t) m->ple_embd.ne[1]) {
+            return rm_fail(RM_E_FORMAT, "rm_model_load: %s: ple.head_offsets and ple.head_vocab_sizes give PLE head %d "
+                           "rows [%llu, %llu), past per_layer_token_embd.weight's %lld rows", path, h,
+                           (unsigned long long) off, (unsigned long long) (off + vocab),
+                           (long long) m->ple_embd.ne[1]);
         }
     }
     return RM_OK;
@@ -994,7 +1122,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         (st = read_layer_floats(m, &ld)) != RM_OK) {
         return st;
     }
-    if ((st = check_qsa(m, path)) != RM_OK) {
+    if ((st = check_qsa(m, path)) != RM_OK || (st = load_ple(m, path)) != RM_OK) {
         return st;
     }
     /* step35's frequencies cover the sliding layers' rotary dims; its full layers read the first half */

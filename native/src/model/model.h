@@ -18,6 +18,9 @@ struct rm_model {
     rm_weight       output_norm;         /* ne = {n_embd} */
     rm_weight       output;              /* ne = {n_embd, n_vocab}; tok_embd when tied */
     rm_hc           hc_head;             /* RM_ARCH_HYPER: the streams' final mixer, in place of output_norm */
+    rm_weight       ple_embd;            /* ne = {n_embd_per_layer, rows}: every PLE layer's hashed n-gram rows
+                                            (per_layer_token_embd), each layer's heads at their offsets; absent
+                                            without PLE layers */
     rm_weight       rope_freqs;          /* ne = {n_rot / 2}: the full-attention layers' RoPE frequencies divided
                                             by these (Gemma 4's proportional RoPE); absent: none */
     rm_layer *      layers;

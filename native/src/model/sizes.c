@@ -35,7 +35,16 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .n_head_kv_swa = hp->n_head_kv_swa, .head_dim_swa = hp->head_dim_swa, .n_head_swa = hp->n_head_swa,
         .index_head_dim = hp->index_head_dim, .index_n_head = hp->index_n_head,
         .hc_count = hp->hc_count, .hc_low_rank = hp->hc_low_rank,
+        .n_layer_ple = hp->n_ple, .ple_ngram = hp->ple_ngram, .ple_conv_kernel = hp->ple_conv_kernel,
+        .ple_embd = hp->n_ple_head * hp->n_embd_per_layer,
     };
+}
+
+uint64_t rm_ple_state_at(const rm_size_params * p, int32_t ple_index) {
+    const uint64_t dn = (uint64_t) (p->ssm_d_conv - 1) * (uint64_t) p->ssm_conv_dim * (uint64_t) p->n_layer_linear;
+    const uint64_t conv = (uint64_t) (p->ple_conv_kernel - 1) * (uint64_t) p->ple_ngram * (uint64_t) p->hc_count *
+                          (uint64_t) p->n_embd;
+    return dn + (uint64_t) ple_index * conv;
 }
 
 void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_BUF_COUNT]) {
@@ -45,7 +54,9 @@ void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_
     const uint64_t C = (uint64_t) p->ssm_conv_dim, NV = (uint64_t) p->ssm_n_v;
     const uint64_t DI = NV * (uint64_t) p->ssm_head_v, Q = (uint64_t) p->n_head * (uint64_t) p->head_dim;
     const uint64_t sizes[RM_RECURRENT_BUF_COUNT] = {
-        [RM_RECURRENT_BUF_CONV_STATE] = f * NL * (uint64_t) (p->ssm_d_conv - 1) * C,
+        [RM_RECURRENT_BUF_CONV_STATE] = f * (p->n_layer_ple > 0 ? rm_ple_state_at(p, p->n_layer_ple) +
+                                                                  (uint64_t) (p->ple_ngram - 1)
+                                                                : NL * (uint64_t) (p->ssm_d_conv - 1) * C),
         [RM_RECURRENT_BUF_SSM_STATE] = f * NL * NV * (uint64_t) rm_gdn_state_floats(p->ssm_d_state, p->ssm_head_v),
         [RM_RECURRENT_BUF_MIXED] = f * B * C,  [RM_RECURRENT_BUF_CONV_OUT] = f * B * C,
         [RM_RECURRENT_BUF_Z] = f * B * DI,     [RM_RECURRENT_BUF_BA] = f * B * 2 * NV,

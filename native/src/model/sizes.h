@@ -76,6 +76,12 @@ enum {
     RM_RECURRENT_BUF_COUNT
 };
 void rm_recurrent_buf_bytes(const rm_size_params * p, uint64_t out[RM_RECURRENT_BUF_COUNT]);
+/* PLE (qwen4exp) keeps its state in the conv state, after the linear layers' DeltaNet conv states:
+ * each PLE layer's dilated conv ((ple_conv_kernel - 1) * ple_ngram rows of hc_count * n_embd floats,
+ * oldest first), then the session's last ple_ngram - 1 tokens (one int32 each, oldest first, the
+ * token + 1: 0 is none, before the start). Where PLE layer i's starts, in floats from the conv
+ * state's start; i = n_layer_ple: where the tokens start. */
+uint64_t rm_ple_state_at(const rm_size_params * p, int32_t ple_index);
 
 /* The prefill staging buffer: RM_SPLIT_STAGE_MAX experts' residuals; 0 without staging. */
 uint64_t rm_split_stage_buf_bytes(const rm_size_params * p);

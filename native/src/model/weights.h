@@ -101,7 +101,18 @@ typedef struct rm_layer {
     /* QSA: the positions of a key block (attention.compress_ratios' entry, a whole number); 0: none */
     float     qsa_ratio;
     rm_hc     hc_attn, hc_ffn;             /* RM_ARCH_HYPER: before the token mixer, before the FFN */
+    /* PLE (RM_LAYER_PLE, qwen4exp): ple_embd = n_ple_head * n_embd_per_layer floats of hashed n-gram
+     * rows (per_layer_token_embd) give a value and a key per stream; hc_embd = hc_count * n_embd */
+    rm_weight ple_key;                   /* ne = {ple_embd, hc_embd} */
+    rm_weight ple_value;                 /* ne = {ple_embd, n_embd} */
+    rm_weight ple_norm_key, ple_norm_query, ple_norm_conv; /* ne = {hc_embd}: a gamma per stream (1 + w) */
+    rm_weight ple_conv1d;                /* ne = {ple_conv_kernel, hc_embd}: a dilated causal filter per channel */
+    int32_t   ple_index;                 /* the layer's place in ple.layers (its hash constants), -1: none */
 } rm_layer;
+
+#define RM_PLE_MAX_NGRAM 8
+#define RM_PLE_MAX_HEADS 256
+#define RM_PLE_MAX_KERNEL 16
 
 /* Filled from the keys by walking the architecture's hyperparameter rows (arch.c), in the order
  * the rows give; fields no row names stay 0. */
@@ -157,6 +168,16 @@ typedef struct rm_hparams {
     const uint8_t * layer_indexer;       /* per layer, 1 where it runs its own indexer, 0 where it takes the
                                             previous one's positions: the arch's indexer_layers_key list (bools,
                                             in the mapped file); NULL: every layer runs its own */
+    /* PLE (qwen4exp): the layers ple.layers lists (0-based, ascending; n_ple of them, 32-bit integers in the
+     * mapped file), n-grams of 2 .. ple_ngram tokens hashed by ple_heads_per_ngram heads each (n_ple_head =
+     * (ple_ngram - 1) * ple_heads_per_ngram heads per layer, rows of n_embd_per_layer), an eos token that
+     * cuts them, and the dilated conv's taps. The hash constants, u64 arrays in the mapped file, are per
+     * PLE layer in ple.layers' order: ple_ngram multipliers, n_ple_head row offsets and vocab sizes. The
+     * loader's limits: ple_ngram <= RM_PLE_MAX_NGRAM, n_ple_head <= RM_PLE_MAX_HEADS, ple_conv_kernel <=
+     * RM_PLE_MAX_KERNEL. */
+    const void *    ple_layers;
+    int32_t         n_ple, ple_ngram, ple_heads_per_ngram, n_ple_head, ple_conv_kernel, ple_eos;
+    const uint8_t * ple_mult, * ple_head_off, * ple_head_vocab;
 } rm_hparams;
 
 /* The activation of a Gated DeltaNet layer's output gate in its gated norm (the key

@@ -708,3 +708,19 @@ def test_qwen4exp_ple_config_refused_by_name(qwen4exp_ple, tmp_path, change, err
     (hf / "config.json").write_text(json.dumps(config))
     with pytest.raises(error, match=words):
         rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+
+
+def test_qwen4exp_ple_conv_not_f32_refused_by_name(qwen4exp_ple, tmp_path):
+    """A file whose PLE conv taps were written in F16 is refused naming the tensor and its type (the
+    message once spoke of norms and biases alone)."""
+    import gguf
+
+    from conftest import write_gguf_like
+
+    hf, path, ids, ref = qwen4exp_ple
+    name = "blk.0.ple_conv1d.weight"
+    conv = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}[name]
+    data = np.asarray(conv.data, dtype=np.float32).astype(np.float16)
+    write_gguf_like(path, tmp_path / "f16.gguf", {name: (data, gguf.GGMLQuantizationType.F16)})
+    with pytest.raises(rm.UnsupportedError, match=f"tensor '{name}' is F16: .* it must be F32"):
+        rm.Model(tmp_path / "f16.gguf", n_ctx=32, n_threads=1)

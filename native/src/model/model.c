@@ -737,7 +737,7 @@ static rm_status check_groups(const rm_model * m, int il, const char * path) {
     return RM_OK;
 }
 
-/* Norms, biases and the shared expert's gate are read as floats by the forward pass (the rows
+/* Norms, biases, gates and convolution taps are read as floats by the forward pass (the rows
  * marked f32). Checked once every layer is bound, so a shape error anywhere comes first. */
 static rm_status check_float_types(rm_model * m, const char * path) {
     for (int il = 0; il < m->hp.n_layer; il++) {
@@ -746,9 +746,12 @@ static rm_status check_float_types(rm_model * m, const char * path) {
             const rm_tensor_row * t = &m->arch->tensors[i];
             const rm_weight * w = layer_field(L, t);
             if (t->f32 && rm_layer_kind_has(L->kind, t->when) && w->data && w->type != RM_TYPE_F32) {
+                char name[96];
+                snprintf(name, sizeof(name), t->name, il);
+                const rm_type_traits * tt = rm_type_traits_get(w->type);
                 return rm_fail(RM_E_UNSUPPORTED_TYPE,
-                               "rm_model_load: %s: layer %d: norm/bias tensors must be F32, found type %d",
-                               path, il, w->type);
+                               "rm_model_load: %s: tensor '%s' is %s: the forward pass reads it as floats (norms, "
+                               "biases, gates, convolutions), it must be F32", path, name, tt ? tt->name : "of an unknown type");
             }
         }
     }

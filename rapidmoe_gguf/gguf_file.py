@@ -89,7 +89,8 @@ _HPARAMS = ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_expert", 
             "n_ff_shexp", "n_ctx_train", "norm_topk", "n_ff", "n_layer_dense_lead", "n_rot", "head_dim_v",
             "q_lora_rank", "kv_lora_rank", "n_layer_linear", "ssm_d_conv", "ssm_conv_dim", "ssm_n_v", "ssm_d_state",
             "ssm_head_v", "n_swa", "n_layer_swa", "n_head_kv_swa", "head_dim_swa", "n_head_swa", "index_head_dim",
-            "index_n_head", "index_top_k")
+            "index_n_head", "index_top_k", "hc_count", "hc_low_rank", "n_layer_ple", "ple_ngram", "ple_conv_kernel",
+            "ple_embd")
 
 
 class GGUFFile:
@@ -150,7 +151,8 @@ class GGUFFile:
         window ``n_swa`` with the count of layers that slide, ``n_layer_swa`` (0 without), and their
         query and kv heads and head width, ``n_head_swa``, ``n_head_kv_swa`` and ``head_dim_swa`` (the
         others' where the same); sparse attention's ``index_head_dim``, ``index_n_head`` and
-        ``index_top_k`` (0 without)."""
+        ``index_top_k`` (0 without); hyper-connections' ``hc_count`` and ``hc_low_rank``, and PLE's
+        ``n_layer_ple``, ``ple_ngram``, ``ple_conv_kernel`` and ``ple_embd`` (0 without)."""
         info = ffi.new("rm_model_info *")
         check(lib.rm_arch_read_hparams(self._handle(), os.fsencode(self.path), info))
         out: dict[str, Any] = {"arch": ffi.string(info.arch).decode()}

@@ -74,6 +74,8 @@ def _align(n: int) -> int:
 
 # the linear-attention fields of rm_size_params (and of ModelSizes and GGUFFile.hparams)
 _LINEAR_SIZES = ("n_layer_linear", "ssm_d_conv", "ssm_conv_dim", "ssm_n_v", "ssm_d_state", "ssm_head_v")
+# the hyper-connections' and PLE's (qwen4exp), the same way
+_HYPER_SIZES = ("hc_count", "hc_low_rank", "n_layer_ple", "ple_ngram", "ple_conv_kernel", "ple_embd")
 
 
 @dataclasses.dataclass
@@ -116,6 +118,12 @@ class ModelSizes:
     n_head_swa: int = 0              # their query heads where they differ (Step-3.5); 0: n_head
     index_head_dim: int = 0          # sparse attention (GLM-5): the indexer's key, cached beside each latent
     index_n_head: int = 0            # and its query heads
+    hc_count: int = 0                # hyper-connections: residual streams (activations hc_count times wider)
+    hc_low_rank: int = 0
+    n_layer_ple: int = 0             # PLE layers: a conv state each and the session's last tokens
+    ple_ngram: int = 0
+    ple_conv_kernel: int = 0
+    ple_embd: int = 0
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -151,7 +159,7 @@ class ModelSizes:
         sizes = {k: hp[k] for k in ("n_layer", "n_expert", "n_expert_used", "n_embd", "n_head", "n_head_kv",
                                     "head_dim", "n_ff_shexp", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v",
                                     *_LINEAR_SIZES, "n_swa", "n_layer_swa", "n_head_kv_swa", "head_dim_swa",
-                                    "n_head_swa", "index_head_dim", "index_n_head")}
+                                    "n_head_swa", "index_head_dim", "index_n_head", *_HYPER_SIZES)}
         sizes["n_ff_exp"] = 0
         base = np.zeros((n_layer, n_expert), dtype=np.int64)
         gpu_ok = np.ones(n_layer, dtype=bool)
@@ -267,7 +275,7 @@ def _session_sizes(s: ModelSizes, n_ctx: int, n_batch: int, upload_residuals: bo
     for k in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert", "n_expert_used",
               "n_ff_exp", "n_ff_shexp", "n_vocab", "n_ff", "kv_lora_rank", "n_rot", "head_dim_v", "n_swa",
               "n_layer_swa", "n_head_kv_swa", "head_dim_swa", "n_head_swa", "index_head_dim",
-              "index_n_head") + _LINEAR_SIZES:
+              "index_n_head") + _LINEAR_SIZES + _HYPER_SIZES:
         setattr(p, k, getattr(s, k))
     p.n_ctx, p.n_batch = n_ctx, n_batch
     if upload_residuals and s.expert_residual.size:

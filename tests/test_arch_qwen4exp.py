@@ -22,6 +22,7 @@ Oracles and budgets:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -585,6 +586,24 @@ def test_qwen4exp_ple_state_counted_in_session_sizes():
     with_ple = recurrent(n_layer_ple=2, ple_ngram=3, ple_conv_kernel=3, ple_embd=64)
     assert with_ple - plain == 5 * 4 * (2 * 2 * 3 * 3 * 64 + 2)
 
+
+
+def test_qwen4exp_planner_reads_ple_and_hyper_sizes(qwen4exp_ple):
+    """The planner's model sizes (ModelSizes.from_files) carry the hyper-connections' and PLE's
+    fields as the loader reads them, so its session bytes count the streams' activations and the
+    PLE state: the PLE layers' conv states and the tokens, as above."""
+    from rapidmoe_gguf import planner
+
+    hf, path, ids, ref = qwen4exp_ple
+    s = planner.ModelSizes.from_files(path)
+    assert (s.hc_count, s.hc_low_rank, s.n_layer_ple, s.ple_ngram) == (3, 8, 2, PLE["ngram_size"])
+    with_ple = planner.session_device_bytes(s, 64, 8, upload_residuals=False)
+    without = planner.session_device_bytes(dataclasses.replace(s, n_layer_ple=0), 64, 8, upload_residuals=False)
+    per_layer = (s.ple_conv_kernel - 1) * s.ple_ngram * s.hc_count * s.n_embd
+    assert with_ple["recurrent_state"] - without["recurrent_state"] == 5 * 4 * (2 * per_layer + s.ple_ngram - 1)
+    flat = planner.session_device_bytes(dataclasses.replace(s, n_layer_ple=0, hc_count=0, hc_low_rank=0), 64, 8,
+                                        upload_residuals=False)
+    assert without["activations"] > flat["activations"]
 
 @pytest.fixture(scope="module")
 def qwen4exp_ple_one(tmp_path_factory):

@@ -474,6 +474,8 @@ typedef struct rm_model_info {
                                      * latent); 0 without */
     int32_t index_n_head, index_top_k;  /* its query heads, and the positions each token attends to */
     int32_t hc_count, hc_low_rank;  /* hyper-connections (qwen4exp): residual streams and their gates' rank; 0 without */
+    int32_t n_layer_ple;            /* PLE layers (qwen4exp) and their sizes as rm_size_params takes them; 0 without */
+    int32_t ple_ngram, ple_conv_kernel, ple_embd;
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);

@@ -826,6 +826,10 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->hc_count = hp->hc_count;
     in->hc_low_rank = hp->hc_low_rank;
     in->index_top_k = hp->index_top_k;
+    in->n_layer_ple = sp.n_layer_ple;
+    in->ple_ngram = sp.ple_ngram;
+    in->ple_conv_kernel = sp.ple_conv_kernel;
+    in->ple_embd = sp.ple_embd;
 }
 
 static void fill_info(rm_model * m) {

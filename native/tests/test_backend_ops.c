@@ -9,7 +9,8 @@
  *             rmsnorm (also without a weight), adds, swiglu, swiglu_clamp, geglu, rows 1e-5; scale
  *             exact; rope, rope_yarn and rope_div 2e-3 at position ~1000 (each computes the angle in
  *             float, as llama.cpp does); route: the same experts, weights within 1e-5; dsa_select and
- *             qsa_select: the picks of the reference, ascending
+ *             qsa_select: the picks of the reference, ascending; mhc_weights (20 Sinkhorn rounds),
+ *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes)
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -662,6 +663,107 @@ static void test_hc_ops(rm_backend * be) {
     free(x), free(wv), free(g), free(b), free(inj), free(y), free(mh);
 }
 
+/* DeepSeek-V4's hyper-connections' weights (transformers' DeepseekV4HyperConnection: sigmoid gates,
+ * a row-softmaxed matrix projected by Sinkhorn-Knopp) and the output's (DeepseekV4HyperHead: the
+ * gates alone), the streams' weighted sum and a block's output into the streams, against double. */
+static void ref_mhc_weights(double * l, const float * scale, const float * base, int hc, int n_mix, int iters,
+                            double eps) {
+    for (int c = 0; c < hc; c++) l[c] = 1.0 / (1.0 + exp(-(l[c] * scale[0] + base[c]))) + eps;
+    if (n_mix == hc) return;
+    for (int c = 0; c < hc; c++) l[hc + c] = 2.0 / (1.0 + exp(-(l[hc + c] * scale[1] + base[hc + c])));
+    double * m = l + 2 * hc;
+    for (int j = 0; j < hc; j++) {
+        double mx = -INFINITY, sum = 0;
+        for (int k = 0; k < hc; k++) m[j * hc + k] = m[j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+        for (int k = 0; k < hc; k++) mx = fmax(mx, m[j * hc + k]);
+        for (int k = 0; k < hc; k++) sum += exp(m[j * hc + k] - mx);
+        for (int k = 0; k < hc; k++) m[j * hc + k] = exp(m[j * hc + k] - mx) / sum + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        for (int pass = it == 0 ? 1 : 0; pass < 2; pass++) {   /* rows (pass 0), then columns (pass 1) */
+            for (int a = 0; a < hc; a++) {
+                double sum = 0;
+                for (int b = 0; b < hc; b++) sum += pass ? m[b * hc + a] : m[a * hc + b];
+                for (int b = 0; b < hc; b++) *(pass ? &m[b * hc + a] : &m[a * hc + b]) /= sum + eps;
+            }
+        }
+    }
+}
+
+static void test_mhc_ops(rm_backend * be) {
+    if (!be->ops->mhc_weights) return;
+    enum { HC = 4, N = 40, T = 5, MIX = (2 + HC) * HC, ITERS = 20 };
+    const float eps = 1e-6f;
+    float * lg = randn(T * MIX, 2.0f), * sc = randn(3, 1.0f), * bs = randn(MIX, 1.0f);
+    float * h = randn(T * HC * N, 1.5f), * b = randn(T * N, 1.0f);
+    rm_weight scale = {RM_TYPE_F32, {3, 1, 1, 1}, (const uint8_t *) sc, sizeof(float) * 3};
+    rm_weight base = {RM_TYPE_F32, {MIX, 1, 1, 1}, (const uint8_t *) bs, sizeof(float) * MIX};
+    float * md = put(be, lg, T * MIX);
+    be->ops->mhc_weights(be, md, &scale, &base, T, HC, MIX, ITERS, eps);
+    float * mix = get(be, md, T * MIX);
+    double ref[T * MIX], e = 0, e_sum = 0;
+    for (int i = 0; i < T * MIX; i++) ref[i] = lg[i];
+    for (int t = 0; t < T; t++) {
+        ref_mhc_weights(ref + t * MIX, sc, bs, HC, MIX, ITERS, eps);
+        for (int k = 0; k < HC; k++) {   /* comb's columns sum to about 1 (the last normalisation) */
+            double col = 0;
+            for (int j = 0; j < HC; j++) col += mix[t * MIX + 2 * HC + j * HC + k];
+            e_sum = fmax(e_sum, fabs(col - 1.0));
+        }
+    }
+    for (int i = 0; i < T * MIX; i++) e = fmax(e, fabs(mix[i] - ref[i]) / (fabs(ref[i]) + 1e-3));
+    record(be->ops->name, "mhc_weights", "5 tokens of 4 streams, 20 Sinkhorn rounds", e, 1e-5);
+    record(be->ops->name, "mhc_weights", "comb's columns sum to 1", e_sum, 1e-4);
+    /* the output's: 4 gates from 4 logits, one scale */
+    float * lh = randn(T * HC, 2.0f);
+    float * hd = put(be, lh, T * HC);
+    be->ops->mhc_weights(be, hd, &scale, &base, T, HC, HC, ITERS, eps);
+    float * pre = get(be, hd, T * HC);
+    e = 0;
+    for (int i = 0; i < T * HC; i++) {
+        const double r = 1.0 / (1.0 + exp(-((double) lh[i] * sc[0] + bs[i % HC]))) + eps;
+        e = fmax(e, fabs(pre[i] - r) / fabs(r));
+    }
+    record(be->ops->name, "mhc_weights", "the output's gates", e, 1e-6);
+    /* the weighted sum, over the block's weights (mix rows, pre their first HC) */
+    float * xd = put(be, h, T * HC * N), * yd = be->ops->alloc(be, sizeof(float) * T * N);
+    be->ops->mhc_collapse(be, yd, xd, md, MIX, T, HC, N);
+    float * y = get(be, yd, T * N);
+    e = 0;
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < N; d++) {
+            double r = 0, mag = 0;
+            for (int c = 0; c < HC; c++) {
+                r += ref[t * MIX + c] * h[(t * HC + c) * N + d];
+                mag += fabs(ref[t * MIX + c] * h[(t * HC + c) * N + d]);
+            }
+            e = fmax(e, fabs(y[t * N + d] - r) / (mag + 1e-3));
+        }
+    }
+    record(be->ops->name, "mhc_collapse", "5 tokens of 4 streams", e, 1e-5);
+    float * bd = put(be, b, T * N);
+    be->ops->mhc_expand(be, xd, bd, md, T, HC, N);
+    float * h2 = get(be, xd, T * HC * N);
+    e = 0;
+    for (int t = 0; t < T; t++) {
+        const double * post = ref + t * MIX + HC, * comb = post + HC;
+        for (int k = 0; k < HC; k++) {
+            for (int d = 0; d < N; d++) {
+                double r = post[k] * b[t * N + d], mag = fabs(r);
+                for (int j = 0; j < HC; j++) {
+                    r += comb[j * HC + k] * h[(t * HC + j) * N + d];
+                    mag += fabs(comb[j * HC + k] * h[(t * HC + j) * N + d]);
+                }
+                e = fmax(e, fabs(h2[(t * HC + k) * N + d] - r) / (mag + 1e-3));
+            }
+        }
+    }
+    record(be->ops->name, "mhc_expand", "5 tokens of 4 streams, in place", e, 1e-5);
+    be->ops->release(be, md), be->ops->release(be, hd), be->ops->release(be, xd), be->ops->release(be, yd);
+    be->ops->release(be, bd);
+    free(lg), free(sc), free(bs), free(h), free(b), free(mix), free(lh), free(pre), free(y), free(h2);
+}
+
 static void test_dsa_ops(rm_backend * be) {
     if (!be->ops->dsa_select || !be->ops->layernorm) return;
     enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
@@ -886,6 +988,7 @@ int main(int argc, char ** argv) {
             test_dsa_ops(cpu);
             test_qsa_ops(cpu);
             test_hc_ops(cpu);
+            test_mhc_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

@@ -22,6 +22,15 @@ void rm_cpu_layernorm(float * y, const float * x, const float * w, const float *
 /* cpu/qsa.c: QSA's pick of key blocks on the pool's threads. */
 void rm_cpu_qsa_select(rm_pool * pool, const rm_qsa_args * a);
 
+/* cpu/mhc.c: DeepSeek-V4's hyper-connections' weights, the streams' weighted sum and a block's
+ * output into the streams, on the pool's threads (backend.h's mhc_weights, mhc_collapse, mhc_expand). */
+void rm_cpu_mhc_weights(rm_pool * pool, float * mix, const float * scale, const float * base, int64_t n_tok,
+                        int64_t hc, int64_t n_mix, int32_t iters, float eps);
+void rm_cpu_mhc_collapse(rm_pool * pool, float * y, const float * h, const float * mix, int64_t n_mix, int64_t n_tok,
+                         int64_t hc, int64_t n);
+void rm_cpu_mhc_expand(rm_pool * pool, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
+                       int64_t n);
+
 /* cpu/deltanet.c: the middle of a Gated DeltaNet layer on the pool's threads. */
 void rm_cpu_gdn(rm_pool * pool, const rm_gdn_args * a);
 

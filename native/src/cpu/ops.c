@@ -1400,6 +1400,22 @@ static void cpu_qsa_select(rm_backend * be, const rm_qsa_args * a) {
     rm_cpu_qsa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_mhc_weights(rm_backend * be, float * mix, const rm_weight * scale, const rm_weight * base,
+                            int64_t n_tok, int64_t hc, int64_t n_mix, int32_t iters, float eps) {
+    rm_cpu_mhc_weights(((cpu_ctx *) be->ctx)->pool, mix, (const float *) scale->data, (const float *) base->data, n_tok,
+                       hc, n_mix, iters, eps);
+}
+
+static void cpu_mhc_collapse(rm_backend * be, float * y, const float * h, const float * mix, int64_t n_mix,
+                             int64_t n_tok, int64_t hc, int64_t n) {
+    rm_cpu_mhc_collapse(((cpu_ctx *) be->ctx)->pool, y, h, mix, n_mix, n_tok, hc, n);
+}
+
+static void cpu_mhc_expand(rm_backend * be, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
+                           int64_t n) {
+    rm_cpu_mhc_expand(((cpu_ctx *) be->ctx)->pool, h, b, mix, n_tok, hc, n);
+}
+
 static void cpu_layernorm(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
                           int64_t n_rows, int64_t n, float eps) {
     rm_cpu_layernorm(y, x, (const float *) w->data, (const float *) b->data, n_rows, n, eps);
@@ -1577,6 +1593,9 @@ static const rm_backend_ops CPU_OPS = {
     .silu        = cpu_silu,
     .hc_mix      = cpu_hc_mix,
     .hc_add      = cpu_hc_add,
+    .mhc_weights = cpu_mhc_weights,
+    .mhc_collapse = cpu_mhc_collapse,
+    .mhc_expand  = cpu_mhc_expand,
     .free        = cpu_free,
 };
 

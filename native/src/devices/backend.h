@@ -364,6 +364,24 @@ typedef struct rm_backend_ops {
      * b rows of n, inj rows of hc) */
     void (*hc_add)(rm_backend * be, float * h, const float * b, const float * inj, int64_t n_tok, int64_t hc,
                    int64_t n);
+    /* DeepSeek-V4's manifold-constrained hyper-connections (layers/mhc.c composes them with rmsnorm and
+     * matmul; transformers' DeepseekV4HyperConnection and DeepseekV4HyperHead). NULL: the backend has
+     * none (the CPU's only). mhc_weights: per token, its n_mix logits l (the streams RMS-normed as one
+     * row, times fn) into the weights, in place. A block's (n_mix = (2 + hc) * hc, scale ne = {3}):
+     * pre_c = sigmoid(l_c s_0 + b_c) + eps, post_c = 2 sigmoid(l_{hc+c} s_1 + b_{hc+c}), and comb, hc
+     * rows j (the input stream) of hc columns k (the output stream): each row softmax(l s_2 + b) + eps,
+     * then the columns normalised, then iters - 1 rounds of rows and columns (each x / (sum + eps):
+     * Sinkhorn-Knopp). The output's (n_mix = hc, scale ne = {1}): pre alone. base F32, ne = {n_mix}. */
+    void (*mhc_weights)(rm_backend * be, float * mix, const rm_weight * scale, const rm_weight * base, int64_t n_tok,
+                        int64_t hc, int64_t n_mix, int32_t iters, float eps);
+    /* the streams' weighted sum: y[t] = sum_c pre[t][c] h[t][c] (h rows of hc * n, y rows of n, mix rows
+     * of n_mix whose first hc are pre) */
+    void (*mhc_collapse)(rm_backend * be, float * y, const float * h, const float * mix, int64_t n_mix,
+                         int64_t n_tok, int64_t hc, int64_t n);
+    /* a block's output b (rows of n) into the streams, in place: h[t][k] = post[t][k] b[t] +
+     * sum_j comb[t][j][k] h[t][j] (mix rows of (2 + hc) * hc as mhc_weights leaves them; hc <= 64) */
+    void (*mhc_expand)(rm_backend * be, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
+                       int64_t n);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 

@@ -10,7 +10,8 @@
  *             exact; rope, rope_yarn and rope_div 2e-3 at position ~1000 (each computes the angle in
  *             float, as llama.cpp does); route: the same experts, weights within 1e-5; dsa_select and
  *             qsa_select: the picks of the reference, ascending; mhc_weights (20 Sinkhorn rounds),
- *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes)
+ *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes);
+ *             compress 2e-4 of an entry's size at positions ~1000 (RoPE's angle in float)
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -764,6 +765,68 @@ static void test_mhc_ops(rm_backend * be) {
     free(lg), free(sc), free(bs), free(h), free(b), free(mix), free(lh), free(pre), free(y), free(h2);
 }
 
+/* DeepSeek-V4's compressor (transformers' DeepseekV4HCACompressor and DeepseekV4CSACompressor)
+ * against double: windows of 4 (with the previous window's first half of the columns: CSA's, also
+ * for the first window from the state of a previous call, and without one) and of 8 (HCA's). */
+static void ref_compress(const rm_compress_args * a, const float * ape, const float * nw, double * out) {
+    const int D = a->head_dim, R = a->ratio, W = a->overlap ? 2 * D : D, off = a->overlap ? D : 0;
+    for (int w = 0; w < a->n_win; w++) {
+        const float * kv = a->kv + w * R * W, * g = a->gate + w * R * W;
+        const float * pkv = w ? kv - R * W : a->prev_kv, * pg = w ? g - R * W : a->prev_gate;
+        const int prev = a->overlap && pkv;
+        double * e = out + w * D, ss = 0;
+        for (int d = 0; d < D; d++) {
+            double z[64], c[64];
+            int n = 0;
+            for (int j = 0; j < R && prev; j++, n++) z[n] = (double) pg[j * W + d] + ape[j * W + d], c[n] = pkv[j * W + d];
+            for (int j = 0; j < R; j++, n++) z[n] = (double) g[j * W + off + d] + ape[j * W + off + d], c[n] = kv[j * W + off + d];
+            double mx = -INFINITY, sum = 0, acc = 0;
+            for (int j = 0; j < n; j++) mx = fmax(mx, z[j]);
+            for (int j = 0; j < n; j++) sum += exp(z[j] - mx), acc += exp(z[j] - mx) * c[j];
+            e[d] = acc / sum;
+            ss += e[d] * e[d];
+        }
+        for (int d = 0; d < D; d++) e[d] = e[d] / sqrt(ss / D + a->eps) * nw[d];
+        const int pos = a->pos0 + w * R, o = D - a->n_rot;
+        for (int i = 0; i < a->n_rot / 2; i++) {
+            const double ang = pos * pow(a->rope_base, -2.0 * i / a->n_rot), x0 = e[o + 2 * i], x1 = e[o + 2 * i + 1];
+            e[o + 2 * i] = x0 * cos(ang) - x1 * sin(ang);
+            e[o + 2 * i + 1] = x0 * sin(ang) + x1 * cos(ang);
+        }
+    }
+}
+
+static void test_compress_case(rm_backend * be, int overlap, int ratio, int with_prev, int pos0, const char * what) {
+    enum { D = 32, NW = 3, ROT = 8 };
+    const int W = overlap ? 2 * D : D;
+    float * kv = randn(NW * ratio * W, 1.0f), * g = randn(NW * ratio * W, 2.0f), * pkv = randn(ratio * W, 1.0f);
+    float * pg = randn(ratio * W, 2.0f), * apev = randn(ratio * W, 1.0f), * nw = randn(D, 1.0f);
+    rm_weight ape = {RM_TYPE_F32, {W, ratio, 1, 1}, (const uint8_t *) apev, sizeof(float) * (uint64_t) W};
+    rm_weight norm = {RM_TYPE_F32, {D, 1, 1, 1}, (const uint8_t *) nw, sizeof(float) * D};
+    float * kvd = put(be, kv, NW * ratio * W), * gd = put(be, g, NW * ratio * W);
+    float * pkvd = put(be, pkv, ratio * W), * pgd = put(be, pg, ratio * W);
+    float * od = be->ops->alloc(be, sizeof(float) * NW * D);
+    rm_compress_args a = {od, kvd, gd, with_prev ? pkvd : NULL, with_prev ? pgd : NULL, &ape, &norm, NW, ratio, D, overlap,
+                          ROT, pos0, 160000.0f, 1e-6f};
+    be->ops->compress(be, &a);
+    float * out = get(be, od, NW * D);
+    a.kv = kv, a.gate = g, a.prev_kv = with_prev ? pkv : NULL, a.prev_gate = with_prev ? pg : NULL;
+    double ref[NW * D], e = 0;
+    ref_compress(&a, apev, nw, ref);
+    for (int i = 0; i < NW * D; i++) e = fmax(e, fabs(out[i] - ref[i]) / (fabs(ref[i]) + 1e-2));
+    record(be->ops->name, "compress", what, e, 2e-4);
+    be->ops->release(be, kvd), be->ops->release(be, gd), be->ops->release(be, pkvd), be->ops->release(be, pgd);
+    be->ops->release(be, od);
+    free(kv), free(g), free(pkv), free(pg), free(apev), free(nw), free(out);
+}
+
+static void test_compress_ops(rm_backend * be) {
+    if (!be->ops->compress) return;
+    test_compress_case(be, 1, 4, 0, 0, "CSA: 3 windows of 4, the first alone");
+    test_compress_case(be, 1, 4, 1, 1000, "CSA: 3 windows of 4 at 1000, after a previous window");
+    test_compress_case(be, 0, 8, 1, 1024, "HCA: 3 windows of 8 at 1024 (no overlap: prev unused)");
+}
+
 static void test_dsa_ops(rm_backend * be) {
     if (!be->ops->dsa_select || !be->ops->layernorm) return;
     enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
@@ -989,6 +1052,7 @@ int main(int argc, char ** argv) {
             test_qsa_ops(cpu);
             test_hc_ops(cpu);
             test_mhc_ops(cpu);
+            test_compress_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

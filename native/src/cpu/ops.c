@@ -1400,6 +1400,10 @@ static void cpu_qsa_select(rm_backend * be, const rm_qsa_args * a) {
     rm_cpu_qsa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_compress(rm_backend * be, const rm_compress_args * a) {
+    rm_cpu_compress(((cpu_ctx *) be->ctx)->pool, a);
+}
+
 static void cpu_mhc_weights(rm_backend * be, float * mix, const rm_weight * scale, const rm_weight * base,
                             int64_t n_tok, int64_t hc, int64_t n_mix, int32_t iters, float eps) {
     rm_cpu_mhc_weights(((cpu_ctx *) be->ctx)->pool, mix, (const float *) scale->data, (const float *) base->data, n_tok,
@@ -1596,6 +1600,7 @@ static const rm_backend_ops CPU_OPS = {
     .mhc_weights = cpu_mhc_weights,
     .mhc_collapse = cpu_mhc_collapse,
     .mhc_expand  = cpu_mhc_expand,
+    .compress    = cpu_compress,
     .free        = cpu_free,
 };
 

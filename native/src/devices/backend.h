@@ -170,6 +170,28 @@ typedef struct rm_qsa_args {
  * the blocks' keys, and per thread each block's score and a copy the selection reorders. */
 uint64_t rm_qsa_host_floats(int32_t head_dim, int32_t ratio, int32_t n_ctx, int32_t n_threads);
 
+/* DeepSeek-V4's compressor (transformers' DeepseekV4HCACompressor and DeepseekV4CSACompressor, and
+ * the CSA indexer's own): n_win windows of ratio positions, each into one entry of head_dim.
+ * Per window w and dim d, over its slots j: entry[d] = sum_j softmax_j(z)[j] c_j[d], with the slots
+ * the window's ratio rows (kv's, gate's + ape's columns from off, off = head_dim with overlap, else
+ * 0) and, with overlap (CSA), before them the previous window's ratio rows' first head_dim columns
+ * (gate + ape's first head_dim; the window before the first from prev_kv/prev_gate, none when NULL);
+ * then entry = rmsnorm(entry) * norm, its last n_rot dims turned by RoPE (interleaved pairs) at
+ * position pos0 + w * ratio. */
+typedef struct rm_compress_args {
+    float *           out;        /* n_win rows of head_dim */
+    const float *     kv;         /* n_win * ratio rows of width: the kv projection */
+    const float *     gate;       /* the same of the gate projection */
+    const float *     prev_kv;    /* overlap: ratio rows of width, the window before the first; NULL: none */
+    const float *     prev_gate;
+    const rm_weight * ape;        /* F32, ne = {width, ratio}: a gate bias per slot */
+    const rm_weight * norm;       /* F32, ne = {head_dim} */
+    int32_t           n_win, ratio, head_dim;
+    int32_t           overlap;    /* 1: width = 2 * head_dim, two series (CSA); 0: width = head_dim (HCA) */
+    int32_t           n_rot, pos0;
+    float             rope_base, eps;
+} rm_compress_args;
+
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
  * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
@@ -327,6 +349,8 @@ typedef struct rm_backend_ops {
     /* QSA's pick of key blocks (rm_qsa_args); NULL: the backend runs no QSA attention (a session of
      * such a model is refused). */
     void (*qsa_select)(rm_backend * be, const rm_qsa_args * a);
+    /* DeepSeek-V4's compressed entries (rm_compress_args); NULL: the backend has none (the CPU's only). */
+    void (*compress)(rm_backend * be, const rm_compress_args * a);
     /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n_rows rows of n (y may be x); w and b F32,
      * ne = {n}; NULL: the backend has none (only sparse attention's indexer uses it). */
     void (*layernorm)(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,

@@ -22,6 +22,7 @@ import shutil
 import numpy as np
 import pytest
 
+import llamacpp_oracle as llamacpp
 import rapidmoe_gguf as rm
 from conftest import VOCAB, make_tiny_tokenizer
 
@@ -202,3 +203,13 @@ def test_deepseek4_config_refused_by_name(deepseek4, tmp_path, change, error, wo
     (hf / "config.json").write_text(json.dumps(config))
     with pytest.raises(error, match=words):
         rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+
+
+@llamacpp.needs
+def test_deepseek4_llama_cpp_converter_needs_the_released_form(deepseek4, tmp_path):
+    """llama.cpp 0.3.36's converter reads DeepSeek-V4's released layout only: config keys that
+    transformers' DeepseekV4Config does not save (num_hash_layers, compress_ratios), tensor names
+    without transformers' "model." and MXFP4 experts with their scales. On a transformers checkpoint
+    it stops at the first; when it converts one, compare its file with ours here."""
+    with pytest.raises(AssertionError, match="KeyError: 'num_hash_layers'"):
+        llamacpp.convert(deepseek4[0], tmp_path / "llama.gguf", pre="qwen2")

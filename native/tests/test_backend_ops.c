@@ -11,7 +11,9 @@
  *             float, as llama.cpp does); route: the same experts, weights within 1e-5; dsa_select and
  *             qsa_select: the picks of the reference, ascending; mhc_weights (20 Sinkhorn rounds),
  *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes);
- *             compress 2e-4 of an entry's size at positions ~1000 (RoPE's angle in float)
+ *             compress 2e-4 of an entry's size at positions ~1000 (RoPE's angle in float);
+ *             route_gated with sqrt(softplus) scores, by score + bias or by a hash table: the same
+ *             experts, weights within 1e-5
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -591,6 +593,48 @@ static void test_route(rm_backend * be) {
     record(be->ops->name, "route", "weights", e, 1e-5);
 }
 
+/* DeepSeek-V4's routers (transformers' DeepseekV4TopKRouter and DeepseekV4HashRouter): scores
+ * sqrt(softplus(logits)), the top k of score + bias or the k a hash table's row names, weights the
+ * scores of those renormalised and scaled by 1.5; logits up to 25 in size (softplus's linear part). */
+static void test_route_dsv4(rm_backend * be) {
+    enum { X = 16, K = 4, T = 3 };
+    float * z = randn(T * X, 8.0f), * bv = randn(X, 0.5f);
+    z[3] = 25.0f, z[X + 5] = -25.0f;
+    const int32_t hash[T * K] = {3, 0, 15, 7, 1, 2, 3, 4, 9, 8, 6, 5};
+    rm_weight bias = {RM_TYPE_F32, {X, 1, 1, 1}, (const uint8_t *) bv, sizeof(float) * X};
+    float * zd = put(be, z, T * X);
+    for (int hashed = 0; hashed < 2; hashed++) {
+        rm_gating_params g = {RM_GATING_SQRT_SOFTPLUS, 1, 1, 1, 1.5f, hashed ? hash : NULL};
+        rm_route r[T * K];
+        be->ops->route_gated(be, zd, hashed ? NULL : &bias, &g, T, X, K, r);
+        double e = 0;
+        int mismatched = 0;
+        for (int t = 0; t < T; t++) {
+            double p[X], sum = 0;
+            for (int j = 0; j < X; j++) p[j] = sqrt(log1p(exp((double) z[t * X + j])));
+            int best[K];
+            uint8_t taken[X] = {0};
+            for (int k = 0; k < K; k++) {
+                best[k] = -1;
+                for (int j = 0; j < X && !hashed; j++)
+                    if (!taken[j] && (best[k] < 0 || p[j] + bv[j] > p[best[k]] + bv[best[k]])) best[k] = j;
+                if (hashed) best[k] = hash[t * K + k];
+                taken[best[k]] = 1;
+                sum += p[best[k]];
+            }
+            for (int k = 0; k < K; k++) {
+                mismatched += r[t * K + k].expert != best[k];
+                e = fmax(e, fabs(r[t * K + k].weight - 1.5 * p[best[k]] / sum) / (1.5 * p[best[k]] / sum));
+            }
+        }
+        record(be->ops->name, "route_gated", hashed ? "sqrt(softplus), hash: experts" : "sqrt(softplus): experts",
+               (double) mismatched, 0.0);
+        record(be->ops->name, "route_gated", hashed ? "sqrt(softplus), hash: weights" : "sqrt(softplus): weights", e, 1e-5);
+    }
+    be->ops->release(be, zd);
+    free(z), free(bv);
+}
+
 /* Sparse attention's ops (NULL where a backend runs none): a LayerNorm with a bias, and the pick
  * of each token's top_k positions by sum_h w_h relu(q_h . k_j) over keys cached after a latent of
  * LAT floats, in F32 rows and in F16 ones (read as floats), for two sequences: one of 5 tokens at
@@ -1053,6 +1097,7 @@ int main(int argc, char ** argv) {
             test_hc_ops(cpu);
             test_mhc_ops(cpu);
             test_compress_ops(cpu);
+            test_route_dsv4(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

@@ -1429,7 +1429,7 @@ static void cpu_route_gated(rm_backend * be, const float * logits, const rm_weig
                             int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
     for (int32_t i = 0; i < n_tok; i++) {
         rm_route_token_gated(logits + (int64_t) i * n_expert, bias ? (const float *) bias->data : NULL, g, n_expert, k,
-                             out + (int64_t) i * k);
+                             g->hash ? g->hash + (int64_t) i * k : NULL, out + (int64_t) i * k);
     }
 }
 

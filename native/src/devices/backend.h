@@ -36,6 +36,9 @@ typedef struct rm_gating_params {
     int32_t n_group, n_group_used;/* group-limited top-k when n_group > 1 */
     int32_t norm;                 /* divide the k weights by their sum */
     float   scale;                /* then multiply them by this */
+    const int32_t * hash;         /* host: n_tok rows of k expert ids, each token's choice (DeepSeek-V4's table per
+                                     token id, RM_LAYER_HASH_ROUTE) in place of the top k, each in [0, n_expert);
+                                     NULL: by score. CPU only */
 } rm_gating_params;
 
 typedef struct rm_matmul_args {

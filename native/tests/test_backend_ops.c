@@ -360,7 +360,8 @@ static void test_attention_small(rm_backend * be, const rm_model * m) {
     test_attention_full(be, m, 1, 70, 24, 16, 0, 0, 4, 1, 0.0f);
 }
 
-/* gpt-oss's clamped SwiGLU on values that reach past the limit, and YaRN RoPE (factor 32). */
+/* gpt-oss's and DeepSeek-V4's clamped SwiGLUs on values that reach past the limit, and YaRN RoPE
+ * (factor 32). */
 static void test_gpt_oss_ops(rm_backend * be) {
     const int64_t n = 300;
     float * g = randn(n, 6.0f), * u = randn(n, 6.0f);
@@ -374,6 +375,18 @@ static void test_gpt_oss_ops(rm_backend * be) {
         e = fmax(e, fabs(y[j] - ref) / (1.0 + fabs(ref)));
     }
     record(be->ops->name, "swiglu_clamp", "|x| up to ~20", e, 1e-5);
+    /* DeepSeek-V4's: the gate clamped before silu, no + 1 (limit 10) */
+    be->ops->upload(be, gd, g, sizeof(float) * (uint64_t) n);
+    be->ops->swiglu_clamp(be, gd, ud, n, RM_SWIGLU_DSV4_ALPHA, 10.0f);
+    free(y);
+    y = get(be, gd, n);
+    e = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const double x = fmin(g[j], 10.0), up = fmax(-10.0, fmin(u[j], 10.0));
+        const double ref = x / (1.0 + exp(-x)) * up;
+        e = fmax(e, fabs(y[j] - ref) / (1.0 + fabs(ref)));
+    }
+    record(be->ops->name, "swiglu_clamp", "DeepSeek-V4's, |x| up to ~20", e, 1e-5);
     be->ops->release(be, gd), be->ops->release(be, ud);
     free(g), free(u), free(y);
 

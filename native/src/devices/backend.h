@@ -271,6 +271,9 @@ typedef struct rm_rope_yarn {
  * (clamp(u, -limit, limit) + 1). llama.cpp hard-codes alpha 1.702 and limit 7 for gpt-oss. */
 #define RM_SWIGLU_OAI_ALPHA 1.702f
 #define RM_SWIGLU_OAI_LIMIT 7.0f
+/* swiglu_clamp's alpha for DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4MLP and Experts):
+ * g = silu(min(g, limit)) * clamp(u, -limit, limit), without gpt-oss's + 1 */
+#define RM_SWIGLU_DSV4_ALPHA (-1.0f)
 
 /* The routed experts of one MoE block: out[i] += sum over token i's slots of weight * f_e(xn[i]),
  * with f_e the expert's base, plus its residual on the slots marked residual. The slots routed to
@@ -328,7 +331,7 @@ typedef struct rm_backend_ops {
     void (*rope_yarn)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                       int32_t pos0, const rm_rope_yarn * y, int neox);
     /* a clamped SwiGLU over n floats, g = f(g, u) (rm_swiglu_clamp_ref): gpt-oss's (alpha > 0,
-     * RM_SWIGLU_OAI_*) or the limited one (alpha 0: Step-3.5's) */
+     * RM_SWIGLU_OAI_*), the limited one (alpha 0: Step-3.5's) or DeepSeek-V4's (RM_SWIGLU_DSV4_ALPHA) */
     void (*swiglu_clamp)(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit);
     /* dst[j] = src[rows[j]], j < n (rows of width floats) */
     void (*gather_rows)(rm_backend * be, float * dst, const float * src, const int32_t * rows_host, int32_t n,
@@ -456,7 +459,8 @@ void rm_rope_yarn_of(const rm_hparams * hp, rm_rope_yarn * out);
 void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, const rm_rope_yarn * y,
                       int neox);
 /* alpha > 0, gpt-oss's: g' = min(g, limit), u' = clamp(u, -limit, limit), g = g' sigmoid(alpha g') (u' + 1);
- * alpha 0, the limited SwiGLU (Step-3.5's): g = min(silu(g), limit) clamp(u, -limit, limit) */
+ * alpha 0, the limited SwiGLU (Step-3.5's): g = min(silu(g), limit) clamp(u, -limit, limit);
+ * alpha < 0, DeepSeek-V4's: g = silu(min(g, limit)) clamp(u, -limit, limit) */
 void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, float limit);
 /* softmax of n scores joined by a sink logit that takes a share but is not returned */
 void rm_softmax_sink(float * x, int64_t n, float sink);

@@ -13,7 +13,7 @@
  *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes);
  *             compress 2e-4 of an entry's size at positions ~1000 (RoPE's angle in float);
  *             route_gated with sqrt(softplus) scores, by score + bias or by a hash table: the same
- *             experts, weights within 1e-5
+ *             experts, weights within 1e-5; csa_select: the picks of the reference, ascending
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -884,6 +884,51 @@ static void test_compress_ops(rm_backend * be) {
     test_compress_case(be, 0, 8, 1, 1024, "HCA: 3 windows of 8 at 1024 (no overlap: prev unused)");
 }
 
+/* DeepSeek-V4's CSA pick (transformers' DeepseekV4Indexer) against double scores: 6 tokens at
+ * positions 40.. (10 or 11 entries of 4 positions each, 4 kept) and 3 at positions 5.. (1 or 2
+ * entries: all kept, the row's rest -1). Random floats have no ties: the picked sets must be equal. */
+static void test_csa_case(rm_backend * be, int n_tok, int pos0) {
+    enum { H = 3, D = 16, R = 4, K = 4, NE = 12 };
+    float * q = randn(n_tok * H * D, 1.0f), * w = randn(n_tok * H, 1.0f), * keys = randn(NE * D, 1.0f);
+    float scratch[2 * 2 * (NE + 1) * 4];
+    EXPECT(rm_csa_host_floats(R, pos0 + n_tok, 4) <= sizeof(scratch) / sizeof(float), "csa scratch");
+    int32_t sel[16 * K];
+    rm_csa_args a = {q, w, keys, n_tok, pos0, H, D, R, K, sel, scratch};
+    be->ops->csa_select(be, &a);
+    int mismatched = 0;
+    for (int i = 0; i < n_tok; i++) {
+        const int nb = (pos0 + i + 1) / R;
+        double sc[NE];
+        for (int s2 = 0; s2 < nb; s2++) {
+            sc[s2] = 0;
+            for (int h = 0; h < H; h++) {
+                double dot = 0;
+                for (int d = 0; d < D; d++) dot += (double) q[(i * H + h) * D + d] * keys[s2 * D + d];
+                sc[s2] += fmax(dot, 0.0) / sqrt((double) D) * w[i * H + h] / sqrt((double) H);
+            }
+        }
+        uint8_t kept[NE] = {0};
+        for (int k = 0; k < K && k < nb; k++) {
+            int best = -1;
+            for (int s2 = 0; s2 < nb; s2++) if (!kept[s2] && (best < 0 || sc[s2] > sc[best])) best = s2;
+            kept[best] = 1;
+        }
+        int j = 0;
+        for (int s2 = 0; s2 < nb; s2++) if (kept[s2]) mismatched += sel[i * K + j++] != s2;
+        for (; j < K; j++) mismatched += sel[i * K + j] != -1;
+    }
+    char what[64];
+    snprintf(what, sizeof(what), "%d tokens at %d: the picks", n_tok, pos0);
+    record(be->ops->name, "csa_select", what, (double) mismatched, 0.0);
+    free(q), free(w), free(keys);
+}
+
+static void test_csa_ops(rm_backend * be) {
+    if (!be->ops->csa_select) return;
+    test_csa_case(be, 6, 40);
+    test_csa_case(be, 3, 5);
+}
+
 static void test_dsa_ops(rm_backend * be) {
     if (!be->ops->dsa_select || !be->ops->layernorm) return;
     enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
@@ -1111,6 +1156,7 @@ int main(int argc, char ** argv) {
             test_mhc_ops(cpu);
             test_compress_ops(cpu);
             test_route_dsv4(cpu);
+            test_csa_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

@@ -31,6 +31,9 @@ void rm_cpu_mhc_collapse(rm_pool * pool, float * y, const float * h, const float
 void rm_cpu_mhc_expand(rm_pool * pool, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
                        int64_t n);
 
+/* cpu/csa.c: DeepSeek-V4's CSA pick of compressed entries on the pool's threads. */
+void rm_cpu_csa_select(rm_pool * pool, const rm_csa_args * a);
+
 /* cpu/compress.c: DeepSeek-V4's compressed entries on the pool's threads (backend.h's compress). */
 void rm_cpu_compress(rm_pool * pool, const rm_compress_args * a);
 

@@ -1400,6 +1400,10 @@ static void cpu_qsa_select(rm_backend * be, const rm_qsa_args * a) {
     rm_cpu_qsa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_csa_select(rm_backend * be, const rm_csa_args * a) {
+    rm_cpu_csa_select(((cpu_ctx *) be->ctx)->pool, a);
+}
+
 static void cpu_compress(rm_backend * be, const rm_compress_args * a) {
     rm_cpu_compress(((cpu_ctx *) be->ctx)->pool, a);
 }
@@ -1601,6 +1605,7 @@ static const rm_backend_ops CPU_OPS = {
     .mhc_collapse = cpu_mhc_collapse,
     .mhc_expand  = cpu_mhc_expand,
     .compress    = cpu_compress,
+    .csa_select  = cpu_csa_select,
     .free        = cpu_free,
 };
 

@@ -195,6 +195,25 @@ typedef struct rm_compress_args {
     float             rope_base, eps;
 } rm_compress_args;
 
+/* DeepSeek-V4's lightning indexer in a CSA layer (transformers' DeepseekV4Indexer): a token at
+ * position p sees the nb = (p + 1) / ratio entries s < nb of the indexer's compressed keys; its score
+ * of entry s is sum_h (w_h / sqrt(n_head)) relu(q_h . k_s) / sqrt(head_dim). Into its row of
+ * sel_host: with nb > top_k its top_k best entries (ties: the earlier), else all nb, ascending, the
+ * row's rest -1. */
+typedef struct rm_csa_args {
+    const float * q;              /* n_tok rows of n_head * head_dim: the queries, RoPE applied */
+    const float * w;              /* n_tok rows of n_head: the heads' weights (weights_proj, unscaled) */
+    const float * keys;           /* rows of head_dim: the compressed keys, entry s in row s */
+    int32_t       n_tok, pos0;    /* the tokens are at positions pos0 .. pos0 + n_tok - 1 */
+    int32_t       n_head, head_dim, ratio, top_k;
+    int32_t *     sel_host;       /* out: n_tok rows of top_k */
+    float *       scratch_host;   /* rm_csa_host_floats */
+} rm_csa_args;
+
+/* Floats of the CPU's CSA scratch (cpu/csa.c): per thread the scores of n_ctx / ratio entries and a
+ * copy the selection reorders. */
+uint64_t rm_csa_host_floats(int32_t ratio, int32_t n_ctx, int32_t n_threads);
+
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
  * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
@@ -355,6 +374,8 @@ typedef struct rm_backend_ops {
     /* QSA's pick of key blocks (rm_qsa_args); NULL: the backend runs no QSA attention (a session of
      * such a model is refused). */
     void (*qsa_select)(rm_backend * be, const rm_qsa_args * a);
+    /* DeepSeek-V4's CSA pick of compressed entries (rm_csa_args); NULL: the backend has none (the CPU's only). */
+    void (*csa_select)(rm_backend * be, const rm_csa_args * a);
     /* DeepSeek-V4's compressed entries (rm_compress_args); NULL: the backend has none (the CPU's only). */
     void (*compress)(rm_backend * be, const rm_compress_args * a);
     /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n_rows rows of n (y may be x); w and b F32,

@@ -13,7 +13,8 @@
  *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes);
  *             compress 2e-4 of an entry's size at positions ~1000 (RoPE's angle in float);
  *             route_gated with sqrt(softplus) scores, by score + bias or by a hash table: the same
- *             experts, weights within 1e-5; csa_select: the picks of the reference, ascending
+ *             experts, weights within 1e-5; csa_select: the picks of the reference, ascending;
+ *             dsv4_attention 1e-5 of max |out|
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -929,6 +930,57 @@ static void test_csa_ops(rm_backend * be) {
     test_csa_case(be, 3, 5);
 }
 
+/* DeepSeek-V4's attention core against double: a window of 8 over a ring of 13 rows, alone, with
+ * every entry of 8 positions a token sees (HCA's), and with the entries a pick names (CSA's, rows
+ * ended by -1); sinks per head. */
+static void test_dsv4_attn_case(rm_backend * be, int kind, const char * what) {
+    enum { H = 3, D = 16, T = 5, P0 = 20, W = 8, RING = 13, NE = 4, K = 3 };
+    const int R = kind == 2 ? 4 : 8;
+    float * q = randn(T * H * D, 0.5f), * keys = randn((P0 + T) * D, 1.0f), * ent = randn(NE * D, 1.0f);
+    float * sinks = randn(H, 1.0f), ring[RING * D], out[T * H * D], scratch[4 * (W + 32)];
+    for (int j = P0 + T - RING; j < P0 + T; j++) memcpy(ring + (j % RING) * D, keys + j * D, sizeof(float) * D);
+    const int32_t sel[T * K] = {1, 3, -1, 0, 2, 4, 4, -1, -1, 0, 1, 5, 2, 3, 5};   /* tokens at 20..24 see 5 or 6 */
+    EXPECT(rm_dsv4_attn_host_floats(W, R, P0 + T, 4) <= sizeof(scratch) / sizeof(float), "dsv4 scratch");
+    float * ent6 = randn(6 * D, 1.0f);
+    rm_dsv4_attn_args a = {out, q, ring, RING, kind == 0 ? NULL : kind == 1 ? ent : ent6, R, kind == 2 ? sel : NULL, K,
+                           sinks, T, P0, H, D, W, 0.25f, scratch};
+    be->ops->dsv4_attention(be, &a);
+    double e = 0;
+    for (int i = 0; i < T; i++) {
+        const int p = P0 + i;
+        for (int h = 0; h < H; h++) {
+            const float * qh = q + (i * H + h) * D;
+            const float * v[W + 8];
+            int n = 0;
+            for (int j = p - W + 1; j <= p; j++) v[n++] = keys + j * D;
+            if (kind == 1) for (int s2 = 0; s2 < (p + 1) / R && s2 < NE; s2++) v[n++] = ent + s2 * D;
+            if (kind == 2) for (int k = 0; k < K && sel[i * K + k] >= 0; k++) v[n++] = ent6 + sel[i * K + k] * D;
+            double lg[W + 8], mx = sinks[h], sum, o[D] = {0}, mag = 0;
+            for (int j = 0; j < n; j++) {
+                lg[j] = 0;
+                for (int d = 0; d < D; d++) lg[j] += (double) qh[d] * v[j][d];
+                lg[j] *= 0.25;
+                mx = fmax(mx, lg[j]);
+            }
+            sum = exp(sinks[h] - mx);
+            for (int j = 0; j < n; j++) sum += exp(lg[j] - mx);
+            for (int j = 0; j < n; j++)
+                for (int d = 0; d < D; d++) o[d] += exp(lg[j] - mx) / sum * v[j][d];
+            for (int d = 0; d < D; d++) mag = fmax(mag, fabs(o[d]));
+            for (int d = 0; d < D; d++) e = fmax(e, fabs(out[(i * H + h) * D + d] - o[d]) / (mag + 1e-3));
+        }
+    }
+    record(be->ops->name, "dsv4_attention", what, e, 1e-5);
+    free(q), free(keys), free(ent), free(ent6), free(sinks);
+}
+
+static void test_dsv4_attn_ops(rm_backend * be) {
+    if (!be->ops->dsv4_attention) return;
+    test_dsv4_attn_case(be, 0, "a window of 8 on a ring of 13, sinks");
+    test_dsv4_attn_case(be, 1, "and every entry of 8 positions seen");
+    test_dsv4_attn_case(be, 2, "and the picked entries of 4 positions");
+}
+
 static void test_dsa_ops(rm_backend * be) {
     if (!be->ops->dsa_select || !be->ops->layernorm) return;
     enum { N = 40, R = 3, HI = 4, DI = 32, LAT = 64, W = LAT + DI, K = 10, CTX = 300, T = 6 };
@@ -1157,6 +1209,7 @@ int main(int argc, char ** argv) {
             test_compress_ops(cpu);
             test_route_dsv4(cpu);
             test_csa_ops(cpu);
+            test_dsv4_attn_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

@@ -31,6 +31,9 @@ void rm_cpu_mhc_collapse(rm_pool * pool, float * y, const float * h, const float
 void rm_cpu_mhc_expand(rm_pool * pool, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
                        int64_t n);
 
+/* cpu/dsv4_attn.c: DeepSeek-V4's attention core on the pool's threads. */
+void rm_cpu_dsv4_attention(rm_pool * pool, const rm_dsv4_attn_args * a);
+
 /* cpu/csa.c: DeepSeek-V4's CSA pick of compressed entries on the pool's threads. */
 void rm_cpu_csa_select(rm_pool * pool, const rm_csa_args * a);
 

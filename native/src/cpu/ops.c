@@ -1400,6 +1400,10 @@ static void cpu_qsa_select(rm_backend * be, const rm_qsa_args * a) {
     rm_cpu_qsa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_dsv4_attention(rm_backend * be, const rm_dsv4_attn_args * a) {
+    rm_cpu_dsv4_attention(((cpu_ctx *) be->ctx)->pool, a);
+}
+
 static void cpu_csa_select(rm_backend * be, const rm_csa_args * a) {
     rm_cpu_csa_select(((cpu_ctx *) be->ctx)->pool, a);
 }
@@ -1606,6 +1610,7 @@ static const rm_backend_ops CPU_OPS = {
     .mhc_expand  = cpu_mhc_expand,
     .compress    = cpu_compress,
     .csa_select  = cpu_csa_select,
+    .dsv4_attention = cpu_dsv4_attention,
     .free        = cpu_free,
 };
 

@@ -214,6 +214,31 @@ typedef struct rm_csa_args {
  * copy the selection reorders. */
 uint64_t rm_csa_host_floats(int32_t ratio, int32_t n_ctx, int32_t n_threads);
 
+/* DeepSeek-V4's attention core (transformers' DeepseekV4Attention between its projections): one
+ * key head that is also the value. A token at position p attends, with each of n_head heads, to the
+ * positions j of its window (p - n_swa < j <= p; position j's row in kv is j % n_ring) and to the
+ * compressed entries it sees (s < (p + 1) / ratio: all of them, or those of its row of sel, -1
+ * ending it), logits q_h . k * scale and a sink logit per head that takes a share but adds nothing;
+ * out_h = sum softmax * k. */
+typedef struct rm_dsv4_attn_args {
+    float *         out;          /* n_tok rows of n_head * head_dim */
+    const float *   q;            /* n_tok rows of n_head * head_dim */
+    const float *   kv;           /* n_ring rows of head_dim: position j in row j % n_ring (n_ring >= n_swa + n_tok - 1) */
+    int32_t         n_ring;
+    const float *   entries;      /* rows of head_dim, entry s in row s; NULL: none (a sliding-only layer) */
+    int32_t         ratio;
+    const int32_t * sel;          /* host, n_tok rows of top_k (csa_select's); NULL: every entry the token sees */
+    int32_t         top_k;
+    const float *   sinks;        /* n_head */
+    int32_t         n_tok, pos0, n_head, head_dim, n_swa;
+    float           scale;
+    float *         scratch_host; /* rm_dsv4_attn_host_floats */
+} rm_dsv4_attn_args;
+
+/* Floats of the CPU's scratch for it (cpu/dsv4_attn.c): per thread one head's logits over a window
+ * and the entries a token at n_ctx - 1 sees. */
+uint64_t rm_dsv4_attn_host_floats(int32_t n_swa, int32_t ratio, int32_t n_ctx, int32_t n_threads);
+
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
  * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
@@ -374,6 +399,8 @@ typedef struct rm_backend_ops {
     /* QSA's pick of key blocks (rm_qsa_args); NULL: the backend runs no QSA attention (a session of
      * such a model is refused). */
     void (*qsa_select)(rm_backend * be, const rm_qsa_args * a);
+    /* DeepSeek-V4's attention core (rm_dsv4_attn_args); NULL: the backend has none (the CPU's only). */
+    void (*dsv4_attention)(rm_backend * be, const rm_dsv4_attn_args * a);
     /* DeepSeek-V4's CSA pick of compressed entries (rm_csa_args); NULL: the backend has none (the CPU's only). */
     void (*csa_select)(rm_backend * be, const rm_csa_args * a);
     /* DeepSeek-V4's compressed entries (rm_compress_args); NULL: the backend has none (the CPU's only). */

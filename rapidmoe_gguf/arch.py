@@ -1529,9 +1529,235 @@ STEP35 = ArchSpec(
     drop_hf_layers_from="n_layer",
 )
 
+# ---- deepseek4 (DeepSeek-V4-Flash): mHC streams, compressed attention, hash routing ----------
+
+# llama.cpp's DeepSeek-V4 layers compress by these ratios alone (its loader refuses others)
+_DSV4_RATIOS = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def _dsv4_layer_types(config: Mapping[str, Any]) -> list[str]:
+    """Each layer's attention type: transformers' layer_types, or the released config's per-layer
+    compress_ratios (0, 4, 128)."""
+    n = int(config.get("num_hidden_layers") or 0)
+    types = config.get("layer_types")
+    if types is None and config.get("compress_ratios") is not None:
+        by_ratio = {v: k for k, v in _DSV4_RATIOS.items()}
+        bad = [r for r in config["compress_ratios"][:n] if r not in by_ratio]
+        if bad:
+            raise UnsupportedError(f"config.json: compress_ratios {bad} are not supported (llama.cpp's layers compress "
+                                   "by 0, 4 or 128)")
+        types = [by_ratio[r] for r in config["compress_ratios"]]
+    if types is None:
+        raise FormatError("config.json: DeepSeek-V4 needs layer_types (or compress_ratios), one per layer")
+    types = list(types)[:n]
+    if len(types) < n or any(t not in _DSV4_RATIOS for t in types):
+        raise FormatError(f"config.json: layer_types {types!r} must name one of {', '.join(_DSV4_RATIOS)} for each "
+                          f"of {n} layers")
+    return types
+
+
+def _dsv4_hash_layers(config: Mapping[str, Any]) -> int:
+    """How many leading layers route by the token id table (mlp_layer_types' leading hash_moe, or
+    num_hash_layers); llama.cpp's key counts leading layers, so a hash layer after a routed one is refused."""
+    n = int(config.get("num_hidden_layers") or 0)
+    types = config.get("mlp_layer_types")
+    if types is None:
+        return min(int(config.get("num_hash_layers", 3)), n)   # transformers' default: 3
+    types = list(types)[:n]
+    lead = next((i for i, t in enumerate(types) if t != "hash_moe"), len(types))
+    if any(t == "hash_moe" for t in types[lead:]) or any(t not in ("hash_moe", "moe") for t in types):
+        raise UnsupportedError(f"config.json: mlp_layer_types {types!r}: only leading hash_moe layers then moe "
+                               "ones can be written (llama.cpp's hash_layer_count)")
+    return lead
+
+
+def _check_deepseek4(config: Mapping[str, Any]) -> None:
+    if config.get("quantization_config"):
+        q = config["quantization_config"]
+        how = q.get("quant_method", "?") if isinstance(q, Mapping) else "?"
+        raise UnsupportedError(f"config.json: DeepSeek-V4's quantized checkpoint (quantization_config, {how}: FP8 "
+                               "attention, FP4 experts) is not converted yet; load it in transformers and save it in "
+                               "bfloat16 first")
+    if config.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
+        raise UnsupportedError(f"config.json: scoring_func {config['scoring_func']!r} is not supported (DeepSeek-V4's "
+                               "llama.cpp files route by sqrtsoftplus)")
+    rates = {**{"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+             **(config.get("compress_rates") or {})}
+    used = set(_dsv4_layer_types(config)) - {"sliding_attention"}
+    bad = {t: rates[t] for t in used if rates.get(t) != _DSV4_RATIOS[t]}
+    if bad:
+        raise UnsupportedError(f"config.json: compress_rates {bad} are not supported: llama.cpp's layers compress "
+                               "by 4 (compressed_sparse_attention) and 128 (heavily_compressed_attention) alone")
+    for label in ("main", "compress"):
+        rope = (config.get("rope_parameters") or {}).get(label) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise UnsupportedError(f"config.json: DeepSeek-V4's {label} RoPE {rope['rope_type']!r} is not converted yet "
+                                   "(plain RoPE only)")
+    if (config.get("rope_scaling") or {}).get("type", (config.get("rope_scaling") or {}).get("rope_type")):
+        raise UnsupportedError("config.json: DeepSeek-V4's rope_scaling (YaRN on the compressed layers) is not "
+                               "converted yet (plain RoPE only)")
+    n_head, groups = config.get("num_attention_heads"), config.get("o_groups")
+    if isinstance(n_head, int) and isinstance(groups, int) and (groups <= 0 or n_head % groups):
+        raise FormatError(f"config.json: num_attention_heads {n_head} is not a multiple of o_groups {groups}")
+
+
+def _prepare_deepseek4(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    n = int(config.get("num_hidden_layers") or 0)
+    head_dim = config.get("head_dim")
+    n_rot = config.get("qk_rope_head_dim")
+    if n_rot is None and head_dim is not None:
+        n_rot = int(head_dim * (config.get("partial_rotary_factor") or 64 / 512))
+    rope = config.get("rope_parameters") or {}
+    limit = float(config.get("swiglu_limit", 10.0))
+    return dict(config, _n_rot=n_rot, _gating=4, _n_hash=_dsv4_hash_layers(config),
+                _compress_ratios=[_DSV4_RATIOS[t] for t in _dsv4_layer_types(config)],
+                _limits=[limit] * n,
+                _rope_main=(rope.get("main") or {}).get("rope_theta", config.get("rope_theta", 10000.0)),
+                _rope_compress=(rope.get("compress") or {}).get("rope_theta", config.get("compress_rope_theta",
+                                                                                          160000.0)))
+
+
+def _deepseek4_tensors() -> tuple[TensorSpec, ...]:
+    """The tensors as transformers saves a DeepseekV4ForCausalLM (its names turned back towards the
+    released ones: layers under model.layers.N.attn/ffn, the head as head.weight)."""
+    p = "model.layers.{bid}."
+    a, c, i, f = p + "attn.", p + "attn.compressor.", p + "attn.indexer.", p + "ffn."
+    x, s = f + "experts.{xid}.", f + "shared_experts."
+    csa, hca = dict(layers="csa"), dict(layers="hca")
+
+    def mhc(kind: str) -> tuple[TensorSpec, ...]:
+        return (
+            TensorSpec(f"blk.{{bid}}.hc_{kind}_fn.weight", p + f"hc_{kind}_fn", ("n_hc_embd", "hc_mix"), "f32"),
+            TensorSpec(f"blk.{{bid}}.hc_{kind}_base.weight", p + f"hc_{kind}_base", ("hc_mix",), "norm"),
+            TensorSpec(f"blk.{{bid}}.hc_{kind}_scale.weight", p + f"hc_{kind}_scale", ("hc_scales",), "norm"),
+        )
+
+    def compressor(kind: dict, width: str, ratio: str) -> tuple[TensorSpec, ...]:
+        return (
+            TensorSpec("blk.{bid}.attn_compressor_kv.weight", c + "wkv.weight", ("n_embd", width), "attn", **kind),
+            TensorSpec("blk.{bid}.attn_compressor_gate.weight", c + "wgate.weight", ("n_embd", width), "attn", **kind),
+            TensorSpec("blk.{bid}.attn_compressor_ape.weight", c + "ape", (width, ratio), "f32", **kind),
+            TensorSpec("blk.{bid}.attn_compressor_norm.weight", c + "norm.weight", ("head_dim",), "norm", **kind),
+        )
+
+    glob = (
+        TensorSpec("token_embd.weight", "model.embed_tokens.weight", ("n_embd", "n_vocab"), "embd"),
+        TensorSpec("output_norm.weight", "model.norm.weight", ("n_embd",), "norm"),
+        TensorSpec("output.weight", "head.weight", ("n_embd", "n_vocab"), "output"),
+        TensorSpec("output_hc_fn.weight", "model.hc_head.hc_fn", ("n_hc_embd", "hc_count"), "f32"),
+        TensorSpec("output_hc_base.weight", "model.hc_head.hc_base", ("hc_count",), "norm"),
+        TensorSpec("output_hc_scale.weight", "model.hc_head.hc_scale", ("hc_head_scales",), "norm"),
+    )
+    attn = (
+        TensorSpec("blk.{bid}.attn_norm.weight", p + "attn_norm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.attn_sinks.weight", a + "attn_sink", ("n_head",), "norm"),
+        TensorSpec("blk.{bid}.attn_q_a.weight", a + "wq_a.weight", ("n_embd", "q_lora_rank"), "attn"),
+        TensorSpec("blk.{bid}.attn_q_a_norm.weight", a + "q_norm.weight", ("q_lora_rank",), "norm"),
+        TensorSpec("blk.{bid}.attn_q_b.weight", a + "wq_b.weight", ("q_lora_rank", "n_q"), "attn"),
+        TensorSpec("blk.{bid}.attn_kv.weight", a + "wkv.weight", ("n_embd", "head_dim"), "attn"),
+        TensorSpec("blk.{bid}.attn_kv_a_norm.weight", a + "norm.weight", ("head_dim",), "norm"),
+        TensorSpec("blk.{bid}.attn_output_a.weight", a + "wo_a.weight", ("n_o_in", "n_o_mid"), "attn"),
+        TensorSpec("blk.{bid}.attn_output_b.weight", a + "wo_b.weight", ("n_o_mid", "n_embd"), "attn"),
+    )
+    indexer = (
+        TensorSpec("blk.{bid}.indexer.proj.weight", i + "weights_proj.weight", ("n_embd", "index_n_head"), "attn", **csa),
+        TensorSpec("blk.{bid}.indexer.attn_q_b.weight", i + "wq_b.weight", ("q_lora_rank", "n_index_q"), "attn", **csa),
+        TensorSpec("blk.{bid}.indexer_compressor_kv.weight", i + "compressor.wkv.weight", ("n_embd", "index_head_dim2"),
+                   "attn", **csa),
+        TensorSpec("blk.{bid}.indexer_compressor_gate.weight", i + "compressor.wgate.weight",
+                   ("n_embd", "index_head_dim2"), "attn", **csa),
+        TensorSpec("blk.{bid}.indexer_compressor_ape.weight", i + "compressor.ape", ("index_head_dim2", "ratio_csa"),
+                   "f32", **csa),
+        TensorSpec("blk.{bid}.indexer_compressor_norm.weight", i + "compressor.norm.weight", ("index_head_dim",),
+                   "norm", **csa),
+    )
+    ffn = (
+        TensorSpec("blk.{bid}.ffn_norm.weight", p + "ffn_norm.weight", ("n_embd",), "norm"),
+        TensorSpec("blk.{bid}.ffn_gate_inp.weight", f + "gate.weight", ("n_embd", "n_expert"), "router"),
+        TensorSpec("blk.{bid}.exp_probs_b.bias", f + "gate.bias", ("n_expert",), "bias", optional=True,
+                   layers="routed"),
+        TensorSpec("blk.{bid}.ffn_gate_tid2eid.weight", f + "gate.tid2eid", ("n_expert_used", "n_vocab"), "index",
+                   layers="hash"),
+        TensorSpec("blk.{bid}.ffn_gate_exps.weight", x + "w1.weight", ("n_embd", "n_ff_exp", "n_expert"), "expert"),
+        TensorSpec("blk.{bid}.ffn_up_exps.weight", x + "w3.weight", ("n_embd", "n_ff_exp", "n_expert"), "expert"),
+        TensorSpec("blk.{bid}.ffn_down_exps.weight", x + "w2.weight", ("n_ff_exp", "n_embd", "n_expert"), "expert"),
+        TensorSpec("blk.{bid}.ffn_gate_shexp.weight", s + "w1.weight", ("n_embd", "n_ff_shexp"), "shexp"),
+        TensorSpec("blk.{bid}.ffn_up_shexp.weight", s + "w3.weight", ("n_embd", "n_ff_shexp"), "shexp"),
+        TensorSpec("blk.{bid}.ffn_down_shexp.weight", s + "w2.weight", ("n_ff_shexp", "n_embd"), "shexp"),
+    )
+    return (glob + attn + mhc("attn") + mhc("ffn") + compressor(csa, "head_dim2", "ratio_csa")
+            + compressor(hca, "head_dim", "ratio_hca") + indexer + ffn)
+
+
+DEEPSEEK4 = ArchSpec(
+    name="deepseek4",
+    hf_architectures=("DeepseekV4ForCausalLM",),
+    hparams=(
+        HParam(Keys.LLM.VOCAB_SIZE, ("vocab_size",), "u32", dim="n_vocab"),
+        HParam(Keys.LLM.CONTEXT_LENGTH, ("max_position_embeddings",), "u32", dim="n_ctx_train"),
+        HParam(Keys.LLM.EMBEDDING_LENGTH, ("hidden_size",), "u32", dim="n_embd"),
+        HParam(Keys.LLM.BLOCK_COUNT, ("num_hidden_layers",), "u32", dim="n_layer"),
+        HParam(Keys.Attention.HEAD_COUNT, ("num_attention_heads",), "u32", dim="n_head"),
+        HParam(Keys.Attention.HEAD_COUNT_KV, ("num_key_value_heads",), "u32", default=1, dim="n_head_kv"),
+        HParam(Keys.Attention.KEY_LENGTH, ("head_dim",), "u32", dim="head_dim"),
+        HParam(Keys.Attention.VALUE_LENGTH, ("head_dim",), "u32", default=lambda d: d["head_dim"], dim="head_dim_v"),
+        HParam(Keys.Rope.DIMENSION_COUNT, ("_n_rot",), "u32", dim="n_rot"),
+        HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
+        HParam(Keys.Rope.FREQ_BASE, ("_rope_main",), "f32", default=10000.0, dim="rope_base"),
+        HParam("{arch}.attention.compress_rope_freq_base", ("_rope_compress",), "f32", dim="compress_rope_base"),
+        HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
+        HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
+        HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),
+        HParam(Keys.LLM.EXPERT_SHARED_COUNT, ("n_shared_experts",), "u32", default=0, dim="n_expert_shared"),
+        _norm_topk(("norm_topk_prob",), True),
+        HParam(Keys.LLM.EXPERT_GATING_FUNC, ("_gating",), "u32", dim="gating"),
+        HParam(Keys.LLM.EXPERT_WEIGHTS_SCALE, ("routed_scaling_factor",), "f32", default=1.0,
+               dim="expert_weights_scale"),
+        # the checkpoint's next-token-prediction layers are not converted
+        HParam(Keys.LLM.NEXTN_PREDICT_LAYERS, (), "u32", default=0, dim="n_layer_nextn"),
+        HParam("{arch}.hash_layer_count", ("_n_hash",), "u32", default=0, dim="n_layer_hash"),
+        HParam(Keys.Attention.Q_LORA_RANK, ("q_lora_rank",), "u32", dim="q_lora_rank"),
+        HParam(Keys.Attention.SLIDING_WINDOW, ("sliding_window",), "u32", dim="n_swa"),
+        HParam("{arch}.attention.output_group_count", ("o_groups",), "u32", dim="o_groups"),
+        HParam("{arch}.attention.output_lora_rank", ("o_lora_rank",), "u32", dim="o_lora_rank"),
+        HParam(Keys.Attention.Indexer.HEAD_COUNT, ("index_n_heads",), "u32", dim="index_n_head"),
+        HParam(Keys.Attention.Indexer.KEY_LENGTH, ("index_head_dim",), "u32", dim="index_head_dim"),
+        HParam(Keys.Attention.Indexer.TOP_K, ("index_topk",), "u32", dim="index_top_k"),
+        HParam("{arch}.hyper_connection.count", ("hc_mult",), "u32", dim="hc_count"),
+        HParam("{arch}.hyper_connection.sinkhorn_iterations", ("hc_sinkhorn_iters",), "u32", dim="hc_sinkhorn_iters"),
+        HParam("{arch}.hyper_connection.epsilon", ("hc_eps",), "f32", dim="hc_eps"),
+        HParam("{arch}.attention.compress_ratios", ("_compress_ratios",), "u32s", dim="compress_ratios"),
+        # the SwiGLU's limit per layer: the routed experts' and the shared expert's (transformers' one swiglu_limit)
+        HParam("{arch}.swiglu_clamp_exp", ("_limits",), "f32s", dim="ffn_limit_layers"),
+        HParam("{arch}.swiglu_clamp_shexp", ("_limits",), "f32s", dim="ffn_limit_sh_layers"),
+        # llama.cpp writes the streams' width as the output's
+        HParam("{arch}.embedding_length_out", (), "u32", default=lambda d: d["hc_count"] * d["n_embd"],
+               dim="n_embd_out"),
+        HParam(None, (), "u32", default=lambda d: d["n_head"] * d["head_dim"], dim="n_q"),
+        HParam(None, (), "u32", default=lambda d: d["n_ff_exp"] * max(d["n_expert_shared"], 1), dim="n_ff_shexp"),
+        HParam(None, (), "u32", default=lambda d: d["index_n_head"] * d["index_head_dim"], dim="n_index_q"),
+        HParam(None, (), "u32", default=lambda d: d["hc_count"] * d["n_embd"], dim="n_hc_embd"),
+        HParam(None, (), "u32", default=lambda d: (2 + d["hc_count"]) * d["hc_count"], dim="hc_mix"),
+        HParam(None, (), "u32", default=3, dim="hc_scales"),
+        HParam(None, (), "u32", default=1, dim="hc_head_scales"),
+        HParam(None, (), "u32", default=lambda d: d["n_head"] * d["head_dim"] // d["o_groups"], dim="n_o_in"),
+        HParam(None, (), "u32", default=lambda d: d["o_groups"] * d["o_lora_rank"], dim="n_o_mid"),
+        HParam(None, (), "u32", default=lambda d: 2 * d["head_dim"], dim="head_dim2"),
+        HParam(None, (), "u32", default=lambda d: 2 * d["index_head_dim"], dim="index_head_dim2"),
+        HParam(None, (), "u32", default=4, dim="ratio_csa"),
+        HParam(None, (), "u32", default=128, dim="ratio_hca"),
+    ),
+    tensors=_deepseek4_tensors(),
+    check_config=_check_deepseek4,
+    prepare_config=_prepare_deepseek4,
+    sliding_window=True,
+    hf_rope_interleaved=True,
+    skipped=(("mtp.", "multi-token-prediction block"),),
+)
+
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (LLAMA, QWEN2MOE, QWEN3MOE, OLMOE, QWEN35MOE, QWEN3NEXT, QWEN4EXP, GLM4MOE,
                                                   DEEPSEEK2, GLM_DSA, DEEPSEEK32, GPT_OSS, MINIMAX_M2, MIMO2,
-                                                  GEMMA4, STEP35)}
+                                                  GEMMA4, STEP35, DEEPSEEK4)}
 # Special tokens llama.cpp's converter names by text for a family: GLM ends a turn at the next
 # user turn (eot) or a tool call's observation (eom).
 SPECIAL_TOKEN_TEXTS = {a: {"eot": "<|user|>", "eom": "<|observation|>"}

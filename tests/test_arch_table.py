@@ -77,16 +77,17 @@ def test_arch_table_hparams_agree(name):
 
 
 _ATTN_KIND = {1: "full", 2: "sliding", 4: "linear"}   # RM_LAYER_ATTN_FULL, _SLIDING, _LINEAR
+_COMPRESS_KIND = {0x8000000: "csa", 0x10000000: "hca"}   # RM_LAYER_CSA, _HCA (DeepSeek-V4)
 
 
 def _c_key(t: A.NativeTensor):
     """A C row by its name and, for a row of one attention kind only, that kind: a name may have a
-    row per kind (Gemma 4's sliding layers have their own shapes)."""
-    return t.name, _ATTN_KIND.get(t.when & 7)
+    row per kind (Gemma 4's sliding layers, DeepSeek-V4's CSA and HCA compressors have their own shapes)."""
+    return t.name, _ATTN_KIND.get(t.when & 7) or _COMPRESS_KIND.get(t.when & 0x18000000)
 
 
 def _py_key(t: A.TensorSpec):
-    return t.gguf, t.layers if t.layers in ("full", "sliding", "linear") else None
+    return t.gguf, t.layers if t.layers in ("full", "sliding", "linear", "csa", "hca") else None
 
 
 @pytest.mark.parametrize("name", NAMES)

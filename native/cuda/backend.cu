@@ -392,6 +392,11 @@ static void cu_route_gated(rm_backend * be, const float * logits, const rm_weigh
                            int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
     cuda_be * c = ctx_of(be);
     const float * b = NULL;
+    if (g->gating == RM_GATING_SQRT_SOFTPLUS || g->hash) {
+        set_error(c, RM_E_UNSUPPORTED_ARCH, "cu_route_gated: DeepSeek-V4's sqrt(softplus) and hash routing run on the CPU "
+                  "backend only");
+        return;
+    }
     if (c->err || (bias && !(b = dev_vector(c, bias, "the router's selection bias")))) return;
     if (rm_cuda_check(c, rm_cu_route_gated(c->st, logits, b, g, n_tok, n_expert, k, c->routes_d), "grouped route")) {
         cu_download(be, out, c->routes_d, sizeof(rm_route) * (uint64_t) n_tok * (uint64_t) k);

@@ -8,13 +8,16 @@ __global__ void k_swiglu(float * g, const float * u, int64_t n) {
     }
 }
 
-/* rm_swiglu_clamp_ref: gpt-oss's form (alpha > 0) or the limited SwiGLU (alpha 0) */
+/* rm_swiglu_clamp_ref: gpt-oss's form (alpha > 0), the limited SwiGLU (alpha 0) or DeepSeek-V4's (alpha < 0) */
 __global__ void k_swiglu_clamp(float * g, const float * u, int64_t n, float alpha, float limit) {
     for (int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
         const float y = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
         if (alpha == 0.0f) {
             const float s = g[i] / (1.0f + expf(-g[i]));
             g[i] = (s < limit ? s : limit) * y;
+        } else if (alpha < 0.0f) {   /* DeepSeek-V4's */
+            const float x = g[i] < limit ? g[i] : limit;
+            g[i] = x / (1.0f + expf(-x)) * y;
         } else {
             const float x = g[i] < limit ? g[i] : limit;
             g[i] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);

@@ -271,7 +271,8 @@ typedef enum rm_shared_expert {
 /* How the router's logits become scores (llama.cpp's expert_gating_func values). */
 typedef enum rm_gating {
     RM_GATING_SOFTMAX = 1,        /* softmax over the experts (Mixtral, Qwen, OLMoE, DeepSeek-V2) */
-    RM_GATING_SIGMOID = 2         /* a sigmoid per expert (DeepSeek-V3, GLM-4.5) */
+    RM_GATING_SIGMOID = 2,        /* a sigmoid per expert (DeepSeek-V3, GLM-4.5) */
+    RM_GATING_SQRT_SOFTPLUS = 4   /* sqrt(softplus) per expert (DeepSeek-V4; llama.cpp's 4): not run yet */
 } rm_gating;
 
 /* What one layer is: one attention kind, one FFN kind, and features. A row gives every layer
@@ -310,6 +311,14 @@ enum {
     RM_LAYER_QSA_INDEX    = 0x2000000,/* gated attention over the key blocks a QSA indexer picks (qwen4exp) */
     RM_LAYER_PLE          = 0x4000000,/* hashed n-gram embeddings gated into the residual streams before the
                                          token mixer (qwen4exp's PLE, on the layers ple.layers lists) */
+    /* DeepSeek-V4: not run yet, so the loader refuses its files by these names */
+    RM_LAYER_CSA          = 0x8000000,/* attention also over compressed entries of 4 positions (overlapping
+                                         windows) that an indexer picks (compress ratio 4) */
+    RM_LAYER_HCA          = 0x10000000,/* attention also over every compressed entry of 128 positions (ratio 128) */
+    RM_LAYER_HASH_ROUTE   = 0x20000000,/* the experts picked by a table per token id (the first hash_layer_count) */
+    RM_LAYER_MHC          = 0x40000000,/* manifold-constrained hyper-connections: hc_count residual streams mixed by
+                                         a Sinkhorn-projected matrix around every block; attention whose one key
+                                         head is its value, with sinks and a grouped output projection */
     RM_LAYER_RUNS         = 0x7FF7FFF /* the bits the forward pass runs today */
 };
 

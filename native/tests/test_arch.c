@@ -92,7 +92,7 @@ static void test_describe_bounds(void) {
     EXPECT(strcmp(list, "llama (Mixtral), qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, qwen4exp (Qwen3.8-Flash-Next), "
                          "glm4moe (GLM-4.5), "
                          "deepseek2 (DeepSeek-V2/V3), glm-dsa (GLM-5), deepseek32 (DeepSeek-V3.2), gpt-oss, minimax-m2 (MiniMax-M2), mimo2 (MiMo-V2-Flash), gemma4 (Gemma 4), "
-                         "step35 (Step-3.5-Flash)") == 0, "list '%s'", list);
+                         "step35 (Step-3.5-Flash), deepseek4 (DeepSeek-V4)") == 0, "list '%s'", list);
 }
 
 int main(void) {

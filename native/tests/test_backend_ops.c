@@ -10,7 +10,13 @@
  *             exact; rope, rope_yarn and rope_div 2e-3 at position ~1000 (each computes the angle in
  *             float, as llama.cpp does); route: the same experts, weights within 1e-5; dsa_select and
  *             qsa_select: the picks of the reference, ascending; ple_gate 1e-5 of the value, ple_conv
- *             1e-5 of the terms, its states exact, a sequence cut into steps bit for bit as one
+ *             1e-5 of the terms, its states exact, a sequence cut into steps bit for bit as one;
+ *             qsa_select: the picks of the reference, ascending; mhc_weights (20 Sinkhorn rounds),
+ *             mhc_collapse, mhc_expand 1e-5 (the sums relative to the sum of their terms' sizes);
+ *             compress 2e-4 of an entry's size at positions ~1000 (RoPE's angle in float);
+ *             route_gated with sqrt(softplus) scores, by score + bias or by a hash table: the same
+ *             experts, weights within 1e-5; csa_select: the picks of the reference, ascending;
+ *             dsv4_attention 1e-5 of max |out|
  * Weights come from tiny models written at test time, one per weight type, so the CUDA backend
  * sees them exactly as a model load puts them on the device; the model with half its experts in
  * host memory checks the CUDA backend's host fallback for a matrix it does not hold.
@@ -357,7 +363,8 @@ static void test_attention_small(rm_backend * be, const rm_model * m) {
     test_attention_full(be, m, 1, 70, 24, 16, 0, 0, 4, 1, 0.0f);
 }
 
-/* gpt-oss's clamped SwiGLU on values that reach past the limit, and YaRN RoPE (factor 32). */
+/* gpt-oss's and DeepSeek-V4's clamped SwiGLUs on values that reach past the limit, and YaRN RoPE
+ * (factor 32). */
 static void test_gpt_oss_ops(rm_backend * be) {
     const int64_t n = 300;
     float * g = randn(n, 6.0f), * u = randn(n, 6.0f);
@@ -371,6 +378,18 @@ static void test_gpt_oss_ops(rm_backend * be) {
         e = fmax(e, fabs(y[j] - ref) / (1.0 + fabs(ref)));
     }
     record(be->ops->name, "swiglu_clamp", "|x| up to ~20", e, 1e-5);
+    /* DeepSeek-V4's: the gate clamped before silu, no + 1 (limit 10) */
+    be->ops->upload(be, gd, g, sizeof(float) * (uint64_t) n);
+    be->ops->swiglu_clamp(be, gd, ud, n, RM_SWIGLU_DSV4_ALPHA, 10.0f);
+    free(y);
+    y = get(be, gd, n);
+    e = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const double x = fmin(g[j], 10.0), up = fmax(-10.0, fmin(u[j], 10.0));
+        const double ref = x / (1.0 + exp(-x)) * up;
+        e = fmax(e, fabs(y[j] - ref) / (1.0 + fabs(ref)));
+    }
+    record(be->ops->name, "swiglu_clamp", "DeepSeek-V4's, |x| up to ~20", e, 1e-5);
     be->ops->release(be, gd), be->ops->release(be, ud);
     free(g), free(u), free(y);
 
@@ -590,6 +609,48 @@ static void test_route(rm_backend * be) {
     record(be->ops->name, "route", "weights", e, 1e-5);
 }
 
+/* DeepSeek-V4's routers (transformers' DeepseekV4TopKRouter and DeepseekV4HashRouter): scores
+ * sqrt(softplus(logits)), the top k of score + bias or the k a hash table's row names, weights the
+ * scores of those renormalised and scaled by 1.5; logits up to 25 in size (softplus's linear part). */
+static void test_route_dsv4(rm_backend * be) {
+    enum { X = 16, K = 4, T = 3 };
+    float * z = randn(T * X, 8.0f), * bv = randn(X, 0.5f);
+    z[3] = 25.0f, z[X + 5] = -25.0f;
+    const int32_t hash[T * K] = {3, 0, 15, 7, 1, 2, 3, 4, 9, 8, 6, 5};
+    rm_weight bias = {RM_TYPE_F32, {X, 1, 1, 1}, (const uint8_t *) bv, sizeof(float) * X};
+    float * zd = put(be, z, T * X);
+    for (int hashed = 0; hashed < 2; hashed++) {
+        rm_gating_params g = {RM_GATING_SQRT_SOFTPLUS, 1, 1, 1, 1.5f, hashed ? hash : NULL};
+        rm_route r[T * K];
+        be->ops->route_gated(be, zd, hashed ? NULL : &bias, &g, T, X, K, r);
+        double e = 0;
+        int mismatched = 0;
+        for (int t = 0; t < T; t++) {
+            double p[X], sum = 0;
+            for (int j = 0; j < X; j++) p[j] = sqrt(log1p(exp((double) z[t * X + j])));
+            int best[K];
+            uint8_t taken[X] = {0};
+            for (int k = 0; k < K; k++) {
+                best[k] = -1;
+                for (int j = 0; j < X && !hashed; j++)
+                    if (!taken[j] && (best[k] < 0 || p[j] + bv[j] > p[best[k]] + bv[best[k]])) best[k] = j;
+                if (hashed) best[k] = hash[t * K + k];
+                taken[best[k]] = 1;
+                sum += p[best[k]];
+            }
+            for (int k = 0; k < K; k++) {
+                mismatched += r[t * K + k].expert != best[k];
+                e = fmax(e, fabs(r[t * K + k].weight - 1.5 * p[best[k]] / sum) / (1.5 * p[best[k]] / sum));
+            }
+        }
+        record(be->ops->name, "route_gated", hashed ? "sqrt(softplus), hash: experts" : "sqrt(softplus): experts",
+               (double) mismatched, 0.0);
+        record(be->ops->name, "route_gated", hashed ? "sqrt(softplus), hash: weights" : "sqrt(softplus): weights", e, 1e-5);
+    }
+    be->ops->release(be, zd);
+    free(z), free(bv);
+}
+
 /* Sparse attention's ops (NULL where a backend runs none): a LayerNorm with a bias, and the pick
  * of each token's top_k positions by sum_h w_h relu(q_h . k_j) over keys cached after a latent of
  * LAT floats, in F32 rows and in F16 ones (read as floats), for two sequences: one of 5 tokens at
@@ -737,6 +798,265 @@ static void test_ple_ops(rm_backend * be) {
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) be->ops->release(be, dev[i]);
     void * host[] = {key, query, value, o, taps, x, out0, state_a, y, ga, gb, y2, ga2};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) free(host[i]);
+}
+
+/* DeepSeek-V4's hyper-connections' weights (transformers' DeepseekV4HyperConnection: sigmoid gates,
+ * a row-softmaxed matrix projected by Sinkhorn-Knopp) and the output's (DeepseekV4HyperHead: the
+ * gates alone), the streams' weighted sum and a block's output into the streams, against double. */
+static void ref_mhc_weights(double * l, const float * scale, const float * base, int hc, int n_mix, int iters,
+                            double eps) {
+    for (int c = 0; c < hc; c++) l[c] = 1.0 / (1.0 + exp(-(l[c] * scale[0] + base[c]))) + eps;
+    if (n_mix == hc) return;
+    for (int c = 0; c < hc; c++) l[hc + c] = 2.0 / (1.0 + exp(-(l[hc + c] * scale[1] + base[hc + c])));
+    double * m = l + 2 * hc;
+    for (int j = 0; j < hc; j++) {
+        double mx = -INFINITY, sum = 0;
+        for (int k = 0; k < hc; k++) m[j * hc + k] = m[j * hc + k] * scale[2] + base[2 * hc + j * hc + k];
+        for (int k = 0; k < hc; k++) mx = fmax(mx, m[j * hc + k]);
+        for (int k = 0; k < hc; k++) sum += exp(m[j * hc + k] - mx);
+        for (int k = 0; k < hc; k++) m[j * hc + k] = exp(m[j * hc + k] - mx) / sum + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        for (int pass = it == 0 ? 1 : 0; pass < 2; pass++) {   /* rows (pass 0), then columns (pass 1) */
+            for (int a = 0; a < hc; a++) {
+                double sum = 0;
+                for (int b = 0; b < hc; b++) sum += pass ? m[b * hc + a] : m[a * hc + b];
+                for (int b = 0; b < hc; b++) *(pass ? &m[b * hc + a] : &m[a * hc + b]) /= sum + eps;
+            }
+        }
+    }
+}
+
+static void test_mhc_ops(rm_backend * be) {
+    if (!be->ops->mhc_weights) return;
+    enum { HC = 4, N = 40, T = 5, MIX = (2 + HC) * HC, ITERS = 20 };
+    const float eps = 1e-6f;
+    float * lg = randn(T * MIX, 2.0f), * sc = randn(3, 1.0f), * bs = randn(MIX, 1.0f);
+    float * h = randn(T * HC * N, 1.5f), * b = randn(T * N, 1.0f);
+    rm_weight scale = {RM_TYPE_F32, {3, 1, 1, 1}, (const uint8_t *) sc, sizeof(float) * 3};
+    rm_weight base = {RM_TYPE_F32, {MIX, 1, 1, 1}, (const uint8_t *) bs, sizeof(float) * MIX};
+    float * md = put(be, lg, T * MIX);
+    be->ops->mhc_weights(be, md, &scale, &base, T, HC, MIX, ITERS, eps);
+    float * mix = get(be, md, T * MIX);
+    double ref[T * MIX], e = 0, e_sum = 0;
+    for (int i = 0; i < T * MIX; i++) ref[i] = lg[i];
+    for (int t = 0; t < T; t++) {
+        ref_mhc_weights(ref + t * MIX, sc, bs, HC, MIX, ITERS, eps);
+        for (int k = 0; k < HC; k++) {   /* comb's columns sum to about 1 (the last normalisation) */
+            double col = 0;
+            for (int j = 0; j < HC; j++) col += mix[t * MIX + 2 * HC + j * HC + k];
+            e_sum = fmax(e_sum, fabs(col - 1.0));
+        }
+    }
+    for (int i = 0; i < T * MIX; i++) e = fmax(e, fabs(mix[i] - ref[i]) / (fabs(ref[i]) + 1e-3));
+    record(be->ops->name, "mhc_weights", "5 tokens of 4 streams, 20 Sinkhorn rounds", e, 1e-5);
+    record(be->ops->name, "mhc_weights", "comb's columns sum to 1", e_sum, 1e-4);
+    /* the output's: 4 gates from 4 logits, one scale */
+    float * lh = randn(T * HC, 2.0f);
+    float * hd = put(be, lh, T * HC);
+    be->ops->mhc_weights(be, hd, &scale, &base, T, HC, HC, ITERS, eps);
+    float * pre = get(be, hd, T * HC);
+    e = 0;
+    for (int i = 0; i < T * HC; i++) {
+        const double r = 1.0 / (1.0 + exp(-((double) lh[i] * sc[0] + bs[i % HC]))) + eps;
+        e = fmax(e, fabs(pre[i] - r) / fabs(r));
+    }
+    record(be->ops->name, "mhc_weights", "the output's gates", e, 1e-6);
+    /* the weighted sum, over the block's weights (mix rows, pre their first HC) */
+    float * xd = put(be, h, T * HC * N), * yd = be->ops->alloc(be, sizeof(float) * T * N);
+    be->ops->mhc_collapse(be, yd, xd, md, MIX, T, HC, N);
+    float * y = get(be, yd, T * N);
+    e = 0;
+    for (int t = 0; t < T; t++) {
+        for (int d = 0; d < N; d++) {
+            double r = 0, mag = 0;
+            for (int c = 0; c < HC; c++) {
+                r += ref[t * MIX + c] * h[(t * HC + c) * N + d];
+                mag += fabs(ref[t * MIX + c] * h[(t * HC + c) * N + d]);
+            }
+            e = fmax(e, fabs(y[t * N + d] - r) / (mag + 1e-3));
+        }
+    }
+    record(be->ops->name, "mhc_collapse", "5 tokens of 4 streams", e, 1e-5);
+    float * bd = put(be, b, T * N);
+    be->ops->mhc_expand(be, xd, bd, md, T, HC, N);
+    float * h2 = get(be, xd, T * HC * N);
+    e = 0;
+    for (int t = 0; t < T; t++) {
+        const double * post = ref + t * MIX + HC, * comb = post + HC;
+        for (int k = 0; k < HC; k++) {
+            for (int d = 0; d < N; d++) {
+                double r = post[k] * b[t * N + d], mag = fabs(r);
+                for (int j = 0; j < HC; j++) {
+                    r += comb[j * HC + k] * h[(t * HC + j) * N + d];
+                    mag += fabs(comb[j * HC + k] * h[(t * HC + j) * N + d]);
+                }
+                e = fmax(e, fabs(h2[(t * HC + k) * N + d] - r) / (mag + 1e-3));
+            }
+        }
+    }
+    record(be->ops->name, "mhc_expand", "5 tokens of 4 streams, in place", e, 1e-5);
+    be->ops->release(be, md), be->ops->release(be, hd), be->ops->release(be, xd), be->ops->release(be, yd);
+    be->ops->release(be, bd);
+    free(lg), free(sc), free(bs), free(h), free(b), free(mix), free(lh), free(pre), free(y), free(h2);
+}
+
+/* DeepSeek-V4's compressor (transformers' DeepseekV4HCACompressor and DeepseekV4CSACompressor)
+ * against double: windows of 4 (with the previous window's first half of the columns: CSA's, also
+ * for the first window from the state of a previous call, and without one) and of 8 (HCA's). */
+static void ref_compress(const rm_compress_args * a, const float * ape, const float * nw, double * out) {
+    const int D = a->head_dim, R = a->ratio, W = a->overlap ? 2 * D : D, off = a->overlap ? D : 0;
+    for (int w = 0; w < a->n_win; w++) {
+        const float * kv = a->kv + w * R * W, * g = a->gate + w * R * W;
+        const float * pkv = w ? kv - R * W : a->prev_kv, * pg = w ? g - R * W : a->prev_gate;
+        const int prev = a->overlap && pkv;
+        double * e = out + w * D, ss = 0;
+        for (int d = 0; d < D; d++) {
+            double z[64], c[64];
+            int n = 0;
+            for (int j = 0; j < R && prev; j++, n++) z[n] = (double) pg[j * W + d] + ape[j * W + d], c[n] = pkv[j * W + d];
+            for (int j = 0; j < R; j++, n++) z[n] = (double) g[j * W + off + d] + ape[j * W + off + d], c[n] = kv[j * W + off + d];
+            double mx = -INFINITY, sum = 0, acc = 0;
+            for (int j = 0; j < n; j++) mx = fmax(mx, z[j]);
+            for (int j = 0; j < n; j++) sum += exp(z[j] - mx), acc += exp(z[j] - mx) * c[j];
+            e[d] = acc / sum;
+            ss += e[d] * e[d];
+        }
+        for (int d = 0; d < D; d++) e[d] = e[d] / sqrt(ss / D + a->eps) * nw[d];
+        const int pos = a->pos0 + w * R, o = D - a->n_rot;
+        for (int i = 0; i < a->n_rot / 2; i++) {
+            const double ang = pos * pow(a->rope_base, -2.0 * i / a->n_rot), x0 = e[o + 2 * i], x1 = e[o + 2 * i + 1];
+            e[o + 2 * i] = x0 * cos(ang) - x1 * sin(ang);
+            e[o + 2 * i + 1] = x0 * sin(ang) + x1 * cos(ang);
+        }
+    }
+}
+
+static void test_compress_case(rm_backend * be, int overlap, int ratio, int with_prev, int pos0, const char * what) {
+    enum { D = 32, NW = 3, ROT = 8 };
+    const int W = overlap ? 2 * D : D;
+    float * kv = randn(NW * ratio * W, 1.0f), * g = randn(NW * ratio * W, 2.0f), * pkv = randn(ratio * W, 1.0f);
+    float * pg = randn(ratio * W, 2.0f), * apev = randn(ratio * W, 1.0f), * nw = randn(D, 1.0f);
+    rm_weight ape = {RM_TYPE_F32, {W, ratio, 1, 1}, (const uint8_t *) apev, sizeof(float) * (uint64_t) W};
+    rm_weight norm = {RM_TYPE_F32, {D, 1, 1, 1}, (const uint8_t *) nw, sizeof(float) * D};
+    float * kvd = put(be, kv, NW * ratio * W), * gd = put(be, g, NW * ratio * W);
+    float * pkvd = put(be, pkv, ratio * W), * pgd = put(be, pg, ratio * W);
+    float * od = be->ops->alloc(be, sizeof(float) * NW * D);
+    rm_compress_args a = {od, kvd, gd, with_prev ? pkvd : NULL, with_prev ? pgd : NULL, &ape, &norm, NW, ratio, D, overlap,
+                          ROT, pos0, 160000.0f, 1e-6f};
+    be->ops->compress(be, &a);
+    float * out = get(be, od, NW * D);
+    a.kv = kv, a.gate = g, a.prev_kv = with_prev ? pkv : NULL, a.prev_gate = with_prev ? pg : NULL;
+    double ref[NW * D], e = 0;
+    ref_compress(&a, apev, nw, ref);
+    for (int i = 0; i < NW * D; i++) e = fmax(e, fabs(out[i] - ref[i]) / (fabs(ref[i]) + 1e-2));
+    record(be->ops->name, "compress", what, e, 2e-4);
+    be->ops->release(be, kvd), be->ops->release(be, gd), be->ops->release(be, pkvd), be->ops->release(be, pgd);
+    be->ops->release(be, od);
+    free(kv), free(g), free(pkv), free(pg), free(apev), free(nw), free(out);
+}
+
+static void test_compress_ops(rm_backend * be) {
+    if (!be->ops->compress) return;
+    test_compress_case(be, 1, 4, 0, 0, "CSA: 3 windows of 4, the first alone");
+    test_compress_case(be, 1, 4, 1, 1000, "CSA: 3 windows of 4 at 1000, after a previous window");
+    test_compress_case(be, 0, 8, 1, 1024, "HCA: 3 windows of 8 at 1024 (no overlap: prev unused)");
+}
+
+/* DeepSeek-V4's CSA pick (transformers' DeepseekV4Indexer) against double scores: 6 tokens at
+ * positions 40.. (10 or 11 entries of 4 positions each, 4 kept) and 3 at positions 5.. (1 or 2
+ * entries: all kept, the row's rest -1). Random floats have no ties: the picked sets must be equal. */
+static void test_csa_case(rm_backend * be, int n_tok, int pos0) {
+    enum { H = 3, D = 16, R = 4, K = 4, NE = 12 };
+    float * q = randn(n_tok * H * D, 1.0f), * w = randn(n_tok * H, 1.0f), * keys = randn(NE * D, 1.0f);
+    float scratch[2 * 2 * (NE + 1) * 4];
+    EXPECT(rm_csa_host_floats(R, pos0 + n_tok, 4) <= sizeof(scratch) / sizeof(float), "csa scratch");
+    int32_t sel[16 * K];
+    rm_csa_args a = {q, w, keys, n_tok, pos0, H, D, R, K, sel, scratch};
+    be->ops->csa_select(be, &a);
+    int mismatched = 0;
+    for (int i = 0; i < n_tok; i++) {
+        const int nb = (pos0 + i + 1) / R;
+        double sc[NE];
+        for (int s2 = 0; s2 < nb; s2++) {
+            sc[s2] = 0;
+            for (int h = 0; h < H; h++) {
+                double dot = 0;
+                for (int d = 0; d < D; d++) dot += (double) q[(i * H + h) * D + d] * keys[s2 * D + d];
+                sc[s2] += fmax(dot, 0.0) / sqrt((double) D) * w[i * H + h] / sqrt((double) H);
+            }
+        }
+        uint8_t kept[NE] = {0};
+        for (int k = 0; k < K && k < nb; k++) {
+            int best = -1;
+            for (int s2 = 0; s2 < nb; s2++) if (!kept[s2] && (best < 0 || sc[s2] > sc[best])) best = s2;
+            kept[best] = 1;
+        }
+        int j = 0;
+        for (int s2 = 0; s2 < nb; s2++) if (kept[s2]) mismatched += sel[i * K + j++] != s2;
+        for (; j < K; j++) mismatched += sel[i * K + j] != -1;
+    }
+    char what[64];
+    snprintf(what, sizeof(what), "%d tokens at %d: the picks", n_tok, pos0);
+    record(be->ops->name, "csa_select", what, (double) mismatched, 0.0);
+    free(q), free(w), free(keys);
+}
+
+static void test_csa_ops(rm_backend * be) {
+    if (!be->ops->csa_select) return;
+    test_csa_case(be, 6, 40);
+    test_csa_case(be, 3, 5);
+}
+
+/* DeepSeek-V4's attention core against double: a window of 8 over a ring of 13 rows, alone, with
+ * every entry of 8 positions a token sees (HCA's), and with the entries a pick names (CSA's, rows
+ * ended by -1); sinks per head. */
+static void test_dsv4_attn_case(rm_backend * be, int kind, const char * what) {
+    enum { H = 3, D = 16, T = 5, P0 = 20, W = 8, RING = 13, NE = 4, K = 3 };
+    const int R = kind == 2 ? 4 : 8;
+    float * q = randn(T * H * D, 0.5f), * keys = randn((P0 + T) * D, 1.0f), * ent = randn(NE * D, 1.0f);
+    float * sinks = randn(H, 1.0f), ring[RING * D], out[T * H * D], scratch[4 * (W + 32)];
+    for (int j = P0 + T - RING; j < P0 + T; j++) memcpy(ring + (j % RING) * D, keys + j * D, sizeof(float) * D);
+    const int32_t sel[T * K] = {1, 3, -1, 0, 2, 4, 4, -1, -1, 0, 1, 5, 2, 3, 5};   /* tokens at 20..24 see 5 or 6 */
+    EXPECT(rm_dsv4_attn_host_floats(W, R, P0 + T, 4) <= sizeof(scratch) / sizeof(float), "dsv4 scratch");
+    float * ent6 = randn(6 * D, 1.0f);
+    rm_dsv4_attn_args a = {out, q, ring, RING, kind == 0 ? NULL : kind == 1 ? ent : ent6, R, kind == 2 ? sel : NULL, K,
+                           sinks, T, P0, H, D, W, 0.25f, scratch};
+    be->ops->dsv4_attention(be, &a);
+    double e = 0;
+    for (int i = 0; i < T; i++) {
+        const int p = P0 + i;
+        for (int h = 0; h < H; h++) {
+            const float * qh = q + (i * H + h) * D;
+            const float * v[W + 8];
+            int n = 0;
+            for (int j = p - W + 1; j <= p; j++) v[n++] = keys + j * D;
+            if (kind == 1) for (int s2 = 0; s2 < (p + 1) / R && s2 < NE; s2++) v[n++] = ent + s2 * D;
+            if (kind == 2) for (int k = 0; k < K && sel[i * K + k] >= 0; k++) v[n++] = ent6 + sel[i * K + k] * D;
+            double lg[W + 8], mx = sinks[h], sum, o[D] = {0}, mag = 0;
+            for (int j = 0; j < n; j++) {
+                lg[j] = 0;
+                for (int d = 0; d < D; d++) lg[j] += (double) qh[d] * v[j][d];
+                lg[j] *= 0.25;
+                mx = fmax(mx, lg[j]);
+            }
+            sum = exp(sinks[h] - mx);
+            for (int j = 0; j < n; j++) sum += exp(lg[j] - mx);
+            for (int j = 0; j < n; j++)
+                for (int d = 0; d < D; d++) o[d] += exp(lg[j] - mx) / sum * v[j][d];
+            for (int d = 0; d < D; d++) mag = fmax(mag, fabs(o[d]));
+            for (int d = 0; d < D; d++) e = fmax(e, fabs(out[(i * H + h) * D + d] - o[d]) / (mag + 1e-3));
+        }
+    }
+    record(be->ops->name, "dsv4_attention", what, e, 1e-5);
+    free(q), free(keys), free(ent), free(ent6), free(sinks);
+}
+
+static void test_dsv4_attn_ops(rm_backend * be) {
+    if (!be->ops->dsv4_attention) return;
+    test_dsv4_attn_case(be, 0, "a window of 8 on a ring of 13, sinks");
+    test_dsv4_attn_case(be, 1, "and every entry of 8 positions seen");
+    test_dsv4_attn_case(be, 2, "and the picked entries of 4 positions");
 }
 
 static void test_dsa_ops(rm_backend * be) {
@@ -964,6 +1284,11 @@ int main(int argc, char ** argv) {
             test_qsa_ops(cpu);
             test_hc_ops(cpu);
             test_ple_ops(cpu);
+            test_mhc_ops(cpu);
+            test_compress_ops(cpu);
+            test_route_dsv4(cpu);
+            test_csa_ops(cpu);
+            test_dsv4_attn_ops(cpu);
         }
         cpu->ops->free(cpu);
         rm_model_free(m);

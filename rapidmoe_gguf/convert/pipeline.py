@@ -177,6 +177,8 @@ def _plan(source: Source, rec: Recipe, fallbacks: list[Fallback], imx: Imatrix |
             plan.append(_Planned(t, base, False, res, _importance(imx, t, base)))
         elif t.role in ("router", "vector"):
             plan.append(_Planned(t, "F32", t.src_type == "F32", None))
+        elif t.role == "index":   # integers: copied as they are
+            plan.append(_Planned(t, t.src_type or "I32", True, None))
         elif t.src_type is not None and _at_least_as_precise(t.src_type, rec.other_type):
             plan.append(_Planned(t, t.src_type, True, None))
         else:

@@ -127,6 +127,20 @@ class SafetensorsFile:
         begin, n, _ = self._slab(e, None)
         return [int(x) for x in np.frombuffer(self._map, dtype=kinds[e.dtype], count=n, offset=begin)]
 
+    def read_i32(self, name: str) -> np.ndarray:
+        """An integer tensor (a table of expert ids: DeepSeek-V4's tid2eid) as a new int32 array of
+        its shape; values outside int32 are refused."""
+        e = self.entry(name)
+        if e.dtype not in ("I64", "I32", "I16", "I8", "U32", "U16", "U8"):
+            raise FormatError(f"{self.path}: tensor '{name}' has dtype {e.dtype}, expected an integer type")
+        begin, n, shape = self._slab(e, None)
+        dt = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U32": "<u4", "U16": "<u2", "U8": "u1"}[e.dtype]
+        out = np.frombuffer(self._map, dtype=dt, count=n, offset=begin)
+        if out.size and (out.min() < -2**31 or out.max() >= 2**31):
+            raise FormatError(f"{self.path}: tensor '{name}' holds values outside 32-bit integers")
+        self._drop_pages(begin, begin + n * _DTYPES[e.dtype])
+        return out.astype(np.int32).reshape(shape)
+
     def read_u8(self, name: str, index: int | None = None) -> np.ndarray:
         """A U8 tensor (MXFP4 blocks and scales) as a new uint8 array, or its slab ``index``."""
         e = self.entry(name)
@@ -351,6 +365,9 @@ class SafetensorsCheckpoint:
 
     def read_ints(self, name: str) -> list[int]:
         return self._file(name).read_ints(self._stored.get(name, name))
+
+    def read_i32(self, name: str) -> np.ndarray:
+        return self._file(name).read_i32(self._stored.get(name, name))
 
     def _file(self, name: str) -> SafetensorsFile:
         try:

@@ -75,7 +75,7 @@ def open_source(src: str, pre_tokenizer: str | None = None) -> Source:
 
 
 def _role(spec_role: str, ne: tuple[int, ...]) -> str:
-    if spec_role in ("expert", "router"):
+    if spec_role in ("expert", "router", "index"):   # index: a table of integers, written I32 unchanged
         return spec_role
     if spec_role == "f32":   # small matrices the runtime reads as floats (a conv's filters): F32 as 1-D
         return "vector"
@@ -280,6 +280,9 @@ class HFSource(Source):
                 want = _HF_SHAPE[t.transform](ne, dims)
             self._check_shape(hn, want, tuple(reversed(t.ne)))
             used.add(hn)
+            if t.role == "index":
+                out.append(self._index_tensor(name, ne, hn))
+                continue
             out.append(SourceTensor(name, ne, _role(t.role, ne), self._reader(hn, t.transform, ne)))
         if spec.extra_plan is not None:
             out += EXTRA_PLANS[spec.extra_plan](self, used)
@@ -297,6 +300,13 @@ class HFSource(Source):
             raise FormatError(f"{self.directory}: {len(extra)} tensor(s) that the {spec.name} layout "
                               f"does not use: {shown}; is config.json right for these weights?")
         return out
+
+    def _index_tensor(self, name: str, ne: tuple[int, ...], hf_name: str) -> SourceTensor:
+        """A table of integers (DeepSeek-V4's expert ids per token id), written I32 as llama.cpp does."""
+        def raw(_e: int | None = None) -> np.ndarray:
+            return self.ckpt.read_i32(hf_name)
+
+        return SourceTensor(name, ne, "index", lambda _e=None: raw().astype(np.float32), "I32", raw)
 
     def _stacked_experts(self, t, bid: int, name: str, ne: tuple[int, ...]) -> tuple[str, SourceTensor] | None:
         """An expert tensor whose experts the checkpoint keeps stacked in one tensor (STACKED_EXPERTS),
@@ -510,7 +520,12 @@ EXTRA_PLANS: dict[str, Callable[[HFSource, set[str]], list[SourceTensor]]] = {"p
 
 
 def _layer_kind(wanted: str, bid: int, dims: dict) -> str:
-    """Which of a pair of layer kinds layer bid has: dense or moe FFN, q_lora or q_direct query."""
+    """Which of a pair of layer kinds layer bid has: dense or moe FFN, q_lora or q_direct query;
+    DeepSeek-V4's compressed layers by their ratio (csa 4, hca 128), hash-routed or routed FFN."""
+    if wanted in ("csa", "hca"):
+        return {4: "csa", 128: "hca"}.get(dims["compress_ratios"][bid], "none")
+    if wanted in ("hash", "routed"):
+        return "hash" if bid < dims.get("n_layer_hash", 0) else "routed"
     if wanted in ("dense", "moe"):
         return "dense" if bid < dims.get("n_layer_dense_lead", 0) else "moe"
     return "q_lora" if dims.get("q_lora_rank", 0) > 0 else "q_direct"

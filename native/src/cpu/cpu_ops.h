@@ -27,6 +27,24 @@ void rm_cpu_ple_gate(rm_pool * pool, float * out, const float * key, const float
                      int64_t n_tok, int64_t hc, int64_t n);
 void rm_cpu_ple_conv(rm_pool * pool, const rm_ple_conv_args * a);
 
+/* cpu/mhc.c: DeepSeek-V4's hyper-connections' weights, the streams' weighted sum and a block's
+ * output into the streams, on the pool's threads (backend.h's mhc_weights, mhc_collapse, mhc_expand). */
+void rm_cpu_mhc_weights(rm_pool * pool, float * mix, const float * scale, const float * base, int64_t n_tok,
+                        int64_t hc, int64_t n_mix, int32_t iters, float eps);
+void rm_cpu_mhc_collapse(rm_pool * pool, float * y, const float * h, const float * mix, int64_t n_mix, int64_t n_tok,
+                         int64_t hc, int64_t n);
+void rm_cpu_mhc_expand(rm_pool * pool, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
+                       int64_t n);
+
+/* cpu/dsv4_attn.c: DeepSeek-V4's attention core on the pool's threads. */
+void rm_cpu_dsv4_attention(rm_pool * pool, const rm_dsv4_attn_args * a);
+
+/* cpu/csa.c: DeepSeek-V4's CSA pick of compressed entries on the pool's threads. */
+void rm_cpu_csa_select(rm_pool * pool, const rm_csa_args * a);
+
+/* cpu/compress.c: DeepSeek-V4's compressed entries on the pool's threads (backend.h's compress). */
+void rm_cpu_compress(rm_pool * pool, const rm_compress_args * a);
+
 /* cpu/deltanet.c: the middle of a Gated DeltaNet layer on the pool's threads. */
 void rm_cpu_gdn(rm_pool * pool, const rm_gdn_args * a);
 

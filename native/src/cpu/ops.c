@@ -1409,6 +1409,34 @@ static void cpu_ple_conv(rm_backend * be, const rm_ple_conv_args * a) {
     rm_cpu_ple_conv(((cpu_ctx *) be->ctx)->pool, a);
 }
 
+static void cpu_dsv4_attention(rm_backend * be, const rm_dsv4_attn_args * a) {
+    rm_cpu_dsv4_attention(((cpu_ctx *) be->ctx)->pool, a);
+}
+
+static void cpu_csa_select(rm_backend * be, const rm_csa_args * a) {
+    rm_cpu_csa_select(((cpu_ctx *) be->ctx)->pool, a);
+}
+
+static void cpu_compress(rm_backend * be, const rm_compress_args * a) {
+    rm_cpu_compress(((cpu_ctx *) be->ctx)->pool, a);
+}
+
+static void cpu_mhc_weights(rm_backend * be, float * mix, const rm_weight * scale, const rm_weight * base,
+                            int64_t n_tok, int64_t hc, int64_t n_mix, int32_t iters, float eps) {
+    rm_cpu_mhc_weights(((cpu_ctx *) be->ctx)->pool, mix, (const float *) scale->data, (const float *) base->data, n_tok,
+                       hc, n_mix, iters, eps);
+}
+
+static void cpu_mhc_collapse(rm_backend * be, float * y, const float * h, const float * mix, int64_t n_mix,
+                             int64_t n_tok, int64_t hc, int64_t n) {
+    rm_cpu_mhc_collapse(((cpu_ctx *) be->ctx)->pool, y, h, mix, n_mix, n_tok, hc, n);
+}
+
+static void cpu_mhc_expand(rm_backend * be, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
+                           int64_t n) {
+    rm_cpu_mhc_expand(((cpu_ctx *) be->ctx)->pool, h, b, mix, n_tok, hc, n);
+}
+
 static void cpu_layernorm(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
                           int64_t n_rows, int64_t n, float eps) {
     rm_cpu_layernorm(y, x, (const float *) w->data, (const float *) b->data, n_rows, n, eps);
@@ -1418,7 +1446,7 @@ static void cpu_route_gated(rm_backend * be, const float * logits, const rm_weig
                             int32_t n_tok, int32_t n_expert, int32_t k, rm_route * out) {
     for (int32_t i = 0; i < n_tok; i++) {
         rm_route_token_gated(logits + (int64_t) i * n_expert, bias ? (const float *) bias->data : NULL, g, n_expert, k,
-                             out + (int64_t) i * k);
+                             g->hash ? g->hash + (int64_t) i * k : NULL, out + (int64_t) i * k);
     }
 }
 
@@ -1588,6 +1616,12 @@ static const rm_backend_ops CPU_OPS = {
     .hc_add      = cpu_hc_add,
     .ple_gate    = cpu_ple_gate,
     .ple_conv    = cpu_ple_conv,
+    .mhc_weights = cpu_mhc_weights,
+    .mhc_collapse = cpu_mhc_collapse,
+    .mhc_expand  = cpu_mhc_expand,
+    .compress    = cpu_compress,
+    .csa_select  = cpu_csa_select,
+    .dsv4_attention = cpu_dsv4_attention,
     .free        = cpu_free,
 };
 

@@ -36,6 +36,9 @@ typedef struct rm_gating_params {
     int32_t n_group, n_group_used;/* group-limited top-k when n_group > 1 */
     int32_t norm;                 /* divide the k weights by their sum */
     float   scale;                /* then multiply them by this */
+    const int32_t * hash;         /* host: n_tok rows of k expert ids, each token's choice (DeepSeek-V4's table per
+                                     token id, RM_LAYER_HASH_ROUTE) in place of the top k, each in [0, n_expert);
+                                     NULL: by score. CPU only */
 } rm_gating_params;
 
 typedef struct rm_matmul_args {
@@ -191,6 +194,72 @@ typedef struct rm_ple_conv_args {
     int32_t           kernel, dilation;
 } rm_ple_conv_args;
 
+/* DeepSeek-V4's compressor (transformers' DeepseekV4HCACompressor and DeepseekV4CSACompressor, and
+ * the CSA indexer's own): n_win windows of ratio positions, each into one entry of head_dim.
+ * Per window w and dim d, over its slots j: entry[d] = sum_j softmax_j(z)[j] c_j[d], with the slots
+ * the window's ratio rows (kv's, gate's + ape's columns from off, off = head_dim with overlap, else
+ * 0) and, with overlap (CSA), before them the previous window's ratio rows' first head_dim columns
+ * (gate + ape's first head_dim; the window before the first from prev_kv/prev_gate, none when NULL);
+ * then entry = rmsnorm(entry) * norm, its last n_rot dims turned by RoPE (interleaved pairs) at
+ * position pos0 + w * ratio. */
+typedef struct rm_compress_args {
+    float *           out;        /* n_win rows of head_dim */
+    const float *     kv;         /* n_win * ratio rows of width: the kv projection */
+    const float *     gate;       /* the same of the gate projection */
+    const float *     prev_kv;    /* overlap: ratio rows of width, the window before the first; NULL: none */
+    const float *     prev_gate;
+    const rm_weight * ape;        /* F32, ne = {width, ratio}: a gate bias per slot */
+    const rm_weight * norm;       /* F32, ne = {head_dim} */
+    int32_t           n_win, ratio, head_dim;
+    int32_t           overlap;    /* 1: width = 2 * head_dim, two series (CSA); 0: width = head_dim (HCA) */
+    int32_t           n_rot, pos0;
+    float             rope_base, eps;
+} rm_compress_args;
+
+/* DeepSeek-V4's lightning indexer in a CSA layer (transformers' DeepseekV4Indexer): a token at
+ * position p sees the nb = (p + 1) / ratio entries s < nb of the indexer's compressed keys; its score
+ * of entry s is sum_h (w_h / sqrt(n_head)) relu(q_h . k_s) / sqrt(head_dim). Into its row of
+ * sel_host: with nb > top_k its top_k best entries (ties: the earlier), else all nb, ascending, the
+ * row's rest -1. */
+typedef struct rm_csa_args {
+    const float * q;              /* n_tok rows of n_head * head_dim: the queries, RoPE applied */
+    const float * w;              /* n_tok rows of n_head: the heads' weights (weights_proj, unscaled) */
+    const float * keys;           /* rows of head_dim: the compressed keys, entry s in row s */
+    int32_t       n_tok, pos0;    /* the tokens are at positions pos0 .. pos0 + n_tok - 1 */
+    int32_t       n_head, head_dim, ratio, top_k;
+    int32_t *     sel_host;       /* out: n_tok rows of top_k */
+    float *       scratch_host;   /* rm_csa_host_floats */
+} rm_csa_args;
+
+/* Floats of the CPU's CSA scratch (cpu/csa.c): per thread the scores of n_ctx / ratio entries and a
+ * copy the selection reorders. */
+uint64_t rm_csa_host_floats(int32_t ratio, int32_t n_ctx, int32_t n_threads);
+
+/* DeepSeek-V4's attention core (transformers' DeepseekV4Attention between its projections): one
+ * key head that is also the value. A token at position p attends, with each of n_head heads, to the
+ * positions j of its window (p - n_swa < j <= p; position j's row in kv is j % n_ring) and to the
+ * compressed entries it sees (s < (p + 1) / ratio: all of them, or those of its row of sel, -1
+ * ending it), logits q_h . k * scale and a sink logit per head that takes a share but adds nothing;
+ * out_h = sum softmax * k. */
+typedef struct rm_dsv4_attn_args {
+    float *         out;          /* n_tok rows of n_head * head_dim */
+    const float *   q;            /* n_tok rows of n_head * head_dim */
+    const float *   kv;           /* n_ring rows of head_dim: position j in row j % n_ring (n_ring >= n_swa + n_tok - 1) */
+    int32_t         n_ring;
+    const float *   entries;      /* rows of head_dim, entry s in row s; NULL: none (a sliding-only layer) */
+    int32_t         ratio;
+    const int32_t * sel;          /* host, n_tok rows of top_k (csa_select's); NULL: every entry the token sees */
+    int32_t         top_k;
+    const float *   sinks;        /* n_head */
+    int32_t         n_tok, pos0, n_head, head_dim, n_swa;
+    float           scale;
+    float *         scratch_host; /* rm_dsv4_attn_host_floats */
+} rm_dsv4_attn_args;
+
+/* Floats of the CPU's scratch for it (cpu/dsv4_attn.c): per thread one head's logits over a window
+ * and the entries a token at n_ctx - 1 sees. */
+uint64_t rm_dsv4_attn_host_floats(int32_t n_swa, int32_t ratio, int32_t n_ctx, int32_t n_threads);
+
 /* A Gated DeltaNet value head's state between calls, on every backend alike (a state saved from
  * one loads on another): S0 (d_k x d_v, row-major), the state at the start of the chunk of
  * RM_GDN_CHUNK positions being filled, then that chunk's rows so far: their keys (ne = {d_k, C}),
@@ -267,6 +336,9 @@ typedef struct rm_rope_yarn {
  * (clamp(u, -limit, limit) + 1). llama.cpp hard-codes alpha 1.702 and limit 7 for gpt-oss. */
 #define RM_SWIGLU_OAI_ALPHA 1.702f
 #define RM_SWIGLU_OAI_LIMIT 7.0f
+/* swiglu_clamp's alpha for DeepSeek-V4's clamped SwiGLU (transformers' DeepseekV4MLP and Experts):
+ * g = silu(min(g, limit)) * clamp(u, -limit, limit), without gpt-oss's + 1 */
+#define RM_SWIGLU_DSV4_ALPHA (-1.0f)
 
 /* The routed experts of one MoE block: out[i] += sum over token i's slots of weight * f_e(xn[i]),
  * with f_e the expert's base, plus its residual on the slots marked residual. The slots routed to
@@ -324,7 +396,7 @@ typedef struct rm_backend_ops {
     void (*rope_yarn)(rm_backend * be, float * x, int32_t n_tok, int32_t n_head, int32_t head_dim, int32_t n_rot,
                       int32_t pos0, const rm_rope_yarn * y, int neox);
     /* a clamped SwiGLU over n floats, g = f(g, u) (rm_swiglu_clamp_ref): gpt-oss's (alpha > 0,
-     * RM_SWIGLU_OAI_*) or the limited one (alpha 0: Step-3.5's) */
+     * RM_SWIGLU_OAI_*), the limited one (alpha 0: Step-3.5's) or DeepSeek-V4's (RM_SWIGLU_DSV4_ALPHA) */
     void (*swiglu_clamp)(rm_backend * be, float * g, const float * u, int64_t n, float alpha, float limit);
     /* dst[j] = src[rows[j]], j < n (rows of width floats) */
     void (*gather_rows)(rm_backend * be, float * dst, const float * src, const int32_t * rows_host, int32_t n,
@@ -348,6 +420,12 @@ typedef struct rm_backend_ops {
     /* QSA's pick of key blocks (rm_qsa_args); NULL: the backend runs no QSA attention (a session of
      * such a model is refused). */
     void (*qsa_select)(rm_backend * be, const rm_qsa_args * a);
+    /* DeepSeek-V4's attention core (rm_dsv4_attn_args); NULL: the backend has none (the CPU's only). */
+    void (*dsv4_attention)(rm_backend * be, const rm_dsv4_attn_args * a);
+    /* DeepSeek-V4's CSA pick of compressed entries (rm_csa_args); NULL: the backend has none (the CPU's only). */
+    void (*csa_select)(rm_backend * be, const rm_csa_args * a);
+    /* DeepSeek-V4's compressed entries (rm_compress_args); NULL: the backend has none (the CPU's only). */
+    void (*compress)(rm_backend * be, const rm_compress_args * a);
     /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n_rows rows of n (y may be x); w and b F32,
      * ne = {n}; NULL: the backend has none (only sparse attention's indexer uses it). */
     void (*layernorm)(rm_backend * be, float * y, const float * x, const rm_weight * w, const rm_weight * b,
@@ -393,6 +471,24 @@ typedef struct rm_backend_ops {
                      int64_t n_tok, int64_t hc, int64_t n);
     /* PLE's dilated conv (rm_ple_conv_args) */
     void (*ple_conv)(rm_backend * be, const rm_ple_conv_args * a);
+    /* DeepSeek-V4's manifold-constrained hyper-connections (layers/mhc.c composes them with rmsnorm and
+     * matmul; transformers' DeepseekV4HyperConnection and DeepseekV4HyperHead). NULL: the backend has
+     * none (the CPU's only). mhc_weights: per token, its n_mix logits l (the streams RMS-normed as one
+     * row, times fn) into the weights, in place. A block's (n_mix = (2 + hc) * hc, scale ne = {3}):
+     * pre_c = sigmoid(l_c s_0 + b_c) + eps, post_c = 2 sigmoid(l_{hc+c} s_1 + b_{hc+c}), and comb, hc
+     * rows j (the input stream) of hc columns k (the output stream): each row softmax(l s_2 + b) + eps,
+     * then the columns normalised, then iters - 1 rounds of rows and columns (each x / (sum + eps):
+     * Sinkhorn-Knopp). The output's (n_mix = hc, scale ne = {1}): pre alone. base F32, ne = {n_mix}. */
+    void (*mhc_weights)(rm_backend * be, float * mix, const rm_weight * scale, const rm_weight * base, int64_t n_tok,
+                        int64_t hc, int64_t n_mix, int32_t iters, float eps);
+    /* the streams' weighted sum: y[t] = sum_c pre[t][c] h[t][c] (h rows of hc * n, y rows of n, mix rows
+     * of n_mix whose first hc are pre) */
+    void (*mhc_collapse)(rm_backend * be, float * y, const float * h, const float * mix, int64_t n_mix,
+                         int64_t n_tok, int64_t hc, int64_t n);
+    /* a block's output b (rows of n) into the streams, in place: h[t][k] = post[t][k] b[t] +
+     * sum_j comb[t][j][k] h[t][j] (mix rows of (2 + hc) * hc as mhc_weights leaves them; hc <= 64) */
+    void (*mhc_expand)(rm_backend * be, float * h, const float * b, const float * mix, int64_t n_tok, int64_t hc,
+                       int64_t n);
     /* The routed experts (rm_moe_args); NULL: moe.c composes them from the ops above. */
     void (*moe_experts)(rm_backend * be, const rm_moe_args * a);
 
@@ -440,7 +536,8 @@ void rm_rope_yarn_of(const rm_hparams * hp, rm_rope_yarn * out);
 void rm_rope_yarn_row(float * x, int32_t n_head, int32_t head_dim, int32_t n_rot, int32_t pos, const rm_rope_yarn * y,
                       int neox);
 /* alpha > 0, gpt-oss's: g' = min(g, limit), u' = clamp(u, -limit, limit), g = g' sigmoid(alpha g') (u' + 1);
- * alpha 0, the limited SwiGLU (Step-3.5's): g = min(silu(g), limit) clamp(u, -limit, limit) */
+ * alpha 0, the limited SwiGLU (Step-3.5's): g = min(silu(g), limit) clamp(u, -limit, limit);
+ * alpha < 0, DeepSeek-V4's: g = silu(min(g, limit)) clamp(u, -limit, limit) */
 void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, float limit);
 /* softmax of n scores joined by a sink logit that takes a share but is not returned */
 void rm_softmax_sink(float * x, int64_t n, float sink);

@@ -1,13 +1,14 @@
 /* gating.c - the router of DeepSeek and GLM (gating.h): scores by softmax or sigmoid, a selection
  * bias that counts for the choice only, group-limited top-k, renormalised and scaled weights.
  *
- * Steps, per token (llama.cpp's build_moe_ffn and transformers' DeepseekV3TopkRouter):
- *   p = softmax(logits) or sigmoid(logits)       the scores; the weights come from these
+ * Steps, per token (llama.cpp's build_moe_ffn and transformers' DeepseekV3TopkRouter and
+ * DeepseekV4TopKRouter/HashRouter):
+ *   p = softmax(logits), sigmoid(logits) or sqrt(softplus(logits))   the scores; the weights come from these
  *   s = p + bias                                 what the choice ranks (bias: e_score_correction_bias)
  *   with n_group > 1: a group's score is the sum of its two best s (sigmoid, DeepSeek-V3), or its
  *   best s (softmax, DeepSeek-V2's group_limited_greedy, as transformers and DeepSeek's code have
  *   it; llama.cpp takes the two best for both); the best n_group_used groups stay
- *   the top k of s among the groups kept; weight = p of each
+ *   the top k of s among the groups kept (or the k the token's row of a hash table names); weight = p of each
  *   weights / their sum when norm; times scale
  * Ties go to the lower index, as in the softmax router (cpu/ops.c). */
 #include "gating.h"
@@ -55,13 +56,21 @@ static void drop_groups(const float * sel, const rm_gating_params * g, int32_t n
     }
 }
 
+float rm_sqrt_softplus(float x) {
+    return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+}
+
 void rm_route_token_gated(const float * logits, const float * bias, const rm_gating_params * g, int32_t n_expert,
-                          int32_t k, rm_route * r) {
+                          int32_t k, const int32_t * chosen, rm_route * r) {
     float p[MAX_EXPERTS], sel[MAX_EXPERTS];
     memcpy(p, logits, sizeof(float) * (size_t) n_expert);
     if (g->gating == RM_GATING_SIGMOID) {
         for (int32_t e = 0; e < n_expert; e++) {
             p[e] = 1.0f / (1.0f + expf(-p[e]));
+        }
+    } else if (g->gating == RM_GATING_SQRT_SOFTPLUS) {
+        for (int32_t e = 0; e < n_expert; e++) {
+            p[e] = rm_sqrt_softplus(p[e]);
         }
     } else {
         rm_softmax_sink(p, n_expert, -INFINITY);   /* rm_softmax, without a call into the CPU backend's unit */
@@ -75,7 +84,7 @@ void rm_route_token_gated(const float * logits, const float * bias, const rm_gat
     }
     float sum = 0.0f;
     for (int32_t j = 0; j < k; j++) {
-        const int32_t e = best_free(sel, taken, n_expert);
+        const int32_t e = chosen ? chosen[j] : best_free(sel, taken, n_expert);
         taken[e] = 1;
         r[j].expert = e;
         r[j].prob = p[e];
@@ -90,5 +99,6 @@ void rm_route_token_gated(const float * logits, const float * bias, const rm_gat
 }
 
 int rm_gating_is_plain(const rm_gating_params * g, const float * bias) {
-    return g->gating != RM_GATING_SIGMOID && !bias && g->n_group <= 1 && g->scale == 1.0f;
+    return g->gating != RM_GATING_SIGMOID && g->gating != RM_GATING_SQRT_SOFTPLUS && !g->hash && !bias &&
+           g->n_group <= 1 && g->scale == 1.0f;
 }

@@ -268,7 +268,7 @@ static void route(rm_session * s, const rm_layer * L, int32_t n) {
     rm_backend * be = s->be;
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
     const rm_gating_params g = {hp->gating, hp->n_group, hp->n_group_used, hp->norm_topk,
-                                hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f};
+                                hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f, NULL};
     const rm_weight * bias = L->exp_probs_b.data ? &L->exp_probs_b : NULL;
     if (rm_gating_is_plain(&g, bias ? (const float *) bias->data : NULL)) {
         be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);

@@ -57,7 +57,7 @@ void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, flo
     for (int64_t j = 0; j < n; j++) {
         const float x = g[j] < limit ? g[j] : limit;
         const float y = u[j] < -limit ? -limit : u[j] > limit ? limit : u[j];
-        g[j] = x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
+        g[j] = alpha < 0.0f ? x / (1.0f + expf(-x)) * y : x / (1.0f + expf(-alpha * x)) * (y + 1.0f);
     }
 }
 

@@ -282,6 +282,40 @@ static const rm_hparam_row HP_STEP35[] = {
      V(head_dim), V(head_dim), "value_length == key_length", 0, NULL},
 };
 
+/* DeepSeek-V4: one key head of head_dim that is also the value, partial RoPE (the last n_rot of each
+ * head), a sliding window, the q low rank, a grouped output projection; manifold-constrained
+ * hyper-connections; compressed layers (attention.compress_ratios) with their own RoPE base and a
+ * lightning indexer in the CSA ones; sqrt(softplus) routing with a selection bias (the first
+ * hash_layer_count layers by a table per token id), ungated shared experts, clamped SwiGLUs. */
+static const rm_hparam_row HP_DEEPSEEK4[] = {
+    INT("embedding_length",        n_embd,        REQUIRED,          K(1), K(1 << 20)),
+    INT("block_count",             n_layer,       REQUIRED,          K(1), K(4096)),
+    INT("attention.head_count",    n_head,        REQUIRED,          K(1), K(4096)),
+    {"attention.head_count_kv", "n_head_kv", HPOFF(n_head_kv), RM_HPARAM_INT, K(1), K(1), K(1), K(1), K(1),
+     "DeepSeek-V4's one key head is also its value", 0, NULL},
+    INT("attention.key_length",    head_dim,      REQUIRED,          K(2), K(1 << 16)),
+    INT("rope.dimension_count",    n_rot,         REQUIRED,          K(2), V(head_dim)),
+    HP_EXPERTS, HP_FF_EXP("expert_feed_forward_length"), HP_CONTEXT, HP_NORM_TOPK(1),
+    INT("expert_shared_count",     n_expert_shared, K(0),            K(0), K(64)),
+    {"expert_gating_func", "gating", HPOFF(gating), RM_HPARAM_INT, REQUIRED, K(0), K(16),
+     K(RM_GATING_SQRT_SOFTPLUS), K(RM_GATING_SQRT_SOFTPLUS), "DeepSeek-V4 routes by sqrt(softplus) (4)", 0, NULL},
+    FLOAT("expert_weights_scale",  expert_weights_scale, K(1.0f)),
+    INT("nextn_predict_layers",    n_layer_nextn, K(0),              K(0), V(n_layer)),
+    INT("hash_layer_count",        n_layer_hash,  K(0),              K(0), V(n_layer)),
+    INT("attention.q_lora_rank",   q_lora_rank,   REQUIRED,          K(1), K(1 << 16)),
+    INT("attention.sliding_window", n_swa,        REQUIRED,          K(1), K(1 << 24)),
+    INT("attention.output_group_count", o_groups, REQUIRED,          K(1), V(n_head)),
+    INT("attention.output_lora_rank", o_lora_rank, REQUIRED,         K(1), K(1 << 16)),
+    INT("attention.indexer.head_count", index_n_head,   REQUIRED,    K(1), K(4096)),
+    INT("attention.indexer.key_length", index_head_dim, REQUIRED,    V(n_rot), K(1 << 16)),
+    INT("attention.indexer.top_k",      index_top_k,    REQUIRED,    K(1), K(1 << 24)),
+    INT("hyper_connection.count",  hc_count,      REQUIRED,          K(1), K(64)),
+    INT("hyper_connection.sinkhorn_iterations", hc_sinkhorn_iters, REQUIRED, K(1), K(1 << 10)),
+    FLOAT("hyper_connection.epsilon", hc_eps,     REQUIRED),
+    HP_TAIL,
+    FLOAT("attention.compress_rope_freq_base", compress_rope_base, REQUIRED),
+};
+
 /* ---- per-layer tensors ---------------------------------------------------------------------- */
 
 #define LOFF(f) ((uint16_t) offsetof(rm_layer, f))
@@ -397,6 +431,53 @@ static const rm_tensor_row DSA_LAYER[] = {
     DEEPSEEK_FFN("blk.%d.ffn_norm.weight"),
 };
 #undef IDX
+
+/* DeepSeek-V4: two mHCs per layer, the q low rank, one key-value head, sinks, the grouped output;
+ * the compressor in the CSA and HCA layers (of their shapes), the indexer in the CSA ones; the
+ * router with a selection bias, or in the hash layers a table of experts per token id. */
+#define MHC RM_LAYER_MHC
+#define MHC_ROWS(kind)                                                                                  \
+    T("blk.%d.hc_" #kind "_fn.weight",    mhc_##kind.fn,    REQ, MHC, 1, NE(HC_EMBD, HC_MIX, ONE)),    \
+    T("blk.%d.hc_" #kind "_base.weight",  mhc_##kind.base,  REQ, MHC, 1, NE(HC_MIX, ONE, ONE)),        \
+    T("blk.%d.hc_" #kind "_scale.weight", mhc_##kind.scale, REQ, MHC, 1, NE(HC_SCALES, ONE, ONE))
+#define CSA (MHC | RM_LAYER_CSA)
+#define HCA (MHC | RM_LAYER_HCA)
+static const rm_tensor_row DEEPSEEK4_LAYER[] = {
+    T("blk.%d.attn_norm.weight",      attn_norm, REQ, MHC, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.attn_sinks.weight",     sinks,     REQ, MHC, 1, NE(HEADS, ONE, ONE)),
+    T("blk.%d.attn_q_a.weight",       wq_a,      REQ, MHC, 0, NE(EMBD, Q_LORA, ONE)),
+    T("blk.%d.attn_q_a_norm.weight",  q_a_norm,  REQ, MHC, 1, NE(Q_LORA, ONE, ONE)),
+    T("blk.%d.attn_q_b.weight",       wq_b,      REQ, MHC, 0, NE(Q_LORA, Q, ONE)),
+    T("blk.%d.attn_kv.weight",        wkv,       REQ, MHC, 0, NE(EMBD, HEAD, ONE)),
+    T("blk.%d.attn_kv_a_norm.weight", kv_norm,   REQ, MHC, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_output_a.weight",  wo_a,      REQ, MHC, 0, NE(O_IN, O_MID, ONE)),
+    T("blk.%d.attn_output_b.weight",  wo_b,      REQ, MHC, 0, NE(O_MID, EMBD, ONE)),
+    MHC_ROWS(attn),
+    MHC_ROWS(ffn),
+    T("blk.%d.attn_compressor_kv.weight",   comp_wkv,   REQ, CSA, 0, NE(EMBD, HEAD2, ONE)),
+    T("blk.%d.attn_compressor_gate.weight", comp_wgate, REQ, CSA, 0, NE(EMBD, HEAD2, ONE)),
+    T("blk.%d.attn_compressor_ape.weight",  comp_ape,   REQ, CSA, 1, NE(HEAD2, RATIO_CSA, ONE)),
+    T("blk.%d.attn_compressor_norm.weight", comp_norm,  REQ, CSA, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.attn_compressor_kv.weight",   comp_wkv,   REQ, HCA, 0, NE(EMBD, HEAD, ONE)),
+    T("blk.%d.attn_compressor_gate.weight", comp_wgate, REQ, HCA, 0, NE(EMBD, HEAD, ONE)),
+    T("blk.%d.attn_compressor_ape.weight",  comp_ape,   REQ, HCA, 1, NE(HEAD, RATIO_HCA, ONE)),
+    T("blk.%d.attn_compressor_norm.weight", comp_norm,  REQ, HCA, 1, NE(HEAD, ONE, ONE)),
+    T("blk.%d.indexer.proj.weight",         idx_proj,   REQ, CSA, 0, NE(EMBD, IDX_HEADS, ONE)),
+    T("blk.%d.indexer.attn_q_b.weight",     idx_wq_b,   REQ, CSA, 0, NE(Q_LORA, IDX_Q, ONE)),
+    T("blk.%d.indexer_compressor_kv.weight",   idx_comp_wkv,   REQ, CSA, 0, NE(EMBD, IDX_HEAD2, ONE)),
+    T("blk.%d.indexer_compressor_gate.weight", idx_comp_wgate, REQ, CSA, 0, NE(EMBD, IDX_HEAD2, ONE)),
+    T("blk.%d.indexer_compressor_ape.weight",  idx_comp_ape,   REQ, CSA, 1, NE(IDX_HEAD2, RATIO_CSA, ONE)),
+    T("blk.%d.indexer_compressor_norm.weight", idx_comp_norm,  REQ, CSA, 1, NE(IDX_HEAD, ONE, ONE)),
+    T("blk.%d.ffn_norm.weight",       ffn_norm,  REQ, 0, 1, NE(EMBD, ONE, ONE)),
+    T("blk.%d.ffn_gate_inp.weight",   router,    REQ, RM_LAYER_FFN_MOE, 0, NE(EMBD, EXPERT, ONE)),
+    T("blk.%d.exp_probs_b.bias",      exp_probs_b, RM_TENSOR_OPTIONAL, RM_LAYER_FFN_MOE, 1, NE(EXPERT, ONE, ONE)),
+    T("blk.%d.ffn_gate_tid2eid.weight", hash_experts, REQ, RM_LAYER_HASH_ROUTE, 0, NE(EXPERT_USED, VOCAB, ONE)),
+    ROUTED_EXPERTS,
+    SHARED_EXPERT,
+    EXPERT_RESIDUALS,
+};
+#undef CSA
+#undef HCA
 
 #define HPOFF_RULE(f) ((uint16_t) offsetof(rm_hparams, f))
 
@@ -646,6 +727,14 @@ static const rm_kind_rule QWEN4EXP_RULES[] = {
     {RM_RULE_PLE, 0, 0, RM_LAYER_PLE},   /* and PLE before the token mixer of the layers ple.layers lists */
 };
 
+/* DeepSeek-V4: every layer with mHCs, the compressed layers by their ratio, the hash-routed first layers */
+static const rm_kind_rule DEEPSEEK4_RULES[] = {
+    {RM_RULE_ALL_IF_SET, HPOFF(hc_count), 0, RM_LAYER_MHC},
+    {RM_RULE_RATIO, 4, 0, RM_LAYER_CSA},
+    {RM_RULE_RATIO, 128, 0, RM_LAYER_HCA},
+    {RM_RULE_FIRST_N, HPOFF(n_layer_hash), 0, RM_LAYER_HASH_ROUTE},
+};
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 #define ROWS(x) x, COUNT(x)
@@ -654,77 +743,85 @@ static const rm_kind_rule QWEN4EXP_RULES[] = {
 static const rm_arch ARCHS[] = {
     /* Mixtral: softmax top-k, renormalised; interleaved RoPE (q/k permuted by the converter). */
     {"llama", "Mixtral", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_LLAMA), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* Qwen1.5/Qwen2-MoE: no renormalisation; a shared expert behind a sigmoid gate. */
     {"qwen2moe", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_GATED, FULL_MOE,
-     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_QWEN2MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* Qwen3-MoE: per-head q/k RMSNorm; llama.cpp always renormalises. */
     {"qwen3moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_QWEN3MOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* OLMoE: q/k RMSNorm over the full projection width. */
     {"olmoe", "", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_OLMOE), ROWS(MOE_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* Qwen3.5-MoE: Gated DeltaNet and gated attention; partial RoPE (llama.cpp's multi-section
      * RoPE, which for text positions is NEOX over rope.dimension_count); value heads tiled over
      * the key heads by llama.cpp's converter. */
     {"qwen35moe", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_V_TILED,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL, NULL},
     /* Qwen3-Next: as Qwen3.5-MoE, with beta and alpha fused per key head and value heads grouped. */
     {"qwen3next", "", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      FULL_MOE | RM_LAYER_ATTN_GATE | RM_LAYER_SSM_BA,
-     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL},
+     ROWS(HP_QWEN_HYBRID), ROWS(HYBRID_LAYER), ROWS(HYBRID_RULES), "attention.recurrent_layers", NULL, 0, NULL, 0, NULL, NULL},
     /* qwen4exp (Qwen3.8-Flash-Next): Qwen3.5-MoE's layers with hyper-connections in place of every norm,
      * QSA sparse attention on the full layers. */
     {"qwen4exp", "Qwen3.8-Flash-Next", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_GATED,
      RM_LAYER_ATTN_LINEAR | RM_LAYER_FFN_MOE | RM_LAYER_SSM_V_TILED,
      ROWS(HP_QWEN4EXP), ROWS(QWEN4EXP_LAYER), ROWS(QWEN4EXP_RULES), "attention.recurrent_layers", NULL, RM_ARCH_HYPER,
-     ROWS(QWEN4EXP_FLOATS), NULL},
+     ROWS(QWEN4EXP_FLOATS), NULL, NULL},
     /* GLM-4.5/4.6 (and Air): partial rotary, q/k/v biases, optional q/k norms, sigmoid routing with
      * a selection bias, an ungated shared expert, leading dense layers. */
     {"glm4moe", "GLM-4.5", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE,
-     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_GLM4MOE), ROWS(GLM4MOE_LAYER), ROWS(GLM4MOE_RULES), NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* DeepSeek-V2/V3/R1, Kimi-K2, GLM-4.7-Flash: MLA with interleaved RoPE on the rotary part,
      * softmax (V2) or sigmoid (V3) routing, ungated shared experts, leading dense layers. */
     {"deepseek2", "DeepSeek-V2/V3", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_DIRECT | RM_LAYER_FFN_MOE,
-     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_DEEPSEEK2), ROWS(DEEPSEEK2_LAYER), ROWS(DEEPSEEK2_RULES), NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* GLM-5: DeepSeek-V3's MLA and routing (sigmoid), each token attending to the top_k positions a
      * lightning indexer picks (every layer its own, or GLM-5.2's layers sharing the last one's). */
     {"glm-dsa", "GLM-5", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_LORA | RM_LAYER_FFN_MOE | RM_LAYER_DSA_INDEX,
-     ROWS(HP_DSA), ROWS(DSA_LAYER), ROWS(DSA_RULES), NULL, NULL, 0, NULL, 0, "attention.indexer.types"},
+     ROWS(HP_DSA), ROWS(DSA_LAYER), ROWS(DSA_RULES), NULL, NULL, 0, NULL, 0, "attention.indexer.types", NULL},
     /* DeepSeek-V3.2: GLM-5's sparse attention, every layer its own indexer, whose RoPE turns NEOX halves. */
     {"deepseek32", "DeepSeek-V3.2", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_MLA | RM_LAYER_MLA_Q_LORA | RM_LAYER_FFN_MOE | RM_LAYER_DSA_INDEX,
-     ROWS(HP_DSA), ROWS(DSA_LAYER), ROWS(DSA_RULES), NULL, NULL, RM_ARCH_DSA_ROPE_NEOX, NULL, 0, NULL},
+     ROWS(HP_DSA), ROWS(DSA_LAYER), ROWS(DSA_RULES), NULL, NULL, RM_ARCH_DSA_ROPE_NEOX, NULL, 0, NULL, NULL},
     /* gpt-oss: sinks, alternating sliding windows, YaRN, biased experts with a clamped SwiGLU. */
     {"gpt-oss", "", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_BIAS | RM_LAYER_SINKS | RM_LAYER_EXP_BIAS | RM_LAYER_SWIGLU_CLAMP,
-     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_GPT_OSS), ROWS(GPT_OSS_LAYER), ROWS(GPT_OSS_RULES), NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* MiniMax-M2: partial NEOX RoPE, q/k norms over the whole projection, sigmoid routing with a
      * selection bias, no shared expert. */
     {"minimax-m2", "MiniMax-M2", RM_QK_NORM_FULL, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
-     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL},
+     ROWS(HP_MINIMAX_M2), ROWS(MINIMAX_M2_LAYER), NULL, 0, NULL, NULL, 0, NULL, 0, NULL, NULL},
     /* MiMo-V2-Flash: sliding layers with sinks and twice the kv heads, values narrower than the keys
      * and scaled, partial NEOX RoPE with a base per layer kind, sigmoid routing with a selection bias,
      * a leading dense layer. */
     {"mimo2", "MiMo-V2-Flash", RM_QK_NORM_NONE, RM_ROPE_NEOX, RM_SHEXP_NONE, FULL_MOE,
      ROWS(HP_MIMO2), ROWS(MIMO2_LAYER), ROWS(MIMO2_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_DENSE_BY_ROUTER, NULL, 0, NULL},
+     RM_ARCH_DENSE_BY_ROUTER, NULL, 0, NULL, NULL},
     /* Gemma 4 (26B-A4B): sliding and full layers of two shapes, sandwich norms, a GELU FFN beside
      * the experts, proportional RoPE on the full layers (rope_freqs), unscaled attention logits,
      * scaled embeddings, soft-capped logits. */
     {"gemma4", "Gemma 4", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_NONE,
      FULL_MOE | RM_LAYER_FFN_DENSE | RM_LAYER_GELU | RM_LAYER_POST_NORM | RM_LAYER_V_NORM,
      ROWS(HP_GEMMA4), ROWS(GEMMA4_LAYER), ROWS(GEMMA4_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED, NULL, 0, NULL},
+     RM_ARCH_EMBD_SCALE | RM_ARCH_KQ_UNSCALED, NULL, 0, NULL, NULL},
     /* Step-3.5-Flash: sliding and full layers with their own query heads, a sigmoid gate per head,
      * per-head q/k norms, partial NEOX RoPE on the full layers, sigmoid routing with a selection
      * bias and a scale, an ungated shared expert, SwiGLU limits per layer, leading dense layers. */
     {"step35", "Step-3.5-Flash", RM_QK_NORM_PER_HEAD, RM_ROPE_NEOX, RM_SHEXP_PLAIN, FULL_MOE | RM_LAYER_HEAD_GATE,
      ROWS(HP_STEP35), ROWS(STEP35_LAYER), ROWS(STEP35_RULES), NULL, "attention.sliding_window_pattern",
-     RM_ARCH_DENSE_BY_ROUTER | RM_ARCH_FULL_ROT_HALF, ROWS(STEP35_FLOATS), NULL},
+     RM_ARCH_DENSE_BY_ROUTER | RM_ARCH_FULL_ROT_HALF, ROWS(STEP35_FLOATS), NULL, NULL},
+    /* DeepSeek-V4-Flash: mHC streams, one key-value head with sinks over a sliding window, compressed
+     * layers (CSA with an indexer, HCA), a grouped output projection, sqrt(softplus) and hash
+     * routing, clamped SwiGLUs. Its rows are read so that its files are named when refused; the
+     * forward pass does not run RM_LAYER_MHC yet. */
+    {"deepseek4", "DeepSeek-V4", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
+     RM_LAYER_ATTN_SLIDING | RM_LAYER_FFN_MOE | RM_LAYER_SINKS,
+     ROWS(HP_DEEPSEEK4), ROWS(DEEPSEEK4_LAYER), ROWS(DEEPSEEK4_RULES), NULL, NULL, 0, ROWS(STEP35_FLOATS), NULL,
+     "attention.compress_ratios"},
 };
 
 const rm_arch * rm_arch_find(const char * name, size_t len) {
@@ -780,13 +877,14 @@ uint32_t rm_arch_layer_kind(const rm_arch * a, const rm_hparams * hp, int32_t il
     uint32_t k = plain_kind(a);
     for (int32_t r = 0; r < a->n_rules; r++) {
         const rm_kind_rule * rule = &a->rules[r];
-        const int32_t n = hp_int(hp, rule->n_off);
+        const int32_t n = rule->form == RM_RULE_RATIO ? (int32_t) rule->n_off : hp_int(hp, rule->n_off);
         const int picked = rule->form == RM_RULE_FIRST_N      ? il < n
                            : rule->form == RM_RULE_ALL_IF_SET ? n > 0
                            : rule->form == RM_RULE_LISTED     ? rm_hp_slides(hp, il)
                            : rule->form == RM_RULE_NOT_INDEXED ? hp->layer_indexer && !hp->layer_indexer[il]
                            : rule->form == RM_RULE_EVERY_N    ? n > 0 && il % n == n - 1
                            : rule->form == RM_RULE_PLE        ? rm_hp_ple_index(hp, il) >= 0
+                           : rule->form == RM_RULE_RATIO      ? rm_hp_ratio(hp, il) == n
                                                               : n > 1 && il % n != n - 1;
         if (picked) {
             k = (k & ~rule->clear) | rule->set;
@@ -808,6 +906,10 @@ void rm_layer_kind_unsupported(uint32_t k, char * buf, size_t cap) {
         {RM_LAYER_SINKS, "attention sinks"}, {RM_LAYER_HEAD_GATE, "a gate per attention head"},
         {RM_LAYER_DSA_INDEX, "sparse attention"}, {RM_LAYER_DSA_SHARED, "shared sparse attention"},
         {RM_LAYER_QSA_INDEX, "QSA sparse attention"}, {RM_LAYER_PLE, "PLE n-gram embeddings"},
+        {RM_LAYER_MHC, "manifold-constrained hyper-connections and attention with one key-value head (DeepSeek-V4)"},
+        {RM_LAYER_CSA, "compressed sparse attention (ratio 4)"},
+        {RM_LAYER_HCA, "heavily compressed attention (ratio 128)"},
+        {RM_LAYER_HASH_ROUTE, "experts by a table per token id"},
     };
     size_t at = 0;
     buf[0] = '\0';
@@ -872,6 +974,16 @@ int64_t rm_dim_value(rm_dim d, const rm_hparams * hp) {
     case RM_DIM_HC_RANK: return hp->hc_low_rank;
     case RM_DIM_PLE_EMBD: return (int64_t) hp->n_ple_head * hp->n_embd_per_layer;
     case RM_DIM_PLE_KERNEL: return hp->ple_conv_kernel;
+    case RM_DIM_HC_MIX: return (2 + (int64_t) hp->hc_count) * hp->hc_count;
+    case RM_DIM_HC_SCALES: return 3;
+    case RM_DIM_O_IN: return hp->o_groups > 0 ? (int64_t) hp->n_head * hp->head_dim / hp->o_groups : 0;
+    case RM_DIM_O_MID: return (int64_t) hp->o_groups * hp->o_lora_rank;
+    case RM_DIM_HEAD2: return 2 * (int64_t) hp->head_dim;
+    case RM_DIM_IDX_HEAD2: return 2 * (int64_t) hp->index_head_dim;
+    case RM_DIM_RATIO_CSA: return 4;
+    case RM_DIM_RATIO_HCA: return 128;
+    case RM_DIM_EXPERT_USED: return hp->n_expert_used;
+    case RM_DIM_VOCAB: return hp->n_vocab;
     default: return 0;   /* RM_DIM_ANY */
     }
 }
@@ -885,6 +997,8 @@ static const char * const DIM_NAMES[RM_DIM_COUNT] = {
     "n_q_swa", "n_kv_swa", "head_dim_swa", "n_ff_exp2", "n_rot_half", "n_kv_v", "n_kv_v_swa", "n_head_swa",
     "index_head_dim", "index_n_head", "n_index_q", "hc_count", "n_hc_embd", "hc_low_rank",
     "n_ple_embd", "ple_conv_kernel",
+    "hc_mix", "hc_scales", "n_o_in", "n_o_mid", "head_dim2", "index_head_dim2", "ratio_csa", "ratio_hca",
+    "n_expert_used", "n_vocab",
 };
 
 int32_t rm_arch_count(void) { return COUNT(ARCHS); }

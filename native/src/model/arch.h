@@ -86,6 +86,16 @@ typedef enum rm_dim {
     RM_DIM_HC_RANK,               /* hc_low_rank */
     RM_DIM_PLE_EMBD,              /* n_ple_head * n_embd_per_layer: a token's n-gram embedding (PLE) */
     RM_DIM_PLE_KERNEL,            /* ple_conv_kernel */
+    RM_DIM_HC_MIX,                /* (2 + hc_count) * hc_count: an mHC's pre, post and comb weights */
+    RM_DIM_HC_SCALES,             /* 3: an mHC's scales of pre, post and comb */
+    RM_DIM_O_IN,                  /* n_head * head_dim / o_groups: one group of heads (DeepSeek-V4) */
+    RM_DIM_O_MID,                 /* o_groups * o_lora_rank: every group's low-rank output */
+    RM_DIM_HEAD2,                 /* 2 * head_dim: a CSA compressor's two series */
+    RM_DIM_IDX_HEAD2,             /* 2 * index_head_dim: the CSA indexer's compressor's two series */
+    RM_DIM_RATIO_CSA,             /* 4: a CSA layer's positions per compressed entry (llama.cpp's only one) */
+    RM_DIM_RATIO_HCA,             /* 128: an HCA layer's (llama.cpp's only one) */
+    RM_DIM_EXPERT_USED,           /* n_expert_used */
+    RM_DIM_VOCAB,                 /* n_vocab */
     RM_DIM_COUNT
 } rm_dim;
 
@@ -128,7 +138,9 @@ typedef enum rm_rule_form {
     RM_RULE_NOT_INDEXED = 4,      /* the layers the file's indexer list marks 0 (rm_hparams.layer_indexer) */
     RM_RULE_EVERY_N     = 5,      /* n > 0: layers with il % n == n - 1 (every n-th: a hybrid's full layers
                                      where its plain layer is the linear one) */
-    RM_RULE_PLE         = 6       /* the layers the file's ple.layers lists (rm_hparams.ple_layers) */
+    RM_RULE_PLE         = 6,      /* the layers the file's ple.layers lists (rm_hparams.ple_layers) */
+    RM_RULE_RATIO       = 7       /* the layers whose compress ratio (rm_hp_ratio) is n_off itself: here
+                                     n_off holds a constant ratio, not a field (DeepSeek-V4's 4 and 128) */
 } rm_rule_form;
 
 /* A float per layer, into an rm_layer field: the key (after "{arch}.") holds one for every layer
@@ -170,6 +182,9 @@ typedef struct rm_arch {
     /* an array key of per-layer bools, 1 for a layer that runs its own sparse-attention indexer,
      * that RM_RULE_NOT_INDEXED rules read (rm_hparams.layer_indexer); NULL: none */
     const char *           indexer_layers_key;
+    /* an array key of per-layer int32 compress ratios (after "{arch}."), each 0, 4 or 128, that
+     * RM_RULE_RATIO rules read (rm_hparams.layer_ratio); NULL: none */
+    const char *           ratio_layers_key;
 } rm_arch;
 
 /* What an architecture does that no key says (llama.cpp hard-codes it). */

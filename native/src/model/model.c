@@ -97,6 +97,34 @@ static int read_layer_indexer(const loader * ld, rm_hparams * hp) {
     return 1;
 }
 
+/* The arch's per-layer compress ratios (rm_arch.ratio_layers_key: 32-bit integers, DeepSeek-V4's)
+ * into hp->layer_ratio, once block_count is known; refused when missing, damaged or a ratio other
+ * than 0, 4 and 128 (the layer kinds and llama.cpp's tensors have those alone). */
+static rm_status read_layer_ratio(const loader * ld, rm_hparams * hp) {
+    if (hp->layer_ratio || !ld->arch->ratio_layers_key) {
+        return RM_OK;
+    }
+    char key[128];
+    snprintf(key, sizeof(key), "%s.%s", ld->arch->name, ld->arch->ratio_layers_key);
+    rm_gguf_arr arr;
+    const rm_status st = rm_gguf_get_arr(ld->g, key, -1, &arr);
+    if (st != RM_OK || (arr.type != RM_GGUF_INT32 && arr.type != RM_GGUF_UINT32) || hp->n_layer <= 0 ||
+        arr.n < (uint64_t) hp->n_layer) {
+        return rm_fail(RM_E_FORMAT, "%s: %s: '%s' must be an array of 32-bit integers of at least block_count (%d) "
+                       "entries", ld->fn, ld->path, key, hp->n_layer);
+    }
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        int32_t r;
+        memcpy(&r, (const uint8_t *) arr.data + 4 * (size_t) il, sizeof(r));
+        if (r != 0 && r != 4 && r != 128) {
+            return rm_fail(RM_E_UNSUPPORTED_ARCH, "%s: %s: '%s' gives layer %d the ratio %d: the layers compress by 0, "
+                           "4 or 128 (llama.cpp's only ones)", ld->fn, ld->path, key, il, (int) r);
+        }
+    }
+    hp->layer_ratio = arr.data;
+    return RM_OK;
+}
+
 /* A row's key given as a per-layer array (Gemma 4's head_count_kv): every sliding layer's value
  * into the row's off_swa field, every other layer's into its field; each kind must have one value.
  * 1 read, 0 not an array, -1 unusable (error set). */
@@ -515,6 +543,10 @@ static rm_status load_hparams(const loader * ld, rm_hparams * hp) {
     const rm_status pst = read_ple(ld, hp);
     if (pst != RM_OK) {
         return pst;
+    }
+    const rm_status ratios = read_layer_ratio(ld, hp);
+    if (ratios != RM_OK) {
+        return ratios;
     }
     if (hp->n_head % hp->n_head_kv != 0) {
         return rm_fail(RM_E_FORMAT, "%s: %s: head_count %d is not a multiple of head_count_kv %d",

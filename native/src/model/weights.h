@@ -29,6 +29,15 @@ typedef struct rm_hc {
     rm_weight inject;                    /* ne = {hc_count*n_embd, hc_count}; absent in the output's mixer */
 } rm_hc;
 
+/* One manifold-constrained hyper-connection (DeepSeek-V4's, RM_LAYER_MHC): from the hc_count
+ * streams RMS-normed as one row, fn gives the streams' input weights (hc), output weights (hc)
+ * and mixing matrix (hc*hc), each times its scale plus base. */
+typedef struct rm_mhc {
+    rm_weight fn;                        /* ne = {hc_count*n_embd, (2+hc_count)*hc_count} */
+    rm_weight base;                      /* ne = {(2+hc_count)*hc_count} */
+    rm_weight scale;                     /* ne = {3}: pre, post, comb */
+} rm_mhc;
+
 typedef struct rm_layer {
     uint32_t  kind;                      /* RM_LAYER_* bits (rapidmoe.h): what this layer is */
     rm_weight attn_norm;                 /* ne = {n_embd} */
@@ -108,6 +117,23 @@ typedef struct rm_layer {
     rm_weight ple_norm_key, ple_norm_query, ple_norm_conv; /* ne = {hc_embd}: a gamma per stream (1 + w) */
     rm_weight ple_conv1d;                /* ne = {ple_conv_kernel, hc_embd}: a dilated causal filter per channel */
     int32_t   ple_index;                 /* the layer's place in ple.layers (its hash constants), -1: none */
+    /* DeepSeek-V4 (RM_LAYER_MHC): one key head that is also the value, a grouped output projection;
+     * the q low rank (wq_a, q_a_norm, wq_b), sinks and the FFN rows are the shared ones */
+    rm_weight wkv;                       /* ne = {n_embd, head_dim} */
+    rm_weight kv_norm;                   /* ne = {head_dim} */
+    rm_weight wo_a;                      /* ne = {n_head*head_dim/o_groups, o_groups*o_lora_rank}: per group a block */
+    rm_weight wo_b;                      /* ne = {o_groups*o_lora_rank, n_embd} */
+    rm_mhc    mhc_attn, mhc_ffn;         /* before the attention, before the FFN */
+    /* the compressor (RM_LAYER_CSA: two series of head_dim, ratio 4; RM_LAYER_HCA: one, ratio 128) */
+    rm_weight comp_wkv, comp_wgate;      /* ne = {n_embd, 2*head_dim} (CSA) or {n_embd, head_dim} (HCA) */
+    rm_weight comp_ape;                  /* ne = {2*head_dim, 4} or {head_dim, 128}: a gate bias per window slot */
+    rm_weight comp_norm;                 /* ne = {head_dim} */
+    /* CSA's indexer: its own compressor at index_head_dim (two series), its queries from the q low
+     * rank (idx_wq_b) and each head's weight (idx_proj) */
+    rm_weight idx_comp_wkv, idx_comp_wgate; /* ne = {n_embd, 2*index_head_dim} */
+    rm_weight idx_comp_ape;              /* ne = {2*index_head_dim, 4} */
+    rm_weight idx_comp_norm;             /* ne = {index_head_dim} */
+    rm_weight hash_experts;              /* ne = {n_expert_used, n_vocab}, I32: the experts per token id (RM_LAYER_HASH_ROUTE) */
 } rm_layer;
 
 #define RM_PLE_MAX_NGRAM 8
@@ -178,7 +204,24 @@ typedef struct rm_hparams {
     const void *    ple_layers;
     int32_t         n_ple, ple_ngram, ple_heads_per_ngram, n_ple_head, ple_conv_kernel, ple_eos;
     const uint8_t * ple_mult, * ple_head_off, * ple_head_vocab;
+    /* DeepSeek-V4 */
+    int32_t o_groups, o_lora_rank;       /* the grouped output projection: head groups, each group's rank */
+    int32_t hc_sinkhorn_iters;           /* the mixing matrix's Sinkhorn-Knopp iterations */
+    float   hc_eps;                      /* added to the streams' weights and the Sinkhorn sums */
+    float   compress_rope_base;          /* RoPE base of the compressed layers (and of their entries) */
+    int32_t n_layer_hash;                /* the first layers route by a table per token id */
+    const uint8_t * layer_ratio;         /* per layer, its compress ratio as int32 (0, 4 or 128): the arch's
+                                            ratio_layers_key list (in the mapped file); NULL: none */
 } rm_hparams;
+
+/* Layer il's compress ratio by the file's list (0 without one). */
+static inline int32_t rm_hp_ratio(const rm_hparams * hp, int32_t il) {
+    int32_t v = 0;
+    if (hp->layer_ratio) {
+        memcpy(&v, hp->layer_ratio + 4 * (size_t) il, sizeof(v));
+    }
+    return v;
+}
 
 /* The activation of a Gated DeltaNet layer's output gate in its gated norm (the key
  * rapidmoe.ssm.output_gate_func, the project's own: GGUF has none). */

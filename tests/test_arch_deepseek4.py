@@ -1,0 +1,215 @@
+"""deepseek4 (DeepSeek-V4-Flash, transformers' DeepseekV4ForCausalLM): the converter writes
+llama.cpp's keys and tensors, and the loader reads the file's keys and names its layer kinds; the
+forward pass does not run them yet (manifold-constrained hyper-connections, attention with one
+key-value head and a grouped output, the CSA/HCA compressors and CSA's indexer, hash routing), so
+the loader refuses the file by those names.
+
+Tiny random checkpoint made at test time: 4 layers, sliding-only, CSA (ratio 4), HCA (ratio 128),
+CSA; the first hash-routed; 2 residual streams; every kind of tensor present.
+
+Oracles: llama.cpp's names and shapes (its loader, src/models/deepseek4.cpp's load_arch_tensors in
+llama-cpp-python 0.3.36, restated here as data) and the checkpoint's own values. llama.cpp's
+converter does not take a transformers checkpoint of DeepSeek-V4 (see
+test_deepseek4_llama_cpp_converter_needs_the_released_form).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import llamacpp_oracle as llamacpp
+import rapidmoe_gguf as rm
+from conftest import VOCAB, make_tiny_tokenizer
+
+LAYER_TYPES = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+               "compressed_sparse_attention"]
+RATIOS = [0, 4, 128, 4]
+E, H, HD, ROT, QL, G, OR, HC, NIH, IHD, NE, NU, FF = 64, 4, 32, 8, 32, 2, 16, 2, 2, 16, 4, 2, 32
+
+
+def make_tiny_deepseek4(out_dir, seed: int = 0, **overrides):
+    """A tiny random DeepseekV4ForCausalLM checkpoint (f32), every parameter drawn away from zero."""
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=E, moe_intermediate_size=FF, num_hidden_layers=4,
+               num_attention_heads=H, num_key_value_heads=1, head_dim=HD, q_lora_rank=QL,
+               num_experts_per_tok=NU, n_routed_experts=NE, n_shared_experts=1, layer_types=LAYER_TYPES,
+               mlp_layer_types=["hash_moe", "moe", "moe", "moe"], hc_mult=HC, hc_sinkhorn_iters=5,
+               sliding_window=8, o_groups=G, o_lora_rank=OR, index_n_heads=NIH, index_head_dim=IHD,
+               index_topk=3, partial_rotary_factor=ROT / HD, max_position_embeddings=512, rms_norm_eps=1e-6,
+               bos_token_id=0, eos_token_id=2, tie_word_embeddings=False)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = DeepseekV4ForCausalLM(DeepseekV4Config(**cfg)).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 or name.endswith(("position_bias", "sinks", ".base", "hc_base")):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g) if "norm" in name
+                        else 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        for layer in model.model.layers:
+            if layer.mlp.is_hash:   # a table of distinct experts per token id
+                ids = torch.stack([torch.randperm(NE, generator=g)[:NU] for _ in range(VOCAB)])
+                layer.mlp.gate.tid2eid.copy_(ids)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    make_tiny_tokenizer(out_dir)
+    return model
+
+
+@pytest.fixture(scope="module")
+def deepseek4(tmp_path_factory):
+    d = tmp_path_factory.mktemp("deepseek4")
+    model = make_tiny_deepseek4(d / "hf")
+    out = d / "model.gguf"
+    rm.convert(d / "hf", out, recipe="f32", progress=False)
+    return d / "hf", out, model
+
+
+def _llama_cpp_tensors() -> dict[str, tuple[int, ...]]:
+    """The tensors llama.cpp's deepseek4 loader creates for the tiny config, with their ne (its
+    2-D attn_output_a, which it reshapes to {n_head*head_dim/g, o_lora_rank, g})."""
+    t = {"token_embd.weight": (E, VOCAB), "output_norm.weight": (E,), "output.weight": (E, VOCAB),
+         "output_hc_fn.weight": (HC * E, HC), "output_hc_base.weight": (HC,), "output_hc_scale.weight": (1,)}
+    for i, ratio in enumerate(RATIOS):
+        b = f"blk.{i}."
+        t.update({b + "attn_norm.weight": (E,), b + "attn_sinks.weight": (H,), b + "attn_q_a.weight": (E, QL),
+                  b + "attn_q_a_norm.weight": (QL,), b + "attn_q_b.weight": (QL, H * HD), b + "attn_kv.weight": (E, HD),
+                  b + "attn_kv_a_norm.weight": (HD,), b + "attn_output_a.weight": (H * HD // G, G * OR),
+                  b + "attn_output_b.weight": (G * OR, E)})
+        for k in ("attn", "ffn"):
+            t.update({b + f"hc_{k}_fn.weight": (HC * E, (2 + HC) * HC), b + f"hc_{k}_base.weight": ((2 + HC) * HC,),
+                      b + f"hc_{k}_scale.weight": (3,)})
+        if ratio:
+            coff = 2 if ratio == 4 else 1
+            t.update({b + "attn_compressor_kv.weight": (E, coff * HD), b + "attn_compressor_gate.weight": (E, coff * HD),
+                      b + "attn_compressor_ape.weight": (coff * HD, ratio), b + "attn_compressor_norm.weight": (HD,)})
+        if ratio == 4:
+            t.update({b + "indexer.proj.weight": (E, NIH), b + "indexer.attn_q_b.weight": (QL, NIH * IHD),
+                      b + "indexer_compressor_kv.weight": (E, 2 * IHD), b + "indexer_compressor_gate.weight": (E, 2 * IHD),
+                      b + "indexer_compressor_ape.weight": (2 * IHD, 4), b + "indexer_compressor_norm.weight": (IHD,)})
+        t[b + "ffn_gate_inp.weight"] = (E, NE)
+        t[b + ("ffn_gate_tid2eid.weight" if i == 0 else "exp_probs_b.bias")] = (NU, VOCAB) if i == 0 else (NE,)
+        t.update({b + "ffn_norm.weight": (E,), b + "ffn_gate_exps.weight": (E, FF, NE), b + "ffn_up_exps.weight": (E, FF, NE),
+                  b + "ffn_down_exps.weight": (FF, E, NE), b + "ffn_gate_shexp.weight": (E, FF),
+                  b + "ffn_down_shexp.weight": (FF, E), b + "ffn_up_shexp.weight": (E, FF)})
+    return t
+
+
+def test_deepseek4_convert_writes_llama_cpp_tensors(deepseek4):
+    """Every tensor llama.cpp's loader creates, of its shape, and no other; the integer table I32."""
+    with rm.open_gguf(deepseek4[1]) as g:
+        got = {n: tuple(t.ne) for n, t in g.tensors.items()}
+        types = {n: t.type_name for n, t in g.tensors.items()}
+    assert got == _llama_cpp_tensors()
+    assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32"
+
+
+def test_deepseek4_convert_writes_llama_cpp_keys(deepseek4):
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(deepseek4[1]))
+
+    def kv(key):
+        f = r.fields[f"deepseek4.{key}"]
+        vals = [f.parts[i][0].item() for i in f.data]
+        return vals if len(vals) > 1 else vals[0]
+
+    want = {"attention.head_count_kv": 1, "attention.key_length": HD, "attention.value_length": HD,
+            "rope.dimension_count": ROT, "attention.q_lora_rank": QL, "attention.sliding_window": 8,
+            "expert_shared_count": 1, "expert_gating_func": 4, "expert_weights_norm": True, "hash_layer_count": 1,
+            "attention.indexer.head_count": NIH, "attention.indexer.key_length": IHD, "attention.indexer.top_k": 3,
+            "attention.output_group_count": G, "attention.output_lora_rank": OR,
+            "attention.compress_ratios": RATIOS, "hyper_connection.count": HC,
+            "hyper_connection.sinkhorn_iterations": 5, "embedding_length_out": HC * E,
+            "swiglu_clamp_exp": [10.0] * 4, "swiglu_clamp_shexp": [10.0] * 4}
+    assert {k: kv(k) for k in want} == want
+    assert kv("attention.compress_rope_freq_base") == pytest.approx(160000.0)
+    assert kv("hyper_connection.epsilon") == pytest.approx(1e-6)
+    assert kv("expert_weights_scale") == pytest.approx(1.5)
+
+
+def test_deepseek4_convert_keeps_the_values(deepseek4):
+    """The grouped output, a compressor's gate biases, the mHC matrix and the hash table hold the
+    checkpoint's values in llama.cpp's layout (the row-major HF matrix as ne = {in, out})."""
+    from gguf import GGUFReader
+
+    _, path, model = deepseek4
+    r = {t.name: np.array(t.data) for t in GGUFReader(str(path)).tensors}
+    layers = model.model.layers
+    attn1 = layers[1].self_attn
+    np.testing.assert_array_equal(r["blk.1.attn_output_a.weight"], attn1.o_a_proj.weight.detach().numpy())
+    np.testing.assert_array_equal(r["blk.1.attn_compressor_ape.weight"],
+                                  attn1.compressor.position_bias.detach().numpy())
+    np.testing.assert_array_equal(r["blk.2.attn_compressor_ape.weight"],
+                                  layers[2].self_attn.compressor.position_bias.detach().numpy())
+    np.testing.assert_array_equal(r["blk.1.indexer.attn_q_b.weight"],
+                                  attn1.compressor.indexer.q_b_proj.weight.detach().numpy())
+    np.testing.assert_array_equal(r["blk.3.hc_ffn_fn.weight"], layers[3].ffn_hc.fn.detach().numpy())
+    np.testing.assert_array_equal(r["output_hc_fn.weight"], model.model.hc_head.hc_fn.detach().numpy())
+    np.testing.assert_array_equal(r["blk.0.ffn_gate_tid2eid.weight"], layers[0].mlp.gate.tid2eid.numpy())
+    experts = layers[2].mlp.experts.gate_up_proj.detach().numpy()      # (experts, 2*ff, embd): gate rows, up rows
+    np.testing.assert_array_equal(r["blk.2.ffn_gate_exps.weight"], experts[:, :FF])
+    np.testing.assert_array_equal(r["blk.2.ffn_up_exps.weight"], experts[:, FF:])
+
+
+def test_deepseek4_load_refused_by_its_layer_kinds(deepseek4):
+    """The loader reads the file and refuses it naming what the forward pass does not run."""
+    with pytest.raises(rm.UnsupportedError, match=r"layer 0 has manifold-constrained hyper-connections .*DeepSeek-V4"
+                                                  r".*experts by a table per token id, which the forward pass"):
+        rm.Model(deepseek4[1], n_ctx=64, n_threads=2)
+    with rm.open_gguf(deepseek4[1]) as g, pytest.raises(rm.UnsupportedError, match="DeepSeek-V4"):
+        g.hparams()
+
+
+@pytest.mark.parametrize("kv, error, words", [
+    ({"deepseek4.attention.compress_ratios": [0, 4, 8, 4]}, rm.UnsupportedError,
+     "gives layer 2 the ratio 8: the layers compress by 0, 4 or 128"),
+    ({"deepseek4.attention.compress_ratios": [0, 4]}, rm.FormatError,
+     "'deepseek4.attention.compress_ratios' must be an array of 32-bit integers of at least block_count"),
+    ({"deepseek4.expert_gating_func": 2}, rm.UnsupportedError, r"DeepSeek-V4 routes by sqrt\(softplus\)"),
+])
+def test_deepseek4_file_refused_by_name(deepseek4, tmp_path, kv, error, words):
+    from rapidmoe_gguf.gguf_rewrite import rewrite_with_kv
+
+    path = shutil.copy(deepseek4[1], tmp_path / "m.gguf")
+    rewrite_with_kv(str(path), kv)
+    with pytest.raises(error, match=words):
+        rm.Model(path, n_ctx=64, n_threads=2)
+
+
+@pytest.mark.parametrize("change, error, words", [
+    ({"quantization_config": {"quant_method": "fp8"}}, rm.UnsupportedError, "quantized checkpoint .*fp8"),
+    ({"compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 128}},
+     rm.UnsupportedError, "compress by 4 .* and 128"),
+    ({"scoring_func": "softmax"}, rm.UnsupportedError, "scoring_func 'softmax'"),
+    ({"mlp_layer_types": ["moe", "hash_moe", "moe", "moe"]}, rm.UnsupportedError, "only leading hash_moe layers"),
+    ({"rope_parameters": {"main": {"rope_type": "default", "rope_theta": 1e4},
+                          "compress": {"rope_type": "yarn", "factor": 16.0, "rope_theta": 1.6e5}}},
+     rm.UnsupportedError, "compress RoPE 'yarn' is not converted yet"),
+])
+def test_deepseek4_config_refused_by_name(deepseek4, tmp_path, change, error, words):
+    hf = shutil.copytree(deepseek4[0], tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config.update(change)
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=words):
+        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+
+
+@llamacpp.needs
+def test_deepseek4_llama_cpp_converter_needs_the_released_form(deepseek4, tmp_path):
+    """llama.cpp 0.3.36's converter reads DeepSeek-V4's released layout only: config keys that
+    transformers' DeepseekV4Config does not save (num_hash_layers, compress_ratios), tensor names
+    without transformers' "model." and MXFP4 experts with their scales. On a transformers checkpoint
+    it stops at the first; when it converts one, compare its file with ours here."""
+    with pytest.raises(AssertionError, match="KeyError: 'num_hash_layers'"):
+        llamacpp.convert(deepseek4[0], tmp_path / "llama.gguf", pre="qwen2")

@@ -153,9 +153,6 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     s->n_batch = rm_session_batch(s->n_ctx, params->n_batch);
     const size_t B = (size_t) s->n_batch, E = (size_t) hp->n_embd;
     const int32_t n_head_widest = hp->n_head > hp->n_head_swa ? hp->n_head : hp->n_head_swa;
-    const size_t Q_swa = (size_t) hp->n_head_swa * (size_t) hp->head_dim_swa;
-    const size_t Q = (size_t) hp->n_head * hp->head_dim > Q_swa ? (size_t) hp->n_head * hp->head_dim : Q_swa;
-    const size_t F = (size_t) (hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp);
     const size_t X = (size_t) hp->n_expert, K = (size_t) hp->n_expert_used, NL = (size_t) hp->n_layer;
     int failed = 0;
     s->embd = xalloc(sizeof(float) * B * E, &failed);
@@ -202,17 +199,10 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
         free(s);
         return rm_fail(RM_E_OOM, "rm_session_new: out of memory for a batch of %d tokens", nb);
     }
-    size_t max_in = E > Q ? (E > F ? E : F) : (Q > F ? Q : F);
-    const size_t mla_in[] = {(size_t) hp->n_ff, (size_t) hp->q_lora_rank, (size_t) hp->kv_lora_rank,
-                             (size_t) hp->n_head * (size_t) hp->head_dim_v};   /* dense FFN's down, MLA's inputs */
-    for (size_t i = 0; i < sizeof(mla_in) / sizeof(mla_in[0]); i++) {
-        max_in = mla_in[i] > max_in ? mla_in[i] : max_in;
-    }
-    max_in = (size_t) hp->ssm_d_inner > max_in ? (size_t) hp->ssm_d_inner : max_in;   /* ssm_out's input */
-    const size_t widest = (size_t) rm_model_widest_row(m);   /* the hyper-connections' hc_count * n_embd, ... */
-    max_in = widest > max_in ? widest : max_in;
+    /* the quantized activations' rows: as wide as the widest matrix row any product reads */
+    const int64_t max_in = rm_model_widest_row(m);
     rm_status st = RM_OK;
-    s->be = m->device->backend_new(m->device_state, m, s->n_batch, (int64_t) max_in, s->n_ctx, &st);
+    s->be = m->device->backend_new(m->device_state, m, s->n_batch, max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK ||
         !rm_qsa_new(s) || !rm_ple_new(s)) {
         const int32_t n_ctx = s->n_ctx;

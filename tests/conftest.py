@@ -236,6 +236,25 @@ def write_gguf_like(src, dst, tensors: dict | None = None, kv: dict | None = Non
     w.close()
 
 
+def assert_convert_refuses(hf, tmp_path, change: dict, error, words: str) -> None:
+    """Converting a copy of the checkpoint hf whose config.json takes `change` raises error with
+    `words` in its message, and leaves no output file."""
+    import json
+    import shutil
+
+    import pytest
+
+    import rapidmoe_gguf as rm
+
+    hf = shutil.copytree(hf, tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config.update(change)
+    (hf / "config.json").write_text(json.dumps(config))
+    with pytest.raises(error, match=words):
+        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def logit_rel(ours, ref) -> float:
     """The largest relative logit error over positions: max |ours - ref| / max |ref|, per row."""
     import numpy as np

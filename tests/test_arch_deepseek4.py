@@ -15,7 +15,6 @@ test_deepseek4_llama_cpp_converter_needs_the_released_form).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -24,7 +23,7 @@ import pytest
 
 import llamacpp_oracle as llamacpp
 import rapidmoe_gguf as rm
-from conftest import VOCAB, make_tiny_tokenizer
+from conftest import VOCAB, assert_convert_refuses, make_tiny_tokenizer
 
 LAYER_TYPES = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
                "compressed_sparse_attention"]
@@ -197,12 +196,7 @@ def test_deepseek4_file_refused_by_name(deepseek4, tmp_path, kv, error, words):
      rm.UnsupportedError, "compress RoPE 'yarn' is not converted yet"),
 ])
 def test_deepseek4_config_refused_by_name(deepseek4, tmp_path, change, error, words):
-    hf = shutil.copytree(deepseek4[0], tmp_path / "hf")
-    config = json.loads((hf / "config.json").read_text())
-    config.update(change)
-    (hf / "config.json").write_text(json.dumps(config))
-    with pytest.raises(error, match=words):
-        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+    assert_convert_refuses(deepseek4[0], tmp_path, change, error, words)
 
 
 @llamacpp.needs

@@ -32,7 +32,7 @@ import rapidmoe_gguf as rm
 import llamacpp_oracle as llamacpp
 from conftest import VOCAB, make_tiny_tokenizer
 from conftest import logit_rel as _rel
-from conftest import state_round_trip
+from conftest import assert_convert_refuses, state_round_trip
 from test_arch_qwen35 import init_hybrid_weights
 
 N_PROMPT, N_DECODE = 40, 6
@@ -79,6 +79,19 @@ def converted_tiny(tmp_path_factory, name, ids_seed, eos_at=(), **kw):
     with torch.no_grad():
         ref = model(torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
     return d / "hf", out, ids, ref
+
+
+def two_sessions_in_one_batch(path, ids, ref, at_a: int, at_b: int) -> None:
+    """Two sessions of the file at path, one after ids[:at_a] and one after ids[:at_b], evaluated in
+    one step (eval_batch), a chunk of 3 tokens and a single token: each within 1e-4 relative of
+    transformers' logits ref."""
+    with rm.Model(path, n_ctx=64, n_threads=2) as m:
+        other = m.fork_session()
+        m.eval(ids[:at_a])
+        other.eval(ids[:at_b])
+        a, b = rm.eval_batch([(m, ids[at_a:at_a + 3]), (other, ids[at_b:at_b + 1])], all_logits=True)
+    assert _rel(a, ref[at_a:at_a + 3]) < 1e-4
+    assert _rel(b, ref[at_b:at_b + 1]) < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -189,15 +202,8 @@ def test_qwen4exp_bad_gate_file_refused_by_name(qwen4exp_sigmoid, tmp_path, valu
 
 def test_qwen4exp_bad_gate_config_refused_by_name(qwen4exp_sigmoid, tmp_path):
     """An output gate the layers do not run (neither silu nor sigmoid) is refused by name at conversion."""
-    import json
-    import shutil
-
-    hf = shutil.copytree(qwen4exp_sigmoid[0], tmp_path / "hf")
-    config = json.loads((hf / "config.json").read_text())
-    config["output_gate_type"] = "gelu"
-    (hf / "config.json").write_text(json.dumps(config))
-    with pytest.raises(rm.UnsupportedError, match="output gate 'gelu'"):
-        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+    assert_convert_refuses(qwen4exp_sigmoid[0], tmp_path, {"output_gate_type": "gelu"}, rm.UnsupportedError,
+                           "output gate 'gelu'")
 
 
 # ---- QSA attention -------------------------------------------------------------------------------
@@ -346,13 +352,7 @@ def test_qwen4exp_qsa_sequences_in_one_batch(qwen4exp_qsa):
     """Two sessions past the budget in one evaluation (eval_batch), a chunk of 3 tokens and a single
     token: each picks from its own indexer keys, within 1e-4 relative of transformers."""
     hf, path, ids, ref, seen = qwen4exp_qsa
-    with rm.Model(path, n_ctx=64, n_threads=2) as m:
-        other = m.fork_session()
-        m.eval(ids[:30])
-        other.eval(ids[:20])
-        a, b = rm.eval_batch([(m, ids[30:33]), (other, ids[20:21])], all_logits=True)
-    assert _rel(a, ref[30:33]) < 1e-4
-    assert _rel(b, ref[20:21]) < 1e-4
+    two_sessions_in_one_batch(path, ids, ref, 30, 20)
 
 
 @pytest.mark.parametrize("change, error, words", [
@@ -361,15 +361,7 @@ def test_qwen4exp_qsa_sequences_in_one_batch(qwen4exp_qsa):
 ])
 def test_qwen4exp_qsa_config_refused_by_name(qwen4exp_qsa, tmp_path, change, error, words):
     """A QSA config the runtime cannot run, or that lacks the indexer's sizes, is refused by name."""
-    import json
-    import shutil
-
-    hf = shutil.copytree(qwen4exp_qsa[0], tmp_path / "hf")
-    config = json.loads((hf / "config.json").read_text())
-    config.update(change)
-    (hf / "config.json").write_text(json.dumps(config))
-    with pytest.raises(error, match=words):
-        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+    assert_convert_refuses(qwen4exp_qsa[0], tmp_path, change, error, words)
 
 
 @pytest.mark.parametrize("kv, words", [
@@ -541,13 +533,7 @@ def test_qwen4exp_ple_sequences_in_one_batch(qwen4exp_ple):
     """Two sessions in one evaluation (eval_batch), a chunk of 3 tokens and a single token, each on
     its own n-gram history and conv state: within 1e-4 relative of transformers."""
     hf, path, ids, ref = qwen4exp_ple
-    with rm.Model(path, n_ctx=64, n_threads=2) as m:
-        other = m.fork_session()
-        m.eval(ids[:30])
-        other.eval(ids[:18])
-        a, b = rm.eval_batch([(m, ids[30:33]), (other, ids[18:19])], all_logits=True)
-    assert _rel(a, ref[30:33]) < 1e-4
-    assert _rel(b, ref[18:19]) < 1e-4
+    two_sessions_in_one_batch(path, ids, ref, 30, 18)
 
 
 def test_qwen4exp_ple_state_round_trip_and_reset(qwen4exp_ple, tmp_path):
@@ -718,15 +704,7 @@ def test_qwen4exp_ple_file_refused_by_name(qwen4exp_ple, tmp_path, drop, kv, wor
 def test_qwen4exp_ple_config_refused_by_name(qwen4exp_ple, tmp_path, change, error, words):
     """A PLE config the runtime cannot run, or that lacks what PLE needs, is refused by name at
     conversion."""
-    import json
-    import shutil
-
-    hf = shutil.copytree(qwen4exp_ple[0], tmp_path / "hf")
-    config = json.loads((hf / "config.json").read_text())
-    config.update(change)
-    (hf / "config.json").write_text(json.dumps(config))
-    with pytest.raises(error, match=words):
-        rm.convert(hf, tmp_path / "m.gguf", recipe="f32", progress=False)
+    assert_convert_refuses(qwen4exp_ple[0], tmp_path, change, error, words)
 
 
 def test_qwen4exp_ple_conv_not_f32_refused_by_name(qwen4exp_ple, tmp_path):

@@ -92,15 +92,19 @@ def cache_type(name: Any, what: str = "cache_type_k") -> str | None:
     return name.lower()
 
 
+# Architectures whose attention reads an F32 cache only.
+F32_CACHE_ARCHS = ("deepseek4",)
+
+
 def default_cache_type(info: dict, on_gpu: bool, what: str = "k") -> str:
     """The KV cache type a model gets when none is asked for: $RAPIDMOE_CACHE_TYPE_K /
     $RAPIDMOE_CACHE_TYPE_V where set (as llama-server's LLAMA_ARG_CACHE_TYPE_K / _V), else
     ``f16``, llama.cpp's default, where the model can have it, and ``f32`` where attention reads no
-    other type: a session on a device backend."""
+    other type: a session on a device backend, DeepSeek-V4's window."""
     env = f"RAPIDMOE_CACHE_TYPE_{what.upper()}"
     if os.environ.get(env):
         return cache_type(os.environ[env], f"${env}")
-    if on_gpu:
+    if on_gpu or info.get("arch") in F32_CACHE_ARCHS:
         return "f32"
     return "f16"
 

@@ -1,16 +1,18 @@
 """deepseek4 (DeepSeek-V4-Flash, transformers' DeepseekV4ForCausalLM): the converter writes
-llama.cpp's keys and tensors, and the loader reads the file's keys and names its layer kinds; the
-forward pass does not run them yet (manifold-constrained hyper-connections, attention with one
-key-value head and a grouped output, the CSA/HCA compressors and CSA's indexer, hash routing), so
-the loader refuses the file by those names.
+llama.cpp's keys and tensors, the loader reads them, and the forward pass (manifold-constrained
+hyper-connections, attention with one key-value head over a sliding window, the CSA/HCA compressors
+and CSA's lightning indexer, sinks, the grouped output, hash routing, clamped SwiGLUs) gives
+transformers' logits.
 
 Tiny random checkpoint made at test time: 4 layers, sliding-only, CSA (ratio 4), HCA (ratio 128),
-CSA; the first hash-routed; 2 residual streams; every kind of tensor present.
+CSA; the first hash-routed; 2 residual streams; every kind of tensor present; a window of 8 and an
+indexer keeping 3 entries, so that 300 positions go past both and past one HCA window of 128.
 
-Oracles: llama.cpp's names and shapes (its loader, src/models/deepseek4.cpp's load_arch_tensors in
-llama-cpp-python 0.3.36, restated here as data) and the checkpoint's own values. llama.cpp's
-converter does not take a transformers checkpoint of DeepSeek-V4 (see
-test_deepseek4_llama_cpp_converter_needs_the_released_form).
+Oracles: transformers' DeepseekV4ForCausalLM on the same checkpoint (f32); llama.cpp's names and
+shapes (its loader, src/models/deepseek4.cpp's load_arch_tensors in llama-cpp-python 0.3.36,
+restated here as data) and the checkpoint's own values. llama.cpp's converter does not take a
+transformers checkpoint of DeepSeek-V4 (see test_deepseek4_llama_cpp_converter_needs_the_released_form),
+so no llama.cpp-made file is compared.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 
 import llamacpp_oracle as llamacpp
 import rapidmoe_gguf as rm
-from conftest import VOCAB, assert_convert_refuses, make_tiny_tokenizer
+from conftest import VOCAB, assert_convert_refuses, logit_rel, make_tiny_tokenizer, state_round_trip
 
 LAYER_TYPES = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
                "compressed_sparse_attention"]
@@ -160,13 +162,117 @@ def test_deepseek4_convert_keeps_the_values(deepseek4):
     np.testing.assert_array_equal(r["blk.2.ffn_up_exps.weight"], experts[:, FF:])
 
 
-def test_deepseek4_load_refused_by_its_layer_kinds(deepseek4):
-    """The loader reads the file and refuses it naming what the forward pass does not run."""
-    with pytest.raises(rm.UnsupportedError, match=r"layer 0 has manifold-constrained hyper-connections .*DeepSeek-V4"
-                                                  r".*experts by a table per token id, which the forward pass"):
-        rm.Model(deepseek4[1], n_ctx=64, n_threads=2)
-    with rm.open_gguf(deepseek4[1]) as g, pytest.raises(rm.UnsupportedError, match="DeepSeek-V4"):
-        g.hparams()
+N_TOK = 300
+
+
+@pytest.fixture(scope="module")
+def deepseek4_run(tmp_path_factory):
+    """(our f32 file, token ids, transformers' logits over them) of a checkpoint whose indexer has 8
+    heads: with 2, an entry both heads score below zero scores exactly 0, and a tie at the top k's
+    edge is picked in an order torch.topk leaves open (seen: layer 3 at position 27 scores four
+    entries 0 for the third place)."""
+    import torch
+
+    d = tmp_path_factory.mktemp("deepseek4_run")
+    model = make_tiny_deepseek4(d / "hf", index_n_heads=8)
+    path = d / "model.gguf"
+    rm.convert(d / "hf", path, recipe="f32", progress=False)
+    ids = torch.randint(3, VOCAB, (1, N_TOK), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids).logits[0].float().numpy()
+    return path, ids[0].tolist(), ref
+
+
+def test_deepseek4_prefill_matches_transformers(deepseek4_run):
+    """300 positions in steps of 64 (every HCA window and some CSA ones begun in one step and closed
+    in the next), then the same at once."""
+    path, ids, ref = deepseek4_run
+    with rm.Model(path, n_ctx=512, n_threads=2, n_batch=64) as m:
+        assert m.info["arch"] == "deepseek4" and m.cache_type_k == "f32"
+        stepped = m.eval_logits(ids)
+    with rm.Model(path, n_ctx=512, n_threads=2, n_batch=512) as m:
+        whole = m.eval_logits(ids)
+    assert logit_rel(stepped, ref) < 1e-4
+    assert logit_rel(whole, ref) < 1e-4
+
+
+def test_deepseek4_decode_matches_transformers(deepseek4_run):
+    """A prompt of 5, then a token at a time to position 299: each window closed by a decoded token."""
+    path, ids, ref = deepseek4_run
+    with rm.Model(path, n_ctx=512, n_threads=2, n_batch=64) as m:
+        first = m.eval_logits(ids[:5])
+        rest = np.stack([m.eval([t]) for t in ids[5:]])
+    assert logit_rel(first, ref[:5]) < 1e-4
+    assert logit_rel(rest, ref[5:]) < 1e-4
+
+
+def test_deepseek4_uneven_steps_match_transformers(deepseek4_run):
+    """Calls of 7, 3, 11, 1, 130 ... tokens, every position's logits: windows begun and closed
+    anywhere in a call."""
+    path, ids, ref = deepseek4_run
+    sizes, out, at = [7, 3, 11, 1, 130, 5, 2, 9], [], 0
+    with rm.Model(path, n_ctx=512, n_threads=2, n_batch=256) as m:
+        for k in sizes * 4:
+            if at >= N_TOK:
+                break
+            out.append(rm.eval_batch([(m, ids[at:at + k])], all_logits=True)[0])
+            at += k
+    assert logit_rel(np.concatenate(out), ref[:at]) < 1e-4
+
+
+def test_deepseek4_two_sessions_in_one_batch(deepseek4_run):
+    """Two sessions (one past 128 positions, one not) in one evaluation, 3 tokens and 1, each on its
+    own window and compressors."""
+    path, ids, ref = deepseek4_run
+    with rm.Model(path, n_ctx=512, n_threads=2, n_batch=64) as m:
+        other = m.fork_session()
+        m.eval(ids[:150])
+        other.eval(ids[:30])
+        a, b = rm.eval_batch([(m, ids[150:153]), (other, ids[30:31])], all_logits=True)
+    assert logit_rel(a, ref[150:153]) < 1e-4
+    assert logit_rel(b, ref[30:31]) < 1e-4
+
+
+def test_deepseek4_state_round_trip(deepseek4_run, tmp_path):
+    """A saved state holds the compressors' rings and entries: a session loaded from it continues bit
+    for bit, past a CSA window's and the first HCA window's close."""
+    path, ids, _ = deepseek4_run
+    want, got, reusable = state_round_trip(path, ids[:126], ids[126:134], tmp_path / "s.bin", n_ctx=256)
+    np.testing.assert_array_equal(got, want)
+    assert reusable == 126   # the loaded prompt, all of it reusable
+
+
+def test_deepseek4_truncate_within_the_rings(deepseek4_run):
+    """Going back a few positions keeps what the window and the compressors need (the evaluation
+    after it matches transformers); going back past a compressor's ring is refused by name and
+    leaves the session as it was."""
+    path, ids, ref = deepseek4_run
+    with rm.Model(path, n_ctx=512, n_threads=2, n_batch=16) as m:
+        m.eval(ids[:140])
+        m.truncate(137)
+        again = rm.eval_batch([(m, ids[137:145])], all_logits=True)[0]
+        assert logit_rel(again, ref[137:145]) < 1e-4
+        assert m._reusable(ids[:10]) == 0
+        with pytest.raises(rm.StateError, match="layer 1's compressor keeps the rows of its last windows only, and "
+                                                "cannot go back from 145 to 137"):
+            m.truncate(137)   # window 34 (136..139) overlaps window 33 (132..135): 13 positions back, the ring holds 8
+        assert m.n_past == 145
+        assert logit_rel(rm.eval_batch([(m, ids[145:150])], all_logits=True)[0], ref[145:150]) < 1e-4
+
+
+def test_deepseek4_refusals_by_name(deepseek4, tmp_path):
+    """A KV cache type other than F32, and a hash table naming an expert the layer lacks."""
+    with pytest.raises(rm.UnsupportedError, match="deepseek4 keeps its window's keys in F32 only"):
+        rm.Model(deepseek4[1], n_ctx=64, n_threads=2, cache_type_k="f16")
+    from gguf import GGUFReader
+
+    bad = shutil.copy(deepseek4[1], tmp_path / "m.gguf")
+    t = next(t for t in GGUFReader(str(bad), "r+").tensors if t.name == "blk.0.ffn_gate_tid2eid.weight")
+    t.data[5, 1] = NE
+    del t
+    with pytest.raises(rm.FormatError, match=f"blk.0.ffn_gate_tid2eid.weight names expert {NE} for token 5: the layer "
+                                             f"has {NE} experts"):
+        rm.Model(bad, n_ctx=64, n_threads=2)
 
 
 @pytest.mark.parametrize("kv, error, words", [

@@ -93,6 +93,7 @@ typedef enum rm_type {
     RM_TYPE_IQ3_S   = 21,
     RM_TYPE_IQ2_S   = 22,
     RM_TYPE_IQ4_XS  = 23,
+    RM_TYPE_I32     = 26,         /* integers: tables, not weights (DeepSeek-V4's tid2eid) */
     RM_TYPE_IQ1_M   = 29,
     RM_TYPE_BF16 = 30,
     RM_TYPE_MXFP4 = 39,
@@ -311,7 +312,7 @@ enum {
     RM_LAYER_QSA_INDEX    = 0x2000000,/* gated attention over the key blocks a QSA indexer picks (qwen4exp) */
     RM_LAYER_PLE          = 0x4000000,/* hashed n-gram embeddings gated into the residual streams before the
                                          token mixer (qwen4exp's PLE, on the layers ple.layers lists) */
-    /* DeepSeek-V4: not run yet, so the loader refuses its files by these names */
+    /* DeepSeek-V4 (CPU only) */
     RM_LAYER_CSA          = 0x8000000,/* attention also over compressed entries of 4 positions (overlapping
                                          windows) that an indexer picks (compress ratio 4) */
     RM_LAYER_HCA          = 0x10000000,/* attention also over every compressed entry of 128 positions (ratio 128) */
@@ -319,7 +320,7 @@ enum {
     RM_LAYER_MHC          = 0x40000000,/* manifold-constrained hyper-connections: hc_count residual streams mixed by
                                          a Sinkhorn-projected matrix around every block; attention whose one key
                                          head is its value, with sinks and a grouped output projection */
-    RM_LAYER_RUNS         = 0x7FF7FFF /* the bits the forward pass runs today */
+    RM_LAYER_RUNS         = 0x7FFF7FFF /* the bits the forward pass runs today */
 };
 
 typedef enum rm_hparam_kind {

@@ -1,6 +1,7 @@
 /* cpu/dsv4_attn.c - DeepSeek-V4's attention core on the CPU backend (backend.h's dsv4_attention):
  * the threads take (token, head) pairs in turn; each pair's logits are summed in one order (the
- * window's positions, then the entries), so a token attends alike in a prefill and in a decode. */
+ * window's positions, then the entries), so a token attends alike in a prefill and in a decode. The
+ * turn back is RoPE at the negated position. */
 #include <math.h>
 
 #include "cpu_ops.h"
@@ -62,6 +63,9 @@ static void attn_task(void * ctx, int ith, int nth) {
             for (int32_t d = 0; d < D; d++) {
                 o[d] += pj * v[d];
             }
+        }
+        if (a->n_rot > 0) {
+            rm_rope(o + (D - a->n_rot), 1, a->n_rot, a->n_rot, -p, a->rope_base, 0);
         }
     }
 }

@@ -240,7 +240,8 @@ uint64_t rm_csa_host_floats(int32_t ratio, int32_t n_ctx, int32_t n_threads);
  * positions j of its window (p - n_swa < j <= p; position j's row in kv is j % n_ring) and to the
  * compressed entries it sees (s < (p + 1) / ratio: all of them, or those of its row of sel, -1
  * ending it), logits q_h . k * scale and a sink logit per head that takes a share but adds nothing;
- * out_h = sum softmax * k. */
+ * out_h = sum softmax * k, then with n_rot > 0 its last n_rot dims turned back by RoPE (interleaved
+ * pairs, base rope_base) at the token's position: the keys' own turn undone on what they gave. */
 typedef struct rm_dsv4_attn_args {
     float *         out;          /* n_tok rows of n_head * head_dim */
     const float *   q;            /* n_tok rows of n_head * head_dim */
@@ -254,6 +255,8 @@ typedef struct rm_dsv4_attn_args {
     int32_t         n_tok, pos0, n_head, head_dim, n_swa;
     float           scale;
     float *         scratch_host; /* rm_dsv4_attn_host_floats */
+    int32_t         n_rot;        /* 0: no turn back */
+    float           rope_base;
 } rm_dsv4_attn_args;
 
 /* Floats of the CPU's scratch for it (cpu/dsv4_attn.c): per thread one head's logits over a window
@@ -556,14 +559,14 @@ static inline void rm_expert_bias(rm_backend * be, const rm_weight * b, int32_t 
 }
 
 /* The experts' activation g = act(g, u) over n floats: gpt-oss's clamped SwiGLU, Gemma 4's GELU or
- * Step-3.5's limited SwiGLU where the layer has it. */
+ * Step-3.5's or DeepSeek-V4's limited SwiGLU where the layer has it. */
 static inline void rm_expert_act(rm_backend * be, const rm_layer * L, float * g, const float * u, int64_t n) {
     if (L->kind & RM_LAYER_GELU) {
         be->ops->geglu(be, g, n, u, n, n, 1);
     } else if (L->kind & RM_LAYER_SWIGLU_CLAMP) {
         be->ops->swiglu_clamp(be, g, u, n, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT);
     } else if (L->ffn_limit > 0.0f) {
-        be->ops->swiglu_clamp(be, g, u, n, 0.0f, L->ffn_limit);
+        be->ops->swiglu_clamp(be, g, u, n, L->ffn_limit_alpha, L->ffn_limit);
     } else {
         be->ops->swiglu(be, g, u, n);
     }

@@ -324,7 +324,7 @@ void rm_split_run(rm_backend * be, rm_split_state * sp, const rm_moe_args * a) {
         RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, RM_SWIGLU_OAI_ALPHA, RM_SWIGLU_OAI_LIMIT,
                                 "split: swiglu"));
     } else if (L->ffn_limit > 0.0f) {
-        RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, 0.0f, L->ffn_limit, "split: swiglu"));
+        RM_STEP(d->swiglu_clamp(be, sp->gc, sp->uc, (int64_t) S * F, L->ffn_limit_alpha, L->ffn_limit, "split: swiglu"));
     } else {
         RM_STEP(d->swiglu(be, sp->gc, sp->uc, (int64_t) S * F, "split: swiglu"));
     }

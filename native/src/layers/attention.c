@@ -23,6 +23,11 @@ static void kv_row_bytes(const rm_session * s, uint32_t kind, uint64_t * k_row, 
         *v_row = 0;
         return;
     }
+    if (kind & RM_LAYER_MHC) {   /* DeepSeek-V4: one key head that is also the value */
+        *k_row = rm_kv_row_bytes(s->type_k, hp->head_dim);
+        *v_row = 0;
+        return;
+    }
     const rm_attn_shape sh = rm_attn_shape_of(hp, kind);
     *k_row = rm_kv_row_bytes(s->type_k, (int64_t) sh.n_head_kv * sh.head_dim);
     *v_row = rm_kv_row_bytes(s->type_v, (int64_t) sh.n_head_kv * sh.head_dim_v);

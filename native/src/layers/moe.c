@@ -254,7 +254,7 @@ static void dense_ffn(rm_session * s, const rm_layer * L, const rm_weight * gate
     if (L->kind & RM_LAYER_GELU) {
         be->ops->geglu(be, s->eg, F, s->eu, F, F, n);
     } else if (L->ffn_limit_sh > 0.0f) {
-        be->ops->swiglu_clamp(be, s->eg, s->eu, (int64_t) n * F, 0.0f, L->ffn_limit_sh);
+        be->ops->swiglu_clamp(be, s->eg, s->eu, (int64_t) n * F, L->ffn_limit_alpha, L->ffn_limit_sh);
     } else {
         be->ops->swiglu(be, s->eg, s->eu, (int64_t) n * F);
     }
@@ -267,8 +267,15 @@ static void route(rm_session * s, const rm_layer * L, int32_t n) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
     const int32_t K = hp->n_expert_used, X = hp->n_expert;
-    const rm_gating_params g = {hp->gating, hp->n_group, hp->n_group_used, hp->norm_topk,
-                                hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f, NULL};
+    rm_gating_params g = {hp->gating, hp->n_group, hp->n_group_used, hp->norm_topk,
+                          hp->expert_weights_scale > 0.0f ? hp->expert_weights_scale : 1.0f, NULL};
+    if (L->kind & RM_LAYER_HASH_ROUTE) {   /* each token's experts from its row of the table (ids checked at load) */
+        for (int32_t t = 0; t < n; t++) {
+            memcpy(s->rows + (int64_t) t * K, L->hash_experts.data + (uint64_t) s->tokens[t] * L->hash_experts.row_bytes,
+                   sizeof(int32_t) * (size_t) K);
+        }
+        g.hash = s->rows;   /* free until the experts gather */
+    }
     const rm_weight * bias = L->exp_probs_b.data ? &L->exp_probs_b : NULL;
     if (rm_gating_is_plain(&g, bias ? (const float *) bias->data : NULL)) {
         be->ops->route(be, s->router, n, X, K, hp->norm_topk, s->routes);
@@ -398,7 +405,7 @@ static void prefetch_next(rm_session * s, int il, int32_t n) {
     const rm_hparams * hp = &m->hp;
     /* the hyper-connections' next input is not a norm of x: no prediction */
     if (!s->xv || !rm_xcache_predicts(m->xcache) || il + 1 >= hp->n_layer || s->xc_status != RM_OK ||
-        (m->arch->flags & RM_ARCH_HYPER) ||
+        (m->arch->flags & (RM_ARCH_HYPER | RM_ARCH_MHC)) ||
         !(m->layers[il + 1].kind & RM_LAYER_FFN_MOE)) {
         return;
     }
@@ -501,7 +508,7 @@ void rm_moe_block(rm_session * s, int il, int32_t n) {
         sandwich_block(s, il, n);
         return;
     }
-    if (!(m->arch->flags & RM_ARCH_HYPER)) {   /* else the hyper-connections gave xn */
+    if (!(m->arch->flags & (RM_ARCH_HYPER | RM_ARCH_MHC))) {   /* else the hyper-connections gave xn */
         be->ops->rmsnorm(be, s->xn, s->x, &L->ffn_norm, n, E, hp->rms_eps);
     }
     if (!(L->kind & RM_LAYER_FFN_MOE)) {   /* a leading dense layer: no experts */

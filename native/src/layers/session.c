@@ -21,6 +21,8 @@
 #include "policy.h"
 #include "profile.h"
 #include "ple.h"
+#include "dsv4.h"
+#include "mhc.h"
 #include "qsa.h"
 #include "status.h"
 #include "types.h"
@@ -44,6 +46,7 @@ static void session_free_buffers(rm_session * s) {
     rm_policy_state_free(&s->policy);
     if (s->be) rm_qsa_free(s);
     if (s->be) rm_ple_free(s);
+    if (s->be) rm_dsv4_free(s);
     rm_hybrid_free(s->hy);
     if (s->be) {
         float * dev[] = {s->k_cache, s->v_cache, s->x, s->xn, s->q, s->k, s->v, s->attn, s->moe, s->router,
@@ -116,9 +119,13 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
             }
         }
     }
-    if ((m->arch->flags & RM_ARCH_HYPER) && m->device != &rm_device_cpu) {
+    if ((m->arch->flags & (RM_ARCH_HYPER | RM_ARCH_MHC)) && m->device != &rm_device_cpu) {
         return rm_fail(RM_E_NEEDS_CPU, "rm_session_new: hyper-connections (%s) run on the CPU backend only, and "
                        "this model runs on %s", m->arch->name, m->device->name);
+    }
+    if ((m->arch->flags & RM_ARCH_MHC) && params->type_k != RM_TYPE_F32) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_session_new: %s keeps its window's keys in F32 only, and the session "
+                       "asks for %s", m->arch->name, rm_type_traits_get(params->type_k)->name);
     }
     for (int il = 0; il < hp->n_layer && m->device != &rm_device_cpu; il++) {
         if (m->layers[il].kind & RM_LAYER_QSA_INDEX) {
@@ -204,7 +211,7 @@ rm_status rm_session_new(rm_model * m, const rm_session_params * params, rm_sess
     rm_status st = RM_OK;
     s->be = m->device->backend_new(m->device_state, m, s->n_batch, max_in, s->n_ctx, &st);
     if (!s->be || !alloc_backend_buffers(s) || rm_hybrid_new(m, s->be, s->n_batch, &s->hy) != RM_OK ||
-        !rm_qsa_new(s) || !rm_ple_new(s)) {
+        !rm_qsa_new(s) || !rm_ple_new(s) || !rm_dsv4_new(s)) {
         const int32_t n_ctx = s->n_ctx;
         st = s->be ? s->be->ops->status(s->be) : st;
         char msg[512];
@@ -271,7 +278,7 @@ int32_t rm_session_reusable(const rm_session * s, int32_t n_keep) {
     }
     int il;
     int32_t ring;
-    return rings_keep(s, n_keep, &il, &ring) ? n_keep : 0;
+    return rings_keep(s, n_keep, &il, &ring) && rm_dsv4_keeps(s, n_keep, &il) ? n_keep : 0;
 }
 
 rm_status rm_session_checkpoint(rm_session * s) {
@@ -321,7 +328,7 @@ static state_head state_head_of(const rm_session * s) {
 /* The bytes of a state of n_past positions of s's model whose layers hold rows[il] each. */
 static uint64_t state_bytes_of(const rm_session * s, const state_head * h, const int32_t * rows) {
     uint64_t total = sizeof(state_head) + (uint64_t) h->n_layer * 2 * sizeof(int32_t) + h->conv_bytes + h->ssm_bytes +
-                     h->thr_bytes;
+                     h->thr_bytes + rm_dsv4_state_bytes(s, h->n_past);
     for (int il = 0; il < h->n_layer; il++) {
         const rm_kv_place p = rm_attention_kv_place(s, il);
         const uint64_t n = (uint64_t) (h->n_past < rows[il] ? h->n_past : rows[il]);
@@ -390,6 +397,7 @@ rm_status rm_session_state_save(const rm_session * s, void * buf, uint64_t cap) 
         s->be->ops->download(s->be, at + h.conv_bytes, s->hy->ssm_state, h.ssm_bytes);
         at += h.conv_bytes + h.ssm_bytes;
     }
+    at = rm_dsv4_state_save(s, at);   /* DeepSeek-V4's compressors */
     if (h.thr_bytes) {
         memcpy(at, s->policy.threshold, h.thr_bytes);
     }
@@ -493,6 +501,7 @@ rm_status rm_session_state_load(rm_session * s, const void * buf, uint64_t size)
             s->be->ops->upload(s->be, s->hy->ssm_state, at + h.conv_bytes, h.ssm_bytes);
             at += h.conv_bytes + h.ssm_bytes;
         }
+        at = rm_dsv4_state_load(s, at, h.n_past);
         if (h.thr_bytes) {
             memcpy(s->policy.threshold, at, h.thr_bytes);
         }
@@ -538,6 +547,10 @@ rm_status rm_session_truncate(rm_session * s, int32_t n_keep) {
     if (!rings_keep(s, n_keep, &il, &ring)) {
         return rm_fail(RM_E_STATE, "rm_session_truncate: layer %d's sliding window ring of %d positions cannot go back "
                        "from %d to %d", il, ring, s->n_past, n_keep);
+    }
+    if (!rm_dsv4_keeps(s, n_keep, &il)) {
+        return rm_fail(RM_E_STATE, "rm_session_truncate: layer %d's compressor keeps the rows of its last windows only, "
+                       "and cannot go back from %d to %d", il, s->n_past, n_keep);
     }
     s->n_past = n_keep;
     return RM_OK;
@@ -585,9 +598,10 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     s->runs = runs, s->n_runs = n_runs;
     s->xc_status = RM_OK;
     rm_prof_begin(s, n);
-    const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0;
+    const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0, mhc = (m->arch->flags & RM_ARCH_MHC) != 0;
+    s->tokens = tokens;
     embed(s, tokens, n);
-    if (hyper) rm_hc_begin(s, n);
+    if (hyper || mhc) rm_hc_begin(s, n);   /* the streams start as copies of the embeddings */
     if (s->ple) rm_ple_begin(s, tokens);
     rm_prof_mark(s, RM_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++) {
@@ -595,7 +609,16 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
         if (s->xv) s->xc_res_us[il] = 0.0f;
         if (m->layers[il].kind & RM_LAYER_PLE) rm_ple_block(s, il, n);   /* into the streams, before their mix */
         if (hyper) rm_hc_mix_in(s, &m->layers[il].hc_attn, n);
-        if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
+        if (mhc) {
+            const rm_layer * L = &m->layers[il];
+            const int64_t n_mix = (int64_t) (2 + m->hp.hc_count) * m->hp.hc_count;
+            rm_mhc_mix_in(s, &L->mhc_attn, &L->attn_norm, n_mix, n);
+            rm_dsv4_block(s, il, n);
+            rm_mhc_add_out(s, n);
+            rm_mhc_mix_in(s, &L->mhc_ffn, &L->ffn_norm, n_mix, n);
+            rm_moe_block(s, il, n);
+            rm_mhc_add_out(s, n);
+        } else if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
             rm_mla_block(s, il, n);
         } else if (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) {
             rm_deltanet_block(s, il, n);
@@ -606,13 +629,15 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
             rm_hc_add_out(s, n);
             rm_hc_mix_in(s, &m->layers[il].hc_ffn, n);
         }
-        rm_moe_block(s, il, n);
+        if (!mhc) rm_moe_block(s, il, n);
         if (hyper) rm_hc_add_out(s, n);
         if (s->xv) s->xc_layer_us[il] = (float) (rm_now_us() - t0) - s->xc_res_us[il];
     }
     if (out && n_out > 0) {
         if (hyper) {
             rm_hc_mix_in(s, &m->hc_head, n);   /* the output's mixer is its norm */
+        } else if (mhc) {
+            rm_mhc_mix_in(s, &m->mhc_head, &m->output_norm, m->hp.hc_count, n);
         } else {
             s->be->ops->rmsnorm(s->be, s->xn, s->x, &m->output_norm, n, E, m->hp.rms_eps);
         }
@@ -623,6 +648,7 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
         runs[r].s->n_past += runs[r].n;
     }
     s->runs = NULL, s->n_runs = 0;
+    s->tokens = NULL;
 }
 
 /* Runs n <= n_batch tokens of s alone; the logits of rows [first_out, n) go to out. */

@@ -82,6 +82,8 @@ struct rm_session {
     struct rm_hybrid * hy;        /* hybrid models: recurrent states and scratch (deltanet.h); else NULL */
     struct rm_qsa *    qsa;       /* QSA sparse attention's indexer keys and scratch (qsa.h); else NULL */
     struct rm_ple *    ple;       /* PLE's scratch (ple.h; its state is in hy's conv state); else NULL */
+    struct rm_dsv4 *   dsv4;      /* DeepSeek-V4's compressors' state and the layer's scratch (dsv4.h); else NULL */
+    const int32_t *    tokens;    /* host: the step's token ids while a forward pass runs (hash routing) */
 
     /* calibration: mean |f_{B+R}(x) - f_B(x)| per (layer, expert) under policy ALL */
     int32_t    calibrating;

@@ -816,11 +816,10 @@ static const rm_arch ARCHS[] = {
      RM_ARCH_DENSE_BY_ROUTER | RM_ARCH_FULL_ROT_HALF, ROWS(STEP35_FLOATS), NULL, NULL},
     /* DeepSeek-V4-Flash: mHC streams, one key-value head with sinks over a sliding window, compressed
      * layers (CSA with an indexer, HCA), a grouped output projection, sqrt(softplus) and hash
-     * routing, clamped SwiGLUs. Its rows are read so that its files are named when refused; the
-     * forward pass does not run RM_LAYER_MHC yet. */
+     * routing, clamped SwiGLUs. */
     {"deepseek4", "DeepSeek-V4", RM_QK_NORM_NONE, RM_ROPE_NORM, RM_SHEXP_PLAIN,
      RM_LAYER_ATTN_SLIDING | RM_LAYER_FFN_MOE | RM_LAYER_SINKS,
-     ROWS(HP_DEEPSEEK4), ROWS(DEEPSEEK4_LAYER), ROWS(DEEPSEEK4_RULES), NULL, NULL, 0, ROWS(STEP35_FLOATS), NULL,
+     ROWS(HP_DEEPSEEK4), ROWS(DEEPSEEK4_LAYER), ROWS(DEEPSEEK4_RULES), NULL, NULL, RM_ARCH_MHC, ROWS(STEP35_FLOATS), NULL,
      "attention.compress_ratios"},
 };
 

@@ -197,8 +197,10 @@ typedef enum rm_arch_flag {
                                      sliding ones all of it (llama.cpp's step35) */
     RM_ARCH_DSA_ROPE_NEOX = 16,   /* the sparse attention indexer's RoPE in NEOX halves while the latent
                                      attention's turns interleaved pairs (llama.cpp's deepseek32) */
-    RM_ARCH_HYPER = 32            /* hyper-connections (rm_hc) in place of the layers' and the output's norms
+    RM_ARCH_HYPER = 32,           /* hyper-connections (rm_hc) in place of the layers' and the output's norms
                                      (llama.cpp's qwen4exp) */
+    RM_ARCH_MHC = 64              /* manifold-constrained hyper-connections (rm_mhc, mhc.h) before the layers'
+                                     and the output's norms; DeepSeek-V4's attention (dsv4.h) */
 } rm_arch_flag;
 
 /* Whether layer il is one of the file's PLE layers, and its place among them (-1: none). */

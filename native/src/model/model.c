@@ -241,7 +241,7 @@ static rm_status bind(rm_gguf * g, const char * path, const char * name, int req
         return st;
     }
     const rm_type_traits * tt = rm_type_traits_get(ti.type);
-    if (!tt || (tt->is_quantized && !tt->vec_dot)) {
+    if (ti.type != RM_TYPE_I32 && (!tt || (tt->is_quantized && !tt->vec_dot))) {   /* I32: a table (load_dsv4) */
         return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: tensor '%s' has ggml type %d, not supported",
                        path, name, ti.type);
     }
@@ -260,7 +260,7 @@ static rm_status bind(rm_gguf * g, const char * path, const char * name, int req
     w->type = ti.type;
     memcpy(w->ne, ti.ne, sizeof(w->ne));
     w->data = ti.data;
-    w->row_bytes = rm_row_bytes(ti.type, ti.ne[0]);
+    w->row_bytes = ti.type == RM_TYPE_I32 ? sizeof(int32_t) * (uint64_t) ti.ne[0] : rm_row_bytes(ti.type, ti.ne[0]);
     return RM_OK;
 }
 
@@ -660,6 +660,55 @@ static rm_status check_qsa(const rm_model * m, const char * path) {
     return RM_OK;
 }
 
+/* DeepSeek-V4 (RM_ARCH_MHC): the output's stream weights (base and scale F32), each layer's grouped
+ * output block made a 3-D tensor of o_groups matrices of o_lora_rank rows (the same bytes: a group's
+ * rows are consecutive), its clamped SwiGLUs DeepSeek-V4's, and every hash-routed layer's table of
+ * expert ids within [0, n_expert). */
+static rm_status load_dsv4(rm_model * m, const char * path) {
+    const rm_hparams * hp = &m->hp;
+    if (!(m->arch->flags & RM_ARCH_MHC)) {
+        return RM_OK;
+    }
+    const int64_t HW = (int64_t) hp->hc_count * hp->n_embd;
+    rm_status st;
+    if ((st = bind(m->base, path, "output_hc_fn.weight", 1, HW, hp->hc_count, 1, &m->mhc_head.fn)) != RM_OK ||
+        (st = bind(m->base, path, "output_hc_base.weight", 1, hp->hc_count, 1, 1, &m->mhc_head.base)) != RM_OK ||
+        (st = bind(m->base, path, "output_hc_scale.weight", 1, 1, 1, 1, &m->mhc_head.scale)) != RM_OK) {
+        return st;
+    }
+    if (m->mhc_head.base.type != RM_TYPE_F32 || m->mhc_head.scale.type != RM_TYPE_F32) {
+        return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: output_hc_base.weight and output_hc_scale.weight "
+                       "must be F32", path);
+    }
+    if ((int64_t) hp->n_head * hp->head_dim % hp->o_groups != 0) {
+        return rm_fail(RM_E_FORMAT, "rm_model_load: %s: attention.output_group_count %d does not divide the %d heads' "
+                       "%d floats", path, hp->o_groups, hp->n_head, hp->n_head * hp->head_dim);
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        rm_layer * L = &m->layers[il];
+        L->wo_a.ne[1] = hp->o_lora_rank;
+        L->wo_a.ne[2] = hp->o_groups;
+        L->ffn_limit_alpha = -1.0f;   /* RM_SWIGLU_DSV4_ALPHA: silu(min(g, limit)) clamp(u, -limit, limit) */
+        const rm_weight * t = &L->hash_experts;
+        if (!(L->kind & RM_LAYER_HASH_ROUTE)) {
+            continue;
+        }
+        if (t->type != RM_TYPE_I32) {
+            return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: blk.%d.ffn_gate_tid2eid.weight must be I32", path, il);
+        }
+        for (int64_t j = 0; j < t->ne[0] * t->ne[1]; j++) {
+            int32_t e;
+            memcpy(&e, t->data + 4 * (uint64_t) j, sizeof(e));
+            if (e < 0 || e >= hp->n_expert) {
+                return rm_fail(RM_E_FORMAT, "rm_model_load: %s: blk.%d.ffn_gate_tid2eid.weight names expert %d for token "
+                               "%lld: the layer has %d experts", path, il, (int) e, (long long) (j / t->ne[0]),
+                               hp->n_expert);
+            }
+        }
+    }
+    return RM_OK;
+}
+
 /* PLE (qwen4exp): each listed layer a linear one (its conv's state lives beside the DeltaNet's), its
  * conv taps F32, and the n-gram table (per_layer_token_embd) holding every head's rows. */
 static rm_status load_ple(rm_model * m, const char * path) {
@@ -731,7 +780,7 @@ static rm_status load_layer(rm_model * m, int il, const char * path, const char 
 
 int64_t rm_model_widest_row(const rm_model * m) {
     int64_t widest = m->output.ne[0];
-    const rm_weight * head[] = {&m->hc_head.down, &m->hc_head.up};
+    const rm_weight * head[] = {&m->hc_head.down, &m->hc_head.up, &m->mhc_head.fn};
     for (size_t i = 0; i < sizeof(head) / sizeof(head[0]); i++) {
         widest = head[i]->data && head[i]->ne[0] > widest ? head[i]->ne[0] : widest;
     }
@@ -1161,7 +1210,7 @@ static rm_status load(rm_model * m, const char * path, const rm_model_params * p
         (st = read_layer_floats(m, &ld)) != RM_OK) {
         return st;
     }
-    if ((st = check_qsa(m, path)) != RM_OK || (st = load_ple(m, path)) != RM_OK) {
+    if ((st = check_qsa(m, path)) != RM_OK || (st = load_ple(m, path)) != RM_OK || (st = load_dsv4(m, path)) != RM_OK) {
         return st;
     }
     /* step35's frequencies cover the sliding layers' rotary dims; its full layers read the first half */

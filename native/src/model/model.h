@@ -18,6 +18,7 @@ struct rm_model {
     rm_weight       output_norm;         /* ne = {n_embd} */
     rm_weight       output;              /* ne = {n_embd, n_vocab}; tok_embd when tied */
     rm_hc           hc_head;             /* RM_ARCH_HYPER: the streams' final mixer, in place of output_norm */
+    rm_mhc          mhc_head;            /* RM_ARCH_MHC: the streams' final weights (fn, base, scale ne = {1}) */
     rm_weight       ple_embd;            /* ne = {n_embd_per_layer, rows}: every PLE layer's hashed n-gram rows
                                             (per_layer_token_embd), each layer's heads at their offsets; absent
                                             without PLE layers */

@@ -107,6 +107,7 @@ typedef struct rm_layer {
     /* the SwiGLU's limit (Step-3.5): silu(gate) at most it, up within [-it, it]; 0: none. The
      * routed experts' and the others' (shared expert, dense FFN), from the arch's layer floats */
     float     ffn_limit, ffn_limit_sh;
+    float     ffn_limit_alpha;           /* which limited SwiGLU: 0 Step-3.5's, RM_SWIGLU_DSV4_ALPHA DeepSeek-V4's */
     /* QSA: the positions of a key block (attention.compress_ratios' entry, a whole number); 0: none */
     float     qsa_ratio;
     rm_hc     hc_attn, hc_ffn;             /* RM_ARCH_HYPER: before the token mixer, before the FFN */

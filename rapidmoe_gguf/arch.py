@@ -1588,17 +1588,29 @@ def _check_deepseek4(config: Mapping[str, Any]) -> None:
     if bad:
         raise UnsupportedError(f"config.json: compress_rates {bad} are not supported: llama.cpp's layers compress "
                                "by 4 (compressed_sparse_attention) and 128 (heavily_compressed_attention) alone")
-    for label in ("main", "compress"):
-        rope = (config.get("rope_parameters") or {}).get(label) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise UnsupportedError(f"config.json: DeepSeek-V4's {label} RoPE {rope['rope_type']!r} is not converted yet "
-                                   "(plain RoPE only)")
-    if (config.get("rope_scaling") or {}).get("type", (config.get("rope_scaling") or {}).get("rope_type")):
-        raise UnsupportedError("config.json: DeepSeek-V4's rope_scaling (YaRN on the compressed layers) is not "
-                               "converted yet (plain RoPE only)")
+    main = (config.get("rope_parameters") or {}).get("main") or {}
+    if main.get("rope_type", "default") != "default":
+        raise UnsupportedError(f"config.json: DeepSeek-V4's main RoPE {main['rope_type']!r} is not supported (its "
+                               "sliding layers turn plain RoPE; YaRN is the compressed layers')")
+    kind = _dsv4_compress_rope(config).get("rope_type", "default")
+    if kind not in ("default", "yarn"):
+        raise UnsupportedError(f"config.json: DeepSeek-V4's compress RoPE {kind!r} is not supported (default or yarn)")
     n_head, groups = config.get("num_attention_heads"), config.get("o_groups")
     if isinstance(n_head, int) and isinstance(groups, int) and (groups <= 0 or n_head % groups):
         raise FormatError(f"config.json: num_attention_heads {n_head} is not a multiple of o_groups {groups}")
+
+
+def _dsv4_compress_rope(config: Mapping[str, Any]) -> dict:
+    """The compressed layers' RoPE parameters, as DeepseekV4Config reads them: rope_parameters'
+    "compress" entry, or the flat rope_parameters / a released config's rope_scaling (YaRN there
+    scales the compressed layers alone)."""
+    rope = config.get("rope_parameters") or {}
+    if isinstance(rope.get("compress"), Mapping):
+        return dict(rope["compress"])
+    flat = {k: v for k, v in {**(config.get("rope_scaling") or {}), **rope}.items() if k not in ("main", "compress")}
+    if "type" in flat and "rope_type" not in flat:
+        flat["rope_type"] = flat["type"]
+    return flat
 
 
 def _prepare_deepseek4(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -1609,7 +1621,15 @@ def _prepare_deepseek4(config: Mapping[str, Any]) -> Mapping[str, Any]:
         n_rot = int(head_dim * (config.get("partial_rotary_factor") or 64 / 512))
     rope = config.get("rope_parameters") or {}
     limit = float(config.get("swiglu_limit", 10.0))
-    return dict(config, _n_rot=n_rot, _gating=4, _n_hash=_dsv4_hash_layers(config),
+    comp = _dsv4_compress_rope(config)
+    yarn = comp.get("rope_type", "default") == "yarn"
+    # YaRN as transformers computes it for the compressed layers (its `truncate` is read from the
+    # top-level rope_parameters, where DeepSeek-V4 has none: always true, as llama.cpp)
+    scaling = dict(_yarn_factor=float(comp.get("factor") or 1.0) if yarn else 1.0,
+                   _yarn_orig=int(comp.get("original_max_position_embeddings") or config.get("max_position_embeddings")),
+                   _yarn_beta_fast=float(comp.get("beta_fast") or 32.0),
+                   _yarn_beta_slow=float(comp.get("beta_slow") or 1.0))
+    return dict(config, **scaling, _n_rot=n_rot, _gating=4, _n_hash=_dsv4_hash_layers(config),
                 _compress_ratios=[_DSV4_RATIOS[t] for t in _dsv4_layer_types(config)],
                 _limits=[limit] * n,
                 _rope_main=(rope.get("main") or {}).get("rope_theta", config.get("rope_theta", 10000.0)),
@@ -1705,6 +1725,13 @@ DEEPSEEK4 = ArchSpec(
         HParam(Keys.Attention.LAYERNORM_RMS_EPS, ("rms_norm_eps",), "f32", dim="rms_eps"),
         HParam(Keys.Rope.FREQ_BASE, ("_rope_main",), "f32", default=10000.0, dim="rope_base"),
         HParam("{arch}.attention.compress_rope_freq_base", ("_rope_compress",), "f32", dim="compress_rope_base"),
+        # YaRN on the compressed layers (llama.cpp's deepseek4 reads the common rope.scaling keys for them)
+        HParam(Keys.Rope.SCALING_FACTOR, ("_yarn_factor",), "f32", default=1.0, dim="rope_yarn_factor"),
+        HParam(Keys.Rope.SCALING_TYPE, (), "str",
+               default=lambda d: "yarn" if d["rope_yarn_factor"] != 1.0 else "none", dim="rope_scaling"),
+        HParam(Keys.Rope.SCALING_ORIG_CTX_LEN, ("_yarn_orig",), "u32", dim="n_ctx_orig_yarn"),
+        HParam(Keys.Rope.SCALING_YARN_BETA_FAST, ("_yarn_beta_fast",), "f32", dim="yarn_beta_fast"),
+        HParam(Keys.Rope.SCALING_YARN_BETA_SLOW, ("_yarn_beta_slow",), "f32", dim="yarn_beta_slow"),
         HParam(Keys.LLM.EXPERT_COUNT, ("n_routed_experts",), "u32", dim="n_expert"),
         HParam(Keys.LLM.EXPERT_USED_COUNT, ("num_experts_per_tok",), "u32", dim="n_expert_used"),
         HParam(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, ("moe_intermediate_size",), "u32", dim="n_ff_exp"),

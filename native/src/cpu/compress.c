@@ -39,7 +39,11 @@ static void entry_of(const rm_compress_args * a, int32_t w, float * out) {
     }
     rm_rmsnorm(out, out, (const float *) a->norm->data, D, a->eps);
     /* the last n_rot dims: one head of n_rot, interleaved pairs */
-    rm_rope(out + (D - a->n_rot), 1, a->n_rot, a->n_rot, a->pos0 + w * R, a->rope_base, 0);
+    if (a->yarn) {
+        rm_rope_yarn_row(out + (D - a->n_rot), 1, a->n_rot, a->n_rot, a->pos0 + w * R, a->yarn, 0);
+    } else {
+        rm_rope(out + (D - a->n_rot), 1, a->n_rot, a->n_rot, a->pos0 + w * R, a->rope_base, 0);
+    }
 }
 
 static void compress_task_fn(void * ctx, int ith, int nth) {

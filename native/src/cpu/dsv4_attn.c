@@ -64,7 +64,9 @@ static void attn_task(void * ctx, int ith, int nth) {
                 o[d] += pj * v[d];
             }
         }
-        if (a->n_rot > 0) {
+        if (a->n_rot > 0 && a->yarn) {
+            rm_rope_yarn_row(o + (D - a->n_rot), 1, a->n_rot, a->n_rot, -p, a->yarn, 0);
+        } else if (a->n_rot > 0) {
             rm_rope(o + (D - a->n_rot), 1, a->n_rot, a->n_rot, -p, a->rope_base, 0);
         }
     }

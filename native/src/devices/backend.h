@@ -214,6 +214,7 @@ typedef struct rm_compress_args {
     int32_t           overlap;    /* 1: width = 2 * head_dim, two series (CSA); 0: width = head_dim (HCA) */
     int32_t           n_rot, pos0;
     float             rope_base, eps;
+    const struct rm_rope_yarn * yarn; /* the RoPE with YaRN (rope_base unread); NULL: plain */
 } rm_compress_args;
 
 /* DeepSeek-V4's lightning indexer in a CSA layer (transformers' DeepseekV4Indexer): a token at
@@ -257,6 +258,7 @@ typedef struct rm_dsv4_attn_args {
     float *         scratch_host; /* rm_dsv4_attn_host_floats */
     int32_t         n_rot;        /* 0: no turn back */
     float           rope_base;
+    const struct rm_rope_yarn * yarn; /* the turn with YaRN (rope_base unread); NULL: plain */
 } rm_dsv4_attn_args;
 
 /* Floats of the CPU's scratch for it (cpu/dsv4_attn.c): per thread one head's logits over a window

@@ -207,12 +207,38 @@ static void ring_put(rm_backend * be, float * ring_rows, int32_t ring, int64_t w
     }
 }
 
+/* The compressed layers' RoPE: YaRN at their own base where the file scales it, without YaRN's
+ * magnitude (transformers' DeepseekV4Config sets its attention_factor to 1, llama.cpp's graph divides
+ * it back out); 0: plain RoPE. */
+static int compress_yarn(const rm_hparams * hp, rm_rope_yarn * y) {
+    if (!(hp->rope_yarn_factor > 1.0f)) {
+        return 0;
+    }
+    rm_hparams at = *hp;
+    at.rope_base = hp->compress_rope_base;
+    rm_rope_yarn_of(&at, y);
+    y->mscale = 1.0f;
+    return 1;
+}
+
+/* RoPE on the last n_rot dims of n rows of n_head heads of head_dim at positions pos.., the yarn's
+ * where given. */
+static void rope_tail(rm_backend * be, float * x, int32_t n, int32_t n_head, int32_t head_dim, int32_t n_rot,
+                      int32_t pos, float base, const rm_rope_yarn * yarn) {
+    if (yarn) {
+        be->ops->rope_yarn(be, x + (head_dim - n_rot), n, n_head, head_dim, n_rot, pos, yarn, 0);
+    } else {
+        be->ops->rope(be, x + (head_dim - n_rot), n, n_head, head_dim, n_rot, pos, base, 0);
+    }
+}
+
 /* One compressor over a run's n rows at positions pos..: the entries of the windows that close in
  * them, then its ring keeps the last positions. A window begun before the run is compressed from
  * the ring (its rows put there first); the windows inside the run from the step's rows, the one
  * before the first of them (CSA's overlap) from the ring. */
 static void compress_run(rm_session * s, const rm_dsv4_comp * c, const float * kv, const float * gate, int32_t n,
-                         int32_t pos, const rm_weight * ape, const rm_weight * norm, float base) {
+                         int32_t pos, const rm_weight * ape, const rm_weight * norm, float base,
+                         const rm_rope_yarn * yarn) {
     const rm_hparams * hp = &s->m->hp;
     rm_backend * be = s->be;
     const int32_t R = c->ratio, ring = c->ring, D = c->head_dim;
@@ -220,7 +246,7 @@ static void compress_run(rm_session * s, const rm_dsv4_comp * c, const float * k
     const int overlap = W == 2 * (int64_t) D;
     rm_compress_args a = {0};
     a.ape = ape, a.norm = norm, a.ratio = R, a.head_dim = D, a.overlap = overlap, a.n_rot = hp->n_rot;
-    a.rope_base = base, a.eps = hp->rms_eps;
+    a.rope_base = base, a.eps = hp->rms_eps, a.yarn = yarn;
     const int32_t end = pos + n, start = pos / R * R;
     int32_t i = 0;   /* the run's rows consumed */
     if (start < pos && start + R <= end) {   /* the window under way closes in this run */
@@ -263,10 +289,12 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     const int32_t ratio = rm_hp_ratio(hp, il);
     const int csa = ratio > 0 && (L->kind & RM_LAYER_CSA);
     const float base = ratio > 0 ? hp->compress_rope_base : hp->rope_base;
+    rm_rope_yarn y;
+    const rm_rope_yarn * yarn = ratio > 0 && compress_yarn(hp, &y) ? &y : NULL;
     const int64_t Q = (int64_t) H * HD;
     float * q = s->q + (int64_t) r0 * Q, * k = s->k + (int64_t) r0 * HD;
-    be->ops->rope(be, q + (HD - ROT), n, H, HD, ROT, pos, base, 0);
-    be->ops->rope(be, k + (HD - ROT), n, 1, HD, ROT, pos, base, 0);
+    rope_tail(be, q, n, H, HD, ROT, pos, base, yarn);
+    rope_tail(be, k, n, 1, HD, ROT, pos, base, yarn);
     const rm_kv_place p = rm_attention_kv_place(o, il);
     const int32_t ring = p.ring ? p.ring : p.rows;
     float * kc = (float *) (void *) ((uint8_t *) o->k_cache + p.k_off);
@@ -275,15 +303,15 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     if (ratio > 0) {
         const rm_dsv4_comp * c = &od->comp[2 * il];
         compress_run(s, c, d->ckv + (int64_t) r0 * c->width, d->cgate + (int64_t) r0 * c->width, n, pos, &L->comp_ape,
-                     &L->comp_norm, base);
+                     &L->comp_norm, base, yarn);
     }
     if (csa) {
         const rm_dsv4_comp * c = &od->comp[2 * il + 1];
         compress_run(s, c, d->ikv + (int64_t) r0 * c->width, d->igate + (int64_t) r0 * c->width, n, pos,
-                     &L->idx_comp_ape, &L->idx_comp_norm, base);
+                     &L->idx_comp_ape, &L->idx_comp_norm, base, yarn);
         const int32_t NI = hp->index_n_head, ID = hp->index_head_dim;
         float * iq = d->iq + (int64_t) r0 * NI * ID;
-        be->ops->rope(be, iq + (ID - ROT), n, NI, ID, ROT, pos, base, 0);
+        rope_tail(be, iq, n, NI, ID, ROT, pos, base, yarn);
         const rm_csa_args ca = {iq, d->iw + (int64_t) r0 * NI, c->entries, n, pos, NI, ID, ratio, hp->index_top_k,
                                 d->sel, d->csa_host};
         be->ops->csa_select(be, &ca);
@@ -291,7 +319,7 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     }
     rm_dsv4_attn_args aa = {s->attn + (int64_t) r0 * Q, q, kc, ring, ratio > 0 ? od->comp[2 * il].entries : NULL,
                             ratio, sel, hp->index_top_k, (const float *) L->sinks.data, n, pos, H, HD, hp->n_swa,
-                            1.0f / sqrtf((float) HD), d->attn_host, ROT, base};
+                            1.0f / sqrtf((float) HD), d->attn_host, ROT, base, yarn};
     be->ops->dsv4_attention(be, &aa);
 }
 

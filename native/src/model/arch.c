@@ -314,6 +314,11 @@ static const rm_hparam_row HP_DEEPSEEK4[] = {
     FLOAT("hyper_connection.epsilon", hc_eps,     REQUIRED),
     HP_TAIL,
     FLOAT("attention.compress_rope_freq_base", compress_rope_base, REQUIRED),
+    /* YaRN on the compressed layers' RoPE alone (llama.cpp's deepseek4: the sliding layers plain) */
+    FLOAT("rope.scaling.factor",            rope_yarn_factor, K(1.0f)),
+    INT("rope.scaling.original_context_length", n_ctx_orig_yarn, V(n_ctx_train), K(1), K(1 << 24)),
+    FLOAT("rope.scaling.yarn_beta_fast",    yarn_beta_fast,  K(32.0f)),
+    FLOAT("rope.scaling.yarn_beta_slow",    yarn_beta_slow,  K(1.0f)),
 };
 
 /* ---- per-layer tensors ---------------------------------------------------------------------- */

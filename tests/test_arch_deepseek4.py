@@ -362,6 +362,42 @@ def test_deepseek4_config_refused_by_name(deepseek4, tmp_path, change, error, wo
     assert_convert_refuses(deepseek4[0], tmp_path, change, error, words)
 
 
+def _per_row(a, b):
+    return np.abs(a - b).max(-1) / np.abs(b).max(-1)
+
+
+@llamacpp.needs
+def test_deepseek4_llama_cpp_runs_our_file(tmp_path):
+    """llama.cpp 0.3.36 reads our f32 file of a checkpoint of the shapes its graph takes (4 streams,
+    rotary half of a 128-wide head, the indexer's heads as wide; it stops on an assertion with 2
+    streams) and gives transformers' logits over 200 positions, past the window of 128, the indexer's
+    16 and an HCA window, as we do. On the Q8_0 file its quantizer makes of it (which quantizes the
+    compressors' gate biases too: we read them as floats) we are as near transformers as it is."""
+    model = make_tiny_deepseek4(tmp_path / "hf", index_n_heads=8, hc_mult=4, head_dim=128, partial_rotary_factor=0.5,
+                                index_head_dim=128, num_attention_heads=8, o_groups=4, sliding_window=128,
+                                index_topk=16)
+    path = tmp_path / "m.gguf"
+    rm.convert(tmp_path / "hf", path, recipe="f32", progress=False)
+    ids, ref = untied_prompt(model, 200)
+    with rm.Model(path, n_ctx=256, n_threads=2) as m:
+        ours = m.eval_logits(ids)
+    theirs = llamacpp.logits(path, ids, tmp_path, n_ctx=256)
+    print("llama.cpp vs transformers", logit_rel(theirs, ref), "ours", logit_rel(ours, ref))
+    assert logit_rel(ours, ref) < 1e-4
+    assert logit_rel(theirs, ref) < 1e-4
+    q8 = llamacpp.quantize(path, tmp_path / "q8_0.gguf", "Q8_0")
+    with rm.Model(q8, n_ctx=256, n_threads=2) as m:
+        ours_q8 = m.eval_logits(ids)
+    theirs_q8 = llamacpp.logits(q8, ids, tmp_path, n_ctx=256)
+    # per position, max |a - b| / max |b|: Q8_0's rounding, which these tiny random weights amplify
+    # (seen: both engines 0.04 from transformers at the median, 0.45 at worst), is no misread tensor
+    ours_hf, theirs_hf, apart = _per_row(ours_q8, ref), _per_row(theirs_q8, ref), _per_row(ours_q8, theirs_q8)
+    print("Q8_0 medians: ours-transformers", np.median(ours_hf), "llama.cpp-transformers", np.median(theirs_hf),
+          "ours-llama.cpp", np.median(apart))
+    assert np.median(ours_hf) < 1.2 * np.median(theirs_hf)
+    assert np.median(apart) < np.median(theirs_hf)
+
+
 @llamacpp.needs
 def test_deepseek4_llama_cpp_converter_needs_the_released_form(deepseek4, tmp_path):
     """llama.cpp 0.3.36's converter reads DeepSeek-V4's released layout only: config keys that

@@ -442,7 +442,7 @@ static const rm_tensor_row DSA_LAYER[] = {
  * router with a selection bias, or in the hash layers a table of experts per token id. */
 #define MHC RM_LAYER_MHC
 #define MHC_ROWS(kind)                                                                                  \
-    T("blk.%d.hc_" #kind "_fn.weight",    mhc_##kind.fn,    REQ, MHC, 1, NE(HC_EMBD, HC_MIX, ONE)),    \
+    T("blk.%d.hc_" #kind "_fn.weight",    mhc_##kind.fn,    REQ, MHC, 0, NE(HC_EMBD, HC_MIX, ONE)),    \
     T("blk.%d.hc_" #kind "_base.weight",  mhc_##kind.base,  REQ, MHC, 1, NE(HC_MIX, ONE, ONE)),        \
     T("blk.%d.hc_" #kind "_scale.weight", mhc_##kind.scale, REQ, MHC, 1, NE(HC_SCALES, ONE, ONE))
 #define CSA (MHC | RM_LAYER_CSA)

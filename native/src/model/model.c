@@ -821,19 +821,46 @@ static rm_status check_groups(const rm_model * m, int il, const char * path) {
 /* Norms, biases, gates and convolution taps are read as floats by the forward pass (the rows
  * marked f32). Checked once every layer is bound, so a shape error anywhere comes first. */
 static rm_status check_float_types(rm_model * m, const char * path) {
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        rm_layer * L = &m->layers[il];
-        for (int32_t i = 0; i < m->arch->n_tensors; i++) {
-            const rm_tensor_row * t = &m->arch->tensors[i];
-            const rm_weight * w = layer_field(L, t);
-            if (t->f32 && rm_layer_kind_has(L->kind, t->when) && w->data && w->type != RM_TYPE_F32) {
-                char name[96];
-                snprintf(name, sizeof(name), t->name, il);
+    /* the tensors the forward pass reads as floats (norms, biases, gates, convolutions) that the file
+     * holds in another type (llama.cpp's quantizer takes any 2-D tensor of enough elements:
+     * DeepSeek-V4's compressor gate biases): made F32 copies, in one block the model owns */
+    uint64_t floats = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        float * at = m->float_copies;
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            rm_layer * L = &m->layers[il];
+            for (int32_t i = 0; i < m->arch->n_tensors; i++) {
+                const rm_tensor_row * t = &m->arch->tensors[i];
+                rm_weight * w = layer_field(L, t);
+                if (!t->f32 || !rm_layer_kind_has(L->kind, t->when) || !w->data || w->type == RM_TYPE_F32) {
+                    continue;
+                }
                 const rm_type_traits * tt = rm_type_traits_get(w->type);
-                return rm_fail(RM_E_UNSUPPORTED_TYPE,
-                               "rm_model_load: %s: tensor '%s' is %s: the forward pass reads it as floats (norms, "
-                               "biases, gates, convolutions), it must be F32", path, name, tt ? tt->name : "of an unknown type");
+                const int64_t rows = w->ne[1] * w->ne[2] * w->ne[3];
+                if (!tt || !tt->to_float) {
+                    char name[96];
+                    snprintf(name, sizeof(name), t->name, il);
+                    return rm_fail(RM_E_UNSUPPORTED_TYPE, "rm_model_load: %s: tensor '%s' is of ggml type %d, which "
+                                   "cannot be read as the floats the forward pass takes", path, name, w->type);
+                }
+                if (pass == 0) {
+                    floats += (uint64_t) (w->ne[0] * rows);
+                    continue;
+                }
+                for (int64_t r = 0; r < rows; r++) {
+                    tt->to_float(w->data + (uint64_t) r * w->row_bytes, at + r * w->ne[0], w->ne[0]);
+                }
+                w->type = RM_TYPE_F32;
+                w->data = (const uint8_t *) at;
+                w->row_bytes = sizeof(float) * (uint64_t) w->ne[0];
+                at += w->ne[0] * rows;
             }
+        }
+        if (pass == 0 && floats > 0 && !(m->float_copies = malloc(sizeof(float) * floats))) {
+            return rm_fail(RM_E_OOM, "rm_model_load: %s: out of memory for %llu floats", path, (unsigned long long) floats);
+        }
+        if (floats == 0) {
+            break;
         }
     }
     if (m->output_norm.data && m->output_norm.type != RM_TYPE_F32) {
@@ -1285,6 +1312,7 @@ void rm_model_free(rm_model * m) {
     }
     rm_xcache_free(m->xcache);
     free(m->layers);
+    free(m->float_copies);
     rm_gguf_close(m->residual);
     rm_gguf_close(m->base);
     free(m);

@@ -25,6 +25,7 @@ struct rm_model {
     rm_weight       rope_freqs;          /* ne = {n_rot / 2}: the full-attention layers' RoPE frequencies divided
                                             by these (Gemma 4's proportional RoPE); absent: none */
     rm_layer *      layers;
+    float *         float_copies;        /* the F32 copies of the float-read tensors a file holds in another type */
     rm_pool *       pool;
     pthread_mutex_t lock;                /* one evaluation at a time per model */
     rm_model_info   info;

@@ -90,7 +90,7 @@ _HPARAMS = ("n_embd", "n_layer", "n_head", "n_head_kv", "head_dim", "n_expert", 
             "q_lora_rank", "kv_lora_rank", "n_layer_linear", "ssm_d_conv", "ssm_conv_dim", "ssm_n_v", "ssm_d_state",
             "ssm_head_v", "n_swa", "n_layer_swa", "n_head_kv_swa", "head_dim_swa", "n_head_swa", "index_head_dim",
             "index_n_head", "index_top_k", "hc_count", "hc_low_rank", "n_layer_ple", "ple_ngram", "ple_conv_kernel",
-            "ple_embd")
+            "ple_embd", "n_layer_csa", "n_layer_hca")
 
 
 class GGUFFile:
@@ -152,7 +152,8 @@ class GGUFFile:
         query and kv heads and head width, ``n_head_swa``, ``n_head_kv_swa`` and ``head_dim_swa`` (the
         others' where the same); sparse attention's ``index_head_dim``, ``index_n_head`` and
         ``index_top_k`` (0 without); hyper-connections' ``hc_count`` and ``hc_low_rank``, and PLE's
-        ``n_layer_ple``, ``ple_ngram``, ``ple_conv_kernel`` and ``ple_embd`` (0 without)."""
+        ``n_layer_ple``, ``ple_ngram``, ``ple_conv_kernel`` and ``ple_embd``, DeepSeek-V4's compressed
+        layers ``n_layer_csa`` and ``n_layer_hca`` (0 without)."""
         info = ffi.new("rm_model_info *")
         check(lib.rm_arch_read_hparams(self._handle(), os.fsencode(self.path), info))
         out: dict[str, Any] = {"arch": ffi.string(info.arch).decode()}

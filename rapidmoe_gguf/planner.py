@@ -75,7 +75,8 @@ def _align(n: int) -> int:
 # the linear-attention fields of rm_size_params (and of ModelSizes and GGUFFile.hparams)
 _LINEAR_SIZES = ("n_layer_linear", "ssm_d_conv", "ssm_conv_dim", "ssm_n_v", "ssm_d_state", "ssm_head_v")
 # the hyper-connections' and PLE's (qwen4exp), the same way
-_HYPER_SIZES = ("hc_count", "hc_low_rank", "n_layer_ple", "ple_ngram", "ple_conv_kernel", "ple_embd")
+_HYPER_SIZES = ("hc_count", "hc_low_rank", "n_layer_ple", "ple_ngram", "ple_conv_kernel", "ple_embd", "n_layer_csa",
+                "n_layer_hca")
 
 
 @dataclasses.dataclass
@@ -124,6 +125,8 @@ class ModelSizes:
     ple_ngram: int = 0
     ple_conv_kernel: int = 0
     ple_embd: int = 0
+    n_layer_csa: int = 0             # DeepSeek-V4's compressed layers: their entries and last windows' rows
+    n_layer_hca: int = 0
 
     def __post_init__(self) -> None:
         if self.base_gpu_ok is None:
@@ -383,6 +386,13 @@ def plan(sizes: ModelSizes, gpu_memory: str | int, n_ctx: int, *, n_batch: int =
     several requests at once)."""
     hw = hardware or Hardware()
     budget = parse_bytes(gpu_memory)
+    cpu_only = [what for what, has in (
+        ("hyper-connections", sizes.hc_count > 0),
+        ("QSA sparse attention's indexer", sizes.index_head_dim > 0 and sizes.n_layer_linear > 0),
+        ("the sparse attention's lightning indexer", sizes.index_head_dim > 0 and sizes.kv_lora_rank > 0)) if has]
+    if cpu_only:
+        raise PlanError(f"this model's {' and '.join(cpu_only)} run on the CPU backend only, so no part of it is placed "
+                        "on a GPU: run it without a GPU budget")
     if n_ctx <= 0 or n_batch <= 0 or n_sessions <= 0:
         raise InvalidArgumentError(f"n_ctx ({n_ctx}), n_batch ({n_batch}) and n_sessions ({n_sessions}) must be > 0")
     residual_budget = umia.check_budget(residual_budget, allow_auto=False)

@@ -314,6 +314,26 @@ def test_deepseek4_compress_yarn_matches_transformers(tmp_path):
         assert logit_rel(m.eval_logits(ids[:290]), ref[:290]) > 1e-2
 
 
+def test_deepseek4_plan_counts_the_compressors(deepseek4_run):
+    """The planner's sizes (rm_session_sizes) count each compressed layer's entries and its rows of
+    the last windows, as dsv4.c allocates them; a GPU budget is refused by name (the layers run on
+    the CPU backend only)."""
+    import dataclasses
+
+    from rapidmoe_gguf import planner
+
+    s = planner.ModelSizes.from_files(deepseek4_run[0])
+    assert (s.n_layer_csa, s.n_layer_hca, s.hc_count) == (2, 1, HC)
+    kv = planner.session_device_bytes(s, 512, 64, upload_residuals=False)["kv_cache"]
+    flat = planner.session_device_bytes(dataclasses.replace(s, n_layer_csa=0, n_layer_hca=0), 512, 64,
+                                        upload_residuals=False)["kv_cache"]
+    csa = (512 // 4 + 1) * (HD + IHD) + 2 * 8 * (2 * HD + 2 * IHD)   # entries; two windows' kv and gate rows
+    hca = (512 // 128 + 1) * HD + 2 * 128 * HD
+    assert kv - flat == 4 * (2 * csa + hca)
+    with pytest.raises(planner.PlanError, match="hyper-connections .*run on the CPU backend only"):
+        planner.plan(s, "8GiB", 512)
+
+
 def test_deepseek4_refusals_by_name(deepseek4, tmp_path):
     """A KV cache type other than F32, and a hash table naming an expert the layer lacks."""
     with pytest.raises(rm.UnsupportedError, match="deepseek4 keeps its window's keys in F32 only"):

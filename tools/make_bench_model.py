@@ -94,6 +94,16 @@ of 4; sizes of our choosing, about 1% of a layer's bytes), without the n-gram em
 the MTP block; 4 layers, 128 experts rather than 512 (a decoded token reads the same experts'
 bytes). Its config names the QSA layers full_attention, as the released one does, so that llama.cpp's
 converter writes their compress ratio (tools/make_llamacpp_files.py HF_DIR OUT --pre qwen35).
+
+``--arch deepseek4`` writes a DeepseekV4ForCausalLM (DeepSeek-V4-Flash) with its per-layer shapes:
+hidden 4096, 64 query heads of 512 sharing one key-value head (RoPE on the last 64 dims), the query's
+low rank 1024, a grouped output of 8 groups of rank 1024, a window of 128, 4 hyper-connection streams
+(20 Sinkhorn iterations), top-6 experts of FFN 2048 and one shared expert, the CSA layers' indexer of
+64 heads of 128 keeping 512 entries, YaRN (factor 16 over 65536) on the compressed layers; 4 layers,
+CSA, HCA, CSA, HCA, the first routed by a token id table, 16 experts rather than 256 (a decoded token
+reads the same experts' bytes), without the MTP block. llama.cpp's converter does not take a
+transformers checkpoint of DeepSeek-V4: llama.cpp's files of it are its quantizer's output from our
+f16 file (tools/make_llamacpp_files.py HF_DIR OUT --from-gguf OUT/bench-f16.gguf).
 """
 
 from __future__ import annotations
@@ -127,10 +137,11 @@ FORMATS = {
     "q4k-q8": ("q4k-q8", {}),
     "mxfp4": ("mxfp4", {}),
     "mxfp4-q8": ("mxfp4-q8", {}),
+    "f16": ("f16", {}),
 }
 # --arch -> the formats written by default
 DEFAULT_FORMATS = {"gpt-oss": "mxfp4,q8_0", "gemma4": "q8_0", "minimax-m2": "q8_0", "mimo2": "q8_0", "step35": "q8_0",
-                   "glm-dsa": "q8_0"}
+                   "glm-dsa": "q8_0", "deepseek4": "f16"}
 
 
 # --arch -> the per-layer shapes its defaults take (flags given on the command line win)
@@ -147,7 +158,15 @@ SHAPES = {
     "step35": dict(experts=144, experts_used=8, hidden=4096, expert_ff=1280, heads=64, kv_heads=8, head_dim=128),
     "glm-dsa": dict(experts=64, experts_used=8, hidden=6144, expert_ff=2048, heads=64, kv_heads=64, head_dim=256,
                     shared=1, dense_ff=12288, q_lora=2048, kv_lora=512, nope=192, rope=64, v_dim=256),
+    "deepseek4": dict(experts=16, experts_used=6, hidden=4096, expert_ff=2048, heads=64, kv_heads=1, head_dim=512,
+                      shared=1, q_lora=1024, rope=64),
 }
+# DeepSeek-V4-Flash's attention beside SHAPES': the grouped output, window, streams, indexer, YaRN
+DEEPSEEK4_EXTRA = dict(o_groups=8, o_lora_rank=1024, sliding_window=128, hc_mult=4, hc_sinkhorn_iters=20,
+                       index_n_heads=64, index_head_dim=128, index_topk=512, swiglu_limit=10.0,
+                       routed_scaling_factor=1.5, compress_rope_theta=160000.0, rope_theta=10000.0)
+DEEPSEEK4_YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32,
+                  "beta_slow": 1}
 # the special tokens llama.cpp's GLM vocabulary code looks up
 GLM_TOKENS = ("[gMASK]", "<|user|>", "<|observation|>")
 # GLM-5's lightning indexer: heads, key width, positions kept
@@ -323,6 +342,63 @@ def tensor_list_qwen4exp(a) -> list[tuple[str, tuple[int, ...]]]:
     return t
 
 
+def _deepseek4_layer_types(a) -> list[str]:
+    return ["compressed_sparse_attention" if i % 2 == 0 else "heavily_compressed_attention" for i in range(a.layers)]
+
+
+def hf_config_deepseek4(a) -> dict:
+    from transformers import DeepseekV4Config
+
+    cfg = DeepseekV4Config(
+        vocab_size=a.vocab, hidden_size=a.hidden, moe_intermediate_size=a.expert_ff, num_hidden_layers=a.layers,
+        num_attention_heads=a.heads, num_key_value_heads=1, head_dim=a.head_dim, q_lora_rank=a.q_lora,
+        num_experts_per_tok=a.experts_used, n_routed_experts=a.experts, n_shared_experts=a.shared,
+        partial_rotary_factor=a.rope / a.head_dim, layer_types=_deepseek4_layer_types(a),
+        mlp_layer_types=["hash_moe"] + ["moe"] * (a.layers - 1), max_position_embeddings=1048576,
+        rope_parameters=dict(DEEPSEEK4_YARN), rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2,
+        tie_word_embeddings=False, **DEEPSEEK4_EXTRA)
+    d = cfg.to_dict()
+    d["architectures"] = ["DeepseekV4ForCausalLM"]
+    d["torch_dtype"] = "bfloat16"
+    return d
+
+
+def tensor_list_deepseek4(a) -> list[tuple]:
+    """The checkpoint's tensors as transformers saves them, from the converter's own table of them
+    (rapidmoe_gguf.arch.DEEPSEEK4: each tensor's name and shape); the hash layer's table int64."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the source tree
+    from rapidmoe_gguf.arch import DEEPSEEK4
+
+    x = DEEPSEEK4_EXTRA
+    dims = dict(n_vocab=a.vocab, n_embd=a.hidden, n_head=a.heads, head_dim=a.head_dim, q_lora_rank=a.q_lora,
+                n_q=a.heads * a.head_dim, n_o_in=a.heads * a.head_dim // x["o_groups"],
+                n_o_mid=x["o_groups"] * x["o_lora_rank"], n_hc_embd=x["hc_mult"] * a.hidden,
+                hc_mix=(2 + x["hc_mult"]) * x["hc_mult"], hc_scales=3, hc_head_scales=1, hc_count=x["hc_mult"],
+                head_dim2=2 * a.head_dim, ratio_csa=4, ratio_hca=128, index_n_head=x["index_n_heads"],
+                n_index_q=x["index_n_heads"] * x["index_head_dim"], index_head_dim=x["index_head_dim"],
+                index_head_dim2=2 * x["index_head_dim"], n_expert=a.experts, n_expert_used=a.experts_used,
+                n_ff_exp=a.expert_ff, n_ff_shexp=a.expert_ff * a.shared)
+    kinds = _deepseek4_layer_types(a)
+    t = []
+    for spec in DEEPSEEK4.tensors:
+        ne = tuple(dims[d] for d in spec.ne)
+        if not spec.per_layer:
+            t.append((spec.hf, ne[::-1]))
+            continue
+        for b in range(a.layers):
+            want = {"csa": kinds[b] == "compressed_sparse_attention", "hca": kinds[b] == "heavily_compressed_attention",
+                    "hash": b == 0, "routed": b > 0, None: True}[spec.layers]
+            if not want:
+                continue
+            if "{xid}" in spec.hf:
+                t += [(spec.hf.format(bid=b, xid=e), ne[:2][::-1]) for e in range(a.experts)]
+            elif spec.layers == "hash":
+                t.append((spec.hf.format(bid=b), ne[::-1], "I64"))
+            else:
+                t.append((spec.hf.format(bid=b), ne[::-1]))
+    return t
+
+
 def hf_config_minimax(a) -> dict:
     from transformers import MiniMaxM2Config
 
@@ -468,6 +544,8 @@ def hf_config(a) -> dict:
         return hf_config_qwen35(a)
     if a.arch == "qwen4exp":
         return hf_config_qwen4exp(a)
+    if a.arch == "deepseek4":
+        return hf_config_deepseek4(a)
     if a.arch == "gemma4":
         return hf_config_gemma4(a)
     if a.arch == "minimax-m2":
@@ -560,6 +638,8 @@ def tensor_list(a) -> list[tuple[str, tuple[int, ...]]]:
         return tensor_list_qwen35(a)
     if a.arch == "qwen4exp":
         return tensor_list_qwen4exp(a)
+    if a.arch == "deepseek4":
+        return tensor_list_deepseek4(a)
     if a.arch == "gpt-oss":
         return gpt_oss_tensor_list(a)
     if a.arch == "gemma4":
@@ -623,7 +703,11 @@ def bf16_bytes(x: np.ndarray) -> bytes:
 
 def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> bytes:
     """Norm weights 1 (0 for the Qwen3.5 and Step-3.5 norms that scale by 1 + w), selection biases 0, every other
-    weight N(0, 0.02)."""
+    weight N(0, 0.02); DeepSeek-V4's token id table (int64) distinct experts per row."""
+    if name.endswith("gate.tid2eid"):
+        k, rows = shape[1], shape[0]
+        n_expert = SHAPES["deepseek4"]["experts"] if _BENCH_ARGS is None else _BENCH_ARGS.experts
+        return np.stack([rng.permutation(n_expert)[:k] for _ in range(rows)]).astype("<i8").tobytes()
     if name.endswith("norm.weight") and _one_plus_w(name):
         return bf16_bytes(np.zeros(shape, np.float32))
     if name.endswith(("norm.weight", "router.scale", "per_expert_scale", "layer_scalar")):
@@ -634,6 +718,7 @@ def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> b
 
 
 _PLUS_ONE_NORMS = False   # set by main for --arch qwen35moe, qwen4exp and step35
+_BENCH_ARGS = None        # main's arguments (the expert count of a token id table)
 
 
 def _one_plus_w(name: str) -> bool:
@@ -750,7 +835,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="qwen3moe: Qwen3-30B-A3B's shapes; qwen35moe: Qwen3.5-35B-A3B's (hybrid); "
                          "deepseek2: DeepSeek-V2-Lite/GLM-4.7-Flash-like; gpt-oss: gpt-oss-20b's; "
                          "gemma4: Gemma-4-26B-A4B's; minimax-m2: MiniMax-M2's; mimo2: MiMo-V2-Flash's; "
-                         "step35: Step-3.5-Flash's; glm-dsa: GLM-5's; qwen4exp: Qwen3.8-Flash-Next's")
+                         "step35: Step-3.5-Flash's; glm-dsa: GLM-5's; qwen4exp: Qwen3.8-Flash-Next's; "
+                         "deepseek4: DeepSeek-V4-Flash's")
     ap.add_argument("--layers", type=int, default=None,
                     help="default 4 (gemma4: 6, its 5:1 pattern; minimax-m2, mimo2, step35: 2; glm-dsa: 3)")
     ap.add_argument("--experts", type=int, default=None)
@@ -783,8 +869,9 @@ def main(argv: list[str] | None = None) -> int:
             setattr(a, k, v)
     if a.layers is None:
         a.layers = {"gemma4": 6, "minimax-m2": 2, "mimo2": 2, "step35": 2, "glm-dsa": 3}.get(a.arch, 4)
-    global _PLUS_ONE_NORMS
+    global _PLUS_ONE_NORMS, _BENCH_ARGS
     _PLUS_ONE_NORMS = a.arch in ("qwen35moe", "qwen4exp", "step35")
+    _BENCH_ARGS = a
     default_formats = DEFAULT_FORMATS.get(a.arch, "q4_0,q8_0,q4_k,q4k-q8")
     formats = [f for f in (default_formats if a.formats is None else a.formats).split(",") if f]
     unknown = [f for f in formats if f not in FORMATS]
@@ -796,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     hf = os.path.join(a.out, "hf")
     os.makedirs(hf, exist_ok=True)
     tensors = tensor_list(a)
-    n_params = sum(math.prod(s) for _, s in tensors)
+    n_params = sum(math.prod(t[1]) for t in tensors)
     done = os.path.exists(os.path.join(hf, "model.safetensors.index.json"))
     if done and not a.force:
         print(f"{hf}: checkpoint exists (use --force to rewrite)", file=sys.stderr)

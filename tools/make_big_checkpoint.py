@@ -57,27 +57,32 @@ def random_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> 
     return bits.astype("<u2").tobytes()
 
 
+_DTYPE_BYTES = {"BF16": 2, "I64": 8, "I32": 4}
+
+
 def write_shards(out: str, tensors: list[tuple[str, tuple[int, ...]]], shard_bytes: int,
                  seed: int, tensor_bytes=random_bf16) -> None:
     """Sharded bf16 safetensors plus model.safetensors.index.json, one tensor in memory at a time;
-    tensor_bytes(rng, name, shape) makes each tensor's bytes."""
-    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    tensor_bytes(rng, name, shape) makes each tensor's bytes. An entry (name, shape, dtype) names
+    another safetensors dtype (I64, I32) for that tensor."""
+    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
     size = 0
-    for name, shape in tensors:
-        n = 2 * math.prod(shape)
+    for name, shape, *rest in tensors:
+        dtype = rest[0] if rest else "BF16"
+        n = _DTYPE_BYTES[dtype] * math.prod(shape)
         if shards[-1] and size + n > shard_bytes:
             shards.append([])
             size = 0
-        shards[-1].append((name, shape))
+        shards[-1].append((name, shape, dtype))
         size += n
     rng = np.random.default_rng(seed)
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         header, offset = {}, 0
-        for name, shape in shard:
-            n = 2 * math.prod(shape)
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        for name, shape, dtype in shard:
+            n = _DTYPE_BYTES[dtype] * math.prod(shape)
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
             offset += n
             weight_map[name] = fname
         header["__metadata__"] = {"format": "pt"}
@@ -85,7 +90,7 @@ def write_shards(out: str, tensors: list[tuple[str, tuple[int, ...]]], shard_byt
         raw += b" " * (-len(raw) % 8)
         with open(os.path.join(out, fname), "wb") as f:
             f.write(len(raw).to_bytes(8, "little") + raw)
-            for name, shape in shard:
+            for name, shape, _ in shard:
                 f.write(tensor_bytes(rng, name, shape))
         total += offset
         print(f"{fname}: {len(shard)} tensors, {offset / 1e6:.1f} MB", file=sys.stderr)

@@ -260,6 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--imatrix-text", help="text for the importance matrix (default: the repository's README.md "
                                            "and docs/*.md)")
     ap.add_argument("--imatrix", help="a ready importance matrix (llama-imatrix's GGUF) instead of computing one")
+    ap.add_argument("--from-gguf", help="quantize this F16/BF16 GGUF instead of llama.cpp's conversion of the checkpoint "
+                                        "(for families its converter does not take from transformers: DeepSeek-V4)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
     if a.src_only:
@@ -285,8 +287,10 @@ def main(argv=None) -> int:
     py = llama_python(a.llama_venv)
     if len(want_imatrix) < len(types) and not os.path.exists(py):
         raise SystemExit(f"no llama-cpp-python at {a.llama_venv}: run tools/bench_vs_llamacpp.py --install-only")
+    if a.from_gguf and not os.path.isfile(a.from_gguf):
+        ap.error(f"--from-gguf {a.from_gguf}: no such file")
     os.makedirs(a.out, exist_ok=True)
-    f16 = os.path.join(a.out, "llamacpp-f16.gguf")
+    f16 = a.from_gguf or os.path.join(a.out, "llamacpp-f16.gguf")
     src = None
     if not os.path.exists(f16):
         src = llama_src(a.src)

@@ -486,6 +486,7 @@ typedef struct rm_model_info {
     int32_t hc_count, hc_low_rank;  /* hyper-connections (qwen4exp): residual streams and their gates' rank; 0 without */
     int32_t n_layer_ple;            /* PLE layers (qwen4exp) and their sizes as rm_size_params takes them; 0 without */
     int32_t ple_ngram, ple_conv_kernel, ple_embd;
+    int32_t n_layer_csa, n_layer_hca; /* DeepSeek-V4's compressed layers (ratio 4 with an indexer, ratio 128) */
 } rm_model_info;
 
 rm_status rm_model_load(const char * path, const rm_model_params * params, rm_model ** out);
@@ -671,6 +672,11 @@ typedef struct rm_size_params {
                                    * ple_ngram - 1 tokens; 0 without */
     int32_t  ple_ngram, ple_conv_kernel;
     int32_t  ple_embd;            /* the n-gram embedding's width (all its heads) */
+    int32_t  n_layer_csa;         /* DeepSeek-V4: layers compressing by 4 (two series of head_dim, and an indexer
+                                   * of index_head_dim), each with an entry per 4 positions and the rows of its
+                                   * last two windows; 0 without */
+    int32_t  n_layer_hca;         /* and by 128 (one series of head_dim), an entry per 128 positions and the rows
+                                   * of its last window */
 } rm_size_params;
 
 typedef struct rm_session_sizes {

@@ -938,6 +938,8 @@ static void info_hparams(rm_model_info * in, const rm_arch * arch, const rm_hpar
     in->ple_ngram = sp.ple_ngram;
     in->ple_conv_kernel = sp.ple_conv_kernel;
     in->ple_embd = sp.ple_embd;
+    in->n_layer_csa = sp.n_layer_csa;
+    in->n_layer_hca = sp.n_layer_hca;
 }
 
 static void fill_info(rm_model * m) {

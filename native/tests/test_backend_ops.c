@@ -1015,7 +1015,7 @@ static void test_dsv4_attn_case(rm_backend * be, int kind, const char * what) {
     enum { H = 3, D = 16, T = 5, P0 = 20, W = 8, RING = 13, NE = 4, K = 3 };
     const int R = kind == 2 ? 4 : 8;
     float * q = randn(T * H * D, 0.5f), * keys = randn((P0 + T) * D, 1.0f), * ent = randn(NE * D, 1.0f);
-    float * sinks = randn(H, 1.0f), ring[RING * D], out[T * H * D], scratch[4 * (W + 32)];
+    float * sinks = randn(H, 1.0f), ring[RING * D], out[T * H * D], scratch[4 * 4 * (W + 32)];
     for (int j = P0 + T - RING; j < P0 + T; j++) memcpy(ring + (j % RING) * D, keys + j * D, sizeof(float) * D);
     const int32_t sel[T * K] = {1, 3, -1, 0, 2, 4, 4, -1, -1, 0, 1, 5, 2, 3, 5};   /* tokens at 20..24 see 5 or 6 */
     EXPECT(rm_dsv4_attn_host_floats(W, R, P0 + T, 4) <= sizeof(scratch) / sizeof(float), "dsv4 scratch");

@@ -1592,9 +1592,14 @@ def _check_deepseek4(config: Mapping[str, Any]) -> None:
     if main.get("rope_type", "default") != "default":
         raise UnsupportedError(f"config.json: DeepSeek-V4's main RoPE {main['rope_type']!r} is not supported (its "
                                "sliding layers turn plain RoPE; YaRN is the compressed layers')")
-    kind = _dsv4_compress_rope(config).get("rope_type", "default")
+    comp = _dsv4_compress_rope(config)
+    kind = comp.get("rope_type", "default")
     if kind not in ("default", "yarn"):
         raise UnsupportedError(f"config.json: DeepSeek-V4's compress RoPE {kind!r} is not supported (default or yarn)")
+    if kind == "yarn" and comp.get("attention_factor") != 1.0:
+        raise UnsupportedError(f"config.json: DeepSeek-V4's compress YaRN with attention_factor "
+                               f"{comp.get('attention_factor')!r}: transformers then scales the turned dims by it, "
+                               "llama.cpp's graph by 1 only")
     n_head, groups = config.get("num_attention_heads"), config.get("o_groups")
     if isinstance(n_head, int) and isinstance(groups, int) and (groups <= 0 or n_head % groups):
         raise FormatError(f"config.json: num_attention_heads {n_head} is not a multiple of o_groups {groups}")
@@ -1610,6 +1615,8 @@ def _dsv4_compress_rope(config: Mapping[str, Any]) -> dict:
     flat = {k: v for k, v in {**(config.get("rope_scaling") or {}), **rope}.items() if k not in ("main", "compress")}
     if "type" in flat and "rope_type" not in flat:
         flat["rope_type"] = flat["type"]
+    if flat.get("rope_type") == "yarn":
+        flat.setdefault("attention_factor", 1.0)   # DeepseekV4Config sets it so for a flat YaRN
     return flat
 
 
@@ -1777,6 +1784,7 @@ DEEPSEEK4 = ArchSpec(
     tensors=_deepseek4_tensors(),
     check_config=_check_deepseek4,
     prepare_config=_prepare_deepseek4,
+    rope_scaling=("yarn",),   # the compressed layers' (_check_deepseek4 reads which)
     sliding_window=True,
     hf_rope_interleaved=True,
     skipped=(("mtp.", "multi-token-prediction block"),),

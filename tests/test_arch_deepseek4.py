@@ -17,6 +17,7 @@ so no llama.cpp-made file is compared.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -285,7 +286,6 @@ def test_deepseek4_compress_yarn_matches_transformers(tmp_path):
     """YaRN on the compressed layers (the released config's factor 16 over 65536 positions, here 4
     over 64, so that 300 positions run past it), without YaRN's magnitude (transformers sets its
     attention_factor to 1); the sliding layers' RoPE plain. Written in the rope.scaling keys."""
-    import torch
     from gguf import GGUFReader
 
     rot = ROT / HD
@@ -299,6 +299,18 @@ def test_deepseek4_compress_yarn_matches_transformers(tmp_path):
     assert bytes(f["deepseek4.rope.scaling.type"].parts[-1]).decode() == "yarn"
     assert f["deepseek4.rope.scaling.factor"].parts[-1][0] == 4.0
     assert f["deepseek4.rope.scaling.original_context_length"].parts[-1][0] == 64
+    # a released config's form: the thetas at the top and YaRN as rope_scaling, which transformers
+    # reads as the compressed layers' (its attention_factor 1): the same keys
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    del cfg["rope_parameters"]
+    cfg.update(rope_theta=1e4, compress_rope_theta=1.6e5, rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1})
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    rm.convert(tmp_path / "hf", tmp_path / "flat.gguf", recipe="f32", progress=False)
+    g = GGUFReader(str(tmp_path / "flat.gguf")).fields
+    for key in ("rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.yarn_beta_fast",
+                "rope.scaling.yarn_beta_slow", "rope.freq_base", "attention.compress_rope_freq_base"):
+        assert g["deepseek4." + key].parts[-1][0] == f["deepseek4." + key].parts[-1][0], key
     ids, ref = untied_prompt(model)
     with rm.Model(path, n_ctx=512, n_threads=2, n_batch=64) as m:
         first = m.eval_logits(ids[:290])
@@ -395,6 +407,9 @@ def test_deepseek4_file_refused_by_name(deepseek4, tmp_path, kv, error, words):
     ({"rope_parameters": {"main": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4},
                           "compress": {"rope_type": "default", "rope_theta": 1.6e5}}},
      rm.UnsupportedError, "main RoPE 'yarn' is not supported"),
+    ({"rope_parameters": {"main": {"rope_type": "default", "rope_theta": 1e4},
+                          "compress": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1.6e5}}},
+     rm.UnsupportedError, r"compress YaRN with attention_factor None: .*1 only"),
     ({"rope_parameters": {"main": {"rope_type": "default", "rope_theta": 1e4},
                           "compress": {"rope_type": "longrope", "rope_theta": 1.6e5}}},
      rm.UnsupportedError, r"compress RoPE 'longrope' is not supported \(default or yarn\)"),

@@ -24,6 +24,17 @@ static void matmul(rm_session * s, const rm_weight * w, int64_t mat, const float
     s->be->ops->matmul(s->be, &a);
 }
 
+/* Independent products in one dispatch where the backend has it, else one after another. */
+static void matmul_many(rm_session * s, const rm_mm_item * items, int32_t n) {
+    if (s->be->ops->matmul_many) {
+        s->be->ops->matmul_many(s->be, items, n);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        s->be->ops->matmul(s->be, &items[i].a);
+    }
+}
+
 int rm_dsv4_new(rm_session * s) {
     const rm_model * m = s->m;
     const rm_hparams * hp = &m->hp;
@@ -331,24 +342,27 @@ void rm_dsv4_block(rm_session * s, int il, int32_t n) {
     const rm_dsv4 * d = s->dsv4;
     const int64_t E = hp->n_embd, HD = hp->head_dim, Q = (int64_t) hp->n_head * HD, QL = hp->q_lora_rank;
     const int32_t ratio = rm_hp_ratio(hp, il);
-    matmul(s, &L->wq_a, 0, s->xn, E, n, d->q_res, QL, 0);
+    const int csa = ratio > 0 && (L->kind & RM_LAYER_CSA);
+    const int64_t CW = L->comp_wkv.ne[1], IW = L->idx_comp_wkv.ne[1], NI = hp->index_n_head;
+    /* the products of xn in one dispatch, then those of the q low rank */
+    const rm_mm_item from_x[7] = {
+        {{&L->wq_a, 0, s->xn, E, n, d->q_res, QL, 0}, NULL, 0},
+        {{&L->wkv, 0, s->xn, E, n, s->k, HD, 0}, NULL, 0},
+        {{&L->comp_wkv, 0, s->xn, E, n, d->ckv, CW, 0}, NULL, 0},
+        {{&L->comp_wgate, 0, s->xn, E, n, d->cgate, CW, 0}, NULL, 0},
+        {{&L->idx_comp_wkv, 0, s->xn, E, n, d->ikv, IW, 0}, NULL, 0},
+        {{&L->idx_comp_wgate, 0, s->xn, E, n, d->igate, IW, 0}, NULL, 0},
+        {{&L->idx_proj, 0, s->xn, E, n, d->iw, NI, 0}, NULL, 0},
+    };
+    matmul_many(s, from_x, csa ? 7 : ratio > 0 ? 4 : 2);
     be->ops->rmsnorm(be, d->q_res, d->q_res, &L->q_a_norm, n, QL, hp->rms_eps);
-    matmul(s, &L->wq_b, 0, d->q_res, QL, n, s->q, Q, 0);
+    const rm_mm_item from_r[2] = {
+        {{&L->wq_b, 0, d->q_res, QL, n, s->q, Q, 0}, NULL, 0},
+        {{&L->idx_wq_b, 0, d->q_res, QL, n, d->iq, NI * hp->index_head_dim, 0}, NULL, 0},
+    };
+    matmul_many(s, from_r, csa ? 2 : 1);
     be->ops->rmsnorm(be, s->q, s->q, NULL, (int64_t) n * hp->n_head, HD, hp->rms_eps);
-    matmul(s, &L->wkv, 0, s->xn, E, n, s->k, HD, 0);
     be->ops->rmsnorm(be, s->k, s->k, &L->kv_norm, n, HD, hp->rms_eps);
-    if (ratio > 0) {
-        const int64_t CW = L->comp_wkv.ne[1];
-        matmul(s, &L->comp_wkv, 0, s->xn, E, n, d->ckv, CW, 0);
-        matmul(s, &L->comp_wgate, 0, s->xn, E, n, d->cgate, CW, 0);
-    }
-    if (ratio > 0 && (L->kind & RM_LAYER_CSA)) {
-        const int64_t IW = L->idx_comp_wkv.ne[1], NI = hp->index_n_head;
-        matmul(s, &L->idx_comp_wkv, 0, s->xn, E, n, d->ikv, IW, 0);
-        matmul(s, &L->idx_comp_wgate, 0, s->xn, E, n, d->igate, IW, 0);
-        matmul(s, &L->idx_wq_b, 0, d->q_res, QL, n, d->iq, NI * hp->index_head_dim, 0);
-        matmul(s, &L->idx_proj, 0, s->xn, E, n, d->iw, NI, 0);
-    }
     rm_prof_mark(s, RM_PROF_ATTN_IN);
     for (int32_t r = 0; r < s->n_runs; r++) {
         attention_run(s, il, &s->runs[r]);
@@ -357,8 +371,14 @@ void rm_dsv4_block(rm_session * s, int il, int32_t n) {
     /* the grouped output: each group's heads through its own block of Wo_a (a matrix of the 3-D
      * tensor the loader makes of it), then Wo_b over all groups; x += it */
     const int64_t G = hp->o_groups, OR = hp->o_lora_rank, GI = Q / G;
-    for (int64_t g = 0; g < G; g++) {
-        matmul(s, &L->wo_a, g, s->attn + g * GI, Q, n, d->o_mid + g * OR, G * OR, 0);
+    rm_mm_item groups[64];
+    for (int64_t g0 = 0; g0 < G; g0 += 64) {   /* the groups' products, up to 64 in a dispatch */
+        const int32_t k = (int32_t) (G - g0 < 64 ? G - g0 : 64);
+        for (int32_t j = 0; j < k; j++) {
+            const int64_t g = g0 + j;
+            groups[j] = (rm_mm_item) {{&L->wo_a, g, s->attn + g * GI, Q, n, d->o_mid + g * OR, G * OR, 0}, NULL, 0};
+        }
+        matmul_many(s, groups, k);
     }
     matmul(s, &L->wo_b, 0, d->o_mid, G * OR, n, s->x, E, 1);
     rm_prof_mark(s, RM_PROF_ATTN_OUT);

@@ -329,7 +329,7 @@ def test_deepseek4_compress_yarn_matches_transformers(tmp_path):
 def test_deepseek4_resplit_pair(deepseek4_run, tmp_path):
     """A RESplit pair (Q4_0 experts and their Q4_0 residual, Q8_0 elsewhere): with every residual
     nearer the Q8_0 file (the same types but the experts') than its base alone (measured mean
-    relative 0.10 against 0.31; the Q8_0 file is 0.15 from the f32 one: the random hyper-connection
+    relative 0.098 against 0.34; the Q8_0 file is 0.15 from the f32 one: the random hyper-connection
     weights amplify the rounding, and the indexer's picks flip with it)."""
     path, ids, _ = deepseek4_run
     hf = path.parent / "hf"

@@ -706,8 +706,7 @@ def bench_bf16(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> b
     weight N(0, 0.02); DeepSeek-V4's token id table (int64) distinct experts per row."""
     if name.endswith("gate.tid2eid"):
         k, rows = shape[1], shape[0]
-        n_expert = SHAPES["deepseek4"]["experts"] if _BENCH_ARGS is None else _BENCH_ARGS.experts
-        return np.stack([rng.permutation(n_expert)[:k] for _ in range(rows)]).astype("<i8").tobytes()
+        return np.stack([rng.permutation(_BENCH_ARGS.experts)[:k] for _ in range(rows)]).astype("<i8").tobytes()
     if name.endswith("norm.weight") and _one_plus_w(name):
         return bf16_bytes(np.zeros(shape, np.float32))
     if name.endswith(("norm.weight", "router.scale", "per_expert_scale", "layer_scalar")):

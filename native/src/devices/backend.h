@@ -547,6 +547,24 @@ void rm_swiglu_clamp_ref(float * g, const float * u, int64_t n, float alpha, flo
 /* softmax of n scores joined by a sink logit that takes a share but is not returned */
 void rm_softmax_sink(float * x, int64_t n, float sink);
 
+/* Independent products in one dispatch where the backend has matmul_many, else one after another. */
+static inline void rm_matmul_many(rm_backend * be, const rm_mm_item * items, int32_t n) {
+    if (be->ops->matmul_many) {
+        be->ops->matmul_many(be, items, n);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        be->ops->matmul(be, &items[i].a);
+    }
+}
+
+/* The backend's buffers among p[0 .. n) handed back (NULL ones passed over). */
+static inline void rm_release_each(rm_backend * be, void * const * p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (p[i]) be->ops->release(be, p[i]);
+    }
+}
+
 /* y (c rows of b's ne[0] floats) += row e of the per-expert bias b (ne = {width, n_expert}), a
  * gpt-oss layer's; nothing when the layer has none. A bias is added once, after base + residual.
  * The MoE block (moe.c) and the split's host side (split.c) both add them this way. */

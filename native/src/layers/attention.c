@@ -68,11 +68,8 @@ static void qk_norm(rm_session * s, float * y, const rm_weight * w, int32_t n, i
     }
 }
 
-/* The n new rows of x (width floats each) into a layer's cache at positions pos.. (wrapping
- * round a ring; n <= n_batch < ring, so at most once), as rows of row_bytes of type: F32 copied,
- * others converted row by row (the CPU backend alone has them: host memory). */
-static void cache_append(rm_session * s, void * cache, int32_t type, uint64_t row_bytes, const float * x, int32_t n,
-                         int64_t width, int32_t ring, int32_t pos) {
+void rm_cache_append(rm_session * s, void * cache, int32_t type, uint64_t row_bytes, const float * x, int32_t n,
+                     int64_t width, int32_t ring, int32_t pos) {
     const int64_t at = ring ? pos % ring : pos;
     const int64_t first = ring && at + n > ring ? ring - at : n;
     if (type != RM_TYPE_F32) {
@@ -119,8 +116,8 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     const rm_kv_place p = rm_attention_kv_place(o, il);
     void * kc = (uint8_t *) o->k_cache + p.k_off;
     void * vc = (uint8_t *) o->v_cache + p.v_off;
-    cache_append(s, kc, o->type_k, p.k_row, k, n, KV, p.ring, pos);
-    cache_append(s, vc, o->type_v, p.v_row, v, n, KVV, p.ring, pos);
+    rm_cache_append(s, kc, o->type_k, p.k_row, k, n, KV, p.ring, pos);
+    rm_cache_append(s, vc, o->type_v, p.v_row, v, n, KVV, p.ring, pos);
     rm_attn_args aa = {q, kc, vc, s->attn + (int64_t) run->row0 * QV, n, pos, sh.n_head, sh.n_head_kv, sh.head_dim,
                        L->kind & RM_LAYER_ATTN_SLIDING ? hp->n_swa : 0, L->sinks.data ? &L->sinks : NULL, p.ring,
                        o->type_k, o->type_v, o->attn_scratch, m->arch->flags & RM_ARCH_KQ_UNSCALED ? 1.0f : 0.0f,
@@ -148,16 +145,10 @@ void rm_attention_block(rm_session * s, int il, int32_t n) {
         be->ops->rmsnorm(be, s->xn, s->x, &L->attn_norm, n, E, hp->rms_eps);
     }
     if (rm_qsa_on(L)) rm_qsa_project(s, il, n);
-    if (be->ops->matmul_many) {   /* Q, K and V in one dispatch, the input quantized once */
-        const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, qy, QY, 0}, NULL, 0},
-                                   {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},
-                                   {{&L->wv, 0, s->xn, E, n, s->v, KVV, 0}, NULL, 0}};
-        be->ops->matmul_many(be, qkv, v_from_k ? 2 : 3);
-    } else {
-        matmul(s, &L->wq, s->xn, E, n, qy, QY, 0);
-        matmul(s, &L->wk, s->xn, E, n, s->k, KV, 0);
-        if (!v_from_k) matmul(s, &L->wv, s->xn, E, n, s->v, KVV, 0);
-    }
+    const rm_mm_item qkv[3] = {{{&L->wq, 0, s->xn, E, n, qy, QY, 0}, NULL, 0},   /* one dispatch, the input */
+                               {{&L->wk, 0, s->xn, E, n, s->k, KV, 0}, NULL, 0},  /* quantized once */
+                               {{&L->wv, 0, s->xn, E, n, s->v, KVV, 0}, NULL, 0}};
+    rm_matmul_many(be, qkv, v_from_k ? 2 : 3);
     if (v_from_k) be->ops->copy(be, s->v, s->k, sizeof(float) * (uint64_t) n * (uint64_t) KV);
     if (gated) rm_attn_gate_split(s, n);
     if (L->bq.data) be->ops->add_bias(be, s->q, &L->bq, n, Q);

@@ -37,6 +37,12 @@ typedef struct rm_kv_place {
     int32_t  rows, ring;
 } rm_kv_place;
 
+/* The n new rows of x (width floats each) into a cache at positions pos.. (wrapping round a ring of
+ * `ring` rows, 0: none; n <= ring, so at most once), as rows of row_bytes of type: F32 copied, others
+ * converted row by row (the CPU backend alone has them: host memory). */
+void rm_cache_append(rm_session * s, void * cache, int32_t type, uint64_t row_bytes, const float * x, int32_t n,
+                     int64_t width, int32_t ring, int32_t pos);
+
 /* Fills s->kv_at (n_layer places) once its sizes, cache types and hybrid state are set. */
 void rm_attention_kv_layout(rm_session * s);
 

@@ -240,13 +240,7 @@ static void project(rm_session * s, const gdn_layer * g, int32_t n) {
         items[2].a.w = &L->ssm_beta;
         n_items = 4;
     }
-    if (be->ops->matmul_many) {
-        be->ops->matmul_many(be, items, n_items);
-    } else {
-        for (int32_t i = 0; i < n_items; i++) {
-            be->ops->matmul(be, &items[i].a);
-        }
-    }
+    rm_matmul_many(be, items, n_items);
 }
 
 void rm_deltanet_block(rm_session * s, int il, int32_t n) {

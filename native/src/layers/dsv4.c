@@ -24,15 +24,18 @@ static void matmul(rm_session * s, const rm_weight * w, int64_t mat, const float
     s->be->ops->matmul(s->be, &a);
 }
 
-/* Independent products in one dispatch where the backend has it, else one after another. */
-static void matmul_many(rm_session * s, const rm_mm_item * items, int32_t n) {
-    if (s->be->ops->matmul_many) {
-        s->be->ops->matmul_many(s->be, items, n);
-        return;
+/* The compressed layers' RoPE: YaRN at their own base where the file scales it, without YaRN's
+ * magnitude (transformers' DeepseekV4Config sets its attention_factor to 1, llama.cpp's graph divides
+ * it back out); 0: plain RoPE. */
+static int compress_yarn(const rm_hparams * hp, rm_rope_yarn * y) {
+    if (!(hp->rope_yarn_factor > 1.0f)) {
+        return 0;
     }
-    for (int32_t i = 0; i < n; i++) {
-        s->be->ops->matmul(s->be, &items[i].a);
-    }
+    rm_hparams at = *hp;
+    at.rope_base = hp->compress_rope_base;
+    rm_rope_yarn_of(&at, y);
+    y->mscale = 1.0f;
+    return 1;
 }
 
 int rm_dsv4_new(rm_session * s) {
@@ -53,6 +56,7 @@ int rm_dsv4_new(rm_session * s) {
         return 0;
     }
     s->dsv4 = d;
+    d->has_yarn = compress_yarn(hp, &d->yarn);
     d->comp = calloc(2 * (size_t) hp->n_layer, sizeof(rm_dsv4_comp));
     if (!d->comp) {
         rm_fail(RM_E_OOM, "rm_session_new: out of memory");
@@ -68,18 +72,19 @@ int rm_dsv4_new(rm_session * s) {
         const int two = (m->layers[il].kind & RM_LAYER_CSA) != 0;   /* CSA: two series, overlapping windows */
         lo = lo == 0 || ratio < lo ? ratio : lo;
         csa |= two;
-        d->comp[2 * il] = (rm_dsv4_comp) {NULL, NULL, NULL, ratio * (two ? 2 : 1), ratio, (two ? 2 : 1) * hp->head_dim,
-                                          hp->head_dim};
+        d->comp[2 * il] = (rm_dsv4_comp) {NULL, NULL, NULL, rm_dsv4_ring_rows(ratio, two), ratio,
+                                          (two ? 2 : 1) * hp->head_dim, hp->head_dim};
         if (two) {
-            d->comp[2 * il + 1] = (rm_dsv4_comp) {NULL, NULL, NULL, 2 * ratio, ratio, 2 * hp->index_head_dim,
-                                                  hp->index_head_dim};
+            d->comp[2 * il + 1] = (rm_dsv4_comp) {NULL, NULL, NULL, rm_dsv4_ring_rows(ratio, 1), ratio,
+                                                  2 * hp->index_head_dim, hp->index_head_dim};
         }
         for (int j = 0; j < 1 + two; j++) {
             rm_dsv4_comp * c = &d->comp[2 * il + j];
             const uint64_t ring = sizeof(float) * (uint64_t) c->ring * (uint64_t) c->width;
             c->kv = be->ops->alloc(be, ring);
             c->gate = be->ops->alloc(be, ring);
-            c->entries = be->ops->alloc(be, sizeof(float) * (uint64_t) (s->n_ctx / ratio + 1) * (uint64_t) c->head_dim);
+            c->entries = be->ops->alloc(be, sizeof(float) * (uint64_t) rm_dsv4_entry_rows(s->n_ctx, ratio) *
+                                            (uint64_t) c->head_dim);
             failed |= !c->kv || !c->gate || !c->entries;
             if (!failed) {   /* a saved state holds the rings whole */
                 be->ops->zero(be, c->kv, ring);
@@ -123,15 +128,11 @@ void rm_dsv4_free(rm_session * s) {
     }
     rm_backend * be = s->be;
     for (int il = 0; d->comp && il < 2 * s->m->hp.n_layer; il++) {
-        void * dev[] = {d->comp[il].kv, d->comp[il].gate, d->comp[il].entries};
-        for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
-            if (dev[i]) be->ops->release(be, dev[i]);
-        }
+        void * const dev[] = {d->comp[il].kv, d->comp[il].gate, d->comp[il].entries};
+        rm_release_each(be, dev, sizeof(dev) / sizeof(dev[0]));
     }
-    void * dev[] = {d->q_res, d->o_mid, d->ckv, d->cgate, d->ikv, d->igate, d->iq, d->iw};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
-        if (dev[i]) be->ops->release(be, dev[i]);
-    }
+    void * const dev[] = {d->q_res, d->o_mid, d->ckv, d->cgate, d->ikv, d->igate, d->iq, d->iw};
+    rm_release_each(be, dev, sizeof(dev) / sizeof(dev[0]));
     free(d->comp);
     free(d->sel);
     free(d->csa_host);
@@ -204,34 +205,6 @@ int rm_dsv4_keeps(const rm_session * s, int32_t n_keep, int * il) {
     return 1;
 }
 
-/* The rows of positions p0 .. p0 + count - 1 (count <= ring) into a ring's rows p % ring. */
-static void ring_put(rm_backend * be, float * ring_rows, int32_t ring, int64_t width, const float * x, int32_t p0,
-                     int32_t count) {
-    if (count <= 0) {
-        return;
-    }
-    const int32_t at = p0 % ring, first = at + count > ring ? ring - at : count;
-    be->ops->copy(be, ring_rows + (int64_t) at * width, x, sizeof(float) * (uint64_t) first * (uint64_t) width);
-    if (first < count) {
-        be->ops->copy(be, ring_rows, x + (int64_t) first * width,
-                      sizeof(float) * (uint64_t) (count - first) * (uint64_t) width);
-    }
-}
-
-/* The compressed layers' RoPE: YaRN at their own base where the file scales it, without YaRN's
- * magnitude (transformers' DeepseekV4Config sets its attention_factor to 1, llama.cpp's graph divides
- * it back out); 0: plain RoPE. */
-static int compress_yarn(const rm_hparams * hp, rm_rope_yarn * y) {
-    if (!(hp->rope_yarn_factor > 1.0f)) {
-        return 0;
-    }
-    rm_hparams at = *hp;
-    at.rope_base = hp->compress_rope_base;
-    rm_rope_yarn_of(&at, y);
-    y->mscale = 1.0f;
-    return 1;
-}
-
 /* RoPE on the last n_rot dims of n rows of n_head heads of head_dim at positions pos.., the yarn's
  * where given. */
 static void rope_tail(rm_backend * be, float * x, int32_t n, int32_t n_head, int32_t head_dim, int32_t n_rot,
@@ -262,8 +235,8 @@ static void compress_run(rm_session * s, const rm_dsv4_comp * c, const float * k
     int32_t i = 0;   /* the run's rows consumed */
     if (start < pos && start + R <= end) {   /* the window under way closes in this run */
         i = start + R - pos;
-        ring_put(be, c->kv, ring, W, kv, pos, i);
-        ring_put(be, c->gate, ring, W, gate, pos, i);
+        rm_cache_append(s, c->kv, RM_TYPE_F32, sizeof(float) * (uint64_t) W, kv, i, W, ring, pos);
+        rm_cache_append(s, c->gate, RM_TYPE_F32, sizeof(float) * (uint64_t) W, gate, i, W, ring, pos);
         const int32_t w = start / R;
         a.out = c->entries + (int64_t) w * D;
         a.kv = c->kv + (int64_t) (start % ring) * W, a.gate = c->gate + (int64_t) (start % ring) * W;
@@ -283,8 +256,10 @@ static void compress_run(rm_session * s, const rm_dsv4_comp * c, const float * k
         be->ops->compress(be, &a);
     }
     const int32_t keep = n < ring ? n : ring;
-    ring_put(be, c->kv, ring, W, kv + (int64_t) (n - keep) * W, end - keep, keep);
-    ring_put(be, c->gate, ring, W, gate + (int64_t) (n - keep) * W, end - keep, keep);
+    rm_cache_append(s, c->kv, RM_TYPE_F32, sizeof(float) * (uint64_t) W, kv + (int64_t) (n - keep) * W, keep, W, ring,
+                    end - keep);
+    rm_cache_append(s, c->gate, RM_TYPE_F32, sizeof(float) * (uint64_t) W, gate + (int64_t) (n - keep) * W, keep, W,
+                    ring, end - keep);
 }
 
 /* RoPE, the window's ring, the compressors, the indexer's pick and the attention for one run of
@@ -300,8 +275,7 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     const int32_t ratio = rm_hp_ratio(hp, il);
     const int csa = ratio > 0 && (L->kind & RM_LAYER_CSA);
     const float base = ratio > 0 ? hp->compress_rope_base : hp->rope_base;
-    rm_rope_yarn y;
-    const rm_rope_yarn * yarn = ratio > 0 && compress_yarn(hp, &y) ? &y : NULL;
+    const rm_rope_yarn * yarn = ratio > 0 && d->has_yarn ? &d->yarn : NULL;
     const int64_t Q = (int64_t) H * HD;
     float * q = s->q + (int64_t) r0 * Q, * k = s->k + (int64_t) r0 * HD;
     rope_tail(be, q, n, H, HD, ROT, pos, base, yarn);
@@ -309,7 +283,7 @@ static void attention_run(rm_session * s, int il, const rm_seq_run * run) {
     const rm_kv_place p = rm_attention_kv_place(o, il);
     const int32_t ring = p.ring ? p.ring : p.rows;
     float * kc = (float *) (void *) ((uint8_t *) o->k_cache + p.k_off);
-    ring_put(be, kc, ring, HD, k, pos, n);
+    rm_cache_append(s, kc, RM_TYPE_F32, p.k_row, k, n, HD, ring, pos);
     const int32_t * sel = NULL;
     if (ratio > 0) {
         const rm_dsv4_comp * c = &od->comp[2 * il];
@@ -354,13 +328,13 @@ void rm_dsv4_block(rm_session * s, int il, int32_t n) {
         {{&L->idx_comp_wgate, 0, s->xn, E, n, d->igate, IW, 0}, NULL, 0},
         {{&L->idx_proj, 0, s->xn, E, n, d->iw, NI, 0}, NULL, 0},
     };
-    matmul_many(s, from_x, csa ? 7 : ratio > 0 ? 4 : 2);
+    rm_matmul_many(be, from_x, csa ? 7 : ratio > 0 ? 4 : 2);
     be->ops->rmsnorm(be, d->q_res, d->q_res, &L->q_a_norm, n, QL, hp->rms_eps);
     const rm_mm_item from_r[2] = {
         {{&L->wq_b, 0, d->q_res, QL, n, s->q, Q, 0}, NULL, 0},
         {{&L->idx_wq_b, 0, d->q_res, QL, n, d->iq, NI * hp->index_head_dim, 0}, NULL, 0},
     };
-    matmul_many(s, from_r, csa ? 2 : 1);
+    rm_matmul_many(be, from_r, csa ? 2 : 1);
     be->ops->rmsnorm(be, s->q, s->q, NULL, (int64_t) n * hp->n_head, HD, hp->rms_eps);
     be->ops->rmsnorm(be, s->k, s->k, &L->kv_norm, n, HD, hp->rms_eps);
     rm_prof_mark(s, RM_PROF_ATTN_IN);
@@ -378,7 +352,7 @@ void rm_dsv4_block(rm_session * s, int il, int32_t n) {
             const int64_t g = g0 + j;
             groups[j] = (rm_mm_item) {{&L->wo_a, g, s->attn + g * GI, Q, n, d->o_mid + g * OR, G * OR, 0}, NULL, 0};
         }
-        matmul_many(s, groups, k);
+        rm_matmul_many(be, groups, k);
     }
     matmul(s, &L->wo_b, 0, d->o_mid, G * OR, n, s->x, E, 1);
     rm_prof_mark(s, RM_PROF_ATTN_OUT);

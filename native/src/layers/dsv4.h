@@ -21,6 +21,8 @@ typedef struct rm_dsv4_comp {
 
 typedef struct rm_dsv4 {
     rm_dsv4_comp * comp;          /* per layer: [2 il] its compressor's, [2 il + 1] its indexer's (width 0: none) */
+    rm_rope_yarn   yarn;          /* the compressed layers' RoPE with YaRN, where has_yarn (the model's, made once) */
+    int            has_yarn;
     /* the step's scratch (backend) */
     float * q_res;                /* n_batch rows of q_lora_rank */
     float * o_mid;                /* n_batch rows of o_groups * o_lora_rank */

@@ -51,10 +51,8 @@ void rm_ple_free(rm_session * s) {
     if (!p) {
         return;
     }
-    void * dev[] = {p->emb, p->key, p->query, p->gated, p->normed, p->value};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
-        if (dev[i]) s->be->ops->release(s->be, dev[i]);
-    }
+    void * const dev[] = {p->emb, p->key, p->query, p->gated, p->normed, p->value};
+    rm_release_each(s->be, dev, sizeof(dev) / sizeof(dev[0]));
     free(p->emb_host);
     free(p->ctx);
     free(p);

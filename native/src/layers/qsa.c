@@ -66,10 +66,8 @@ void rm_qsa_free(rm_session * s) {
     if (!q) {
         return;
     }
-    void * dev[] = {q->keys, q->q, q->k, q->kg, q->vg};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) {
-        if (dev[i]) s->be->ops->release(s->be, dev[i]);
-    }
+    void * const dev[] = {q->keys, q->q, q->k, q->kg, q->vg};
+    rm_release_each(s->be, dev, sizeof(dev) / sizeof(dev[0]));
     free(q->sel);
     free(q->host);
     free(q);

@@ -599,6 +599,7 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     s->xc_status = RM_OK;
     rm_prof_begin(s, n);
     const int hyper = (m->arch->flags & RM_ARCH_HYPER) != 0, mhc = (m->arch->flags & RM_ARCH_MHC) != 0;
+    const int64_t n_mix = (int64_t) (2 + m->hp.hc_count) * m->hp.hc_count;   /* a block's mHC weights */
     s->tokens = tokens;
     embed(s, tokens, n);
     if (hyper || mhc) rm_hc_begin(s, n);   /* the streams start as copies of the embeddings */
@@ -607,30 +608,31 @@ void rm_session_forward(rm_session * s, const rm_seq_run * runs, int32_t n_runs,
     for (int il = 0; il < m->hp.n_layer; il++) {
         const double t0 = s->xv ? rm_now_us() : 0.0;
         if (s->xv) s->xc_res_us[il] = 0.0f;
-        if (m->layers[il].kind & RM_LAYER_PLE) rm_ple_block(s, il, n);   /* into the streams, before their mix */
-        if (hyper) rm_hc_mix_in(s, &m->layers[il].hc_attn, n);
+        const rm_layer * L = &m->layers[il];
+        if (L->kind & RM_LAYER_PLE) rm_ple_block(s, il, n);   /* into the streams, before their mix */
+        /* each block between its streams' mix in and its output's way back into them */
+        if (hyper) rm_hc_mix_in(s, &L->hc_attn, n);
+        if (mhc) rm_mhc_mix_in(s, &L->mhc_attn, &L->attn_norm, n_mix, n);
         if (mhc) {
-            const rm_layer * L = &m->layers[il];
-            const int64_t n_mix = (int64_t) (2 + m->hp.hc_count) * m->hp.hc_count;
-            rm_mhc_mix_in(s, &L->mhc_attn, &L->attn_norm, n_mix, n);
             rm_dsv4_block(s, il, n);
-            rm_mhc_add_out(s, n);
-            rm_mhc_mix_in(s, &L->mhc_ffn, &L->ffn_norm, n_mix, n);
-            rm_moe_block(s, il, n);
-            rm_mhc_add_out(s, n);
-        } else if (m->layers[il].kind & RM_LAYER_ATTN_MLA) {
+        } else if (L->kind & RM_LAYER_ATTN_MLA) {
             rm_mla_block(s, il, n);
-        } else if (m->layers[il].kind & RM_LAYER_ATTN_LINEAR) {
+        } else if (L->kind & RM_LAYER_ATTN_LINEAR) {
             rm_deltanet_block(s, il, n);
         } else {
             rm_attention_block(s, il, n);
         }
         if (hyper) {
             rm_hc_add_out(s, n);
-            rm_hc_mix_in(s, &m->layers[il].hc_ffn, n);
+            rm_hc_mix_in(s, &L->hc_ffn, n);
         }
-        if (!mhc) rm_moe_block(s, il, n);
+        if (mhc) {
+            rm_mhc_add_out(s, n);
+            rm_mhc_mix_in(s, &L->mhc_ffn, &L->ffn_norm, n_mix, n);
+        }
+        rm_moe_block(s, il, n);
         if (hyper) rm_hc_add_out(s, n);
+        if (mhc) rm_mhc_add_out(s, n);
         if (s->xv) s->xc_layer_us[il] = (float) (rm_now_us() - t0) - s->xc_res_us[il];
     }
     if (out && n_out > 0) {

@@ -405,11 +405,13 @@ static rm_status derive_hparams(const loader * ld, rm_hparams * hp) {
  * file's per-layer list (llama.cpp's attention.recurrent_layers), where present, agreeing with
  * the rule that gives the layers their kinds. */
 static rm_status linear_hparams(const loader * ld, rm_hparams * hp) {
-    hp->n_layer_linear = hp->n_layer_swa = 0;
+    hp->n_layer_linear = hp->n_layer_swa = hp->n_layer_csa = hp->n_layer_hca = 0;
     for (int il = 0; il < hp->n_layer; il++) {   /* by the layers' kinds, as the session lays out its caches */
         const uint32_t k = rm_arch_layer_kind(ld->arch, hp, il);
         hp->n_layer_linear += (k & RM_LAYER_ATTN_LINEAR) != 0;
         hp->n_layer_swa += hp->n_swa > 0 && (k & RM_LAYER_ATTN_SLIDING);
+        hp->n_layer_csa += (k & RM_LAYER_CSA) != 0;
+        hp->n_layer_hca += (k & RM_LAYER_HCA) != 0;
     }
     if (hp->ssm_n_v > 0 && (hp->ssm_n_v % hp->ssm_n_k != 0 || hp->ssm_d_inner % hp->ssm_n_v != 0)) {
         return rm_fail(RM_E_FORMAT, "%s: %s: ssm.time_step_rank %d must be a multiple of ssm.group_count %d, and "
@@ -688,7 +690,7 @@ static rm_status load_dsv4(rm_model * m, const char * path) {
         rm_layer * L = &m->layers[il];
         L->wo_a.ne[1] = hp->o_lora_rank;
         L->wo_a.ne[2] = hp->o_groups;
-        L->ffn_limit_alpha = -1.0f;   /* RM_SWIGLU_DSV4_ALPHA: silu(min(g, limit)) clamp(u, -limit, limit) */
+        L->ffn_limit_alpha = RM_SWIGLU_DSV4_ALPHA;   /* silu(min(g, limit)) clamp(u, -limit, limit) */
         const rm_weight * t = &L->hash_experts;
         if (!(L->kind & RM_LAYER_HASH_ROUTE)) {
             continue;

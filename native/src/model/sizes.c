@@ -21,11 +21,6 @@ int32_t rm_kv_ring_rows(int32_t n_ctx, int32_t n_batch, int32_t n_swa) {
 }
 
 rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes) {
-    int32_t csa = 0, hca = 0;
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        csa += rm_hp_ratio(hp, il) == 4;
-        hca += rm_hp_ratio(hp, il) == 128;
-    }
     return (rm_size_params){
         .struct_size = sizeof(rm_size_params),
         .n_layer = hp->n_layer, .n_embd = hp->n_embd, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
@@ -41,7 +36,8 @@ rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n
         .index_head_dim = hp->index_head_dim, .index_n_head = hp->index_n_head,
         .hc_count = hp->hc_count, .hc_low_rank = hp->hc_low_rank,
         .n_layer_ple = hp->n_ple, .ple_ngram = hp->ple_ngram, .ple_conv_kernel = hp->ple_conv_kernel,
-        .ple_embd = hp->n_ple_head * hp->n_embd_per_layer, .n_layer_csa = csa, .n_layer_hca = hca,
+        .ple_embd = hp->n_ple_head * hp->n_embd_per_layer, .n_layer_csa = hp->n_layer_csa,
+        .n_layer_hca = hp->n_layer_hca,
     };
 }
 
@@ -230,10 +226,13 @@ rm_status rm_session_sizes_get(const rm_size_params * p, rm_session_sizes * out)
         out->kv_cache += sizeof(float) * (uint64_t) (p->n_layer - p->n_layer_linear) * (uint64_t) p->n_ctx *
                          (uint64_t) p->index_head_dim;
     }
-    /* DeepSeek-V4's compressors (dsv4.c): entries of the context's windows and the rings of their rows, kv and gate */
-    const uint64_t D = (uint64_t) p->head_dim, ID = (uint64_t) p->index_head_dim, C = (uint64_t) p->n_ctx;
-    out->kv_cache += sizeof(float) * ((uint64_t) p->n_layer_csa * ((C / 4 + 1) * (D + ID) + 2 * 8 * (2 * D + 2 * ID)) +
-                                      (uint64_t) p->n_layer_hca * ((C / 128 + 1) * D + 2 * 128 * D));
+    /* DeepSeek-V4's compressors (dsv4.c): entries of the context's windows and the rings of their rows, kv and gate
+     * (CSA: the attention's and the indexer's, each two series wide) */
+    const uint64_t D = (uint64_t) p->head_dim, ID = (uint64_t) p->index_head_dim;
+    const uint64_t csa = (uint64_t) rm_dsv4_entry_rows(p->n_ctx, 4) * (D + ID) + 2 * (uint64_t) rm_dsv4_ring_rows(4, 1) *
+                         (2 * D + 2 * ID);
+    const uint64_t hca = (uint64_t) rm_dsv4_entry_rows(p->n_ctx, 128) * D + 2 * (uint64_t) rm_dsv4_ring_rows(128, 0) * D;
+    out->kv_cache += sizeof(float) * ((uint64_t) p->n_layer_csa * csa + (uint64_t) p->n_layer_hca * hca);
     for (int i = RM_SESSION_BUF_V_CACHE + 1; i < RM_SESSION_BUF_COUNT; i++) out->activations += s[i];
     for (int i = RM_SPLIT_BUF_ROUTES; i <= RM_SPLIT_BUF_SCALE; i++) out->split_routing += d[i];
     for (int i = RM_SPLIT_BUF_SCALE + 1; i < RM_SPLIT_BUF_COUNT; i++) out->split_scratch += d[i];

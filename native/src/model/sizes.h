@@ -24,6 +24,11 @@ int32_t rm_session_batch(int32_t n_ctx, int32_t n_batch);
  * n_ctx). Position p lives in row p % rows. */
 int32_t rm_kv_ring_rows(int32_t n_ctx, int32_t n_batch, int32_t n_swa);
 
+/* A DeepSeek-V4 compressor's state (dsv4.c): the rows of its last window (two with CSA's overlapping
+ * series) in a ring, and an entry per window of the context. */
+static inline int32_t rm_dsv4_ring_rows(int32_t ratio, int overlap) { return overlap ? 2 * ratio : ratio; }
+static inline int64_t rm_dsv4_entry_rows(int32_t n_ctx, int32_t ratio) { return (int64_t) n_ctx / ratio + 1; }
+
 /* The size parameters of a session of model hp, n_ctx positions and n_batch (as clamped) tokens
  * per step; stage_expert_bytes: rm_split_stage_bytes, or 0 when the device stages no residuals. */
 rm_size_params rm_size_params_of(const rm_hparams * hp, int32_t n_ctx, int32_t n_batch, uint64_t stage_expert_bytes);

@@ -177,6 +177,7 @@ typedef struct rm_hparams {
     int32_t full_attn_interval;          /* every n-th layer is full attention, the others linear */
     int32_t n_layer_linear;              /* layers with linear attention, counted by the loader */
     int32_t n_layer_swa;                 /* layers with a sliding window (when n_swa > 0), counted by the loader */
+    int32_t n_layer_csa, n_layer_hca;    /* DeepSeek-V4's compressed layers (RM_LAYER_CSA, RM_LAYER_HCA), counted so */
     /* sliding layers of another shape (Gemma 4); the loader sets them to the others' where the file is silent */
     int32_t n_head_kv_swa, head_dim_swa, n_rot_swa;
     int32_t n_head_swa;                  /* their query heads (Step-3.5's differ) */
